@@ -1,0 +1,48 @@
+// Command aether is the agent inside every sandbox. The edge starts it as the
+// sandbox's first process; it dials the edge's socket and serves the agent API.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/opendsec/opendsec/internal/aether"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+func main() {
+	socket := flag.String("edge-socket", "/.dsec/run/edge.sock", "Unix socket of the edge to dial")
+	verbose := flag.Bool("v", false, "log debug messages")
+	version := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *version {
+		fmt.Println(aether.Version)
+		return
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, *socket, logging.New("text", level)); err != nil {
+		fmt.Fprintln(os.Stderr, "aether:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, socket string, log *slog.Logger) error {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/"}, log).Run(ctx)
+}

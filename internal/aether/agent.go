@@ -1,0 +1,154 @@
+// Package aether is the agent inside every sandbox [paper: role; ours:
+// design]: it serves ProcessService, FilesystemService, SessionService
+// (chronus) and AgentService over the connection it dials to the edge. It is
+// built static without cgo and runs as the sandbox's PID 1, reaping orphans.
+package aether
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/chronus"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/spawn"
+	"github.com/opendsec/opendsec/internal/sysuser"
+)
+
+// Version is the agent's version, set at build time.
+var Version = "dev"
+
+// Config configures an agent.
+type Config struct {
+	// EdgeSocket is the Unix socket the agent dials.
+	EdgeSocket string
+	// Env is the sandbox's environment, given to every process.
+	Env map[string]string
+	// Root is where the sandbox's /etc/passwd is found; "/" in a sandbox.
+	Root string
+}
+
+// Agent serves one sandbox.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	spawner  *spawn.Spawner
+	procs    *processTable
+	sessions *chronus.Service
+	dialer   *agentlink.Dialer
+	started  time.Time
+}
+
+// New returns an agent; Run starts it.
+func New(cfg Config, log *slog.Logger) *Agent {
+	log = logging.OrDiscard(log)
+	users := sysuser.DB{Root: cfg.Root}
+	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env}
+	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now()}
+	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Handler: a.Handler(), Log: log}
+	return a
+}
+
+// Handler serves the agent's services.
+func (a *Agent) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(errdefs.Interceptor()),
+		connect.WithReadMaxBytes(agentMaxMessage),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewProcessServiceHandler(&processService{table: a.procs}, opts...))
+	mux.Handle(agentv1connect.NewFilesystemServiceHandler(&fileService{users: a.spawner.Users}, opts...))
+	mux.Handle(agentv1connect.NewSessionServiceHandler(a.sessions, opts...))
+	mux.Handle(agentv1connect.NewAgentServiceHandler(&agentService{a: a}, opts...))
+	return mux
+}
+
+// agentMaxMessage bounds a request: a 16 MiB file chunk plus framing.
+const agentMaxMessage = 20 << 20
+
+// Run dials the edge and serves until ctx ends. As PID 1 it also reaps
+// orphaned processes.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.cfg.EdgeSocket == "" {
+		return errors.New("aether: no edge socket configured")
+	}
+	if os.Getpid() == 1 {
+		go a.reapOrphans(ctx)
+	}
+	a.dialer.Run(ctx)
+	a.sessions.Close()
+	a.procs.closeAll()
+	return nil
+}
+
+func (a *Agent) reapOrphans(ctx context.Context) {
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, syscall.SIGCHLD)
+	defer signal.Stop(ch)
+	tick := time.NewTicker(10 * time.Second) // in case a SIGCHLD was coalesced
+	defer tick.Stop()
+	for {
+		select {
+		case <-ch:
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+		a.spawner.ReapOrphans()
+	}
+}
+
+type agentService struct{ a *Agent }
+
+var _ agentv1connect.AgentServiceHandler = (*agentService)(nil)
+
+func (s *agentService) Health(ctx context.Context, req *connect.Request[agentv1.HealthRequest]) (*connect.Response[agentv1.HealthResponse], error) {
+	host, _ := os.Hostname()
+	return connect.NewResponse(&agentv1.HealthResponse{
+		Version: Version, Hostname: host,
+		UptimeMs: time.Since(s.a.started).Milliseconds(), Connects: s.a.dialer.Connects(),
+	}), nil
+}
+
+func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[agentv1.SetIdentityRequest]) (*connect.Response[agentv1.SetIdentityResponse], error) {
+	m := req.Msg
+	if m.Hostname != "" {
+		if len(m.Hostname) > 64 || strings.ContainsAny(m.Hostname, " /\x00\n") {
+			return nil, errdefs.InvalidArgument("hostname %q: 1 to 64 characters without spaces or slashes", m.Hostname)
+		}
+		if err := syscall.Sethostname([]byte(m.Hostname)); err != nil {
+			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "set hostname")
+		}
+		// /etc/hostname is a file of the sandbox; keep it in step if writable.
+		os.WriteFile("/etc/hostname", []byte(m.Hostname+"\n"), 0o644) //nolint:errcheck // optional
+	}
+	if m.MachineId != "" {
+		if len(m.MachineId) != 32 || strings.Trim(m.MachineId, "0123456789abcdef") != "" {
+			return nil, errdefs.InvalidArgument("machine_id: want 32 lowercase hex characters")
+		}
+		if err := os.WriteFile("/etc/machine-id", []byte(m.MachineId+"\n"), 0o444); err != nil {
+			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "write /etc/machine-id")
+		}
+	}
+	if len(m.Entropy) > 0 {
+		// Writing mixes the bytes into the pool (no entropy credit needed:
+		// the kernel reseeds its CRNG from the mixed pool).
+		if f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0); err == nil {
+			f.Write(m.Entropy) //nolint:errcheck // best effort; gVisor draws from the host anyway
+			f.Close()
+		}
+	}
+	return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
+}

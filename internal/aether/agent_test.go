@@ -1,0 +1,386 @@
+package aether
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	"github.com/opendsec/opendsec/internal/agentlink"
+)
+
+type clients struct {
+	proc    agentv1connect.ProcessServiceClient
+	fs      agentv1connect.FilesystemServiceClient
+	session agentv1connect.SessionServiceClient
+	agent   agentv1connect.AgentServiceClient
+}
+
+// startAgent runs an agent in-process, connected through a real agentlink.
+func startAgent(t *testing.T) clients {
+	t.Helper()
+	dir := t.TempDir()
+	link, err := agentlink.Listen(filepath.Join(dir, "edge.sock"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := New(Config{EdgeSocket: link.Path(), Env: map[string]string{"DSEC_TEST": "1", "PATH": os.Getenv("PATH")}, Root: "/"}, nil)
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); link.Close(); <-done })
+	hc := &http.Client{Transport: link}
+	const base = "http://agent"
+	return clients{
+		proc:    agentv1connect.NewProcessServiceClient(hc, base),
+		fs:      agentv1connect.NewFilesystemServiceClient(hc, base),
+		session: agentv1connect.NewSessionServiceClient(hc, base),
+		agent:   agentv1connect.NewAgentServiceClient(hc, base),
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func run(t *testing.T, c clients, cfg *agentv1.ProcessConfig, capBytes uint64) *agentv1.RunResponse {
+	t.Helper()
+	resp, err := c.proc.Run(ctxT(t), connect.NewRequest(&agentv1.RunRequest{Process: cfg, MaxOutputBytes: capBytes}))
+	if err != nil {
+		t.Fatalf("Run(%v): %v", cfg.Args, err)
+	}
+	return resp.Msg
+}
+
+func TestRunCapturesOutputAndExitCode(t *testing.T) {
+	c := startAgent(t)
+	r := run(t, c, &agentv1.ProcessConfig{
+		Args: []string{"sh", "-c", `echo out; echo err >&2; echo "$DSEC_TEST $EXTRA $(pwd)"; exit 3`},
+		Env:  map[string]string{"EXTRA": "x"}, Cwd: "/tmp",
+	}, 0)
+	if string(r.Stdout) != "out\n1 x /tmp\n" || string(r.Stderr) != "err\n" || r.ExitCode != 3 {
+		t.Fatalf("got stdout %q stderr %q code %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+}
+
+func TestRunMissingCommandIs127(t *testing.T) {
+	c := startAgent(t)
+	r := run(t, c, &agentv1.ProcessConfig{Args: []string{"no-such-program-xyz"}}, 0)
+	if r.ExitCode != 127 || !strings.Contains(string(r.Stderr), "no-such-program-xyz: command not found") {
+		t.Fatalf("got code %d stderr %q", r.ExitCode, r.Stderr)
+	}
+	r = run(t, c, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "no-such-program-xyz"}}, 0)
+	if r.ExitCode != 127 || len(r.Stderr) == 0 {
+		t.Fatalf("through sh: code %d stderr %q", r.ExitCode, r.Stderr)
+	}
+}
+
+func TestRunStdinTimeoutAndCap(t *testing.T) {
+	c := startAgent(t)
+	r := run(t, c, &agentv1.ProcessConfig{Args: []string{"cat"}, Stdin: []byte("hello stdin")}, 0)
+	if string(r.Stdout) != "hello stdin" {
+		t.Fatalf("cat stdin: %q", r.Stdout)
+	}
+	r = run(t, c, &agentv1.ProcessConfig{Args: []string{"sleep", "30"}, TimeoutMs: 200}, 0)
+	if !r.TimedOut || r.Signal != 9 || r.ExitCode != 137 {
+		t.Fatalf("timeout: %+v", r)
+	}
+	// An endless writer is capped: the agent keeps the first bytes, counts
+	// the rest and the process runs until its timeout.
+	r = run(t, c, &agentv1.ProcessConfig{Args: []string{"yes"}, TimeoutMs: 500}, 4096)
+	if len(r.Stdout) != 4096 || r.StdoutDropped == 0 || !r.TimedOut {
+		t.Fatalf("yes: kept %d dropped %d timedOut %v", len(r.Stdout), r.StdoutDropped, r.TimedOut)
+	}
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	c := startAgent(t)
+	for name, cfg := range map[string]*agentv1.ProcessConfig{
+		"no args":    {},
+		"bad cwd":    {Args: []string{"true"}, Cwd: "/no/such/dir"},
+		"bad user":   {Args: []string{"true"}, User: "no-such-user-xyz"},
+		"bad env":    {Args: []string{"true"}, Env: map[string]string{"A=B": "c"}},
+		"pty in run": {Args: []string{"true"}, Pty: &agentv1.PtySize{Cols: 80, Rows: 24}},
+	} {
+		_, err := c.proc.Run(ctxT(t), connect.NewRequest(&agentv1.RunRequest{Process: cfg}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("%s: err = %v, want invalid_argument", name, err)
+		}
+	}
+}
+
+func TestStartStreamsAndTakesInput(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	stream, err := c.proc.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{
+		Args:          []string{"sh", "-c", `echo ready; read line; echo "got $line"; read more; echo "then $more"`},
+		KeepStdinOpen: true, Tag: "reader",
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	var pid uint32
+	var exit *agentv1.ProcessEvent_Exited
+	sentFirst := false
+	for stream.Receive() {
+		ev := stream.Msg().Event
+		switch {
+		case ev.GetStarted() != nil:
+			pid = ev.GetStarted().Pid
+		case ev.GetOutput() != nil:
+			out.Write(ev.GetOutput().Data)
+			if !sentFirst && strings.Contains(out.String(), "ready") {
+				sentFirst = true
+				sel := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Tag{Tag: "reader"}}
+				if _, err := c.proc.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: sel, Data: []byte("one\n")})); err != nil {
+					t.Fatal(err)
+				}
+				byPID := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Pid{Pid: pid}}
+				if _, err := c.proc.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: byPID, Data: []byte("two\n")})); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case ev.GetExited() != nil:
+			exit = ev.GetExited()
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if pid == 0 || exit == nil || exit.ExitCode != 0 || out.String() != "ready\ngot one\nthen two\n" {
+		t.Fatalf("pid %d exit %v output %q", pid, exit, out.String())
+	}
+}
+
+func TestSignalAndConnect(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	stream, err := c.proc.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{
+		Args: []string{"sleep", "60"}, Tag: "sleeper",
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || stream.Msg().Event.GetStarted() == nil {
+		t.Fatalf("no started event: %v", stream.Err())
+	}
+	pid := stream.Msg().Event.GetStarted().Pid
+	list, err := c.proc.List(ctx, connect.NewRequest(&agentv1.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range list.Msg.Processes {
+		if p.Pid == pid && p.Managed && p.Tag == "sleeper" && len(p.Cmdline) == 2 && p.Cmdline[0] == "sleep" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("process %d not listed as managed sleeper", pid)
+	}
+	sel := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Tag{Tag: "sleeper"}}
+	conn, err := c.proc.Connect(ctx, connect.NewRequest(&agentv1.ConnectRequest{Process: sel}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !conn.Receive() || conn.Msg().Event.GetStarted().GetPid() != pid {
+		t.Fatalf("connect: first event %v, %v", conn.Msg(), conn.Err())
+	}
+	if _, err := c.proc.SendSignal(ctx, connect.NewRequest(&agentv1.SendSignalRequest{Process: sel, Signal: 15})); err != nil {
+		t.Fatal(err)
+	}
+	var exited *agentv1.ProcessEvent_Exited
+	for conn.Receive() {
+		if e := conn.Msg().Event.GetExited(); e != nil {
+			exited = e
+		}
+	}
+	if exited == nil || exited.Signal != 15 || exited.ExitCode != 143 {
+		t.Fatalf("connect saw exit %v (err %v)", exited, conn.Err())
+	}
+	_, err = c.proc.SendSignal(ctx, connect.NewRequest(&agentv1.SendSignalRequest{Process: sel, Signal: 99}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("signal 99: %v", err)
+	}
+}
+
+func TestPTYResizeAndInput(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	stream, err := c.proc.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{
+		Args: []string{"sh"}, Pty: &agentv1.PtySize{Cols: 100, Rows: 30}, Tag: "term",
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Tag{Tag: "term"}}
+	if !stream.Receive() {
+		t.Fatal(stream.Err())
+	}
+	if _, err := c.proc.ResizePty(ctx, connect.NewRequest(&agentv1.ResizePtyRequest{Process: sel, Size: &agentv1.PtySize{Cols: 123, Rows: 45}})); err != nil {
+		t.Fatal(err)
+	}
+	input := "stty size; tty; exit 7\n"
+	if _, err := c.proc.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: sel, Data: []byte(input)})); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	var exit *agentv1.ProcessEvent_Exited
+	for stream.Receive() {
+		ev := stream.Msg().Event
+		if o := ev.GetOutput(); o != nil {
+			if o.Stream != agentv1.Stream_STREAM_PTY {
+				t.Fatalf("output on %v, want pty", o.Stream)
+			}
+			out.Write(o.Data)
+		}
+		if e := ev.GetExited(); e != nil {
+			exit = e
+		}
+	}
+	if !strings.Contains(out.String(), "45 123") || !strings.Contains(out.String(), "/dev/pts/") || exit == nil || exit.ExitCode != 7 {
+		t.Fatalf("pty output %q exit %v", out.String(), exit)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a", "b", "f.txt")
+	if _, err := c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: p, Data: []byte("hello ")})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: p, Data: []byte("world"), Mode: agentv1.WriteMode_WRITE_MODE_APPEND})); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := c.fs.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: p}))
+	if err != nil || string(rd.Msg.Data) != "hello world" || !rd.Msg.Eof || rd.Msg.Size != 11 {
+		t.Fatalf("read = %+v, %v", rd, err)
+	}
+	part, err := c.fs.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: p, Offset: 6, Limit: 3}))
+	if err != nil || string(part.Msg.Data) != "wor" || part.Msg.Eof {
+		t.Fatalf("partial read = %+v, %v", part, err)
+	}
+	st, err := c.fs.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: p}))
+	if err != nil || st.Msg.Entry.Type != agentv1.FileType_FILE_TYPE_FILE || st.Msg.Entry.Mode != 0o644 || st.Msg.Entry.Name != "f.txt" {
+		t.Fatalf("stat = %+v, %v", st, err)
+	}
+	md, err := c.fs.MakeDir(ctx, connect.NewRequest(&agentv1.MakeDirRequest{Path: filepath.Join(dir, "a", "c")}))
+	if err != nil || !md.Msg.Created {
+		t.Fatalf("mkdir = %+v, %v", md, err)
+	}
+	md, err = c.fs.MakeDir(ctx, connect.NewRequest(&agentv1.MakeDirRequest{Path: filepath.Join(dir, "a", "c")}))
+	if err != nil || md.Msg.Created {
+		t.Fatalf("second mkdir = %+v, %v", md, err)
+	}
+	mv, err := c.fs.Move(ctx, connect.NewRequest(&agentv1.MoveRequest{Source: p, Destination: filepath.Join(dir, "a", "c", "g.txt")}))
+	if err != nil || mv.Msg.Entry.Name != "g.txt" {
+		t.Fatalf("move = %+v, %v", mv, err)
+	}
+	ls, err := c.fs.ListDir(ctx, connect.NewRequest(&agentv1.ListDirRequest{Path: filepath.Join(dir, "a"), Depth: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ls.Msg.Entries {
+		names = append(names, strings.TrimPrefix(e.Path, dir))
+	}
+	if strings.Join(names, ",") != "/a/b,/a/c,/a/c/g.txt" {
+		t.Fatalf("list = %v", names)
+	}
+	_, err = c.fs.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: filepath.Join(dir, "a")}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("non-recursive remove of a full dir: %v", err)
+	}
+	if _, err := c.fs.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: filepath.Join(dir, "a"), Recursive: true})); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.fs.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: filepath.Join(dir, "a")}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("stat after remove: %v", err)
+	}
+	_, err = c.fs.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: ""}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("empty path: %v", err)
+	}
+}
+
+func TestSessionKeepsState(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	cs, err := c.session.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{Cwd: "/tmp"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cs.Msg.Session.Id
+	runIn := func(cmd string, timeoutMs uint32) *agentv1.RunInSessionResponse {
+		t.Helper()
+		r, err := c.session.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: id, Command: cmd, TimeoutMs: timeoutMs}))
+		if err != nil {
+			t.Fatalf("%q: %v", cmd, err)
+		}
+		return r.Msg
+	}
+	runIn("cd / && export GREETING='it'\\''s kept' && f() { echo fn-$1; }", 0)
+	r := runIn(`echo "$GREETING"; pwd; f 1; echo -n no-newline`, 0)
+	if string(r.Stdout) != "it's kept\n/\nfn-1\nno-newline" || r.Cwd != "/" || r.ExitCode != 0 {
+		t.Fatalf("state not kept: stdout %q cwd %q code %d", r.Stdout, r.Cwd, r.ExitCode)
+	}
+	if r := runIn("echo 'unbalanced", 0); r.ExitCode == 0 || len(r.Stderr) == 0 {
+		t.Fatalf("syntax error: %+v", r)
+	}
+	if r := runIn("read x; echo read=$x:$?", 0); !strings.HasPrefix(string(r.Stdout), "read=:1") {
+		t.Fatalf("stdin is not /dev/null: %q", r.Stdout)
+	}
+	runIn("sleep 30 & echo $! > /tmp/.chronus-bg-$$", 0)
+	r = runIn("sleep 20", 300)
+	if !r.TimedOut {
+		t.Fatalf("no timeout: %+v", r)
+	}
+	// The background job from an earlier command survives the timeout.
+	if r := runIn("kill -0 $(cat /tmp/.chronus-bg-$$) && echo alive; kill $(cat /tmp/.chronus-bg-$$); rm /tmp/.chronus-bg-$$", 0); string(r.Stdout) != "alive\n" {
+		t.Fatalf("background job: %q %q", r.Stdout, r.Stderr)
+	}
+	if r := runIn("echo still; false", 0); string(r.Stdout) != "still\n" || r.ExitCode != 1 {
+		t.Fatalf("after timeout: %+v", r)
+	}
+	out, err := c.session.GetSessionOutput(ctx, connect.NewRequest(&agentv1.GetSessionOutputRequest{SessionId: id}))
+	if err != nil || !strings.Contains(string(out.Msg.Data), "$ echo still; false\nstill\n[exit 1]\n") {
+		t.Fatalf("log = %q, %v", out.Msg.GetData(), err)
+	}
+	if r := runIn("echo bye; exit 5", 0); r.ExitCode != 5 || string(r.Stdout) != "bye\n" {
+		t.Fatalf("exit: %+v", r)
+	}
+	_, err = c.session.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: id, Command: "true"}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("run after exit: %v", err)
+	}
+	if _, err := c.session.CloseSession(ctx, connect.NewRequest(&agentv1.CloseSessionRequest{SessionId: id})); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.session.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: id, Command: "true"}))
+	if !errors.Is(err, err) || connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("run after close: %v", err)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	c := startAgent(t)
+	h, err := c.agent.Health(ctxT(t), connect.NewRequest(&agentv1.HealthRequest{}))
+	if err != nil || h.Msg.Connects != 1 || h.Msg.Hostname == "" {
+		t.Fatalf("health = %+v, %v", h, err)
+	}
+}

@@ -1,0 +1,118 @@
+package agentlink
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Dialer is the agent's side: it keeps one connection to the edge socket open
+// and serves handler on it.
+type Dialer struct {
+	Path    string
+	Handler http.Handler
+	Log     *slog.Logger
+
+	connects atomic.Uint64
+}
+
+// Connects returns how many times a connection has been made.
+func (d *Dialer) Connects() uint64 { return d.connects.Load() }
+
+// Backoff between failed dials: fast at first, so a restored copy or a
+// restarted edge is reached within milliseconds, slower after a while so an
+// absent edge costs little.
+const (
+	fastRetry    = 2 * time.Millisecond
+	fastRetryFor = 20 * time.Second
+	slowRetry    = 200 * time.Millisecond
+	maxFastRetry = 10 * time.Millisecond
+)
+
+// Run dials and serves until ctx ends.
+func (d *Dialer) Run(ctx context.Context) {
+	log := logging.OrDiscard(d.Log)
+	delay := fastRetry
+	downSince := time.Now()
+	for ctx.Err() == nil {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", d.Path)
+		if err != nil {
+			if time.Since(downSince) > fastRetryFor {
+				delay = slowRetry
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			if delay < maxFastRetry {
+				delay *= 2
+			}
+			continue
+		}
+		d.connects.Add(1)
+		log.Debug("connected to edge", "path", d.Path)
+		serveConn(ctx, conn, d.Handler)
+		log.Debug("edge connection closed", "path", d.Path)
+		delay, downSince = fastRetry, time.Now()
+	}
+}
+
+// serveConn serves HTTP/2 on conn until either side closes it.
+func serveConn(ctx context.Context, conn net.Conn, h http.Handler) {
+	done := make(chan struct{})
+	var once sync.Once
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:   h,
+		Protocols: &protos,
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				once.Do(func() { close(done) })
+			}
+		},
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 4096},
+	}
+	go srv.Serve(&oneConnListener{conn: conn, closed: make(chan struct{})}) //nolint:errcheck // ends with the listener
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	srv.Close()
+}
+
+// oneConnListener hands out one connection, then blocks until closed.
+type oneConnListener struct {
+	mu     sync.Mutex
+	conn   net.Conn // guarded by mu; nil once handed out
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.conn
+	l.conn = nil
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	<-l.closed
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return &net.UnixAddr{Name: "edge", Net: "unix"} }
+
+var _ net.Listener = (*oneConnListener)(nil)

@@ -1,0 +1,254 @@
+package agentlink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Link is the edge's side for one sandbox. It implements http.RoundTripper:
+// requests go to the agent over the current connection, waiting for one if
+// the agent is (re)connecting.
+type Link struct {
+	path string
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	ln      net.Listener  // guarded by mu; nil while detached
+	cur     *agentConn    // guarded by mu; nil until the agent connects
+	changed chan struct{} // guarded by mu; closed and replaced when cur changes
+	closed  bool          // guarded by mu
+}
+
+type agentConn struct {
+	raw    *watchedConn
+	cc     *http.ClientConn
+	tr     *http.Transport
+	gotEOF chan struct{}
+}
+
+// Listen creates the socket at path (replacing a stale one) and starts
+// accepting the agent's connections.
+func Listen(path string, log *slog.Logger) (*Link, error) {
+	l := &Link{path: path, log: logging.OrDiscard(log), changed: make(chan struct{})}
+	if err := l.listen(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Path returns the socket path.
+func (l *Link) Path() string { return l.path }
+
+func (l *Link) listen() error {
+	if err := os.Remove(l.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("agentlink: remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", l.path)
+	if err != nil {
+		return fmt.Errorf("agentlink: listen %s: %w", l.path, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	l.mu.Lock()
+	l.ln = ln
+	l.mu.Unlock()
+	go l.acceptLoop(ln)
+	return nil
+}
+
+func (l *Link) acceptLoop(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		ac, err := newAgentConn(c)
+		if err != nil {
+			l.log.Warn("agent connection setup failed", logging.Error, err)
+			c.Close()
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			ac.close()
+			return
+		}
+		old := l.cur
+		l.cur = ac
+		close(l.changed)
+		l.changed = make(chan struct{})
+		l.mu.Unlock()
+		if old != nil {
+			old.close()
+		}
+		go l.forgetOnEOF(ac)
+	}
+}
+
+// forgetOnEOF drops ac once the agent closes it and wakes waiters.
+func (l *Link) forgetOnEOF(ac *agentConn) {
+	<-ac.gotEOF
+	l.mu.Lock()
+	if l.cur == ac {
+		l.cur = nil
+		close(l.changed)
+		l.changed = make(chan struct{})
+	}
+	l.mu.Unlock()
+}
+
+func newAgentConn(c net.Conn) (*agentConn, error) {
+	wc := &watchedConn{Conn: c, eof: make(chan struct{})}
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{
+		Protocols: &protos,
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			return wc, nil
+		},
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 4096},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cc, err := tr.NewClientConn(ctx, "http", "agent:80")
+	if err != nil {
+		return nil, err
+	}
+	return &agentConn{raw: wc, cc: cc, tr: tr, gotEOF: wc.eof}, nil
+}
+
+func (a *agentConn) close() {
+	a.cc.Close()
+	a.raw.Close()
+}
+
+func (a *agentConn) alive() bool {
+	select {
+	case <-a.gotEOF:
+		return false
+	default:
+		return a.cc.Err() == nil
+	}
+}
+
+// watchedConn closes eof once a read fails, i.e. once the agent has closed
+// its end.
+type watchedConn struct {
+	net.Conn
+	once sync.Once
+	eof  chan struct{}
+}
+
+func (w *watchedConn) Read(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	if err != nil {
+		w.once.Do(func() { close(w.eof) })
+	}
+	return n, err
+}
+
+// current returns a live connection, waiting until ctx ends for one.
+func (l *Link) current(ctx context.Context) (*agentConn, error) {
+	for {
+		l.mu.Lock()
+		cur, changed, closed := l.cur, l.changed, l.closed
+		l.mu.Unlock()
+		if closed {
+			return nil, errdefs.Unavailable("agent link closed")
+		}
+		if cur != nil && cur.alive() {
+			return cur, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "agent not connected")
+		case <-time.After(100 * time.Millisecond):
+			// Re-check cur: a connection ended by a GOAWAY has no event.
+		}
+	}
+}
+
+// WaitReady returns once the agent is connected.
+func (l *Link) WaitReady(ctx context.Context) error {
+	_, err := l.current(ctx)
+	return err
+}
+
+// RoundTrip sends req to the agent.
+func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
+	ac, err := l.current(req.Context())
+	if err != nil {
+		return nil, err
+	}
+	return ac.cc.RoundTrip(req)
+}
+
+// Detach stops accepting, removes the socket and closes the agent's
+// connection, returning once the agent has closed its end, so the sandbox
+// holds no host socket (needed before a gVisor checkpoint).
+func (l *Link) Detach(ctx context.Context) error {
+	l.mu.Lock()
+	ln, cur := l.ln, l.cur
+	l.ln, l.cur = nil, nil
+	l.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	if cur == nil {
+		return nil
+	}
+	if uc, ok := cur.raw.Conn.(*net.UnixConn); ok {
+		uc.CloseWrite()
+	}
+	// The HTTP/2 client reads continuously, so EOF is seen as soon as the
+	// agent closes.
+	select {
+	case <-cur.gotEOF:
+		cur.close()
+		return nil
+	case <-ctx.Done():
+		cur.close()
+		return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "agent did not close its connection")
+	}
+}
+
+// Reattach listens again after Detach.
+func (l *Link) Reattach() error {
+	l.mu.Lock()
+	has := l.ln != nil
+	l.mu.Unlock()
+	if has {
+		return nil
+	}
+	return l.listen()
+}
+
+// Close stops listening and drops the connection.
+func (l *Link) Close() error {
+	l.mu.Lock()
+	ln, cur := l.ln, l.cur
+	l.ln, l.cur, l.closed = nil, nil, true
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	if cur != nil {
+		cur.close()
+	}
+	return nil
+}
+
+var _ http.RoundTripper = (*Link)(nil)

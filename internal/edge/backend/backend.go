@@ -1,0 +1,201 @@
+// Package backend defines the seam between the edge and an isolation
+// technology [ours]. A backend runs sandboxes from a prepared Spec; optional
+// capabilities (pause, memory snapshots) are separate interfaces found by
+// type assertion. Backends register in one place, cmd/dsec/backends.go.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Capabilities are what a backend can do, fixed per backend.
+type Capabilities struct {
+	// Isolation names the boundary: "container", "gvisor", "microvm", "vm".
+	Isolation string
+	Pause     bool
+	// Snapshot means memory snapshots (and so fork) work on this node.
+	Snapshot bool
+	// SnapshotUnavailable says why Snapshot is false, for error messages.
+	SnapshotUnavailable string
+}
+
+// Resources are the limits a sandbox runs under.
+type Resources struct {
+	CPUCores float64
+	MemoryMB int64
+	Pids     int64
+}
+
+// Spec is everything a backend needs to create a sandbox. The edge owns Dir
+// and removes it after Destroy.
+type Spec struct {
+	ID sandboxid.ID
+	// Dir is the sandbox's own directory on the node, empty at Create.
+	Dir string
+	// Layers are the image's unpacked layer directories, lowest first.
+	Layers []string
+	// Env is the environment of the sandbox's processes (KEY=VALUE).
+	Env      []string
+	Hostname string
+	Resources
+	// AgentPath is the host path of the static aether binary.
+	AgentPath string
+	// RunDir is mounted read-only at /.dsec/run; the edge's agent socket is there.
+	RunDir string
+	// HostsFile is mounted at /etc/hosts.
+	HostsFile string
+}
+
+// Paths of the agent inside every sandbox.
+const (
+	AgentMount  = "/.dsec/aether"
+	RunMount    = "/.dsec/run"
+	AgentSocket = RunMount + "/edge.sock"
+)
+
+// AgentArgs is the sandbox's first process.
+func AgentArgs() []string { return []string{AgentMount, "-edge-socket", AgentSocket} }
+
+// Handle is what the edge persists for a sandbox so the backend can find it
+// again after an edge restart. State is backend-private.
+type Handle struct {
+	ID      sandboxid.ID `json:"id"`
+	Backend string       `json:"backend"`
+	// Version is bumped when State's layout changes.
+	Version int    `json:"version"`
+	State   []byte `json:"state,omitempty"`
+}
+
+// State is a sandbox's run state as the backend sees it.
+type State string
+
+// States.
+const (
+	StateCreated State = "created"
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+	StateUnknown State = "unknown"
+)
+
+// Status is a sandbox's state with the init process's pid.
+type Status struct {
+	ID    sandboxid.ID
+	State State
+	Pid   int
+}
+
+// Backend runs sandboxes.
+type Backend interface {
+	Name() string
+	Capabilities() Capabilities
+	// Probe checks the host: binaries, kernel features, devices. Its error
+	// names what is missing.
+	Probe(ctx context.Context) error
+	// Create prepares a sandbox (rootfs, bundle, cgroup) without running it.
+	Create(ctx context.Context, spec *Spec) (*Handle, error)
+	// Start runs the sandbox's first process (the agent).
+	Start(ctx context.Context, id sandboxid.ID) error
+	// Stop ends every process, waiting up to grace for a clean exit.
+	Stop(ctx context.Context, id sandboxid.ID, grace time.Duration) error
+	// Destroy removes everything Create made: processes, mounts, cgroups,
+	// namespaces, runtime state. Destroying an unknown sandbox succeeds.
+	Destroy(ctx context.Context, id sandboxid.ID) error
+	Status(ctx context.Context, id sandboxid.ID) (Status, error)
+	// Recover re-attaches to a sandbox after an edge restart.
+	Recover(ctx context.Context, h *Handle, spec *Spec) error
+}
+
+// Pauser is implemented by backends that can freeze a sandbox.
+type Pauser interface {
+	Pause(ctx context.Context, id sandboxid.ID) error
+	Resume(ctx context.Context, id sandboxid.ID) error
+}
+
+// SnapshotRef names where a snapshot lives on the node.
+type SnapshotRef struct {
+	ID  sandboxid.SnapshotID
+	Dir string // owned by the edge; empty at Snapshot
+}
+
+// SnapshotInfo describes a written snapshot.
+type SnapshotInfo struct {
+	SizeBytes int64
+	// Stopped reports that taking the snapshot stopped the source (runsc's
+	// checkpoint does); the caller must then restore it.
+	Stopped bool
+}
+
+// Snapshotter is implemented by backends that can capture memory.
+type Snapshotter interface {
+	// Snapshot writes memory, execution state and a point-in-time copy of the
+	// writable layer to ref.Dir. Before it is called the edge has detached
+	// the agent link, so the sandbox holds no host socket.
+	Snapshot(ctx context.Context, id sandboxid.ID, ref SnapshotRef) (*SnapshotInfo, error)
+	// Restore creates and starts a sandbox from a snapshot; spec carries the
+	// new sandbox's own id, Dir and RunDir.
+	Restore(ctx context.Context, ref SnapshotRef, spec *Spec) (*Handle, error)
+}
+
+// ErrUnsupported is returned for operations a backend cannot do.
+var ErrUnsupported = errors.New("backend: operation not supported")
+
+// Config is what every factory receives.
+type Config struct {
+	// StateDir is the backend's own directory on the node.
+	StateDir string
+	Log      *slog.Logger
+	// Options are backend-specific settings ("runtime": "crun", ...).
+	Options map[string]string
+}
+
+// Factory creates a backend.
+type Factory func(ctx context.Context, cfg Config) (Backend, error)
+
+// Registry maps backend names to factories. It is filled in cmd/dsec, so
+// which backends a binary has is visible in one file.
+type Registry struct {
+	mu        sync.Mutex
+	factories map[string]Factory // guarded by mu
+}
+
+// Register adds a factory.
+func (r *Registry) Register(name string, f Factory) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.factories == nil {
+		r.factories = map[string]Factory{}
+	}
+	if _, dup := r.factories[name]; dup {
+		panic(fmt.Sprintf("backend %q registered twice", name))
+	}
+	r.factories[name] = f
+}
+
+// Lookup finds a factory.
+func (r *Registry) Lookup(name string) (Factory, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.factories[name]
+	return f, ok
+}
+
+// Names lists registered backends, sorted.
+func (r *Registry) Names() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	names := make([]string, 0, len(r.factories))
+	for n := range r.factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,361 @@
+// Package container is the "container" backend: Linux namespaces and cgroups
+// through an OCI runtime, crun by default (runc accepted) [ours]. The rootfs
+// is overlayfs over the image's layers; pause uses the cgroup freezer. Memory
+// snapshots need CRIU, which is detected (criu check's output, since it exits
+// 0 even when it fails) and reported as the reason when missing.
+package container
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Name is the backend's name in requests.
+const Name = "container"
+
+// cgroupParent is where sandbox cgroups live in every v1 hierarchy.
+const cgroupParent = "/opendsec"
+
+// Backend runs sandboxes with crun or runc.
+type Backend struct {
+	runtime string // binary: crun or runc
+	root    string // the runtime's state directory
+	log     *slog.Logger
+	caps    backend.Capabilities
+	// protectAgent is whether the agent can be kept off the OOM killer
+	// (needs CAP_SYS_RESOURCE, which some hosts withhold even from root).
+	protectAgent bool
+	// nofile is the open-file limit in sandboxes: 1M, or the host's hard
+	// limit when raising it is not allowed.
+	nofile uint64
+
+	mu    sync.Mutex
+	boxes map[sandboxid.ID]*box // guarded by mu
+}
+
+type box struct {
+	dir string
+}
+
+// handleState is Handle.State for this backend.
+type handleState struct {
+	Dir     string `json:"dir"`
+	Runtime string `json:"runtime"`
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Pauser  = (*Backend)(nil)
+)
+
+// New returns a container backend. Option "runtime" picks crun (default) or runc.
+func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	rt := cfg.Options["runtime"]
+	if rt == "" {
+		rt = "crun"
+	}
+	if rt != "crun" && rt != "runc" {
+		return nil, errdefs.InvalidArgument("container backend: runtime %q; want crun or runc", rt)
+	}
+	b := &Backend{
+		runtime: rt,
+		root:    filepath.Join(cfg.StateDir, rt),
+		log:     logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
+		boxes:   map[sandboxid.ID]*box{},
+	}
+	b.caps = backend.Capabilities{Isolation: "container", Pause: true}
+	b.protectAgent = hasCapability(capSysResource)
+	b.nofile = 1 << 20
+	var rl syscall.Rlimit
+	if !b.protectAgent && syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil {
+		b.nofile = min(b.nofile, rl.Max)
+	}
+	if !b.protectAgent {
+		b.log.Info("no CAP_SYS_RESOURCE: the agent gets the default OOM score")
+	}
+	if why := criuUnavailable(ctx); why != "" {
+		b.caps.SnapshotUnavailable = why
+	} else {
+		// CRIU passes its self-check, but checkpoint support is not wired
+		// into this backend yet; say so rather than pretend.
+		b.caps.SnapshotUnavailable = "memory snapshots of containers (CRIU) are not implemented yet; use the gvisor backend"
+	}
+	return b, nil
+}
+
+// Name returns "container".
+func (b *Backend) Name() string { return Name }
+
+// Capabilities reports pause and, with the reason, no memory snapshots.
+func (b *Backend) Capabilities() backend.Capabilities { return b.caps }
+
+// Probe checks the runtime binary and, for crun, hybrid cgroups.
+func (b *Backend) Probe(ctx context.Context) error {
+	if _, err := exec.LookPath(b.runtime); err != nil {
+		return errdefs.FailedPrecondition("container backend: %s not found; install Debian's %s package", b.runtime, b.runtime)
+	}
+	if os.Geteuid() != 0 {
+		return errdefs.FailedPrecondition("container backend: needs root")
+	}
+	if b.runtime == "crun" {
+		if err := fixHybridCgroups(b.log); err != nil {
+			return err
+		}
+	}
+	return os.MkdirAll(b.root, 0o700)
+}
+
+// criuUnavailable returns why CRIU cannot checkpoint here, or "".
+func criuUnavailable(ctx context.Context) string {
+	if _, err := exec.LookPath("criu"); err != nil {
+		return "CRIU is not installed"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, "criu", "check").CombinedOutput()
+	if !bytes.Contains(out, []byte("Looks good")) {
+		first := strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]
+		return fmt.Sprintf("CRIU cannot checkpoint on this kernel (criu check: %s)", first)
+	}
+	return ""
+}
+
+// run runs the runtime with args and returns its combined output.
+func (b *Backend) run(ctx context.Context, args ...string) ([]byte, error) {
+	full := append([]string{"--root", b.root}, args...)
+	cmd := exec.CommandContext(ctx, b.runtime, full...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", b.runtime, args[0], err, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+const capSysResource = 24
+
+// hasCapability reports whether this process has capability bit c.
+func hasCapability(c uint) bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err == nil && v&(1<<c) != 0
+		}
+	}
+	return false
+}
+
+// tail returns the last n bytes of a file, for error messages.
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, 0) //nolint:errcheck // a short read is fine
+	}
+	data := make([]byte, n)
+	k, _ := f.Read(data)
+	return string(bytes.TrimSpace(data[:k]))
+}
+
+func notExist(out []byte) bool {
+	s := string(out)
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "No such file") || strings.Contains(s, "not found")
+}
+
+func cgroupsPath(id sandboxid.ID) string { return cgroupParent + "/" + string(id) }
+
+// Create mounts the rootfs, writes the bundle and creates the container.
+func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
+	layout := rootfs.LayoutIn(spec.Dir)
+	if err := rootfs.Mount(spec.Layers, layout); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			b.cleanup(context.WithoutCancel(ctx), spec.ID, spec.Dir)
+		}
+	}()
+	cfg, err := json.MarshalIndent(runtimeSpec(spec, cgroupsPath(spec.ID), b.protectAgent, b.nofile), "", " ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(spec.Dir, "config.json"), cfg, 0o600); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(spec.Dir, "console.log")
+	console, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer console.Close()
+	cmd := exec.CommandContext(ctx, b.runtime, "--root", b.root, "create", "--bundle", spec.Dir, "--pid-file", filepath.Join(spec.Dir, "init.pid"), string(spec.ID))
+	// The container inherits these: files, never pipes, or the runtime and
+	// anyone reading the pipe would wait for the container to exit.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, console, console
+	// Its own session: a signal to the edge's process group must not reach
+	// the sandbox, which outlives the edge.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s create: %w: %s", b.runtime, err, tail(logPath, 2048))
+	}
+	state, _ := json.Marshal(handleState{Dir: spec.Dir, Runtime: b.runtime})
+	b.mu.Lock()
+	b.boxes[spec.ID] = &box{dir: spec.Dir}
+	b.mu.Unlock()
+	ok = true
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
+
+// Start starts the agent.
+func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
+	_, err := b.run(ctx, "start", string(id))
+	return err
+}
+
+// Stop sends SIGTERM, then SIGKILL after grace.
+func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration) error {
+	st, err := b.Status(ctx, id)
+	if err != nil || st.State == backend.StateStopped {
+		return err
+	}
+	if st.State == backend.StatePaused {
+		b.run(ctx, "resume", string(id)) //nolint:errcheck // a frozen process cannot handle SIGTERM; best effort
+	}
+	if out, err := b.run(ctx, "kill", string(id), "TERM"); err != nil && !notExist(out) {
+		b.log.Debug("sigterm failed", logging.SandboxID, id, logging.Error, err)
+	}
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		if st, err := b.Status(ctx, id); err != nil || st.State == backend.StateStopped {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out, err := b.run(ctx, "kill", "--all", string(id), "KILL"); err != nil && !notExist(out) {
+		return err
+	}
+	return nil
+}
+
+// Destroy kills every process and removes the container, its cgroups and
+// its rootfs mount.
+func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
+	b.mu.Lock()
+	bx := b.boxes[id]
+	delete(b.boxes, id)
+	b.mu.Unlock()
+	dir := ""
+	if bx != nil {
+		dir = bx.dir
+	}
+	return b.cleanup(ctx, id, dir)
+}
+
+func (b *Backend) cleanup(ctx context.Context, id sandboxid.ID, dir string) error {
+	var errs []error
+	if out, err := b.run(ctx, "delete", "--force", string(id)); err != nil && !notExist(out) {
+		errs = append(errs, err)
+	}
+	if err := removeCgroups(cgroupsPath(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if dir != "" {
+		if err := rootfs.Unmount(filepath.Join(dir, "rootfs")); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type runtimeState struct {
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+// Status asks the runtime.
+func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, error) {
+	out, err := b.run(ctx, "state", string(id))
+	if err != nil {
+		if notExist(out) {
+			return backend.Status{ID: id, State: backend.StateStopped}, nil
+		}
+		return backend.Status{ID: id, State: backend.StateUnknown}, err
+	}
+	var rs runtimeState
+	if err := json.Unmarshal(out, &rs); err != nil {
+		return backend.Status{ID: id, State: backend.StateUnknown}, fmt.Errorf("%s state: %w", b.runtime, err)
+	}
+	st := backend.Status{ID: id, Pid: rs.Pid}
+	switch rs.Status {
+	case "created":
+		st.State = backend.StateCreated
+	case "running":
+		st.State = backend.StateRunning
+	case "paused":
+		st.State = backend.StatePaused
+	case "stopped":
+		st.State = backend.StateStopped
+	default:
+		st.State = backend.StateUnknown
+	}
+	return st, nil
+}
+
+// Recover re-attaches after an edge restart: the container kept running.
+func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.Spec) error {
+	var hs handleState
+	if err := json.Unmarshal(h.State, &hs); err != nil {
+		return fmt.Errorf("recover %s: bad handle: %w", h.ID, err)
+	}
+	if hs.Runtime != b.runtime {
+		return errdefs.FailedPrecondition("recover %s: created with %s, this edge runs %s", h.ID, hs.Runtime, b.runtime)
+	}
+	b.mu.Lock()
+	b.boxes[h.ID] = &box{dir: hs.Dir}
+	b.mu.Unlock()
+	st, err := b.Status(ctx, h.ID)
+	if err != nil {
+		return err
+	}
+	if st.State != backend.StateRunning && st.State != backend.StatePaused {
+		return errdefs.FailedPrecondition("recover %s: container is %s", h.ID, st.State)
+	}
+	return nil
+}
+
+// Pause freezes every process (cgroup freezer).
+func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
+	_, err := b.run(ctx, "pause", string(id))
+	return err
+}
+
+// Resume thaws them.
+func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
+	_, err := b.run(ctx, "resume", string(id))
+	return err
+}

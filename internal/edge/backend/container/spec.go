@@ -1,0 +1,94 @@
+package container
+
+import (
+	"path/filepath"
+
+	rspec "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+)
+
+// defaultCaps is Docker's default capability set: enough for package
+// managers, sudo and servers on low ports; no CAP_SYS_ADMIN.
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// ociVersion is the runtime-spec version written; crun 1.8 refuses newer
+// ones than it knows.
+const ociVersion = "1.0.2"
+
+// cpuPeriod is the CFS period; the quota is cores times it.
+const cpuPeriod = 100000
+
+// agentOOMScore keeps the OOM killer off the agent; it resets its
+// children to 0.
+const agentOOMScore = -999
+
+// runtimeSpec builds the OCI runtime config for a sandbox.
+func runtimeSpec(spec *backend.Spec, cgroupsPath string, protectAgent bool, nofile uint64) *rspec.Spec {
+	var oom *int
+	if protectAgent {
+		v := agentOOMScore
+		oom = &v
+	}
+	quota := int64(spec.CPUCores * cpuPeriod)
+	period := uint64(cpuPeriod)
+	mem := spec.MemoryMB << 20
+	pids := spec.Pids
+	swappiness := uint64(0)
+	ro := []string{"nosuid", "noexec", "nodev", "ro"}
+	return &rspec.Spec{
+		Version: ociVersion,
+		Process: &rspec.Process{
+			Args:        backend.AgentArgs(),
+			Env:         spec.Env,
+			Cwd:         "/",
+			User:        rspec.User{UID: 0, GID: 0},
+			OOMScoreAdj: oom,
+			Capabilities: &rspec.LinuxCapabilities{
+				Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps,
+			},
+			Rlimits: []rspec.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+		},
+		Root:     &rspec.Root{Path: filepath.Join(spec.Dir, "rootfs")},
+		Hostname: spec.Hostname,
+		Mounts: []rspec.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: ro},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: ro},
+			{Destination: backend.AgentMount, Type: "bind", Source: spec.AgentPath, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			{Destination: backend.RunMount, Type: "bind", Source: spec.RunDir, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: spec.HostsFile, Options: []string{"rbind", "ro"}},
+		},
+		Linux: &rspec.Linux{
+			CgroupsPath: cgroupsPath,
+			Resources: &rspec.LinuxResources{
+				Memory: &rspec.LinuxMemory{Limit: &mem, Swappiness: &swappiness},
+				CPU:    &rspec.LinuxCPU{Quota: &quota, Period: &period},
+				Pids:   &rspec.LinuxPids{Limit: &pids},
+				Devices: []rspec.LinuxDeviceCgroup{
+					{Allow: false, Access: "rwm"},
+				},
+			},
+			Namespaces: []rspec.LinuxNamespace{
+				{Type: rspec.PIDNamespace}, {Type: rspec.IPCNamespace}, {Type: rspec.UTSNamespace},
+				{Type: rspec.MountNamespace}, {Type: rspec.NetworkNamespace},
+			},
+			MaskedPaths: []string{
+				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+				"/proc/scsi",
+			},
+			ReadonlyPaths: []string{
+				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+			},
+		},
+	}
+}

@@ -1,0 +1,113 @@
+package errdefs
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+)
+
+// classes maps every class to its Connect code. It is the one place where
+// errors become RPC codes and back.
+var classes = []struct {
+	class error
+	code  connect.Code
+}{
+	{ErrNotFound, connect.CodeNotFound},
+	{ErrAlreadyExists, connect.CodeAlreadyExists},
+	{ErrInvalidArgument, connect.CodeInvalidArgument},
+	{ErrFailedPrecondition, connect.CodeFailedPrecondition},
+	{ErrPermissionDenied, connect.CodePermissionDenied},
+	{ErrUnauthenticated, connect.CodeUnauthenticated},
+	{ErrResourceExhausted, connect.CodeResourceExhausted},
+	{ErrUnavailable, connect.CodeUnavailable},
+	{ErrUnsupported, connect.CodeUnimplemented},
+	{ErrDeadlineExceeded, connect.CodeDeadlineExceeded},
+}
+
+// Code returns the Connect code for err: its class's code, the code of a
+// Connect error it wraps, or CodeInternal.
+func Code(err error) connect.Code {
+	if err == nil {
+		return 0
+	}
+	for _, c := range classes {
+		if errors.Is(err, c.class) {
+			return c.code
+		}
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Code()
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.CodeDeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return connect.CodeCanceled
+	}
+	return connect.CodeInternal
+}
+
+// ToConnect turns err into a *connect.Error with its class's code. A Connect
+// error passes through unchanged so codes survive proxying.
+func ToConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) && !hasClass(err) {
+		return ce
+	}
+	return connect.NewError(Code(err), errors.New(err.Error()))
+}
+
+// FromConnect turns an error returned by a Connect client back into a classed
+// error, keeping the server's message.
+func FromConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	for _, c := range classes {
+		if c.code == ce.Code() {
+			return &classed{class: c.class, msg: ce.Message()}
+		}
+	}
+	return err
+}
+
+func hasClass(err error) bool {
+	for _, c := range classes {
+		if errors.Is(err, c.class) {
+			return true
+		}
+	}
+	return false
+}
+
+// Interceptor converts handler errors with ToConnect, so handlers return
+// plain classed errors.
+func Interceptor() connect.Interceptor { return interceptor{} }
+
+type interceptor struct{}
+
+func (interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, ToConnect(err)
+	}
+}
+
+func (interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return ToConnect(next(ctx, conn))
+	}
+}

@@ -1,0 +1,133 @@
+package image
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// decompress returns a reader of r's content, undoing gzip or zstd if its
+// first bytes say so.
+func decompress(r io.Reader) (io.ReadCloser, error) {
+	br := bufio.NewReaderSize(r, 64*1024)
+	head, _ := br.Peek(4)
+	switch {
+	case bytes.HasPrefix(head, []byte{0x1f, 0x8b}):
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("gzip stream: %v", err)
+		}
+		return zr, nil
+	case bytes.HasPrefix(head, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(br)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("zstd stream: %v", err)
+		}
+		return zr.IOReadCloser(), nil
+	}
+	return io.NopCloser(br), nil
+}
+
+// Limits on an archive being imported.
+const maxArchiveEntries = 100000
+
+// MaxArchiveBytes bounds an imported archive's content. A variable for tests.
+var MaxArchiveBytes int64 = 64 << 30
+
+// cleanEntryName turns a tar entry name into a safe relative path, or fails.
+func cleanEntryName(name string) (string, error) {
+	if strings.ContainsRune(name, 0) {
+		return "", errdefs.InvalidArgument("archive entry %q: NUL in name", name)
+	}
+	if len(name) > 4096 {
+		return "", errdefs.InvalidArgument("archive entry name longer than 4096 bytes")
+	}
+	n := filepath.Clean("/" + filepath.FromSlash(name))
+	if n == "/" {
+		return "", nil
+	}
+	rel := n[1:]
+	// Clean on an absolute path removes every "..", but refuse names that
+	// tried, rather than silently writing elsewhere.
+	for _, part := range strings.Split(filepath.ToSlash(name), "/") {
+		if part == ".." {
+			return "", errdefs.InvalidArgument("archive entry %q: escapes the archive root", name)
+		}
+	}
+	return rel, nil
+}
+
+// extractPlain extracts the regular files and directories of an image
+// archive (OCI layout or docker save) into dir. Links and devices have no
+// place in such an archive and are refused.
+func extractPlain(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	var total int64
+	for n := 0; ; n++ {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return errdefs.InvalidArgument("image archive: not a readable tar: %v", err)
+		}
+		if n >= maxArchiveEntries {
+			return errdefs.InvalidArgument("image archive: more than %d entries", maxArchiveEntries)
+		}
+		rel, err := cleanEntryName(hdr.Name)
+		if err != nil {
+			return err
+		}
+		if rel == "" {
+			continue
+		}
+		target := filepath.Join(dir, rel)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			total += max(hdr.Size, 0)
+			if total > MaxArchiveBytes {
+				return errdefs.InvalidArgument("image archive: larger than %d bytes", MaxArchiveBytes)
+			}
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_EXCL, 0o644)
+			if err != nil {
+				if os.IsExist(err) {
+					return errdefs.InvalidArgument("image archive: %q appears twice", hdr.Name)
+				}
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return fmt.Errorf("image archive %q: %w", hdr.Name, err)
+			}
+		case tar.TypeSymlink, tar.TypeLink:
+			// docker save writes legacy symlinked layers; the files they
+			// point to are in the archive too, and manifest.json names them.
+			continue
+		case tar.TypeXGlobalHeader:
+			continue
+		default:
+			return errdefs.InvalidArgument("image archive entry %q: type %q not allowed", hdr.Name, string(hdr.Typeflag))
+		}
+	}
+}

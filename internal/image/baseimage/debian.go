@@ -1,0 +1,159 @@
+package baseimage
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// debianPackages are installed into root/py:3.11 on top of minbase.
+var debianPackages = []string{
+	"python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
+	"bash", "sudo", "procps", "less", "iproute2",
+}
+
+const suite = "bookworm"
+
+// expectedPackages is about how many packages the build installs; it only
+// scales the progress bar.
+const expectedPackages = 140
+
+// HostMirror returns the Debian mirror from the host's apt sources.
+func HostMirror() string {
+	candidates := []string{"/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"}
+	for _, p := range candidates {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			switch {
+			case len(f) >= 2 && f[0] == "URIs:" && !strings.Contains(f[1], "security"):
+				return f[1]
+			case len(f) >= 3 && f[0] == "deb" && strings.Contains(f[1], "debian") && !strings.Contains(f[1], "security"):
+				return f[1]
+			}
+		}
+	}
+	return "http://deb.debian.org/debian"
+}
+
+// packageTarball is the debootstrap download cache for this package set.
+func packageTarball(cacheDir string) string {
+	return filepath.Join(cacheDir, "debootstrap", suite+"-py.tgz")
+}
+
+func buildDebianPython(ctx context.Context, o Options, root string) error {
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		return errdefs.FailedPrecondition("debootstrap not found: install Debian's debootstrap package")
+	}
+	if o.CacheDir == "" {
+		return errdefs.InvalidArgument("cache dir: needed to keep the downloaded packages")
+	}
+	mirror := o.Mirror
+	if mirror == "" {
+		mirror = HostMirror()
+	}
+	tarball := packageTarball(o.CacheDir)
+	include := "--include=" + strings.Join(debianPackages, ",")
+	if _, err := os.Stat(tarball); err != nil {
+		if err := os.MkdirAll(filepath.Dir(tarball), 0o755); err != nil {
+			return err
+		}
+		scratch, err := os.MkdirTemp(filepath.Dir(tarball), "dl-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(scratch)
+		partial := tarball + ".partial"
+		err = debootstrap(ctx, o, "downloading Debian packages", "--variant=minbase", include, "--make-tarball="+partial, suite, scratch, mirror)
+		if err != nil {
+			os.Remove(partial)
+			return err
+		}
+		if err := os.Rename(partial, tarball); err != nil {
+			return err
+		}
+	}
+	if err := debootstrap(ctx, o, "installing Debian packages", "--variant=minbase", include, "--unpack-tarball="+tarball, suite, root, mirror); err != nil {
+		return err
+	}
+	return finishDebian(ctx, root)
+}
+
+// debootstrap runs it, turning its "I: ..." lines into progress.
+func debootstrap(ctx context.Context, o Options, stage string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "debootstrap", args...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	var tail []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		var n int64
+		for sc.Scan() {
+			line := sc.Text()
+			tail = append(tail, line)
+			if len(tail) > 20 {
+				tail = tail[1:]
+			}
+			if strings.HasPrefix(line, "I: Retrieving") || strings.HasPrefix(line, "I: Unpacking") || strings.HasPrefix(line, "I: Configuring") {
+				n++
+			}
+			report(o, stage, min(n, 3*expectedPackages-1), 3*expectedPackages)
+		}
+	}()
+	err := cmd.Start()
+	if err == nil {
+		err = cmd.Wait()
+	}
+	pw.Close()
+	<-done
+	if err != nil {
+		return fmt.Errorf("debootstrap %s: %w\n%s", args[len(args)-3], err, strings.Join(tail, "\n"))
+	}
+	report(o, stage, 1, 1)
+	return nil
+}
+
+// finishDebian adds the unprivileged user and trims caches.
+func finishDebian(ctx context.Context, root string) error {
+	steps := [][]string{
+		{"chroot", root, "useradd", "--create-home", "--uid", "1000", "--shell", "/bin/bash", "--groups", "sudo", "user"},
+		{"chroot", root, "apt-get", "clean"},
+	}
+	for _, s := range steps {
+		if out, err := exec.CommandContext(ctx, s[0], s[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %w: %s", strings.Join(s[2:], " "), err, out)
+		}
+	}
+	sudoers := filepath.Join(root, "etc/sudoers.d/user")
+	if err := os.WriteFile(sudoers, []byte("user ALL=(ALL:ALL) NOPASSWD: ALL\n"), 0o440); err != nil {
+		return err
+	}
+	for _, p := range []string{"var/lib/apt/lists", "var/cache/apt/archives", "var/log"} {
+		ents, _ := os.ReadDir(filepath.Join(root, p))
+		for _, e := range ents {
+			if e.IsDir() && e.Name() == "partial" {
+				continue
+			}
+			os.RemoveAll(filepath.Join(root, p, e.Name()))
+		}
+	}
+	// The runtime provides /dev; device nodes in the image are not needed.
+	devs, _ := os.ReadDir(filepath.Join(root, "dev"))
+	for _, e := range devs {
+		os.RemoveAll(filepath.Join(root, "dev", e.Name()))
+	}
+	return nil
+}

@@ -1,0 +1,150 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// Cache is a node's unpacked-layer cache: each layer is unpacked once, when a
+// sandbox first needs it, and shared read-only by every sandbox on the node.
+type Cache struct {
+	dir   string
+	store *Store
+
+	mu       sync.Mutex
+	inflight map[digest.Digest]*unpackCall // guarded by mu
+}
+
+type unpackCall struct {
+	done chan struct{}
+	err  error
+}
+
+// NewCache opens the cache at dir.
+func NewCache(dir string, store *Store) (*Cache, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o700); err != nil {
+		return nil, err
+	}
+	// Half-unpacked layers from a crash are garbage.
+	ents, _ := os.ReadDir(filepath.Join(dir, "tmp"))
+	for _, e := range ents {
+		os.RemoveAll(filepath.Join(dir, "tmp", e.Name()))
+	}
+	return &Cache{dir: dir, store: store, inflight: map[digest.Digest]*unpackCall{}}, nil
+}
+
+// LayerDir is where a layer's files are once unpacked. The name is short,
+// because overlayfs takes every lower directory in one mount option of at
+// most a page.
+func (c *Cache) LayerDir(d digest.Digest) string {
+	return filepath.Join(c.dir, d.Encoded()[:16])
+}
+
+// Layers returns the unpacked directories of im's layers, lowest first,
+// unpacking the ones this node has not seen yet.
+func (c *Cache) Layers(ctx context.Context, im *Image, progress Progress) ([]string, error) {
+	dirs := make([]string, 0, len(im.Manifest.Layers))
+	for i, l := range im.Manifest.Layers {
+		stage := fmt.Sprintf("unpacking layer %d/%d", i+1, len(im.Manifest.Layers))
+		if err := c.ensure(ctx, l, stage, progress); err != nil {
+			return nil, err
+		}
+		dirs = append(dirs, filepath.Join(c.LayerDir(l.Digest), "fs"))
+	}
+	return dirs, nil
+}
+
+// Has reports whether a layer is unpacked.
+func (c *Cache) Has(d digest.Digest) bool {
+	data, err := os.ReadFile(filepath.Join(c.LayerDir(d), "digest"))
+	return err == nil && string(data) == d.String()
+}
+
+func (c *Cache) ensure(ctx context.Context, l ocispec.Descriptor, stage string, progress Progress) error {
+	if c.Has(l.Digest) {
+		return nil
+	}
+	c.mu.Lock()
+	if call, ok := c.inflight[l.Digest]; ok {
+		c.mu.Unlock()
+		select {
+		case <-call.done:
+			return call.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	call := &unpackCall{done: make(chan struct{})}
+	c.inflight[l.Digest] = call
+	c.mu.Unlock()
+	call.err = c.unpack(l, stage, progress)
+	c.mu.Lock()
+	delete(c.inflight, l.Digest)
+	c.mu.Unlock()
+	close(call.done)
+	return call.err
+}
+
+func (c *Cache) unpack(l ocispec.Descriptor, stage string, progress Progress) error {
+	if err := validDigest(l.Digest); err != nil {
+		return err
+	}
+	f, err := os.Open(c.store.BlobPath(l.Digest))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return errdefs.NotFound("layer %s: not in the image store", l.Digest)
+		}
+		return err
+	}
+	defer f.Close()
+	tmp, err := os.MkdirTemp(filepath.Join(c.dir, "tmp"), "layer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
+		return err
+	}
+	h := sha256.New()
+	counted := &countingReader{r: io.TeeReader(f, h), total: l.Size, stage: stage, p: progress}
+	dr, err := decompress(counted)
+	if err != nil {
+		return err
+	}
+	defer dr.Close()
+	if err := unpackLayer(dr, filepath.Join(tmp, "fs")); err != nil {
+		return fmt.Errorf("unpack layer %s: %w", l.Digest, err)
+	}
+	io.Copy(io.Discard, counted) //nolint:errcheck // trailing padding, for the digest
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != l.Digest.String() {
+		return fmt.Errorf("layer %s: content has digest %s (corrupt image store)", l.Digest, got)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "digest"), []byte(l.Digest.String()), 0o644); err != nil {
+		return err
+	}
+	dst := c.LayerDir(l.Digest)
+	if err := os.Rename(tmp, dst); err != nil {
+		if c.Has(l.Digest) {
+			return nil
+		}
+		// A stale directory under the short name (another digest or a crash).
+		if rerr := os.RemoveAll(dst); rerr != nil {
+			return rerr
+		}
+		return os.Rename(tmp, dst)
+	}
+	return nil
+}

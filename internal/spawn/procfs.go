@@ -1,0 +1,88 @@
+package spawn
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ProcStat is what /proc/PID/stat says of a process.
+type ProcStat struct {
+	PID   int
+	PPID  int
+	PGID  int
+	State string
+	RSS   int64 // pages
+}
+
+// ReadStat parses /proc/PID/stat. The command name may contain spaces and
+// parentheses, so fields are taken after the last ')'.
+func ReadStat(pid int) (ProcStat, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ProcStat{}, false
+	}
+	return parseStat(pid, data)
+}
+
+func parseStat(pid int, data []byte) (ProcStat, bool) {
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 > len(data) {
+		return ProcStat{}, false
+	}
+	f := strings.Fields(string(data[i+2:]))
+	if len(f) < 22 {
+		return ProcStat{}, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	pgid, _ := strconv.Atoi(f[2])
+	rss, _ := strconv.ParseInt(f[21], 10, 64)
+	return ProcStat{PID: pid, PPID: ppid, PGID: pgid, State: f[0], RSS: rss}, true
+}
+
+// Pids lists the numeric entries of /proc.
+func Pids() []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	pids := make([]int, 0, len(ents))
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func zombieChildren(parent int) []int {
+	var out []int
+	for _, pid := range Pids() {
+		if st, ok := ReadStat(pid); ok && st.PPID == parent && st.State == "Z" {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// Descendants returns every live descendant of root.
+func Descendants(root int) []int {
+	children := map[int][]int{}
+	for _, pid := range Pids() {
+		if st, ok := ReadStat(pid); ok {
+			children[st.PPID] = append(children[st.PPID], pid)
+		}
+	}
+	var out []int
+	stack := []int{root}
+	for len(stack) > 0 {
+		p := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, c := range children[p] {
+			out = append(out, c)
+			stack = append(stack, c)
+		}
+	}
+	return out
+}
