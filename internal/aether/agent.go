@@ -49,6 +49,10 @@ type Agent struct {
 	sessions *chronus.Service
 	dialer   *agentlink.Dialer
 	started  time.Time
+
+	// Wrap, if set before Run, wraps the handler (the fake backend uses it
+	// to hold requests while "paused").
+	Wrap func(http.Handler) http.Handler
 }
 
 // New returns an agent; Run starts it.
@@ -57,7 +61,7 @@ func New(cfg Config, log *slog.Logger) *Agent {
 	users := sysuser.DB{Root: cfg.Root}
 	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env}
 	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now()}
-	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Handler: a.Handler(), Log: log}
+	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log}
 	return a
 }
 
@@ -86,6 +90,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if os.Getpid() == 1 {
 		go a.reapOrphans(ctx)
+	}
+	a.dialer.Handler = a.Handler()
+	if a.Wrap != nil {
+		a.dialer.Handler = a.Wrap(a.dialer.Handler)
 	}
 	a.dialer.Run(ctx)
 	a.sessions.Close()

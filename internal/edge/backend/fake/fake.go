@@ -1,0 +1,302 @@
+// Package fake is a backend for control-plane tests, in the manner of
+// nomad's mock driver: a real agent (aether, in-process) serves each
+// "sandbox", but processes run on the host without isolation. Knobs inject
+// latency and failures. Never register it in a production binary.
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/aether"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Name is the backend's name.
+const Name = "fake"
+
+// Knobs change the fake's behaviour; set them before use.
+type Knobs struct {
+	CreateDelay time.Duration
+	FailCreate  error
+	FailStart   error
+	// FailRestoreAfter makes Restore fail after this many successes (0: never).
+	FailRestoreAfter int
+}
+
+// running holds the agents of every fake sandbox in this process by sandbox
+// id. Like a real sandbox, an agent outlives the Backend value that started
+// it, so a second Backend (an "edge restart") re-attaches to it. This is
+// shared state on purpose, and only in this test backend.
+var running sync.Map // sandboxid.ID -> *box
+
+// Backend is the fake backend.
+type Backend struct {
+	Knobs Knobs
+
+	mu       sync.Mutex
+	boxes    map[sandboxid.ID]*box // guarded by mu
+	restores int                   // guarded by mu
+}
+
+type box struct {
+	spec   *backend.Spec
+	state  backend.State
+	cancel context.CancelFunc
+	done   chan struct{}
+	gate   *gate
+}
+
+// gate blocks agent requests while the sandbox is paused.
+type gate struct {
+	mu     sync.Mutex
+	paused chan struct{} // guarded by mu; non-nil while paused
+}
+
+func (g *gate) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		ch := g.paused
+		g.mu.Unlock()
+		if ch != nil {
+			select {
+			case <-ch:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+var (
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.Pauser      = (*Backend)(nil)
+	_ backend.Snapshotter = (*Backend)(nil)
+)
+
+// New returns a fake backend.
+func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	return &Backend{boxes: map[sandboxid.ID]*box{}}, nil
+}
+
+// Name returns "fake".
+func (b *Backend) Name() string { return Name }
+
+// Capabilities: everything.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true}
+}
+
+// Probe always succeeds.
+func (b *Backend) Probe(ctx context.Context) error { return nil }
+
+// Create records the sandbox.
+func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
+	if b.Knobs.CreateDelay > 0 {
+		select {
+		case <-time.After(b.Knobs.CreateDelay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if b.Knobs.FailCreate != nil {
+		return nil, b.Knobs.FailCreate
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.boxes[spec.ID] = &box{spec: spec, state: backend.StateCreated, gate: &gate{}}
+	state, _ := json.Marshal(spec)
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
+
+func (b *Backend) get(id sandboxid.ID) (*box, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bx, ok := b.boxes[id]
+	if !ok {
+		return nil, errdefs.NotFound("fake sandbox %s: unknown", id)
+	}
+	return bx, nil
+}
+
+// Start runs an in-process agent that dials the sandbox's edge socket.
+func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
+	if b.Knobs.FailStart != nil {
+		return b.Knobs.FailStart
+	}
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	b.launch(bx)
+	return nil
+}
+
+func (b *Backend) launch(bx *box) {
+	env := map[string]string{}
+	for _, kv := range bx.spec.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	a := aether.New(aether.Config{EdgeSocket: filepath.Join(bx.spec.RunDir, "edge.sock"), Env: env, Root: "/"}, nil)
+	a.Wrap = bx.gate.wrap
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	b.mu.Lock()
+	bx.cancel, bx.done, bx.state = cancel, done, backend.StateRunning
+	b.mu.Unlock()
+	running.Store(bx.spec.ID, bx)
+}
+
+func (b *Backend) halt(bx *box) {
+	running.CompareAndDelete(bx.spec.ID, bx)
+	b.mu.Lock()
+	cancel, done := bx.cancel, bx.done
+	bx.cancel, bx.state = nil, backend.StateStopped
+	b.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// Stop stops the agent.
+func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return nil
+	}
+	b.resumeGate(bx)
+	b.halt(bx)
+	return nil
+}
+
+// Destroy stops and forgets.
+func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return nil
+	}
+	b.resumeGate(bx)
+	b.halt(bx)
+	b.mu.Lock()
+	delete(b.boxes, id)
+	b.mu.Unlock()
+	return nil
+}
+
+// Status reports the recorded state.
+func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, error) {
+	bx, err := b.get(id)
+	if err != nil {
+		return backend.Status{ID: id, State: backend.StateStopped}, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return backend.Status{ID: id, State: bx.state, Pid: os.Getpid()}, nil
+}
+
+// Recover re-attaches to the sandbox's agent if it still runs in this
+// process, and starts a new one otherwise (the edge process restarted, and
+// an in-process sandbox cannot outlive it).
+func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.Spec) error {
+	if v, ok := running.Load(h.ID); ok {
+		b.mu.Lock()
+		b.boxes[h.ID] = v.(*box)
+		b.mu.Unlock()
+		return nil
+	}
+	bx := &box{spec: spec, gate: &gate{}}
+	b.mu.Lock()
+	b.boxes[h.ID] = bx
+	b.mu.Unlock()
+	b.launch(bx)
+	return nil
+}
+
+// Pause blocks agent requests until Resume.
+func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	bx.gate.mu.Lock()
+	if bx.gate.paused == nil {
+		bx.gate.paused = make(chan struct{})
+	}
+	bx.gate.mu.Unlock()
+	b.mu.Lock()
+	bx.state = backend.StatePaused
+	b.mu.Unlock()
+	return nil
+}
+
+// Resume lets requests through again.
+func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	b.resumeGate(bx)
+	b.mu.Lock()
+	if bx.state == backend.StatePaused {
+		bx.state = backend.StateRunning
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *Backend) resumeGate(bx *box) {
+	bx.gate.mu.Lock()
+	if bx.gate.paused != nil {
+		close(bx.gate.paused)
+		bx.gate.paused = nil
+	}
+	bx.gate.mu.Unlock()
+}
+
+// Snapshot writes a marker file; the fake has no memory to capture.
+func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
+	if _, err := b.get(id); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(ref.Dir, "fake-snapshot"), []byte(id), 0o600); err != nil {
+		return nil, err
+	}
+	return &backend.SnapshotInfo{SizeBytes: int64(len(id))}, nil
+}
+
+// Restore starts a new sandbox (with a fresh agent).
+func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
+	if _, err := os.Stat(filepath.Join(ref.Dir, "fake-snapshot")); err != nil {
+		return nil, fmt.Errorf("fake restore: %w", err)
+	}
+	b.mu.Lock()
+	b.restores++
+	n := b.restores
+	b.mu.Unlock()
+	if b.Knobs.FailRestoreAfter > 0 && n > b.Knobs.FailRestoreAfter {
+		return nil, errdefs.ResourceExhausted("fake restore: injected failure after %d restores", b.Knobs.FailRestoreAfter)
+	}
+	h, err := b.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Start(ctx, spec.ID); err != nil {
+		return nil, errors.Join(err, b.Destroy(ctx, spec.ID))
+	}
+	return h, nil
+}

@@ -1,0 +1,96 @@
+package edge
+
+import (
+	"bufio"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// Capacity is what the edge admits against: the sum of the limits of its
+// sandboxes (paused ones too) stays within it. Limits are caps, not
+// reservations, so the totals may exceed the host (overcommit), but one
+// sandbox never asks for more than the host has.
+type Capacity struct {
+	CPUCores     float64 // admitted total
+	MemoryMB     int64   // admitted total
+	MaxSandboxes int64
+	// HostCPUCores and HostMemoryMB bound a single sandbox.
+	HostCPUCores float64
+	HostMemoryMB int64
+}
+
+// Overcommit factors applied to the host by DefaultCapacity.
+const (
+	cpuOvercommit    = 8
+	memoryOvercommit = 1.5
+	reservedMemoryMB = 512
+)
+
+// DefaultCapacity reads the host: all cores and memory, minus a reserve for
+// the node itself, with overcommit for the totals.
+func DefaultCapacity() Capacity {
+	cores := float64(runtime.NumCPU())
+	mem := hostMemoryMB() - reservedMemoryMB
+	if mem < 256 {
+		mem = 256
+	}
+	return Capacity{
+		CPUCores: cores * cpuOvercommit, MemoryMB: int64(float64(mem) * memoryOvercommit), MaxSandboxes: 4096,
+		HostCPUCores: cores, HostMemoryMB: mem,
+	}
+}
+
+func hostMemoryMB() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 1024
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb / 1024
+		}
+	}
+	return 1024
+}
+
+// usage is a running total.
+type usage struct {
+	sandboxes int64
+	cpu       float64
+	memMB     int64
+}
+
+func (u *usage) add(cpu float64, mem int64, n int64) {
+	u.sandboxes += n
+	u.cpu += cpu * float64(n)
+	u.memMB += mem * n
+}
+
+func (u usage) proto() *edgev1.Usage {
+	return &edgev1.Usage{Sandboxes: u.sandboxes, CpuCores: u.cpu, MemoryMb: u.memMB}
+}
+
+// admit checks that n more sandboxes of this size fit. Callers hold e.mu.
+func (c Capacity) admit(node string, cur usage, cpu float64, mem, n int64) error {
+	switch {
+	case cpu > c.HostCPUCores:
+		return errdefs.InvalidArgument("resources.cpu_cores %g: over node %s's %g cores", cpu, node, c.HostCPUCores)
+	case mem > c.HostMemoryMB:
+		return errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)
+	case cur.sandboxes+n > c.MaxSandboxes:
+		return errdefs.ResourceExhausted("node %s: holds %d sandboxes, its limit is %d", node, cur.sandboxes, c.MaxSandboxes)
+	case cur.cpu+cpu*float64(n) > c.CPUCores+1e-9:
+		return errdefs.ResourceExhausted("node %s: %.1f of %.1f cpu cores free, %g asked", node, c.CPUCores-cur.cpu, c.CPUCores, cpu*float64(n))
+	case cur.memMB+mem*n > c.MemoryMB:
+		return errdefs.ResourceExhausted("node %s: %d of %d MiB memory free, %d asked", node, c.MemoryMB-cur.memMB, c.MemoryMB, mem*n)
+	}
+	return nil
+}

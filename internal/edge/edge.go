@@ -1,0 +1,239 @@
+// Package edge is the node daemon [paper: role; ours: design]. It has the
+// final say on admission against the node's real capacity, prepares each
+// sandbox's rootfs from the layer cache, starts it on a backend, owns the
+// channel to its agent, enforces its time to live and, because every
+// sandbox's record is on the node's disk, re-attaches running sandboxes after
+// its own restart instead of losing or leaking them.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+)
+
+// Config configures an edge.
+type Config struct {
+	// StateDir holds the node id, sandbox directories and the layer cache.
+	StateDir string
+	// AgentPath is the static aether binary put into every sandbox.
+	AgentPath string
+	Capacity  Capacity
+	Limits    sandboxspec.Limits
+	// AgentTimeout bounds the wait for a new sandbox's agent.
+	AgentTimeout time.Duration
+}
+
+// Deps are the edge's collaborators.
+type Deps struct {
+	Store    *image.Store
+	Backends []backend.Backend
+	Log      *slog.Logger
+}
+
+// Edge manages the sandboxes of one node.
+type Edge struct {
+	cfg         Config
+	log         *slog.Logger
+	node        sandboxid.NodeID
+	store       *image.Store
+	cache       *image.Cache
+	backends    map[string]backend.Backend
+	unavailable map[string]string // backend name -> why it cannot run here
+
+	mu        sync.Mutex
+	boxes     map[sandboxid.ID]*sandbox       // guarded by mu
+	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
+	allocated usage                          // guarded by mu
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New opens the edge's state, probes the backends and re-attaches the
+// sandboxes a previous run left.
+func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
+	if cfg.StateDir == "" || cfg.AgentPath == "" || deps.Store == nil {
+		return nil, errors.New("edge: StateDir, AgentPath and Store are required")
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, fmt.Errorf("edge: agent binary: %w", err)
+	}
+	if cfg.Capacity.HostCPUCores == 0 {
+		cfg.Capacity = DefaultCapacity()
+	}
+	if cfg.Limits.MaxCPUCores == 0 {
+		cfg.Limits = sandboxspec.DefaultLimits()
+	}
+	cfg.Limits.MaxCPUCores = min(cfg.Limits.MaxCPUCores, cfg.Capacity.HostCPUCores)
+	cfg.Limits.MaxMemoryMB = min(cfg.Limits.MaxMemoryMB, cfg.Capacity.HostMemoryMB)
+	if cfg.AgentTimeout == 0 {
+		cfg.AgentTimeout = 30 * time.Second
+	}
+	for _, d := range []string{"sandboxes", "snapshots", "cache"} {
+		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	node, err := loadNodeID(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := image.NewCache(filepath.Join(cfg.StateDir, "cache"), deps.Store)
+	if err != nil {
+		return nil, err
+	}
+	e := &Edge{
+		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
+		store: deps.Store, cache: cache,
+		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
+		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
+		stop: make(chan struct{}),
+	}
+	for _, b := range deps.Backends {
+		if err := b.Probe(ctx); err != nil {
+			e.unavailable[b.Name()] = err.Error()
+			e.log.Warn("backend unavailable on this node", logging.Backend, b.Name(), logging.Error, err)
+			continue
+		}
+		e.backends[b.Name()] = b
+	}
+	e.recover(ctx)
+	e.loadSnapshots()
+	e.wg.Add(1)
+	go e.expireLoop()
+	return e, nil
+}
+
+// Node returns the node id.
+func (e *Edge) Node() sandboxid.NodeID { return e.node }
+
+// Limits returns the request limits of this node.
+func (e *Edge) Limits() sandboxspec.Limits { return e.cfg.Limits }
+
+// Close stops background work. Sandboxes keep running.
+func (e *Edge) Close() {
+	e.stopOnce.Do(func() { close(e.stop) })
+	e.wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, sb := range e.boxes {
+		if sb.link != nil {
+			sb.link.Close()
+		}
+	}
+}
+
+func loadNodeID(dir string) (sandboxid.NodeID, error) {
+	p := filepath.Join(dir, "node-id")
+	data, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		id := sandboxid.NewNodeID()
+		return id, os.WriteFile(p, []byte(id), 0o600)
+	}
+	if err != nil {
+		return "", err
+	}
+	return sandboxid.ValidateNode(strings.TrimSpace(string(data)))
+}
+
+// BackendNames lists the backends this node can run, then the others.
+func (e *Edge) BackendNames() (usable, unusable []string) {
+	for n := range e.backends {
+		usable = append(usable, n)
+	}
+	for n := range e.unavailable {
+		unusable = append(unusable, n)
+	}
+	sort.Strings(usable)
+	sort.Strings(unusable)
+	return usable, unusable
+}
+
+func (e *Edge) backendFor(name string) (backend.Backend, error) {
+	if b, ok := e.backends[name]; ok {
+		return b, nil
+	}
+	if why, ok := e.unavailable[name]; ok {
+		return nil, errdefs.FailedPrecondition("backend %q cannot run on node %s: %s", name, e.node, why)
+	}
+	usable, _ := e.BackendNames()
+	return nil, errdefs.InvalidArgument("backend %q: unknown; node %s offers %s", name, e.node, strings.Join(usable, ", "))
+}
+
+func (e *Edge) sandboxDir(id sandboxid.ID) string {
+	return filepath.Join(e.cfg.StateDir, "sandboxes", string(id))
+}
+
+// inScope reports whether project is scope or below it.
+func inScope(project, scope string) bool {
+	return scope != "" && (project == scope || strings.HasPrefix(project, scope+"/"))
+}
+
+// lookup finds a sandbox the caller may see.
+func (e *Edge) lookup(id, scope string) (*sandbox, error) {
+	sid, node, err := sandboxid.Parse(id)
+	if err != nil {
+		return nil, err
+	}
+	if node != e.node {
+		return nil, errdefs.NotFound("sandbox %s: not on node %s", id, e.node)
+	}
+	e.mu.Lock()
+	sb, ok := e.boxes[sid]
+	e.mu.Unlock()
+	if !ok || !inScope(sb.project(), scope) {
+		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
+	}
+	return sb, nil
+}
+
+// expireLoop stops sandboxes whose time to live ran out.
+func (e *Edge) expireLoop() {
+	defer e.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-tick.C:
+			for _, sb := range e.expired(now) {
+				e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
+				if err := e.destroy(context.Background(), sb); err != nil {
+					e.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
+				}
+			}
+		}
+	}
+}
+
+func (e *Edge) expired(now time.Time) []*sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*sandbox
+	for _, sb := range e.boxes {
+		sb.mu.Lock()
+		if sb.rec.State != stateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
+			out = append(out, sb)
+		}
+		sb.mu.Unlock()
+	}
+	return out
+}

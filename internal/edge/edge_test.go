@@ -1,0 +1,256 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+type fixture struct {
+	dir   string
+	store *image.Store
+	fake  *fake.Backend
+	edge  *Edge
+}
+
+func newFixture(t *testing.T, capacity Capacity) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	store, err := image.OpenStore(filepath.Join(dir, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(dir, "tree")
+	os.MkdirAll(filepath.Join(tree, "etc"), 0o755)
+	os.WriteFile(filepath.Join(tree, "etc", "motd"), []byte("hi\n"), 0o644)
+	layer, err := store.PackDir(tree, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := image.ParseRef("root/tiny:1")
+	if _, err := store.Commit(ref, nil, []image.Layer{layer}, ocispec.ImageConfig{Env: []string{"FROM_IMAGE=yes"}}); err != nil {
+		t.Fatal(err)
+	}
+	agent := filepath.Join(dir, "aether")
+	os.WriteFile(agent, []byte("#!/bin/sh\n"), 0o755)
+	f := &fixture{dir: dir, store: store}
+	b, _ := fake.New(context.Background(), backend.Config{})
+	f.fake = b.(*fake.Backend)
+	f.edge = f.open(t, capacity)
+	return f
+}
+
+func (f *fixture) open(t *testing.T, capacity Capacity) *Edge {
+	t.Helper()
+	e, err := New(context.Background(), Config{
+		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"),
+		Capacity: capacity, AgentTimeout: 5 * time.Second,
+	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+func smallCapacity() Capacity {
+	return Capacity{CPUCores: 4, MemoryMB: 4096, MaxSandboxes: 10, HostCPUCores: 2, HostMemoryMB: 2048}
+}
+
+func spec() *sandboxv1.SandboxSpec {
+	return &sandboxv1.SandboxSpec{Backend: "fake", Image: "root/tiny:1", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256}}
+}
+
+// agentClient talks to a sandbox through the edge's handler, as the
+// apiserver does.
+func agentClient(t *testing.T, e *Edge, id, scope string) agentv1connect.ProcessServiceClient {
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(srv.Close)
+	hc := &http.Client{Transport: headerRT{id: id, scope: scope}}
+	return agentv1connect.NewProcessServiceClient(hc, srv.URL)
+}
+
+type headerRT struct{ id, scope string }
+
+func (h headerRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(headers.SandboxID, h.id)
+	r.Header.Set(headers.Scope, h.scope)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func echo(t *testing.T, c agentv1connect.ProcessServiceClient) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "echo $FROM_IMAGE $DSEC_SANDBOX_ID"}}}))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(r.Msg.Stdout)), nil
+}
+
+func TestCreateExecDestroy(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root/team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING || sb.NodeId != string(f.edge.Node()) || !strings.HasPrefix(sb.Id, string(f.edge.Node())) {
+		t.Fatalf("created: %+v", sb)
+	}
+	got, err := echo(t, agentClient(t, f.edge, sb.Id, "root"))
+	if err != nil || got != "yes "+sb.Id {
+		t.Fatalf("exec = %q, %v", got, err)
+	}
+	// Another project's scope cannot reach it.
+	if _, err := echo(t, agentClient(t, f.edge, sb.Id, "root/other")); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("exec from another project: %v", err)
+	}
+	if _, err := f.edge.Get(sb.Id, "root/teamx"); !errdefs.IsNotFound(err) {
+		t.Fatalf("prefix without slash matched: %v", err)
+	}
+	if st := f.edge.Status(); st.Allocated.Sandboxes != 1 || len(st.Groups) != 1 || st.Groups[0].Project != "root/team" {
+		t.Fatalf("status: %+v", st)
+	}
+	if err := f.edge.Destroy(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(f.edge.sandboxDir(sandboxIDOf(sb))); !os.IsNotExist(err) {
+		t.Fatalf("sandbox directory left: %v", err)
+	}
+	if err := f.edge.Destroy(ctx, sb.Id, "root"); !errdefs.IsNotFound(err) {
+		t.Fatalf("second destroy: %v", err)
+	}
+	if st := f.edge.Status(); st.Allocated.Sandboxes != 0 || st.Allocated.CpuCores != 0 {
+		t.Fatalf("allocation not released: %+v", st.Allocated)
+	}
+}
+
+func TestBadRequestsLeaveNothing(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	cases := map[string]struct {
+		mut  func(*sandboxv1.SandboxSpec)
+		code error
+		want string
+	}{
+		"unknown backend": {func(s *sandboxv1.SandboxSpec) { s.Backend = "qemu" }, errdefs.ErrInvalidArgument, `backend "qemu": unknown`},
+		"malformed image": {func(s *sandboxv1.SandboxSpec) { s.Image = "tiny" }, errdefs.ErrInvalidArgument, "no project"},
+		"missing image":   {func(s *sandboxv1.SandboxSpec) { s.Image = "root/nope:1" }, errdefs.ErrNotFound, `image "root/nope:1": not in the image store`},
+		"foreign image":   {func(s *sandboxv1.SandboxSpec) { s.Image = "other/tiny:1" }, errdefs.ErrPermissionDenied, "not visible"},
+		"too many cores":  {func(s *sandboxv1.SandboxSpec) { s.Resources.CpuCores = 3 }, errdefs.ErrInvalidArgument, "resources.cpu_cores 3: want 0.1 to 2"},
+		"too much memory": {func(s *sandboxv1.SandboxSpec) { s.Resources.MemoryMb = 9999 }, errdefs.ErrInvalidArgument, "resources.memory_mb 9999: want 16 to 2048"},
+	}
+	for name, c := range cases {
+		s := spec()
+		c.mut(s)
+		_, err := f.edge.Create(ctx, s, "root")
+		if !errors.Is(err, c.code) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v; want %v containing %q", name, err, c.code, c.want)
+		}
+	}
+	// Capacity: 4 cores in total, so the fifth 1-core sandbox is refused.
+	for i := 0; i < 4; i++ {
+		if _, err := f.edge.Create(ctx, spec(), "root"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := f.edge.Create(ctx, spec(), "root")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "cpu cores free") {
+		t.Fatalf("over capacity: %v", err)
+	}
+	if n, err := f.edge.DestroyAll(ctx, "root"); n != 4 || err != nil {
+		t.Fatalf("DestroyAll = %d, %v", n, err)
+	}
+	// A backend failure leaves no directory and no allocation.
+	f.fake.Knobs.FailStart = errors.New("injected start failure")
+	if _, err := f.edge.Create(ctx, spec(), "root"); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("failing start: %v", err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(f.dir, "edge", "sandboxes"))
+	if len(ents) != 0 || f.edge.Status().Allocated.Sandboxes != 0 {
+		t.Fatalf("half-created sandbox left: %d dirs, %+v", len(ents), f.edge.Status().Allocated)
+	}
+}
+
+func TestTimeToLive(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	s := spec()
+	s.TimeoutSeconds = 1
+	sb, err := f.edge.Create(context.Background(), s, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := f.edge.Get(sb.Id, "root"); errdefs.IsNotFound(err) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("sandbox outlived its time to live")
+}
+
+func TestRestartReattaches(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.edge.Close()
+	e2 := f.open(t, smallCapacity())
+	if e2.Node() != f.edge.Node() {
+		t.Fatalf("node id changed across restart: %s -> %s", f.edge.Node(), e2.Node())
+	}
+	got, err := e2.Get(sb.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after restart: %+v, %v", got, err)
+	}
+	if out, err := echo(t, agentClient(t, e2, sb.Id, "root")); err != nil || out != "yes "+sb.Id {
+		t.Fatalf("exec after restart = %q, %v", out, err)
+	}
+	if st := e2.Status(); st.Allocated.Sandboxes != 1 {
+		t.Fatalf("allocation after restart: %+v", st.Allocated)
+	}
+}
+
+func TestPausedSandboxResumesOnCall(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil || p.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("pause: %+v, %v", p, err)
+	}
+	if _, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil {
+		t.Fatalf("call to a paused sandbox: %v", err)
+	}
+	if got, _ := f.edge.Get(sb.Id, "root"); got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("state after call: %v", got.State)
+	}
+}
+
+func sandboxIDOf(s *sandboxv1.Sandbox) sandboxid.ID { return sandboxid.ID(s.Id) }

@@ -1,0 +1,99 @@
+package edge
+
+import (
+	"context"
+	"net/http"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Pause freezes a running sandbox.
+func (e *Edge) Pause(ctx context.Context, id, scope string) (*sandboxv1.Sandbox, error) {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := e.pauseLocked(ctx, sb); err != nil {
+		return nil, err
+	}
+	return sb.rec.proto(e.node), nil
+}
+
+func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
+	switch sb.rec.State {
+	case statePaused:
+		return nil
+	case stateRunning:
+	default:
+		return errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be paused", sb.id, sb.rec.State)
+	}
+	p, ok := sb.be.(backend.Pauser)
+	if !ok || !sb.be.Capabilities().Pause {
+		return errdefs.Unsupported("backend %q cannot pause sandboxes", sb.be.Name())
+	}
+	if err := p.Pause(ctx, sb.id); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pause sandbox %s", sb.id)
+	}
+	sb.rec.State = statePaused
+	e.log.Info("sandbox paused", logging.SandboxID, sb.id)
+	return sb.rec.save(sb.dir)
+}
+
+// Resume continues a paused sandbox.
+func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox, error) {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := e.resumeLocked(ctx, sb); err != nil {
+		return nil, err
+	}
+	return sb.rec.proto(e.node), nil
+}
+
+func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
+	switch sb.rec.State {
+	case stateRunning:
+		return nil
+	case statePaused:
+	default:
+		return errdefs.FailedPrecondition("sandbox %s is %s; only a paused sandbox can be resumed", sb.id, sb.rec.State)
+	}
+	p, ok := sb.be.(backend.Pauser)
+	if !ok {
+		return errdefs.Unsupported("backend %q cannot resume sandboxes", sb.be.Name())
+	}
+	if err := p.Resume(ctx, sb.id); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "resume sandbox %s", sb.id)
+	}
+	sb.rec.State, sb.rec.PausedTask = stateRunning, false
+	e.log.Info("sandbox resumed", logging.SandboxID, sb.id)
+	return sb.rec.save(sb.dir)
+}
+
+// ensureRunning resumes a paused sandbox before an agent call and returns
+// its link.
+func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox) (http.RoundTripper, error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch sb.rec.State {
+	case stateRunning:
+	case statePaused:
+		if err := e.resumeLocked(ctx, sb); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)
+	}
+	if sb.link == nil {
+		return nil, errdefs.Unavailable("sandbox %s: no agent link", sb.id)
+	}
+	return sb.link, nil
+}

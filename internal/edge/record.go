@@ -1,0 +1,105 @@
+package edge
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// record is what the edge keeps on disk for a sandbox, so a restarted edge
+// finds its sandboxes again.
+type record struct {
+	ID             sandboxid.ID    `json:"id"`
+	Project        string          `json:"project"`
+	Spec           json.RawMessage `json:"spec"` // protojson SandboxSpec
+	State          string          `json:"state"`
+	CreatedAt      time.Time       `json:"created_at"`
+	ExpiresAt      time.Time       `json:"expires_at"`
+	ImageDigest    string          `json:"image_digest"`
+	Handle         *backend.Handle `json:"handle,omitempty"`
+	Message        string          `json:"message,omitempty"`
+	SourceSnapshot string          `json:"source_snapshot,omitempty"`
+	// PausedTask is set when the sandbox was paused by a task-wide pause.
+	PausedTask bool `json:"paused_task,omitempty"`
+
+	spec *sandboxv1.SandboxSpec // decoded Spec
+}
+
+// Record states; they match SandboxState names.
+const (
+	stateCreating = "creating"
+	stateRunning  = "running"
+	statePaused   = "paused"
+	stateStopping = "stopping"
+)
+
+var stateProto = map[string]sandboxv1.SandboxState{
+	stateCreating: sandboxv1.SandboxState_SANDBOX_STATE_CREATING,
+	stateRunning:  sandboxv1.SandboxState_SANDBOX_STATE_RUNNING,
+	statePaused:   sandboxv1.SandboxState_SANDBOX_STATE_PAUSED,
+	stateStopping: sandboxv1.SandboxState_SANDBOX_STATE_STOPPING,
+}
+
+func (r *record) setSpec(s *sandboxv1.SandboxSpec) error {
+	data, err := protojson.Marshal(s)
+	if err != nil {
+		return err
+	}
+	r.Spec, r.spec = data, s
+	return nil
+}
+
+func (r *record) proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
+	return &sandboxv1.Sandbox{
+		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: r.spec,
+		State: stateProto[r.State], CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
+		Message: r.Message, ImageDigest: r.ImageDigest, SourceSnapshotId: r.SourceSnapshot,
+	}
+}
+
+const recordFile = "record.json"
+
+func (r *record) save(dir string) error {
+	if err := r.setSpec(r.spec); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, recordFile+".tmp")
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, recordFile))
+}
+
+func loadRecord(dir string) (*record, error) {
+	data, err := os.ReadFile(filepath.Join(dir, recordFile))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("record %s: %w", dir, err)
+	}
+	r.spec = &sandboxv1.SandboxSpec{}
+	if err := protojson.Unmarshal(r.Spec, r.spec); err != nil {
+		return nil, fmt.Errorf("record %s spec: %w", dir, err)
+	}
+	return &r, nil
+}

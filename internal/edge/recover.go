@@ -1,0 +1,126 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// recover re-attaches the sandboxes a previous run of the edge left: running
+// and paused ones get their agent link back; half-created or half-removed
+// ones are removed.
+func (e *Edge) recover(ctx context.Context) {
+	root := filepath.Join(e.cfg.StateDir, "sandboxes")
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		e.log.Error("read sandbox directory", logging.Error, err)
+		return
+	}
+	for _, ent := range ents {
+		dir := filepath.Join(root, ent.Name())
+		rec, err := loadRecord(dir)
+		if err != nil {
+			e.removeOrphanDir(dir, err)
+			continue
+		}
+		log := e.log.With(logging.SandboxID, rec.ID)
+		if err := e.recoverOne(ctx, rec); err != nil {
+			log.Error("could not re-attach sandbox; it is kept for inspection and its removal will be retried", logging.Error, err)
+			continue
+		}
+		log.Info("re-attached sandbox after edge restart", "state", rec.State)
+	}
+}
+
+func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
+	if _, node, err := sandboxid.Parse(string(rec.ID)); err != nil || node != e.node {
+		return errdefs.FailedPrecondition("record of %s does not belong to node %s", rec.ID, e.node)
+	}
+	name := rec.spec.Backend
+	if rec.Handle != nil {
+		name = rec.Handle.Backend
+	}
+	be, ok := e.backends[name]
+	if !ok {
+		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
+	}
+	sb := &sandbox{id: rec.ID, dir: e.sandboxDir(rec.ID), be: be, rec: rec}
+	r := rec.spec.Resources
+	e.mu.Lock()
+	e.boxes[rec.ID] = sb
+	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
+	e.mu.Unlock()
+
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if rec.Handle == nil || (rec.State != stateRunning && rec.State != statePaused) {
+		// Interrupted while being created or removed: finish the removal.
+		return e.removeLocked(ctx, sb)
+	}
+	bspec, err := e.recoverSpec(ctx, rec)
+	if err != nil {
+		return err
+	}
+	link, err := e.prepareDir(rec)
+	if err != nil {
+		return err
+	}
+	sb.link = link
+	if err := be.Recover(ctx, rec.Handle, bspec); err != nil {
+		rec.Message = "lost while the edge was down: " + err.Error()
+		return errors.Join(err, e.removeLocked(ctx, sb))
+	}
+	if rec.State == statePaused {
+		if st, err := be.Status(ctx, rec.ID); err == nil && st.State == backend.StateRunning {
+			rec.State = stateRunning
+		}
+	}
+	return rec.save(sb.dir)
+}
+
+func (e *Edge) recoverSpec(ctx context.Context, rec *record) (*backend.Spec, error) {
+	ref, err := image.ParseRef(rec.spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	im, err := e.store.Resolve(ref)
+	if err != nil || im.Digest.String() != rec.ImageDigest {
+		// The name moved on; the sandbox keeps running on the layers it has.
+		return e.backendSpec(rec, nil, ocispec.ImageConfig{}), nil
+	}
+	layers, err := e.cache.Layers(ctx, im, nil)
+	if err != nil {
+		return nil, err
+	}
+	return e.backendSpec(rec, layers, im.Config.Config), nil
+}
+
+// removeOrphanDir deletes a sandbox directory without a readable record,
+// unless something is still mounted in it.
+func (e *Edge) removeOrphanDir(dir string, why error) {
+	if errors.Is(why, fs.ErrNotExist) {
+		why = errors.New("no record")
+	}
+	if mounts, _ := rootfs.MountsUnder(dir); len(mounts) > 0 {
+		for _, m := range mounts {
+			rootfs.Unmount(m) //nolint:errcheck // checked again below
+		}
+		if still, _ := rootfs.MountsUnder(dir); len(still) > 0 {
+			e.log.Error("orphan sandbox directory is still mounted; left in place", "dir", dir, "mounts", still)
+			return
+		}
+	}
+	e.log.Warn("removing orphan sandbox directory", "dir", dir, "why", why)
+	os.RemoveAll(dir)
+}

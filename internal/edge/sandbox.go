@@ -1,0 +1,355 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+)
+
+// sandbox is the edge's live view of one sandbox. Lock order: never take
+// Edge.mu while holding sandbox.mu... except through release/forget, which
+// only take Edge.mu briefly and never the other way round.
+type sandbox struct {
+	id  sandboxid.ID
+	dir string
+	be  backend.Backend
+
+	mu   sync.Mutex      // serialises lifecycle changes
+	rec  *record         // guarded by mu
+	link *agentlink.Link // guarded by mu; nil once removed
+}
+
+func (sb *sandbox) project() string {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Project
+}
+
+func (sb *sandbox) snapshot(node sandboxid.NodeID) *sandboxv1.Sandbox {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.proto(node)
+}
+
+func (e *Edge) knownBackends() []string {
+	usable, unusable := e.BackendNames()
+	return append(usable, unusable...)
+}
+
+// imageVisible reports whether project may use an image of imageProject:
+// images belong to a project and serve it and every project below it.
+func imageVisible(project, imageProject string) bool {
+	return project == imageProject || strings.HasPrefix(project, imageProject+"/")
+}
+
+// resolveImage checks the name and finds the image for project.
+func (e *Edge) resolveImage(name, project string) (*image.Image, error) {
+	ref, err := image.ParseRef(name)
+	if err != nil {
+		return nil, err
+	}
+	if !imageVisible(project, ref.Project) {
+		return nil, errdefs.PermissionDenied("image %q: belongs to project %q, not visible to project %q", name, ref.Project, project)
+	}
+	return e.store.Resolve(ref)
+}
+
+// Create admits, prepares and starts a sandbox, and returns once its agent
+// is connected. On any failure nothing of it is left behind.
+func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project string) (*sandboxv1.Sandbox, error) {
+	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.knownBackends()); err != nil {
+		return nil, err
+	}
+	if project == "" {
+		return nil, errdefs.InvalidArgument("project: empty")
+	}
+	be, err := e.backendFor(spec.Backend)
+	if err != nil {
+		return nil, err
+	}
+	im, err := e.resolveImage(spec.Image, project)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	rec := &record{ID: sandboxid.New(e.node), Project: project, State: stateCreating, CreatedAt: now, ImageDigest: im.Digest.String()}
+	if err := rec.setSpec(spec); err != nil {
+		return nil, err
+	}
+	sb, err := e.admit(rec, be)
+	if err != nil {
+		return nil, err
+	}
+	log := e.log.With(logging.SandboxID, rec.ID, logging.Backend, be.Name())
+	if err := e.start(ctx, sb, im); err != nil {
+		if cerr := e.discard(context.WithoutCancel(ctx), sb); cerr != nil {
+			log.Error("clean up a sandbox that failed to start", logging.Error, cerr)
+		}
+		return nil, err
+	}
+	log.Info("sandbox started", logging.Project, project, logging.Image, spec.Image, "took", time.Since(now).Round(time.Millisecond))
+	return sb.snapshot(e.node), nil
+}
+
+// admit reserves capacity for rec and registers it.
+func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
+	r := rec.spec.Resources
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.cfg.Capacity.admit(string(e.node), e.allocated, r.CpuCores, r.MemoryMb, 1); err != nil {
+		return nil, err
+	}
+	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
+	sb := &sandbox{id: rec.ID, dir: e.sandboxDir(rec.ID), be: be, rec: rec}
+	e.boxes[rec.ID] = sb
+	return sb, nil
+}
+
+// forget unregisters sb and releases its capacity.
+func (e *Edge) forget(sb *sandbox, r *sandboxv1.Resources) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.boxes[sb.id] == sb {
+		delete(e.boxes, sb.id)
+		e.allocated.add(r.CpuCores, r.MemoryMb, -1)
+	}
+}
+
+// backendSpec builds what the backend needs from a record.
+func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig) *backend.Spec {
+	dir := e.sandboxDir(rec.ID)
+	env := append([]string(nil), cfg.Env...)
+	keys := make([]string, 0, len(rec.spec.Env))
+	for k := range rec.spec.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+rec.spec.Env[k])
+	}
+	env = append(env, "DSEC_SANDBOX_ID="+string(rec.ID))
+	r := rec.spec.Resources
+	return &backend.Spec{
+		ID: rec.ID, Dir: dir, Layers: layers, Env: env, Hostname: string(rec.ID),
+		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids},
+		AgentPath: e.cfg.AgentPath, RunDir: filepath.Join(dir, "run"), HostsFile: filepath.Join(dir, "hosts"),
+	}
+}
+
+// prepareDir makes the sandbox directory, its run directory, hosts file and
+// the agent link.
+func (e *Edge) prepareDir(rec *record) (*agentlink.Link, error) {
+	dir := e.sandboxDir(rec.ID)
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
+		return nil, err
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost ip6-loopback\n", rec.ID)
+	if err := os.WriteFile(filepath.Join(dir, "hosts"), []byte(hosts), 0o644); err != nil {
+		return nil, err
+	}
+	if err := rec.save(dir); err != nil {
+		return nil, err
+	}
+	return agentlink.Listen(filepath.Join(dir, "run", "edge.sock"), e.log)
+}
+
+func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	rec := sb.rec
+	link, err := e.prepareDir(rec)
+	if err != nil {
+		return err
+	}
+	sb.link = link
+	layers, err := e.cache.Layers(ctx, im, nil)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", rec.spec.Image, err)
+	}
+	bspec := e.backendSpec(rec, layers, im.Config.Config)
+	h, err := sb.be.Create(ctx, bspec)
+	if err != nil {
+		return err
+	}
+	rec.Handle = h
+	if err := rec.save(sb.dir); err != nil {
+		return err
+	}
+	if err := sb.be.Start(ctx, rec.ID); err != nil {
+		return err
+	}
+	return e.running(ctx, sb)
+}
+
+// running waits for the agent and marks the sandbox running. Callers hold sb.mu.
+func (e *Edge) running(ctx context.Context, sb *sandbox) error {
+	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
+	defer cancel()
+	if err := sb.link.WaitReady(wait); err != nil {
+		detail := consoleTail(sb.dir)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return errdefs.Unavailable("sandbox %s: the agent did not connect within %s; console: %s", sb.id, e.cfg.AgentTimeout, detail)
+	}
+	sb.rec.State = stateRunning
+	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
+	return sb.rec.save(sb.dir)
+}
+
+func consoleTail(dir string) string {
+	data, err := os.ReadFile(filepath.Join(dir, "console.log"))
+	if err != nil || len(data) == 0 {
+		return "(empty)"
+	}
+	if len(data) > 1024 {
+		data = data[len(data)-1024:]
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// discard removes a sandbox that never became usable.
+func (e *Edge) discard(ctx context.Context, sb *sandbox) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return e.removeLocked(ctx, sb)
+}
+
+// removeLocked destroys the backend's sandbox, closes the link, deletes the
+// directory and unregisters. Callers hold sb.mu. On failure the record
+// stays, so the removal can be retried and nothing is silently leaked.
+func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
+	if sb.rec.Handle != nil || sb.rec.State != stateCreating {
+		if err := sb.be.Destroy(ctx, sb.id); err != nil {
+			sb.rec.Message = "removal failed: " + err.Error()
+			sb.rec.save(sb.dir) //nolint:errcheck // best effort; the error is returned
+			return fmt.Errorf("destroy sandbox %s: %w", sb.id, err)
+		}
+	}
+	if sb.link != nil {
+		sb.link.Close()
+		sb.link = nil
+	}
+	if mounts, _ := rootfs.MountsUnder(sb.dir); len(mounts) > 0 {
+		return fmt.Errorf("sandbox %s: still mounted after destroy: %v", sb.id, mounts)
+	}
+	if err := os.RemoveAll(sb.dir); err != nil {
+		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)
+	}
+	e.forget(sb, sb.rec.spec.Resources)
+	return nil
+}
+
+// destroy stops and removes a sandbox.
+func (e *Edge) destroy(ctx context.Context, sb *sandbox) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.link == nil && sb.rec.State == stateStopping {
+		return nil // removed meanwhile
+	}
+	sb.rec.State = stateStopping
+	sb.rec.save(sb.dir) //nolint:errcheck // the removal below decides
+	err := e.removeLocked(ctx, sb)
+	if err == nil {
+		e.log.Info("sandbox removed", logging.SandboxID, sb.id)
+	}
+	return err
+}
+
+// Destroy stops and removes a sandbox the caller may see.
+func (e *Edge) Destroy(ctx context.Context, id, scope string) error {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return err
+	}
+	return e.destroy(ctx, sb)
+}
+
+// DestroyAll removes every sandbox in scope and returns how many.
+func (e *Edge) DestroyAll(ctx context.Context, scope string) (int, error) {
+	var errs []error
+	n := 0
+	for _, sb := range e.all() {
+		if !inScope(sb.project(), scope) {
+			continue
+		}
+		if err := e.destroy(ctx, sb); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func (e *Edge) all() []*sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*sandbox, 0, len(e.boxes))
+	for _, sb := range e.boxes {
+		out = append(out, sb)
+	}
+	return out
+}
+
+// Get describes a sandbox.
+func (e *Edge) Get(id, scope string) (*sandboxv1.Sandbox, error) {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	return sb.snapshot(e.node), nil
+}
+
+// List lists the sandboxes in scope, oldest first.
+func (e *Edge) List(scope string) []*sandboxv1.Sandbox {
+	var out []*sandboxv1.Sandbox
+	for _, sb := range e.all() {
+		s := sb.snapshot(e.node)
+		if inScope(s.Project, scope) {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.AsTime().Before(out[j].CreatedAt.AsTime()) })
+	return out
+}
+
+// SetTimeout sets a sandbox's time to live from now.
+func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, error) {
+	if err := sandboxspec.CheckTimeout(seconds, e.cfg.Limits); err != nil {
+		return nil, err
+	}
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
+		return nil, errdefs.FailedPrecondition("sandbox %s is %s", id, sb.rec.State)
+	}
+	sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
+	sb.rec.spec.TimeoutSeconds = seconds
+	if err := sb.rec.save(sb.dir); err != nil {
+		return nil, err
+	}
+	return sb.rec.proto(e.node), nil
+}

@@ -1,0 +1,110 @@
+package edge
+
+import (
+	"context"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/edge/v1/edgev1connect"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
+)
+
+// Handler serves EdgeService and the agent proxy. It must be served over
+// mutual TLS that admits only the apiserver and the watcher.
+func (e *Edge) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, connect.WithInterceptors(errdefs.Interceptor())))
+	proxy := e.AgentProxy()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if headers.IsAgentPath(r.URL.Path) {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// server adapts EdgeService to the Edge.
+type server struct {
+	e *Edge
+}
+
+var _ edgev1connect.EdgeServiceHandler = (*server)(nil)
+
+func (s *server) CreateSandbox(ctx context.Context, req *connect.Request[edgev1.CreateSandboxRequest]) (*connect.Response[edgev1.CreateSandboxResponse], error) {
+	sb, err := s.e.Create(ctx, req.Msg.Spec, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.CreateSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *server) GetSandbox(ctx context.Context, req *connect.Request[edgev1.GetSandboxRequest]) (*connect.Response[edgev1.GetSandboxResponse], error) {
+	sb, err := s.e.Get(req.Msg.SandboxId, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.GetSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *server) ListSandboxes(ctx context.Context, req *connect.Request[edgev1.ListSandboxesRequest]) (*connect.Response[edgev1.ListSandboxesResponse], error) {
+	return connect.NewResponse(&edgev1.ListSandboxesResponse{Sandboxes: s.e.List(req.Msg.Scope)}), nil
+}
+
+func (s *server) DestroySandbox(ctx context.Context, req *connect.Request[edgev1.DestroySandboxRequest]) (*connect.Response[edgev1.DestroySandboxResponse], error) {
+	if err := s.e.Destroy(ctx, req.Msg.SandboxId, req.Msg.Scope); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.DestroySandboxResponse{}), nil
+}
+
+func (s *server) SetSandboxTimeout(ctx context.Context, req *connect.Request[edgev1.SetSandboxTimeoutRequest]) (*connect.Response[edgev1.SetSandboxTimeoutResponse], error) {
+	sb, err := s.e.SetTimeout(req.Msg.SandboxId, req.Msg.Scope, req.Msg.TimeoutSeconds)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.SetSandboxTimeoutResponse{Sandbox: sb}), nil
+}
+
+func (s *server) PauseSandbox(ctx context.Context, req *connect.Request[edgev1.PauseSandboxRequest]) (*connect.Response[edgev1.PauseSandboxResponse], error) {
+	sb, err := s.e.Pause(ctx, req.Msg.SandboxId, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.PauseSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *server) ResumeSandbox(ctx context.Context, req *connect.Request[edgev1.ResumeSandboxRequest]) (*connect.Response[edgev1.ResumeSandboxResponse], error) {
+	sb, err := s.e.Resume(ctx, req.Msg.SandboxId, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ResumeSandboxResponse{Sandbox: sb}), nil
+}
+
+func (s *server) SnapshotSandbox(ctx context.Context, req *connect.Request[edgev1.SnapshotSandboxRequest]) (*connect.Response[edgev1.SnapshotSandboxResponse], error) {
+	return nil, errdefs.Unsupported("snapshots are not implemented yet")
+}
+
+func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev1.RestoreSnapshotRequest]) (*connect.Response[edgev1.RestoreSnapshotResponse], error) {
+	return nil, errdefs.Unsupported("snapshots are not implemented yet")
+}
+
+func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.ForkSandboxRequest]) (*connect.Response[edgev1.ForkSandboxResponse], error) {
+	return nil, errdefs.Unsupported("fork is not implemented yet")
+}
+
+func (s *server) ListSnapshots(ctx context.Context, req *connect.Request[edgev1.ListSnapshotsRequest]) (*connect.Response[edgev1.ListSnapshotsResponse], error) {
+	return connect.NewResponse(&edgev1.ListSnapshotsResponse{}), nil
+}
+
+func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[edgev1.DeleteSnapshotRequest]) (*connect.Response[edgev1.DeleteSnapshotResponse], error) {
+	return nil, errdefs.NotFound("snapshot %s: no such snapshot", req.Msg.SnapshotId)
+}
+
+func (s *server) GetNodeStatus(ctx context.Context, req *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {
+	return connect.NewResponse(&edgev1.GetNodeStatusResponse{Status: s.e.Status()}), nil
+}

@@ -1,0 +1,59 @@
+package edge
+
+import (
+	"sort"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+)
+
+// Version is the edge's version, set at build time.
+var Version = "dev"
+
+// Status reports capacity, backends and usage per project, task and backend.
+func (e *Edge) Status() *edgev1.NodeStatus {
+	c := e.cfg.Capacity
+	st := &edgev1.NodeStatus{
+		NodeId:   string(e.node),
+		Capacity: &edgev1.Usage{Sandboxes: c.MaxSandboxes, CpuCores: c.CPUCores, MemoryMb: c.MemoryMB},
+		Version:  Version,
+	}
+	for name, b := range e.backends {
+		caps := b.Capabilities()
+		st.Backends = append(st.Backends, &edgev1.BackendStatus{Name: name, CanPause: caps.Pause, CanSnapshot: caps.Snapshot, Isolation: caps.Isolation})
+	}
+	for name, why := range e.unavailable {
+		st.Backends = append(st.Backends, &edgev1.BackendStatus{Name: name, UnavailableReason: why})
+	}
+	sort.Slice(st.Backends, func(i, j int) bool { return st.Backends[i].Name < st.Backends[j].Name })
+	type key struct{ project, task, backend string }
+	groups := map[key]*usage{}
+	for _, sb := range e.all() {
+		sb.mu.Lock()
+		rec := sb.rec
+		k := key{rec.Project, rec.spec.Task, rec.spec.Backend}
+		if groups[k] == nil {
+			groups[k] = &usage{}
+		}
+		groups[k].add(rec.spec.Resources.CpuCores, rec.spec.Resources.MemoryMb, 1)
+		sb.mu.Unlock()
+	}
+	var total usage
+	for k, u := range groups {
+		st.Groups = append(st.Groups, &edgev1.GroupUsage{Project: k.project, Task: k.task, Backend: k.backend, Usage: u.proto()})
+		total.sandboxes += u.sandboxes
+		total.cpu += u.cpu
+		total.memMB += u.memMB
+	}
+	sort.Slice(st.Groups, func(i, j int) bool {
+		a, b := st.Groups[i], st.Groups[j]
+		if a.Project != b.Project {
+			return a.Project < b.Project
+		}
+		if a.Task != b.Task {
+			return a.Task < b.Task
+		}
+		return a.Backend < b.Backend
+	})
+	st.Allocated = total.proto()
+	return st
+}

@@ -1,0 +1,19 @@
+// Package headers names the HTTP headers that route agent calls: a client
+// names the sandbox with SandboxID; the apiserver adds Scope, the project
+// subtree the caller may reach, after authenticating it. Clients cannot set
+// Scope: the apiserver removes it from every incoming request.
+package headers
+
+import "strings"
+
+const (
+	// SandboxID names the sandbox an agent call is for.
+	SandboxID = "Dsec-Sandbox-Id"
+	// Scope carries the caller's project path from the apiserver to the edge.
+	Scope = "Dsec-Scope"
+	// AgentPathPrefix starts every agent RPC path.
+	AgentPathPrefix = "/opendsec.agent.v1."
+)
+
+// IsAgentPath reports whether an HTTP path is an agent RPC.
+func IsAgentPath(p string) bool { return strings.HasPrefix(p, AgentPathPrefix) }

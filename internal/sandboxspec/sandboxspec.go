@@ -1,0 +1,180 @@
+// Package sandboxspec validates a sandbox request and fills in defaults. The
+// apiserver checks requests before placing them and the edge checks again
+// before admitting, so both give the same message for the same mistake.
+package sandboxspec
+
+import (
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+)
+
+// Limits bound what a request may ask for, and give defaults.
+type Limits struct {
+	DefaultCPUCores float64
+	DefaultMemoryMB int64
+	DefaultPids     int64
+	DefaultTimeout  int64 // seconds
+	MaxCPUCores     float64
+	MaxMemoryMB     int64
+	MaxPids         int64
+	MaxTimeout      int64 // seconds
+}
+
+// DefaultLimits are the built-in defaults; MaxCPUCores and MaxMemoryMB are
+// usually lowered to what the largest node can hold.
+func DefaultLimits() Limits {
+	return Limits{
+		DefaultCPUCores: 1, DefaultMemoryMB: 512, DefaultPids: 1024, DefaultTimeout: 3600,
+		MaxCPUCores: 64, MaxMemoryMB: 256 << 10, MaxPids: 65536, MaxTimeout: 7 * 24 * 3600,
+	}
+}
+
+// Bounds of the small fields.
+const (
+	MinCPUCores   = 0.1
+	MinMemoryMB   = 16
+	MinPids       = 16
+	maxMetadata   = 64
+	maxMetaKey    = 128
+	maxMetaValue  = 1024
+	maxEnv        = 256
+	maxEnvBytes   = 64 << 10
+	maxTaskLen    = 128
+	maxBackendLen = 32
+)
+
+var (
+	taskRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]*$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	backendRE = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+)
+
+// Normalize checks spec and fills defaults in place. backends lists the
+// backend names the cluster knows, for the error message.
+func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error {
+	if spec == nil {
+		return errdefs.InvalidArgument("spec: missing")
+	}
+	if spec.Backend == "" {
+		return errdefs.InvalidArgument("backend: empty; choose one of %s", list(backends))
+	}
+	if len(spec.Backend) > maxBackendLen || !backendRE.MatchString(spec.Backend) || !contains(backends, spec.Backend) {
+		return errdefs.InvalidArgument("backend %q: unknown; choose one of %s", clip(spec.Backend), list(backends))
+	}
+	if _, err := image.ParseRef(spec.Image); err != nil {
+		return err
+	}
+	if spec.Resources == nil {
+		spec.Resources = &sandboxv1.Resources{}
+	}
+	r := spec.Resources
+	if r.CpuCores == 0 {
+		r.CpuCores = min(lim.DefaultCPUCores, lim.MaxCPUCores)
+	}
+	if math.IsNaN(r.CpuCores) || r.CpuCores < MinCPUCores || r.CpuCores > lim.MaxCPUCores {
+		return errdefs.InvalidArgument("resources.cpu_cores %g: want %g to %g", r.CpuCores, MinCPUCores, lim.MaxCPUCores)
+	}
+	if r.MemoryMb == 0 {
+		r.MemoryMb = min(lim.DefaultMemoryMB, lim.MaxMemoryMB)
+	}
+	if r.MemoryMb < MinMemoryMB || r.MemoryMb > lim.MaxMemoryMB {
+		return errdefs.InvalidArgument("resources.memory_mb %d: want %d to %d", r.MemoryMb, MinMemoryMB, lim.MaxMemoryMB)
+	}
+	if r.Pids == 0 {
+		r.Pids = lim.DefaultPids
+	}
+	if r.Pids < MinPids || r.Pids > lim.MaxPids {
+		return errdefs.InvalidArgument("resources.pids %d: want %d to %d", r.Pids, MinPids, lim.MaxPids)
+	}
+	if spec.TimeoutSeconds == 0 {
+		spec.TimeoutSeconds = lim.DefaultTimeout
+	}
+	if spec.TimeoutSeconds < 1 || spec.TimeoutSeconds > lim.MaxTimeout {
+		return errdefs.InvalidArgument("timeout_seconds %d: want 1 to %d", spec.TimeoutSeconds, lim.MaxTimeout)
+	}
+	if err := checkEnv(spec.Env); err != nil {
+		return err
+	}
+	if err := CheckMetadata(spec.Metadata); err != nil {
+		return err
+	}
+	if spec.Task != "" && (len(spec.Task) > maxTaskLen || !taskRE.MatchString(spec.Task)) {
+		return errdefs.InvalidArgument("task %q: 1 to %d of letters, digits, '.', '_', ':' and '-'", clip(spec.Task), maxTaskLen)
+	}
+	return nil
+}
+
+// CheckTimeout validates a new time to live.
+func CheckTimeout(seconds int64, lim Limits) error {
+	if seconds < 1 || seconds > lim.MaxTimeout {
+		return errdefs.InvalidArgument("timeout_seconds %d: want 1 to %d", seconds, lim.MaxTimeout)
+	}
+	return nil
+}
+
+func checkEnv(env map[string]string) error {
+	if len(env) > maxEnv {
+		return errdefs.InvalidArgument("env: %d variables, at most %d", len(env), maxEnv)
+	}
+	size := 0
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return errdefs.InvalidArgument("env %q: names are letters, digits and '_', not starting with a digit", clip(k))
+		}
+		if strings.ContainsRune(v, 0) {
+			return errdefs.InvalidArgument("env %s: value contains a NUL byte", k)
+		}
+		size += len(k) + len(v)
+	}
+	if size > maxEnvBytes {
+		return errdefs.InvalidArgument("env: %d bytes in all, at most %d", size, maxEnvBytes)
+	}
+	return nil
+}
+
+// CheckMetadata validates metadata labels.
+func CheckMetadata(md map[string]string) error {
+	if len(md) > maxMetadata {
+		return errdefs.InvalidArgument("metadata: %d entries, at most %d", len(md), maxMetadata)
+	}
+	for k, v := range md {
+		if k == "" || len(k) > maxMetaKey {
+			return errdefs.InvalidArgument("metadata key %q: 1 to %d characters", clip(k), maxMetaKey)
+		}
+		if len(v) > maxMetaValue {
+			return errdefs.InvalidArgument("metadata %q: value longer than %d characters", clip(k), maxMetaValue)
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func list(names []string) string {
+	if len(names) == 0 {
+		return "(none configured)"
+	}
+	s := append([]string(nil), names...)
+	sort.Strings(s)
+	return strings.Join(s, ", ")
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
