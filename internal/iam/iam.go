@@ -1,0 +1,279 @@
+// Package iam is identity and access: projects, quotas and API keys,
+// replicated with hashicorp/raft over mutual TLS, with the log in bbolt
+// [paper: nested projects and delegation; ours: Raft]. Reads come from the
+// local replica; writes go through the leader.
+package iam
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/iam/boltstore"
+	"github.com/opendsec/opendsec/internal/iam/fsm"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Config configures a replica.
+type Config struct {
+	Dir string
+	// NodeID names this replica in the Raft configuration.
+	NodeID string
+	// Bind is the Raft listen address (host:port); port 0 picks one.
+	Bind string
+	// ServerTLS and ClientTLS secure Raft traffic between replicas.
+	ServerTLS, ClientTLS *tls.Config
+	// Bootstrap starts a new cluster with this replica as its only voter
+	// when it has no state yet.
+	Bootstrap bool
+	// SingleNode tunes timeouts for a one-replica cluster (dsec up).
+	SingleNode bool
+}
+
+// Service is one IAM replica.
+type Service struct {
+	raft  *raft.Raft
+	fsm   *fsm.FSM
+	store *boltstore.Store
+	trans *raft.NetworkTransport
+	log   *slog.Logger
+}
+
+// Principal is an authenticated caller.
+type Principal struct {
+	KeyID   string
+	Project string
+	Role    fsm.Role
+}
+
+// CanAccess reports whether p may act on project (its own or below it).
+func (p Principal) CanAccess(project string) bool {
+	return project == p.Project || strings.HasPrefix(project, p.Project+"/")
+}
+
+// Open starts a replica.
+func Open(cfg Config, log *slog.Logger) (*Service, error) {
+	log = logging.OrDiscard(log).With(logging.Component, "iam")
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "snapshots"), 0o700); err != nil {
+		return nil, err
+	}
+	store, err := boltstore.Open(filepath.Join(cfg.Dir, "raft.db"))
+	if err != nil {
+		return nil, fmt.Errorf("iam: open raft log: %w", err)
+	}
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{log}})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 2, hlog)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Bind)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("iam: raft listen %s: %w", cfg.Bind, err)
+	}
+	layer := &tlsLayer{ln: tls.NewListener(ln, cfg.ServerTLS), client: cfg.ClientTLS}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hlog})
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hlog
+	if cfg.SingleNode {
+		rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+	}
+	f := fsm.New()
+	r, err := raft.NewRaft(rc, f, store, store, snaps, trans)
+	if err != nil {
+		trans.Close()
+		store.Close()
+		return nil, err
+	}
+	s := &Service{raft: r, fsm: f, store: store, trans: trans, log: log}
+	if cfg.Bootstrap {
+		has, err := raft.HasExistingState(store, store, snaps)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if !has {
+			conf := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}}
+			if err := r.BootstrapCluster(conf).Error(); err != nil {
+				s.Close()
+				return nil, fmt.Errorf("iam: bootstrap: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Addr is the Raft address others join.
+func (s *Service) Addr() string { return string(s.trans.LocalAddr()) }
+
+// Close stops the replica.
+func (s *Service) Close() error {
+	err := s.raft.Shutdown().Error()
+	s.trans.Close()
+	return errors.Join(err, s.store.Close())
+}
+
+// WaitLeader waits until the cluster has a leader and this replica has
+// applied everything committed before.
+func (s *Service) WaitLeader(ctx context.Context) error {
+	for {
+		if addr, _ := s.raft.LeaderWithID(); addr != "" {
+			if s.raft.State() != raft.Leader {
+				return nil
+			}
+			return s.raft.Barrier(10 * time.Second).Error()
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "iam: no raft leader")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// AddVoter adds a replica (call on the leader).
+func (s *Service) AddVoter(id, addr string) error {
+	return s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error()
+}
+
+func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error {
+	if s.raft.State() != raft.Leader {
+		_, id := s.raft.LeaderWithID()
+		return errdefs.Unavailable("iam: this replica is not the leader (leader: %q); send writes there", id)
+	}
+	data, err := fsm.Encode(t, body)
+	if err != nil {
+		return err
+	}
+	timeout := 10 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	fut := s.raft.Apply(data, timeout)
+	if err := fut.Error(); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: replicate")
+	}
+	if resp, ok := fut.Response().(error); ok && resp != nil {
+		return resp
+	}
+	return nil
+}
+
+// KeyPrefix starts every API key secret.
+const KeyPrefix = "dsec_"
+
+// HashSecret is what IAM stores for a key secret.
+func HashSecret(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic("iam: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}
+
+// Authenticate resolves a key secret to its principal.
+func (s *Service) Authenticate(secret string) (Principal, error) {
+	if secret == "" {
+		return Principal{}, errdefs.Unauthenticated("missing API key: send it as \"Authorization: Bearer <key>\" or \"X-API-Key: <key>\"")
+	}
+	hash := HashSecret(secret)
+	k, ok := s.fsm.KeyByHash(hash)
+	if !ok || subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) != 1 {
+		return Principal{}, errdefs.Unauthenticated("invalid API key")
+	}
+	return Principal{KeyID: k.ID, Project: k.Project, Role: k.Role}, nil
+}
+
+// EnsureRoot creates the root project and an admin key on an empty
+// cluster and returns the key's secret; on a cluster that has state it
+// returns "".
+func (s *Service) EnsureRoot(ctx context.Context) (string, error) {
+	if err := s.WaitLeader(ctx); err != nil {
+		return "", err
+	}
+	if !s.fsm.Empty() {
+		return "", nil
+	}
+	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Name: fsm.RootProject, At: time.Now().UTC()}); err != nil {
+		return "", err
+	}
+	_, secret, err := s.CreateKey(ctx, fsm.RootProject, "admin", fsm.RoleAdmin)
+	return secret, err
+}
+
+// CreateKey makes an API key for project and returns it with its secret.
+func (s *Service) CreateKey(ctx context.Context, project, name string, role fsm.Role) (fsm.Key, string, error) {
+	if len(name) > 64 {
+		return fsm.Key{}, "", errdefs.InvalidArgument("name: at most 64 characters")
+	}
+	secret := KeyPrefix + randomHex(24)
+	k := fsm.Key{ID: "key-" + randomHex(8), Project: project, Name: name, Role: role, Hash: HashSecret(secret), CreatedAt: time.Now().UTC()}
+	if err := s.apply(ctx, fsm.CmdCreateKey, fsm.CreateKey{Key: k}); err != nil {
+		return fsm.Key{}, "", err
+	}
+	return k, secret, nil
+}
+
+// RevokeKey deletes a key.
+func (s *Service) RevokeKey(ctx context.Context, id string) error {
+	return s.apply(ctx, fsm.CmdRevokeKey, fsm.RevokeKey{ID: id})
+}
+
+// CreateProject creates parent/name.
+func (s *Service) CreateProject(ctx context.Context, parent, name string, q fsm.Quota) (fsm.Project, error) {
+	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Parent: parent, Name: name, Quota: q, At: time.Now().UTC()}); err != nil {
+		return fsm.Project{}, err
+	}
+	p, _ := s.fsm.Project(parent + "/" + name)
+	return p, nil
+}
+
+// SetQuota replaces a project's quota.
+func (s *Service) SetQuota(ctx context.Context, path string, q fsm.Quota) (fsm.Project, error) {
+	if err := s.apply(ctx, fsm.CmdSetQuota, fsm.SetQuota{Path: path, Quota: q}); err != nil {
+		return fsm.Project{}, err
+	}
+	p, _ := s.fsm.Project(path)
+	return p, nil
+}
+
+// DeleteProject deletes a leaf project without keys.
+func (s *Service) DeleteProject(ctx context.Context, path string) error {
+	return s.apply(ctx, fsm.CmdDeleteProject, fsm.DeleteProject{Path: path})
+}
+
+// State gives read access to the local replica.
+func (s *Service) State() *fsm.FSM { return s.fsm }
+
+// slogWriter sends hclog's lines to slog.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Warn(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+var _ io.Writer = slogWriter{}
