@@ -57,9 +57,9 @@ type Edge struct {
 	unavailable map[string]string // backend name -> why it cannot run here
 
 	mu        sync.Mutex
-	boxes     map[sandboxid.ID]*sandbox       // guarded by mu
+	boxes     map[sandboxid.ID]*sandbox          // guarded by mu
 	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
-	allocated usage                          // guarded by mu
+	allocated usage                              // guarded by mu
 
 	stop     chan struct{}
 	stopOnce sync.Once

@@ -16,6 +16,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		NodeId:   string(e.node),
 		Capacity: &edgev1.Usage{Sandboxes: c.MaxSandboxes, CpuCores: c.CPUCores, MemoryMb: c.MemoryMB},
 		Version:  Version,
+		Host:     &edgev1.Usage{CpuCores: c.HostCPUCores, MemoryMb: c.HostMemoryMB},
 	}
 	for name, b := range e.backends {
 		caps := b.Capabilities()

@@ -77,7 +77,7 @@ func Open(cfg Config, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("iam: open raft log: %w", err)
 	}
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{log}})
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Error, Output: slogWriter{log}})
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 2, hlog)
 	if err != nil {
 		store.Close()

@@ -78,7 +78,6 @@ func (s *Store) LastIndex() (uint64, error) {
 	return i, err
 }
 
-
 // GetLog reads entry index into out.
 func (s *Store) GetLog(index uint64, out *raft.Log) error {
 	return s.db.View(func(tx *bolt.Tx) error {

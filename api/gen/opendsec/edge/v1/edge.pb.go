@@ -1469,10 +1469,12 @@ type NodeStatus struct {
 	// Capacity the edge admits against.
 	Capacity *Usage `protobuf:"bytes,2,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	// Sum over the sandboxes it holds (paused ones included).
-	Allocated     *Usage           `protobuf:"bytes,3,opt,name=allocated,proto3" json:"allocated,omitempty"`
-	Backends      []*BackendStatus `protobuf:"bytes,4,rep,name=backends,proto3" json:"backends,omitempty"`
-	Groups        []*GroupUsage    `protobuf:"bytes,5,rep,name=groups,proto3" json:"groups,omitempty"`
-	Version       string           `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	Allocated *Usage           `protobuf:"bytes,3,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	Backends  []*BackendStatus `protobuf:"bytes,4,rep,name=backends,proto3" json:"backends,omitempty"`
+	Groups    []*GroupUsage    `protobuf:"bytes,5,rep,name=groups,proto3" json:"groups,omitempty"`
+	Version   string           `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	// The host's own cores and memory: the most one sandbox may ask for.
+	Host          *Usage `protobuf:"bytes,7,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1547,6 +1549,13 @@ func (x *NodeStatus) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetHost() *Usage {
+	if x != nil {
+		return x.Host
+	}
+	return nil
 }
 
 type GetNodeStatusResponse struct {
@@ -1695,7 +1704,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\aproject\x18\x01 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x02 \x01(\tR\x04task\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12-\n" +
-	"\x05usage\x18\x04 \x01(\v2\x17.opendsec.edge.v1.UsageR\x05usage\"\x9e\x02\n" +
+	"\x05usage\x18\x04 \x01(\v2\x17.opendsec.edge.v1.UsageR\x05usage\"\xcb\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x123\n" +
@@ -1703,7 +1712,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\tallocated\x18\x03 \x01(\v2\x17.opendsec.edge.v1.UsageR\tallocated\x12;\n" +
 	"\bbackends\x18\x04 \x03(\v2\x1f.opendsec.edge.v1.BackendStatusR\bbackends\x124\n" +
 	"\x06groups\x18\x05 \x03(\v2\x1c.opendsec.edge.v1.GroupUsageR\x06groups\x12\x18\n" +
-	"\aversion\x18\x06 \x01(\tR\aversion\"M\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\x12+\n" +
+	"\x04host\x18\a \x01(\v2\x17.opendsec.edge.v1.UsageR\x04host\"M\n" +
 	"\x15GetNodeStatusResponse\x124\n" +
 	"\x06status\x18\x01 \x01(\v2\x1c.opendsec.edge.v1.NodeStatusR\x06status2\x93\n" +
 	"\n" +
@@ -1793,38 +1803,39 @@ var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
 	26, // 15: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
 	25, // 16: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
 	27, // 17: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	28, // 18: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	0,  // 19: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
-	2,  // 20: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
-	4,  // 21: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
-	6,  // 22: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
-	8,  // 23: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	10, // 24: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
-	12, // 25: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
-	14, // 26: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	16, // 27: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	18, // 28: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	20, // 29: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	22, // 30: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	24, // 31: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	1,  // 32: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	3,  // 33: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	5,  // 34: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	7,  // 35: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	9,  // 36: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	11, // 37: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	13, // 38: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	15, // 39: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	17, // 40: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	19, // 41: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	21, // 42: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	23, // 43: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	29, // 44: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	32, // [32:45] is the sub-list for method output_type
-	19, // [19:32] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	26, // 18: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	28, // 19: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	0,  // 20: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
+	2,  // 21: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
+	4,  // 22: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
+	6,  // 23: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
+	8,  // 24: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
+	10, // 25: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
+	12, // 26: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
+	14, // 27: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	16, // 28: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	18, // 29: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	20, // 30: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	22, // 31: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	24, // 32: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	1,  // 33: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	3,  // 34: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	5,  // 35: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	7,  // 36: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	9,  // 37: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	11, // 38: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	13, // 39: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	15, // 40: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	17, // 41: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	19, // 42: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	21, // 43: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	23, // 44: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	29, // 45: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	33, // [33:46] is the sub-list for method output_type
+	20, // [20:33] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_edge_v1_edge_proto_init() }

@@ -1,0 +1,182 @@
+// Package client is the Go client of OpenDsec: the same API as the Python
+// SDK, for Go programs and for the dsec command line.
+//
+//	c, err := client.FromEnv() // DSEC_API_URL, DSEC_API_KEY
+//	sb, err := c.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11"})
+//	out, err := sb.Shell(ctx, "python3 -c 'print(6*7)'")
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+)
+
+// Client talks to an apiserver.
+type Client struct {
+	URL       string
+	key       string
+	http      *http.Client
+	Sandboxes sandboxv1connect.SandboxServiceClient
+	IAM       iamv1connect.IAMServiceClient
+	Images    imagev1connect.ImageServiceClient
+}
+
+// New returns a client for the apiserver at url using API key key.
+func New(rawURL, key string) (*Client, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("client: API URL %q: want http://host:port or https://host:port", rawURL)
+	}
+	if key == "" {
+		return nil, errors.New("client: no API key (set DSEC_API_KEY)")
+	}
+	base := strings.TrimRight(rawURL, "/")
+	hc := &http.Client{Transport: authTransport{key: key, next: transportFor(u.Scheme)}}
+	return &Client{
+		URL: base, key: key, http: hc,
+		Sandboxes: sandboxv1connect.NewSandboxServiceClient(hc, base),
+		IAM:       iamv1connect.NewIAMServiceClient(hc, base),
+		Images:    imagev1connect.NewImageServiceClient(hc, base),
+	}, nil
+}
+
+// FromEnv builds a client from DSEC_API_URL and DSEC_API_KEY.
+func FromEnv() (*Client, error) {
+	u := os.Getenv("DSEC_API_URL")
+	if u == "" {
+		return nil, errors.New("client: DSEC_API_URL is not set (source the client.env that dsec up wrote)")
+	}
+	return New(u, os.Getenv("DSEC_API_KEY"))
+}
+
+// transportFor speaks HTTP/2: with prior knowledge over plain HTTP, by ALPN
+// over TLS.
+func transportFor(scheme string) http.RoundTripper {
+	var protos http.Protocols
+	if scheme == "http" {
+		protos.SetUnencryptedHTTP2(true)
+	} else {
+		protos.SetHTTP1(true)
+		protos.SetHTTP2(true)
+	}
+	return &http.Transport{
+		Protocols:           &protos,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+		MaxIdleConnsPerHost: 16,
+		HTTP2:               &http.HTTP2Config{MaxConcurrentStreams: 1000},
+	}
+}
+
+type authTransport struct {
+	key     string
+	sandbox string
+	next    http.RoundTripper
+}
+
+func (a authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+a.key)
+	if a.sandbox != "" {
+		r.Header.Set("Dsec-Sandbox-Id", a.sandbox)
+	}
+	return a.next.RoundTrip(r)
+}
+
+// Sandbox is a handle on one sandbox's agent.
+type Sandbox struct {
+	ID       string
+	Info     *sandboxv1.Sandbox
+	c        *Client
+	Process  agentv1connect.ProcessServiceClient
+	Files    agentv1connect.FilesystemServiceClient
+	Sessions agentv1connect.SessionServiceClient
+	Agent    agentv1connect.AgentServiceClient
+}
+
+// Sandbox returns a handle on an existing sandbox.
+func (c *Client) Sandbox(id string) *Sandbox {
+	at := c.http.Transport.(authTransport)
+	at.sandbox = id
+	hc := &http.Client{Transport: at}
+	return &Sandbox{
+		ID: id, c: c,
+		Process:  agentv1connect.NewProcessServiceClient(hc, c.URL),
+		Files:    agentv1connect.NewFilesystemServiceClient(hc, c.URL),
+		Sessions: agentv1connect.NewSessionServiceClient(hc, c.URL),
+		Agent:    agentv1connect.NewAgentServiceClient(hc, c.URL),
+	}
+}
+
+// Create starts a sandbox and returns its handle once its agent answers.
+func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sandbox, error) {
+	resp, err := c.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec}))
+	if err != nil {
+		return nil, err
+	}
+	sb := c.Sandbox(resp.Msg.Sandbox.Id)
+	sb.Info = resp.Msg.Sandbox
+	return sb, nil
+}
+
+// Stop stops and removes the sandbox.
+func (s *Sandbox) Stop(ctx context.Context) error {
+	_, err := s.c.Sandboxes.StopSandbox(ctx, connect.NewRequest(&sandboxv1.StopSandboxRequest{SandboxId: s.ID}))
+	return err
+}
+
+// Run runs argv to completion.
+func (s *Sandbox) Run(ctx context.Context, cfg *agentv1.ProcessConfig) (*agentv1.RunResponse, error) {
+	resp, err := s.Process.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: cfg}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// Shell runs a command line with /bin/sh -c.
+func (s *Sandbox) Shell(ctx context.Context, command string) (*agentv1.RunResponse, error) {
+	return s.Run(ctx, &agentv1.ProcessConfig{Args: []string{"/bin/sh", "-c", command}})
+}
+
+// ImportImage uploads an image archive (OCI layout or docker save tar).
+func (c *Client) ImportImage(ctx context.Context, name string, r io.Reader, size int64) (map[string]any, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/images:import?name="+url.QueryEscape(name), r)
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = size
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("import: %s: %w", resp.Status, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("import: %v: %v", out["code"], out["message"])
+	}
+	return out, nil
+}

@@ -1,0 +1,14 @@
+package main
+
+import (
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/container"
+)
+
+// registry lists the backends built into this binary; this is the one
+// place they are registered.
+func registry() *backend.Registry {
+	r := &backend.Registry{}
+	r.Register(container.Name, container.New)
+	return r
+}

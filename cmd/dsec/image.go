@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"connectrpc.com/connect"
+
+	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/image/baseimage"
+	"github.com/opendsec/opendsec/internal/progress"
+)
+
+const imageUsage = `usage: dsec image <ls | import NAME FILE | rm NAME | build RECIPE [flags] | export NAME FILE>
+
+build recipes:
+`
+
+func cmdImage(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return imageHelp()
+	}
+	switch args[0] {
+	case "ls":
+		return imageLs(ctx)
+	case "import":
+		if len(args) != 3 {
+			return fmt.Errorf("image import: usage: dsec image import NAME FILE")
+		}
+		return imageImport(ctx, args[1], args[2])
+	case "rm":
+		if len(args) != 2 {
+			return fmt.Errorf("image rm: usage: dsec image rm NAME")
+		}
+		c, err := client.FromEnv()
+		if err != nil {
+			return err
+		}
+		_, err = c.Images.DeleteImage(ctx, connect.NewRequest(&imagev1.DeleteImageRequest{Name: args[1]}))
+		return err
+	case "build":
+		return imageBuild(ctx, args[1:])
+	case "export":
+		return imageExport(args[1:])
+	}
+	return imageHelp()
+}
+
+func imageHelp() error {
+	var b strings.Builder
+	b.WriteString(imageUsage)
+	for name, r := range baseimage.Recipes {
+		fmt.Fprintf(&b, "  %-8s %s: %s\n", name, r.Name, r.Description)
+	}
+	return fmt.Errorf("%s", b.String())
+}
+
+func imageLs(ctx context.Context) error {
+	c, err := client.FromEnv()
+	if err != nil {
+		return err
+	}
+	resp, err := c.Images.ListImages(ctx, connect.NewRequest(&imagev1.ListImagesRequest{}))
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tDIGEST\tLAYERS\tSIZE")
+	for _, im := range resp.Msg.Images {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f MiB\n", im.Name, im.Digest[:19], im.Layers, float64(im.SizeBytes)/(1<<20))
+	}
+	return tw.Flush()
+}
+
+func imageImport(ctx context.Context, name, file string) error {
+	c, err := client.FromEnv()
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, _ := f.Stat()
+	bar := progress.New(os.Stderr)
+	r := &progressReader{r: f, total: fi.Size(), bar: bar}
+	out, err := c.ImportImage(ctx, name, r, fi.Size())
+	bar.Done("")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s %s\n", out["name"], out["digest"])
+	return nil
+}
+
+type progressReader struct {
+	r     *os.File
+	n     int64
+	total int64
+	bar   *progress.Bar
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.n += int64(n)
+	p.bar.Update("uploading", p.n, p.total)
+	return n, err
+}
+
+// imageBuild builds a base image straight into a store directory (on the
+// node that has the store mounted), or into an archive to import.
+func imageBuild(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return imageHelp()
+	}
+	recipe := args[0]
+	fs := flag.NewFlagSet("image build", flag.ExitOnError)
+	name := fs.String("name", "", "image name (default: the recipe's)")
+	storeDir := fs.String("store", "", "image store directory to build into (e.g. STATE/images)")
+	output := fs.String("o", "", "write an OCI archive here instead (import it with dsec image import)")
+	cacheDir := fs.String("cache-dir", ".cache", "where downloads are kept for offline rebuilds")
+	mirror := fs.String("mirror", "", "Debian mirror (default: the host's apt source)")
+	fs.Parse(args[1:])
+	r, ok := baseimage.Recipes[recipe]
+	if !ok {
+		return imageHelp()
+	}
+	if *name == "" {
+		*name = r.Name
+	}
+	ref, err := image.ParseRef(*name)
+	if err != nil {
+		return err
+	}
+	if (*storeDir == "") == (*output == "") {
+		return fmt.Errorf("image build: give exactly one of --store DIR or -o FILE")
+	}
+	dir := *storeDir
+	if dir == "" {
+		tmp, err := os.MkdirTemp(filepath.Dir(*output), ".dsec-build-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	store, err := image.OpenStore(dir)
+	if err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(*cacheDir)
+	bar := progress.New(os.Stderr)
+	im, err := baseimage.Build(ctx, store, recipe, ref, baseimage.Options{CacheDir: abs, Mirror: *mirror, Progress: bar.Update})
+	bar.Done("")
+	if err != nil {
+		return err
+	}
+	if *output != "" {
+		f, err := os.Create(*output)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := store.Export(im, f); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("%s %s (%.1f MiB)\n", im.Ref, im.Digest, float64(im.Size())/(1<<20))
+	return nil
+}
+
+func imageExport(args []string) error {
+	fs := flag.NewFlagSet("image export", flag.ExitOnError)
+	storeDir := fs.String("store", "", "image store directory")
+	fs.Parse(args)
+	if fs.NArg() != 2 || *storeDir == "" {
+		return fmt.Errorf("image export: usage: dsec image export --store DIR NAME FILE")
+	}
+	store, err := image.OpenStore(*storeDir)
+	if err != nil {
+		return err
+	}
+	ref, err := image.ParseRef(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	im, err := store.Resolve(ref)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(fs.Arg(1))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return store.Export(im, f)
+}

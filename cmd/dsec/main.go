@@ -1,0 +1,84 @@
+// Command dsec is OpenDsec's one binary: `dsec up` runs every component in
+// one process; the other verbs are the command line client.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"connectrpc.com/connect"
+)
+
+const usage = `usage: dsec <command> [flags]
+
+Cluster:
+  up        run every component in one process (apiserver, watcher, IAM, edge)
+
+Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
+  run       create a sandbox, optionally run a command in it
+  exec      run a command in a sandbox
+  ls        list sandboxes
+  stop      stop and remove sandboxes (--all for every one)
+  pause     pause sandboxes
+  resume    resume sandboxes
+  image     ls | import | rm | build | export
+  whoami    show the API key's project and role
+
+Run "dsec <command> -h" for the flags of a command.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, args := os.Args[1], os.Args[2:]
+	var err error
+	code := 0
+	switch cmd {
+	case "up":
+		err = cmdUp(ctx, args)
+	case "run":
+		code, err = cmdRun(ctx, args)
+	case "exec":
+		code, err = cmdExec(ctx, args)
+	case "ls":
+		err = cmdLs(ctx, args)
+	case "stop":
+		err = cmdStop(ctx, args)
+	case "pause", "resume":
+		err = cmdPause(ctx, cmd, args)
+	case "image":
+		err = cmdImage(ctx, args)
+	case "whoami":
+		err = cmdWhoami(ctx, args)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "dsec: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dsec:", describe(err))
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// describe prints an RPC error as "code: message".
+func describe(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return fmt.Sprintf("%s: %s", ce.Code(), ce.Message())
+	}
+	return err.Error()
+}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+func cmdUp(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("up", flag.ExitOnError)
+	stateDir := fs.String("state-dir", "", "directory for all state (required)")
+	listen := fs.String("listen", embed.DefaultListen, "client API address")
+	backends := fs.String("backends", "container", "comma-separated backends to enable")
+	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
+	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
+	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
+	logFormat := fs.String("log-format", "text", "text or json")
+	fs.Parse(args)
+	if *stateDir == "" {
+		return fmt.Errorf("up: --state-dir is required")
+	}
+	agentPath, err := findAgent(*agent)
+	if err != nil {
+		return err
+	}
+	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{}}
+	for _, b := range strings.Split(*backends, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			cfg.Backends[b] = map[string]string{"runtime": *runtime}
+		}
+	}
+	log := logging.New(*logFormat, 0)
+	c, err := embed.Start(ctx, cfg, registry(), log)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	usable, unusable := c.Edge.BackendNames()
+	log.Info("opendsec is up", "api", c.APIURL, "client_env", c.ClientEnv, "node", c.Edge.Node(), "backends", usable, "unavailable", unusable)
+	fmt.Fprintf(os.Stderr, "\nOpenDsec is up at %s. In another shell:\n  . %s\n  dsec run --image root/busybox:latest -- echo hello\n\n", c.APIURL, c.ClientEnv)
+	<-ctx.Done()
+	log.Info("shutting down; sandboxes keep running and are re-attached by the next dsec up")
+	return nil
+}
+
+// findAgent locates the aether binary.
+func findAgent(flagValue string) (string, error) {
+	if flagValue != "" {
+		return filepath.Abs(flagValue)
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "aether")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("up: aether not found next to dsec; build it (make build) or pass --agent")
+}

@@ -1,0 +1,170 @@
+package apiserver
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/iam/fsm"
+)
+
+type iamService struct{ s *Server }
+
+var _ iamv1connect.IAMServiceHandler = (*iamService)(nil)
+
+func keyProto(k fsm.Key) *iamv1.APIKey {
+	return &iamv1.APIKey{Id: k.ID, Project: k.Project, Name: k.Name, Role: iamv1.Role(k.Role), CreatedAt: timestamppb.New(k.CreatedAt)}
+}
+
+func projectProto(p fsm.Project) *iamv1.Project {
+	return &iamv1.Project{Path: p.Path, CreatedAt: timestamppb.New(p.CreatedAt), Quota: &iamv1.Quota{
+		MaxSandboxes: p.Quota.MaxSandboxes, CpuCores: p.Quota.CPUCores, MemoryMb: p.Quota.MemoryMB,
+	}}
+}
+
+func quotaFrom(q *iamv1.Quota) fsm.Quota {
+	if q == nil {
+		return fsm.Quota{}
+	}
+	return fsm.Quota{MaxSandboxes: q.MaxSandboxes, CPUCores: q.CpuCores, MemoryMB: q.MemoryMb}
+}
+
+// admin checks that the caller is an admin reaching project.
+func admin(p iam.Principal, project string) error {
+	if p.Role != fsm.RoleAdmin {
+		return errdefs.PermissionDenied("needs an ADMIN key; this one is a MEMBER key of %q", p.Project)
+	}
+	if !p.CanAccess(project) {
+		return errdefs.PermissionDenied("project %q: outside %q, the key's project", project, p.Project)
+	}
+	return nil
+}
+
+func (h *iamService) WhoAmI(ctx context.Context, req *connect.Request[iamv1.WhoAmIRequest]) (*connect.Response[iamv1.WhoAmIResponse], error) {
+	p := principalFrom(ctx)
+	k, ok := h.s.iam.State().Key(p.KeyID)
+	if !ok {
+		return nil, errdefs.Unauthenticated("key was revoked")
+	}
+	return connect.NewResponse(&iamv1.WhoAmIResponse{Key: keyProto(k)}), nil
+}
+
+func (h *iamService) CreateProject(ctx context.Context, req *connect.Request[iamv1.CreateProjectRequest]) (*connect.Response[iamv1.CreateProjectResponse], error) {
+	if err := admin(principalFrom(ctx), req.Msg.Parent); err != nil {
+		return nil, err
+	}
+	p, err := h.s.iam.CreateProject(ctx, req.Msg.Parent, req.Msg.Name, quotaFrom(req.Msg.Quota))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&iamv1.CreateProjectResponse{Project: projectProto(p)}), nil
+}
+
+func (h *iamService) GetProject(ctx context.Context, req *connect.Request[iamv1.GetProjectRequest]) (*connect.Response[iamv1.GetProjectResponse], error) {
+	path, err := project(principalFrom(ctx), req.Msg.Path)
+	if err != nil {
+		return nil, err
+	}
+	p, ok := h.s.iam.State().Project(path)
+	if !ok {
+		return nil, errdefs.NotFound("project %q: no such project", path)
+	}
+	return connect.NewResponse(&iamv1.GetProjectResponse{Project: projectProto(p)}), nil
+}
+
+func (h *iamService) ListProjects(ctx context.Context, req *connect.Request[iamv1.ListProjectsRequest]) (*connect.Response[iamv1.ListProjectsResponse], error) {
+	path, err := project(principalFrom(ctx), req.Msg.Path)
+	if err != nil {
+		return nil, err
+	}
+	out := &iamv1.ListProjectsResponse{}
+	for _, p := range h.s.iam.State().Subtree(path) {
+		out.Projects = append(out.Projects, projectProto(p))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (h *iamService) SetQuota(ctx context.Context, req *connect.Request[iamv1.SetQuotaRequest]) (*connect.Response[iamv1.SetQuotaResponse], error) {
+	p := principalFrom(ctx)
+	if err := admin(p, req.Msg.Path); err != nil {
+		return nil, err
+	}
+	// A quota is delegated from above: a key cannot raise its own project's.
+	if req.Msg.Path == p.Project && p.Project != fsm.RootProject {
+		return nil, errdefs.PermissionDenied("project %q: its quota is set by an admin of its parent", p.Project)
+	}
+	pr, err := h.s.iam.SetQuota(ctx, req.Msg.Path, quotaFrom(req.Msg.Quota))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&iamv1.SetQuotaResponse{Project: projectProto(pr)}), nil
+}
+
+func (h *iamService) DeleteProject(ctx context.Context, req *connect.Request[iamv1.DeleteProjectRequest]) (*connect.Response[iamv1.DeleteProjectResponse], error) {
+	if err := admin(principalFrom(ctx), req.Msg.Path); err != nil {
+		return nil, err
+	}
+	if u := h.s.watcher.View().ProjectUsage(req.Msg.Path); u.Sandboxes > 0 {
+		return nil, errdefs.FailedPrecondition("project %q still has %d sandboxes", req.Msg.Path, u.Sandboxes)
+	}
+	if err := h.s.iam.DeleteProject(ctx, req.Msg.Path); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&iamv1.DeleteProjectResponse{}), nil
+}
+
+func (h *iamService) CreateAPIKey(ctx context.Context, req *connect.Request[iamv1.CreateAPIKeyRequest]) (*connect.Response[iamv1.CreateAPIKeyResponse], error) {
+	p := principalFrom(ctx)
+	proj, err := project(p, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	if err := admin(p, proj); err != nil {
+		return nil, err
+	}
+	role := fsm.Role(req.Msg.Role)
+	if role == 0 {
+		role = fsm.RoleMember
+	}
+	k, secret, err := h.s.iam.CreateKey(ctx, proj, req.Msg.Name, role)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&iamv1.CreateAPIKeyResponse{Key: keyProto(k), Secret: secret}), nil
+}
+
+func (h *iamService) ListAPIKeys(ctx context.Context, req *connect.Request[iamv1.ListAPIKeysRequest]) (*connect.Response[iamv1.ListAPIKeysResponse], error) {
+	p := principalFrom(ctx)
+	proj, err := project(p, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	if err := admin(p, proj); err != nil {
+		return nil, err
+	}
+	out := &iamv1.ListAPIKeysResponse{}
+	for _, k := range h.s.iam.State().Keys(proj) {
+		out.Keys = append(out.Keys, keyProto(k))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (h *iamService) RevokeAPIKey(ctx context.Context, req *connect.Request[iamv1.RevokeAPIKeyRequest]) (*connect.Response[iamv1.RevokeAPIKeyResponse], error) {
+	p := principalFrom(ctx)
+	k, ok := h.s.iam.State().Key(req.Msg.Id)
+	if !ok || !p.CanAccess(k.Project) {
+		return nil, errdefs.NotFound("api key %q: no such key", req.Msg.Id)
+	}
+	if err := admin(p, k.Project); err != nil {
+		return nil, err
+	}
+	if err := h.s.iam.RevokeKey(ctx, req.Msg.Id); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&iamv1.RevokeAPIKeyResponse{}), nil
+}

@@ -1,0 +1,136 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/image"
+)
+
+type imageService struct{ s *Server }
+
+var _ imagev1connect.ImageServiceHandler = (*imageService)(nil)
+
+func imageProto(im *image.Image) *imagev1.Image {
+	return &imagev1.Image{Name: im.Ref.String(), Digest: im.Digest.String(), SizeBytes: im.Size(), Layers: int32(len(im.Manifest.Layers)), CreatedAt: timestamppb.New(im.Created)}
+}
+
+// readable reports whether p may use images of project: its own project's,
+// an ancestor's, or a descendant's.
+func readable(p iam.Principal, project string) bool {
+	return p.CanAccess(project) || strings.HasPrefix(p.Project, project+"/")
+}
+
+func (h *imageService) ListImages(ctx context.Context, req *connect.Request[imagev1.ListImagesRequest]) (*connect.Response[imagev1.ListImagesResponse], error) {
+	p := principalFrom(ctx)
+	if req.Msg.Project != "" && !readable(p, req.Msg.Project) {
+		return nil, errdefs.PermissionDenied("project %q: not visible to your key of %q", req.Msg.Project, p.Project)
+	}
+	all, err := h.s.images.List(req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	out := &imagev1.ListImagesResponse{}
+	for _, im := range all {
+		if readable(p, im.Ref.Project) && (req.Msg.Project == "" || im.Ref.Project == req.Msg.Project) {
+			out.Images = append(out.Images, imageProto(im))
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (h *imageService) GetImage(ctx context.Context, req *connect.Request[imagev1.GetImageRequest]) (*connect.Response[imagev1.GetImageResponse], error) {
+	ref, err := image.ParseRef(req.Msg.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !readable(principalFrom(ctx), ref.Project) {
+		return nil, errdefs.NotFound("image %q: not in the image store", req.Msg.Name)
+	}
+	im, err := h.s.images.Resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&imagev1.GetImageResponse{Image: imageProto(im)}), nil
+}
+
+func (h *imageService) DeleteImage(ctx context.Context, req *connect.Request[imagev1.DeleteImageRequest]) (*connect.Response[imagev1.DeleteImageResponse], error) {
+	ref, err := image.ParseRef(req.Msg.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !principalFrom(ctx).CanAccess(ref.Project) {
+		return nil, errdefs.PermissionDenied("image %q: belongs to %q, outside your key's project", req.Msg.Name, ref.Project)
+	}
+	if err := h.s.images.Delete(ref); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&imagev1.DeleteImageResponse{}), nil
+}
+
+// importImage takes an image archive as the request body:
+// POST /v1/images:import?name=project/name:tag
+func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
+	fail := func(err error) {
+		// Plain HTTP route: answer Connect's JSON error shape.
+		ce := errdefs.ToConnect(err).(*connect.Error)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(httpStatus(ce.Code()))
+		json.NewEncoder(w).Encode(map[string]string{"code": ce.Code().String(), "message": ce.Message()}) //nolint:errcheck // the client went away
+	}
+	p, err := s.authenticate(r.Header)
+	if err != nil {
+		fail(err)
+		return
+	}
+	ref, err := image.ParseRef(r.URL.Query().Get("name"))
+	if err != nil {
+		fail(err)
+		return
+	}
+	if !p.CanAccess(ref.Project) {
+		fail(errdefs.PermissionDenied("image %q: project %q is outside your key's project %q", ref.String(), ref.Project, p.Project))
+		return
+	}
+	im, err := s.images.Import(r.Context(), r.Body, r.ContentLength, ref, nil)
+	if err != nil {
+		fail(err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"name": im.Ref.String(), "digest": im.Digest.String(), "size_bytes": im.Size(), "layers": len(im.Manifest.Layers)}) //nolint:errcheck // the client went away
+}
+
+// httpStatus maps a Connect code to the HTTP status Connect uses for it.
+func httpStatus(c connect.Code) int {
+	switch c {
+	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
+		return http.StatusBadRequest
+	case connect.CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodeAlreadyExists, connect.CodeAborted:
+		return http.StatusConflict
+	case connect.CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case connect.CodeUnimplemented:
+		return http.StatusNotImplemented
+	case connect.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case connect.CodeDeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}

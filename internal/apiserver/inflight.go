@@ -1,0 +1,69 @@
+package apiserver
+
+import (
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/placement"
+)
+
+// inflight remembers this apiserver's placements until the watcher's view
+// includes them, so a burst of creates does not pile onto one node [paper].
+type inflight struct {
+	mu      sync.Mutex
+	next    uint64
+	entries map[uint64]*inflightEntry // guarded by mu
+}
+
+type inflightEntry struct {
+	node    string
+	project string
+	res     placement.Resources
+	doneAt  time.Time // zero while the create is running
+}
+
+func newInflight() *inflight { return &inflight{entries: map[uint64]*inflightEntry{}} }
+
+// add records a placement about to be tried and returns its handle.
+func (f *inflight) add(node, project string, res placement.Resources) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.next++
+	f.entries[f.next] = &inflightEntry{node: node, project: project, res: res}
+	return f.next
+}
+
+// finish marks a placement done: it stays counted until a poll that started
+// afterwards reports it. A failed one is dropped at once.
+func (f *inflight) finish(id uint64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !ok {
+		delete(f.entries, id)
+		return
+	}
+	if e := f.entries[id]; e != nil {
+		e.doneAt = time.Now()
+	}
+}
+
+// overlay returns what is not yet in a view whose last poll of each node
+// started at polledAt[node].
+func (f *inflight) overlay(polledAt map[string]time.Time) (byNode map[string]placement.Resources, pending []inflightEntry) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	byNode = map[string]placement.Resources{}
+	for id, e := range f.entries {
+		if !e.doneAt.IsZero() && (polledAt[e.node].After(e.doneAt) || time.Since(e.doneAt) > time.Minute) {
+			delete(f.entries, id)
+			continue
+		}
+		r := byNode[e.node]
+		r.Sandboxes += e.res.Sandboxes
+		r.CPUCores += e.res.CPUCores
+		r.MemoryMB += e.res.MemoryMB
+		byNode[e.node] = r
+		pending = append(pending, *e)
+	}
+	return byNode, pending
+}

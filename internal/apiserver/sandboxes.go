@@ -1,0 +1,379 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+	"github.com/opendsec/opendsec/internal/edgeclient"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/iam/fsm"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/placement"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+)
+
+type sandboxService struct{ s *Server }
+
+var _ sandboxv1connect.SandboxServiceHandler = (*sandboxService)(nil)
+
+// limits returns the request limits lowered to the largest node.
+func (s *Server) limits() (sandboxspec.Limits, []string) {
+	lim := s.cfg.Limits
+	var maxCPU float64
+	var maxMem int64
+	names := map[string]bool{}
+	for _, n := range s.watcher.View().Nodes {
+		if n.Status == nil {
+			continue
+		}
+		if n.Status.Host != nil {
+			maxCPU, maxMem = max(maxCPU, n.Status.Host.CpuCores), max(maxMem, n.Status.Host.MemoryMb)
+		}
+		for _, b := range n.Status.Backends {
+			names[b.Name] = true
+		}
+	}
+	if maxCPU > 0 {
+		lim.MaxCPUCores = min(lim.MaxCPUCores, maxCPU)
+		lim.MaxMemoryMB = min(lim.MaxMemoryMB, maxMem)
+	}
+	backends := make([]string, 0, len(names))
+	for n := range names {
+		backends = append(backends, n)
+	}
+	sort.Strings(backends)
+	return lim, backends
+}
+
+// edgeFor routes a sandbox or snapshot id to its edge.
+func (s *Server) edgeFor(node sandboxid.NodeID) (*edgeclient.Conn, error) {
+	n, ok := s.watcher.View().Node(string(node))
+	if !ok {
+		return nil, errdefs.NotFound("node %s: not known to this cluster", node)
+	}
+	if !n.Healthy {
+		return nil, errdefs.Unavailable("node %s: unreachable (%s)", node, n.Err)
+	}
+	return s.edges.Get(n.Addr), nil
+}
+
+func (s *Server) sandboxEdge(id string) (*edgeclient.Conn, error) {
+	_, node, err := sandboxid.Parse(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.edgeFor(node)
+}
+
+// checkQuota verifies that adding req keeps project and every ancestor
+// within its quota, counting this apiserver's in-flight placements.
+func (s *Server) checkQuota(project string, req placement.Resources, pending []inflightEntry) error {
+	view := s.watcher.View()
+	state := s.iam.State()
+	for p := project; p != ""; p = parentOf(p) {
+		pr, ok := state.Project(p)
+		if !ok {
+			return errdefs.NotFound("project %q: no such project", p)
+		}
+		q := pr.Quota
+		if q == (fsm.Quota{}) {
+			continue
+		}
+		used := view.ProjectUsage(p)
+		for _, e := range pending {
+			if e.project == p || strings.HasPrefix(e.project, p+"/") {
+				used.Sandboxes += e.res.Sandboxes
+				used.CPUCores += e.res.CPUCores
+				used.MemoryMB += e.res.MemoryMB
+			}
+		}
+		switch {
+		case q.MaxSandboxes > 0 && used.Sandboxes+req.Sandboxes > q.MaxSandboxes:
+			return errdefs.ResourceExhausted("quota of project %s: %d of %d sandboxes in use", p, used.Sandboxes, q.MaxSandboxes)
+		case q.CPUCores > 0 && used.CPUCores+req.CPUCores > q.CPUCores+1e-9:
+			return errdefs.ResourceExhausted("quota of project %s: %g of %g cpu cores in use, %g asked", p, used.CPUCores, q.CPUCores, req.CPUCores)
+		case q.MemoryMB > 0 && used.MemoryMB+req.MemoryMB > q.MemoryMB:
+			return errdefs.ResourceExhausted("quota of project %s: %d of %d MiB in use, %d asked", p, used.MemoryMB, q.MemoryMB, req.MemoryMB)
+		}
+	}
+	return nil
+}
+
+func parentOf(p string) string {
+	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return ""
+	}
+	return p[:i]
+}
+
+func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.CreateSandboxResponse], error) {
+	s := h.s
+	p := principalFrom(ctx)
+	proj, err := project(p, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	spec := req.Msg.Spec
+	lim, backends := s.limits()
+	if err := sandboxspec.Normalize(spec, lim, backends); err != nil {
+		return nil, err
+	}
+	if err := s.checkImage(spec.Image, proj); err != nil {
+		return nil, err
+	}
+	sb, err := s.place(ctx, proj, placement.Request{Backend: spec.Backend, CPUCores: spec.Resources.CpuCores, MemoryMB: spec.Resources.MemoryMb, Count: 1},
+		func(ctx context.Context, c *edgeclient.Conn) (*sandboxv1.Sandbox, error) {
+			resp, err := c.Edge.CreateSandbox(ctx, connect.NewRequest(&edgev1.CreateSandboxRequest{Spec: spec, Project: proj}))
+			if err != nil {
+				return nil, err
+			}
+			return resp.Msg.Sandbox, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.CreateSandboxResponse{Sandbox: sb}), nil
+}
+
+// checkImage fails early, before any node is asked, on a missing or foreign image.
+func (s *Server) checkImage(name, proj string) error {
+	ref, err := image.ParseRef(name)
+	if err != nil {
+		return err
+	}
+	if proj != ref.Project && !strings.HasPrefix(proj, ref.Project+"/") {
+		return errdefs.PermissionDenied("image %q: belongs to project %q, not visible to project %q", name, ref.Project, proj)
+	}
+	_, err = s.images.Resolve(ref)
+	return err
+}
+
+// place checks the quota, ranks nodes and runs create on them in order
+// until one admits: an edge's ResourceExhausted or Unavailable answer moves
+// on to the next node [paper: the edge has the final say].
+func (s *Server) place(ctx context.Context, proj string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, error)) (*sandboxv1.Sandbox, error) {
+	view := s.watcher.View()
+	polled := map[string]time.Time{}
+	for _, n := range view.Nodes {
+		polled[n.ID] = n.PolledAt
+	}
+	byNode, pending := s.inflight.overlay(polled)
+	need := placement.Resources{Sandboxes: r.Count, CPUCores: r.CPUCores * float64(r.Count), MemoryMB: r.MemoryMB * r.Count}
+	if err := s.checkQuota(proj, need, pending); err != nil {
+		return nil, err
+	}
+	s.rngMu.Lock()
+	ranked, err := placement.Place(view.Placement(), byNode, r, s.cfg.K, s.rng)
+	s.rngMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for i, node := range ranked {
+		if i >= s.cfg.MaxTries {
+			break
+		}
+		nv, _ := view.Node(node)
+		id := s.inflight.add(node, proj, need)
+		sb, err := create(ctx, s.edges.Get(nv.Addr))
+		s.inflight.finish(id, err == nil)
+		if err == nil {
+			return sb, nil
+		}
+		err = errdefs.FromConnect(err)
+		if !errors.Is(err, errdefs.ErrResourceExhausted) && !errors.Is(err, errdefs.ErrUnavailable) {
+			return nil, err
+		}
+		s.log.Info("edge declined; trying the next node", logging.NodeID, node, logging.Error, err)
+		errs = append(errs, fmt.Errorf("node %s: %w", node, err))
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (h *sandboxService) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.GetSandboxResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.GetSandbox(ctx, connect.NewRequest(&edgev1.GetSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.GetSandboxResponse{Sandbox: resp.Msg.Sandbox}), nil
+}
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+func (h *sandboxService) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
+	m := req.Msg
+	scope, err := project(principalFrom(ctx), m.Project)
+	if err != nil {
+		return nil, err
+	}
+	if m.PageSize < 0 || m.PageSize > maxPageSize {
+		return nil, errdefs.InvalidArgument("page_size %d: want 1 to %d (0 = %d)", m.PageSize, maxPageSize, defaultPageSize)
+	}
+	size := int(m.PageSize)
+	if size == 0 {
+		size = defaultPageSize
+	}
+	after, err := decodeToken(m.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	all, err := h.s.listAll(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	states := map[sandboxv1.SandboxState]bool{}
+	for _, st := range m.States {
+		states[st] = true
+	}
+	var match []*sandboxv1.Sandbox
+	for _, sb := range all {
+		if m.Task != "" && sb.Spec.GetTask() != m.Task {
+			continue
+		}
+		if len(states) > 0 && !states[sb.State] {
+			continue
+		}
+		if !hasMetadata(sb.Spec.GetMetadata(), m.Metadata) {
+			continue
+		}
+		match = append(match, sb)
+	}
+	sort.Slice(match, func(i, j int) bool { return sortKey(match[i]) < sortKey(match[j]) })
+	out := &sandboxv1.ListSandboxesResponse{}
+	for _, sb := range match {
+		if after != "" && sortKey(sb) <= after {
+			continue
+		}
+		if len(out.Sandboxes) == size {
+			out.NextPageToken = encodeToken(sortKey(out.Sandboxes[len(out.Sandboxes)-1]))
+			break
+		}
+		out.Sandboxes = append(out.Sandboxes, sb)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// sortKey orders sandboxes by creation time, then id; page tokens hold it.
+func sortKey(sb *sandboxv1.Sandbox) string {
+	return fmt.Sprintf("%020d/%s", sb.CreatedAt.AsTime().UnixNano(), sb.Id)
+}
+
+func encodeToken(k string) string { return base64.RawURLEncoding.EncodeToString([]byte(k)) }
+
+func decodeToken(t string) (string, error) {
+	if t == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(t)
+	if err != nil || len(b) < 22 || b[20] != '/' {
+		return "", errdefs.InvalidArgument("page_token: not a token from a previous response")
+	}
+	return string(b), nil
+}
+
+func hasMetadata(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// listAll asks every healthy edge for the sandboxes in scope.
+func (s *Server) listAll(ctx context.Context, scope string) ([]*sandboxv1.Sandbox, error) {
+	nodes := s.watcher.View().Healthy()
+	var (
+		mu   sync.Mutex
+		all  []*sandboxv1.Sandbox
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := s.edges.Get(n.Addr).Edge.ListSandboxes(ctx, connect.NewRequest(&edgev1.ListSandboxesRequest{Scope: scope}))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", n.ID, err))
+				return
+			}
+			all = append(all, resp.Msg.Sandboxes...)
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 && len(all) == 0 && len(errs) == len(nodes) {
+		return nil, errdefs.Unavailable("list sandboxes: %v", errors.Join(errs...))
+	}
+	return all, nil
+}
+
+func (h *sandboxService) StopSandbox(ctx context.Context, req *connect.Request[sandboxv1.StopSandboxRequest]) (*connect.Response[sandboxv1.StopSandboxResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Edge.DestroySandbox(ctx, connect.NewRequest(&edgev1.DestroySandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project})); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.StopSandboxResponse{}), nil
+}
+
+func (h *sandboxService) SetSandboxTimeout(ctx context.Context, req *connect.Request[sandboxv1.SetSandboxTimeoutRequest]) (*connect.Response[sandboxv1.SetSandboxTimeoutResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.SetSandboxTimeout(ctx, connect.NewRequest(&edgev1.SetSandboxTimeoutRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project, TimeoutSeconds: req.Msg.TimeoutSeconds}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.SetSandboxTimeoutResponse{Sandbox: resp.Msg.Sandbox}), nil
+}
+
+func (h *sandboxService) PauseSandbox(ctx context.Context, req *connect.Request[sandboxv1.PauseSandboxRequest]) (*connect.Response[sandboxv1.PauseSandboxResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.PauseSandbox(ctx, connect.NewRequest(&edgev1.PauseSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.PauseSandboxResponse{Sandbox: resp.Msg.Sandbox}), nil
+}
+
+func (h *sandboxService) ResumeSandbox(ctx context.Context, req *connect.Request[sandboxv1.ResumeSandboxRequest]) (*connect.Response[sandboxv1.ResumeSandboxResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.ResumeSandbox(ctx, connect.NewRequest(&edgev1.ResumeSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.ResumeSandboxResponse{Sandbox: resp.Msg.Sandbox}), nil
+}

@@ -1,0 +1,101 @@
+// Package apiserver is the only path from clients to sandboxes [paper]. It
+// authenticates every call through IAM, checks quotas, places new sandboxes,
+// and routes everything else to the edge encoded in the sandbox id. It keeps
+// no per-sandbox state, so any number of copies can run side by side.
+package apiserver
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+	"github.com/opendsec/opendsec/internal/edgeclient"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+	"github.com/opendsec/opendsec/internal/watcher"
+)
+
+// Config configures an apiserver.
+type Config struct {
+	// Limits bound requests; the node-capacity maxima come from the view.
+	Limits sandboxspec.Limits
+	// K is the power-of-k sample size.
+	K int
+	// MaxTries is how many nodes a create tries before giving up.
+	MaxTries int
+}
+
+// Deps are the apiserver's collaborators.
+type Deps struct {
+	IAM     *iam.Service
+	Watcher *watcher.Watcher
+	Edges   *edgeclient.Pool
+	Images  *image.Store
+	Log     *slog.Logger
+}
+
+// Server serves the client-facing API.
+type Server struct {
+	cfg      Config
+	iam      *iam.Service
+	watcher  *watcher.Watcher
+	edges    *edgeclient.Pool
+	images   *image.Store
+	log      *slog.Logger
+	inflight *inflight
+
+	rngMu sync.Mutex
+	rng   *rand.Rand // guarded by rngMu
+}
+
+// New returns a server.
+func New(cfg Config, deps Deps) *Server {
+	if cfg.Limits.MaxCPUCores == 0 {
+		cfg.Limits = sandboxspec.DefaultLimits()
+	}
+	if cfg.MaxTries == 0 {
+		cfg.MaxTries = 3
+	}
+	return &Server{
+		cfg: cfg, iam: deps.IAM, watcher: deps.Watcher, edges: deps.Edges, images: deps.Images,
+		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(),
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+}
+
+// maxRequestBytes bounds a unary request body (a 16 MiB file chunk fits).
+const maxRequestBytes = 24 << 20
+
+// Handler serves every client-facing route.
+func (s *Server) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(authInterceptor{s}, errdefs.Interceptor()),
+		connect.WithReadMaxBytes(maxRequestBytes),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(&sandboxService{s}, opts...))
+	mux.Handle(iamv1connect.NewIAMServiceHandler(&iamService{s}, opts...))
+	mux.Handle(imagev1connect.NewImageServiceHandler(&imageService{s}, opts...))
+	mux.HandleFunc("POST /v1/images:import", s.importImage)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	proxy := s.agentProxy()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The scope header is ours to set; a client's is never trusted.
+		r.Header.Del(headers.Scope)
+		if headers.IsAgentPath(r.URL.Path) {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,232 @@
+// Package embed runs a whole OpenDsec cluster in one process, as etcd's
+// embed does: a cluster CA, one IAM replica, one edge, a watcher and an
+// apiserver, with all state under one directory. `dsec up` and the
+// end-to-end tests use it; the same components run alone in a cluster.
+// Component-to-component traffic still goes over real mutual TLS.
+package embed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/apiserver"
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edgeclient"
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/pki"
+	"github.com/opendsec/opendsec/internal/watcher"
+)
+
+// Config configures an all-in-one cluster.
+type Config struct {
+	StateDir string
+	// Listen is the client API address.
+	Listen string
+	// ImageStore is the shared image directory; default StateDir/images.
+	ImageStore string
+	// AgentPath is the aether binary.
+	AgentPath string
+	// Backends to enable, with their options.
+	Backends map[string]map[string]string
+	// Capacity overrides the edge's capacity (zero: the host's).
+	Capacity edge.Capacity
+}
+
+// DefaultListen is where `dsec up` serves clients.
+const DefaultListen = "127.0.0.1:7070"
+
+// Cluster is a running all-in-one cluster.
+type Cluster struct {
+	APIURL string
+	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY.
+	ClientEnv string
+	Edge      *edge.Edge
+	IAM       *iam.Service
+	Images    *image.Store
+
+	log     *slog.Logger
+	cancel  context.CancelFunc
+	servers []*http.Server
+}
+
+// Start brings every component up and returns once the API answers.
+func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Logger) (*Cluster, error) {
+	log = logging.OrDiscard(log)
+	if cfg.StateDir == "" {
+		return nil, errors.New("state dir: required")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.ImageStore == "" {
+		cfg.ImageStore = filepath.Join(cfg.StateDir, "images")
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	ca, err := pki.LoadOrCreateCA(filepath.Join(cfg.StateDir, "pki"))
+	if err != nil {
+		return nil, err
+	}
+	store, err := image.OpenStore(cfg.ImageStore)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	c := &Cluster{Images: store, log: log, cancel: cancel}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+		}
+	}()
+
+	// IAM: one replica, bootstrapped on first start.
+	iamCert, err := ca.Issue("iam-1", pki.RoleIAM, []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		return nil, err
+	}
+	c.IAM, err = iam.Open(iam.Config{
+		Dir: filepath.Join(cfg.StateDir, "iam"), NodeID: "iam-1", Bind: "127.0.0.1:0",
+		ServerTLS: ca.ServerConfig(iamCert, pki.RoleIAM), ClientTLS: ca.ClientConfig(iamCert),
+		Bootstrap: true, SingleNode: true,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := c.IAM.EnsureRoot(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	// Edge with the enabled backends, served over mutual TLS.
+	var backends []backend.Backend
+	for name, opts := range cfg.Backends {
+		f, ok := reg.Lookup(name)
+		if !ok {
+			return nil, fmt.Errorf("backend %q: not built into this binary (have %s)", name, strings.Join(reg.Names(), ", "))
+		}
+		b, err := f(ctx, backend.Config{StateDir: filepath.Join(cfg.StateDir, "edge", "backends", name), Log: log, Options: opts})
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: %w", name, err)
+		}
+		backends = append(backends, b)
+	}
+	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity},
+		edge.Deps{Store: store, Backends: backends, Log: log.With(logging.Component, "edge")})
+	if err != nil {
+		return nil, err
+	}
+	edgeCert, err := ca.Issue("edge-"+string(c.Edge.Node()), pki.RoleEdge, []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		return nil, err
+	}
+	edgeLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	edgeSrv := &http.Server{Handler: c.Edge.Handler(), TLSConfig: ca.ServerConfig(edgeCert, pki.RoleAPIServer, pki.RoleWatcher), ReadHeaderTimeout: 10 * time.Second}
+	c.serve(edgeSrv, func() error { return edgeSrv.ServeTLS(edgeLn, "", "") })
+
+	// Watcher and apiserver share one mTLS pool to the edge.
+	apiCert, err := ca.Issue("apiserver", pki.RoleAPIServer, nil)
+	if err != nil {
+		return nil, err
+	}
+	pool := edgeclient.NewPool(ca.ClientConfig(apiCert))
+	w := watcher.New(watcher.Config{Edges: []string{edgeLn.Addr().String()}}, pool, log)
+	w.Poll(ctx)
+	if len(w.View().Healthy()) == 0 {
+		return nil, errors.New("embedded edge did not answer the watcher")
+	}
+	go w.Run(runCtx)
+
+	api := apiserver.New(apiserver.Config{}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
+	apiLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	apiSrv := &http.Server{Handler: api.Handler(), Protocols: &protos, ReadHeaderTimeout: 10 * time.Second}
+	c.serve(apiSrv, func() error { return apiSrv.Serve(apiLn) })
+	c.APIURL = "http://" + apiLn.Addr().String()
+
+	c.ClientEnv = filepath.Join(cfg.StateDir, "client.env")
+	if err := c.writeClientEnv(ctx, secret); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+func (c *Cluster) serve(srv *http.Server, run func() error) {
+	c.servers = append(c.servers, srv)
+	go func() {
+		if err := run(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			c.log.Error("server stopped", logging.Error, err)
+		}
+	}()
+}
+
+// writeClientEnv writes the client settings. A new cluster's admin key goes
+// there; on a restart the file is kept unless the URL changed or it is gone,
+// in which case a fresh admin key is made.
+func (c *Cluster) writeClientEnv(ctx context.Context, secret string) error {
+	if secret == "" {
+		if data, err := os.ReadFile(c.ClientEnv); err == nil {
+			key := envValue(string(data), "DSEC_API_KEY")
+			if _, err := c.IAM.Authenticate(key); err == nil {
+				secret = key
+			}
+		}
+	}
+	if secret == "" {
+		_, s, err := c.IAM.CreateKey(ctx, "root", "admin", 2)
+		if err != nil {
+			return err
+		}
+		secret = s
+	}
+	content := fmt.Sprintf("# OpenDsec client settings, written by dsec up. Source it: . %s\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n", c.ClientEnv, c.APIURL, secret)
+	return os.WriteFile(c.ClientEnv, []byte(content), 0o600)
+}
+
+func envValue(content, name string) string {
+	for _, line := range strings.Split(content, "\n") {
+		line = strings.TrimPrefix(strings.TrimSpace(line), "export ")
+		if v, ok := strings.CutPrefix(line, name+"="); ok {
+			return strings.Trim(v, `"'`)
+		}
+	}
+	return ""
+}
+
+// Close stops the components. Sandboxes keep running; the next Start
+// re-attaches them.
+func (c *Cluster) Close() {
+	c.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := len(c.servers) - 1; i >= 0; i-- {
+		c.servers[i].Shutdown(ctx) //nolint:errcheck // best effort at shutdown
+	}
+	if c.Edge != nil {
+		c.Edge.Close()
+	}
+	if c.IAM != nil {
+		c.IAM.Close()
+	}
+}

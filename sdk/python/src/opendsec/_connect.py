@@ -1,0 +1,122 @@
+"""A small client for the Connect protocol with JSON, over httpx.
+
+Unary calls POST a JSON body; server-streaming calls POST one enveloped
+message (1 flag byte, 4 length bytes, JSON) and read enveloped messages until
+the end-of-stream envelope (flag 0x02), which carries an error if any.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, AsyncIterator, Dict, Optional
+
+import httpx
+
+from .errors import DSecError, error_from_code
+
+_END_STREAM = 0x02
+_COMPRESSED = 0x01
+
+# Connect's HTTP status -> code mapping, for errors without a JSON body.
+_STATUS_CODES = {
+    400: "invalid_argument",
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "not_found",
+    408: "deadline_exceeded",
+    409: "already_exists",
+    429: "resource_exhausted",
+    501: "unimplemented",
+    502: "unavailable",
+    503: "unavailable",
+    504: "deadline_exceeded",
+}
+
+
+def _headers(timeout: Optional[float], extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    h = {"Connect-Protocol-Version": "1"}
+    if timeout is not None:
+        h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))
+    if extra:
+        h.update(extra)
+    return h
+
+
+def _error(status: int, body: bytes) -> DSecError:
+    try:
+        data = json.loads(body)
+        return error_from_code(data.get("code", "unknown"), data.get("message", ""))
+    except (ValueError, AttributeError):
+        text = body.decode("utf-8", "replace").strip()
+        return error_from_code(_STATUS_CODES.get(status, "unknown"), text or f"HTTP {status}")
+
+
+class ConnectClient:
+    """Calls Connect methods under a base URL."""
+
+    def __init__(self, http: httpx.AsyncClient, base_url: str) -> None:
+        self._http = http
+        self._base = base_url.rstrip("/")
+
+    async def unary(
+        self,
+        method: str,
+        request: Dict[str, Any],
+        *,
+        timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> Dict[str, Any]:
+        """Calls a unary method such as "opendsec.sandbox.v1.SandboxService/GetSandbox"."""
+        h = _headers(timeout, headers)
+        h["Content-Type"] = "application/json"
+        http_timeout = None if timeout is None else timeout + 10
+        try:
+            resp = await self._http.post(
+                f"{self._base}/{method}", content=json.dumps(request), headers=h, timeout=http_timeout
+            )
+        except httpx.TransportError as e:
+            raise error_from_code("unavailable", f"{method}: {e}") from e
+        if resp.status_code != 200:
+            raise _error(resp.status_code, resp.content)
+        return resp.json() if resp.content else {}
+
+    async def server_stream(
+        self,
+        method: str,
+        request: Dict[str, Any],
+        *,
+        timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> AsyncIterator[Dict[str, Any]]:
+        """Calls a server-streaming method and yields each response message."""
+        h = _headers(timeout, headers)
+        h["Content-Type"] = "application/connect+json"
+        payload = json.dumps(request).encode()
+        body = struct.pack(">BI", 0, len(payload)) + payload
+        try:
+            async with self._http.stream(
+                "POST", f"{self._base}/{method}", content=body, headers=h, timeout=httpx.Timeout(None, connect=10)
+            ) as resp:
+                if resp.status_code != 200:
+                    raise _error(resp.status_code, await resp.aread())
+                buf = b""
+                async for chunk in resp.aiter_bytes():
+                    buf += chunk
+                    while len(buf) >= 5:
+                        flags, size = struct.unpack(">BI", buf[:5])
+                        if len(buf) < 5 + size:
+                            break
+                        msg, buf = buf[5 : 5 + size], buf[5 + size :]
+                        if flags & _COMPRESSED:
+                            raise error_from_code("internal", "compressed stream message not supported")
+                        data = json.loads(msg) if msg else {}
+                        if flags & _END_STREAM:
+                            err = data.get("error")
+                            if err:
+                                raise error_from_code(err.get("code", "unknown"), err.get("message", ""))
+                            return
+                        yield data
+        except httpx.TransportError as e:
+            raise error_from_code("unavailable", f"{method}: {e}") from e
+        raise error_from_code("unavailable", f"{method}: stream ended without an end-of-stream message")

@@ -1,0 +1,95 @@
+"""The entry point: DSecClient."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+import httpx
+
+from ._connect import ConnectClient
+from .errors import AuthenticationError, InvalidArgumentError
+from .models import DSecRunArgs, SandboxInfo, SnapshotInfo
+from .sandbox import Sandbox
+
+_SB = "opendsec.sandbox.v1.SandboxService/"
+
+
+class DSecClient:
+    """A connection to an OpenDsec apiserver.
+
+    Reads ``DSEC_API_URL`` and ``DSEC_API_KEY`` unless given. Use it as an
+    async context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100) -> None:
+        self.api_url = (api_url or os.environ.get("DSEC_API_URL", "")).rstrip("/")
+        key = api_key or os.environ.get("DSEC_API_KEY", "")
+        if not self.api_url:
+            raise InvalidArgumentError("no API URL: pass api_url or set DSEC_API_URL (source the client.env that dsec up wrote)")
+        if not key:
+            raise AuthenticationError("no API key: pass api_key or set DSEC_API_KEY")
+        self._http = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {key}"},
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=httpx.Timeout(120, connect=10),
+        )
+        self._conn = ConnectClient(self._http, self.api_url)
+
+    async def __aenter__(self) -> "DSecClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, req: Dict[str, Any], timeout: Optional[float] = 120) -> Dict[str, Any]:
+        return await self._conn.unary(method, req, timeout=timeout)
+
+    async def run_sandbox(self, args: Optional[DSecRunArgs] = None) -> Sandbox:
+        """Creates a sandbox and returns once its agent answers."""
+        args = args or DSecRunArgs()
+        req: Dict[str, Any] = {"spec": args.to_spec()}
+        if args.project:
+            req["project"] = args.project
+        r = await self._call(_SB + "CreateSandbox", req, timeout=300)
+        return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
+
+    async def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        """Returns a handle on an existing sandbox."""
+        r = await self._call(_SB + "GetSandbox", {"sandboxId": sandbox_id})
+        return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
+
+    async def list_sandboxes(
+        self, *, project: str = "", task: str = "", metadata: Optional[Dict[str, str]] = None, states: Optional[List[str]] = None
+    ) -> List[SandboxInfo]:
+        """Lists sandboxes of the key's project subtree, oldest first."""
+        out: List[SandboxInfo] = []
+        token = ""
+        while True:
+            req: Dict[str, Any] = {"project": project, "task": task, "metadata": metadata or {}, "pageSize": 1000, "pageToken": token}
+            if states:
+                req["states"] = ["SANDBOX_STATE_" + s.upper() for s in states]
+            r = await self._call(_SB + "ListSandboxes", req)
+            out.extend(SandboxInfo.from_json(s) for s in r.get("sandboxes", []))
+            token = r.get("nextPageToken", "")
+            if not token:
+                return out
+
+    async def restore(self, snapshot: "SnapshotInfo | str", *, timeout_seconds: int = 0, metadata: Optional[Dict[str, str]] = None) -> Sandbox:
+        """Starts a new sandbox from a snapshot."""
+        sid = snapshot if isinstance(snapshot, str) else snapshot.id
+        r = await self._call(_SB + "RestoreSnapshot", {"snapshotId": sid, "timeoutSeconds": str(timeout_seconds), "metadata": metadata or {}}, timeout=300)
+        return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
+
+    async def list_snapshots(self, sandbox_id: str = "") -> List[SnapshotInfo]:
+        """Lists snapshots (of one sandbox, or all in the key's project subtree)."""
+        r = await self._call(_SB + "ListSnapshots", {"sandboxId": sandbox_id})
+        return [SnapshotInfo.from_json(s) for s in r.get("snapshots", [])]
+
+    async def delete_snapshot(self, snapshot: "SnapshotInfo | str") -> None:
+        """Deletes a snapshot and frees its storage."""
+        sid = snapshot if isinstance(snapshot, str) else snapshot.id
+        await self._call(_SB + "DeleteSnapshot", {"snapshotId": sid})

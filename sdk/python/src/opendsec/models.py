@@ -1,0 +1,231 @@
+"""Plain data types returned by the SDK."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Dict, List, Optional
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(s: Optional[str]) -> bytes:
+    if not s:
+        return b""
+    return base64.b64decode(s + "=" * (-len(s) % 4))
+
+
+def _time(s: Optional[str]) -> Optional[datetime]:
+    if not s:
+        return None
+    # protojson: RFC 3339 with Z and up to nanoseconds.
+    s = s.replace("Z", "+00:00")
+    if "." in s:
+        head, rest = s.split(".", 1)
+        frac, _, tz = rest.partition("+")
+        s = f"{head}.{frac[:6]}+{tz}" if tz else f"{head}.{frac[:6]}"
+    return datetime.fromisoformat(s)
+
+
+@dataclass
+class DSecRunArgs:
+    """What a new sandbox runs and within which limits.
+
+    Zero or empty values take the server's defaults.
+    """
+
+    backend: str = "container"
+    """Isolation backend: "container" (crun/runc) or "gvisor"."""
+    image: str = "root/py:3.11"
+    """Image name "project/name:tag"."""
+    cpu_cores_limit: float = 0
+    memory_limit_mb: int = 0
+    pids_limit: int = 0
+    timeout_seconds: int = 0
+    """Time to live; the sandbox stops when it runs out."""
+    env: Dict[str, str] = field(default_factory=dict)
+    metadata: Dict[str, str] = field(default_factory=dict)
+    task: str = ""
+    """Task label, for pausing a whole task at once."""
+    project: str = ""
+    """Project to create in; empty means the API key's project."""
+
+    def to_spec(self) -> Dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "image": self.image,
+            "resources": {"cpuCores": self.cpu_cores_limit, "memoryMb": str(self.memory_limit_mb), "pids": str(self.pids_limit)},
+            "timeoutSeconds": str(self.timeout_seconds),
+            "env": dict(self.env),
+            "metadata": dict(self.metadata),
+            "task": self.task,
+        }
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the server describes it."""
+
+    id: str
+    project: str
+    node_id: str
+    state: str
+    backend: str
+    image: str
+    cpu_cores: float
+    memory_mb: int
+    metadata: Dict[str, str]
+    task: str
+    created_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    message: str = ""
+    source_snapshot_id: str = ""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
+        spec = d.get("spec", {})
+        res = spec.get("resources", {})
+        return cls(
+            id=d["id"],
+            project=d.get("project", ""),
+            node_id=d.get("nodeId", ""),
+            state=d.get("state", "SANDBOX_STATE_UNSPECIFIED").replace("SANDBOX_STATE_", "").lower(),
+            backend=spec.get("backend", ""),
+            image=spec.get("image", ""),
+            cpu_cores=float(res.get("cpuCores", 0)),
+            memory_mb=int(res.get("memoryMb", 0)),
+            metadata=dict(spec.get("metadata", {})),
+            task=spec.get("task", ""),
+            created_at=_time(d.get("createdAt")),
+            expires_at=_time(d.get("expiresAt")),
+            message=d.get("message", ""),
+            source_snapshot_id=d.get("sourceSnapshotId", ""),
+        )
+
+
+@dataclass
+class CommandResult:
+    """The outcome of a command run to completion."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    stdout_dropped: int = 0
+    """Bytes dropped past the output cap."""
+    stderr_dropped: int = 0
+    pid: int = 0
+    cwd: str = ""
+    """Working directory afterwards (session commands only)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_bytes(cls, out: bytes, err: bytes, **kw: Any) -> "CommandResult":
+        return cls(
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            stdout_bytes=out,
+            stderr_bytes=err,
+            **kw,
+        )
+
+
+@dataclass
+class EntryInfo:
+    """A file system entry inside a sandbox."""
+
+    name: str
+    path: str
+    type: str
+    """"file", "directory", "symlink" or "other"."""
+    size: int
+    mode: int
+    owner: str
+    group: str
+    modified_at: Optional[datetime]
+    symlink_target: str = ""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "EntryInfo":
+        return cls(
+            name=d.get("name", ""),
+            path=d.get("path", ""),
+            type=d.get("type", "FILE_TYPE_UNSPECIFIED").replace("FILE_TYPE_", "").lower(),
+            size=int(d.get("size", 0)),
+            mode=int(d.get("mode", 0)),
+            owner=d.get("owner", ""),
+            group=d.get("group", ""),
+            modified_at=_time(d.get("modifiedAt")),
+            symlink_target=d.get("symlinkTarget", ""),
+        )
+
+
+@dataclass
+class ProcessInfo:
+    """A process running in a sandbox."""
+
+    pid: int
+    ppid: int
+    cmdline: List[str]
+    uid: int
+    state: str
+    rss_bytes: int
+    tag: str
+    managed: bool
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        return cls(
+            pid=int(d.get("pid", 0)),
+            ppid=int(d.get("ppid", 0)),
+            cmdline=list(d.get("cmdline", [])),
+            uid=int(d.get("uid", 0)),
+            state=d.get("state", ""),
+            rss_bytes=int(d.get("rssBytes", 0)),
+            tag=d.get("tag", ""),
+            managed=bool(d.get("managed", False)),
+        )
+
+
+@dataclass
+class OutputChunk:
+    """A piece of a running process's output."""
+
+    stream: str
+    """"stdout", "stderr" or "pty"."""
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+@dataclass
+class SnapshotInfo:
+    """A memory snapshot of a sandbox."""
+
+    id: str
+    source_sandbox_id: str
+    project: str
+    node_id: str
+    size_bytes: int
+    created_at: Optional[datetime]
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SnapshotInfo":
+        return cls(
+            id=d["id"],
+            source_sandbox_id=d.get("sourceSandboxId", ""),
+            project=d.get("project", ""),
+            node_id=d.get("nodeId", ""),
+            size_bytes=int(d.get("sizeBytes", 0)),
+            created_at=_time(d.get("createdAt")),
+        )
