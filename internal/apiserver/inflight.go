@@ -19,7 +19,8 @@ type inflightEntry struct {
 	node    string
 	project string
 	res     placement.Resources
-	doneAt  time.Time // zero while the create is running
+	sentAt  time.Time // just before the create went to the edge
+	done    bool
 }
 
 func newInflight() *inflight { return &inflight{entries: map[uint64]*inflightEntry{}} }
@@ -29,12 +30,11 @@ func (f *inflight) add(node, project string, res placement.Resources) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.next++
-	f.entries[f.next] = &inflightEntry{node: node, project: project, res: res}
+	f.entries[f.next] = &inflightEntry{node: node, project: project, res: res, sentAt: time.Now()}
 	return f.next
 }
 
-// finish marks a placement done: it stays counted until a poll that started
-// afterwards reports it. A failed one is dropped at once.
+// finish marks a placement done; a failed one is dropped at once.
 func (f *inflight) finish(id uint64, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -43,18 +43,21 @@ func (f *inflight) finish(id uint64, ok bool) {
 		return
 	}
 	if e := f.entries[id]; e != nil {
-		e.doneAt = time.Now()
+		e.done = true
 	}
 }
 
 // overlay returns what is not yet in a view whose last poll of each node
-// started at polledAt[node].
+// started at polledAt[node]. The edge counts a sandbox from the moment it
+// admits it, so a poll that started after the create was sent shows it
+// (bar a race of one network hop, which at worst miscounts one sandbox for
+// one poll interval); until then this apiserver counts it itself.
 func (f *inflight) overlay(polledAt map[string]time.Time) (byNode map[string]placement.Resources, pending []inflightEntry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	byNode = map[string]placement.Resources{}
 	for id, e := range f.entries {
-		if !e.doneAt.IsZero() && (polledAt[e.node].After(e.doneAt) || time.Since(e.doneAt) > time.Minute) {
+		if e.done && (polledAt[e.node].After(e.sentAt) || time.Since(e.sentAt) > time.Minute) {
 			delete(f.entries, id)
 			continue
 		}

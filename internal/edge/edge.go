@@ -37,6 +37,9 @@ type Config struct {
 	Limits    sandboxspec.Limits
 	// AgentTimeout bounds the wait for a new sandbox's agent.
 	AgentTimeout time.Duration
+	// RunBase holds each sandbox's agent socket directory. Unix socket paths
+	// are limited to 107 bytes, so it must be short; default /run/opendsec.
+	RunBase string
 }
 
 // Deps are the edge's collaborators.
@@ -86,6 +89,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if cfg.AgentTimeout == 0 {
 		cfg.AgentTimeout = 30 * time.Second
 	}
+	if cfg.RunBase == "" {
+		cfg.RunBase = "/run/opendsec"
+	}
 	for _, d := range []string{"sandboxes", "snapshots", "cache"} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, err
@@ -94,6 +100,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	node, err := loadNodeID(cfg.StateDir)
 	if err != nil {
 		return nil, err
+	}
+	if sock := filepath.Join(cfg.RunBase, string(node), string(sandboxid.New(node)), "edge.sock"); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("edge: run base %q is too long: agent socket paths would be %d bytes, the limit is %d", cfg.RunBase, len(sock), maxSocketPath)
 	}
 	cache, err := image.NewCache(filepath.Join(cfg.StateDir, "cache"), deps.Store)
 	if err != nil {
@@ -131,12 +140,12 @@ func (e *Edge) Limits() sandboxspec.Limits { return e.cfg.Limits }
 func (e *Edge) Close() {
 	e.stopOnce.Do(func() { close(e.stop) })
 	e.wg.Wait()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, sb := range e.boxes {
+	for _, sb := range e.all() {
+		sb.mu.Lock()
 		if sb.link != nil {
 			sb.link.Close()
 		}
+		sb.mu.Unlock()
 	}
 }
 
@@ -176,6 +185,14 @@ func (e *Edge) backendFor(name string) (backend.Backend, error) {
 	usable, _ := e.BackendNames()
 	return nil, errdefs.InvalidArgument("backend %q: unknown; node %s offers %s", name, e.node, strings.Join(usable, ", "))
 }
+
+// runDir is the directory mounted at /.dsec/run in the sandbox.
+func (e *Edge) runDir(id sandboxid.ID) string {
+	return filepath.Join(e.cfg.RunBase, string(e.node), string(id))
+}
+
+// maxSocketPath is the longest path a Unix socket can be bound at.
+const maxSocketPath = 107
 
 func (e *Edge) sandboxDir(id sandboxid.ID) string {
 	return filepath.Join(e.cfg.StateDir, "sandboxes", string(id))
@@ -225,10 +242,10 @@ func (e *Edge) expireLoop() {
 }
 
 func (e *Edge) expired(now time.Time) []*sandbox {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	// e.all releases e.mu before any sandbox lock is taken: removal holds a
+	// sandbox's lock while it takes e.mu, so the reverse order deadlocks.
 	var out []*sandbox
-	for _, sb := range e.boxes {
+	for _, sb := range e.all() {
 		sb.mu.Lock()
 		if sb.rec.State != stateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
 			out = append(out, sb)

@@ -123,4 +123,5 @@ func (e *Edge) removeOrphanDir(dir string, why error) {
 	}
 	e.log.Warn("removing orphan sandbox directory", "dir", dir, "why", why)
 	os.RemoveAll(dir)
+	os.RemoveAll(filepath.Join(e.cfg.RunBase, string(e.node), filepath.Base(dir)))
 }

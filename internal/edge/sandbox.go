@@ -24,9 +24,9 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
-// sandbox is the edge's live view of one sandbox. Lock order: never take
-// Edge.mu while holding sandbox.mu... except through release/forget, which
-// only take Edge.mu briefly and never the other way round.
+// sandbox is the edge's live view of one sandbox. Lock order: sandbox.mu
+// before Edge.mu (removal unregisters while holding its sandbox's lock), so
+// no code may take a sandbox's lock while holding Edge.mu.
 type sandbox struct {
 	id  sandboxid.ID
 	dir string
@@ -150,7 +150,7 @@ func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig
 	return &backend.Spec{
 		ID: rec.ID, Dir: dir, Layers: layers, Env: env, Hostname: string(rec.ID),
 		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids},
-		AgentPath: e.cfg.AgentPath, RunDir: filepath.Join(dir, "run"), HostsFile: filepath.Join(dir, "hosts"),
+		AgentPath: e.cfg.AgentPath, RunDir: e.runDir(rec.ID), HostsFile: filepath.Join(dir, "hosts"),
 	}
 }
 
@@ -158,8 +158,10 @@ func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig
 // the agent link.
 func (e *Edge) prepareDir(rec *record) (*agentlink.Link, error) {
 	dir := e.sandboxDir(rec.ID)
-	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
-		return nil, err
+	for _, d := range []string{dir, e.runDir(rec.ID)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
 	}
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost ip6-loopback\n", rec.ID)
 	if err := os.WriteFile(filepath.Join(dir, "hosts"), []byte(hosts), 0o644); err != nil {
@@ -168,7 +170,7 @@ func (e *Edge) prepareDir(rec *record) (*agentlink.Link, error) {
 	if err := rec.save(dir); err != nil {
 		return nil, err
 	}
-	return agentlink.Listen(filepath.Join(dir, "run", "edge.sock"), e.log)
+	return agentlink.Listen(filepath.Join(e.runDir(rec.ID), "edge.sock"), e.log)
 }
 
 func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
@@ -254,6 +256,7 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	if err := os.RemoveAll(sb.dir); err != nil {
 		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)
 	}
+	os.RemoveAll(e.runDir(sb.id)) //nolint:errcheck // only the socket was in it
 	e.forget(sb, sb.rec.spec.Resources)
 	return nil
 }

@@ -41,6 +41,8 @@ type Config struct {
 	Backends map[string]map[string]string
 	// Capacity overrides the edge's capacity (zero: the host's).
 	Capacity edge.Capacity
+	// RunBase is the edge's short directory for agent sockets.
+	RunBase string
 }
 
 // DefaultListen is where `dsec up` serves clients.
@@ -123,7 +125,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		}
 		backends = append(backends, b)
 	}
-	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity},
+	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity, RunBase: cfg.RunBase},
 		edge.Deps{Store: store, Backends: backends, Log: log.With(logging.Component, "edge")})
 	if err != nil {
 		return nil, err

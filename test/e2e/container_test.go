@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+func containerCluster(t *testing.T) *cluster {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "crun")
+	testutil.RequireBinary(t, "busybox")
+	return startCluster(t, "container")
+}
+
+func containerSpec() *sandboxv1.SandboxSpec {
+	return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 200, Pids: 100}}
+}
+
+// assertNoLeaks checks the host for anything a sandbox could leave: mounts,
+// cgroups, runtime state, processes, sockets.
+func assertNoLeaks(t *testing.T, c *cluster, ids []string) {
+	t.Helper()
+	if mounts, _ := rootfs.MountsUnder(c.cfg.StateDir); len(mounts) != 0 {
+		t.Errorf("mounts left: %v", mounts)
+	}
+	for _, id := range ids {
+		if dirs := container.CgroupDirs(id); len(dirs) != 0 {
+			t.Errorf("cgroups left: %v", dirs)
+		}
+		out, _ := exec.Command("ps", "-eo", "args").Output()
+		if strings.Contains(string(out), id) {
+			t.Errorf("a process still mentions %s", id)
+		}
+	}
+	out, err := exec.Command("crun", "--root", filepath.Join(c.cfg.StateDir, "edge", "backends", "container", "crun"), "list", "-q").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("crun still lists containers: %q, %v", out, err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(c.cfg.StateDir, "edge", "sandboxes"))
+	if len(ents) != 0 {
+		t.Errorf("%d sandbox directories left", len(ents))
+	}
+}
+
+func TestContainerSandboxEndToEnd(t *testing.T) {
+	c := containerCluster(t)
+	ctx := ctxT(t)
+	sb, err := c.client.Create(ctx, containerSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := shell(t, sb, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || true; ls /sys/class/net")
+	lines := strings.Fields(string(r.Stdout))
+	if len(lines) < 2 || lines[0] != sb.ID || lines[len(lines)-1] != "lo" {
+		t.Fatalf("hostname/net inside: %q", r.Stdout)
+	}
+	// A command that does not exist: exit code 127 and its stderr.
+	r, err = sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"definitely-not-here"}})
+	if err != nil || r.ExitCode != 127 || !strings.Contains(string(r.Stderr), "not found") {
+		t.Fatalf("missing command: %+v %v", r, err)
+	}
+	r = shell(t, sb, "nosuchcmd")
+	if r.ExitCode != 127 || !strings.Contains(string(r.Stderr), "not found") {
+		t.Fatalf("missing command in sh: %+v", r)
+	}
+	// Files round trip through the API.
+	if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/data/x.txt", Data: []byte("payload")})); err != nil {
+		t.Fatal(err)
+	}
+	if got := shell(t, sb, "cat /root/data/x.txt"); string(got.Stdout) != "payload" {
+		t.Fatalf("file written through the API reads %q inside", got.Stdout)
+	}
+	// Endless output is capped.
+	cap, err := sb.Process.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"yes"}, TimeoutMs: 500}, MaxOutputBytes: 1 << 16}))
+	if err != nil || len(cap.Msg.Stdout) != 1<<16 || cap.Msg.StdoutDropped == 0 {
+		t.Fatalf("yes: %d bytes kept, %d dropped, %v", len(cap.Msg.GetStdout()), cap.Msg.GetStdoutDropped(), err)
+	}
+	// Persistent session.
+	sess, err := sb.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := sess.Msg.Session.Id
+	sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sid, Command: "cd /tmp && export K=v"}))
+	sr, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sid, Command: "echo $K $(pwd)"}))
+	if err != nil || string(sr.Msg.Stdout) != "v /tmp\n" {
+		t.Fatalf("session state: %q %v", sr.Msg.GetStdout(), err)
+	}
+	if err := sb.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertNoLeaks(t, c, []string{sb.ID})
+}
+
+func TestRestartReattachesAndStopAllLeavesNothing(t *testing.T) {
+	c := containerCluster(t)
+	ctx := ctxT(t)
+	var ids []string
+	for i := 0; i < 2; i++ {
+		sb, err := c.client.Create(ctx, containerSpec())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+		shell(t, sb, "echo before-restart > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+	}
+	c.restart(t)
+	for _, id := range ids {
+		r := shell(t, c.client.Sandbox(id), "cat /root/mark; ps | grep -v grep | grep -q \"sleep 1000\" && echo sleeper-alive")
+		if string(r.Stdout) != "before-restart\nsleeper-alive\n" {
+			t.Fatalf("%s after restart: %q %q", id, r.Stdout, r.Stderr)
+		}
+	}
+	// Remove every sandbox, as `dsec stop --all` does.
+	list, err := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.Sandboxes) != 2 {
+		t.Fatalf("list after restart: %v, %v", list, err)
+	}
+	for _, sb := range list.Msg.Sandboxes {
+		if _, err := c.client.Sandboxes.StopSandbox(ctx, connect.NewRequest(&sandboxv1.StopSandboxRequest{SandboxId: sb.Id})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertNoLeaks(t, c, ids)
+}

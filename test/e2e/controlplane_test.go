@@ -1,0 +1,270 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+)
+
+func fakeSpec() *sandboxv1.SandboxSpec {
+	return &sandboxv1.SandboxSpec{Backend: "fake", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256}}
+}
+
+func TestAuthentication(t *testing.T) {
+	c := startCluster(t, "fake")
+	bad, _ := client.New(c.APIURL, "dsec_not_a_key")
+	_, err := bad.Create(ctxT(t), fakeSpec())
+	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("bad key: %v", err)
+	}
+	resp, body := rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes", nil, "{}")
+	if resp.StatusCode != 401 || !strings.Contains(string(body), "missing API key") {
+		t.Fatalf("no key: %d %s", resp.StatusCode, body)
+	}
+	// The agent proxy authenticates too.
+	resp, _ = rawPost(t, c.APIURL+"/opendsec.agent.v1.ProcessService/Run", map[string]string{"Dsec-Sandbox-Id": "aaaaaaaa-aaaaaaaaaaaaaaaa"}, "{}")
+	if resp.StatusCode != 401 {
+		t.Fatalf("agent call without key: %d", resp.StatusCode)
+	}
+}
+
+func TestBadRequestsNameTheFieldAndLeaveNothing(t *testing.T) {
+	c := startCluster(t, "fake")
+	cases := map[string]struct {
+		mut  func(*sandboxv1.SandboxSpec)
+		code connect.Code
+		want string
+	}{
+		"unknown backend": {func(s *sandboxv1.SandboxSpec) { s.Backend = "firecracker" }, connect.CodeInvalidArgument, `backend "firecracker": unknown; choose one of fake`},
+		"malformed image": {func(s *sandboxv1.SandboxSpec) { s.Image = "Busy Box" }, connect.CodeInvalidArgument, "image"},
+		"missing image":   {func(s *sandboxv1.SandboxSpec) { s.Image = "root/nope:1" }, connect.CodeNotFound, `image "root/nope:1": not in the image store`},
+		"cpu over node":   {func(s *sandboxv1.SandboxSpec) { s.Resources.CpuCores = 64 }, connect.CodeInvalidArgument, "resources.cpu_cores 64: want 0.1 to 2"},
+		"memory over":     {func(s *sandboxv1.SandboxSpec) { s.Resources.MemoryMb = 1 << 20 }, connect.CodeInvalidArgument, "resources.memory_mb 1048576: want 16 to 8192"},
+		"negative pids":   {func(s *sandboxv1.SandboxSpec) { s.Resources.Pids = -1 }, connect.CodeInvalidArgument, "resources.pids -1"},
+		"no spec":         {nil, connect.CodeInvalidArgument, "spec: missing"},
+	}
+	for name, tc := range cases {
+		var spec *sandboxv1.SandboxSpec
+		if tc.mut != nil {
+			spec = fakeSpec()
+			tc.mut(spec)
+		}
+		_, err := c.client.Create(ctxT(t), spec)
+		if connect.CodeOf(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want %v containing %q", name, err, tc.code, tc.want)
+		}
+	}
+	list, err := c.client.Sandboxes.ListSandboxes(ctxT(t), connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.Sandboxes) != 0 {
+		t.Fatalf("sandboxes after bad requests: %v, %v", list, err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(c.cfg.StateDir, "edge", "sandboxes"))
+	if len(ents) != 0 {
+		t.Fatalf("%d sandbox directories left", len(ents))
+	}
+	// Malformed JSON is a clear error, not a crash.
+	resp, body := rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/CreateSandbox", map[string]string{"Authorization": "Bearer " + c.key}, `{"spec": {"resources": {"cpuCores": "lots"}}}`)
+	if resp.StatusCode != 400 || !strings.Contains(string(body), "invalid_argument") {
+		t.Fatalf("bad JSON: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestProjectsQuotasAndIsolation(t *testing.T) {
+	c := startCluster(t, "fake")
+	ctx := ctxT(t)
+	for _, name := range []string{"a", "b"} {
+		if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: name, Quota: &iamv1.Quota{MaxSandboxes: 2}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyFor := func(project string) *client.Client {
+		r, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: project, Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, _ := client.New(c.APIURL, r.Msg.Secret)
+		return cl
+	}
+	a, b := keyFor("root/a"), keyFor("root/b")
+	sa, err := a.Create(ctx, fakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sa.Info.Project != "root/a" {
+		t.Fatalf("created in %q", sa.Info.Project)
+	}
+	// b cannot see or reach a's sandbox, even by forging the scope header.
+	if _, err := b.Sandbox(sa.ID).Shell(ctx, "true"); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("b ran a command in a's sandbox: %v", err)
+	}
+	resp, _ := rawPost(t, c.APIURL+"/opendsec.agent.v1.ProcessService/Run", map[string]string{
+		"X-API-Key": bKeyOf(t, c, b), "Dsec-Sandbox-Id": sa.ID, "Dsec-Scope": "root",
+	}, `{"process":{"args":["true"]}}`)
+	if resp.StatusCode != 404 {
+		t.Fatalf("forged scope header: status %d", resp.StatusCode)
+	}
+	if err := b.Sandbox(sa.ID).Stop(ctx); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("b stopped a's sandbox: %v", err)
+	}
+	if _, err := b.Create(ctx, &sandboxv1.SandboxSpec{Backend: "fake", Image: "root/busybox:latest"}); err != nil {
+		t.Fatalf("b create: %v", err)
+	}
+	// A member key cannot make projects; a key cannot act outside its tree.
+	if _, err := a.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root/a", Name: "x"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("member created a project: %v", err)
+	}
+	if _, err := a.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: fakeSpec(), Project: "root/b"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("a created in b: %v", err)
+	}
+	// Quota: two sandboxes allowed in root/a.
+	if _, err := a.Create(ctx, fakeSpec()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Create(ctx, fakeSpec())
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "quota of project root/a: 2 of 2 sandboxes") {
+		t.Fatalf("third sandbox: %v", err)
+	}
+	// The admin sees everything; each member only its own.
+	all, _ := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	mine, _ := b.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if len(all.Msg.Sandboxes) != 3 || len(mine.Msg.Sandboxes) != 1 {
+		t.Fatalf("admin sees %d, b sees %d", len(all.Msg.Sandboxes), len(mine.Msg.Sandboxes))
+	}
+}
+
+// bKeyOf recovers the secret of a client (for raw requests).
+func bKeyOf(t *testing.T, c *cluster, cl *client.Client) string {
+	t.Helper()
+	r, err := c.client.IAM.CreateAPIKey(ctxT(t), connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/b", Name: "raw"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Msg.Secret
+}
+
+func TestListFiltersAndPages(t *testing.T) {
+	c := startCluster(t, "fake")
+	ctx := ctxT(t)
+	for i := 0; i < 5; i++ {
+		s := fakeSpec()
+		s.Resources.CpuCores = 0.5
+		s.Metadata = map[string]string{"parity": []string{"even", "odd"}[i%2]}
+		s.Task = "t1"
+		if i == 4 {
+			s.Task = "t2"
+		}
+		if _, err := c.client.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []string
+	token := ""
+	for {
+		r, err := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageSize: 2, PageToken: token}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range r.Msg.Sandboxes {
+			seen = append(seen, sb.Id)
+		}
+		if token = r.Msg.NextPageToken; token == "" {
+			break
+		}
+	}
+	if len(seen) != 5 {
+		t.Fatalf("paged through %d sandboxes", len(seen))
+	}
+	r, _ := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{Task: "t1", Metadata: map[string]string{"parity": "even"}}))
+	if len(r.Msg.Sandboxes) != 2 {
+		t.Fatalf("filtered list has %d", len(r.Msg.Sandboxes))
+	}
+	_, err := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageToken: "garbage"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("bad page token: %v", err)
+	}
+}
+
+func TestImportThroughAPI(t *testing.T) {
+	c := startCluster(t, "fake")
+	ctx := ctxT(t)
+	ref, _ := imageRef("root/busybox:latest")
+	im, err := c.Images.Resolve(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "bb.tar")
+	f, _ := os.Create(archive)
+	if err := c.Images.Export(im, f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	f, _ = os.Open(archive)
+	defer f.Close()
+	fi, _ := f.Stat()
+	out, err := c.client.ImportImage(ctx, "root/copied:v1", f, fi.Size())
+	if err != nil || out["digest"] != im.Digest.String() {
+		t.Fatalf("import = %v, %v", out, err)
+	}
+	if _, err := c.client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), "permission_denied") {
+		t.Fatalf("import into a foreign project: %v", err)
+	}
+	if _, err := c.client.ImportImage(ctx, "root/junk:1", strings.NewReader("not an archive at all"), 21); err == nil || !strings.Contains(err.Error(), "invalid_argument") {
+		t.Fatalf("import of junk: %v", err)
+	}
+	s := fakeSpec()
+	s.Image = "root/copied:v1"
+	sb, err := c.client.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info map[string]any
+	b, _ := json.Marshal(sb.Info)
+	json.Unmarshal(b, &info)
+	if sb.Info.ImageDigest != im.Digest.String() {
+		t.Fatalf("sandbox image digest %s", sb.Info.ImageDigest)
+	}
+}
+
+func TestTimeToLiveAndSetTimeout(t *testing.T) {
+	c := startCluster(t, "fake")
+	ctx := ctxT(t)
+	s := fakeSpec()
+	s.TimeoutSeconds = 1
+	sb, err := c.client.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := c.client.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.Sandboxes.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: keep.ID, TimeoutSeconds: 600})); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		_, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			if _, err := keep.Shell(ctx, "true"); err != nil {
+				t.Fatalf("extended sandbox gone: %v", err)
+			}
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("sandbox outlived its time to live")
+}
+
+var _ = agentv1.Stream_STREAM_STDOUT
+var _ = errors.New
