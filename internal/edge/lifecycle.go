@@ -21,7 +21,7 @@ func (e *Edge) Pause(ctx context.Context, id, scope string) (*sandboxv1.Sandbox,
 	if err := e.pauseLocked(ctx, sb); err != nil {
 		return nil, err
 	}
-	return sb.rec.proto(e.node), nil
+	return sb.snapshot(), nil
 }
 
 func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
@@ -41,7 +41,7 @@ func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
 	}
 	sb.rec.State = statePaused
 	e.log.Info("sandbox paused", logging.SandboxID, sb.id)
-	return sb.rec.save(sb.dir)
+	return sb.save()
 }
 
 // Resume continues a paused sandbox.
@@ -55,7 +55,7 @@ func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox
 	if err := e.resumeLocked(ctx, sb); err != nil {
 		return nil, err
 	}
-	return sb.rec.proto(e.node), nil
+	return sb.snapshot(), nil
 }
 
 func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
@@ -75,7 +75,7 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 	}
 	sb.rec.State, sb.rec.PausedTask = stateRunning, false
 	e.log.Info("sandbox resumed", logging.SandboxID, sb.id)
-	return sb.rec.save(sb.dir)
+	return sb.save()
 }
 
 // ensureRunning resumes a paused sandbox before an agent call and returns

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -62,7 +63,7 @@ func (r *record) setSpec(s *sandboxv1.SandboxSpec) error {
 
 func (r *record) proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
 	return &sandboxv1.Sandbox{
-		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: r.spec,
+		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: proto.Clone(r.spec).(*sandboxv1.SandboxSpec),
 		State: stateProto[r.State], CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
 		Message: r.Message, ImageDigest: r.ImageDigest, SourceSnapshotId: r.SourceSnapshot,
 	}

@@ -55,7 +55,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	if !ok {
 		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
 	}
-	sb := &sandbox{id: rec.ID, dir: e.sandboxDir(rec.ID), be: be, rec: rec}
+	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
 	r := rec.spec.Resources
 	e.mu.Lock()
 	e.boxes[rec.ID] = sb
@@ -72,7 +72,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	if err != nil {
 		return err
 	}
-	link, err := e.prepareDir(rec)
+	link, err := e.prepareDir(sb)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 			rec.State = stateRunning
 		}
 	}
-	return rec.save(sb.dir)
+	return sb.save()
 }
 
 func (e *Edge) recoverSpec(ctx context.Context, rec *record) (*backend.Spec, error) {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -28,25 +29,38 @@ import (
 // before Edge.mu (removal unregisters while holding its sandbox's lock), so
 // no code may take a sandbox's lock while holding Edge.mu.
 type sandbox struct {
-	id  sandboxid.ID
-	dir string
-	be  backend.Backend
+	id   sandboxid.ID
+	node sandboxid.NodeID
+	dir  string
+	be   backend.Backend
+	proj string // immutable
+
+	// view is the latest published description. Readers (Get, List,
+	// Status) use it without the lifecycle lock, so a slow create or removal
+	// never stalls the watcher.
+	view atomic.Pointer[sandboxv1.Sandbox]
 
 	mu   sync.Mutex      // serialises lifecycle changes
 	rec  *record         // guarded by mu
 	link *agentlink.Link // guarded by mu; nil once removed
 }
 
-func (sb *sandbox) project() string {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.rec.Project
+func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
+	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec}
+	sb.view.Store(rec.proto(node))
+	return sb
 }
 
-func (sb *sandbox) snapshot(node sandboxid.NodeID) *sandboxv1.Sandbox {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.rec.proto(node)
+func (sb *sandbox) project() string { return sb.proj }
+
+// snapshot returns the published description; callers must not modify it.
+func (sb *sandbox) snapshot() *sandboxv1.Sandbox { return sb.view.Load() }
+
+// save persists the record and publishes it. Callers hold sb.mu.
+func (sb *sandbox) save() error {
+	err := sb.rec.save(sb.dir)
+	sb.view.Store(sb.rec.proto(sb.node))
+	return err
 }
 
 func (e *Edge) knownBackends() []string {
@@ -106,7 +120,7 @@ func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project 
 		return nil, err
 	}
 	log.Info("sandbox started", logging.Project, project, logging.Image, spec.Image, "took", time.Since(now).Round(time.Millisecond))
-	return sb.snapshot(e.node), nil
+	return sb.snapshot(), nil
 }
 
 // admit reserves capacity for rec and registers it.
@@ -118,7 +132,7 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 		return nil, err
 	}
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
-	sb := &sandbox{id: rec.ID, dir: e.sandboxDir(rec.ID), be: be, rec: rec}
+	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
 	e.boxes[rec.ID] = sb
 	return sb, nil
 }
@@ -155,9 +169,9 @@ func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig
 }
 
 // prepareDir makes the sandbox directory, its run directory, hosts file and
-// the agent link.
-func (e *Edge) prepareDir(rec *record) (*agentlink.Link, error) {
-	dir := e.sandboxDir(rec.ID)
+// the agent link. Callers hold sb.mu.
+func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
+	rec, dir := sb.rec, sb.dir
 	for _, d := range []string{dir, e.runDir(rec.ID)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -167,7 +181,7 @@ func (e *Edge) prepareDir(rec *record) (*agentlink.Link, error) {
 	if err := os.WriteFile(filepath.Join(dir, "hosts"), []byte(hosts), 0o644); err != nil {
 		return nil, err
 	}
-	if err := rec.save(dir); err != nil {
+	if err := sb.save(); err != nil {
 		return nil, err
 	}
 	return agentlink.Listen(filepath.Join(e.runDir(rec.ID), "edge.sock"), e.log)
@@ -177,7 +191,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	rec := sb.rec
-	link, err := e.prepareDir(rec)
+	link, err := e.prepareDir(sb)
 	if err != nil {
 		return err
 	}
@@ -192,7 +206,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 		return err
 	}
 	rec.Handle = h
-	if err := rec.save(sb.dir); err != nil {
+	if err := sb.save(); err != nil {
 		return err
 	}
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
@@ -214,7 +228,7 @@ func (e *Edge) running(ctx context.Context, sb *sandbox) error {
 	}
 	sb.rec.State = stateRunning
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
-	return sb.rec.save(sb.dir)
+	return sb.save()
 }
 
 func consoleTail(dir string) string {
@@ -242,7 +256,7 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	if sb.rec.Handle != nil || sb.rec.State != stateCreating {
 		if err := sb.be.Destroy(ctx, sb.id); err != nil {
 			sb.rec.Message = "removal failed: " + err.Error()
-			sb.rec.save(sb.dir) //nolint:errcheck // best effort; the error is returned
+			sb.save() //nolint:errcheck // best effort; the error is returned
 			return fmt.Errorf("destroy sandbox %s: %w", sb.id, err)
 		}
 	}
@@ -269,7 +283,7 @@ func (e *Edge) destroy(ctx context.Context, sb *sandbox) error {
 		return nil // removed meanwhile
 	}
 	sb.rec.State = stateStopping
-	sb.rec.save(sb.dir) //nolint:errcheck // the removal below decides
+	sb.save() //nolint:errcheck // the removal below decides
 	err := e.removeLocked(ctx, sb)
 	if err == nil {
 		e.log.Info("sandbox removed", logging.SandboxID, sb.id)
@@ -319,14 +333,14 @@ func (e *Edge) Get(id, scope string) (*sandboxv1.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sb.snapshot(e.node), nil
+	return sb.snapshot(), nil
 }
 
 // List lists the sandboxes in scope, oldest first.
 func (e *Edge) List(scope string) []*sandboxv1.Sandbox {
 	var out []*sandboxv1.Sandbox
 	for _, sb := range e.all() {
-		s := sb.snapshot(e.node)
+		s := sb.snapshot()
 		if inScope(s.Project, scope) {
 			out = append(out, s)
 		}
@@ -351,8 +365,8 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	}
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
 	sb.rec.spec.TimeoutSeconds = seconds
-	if err := sb.rec.save(sb.dir); err != nil {
+	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	return sb.rec.proto(e.node), nil
+	return sb.snapshot(), nil
 }

@@ -29,14 +29,12 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	type key struct{ project, task, backend string }
 	groups := map[key]*usage{}
 	for _, sb := range e.all() {
-		sb.mu.Lock()
-		rec := sb.rec
-		k := key{rec.Project, rec.spec.Task, rec.spec.Backend}
+		v := sb.snapshot()
+		k := key{v.Project, v.Spec.Task, v.Spec.Backend}
 		if groups[k] == nil {
 			groups[k] = &usage{}
 		}
-		groups[k].add(rec.spec.Resources.CpuCores, rec.spec.Resources.MemoryMb, 1)
-		sb.mu.Unlock()
+		groups[k].add(v.Spec.Resources.CpuCores, v.Spec.Resources.MemoryMb, 1)
 	}
 	var total usage
 	for k, u := range groups {

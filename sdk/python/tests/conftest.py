@@ -1,0 +1,94 @@
+"""Fixtures: a running OpenDsec (started here with bin/dsec up unless
+DSEC_API_URL is already set) and a client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_env(path: Path) -> Dict[str, str]:
+    env: Dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            k, v = line[len("export ") :].split("=", 1)
+            env[k] = v
+    return env
+
+
+@pytest.fixture(scope="session")
+def dsec_env() -> Iterator[Dict[str, str]]:
+    """DSEC_API_URL and DSEC_API_KEY of a running cluster."""
+    if os.environ.get("DSEC_API_URL"):
+        yield {"DSEC_API_URL": os.environ["DSEC_API_URL"], "DSEC_API_KEY": os.environ.get("DSEC_API_KEY", "")}
+        return
+    dsec = REPO / "bin" / "dsec"
+    if not dsec.exists():
+        pytest.skip("bin/dsec not built (run make build) and DSEC_API_URL not set")
+    images = Path(os.environ.get("DSEC_TEST_IMAGE_STORE", REPO / ".cache" / "images"))
+    state = Path(tempfile.mkdtemp(prefix="dsec-sdk-test-"))
+    log = open(state / "dsec.log", "w")
+    proc = subprocess.Popen(
+        [str(dsec), "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{_free_port()}", "--image-store", str(images)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    env_file = state / "client.env"
+    deadline = time.time() + 30
+    while not env_file.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            log.close()
+            raise RuntimeError("dsec up did not start: " + (state / "dsec.log").read_text())
+        time.sleep(0.05)
+    env = _read_env(env_file)
+    try:
+        yield env
+    finally:
+        # Remove every sandbox the tests left, then stop the cluster.
+        subprocess.run([str(dsec), "stop", "--all"], env={**os.environ, **env}, capture_output=True)
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def images(dsec_env: Dict[str, str]) -> set:
+    """Names of the images the test cluster has."""
+    out = subprocess.run([str(REPO / "bin" / "dsec"), "image", "ls"], env={**os.environ, **dsec_env}, capture_output=True, text=True)
+    return {line.split()[0] for line in out.stdout.splitlines()[1:] if line.strip()}
+
+
+@pytest.fixture
+async def client(dsec_env: Dict[str, str]):
+    from opendsec import DSecClient
+
+    async with DSecClient(dsec_env["DSEC_API_URL"], dsec_env["DSEC_API_KEY"]) as c:
+        yield c
+
+
+@pytest.fixture
+async def sandbox(client, images):
+    from opendsec import DSecRunArgs
+
+    image = "root/py:3.11" if "root/py:3.11" in images else "root/busybox:latest"
+    sb = await client.run_sandbox(DSecRunArgs(backend="container", image=image, cpu_cores_limit=1, memory_limit_mb=512))
+    yield sb
+    try:
+        await sb.stop()
+    except Exception:
+        pass

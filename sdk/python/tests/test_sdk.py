@@ -1,0 +1,157 @@
+"""The SDK against a real cluster with the container backend."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opendsec import (
+    AuthenticationError,
+    DSecClient,
+    DSecRunArgs,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_quickstart_prints_42(dsec_env, images):
+    """The README's program, unchanged, prints 42."""
+    if "root/py:3.11" not in images:
+        pytest.skip("root/py:3.11 not built (make images)")
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "quickstart.py")],
+        env={**os.environ, **dsec_env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "42"
+
+
+async def test_run_shell_outputs_and_exit_codes(sandbox):
+    r = await sandbox.run_shell("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
+    r = await sandbox.run_shell("no-such-command-here")
+    assert r.exit_code == 127 and "not found" in r.stderr
+    r = await sandbox.run(["definitely-missing"])
+    assert r.exit_code == 127 and "command not found" in r.stderr
+    r = await sandbox.run(["cat"], stdin="piped in")
+    assert r.stdout == "piped in"
+    r = await sandbox.run_shell("pwd; echo $FOO", cwd="/tmp", env={"FOO": "bar"})
+    assert r.stdout == "/tmp\nbar\n"
+    r = await sandbox.run_shell("sleep 5", timeout=0.3)
+    assert r.timed_out and r.exit_code == 137
+    r = await sandbox.run(["yes"], timeout=0.5, max_output_bytes=1000)
+    assert len(r.stdout_bytes) == 1000 and r.stdout_dropped > 0
+
+
+async def test_files(sandbox):
+    entry = await sandbox.files.write("/root/dir/a.txt", "hello")
+    assert entry.name == "a.txt" and entry.size == 5 and entry.type == "file"
+    assert await sandbox.files.read_text("/root/dir/a.txt") == "hello"
+    big = os.urandom(20 << 20)  # more than one 8 MiB chunk
+    await sandbox.files.write("/root/big.bin", big)
+    assert await sandbox.files.read("/root/big.bin") == big
+    assert (await sandbox.run_shell("wc -c < /root/big.bin")).stdout.strip() == str(len(big))
+    await sandbox.files.make_dir("/root/dir/sub")
+    moved = await sandbox.files.rename("/root/dir/a.txt", "/root/dir/sub/b.txt")
+    assert moved.path == "/root/dir/sub/b.txt"
+    names = sorted(e.path for e in await sandbox.files.list("/root/dir", depth=2))
+    assert names == ["/root/dir/sub", "/root/dir/sub/b.txt"]
+    with pytest.raises(FailedPreconditionError):
+        await sandbox.files.remove("/root/dir")
+    await sandbox.files.remove("/root/dir", recursive=True)
+    assert not await sandbox.files.exists("/root/dir")
+    with pytest.raises(NotFoundError):
+        await sandbox.files.read("/root/nope")
+
+
+async def test_streaming_exec_stdin_and_kill(sandbox):
+    proc = await sandbox.exec("for i in 1 2 3; do echo line $i; sleep 0.1; done")
+    chunks = [c.text async for c in proc]
+    assert "".join(chunks) == "line 1\nline 2\nline 3\n"
+    assert proc.exit_code == 0
+    cat = await sandbox.exec(["cat"], stdin=True)
+    await cat.send_input("to cat\n")
+    await cat.close_stdin()
+    res = await cat.wait()
+    assert res.stdout == "to cat\n" and res.exit_code == 0
+    sleeper = await sandbox.exec(["sleep", "60"], tag="sleeper")
+    listed = {p.pid: p for p in await sandbox.list_processes()}
+    assert listed[sleeper.pid].managed and listed[sleeper.pid].tag == "sleeper"
+    await sleeper.kill()
+    res = await sleeper.wait()
+    assert res.exit_code == 137
+
+
+async def test_pty(sandbox):
+    term = await sandbox.pty("/bin/sh", cols=100, rows=30)
+    await term.resize(120, 40)
+    await term.send_input("stty size; exit 4\n")
+    out = b""
+    async for chunk in term:
+        assert chunk.stream == "pty"
+        out += chunk.data
+    assert b"40 120" in out and term.exit_code == 4
+
+
+async def test_session_keeps_state(sandbox):
+    s = await sandbox.session(cwd="/tmp")
+    await s.run("cd / && export GREETING=hello && alias ll='ls -l' 2>/dev/null; sleep 30 &")
+    r = await s.run("echo $GREETING; pwd; jobs | wc -l")
+    assert r.stdout.split() == ["hello", "/", "1"]
+    assert r.cwd == "/"
+    r = await s.run("sleep 10", timeout=0.3)
+    assert r.timed_out
+    r = await s.run("echo $GREETING")
+    assert r.stdout == "hello\n"
+    data, nxt, first = await s.output()
+    assert b"$ echo $GREETING\nhello\n" in data and nxt > 0 and first == 0
+    await s.close()
+
+
+async def test_pause_resume(sandbox):
+    await sandbox.run_shell("echo kept > /tmp/p")
+    await sandbox.pause()
+    assert (await sandbox.refresh()).state == "paused"
+    # Any call resumes it first.
+    r = await sandbox.run_shell("cat /tmp/p")
+    assert r.stdout == "kept\n"
+    assert (await sandbox.refresh()).state == "running"
+
+
+async def test_bad_input_is_clear(client, dsec_env):
+    with pytest.raises(InvalidArgumentError) as e:
+        await client.run_sandbox(DSecRunArgs(backend="firecracker", image="root/busybox:latest"))
+    assert "backend" in e.value.message and "container" in e.value.message
+    with pytest.raises(InvalidArgumentError) as e:
+        await client.run_sandbox(DSecRunArgs(image="not a valid name"))
+    assert "image" in e.value.message
+    with pytest.raises(NotFoundError):
+        await client.run_sandbox(DSecRunArgs(image="root/does-not-exist:1"))
+    with pytest.raises(InvalidArgumentError) as e:
+        await client.run_sandbox(DSecRunArgs(image="root/busybox:latest", memory_limit_mb=10 << 20))
+    assert "resources.memory_mb" in e.value.message
+    async with DSecClient(dsec_env["DSEC_API_URL"], "dsec_wrong") as bad:
+        with pytest.raises(AuthenticationError):
+            await bad.list_sandboxes()
+    with pytest.raises(NotFoundError):
+        await (await client.get_sandbox("aaaaaaaa-aaaaaaaaaaaaaaaa")).stop()
+
+
+async def test_many_at_once(client):
+    sbs = await asyncio.gather(*(client.run_sandbox(DSecRunArgs(image="root/busybox:latest", cpu_cores_limit=0.2, memory_limit_mb=64)) for _ in range(4)))
+    outs = await asyncio.gather(*(sb.run_shell("hostname") for sb in sbs))
+    assert [o.stdout.strip() for o in outs] == [sb.id for sb in sbs]
+    listed = {s.id for s in await client.list_sandboxes()}
+    assert {sb.id for sb in sbs} <= listed
+    await asyncio.gather(*(sb.stop() for sb in sbs))
