@@ -34,6 +34,16 @@ func (f *inflight) add(node, project string, res placement.Resources) uint64 {
 	return f.next
 }
 
+// released records a removal this apiserver made, subtracted from usage
+// until a poll shows it.
+func (f *inflight) released(node, project string, res placement.Resources) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.next++
+	neg := placement.Resources{Sandboxes: -res.Sandboxes, CPUCores: -res.CPUCores, MemoryMB: -res.MemoryMB}
+	f.entries[f.next] = &inflightEntry{node: node, project: project, res: neg, sentAt: time.Now(), done: true}
+}
+
 // finish marks a placement done; a failed one is dropped at once.
 func (f *inflight) finish(id uint64, ok bool) {
 	f.mu.Lock()

@@ -1,20 +1,66 @@
 package apiserver
 
 import (
+	"context"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 
 	"connectrpc.com/connect"
 
+	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 )
+
+// routeKey carries the chosen edge and scope from the handler to the proxy.
+type routeKey struct{}
+
+type route struct {
+	edge  *edgeclient.Conn
+	scope string
+}
+
+// viaEdge sends a request over the chosen edge's connection pool.
+type viaEdge struct{}
+
+func (viaEdge) RoundTrip(r *http.Request) (*http.Response, error) {
+	return r.Context().Value(routeKey{}).(route).edge.HTTP.Transport.RoundTrip(r)
+}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v := b.p.Get(); v != nil {
+		return *v.(*[]byte)
+	}
+	return make([]byte, 32*1024)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // agentProxy authenticates an agent RPC and forwards it to the edge that
 // owns the sandbox, adding the caller's project scope.
 func (s *Server) agentProxy() http.Handler {
 	ew := connect.NewErrorWriter()
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			rt := pr.In.Context().Value(routeKey{}).(route)
+			target, _ := url.Parse(rt.edge.BaseURL)
+			pr.SetURL(target)
+			pr.Out.Header.Set(headers.Scope, rt.scope)
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("X-API-Key")
+		},
+		Transport:     viaEdge{},
+		FlushInterval: -1,
+		BufferPool:    &bufferPool{},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			rt := r.Context().Value(routeKey{}).(route)
+			ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("edge %s: %v", rt.edge.Addr, err))) //nolint:errcheck // the client went away
+		},
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.authenticate(r.Header)
 		if err != nil {
@@ -31,20 +77,6 @@ func (s *Server) agentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		target, _ := url.Parse(c.BaseURL)
-		proxy := &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(target)
-				pr.Out.Header.Set(headers.Scope, p.Project)
-				pr.Out.Header.Del("Authorization")
-				pr.Out.Header.Del("X-API-Key")
-			},
-			Transport:     c.HTTP.Transport,
-			FlushInterval: -1,
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("edge %s: %v", c.Addr, err))) //nolint:errcheck // the client went away
-			},
-		}
-		proxy.ServeHTTP(w, r)
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, route{edge: c, scope: p.Project})))
 	})
 }

@@ -336,8 +336,13 @@ func (h *sandboxService) StopSandbox(ctx context.Context, req *connect.Request[s
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Edge.DestroySandbox(ctx, connect.NewRequest(&edgev1.DestroySandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project})); err != nil {
+	resp, err := c.Edge.DestroySandbox(ctx, connect.NewRequest(&edgev1.DestroySandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	if err != nil {
 		return nil, err
+	}
+	if sb := resp.Msg.Sandbox; sb != nil {
+		r := sb.Spec.GetResources()
+		h.s.inflight.released(sb.NodeId, sb.Project, placement.Resources{Sandboxes: 1, CPUCores: r.GetCpuCores(), MemoryMB: r.GetMemoryMb()})
 	}
 	return connect.NewResponse(&sandboxv1.StopSandboxResponse{}), nil
 }

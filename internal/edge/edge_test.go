@@ -133,13 +133,13 @@ func TestCreateExecDestroy(t *testing.T) {
 	if st := f.edge.Status(); st.Allocated.Sandboxes != 1 || len(st.Groups) != 1 || st.Groups[0].Project != "root/team" {
 		t.Fatalf("status: %+v", st)
 	}
-	if err := f.edge.Destroy(ctx, sb.Id, "root"); err != nil {
+	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(f.edge.sandboxDir(sandboxIDOf(sb))); !os.IsNotExist(err) {
 		t.Fatalf("sandbox directory left: %v", err)
 	}
-	if err := f.edge.Destroy(ctx, sb.Id, "root"); !errdefs.IsNotFound(err) {
+	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); !errdefs.IsNotFound(err) {
 		t.Fatalf("second destroy: %v", err)
 	}
 	if st := f.edge.Status(); st.Allocated.Sandboxes != 0 || st.Allocated.CpuCores != 0 {

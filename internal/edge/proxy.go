@@ -1,9 +1,11 @@
 package edge
 
 import (
+	"context"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -12,11 +14,50 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
+type linkKey struct{}
+
+// viaLink sends a request over the agent link put in its context.
+type viaLink struct{}
+
+func (viaLink) RoundTrip(r *http.Request) (*http.Response, error) {
+	return r.Context().Value(linkKey{}).(http.RoundTripper).RoundTrip(r)
+}
+
+// bufferPool lends the proxies their copy buffers.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v := b.p.Get(); v != nil {
+		return *v.(*[]byte)
+	}
+	return make([]byte, 32*1024)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+
 // AgentProxy forwards agent RPCs to the sandbox named in the request header,
 // resuming it first if it is paused.
 func (e *Edge) AgentProxy() http.Handler {
 	ew := connect.NewErrorWriter()
 	agentURL := &url.URL{Scheme: "http", Host: "agent"}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(agentURL)
+			pr.Out.Host = "agent"
+			pr.Out.Header.Del(headers.Scope)
+			pr.Out.Header.Del(headers.SandboxID)
+		},
+		Transport:     viaLink{},
+		FlushInterval: -1,
+		BufferPool:    &bufferPool{},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			id := r.Header.Get(headers.SandboxID)
+			if r.Context().Err() == nil {
+				e.log.Warn("agent call failed", logging.SandboxID, id, logging.Error, err)
+			}
+			ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: agent unreachable: %v", id, err))) //nolint:errcheck // the client went away
+		},
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sb, err := e.lookup(r.Header.Get(headers.SandboxID), r.Header.Get(headers.Scope))
 		if err != nil {
@@ -28,22 +69,6 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		proxy := &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(agentURL)
-				pr.Out.Host = "agent"
-				pr.Out.Header.Del(headers.Scope)
-				pr.Out.Header.Del(headers.SandboxID)
-			},
-			Transport:     rt,
-			FlushInterval: -1,
-			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				if r.Context().Err() == nil {
-					e.log.Warn("agent call failed", logging.SandboxID, sb.id, logging.Error, err)
-				}
-				ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: agent unreachable: %v", sb.id, err))) //nolint:errcheck // the client went away
-			},
-		}
-		proxy.ServeHTTP(w, r)
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), linkKey{}, rt)))
 	})
 }

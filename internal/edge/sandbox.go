@@ -291,13 +291,17 @@ func (e *Edge) destroy(ctx context.Context, sb *sandbox) error {
 	return err
 }
 
-// Destroy stops and removes a sandbox the caller may see.
-func (e *Edge) Destroy(ctx context.Context, id, scope string) error {
+// Destroy stops and removes a sandbox the caller may see, and returns its
+// last description.
+func (e *Edge) Destroy(ctx context.Context, id, scope string) (*sandboxv1.Sandbox, error) {
 	sb, err := e.lookup(id, scope)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return e.destroy(ctx, sb)
+	if err := e.destroy(ctx, sb); err != nil {
+		return nil, err
+	}
+	return sb.snapshot(), nil
 }
 
 // DestroyAll removes every sandbox in scope and returns how many.

@@ -55,10 +55,11 @@ func (s *server) ListSandboxes(ctx context.Context, req *connect.Request[edgev1.
 }
 
 func (s *server) DestroySandbox(ctx context.Context, req *connect.Request[edgev1.DestroySandboxRequest]) (*connect.Response[edgev1.DestroySandboxResponse], error) {
-	if err := s.e.Destroy(ctx, req.Msg.SandboxId, req.Msg.Scope); err != nil {
+	sb, err := s.e.Destroy(ctx, req.Msg.SandboxId, req.Msg.Scope)
+	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&edgev1.DestroySandboxResponse{}), nil
+	return connect.NewResponse(&edgev1.DestroySandboxResponse{Sandbox: sb}), nil
 }
 
 func (s *server) SetSandboxTimeout(ctx context.Context, req *connect.Request[edgev1.SetSandboxTimeoutRequest]) (*connect.Response[edgev1.SetSandboxTimeoutResponse], error) {

@@ -2,8 +2,10 @@
 // that are healthy, run the backend and could ever hold the sandbox, then
 // power-of-k: sample k of those with room, overlay this apiserver's own
 // in-flight placements, and rank the sample by load, least loaded first.
-// The rest follow as fallbacks for when an edge rejects. Place is pure: no
-// I/O, no clock; randomness comes in.
+// The rest follow as fallbacks for when an edge rejects, and after them the
+// nodes that look full: the view may be stale, and the edge has the final
+// say on admission [paper]. Place is pure: no I/O, no clock; randomness
+// comes in.
 package placement
 
 import (
@@ -67,7 +69,7 @@ func Place(nodes []Node, inflight map[string]Resources, r Request, k int, rng *r
 	if k < 1 {
 		k = DefaultK
 	}
-	var healthy, withBackend, sized, roomy []*Node
+	var healthy, withBackend, sized, roomy, full []*Node
 	var reasons []string
 	for i := range nodes {
 		n := &nodes[i]
@@ -90,6 +92,8 @@ func Place(nodes []Node, inflight map[string]Resources, r Request, k int, rng *r
 		f := n.free(inflight[n.ID])
 		if f.Sandboxes >= r.Count && f.CPUCores+1e-9 >= r.CPUCores*float64(r.Count) && f.MemoryMB >= r.MemoryMB*r.Count {
 			roomy = append(roomy, n)
+		} else {
+			full = append(full, n)
 		}
 	}
 	switch {
@@ -109,8 +113,6 @@ func Place(nodes []Node, inflight map[string]Resources, r Request, k int, rng *r
 			return nil, errdefs.InvalidArgument("resources.cpu_cores %g: over the node capacity (%g cores at most)", r.CPUCores, maxCPU)
 		}
 		return nil, errdefs.InvalidArgument("resources.memory_mb %d: over the node capacity (%d MiB at most)", r.MemoryMB, maxMem)
-	case len(roomy) == 0:
-		return nil, errdefs.ResourceExhausted("no node has room for %d sandbox(es) of %g cores and %d MiB of %s now", r.Count, r.CPUCores, r.MemoryMB, r.Backend)
 	}
 	// Sample k without replacement, rank the sample, then the rest.
 	rng.Shuffle(len(roomy), func(i, j int) { roomy[i], roomy[j] = roomy[j], roomy[i] })
@@ -121,8 +123,9 @@ func Place(nodes []Node, inflight map[string]Resources, r Request, k int, rng *r
 	sample, rest := roomy[:k], roomy[k:]
 	byLoad(sample)
 	byLoad(rest)
-	out := make([]string, 0, len(roomy))
-	for _, n := range append(sample, rest...) {
+	byLoad(full)
+	out := make([]string, 0, len(sized))
+	for _, n := range append(append(sample, rest...), full...) {
 		out = append(out, n.ID)
 	}
 	return out, nil

@@ -188,7 +188,7 @@ func notExist(out []byte) bool {
 
 func cgroupsPath(id sandboxid.ID) string { return cgroupParent + "/" + string(id) }
 
-// Create mounts the rootfs, writes the bundle and creates the container.
+// Create mounts the rootfs and writes the bundle; Start runs it.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
 	layout := rootfs.LayoutIn(spec.Dir)
 	if err := rootfs.Mount(spec.Layers, layout); err != nil {
@@ -207,22 +207,6 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := os.WriteFile(filepath.Join(spec.Dir, "config.json"), cfg, 0o600); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(spec.Dir, "console.log")
-	console, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer console.Close()
-	cmd := exec.CommandContext(ctx, b.runtime, "--root", b.root, "create", "--bundle", spec.Dir, "--pid-file", filepath.Join(spec.Dir, "init.pid"), string(spec.ID))
-	// The container inherits these: files, never pipes, or the runtime and
-	// anyone reading the pipe would wait for the container to exit.
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, console, console
-	// Its own session: a signal to the edge's process group must not reach
-	// the sandbox, which outlives the edge.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s create: %w: %s", b.runtime, err, tail(logPath, 2048))
-	}
 	state, _ := json.Marshal(handleState{Dir: spec.Dir, Runtime: b.runtime})
 	b.mu.Lock()
 	b.boxes[spec.ID] = &box{dir: spec.Dir}
@@ -231,10 +215,32 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
 }
 
-// Start starts the agent.
+// Start runs the bundle (`run --detach`: one runtime call instead of
+// create + start).
 func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
-	_, err := b.run(ctx, "start", string(id))
-	return err
+	b.mu.Lock()
+	bx := b.boxes[id]
+	b.mu.Unlock()
+	if bx == nil {
+		return errdefs.NotFound("sandbox %s: not created", id)
+	}
+	logPath := filepath.Join(bx.dir, "console.log")
+	console, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer console.Close()
+	cmd := exec.CommandContext(ctx, b.runtime, "--root", b.root, "run", "--detach", "--bundle", bx.dir, "--pid-file", filepath.Join(bx.dir, "init.pid"), string(id))
+	// The container inherits these: files, never pipes, or the runtime and
+	// anyone reading the pipe would wait for the container to exit.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, console, console
+	// Its own session: a signal to the edge's process group must not reach
+	// the sandbox, which outlives the edge.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s run: %w: %s", b.runtime, err, tail(logPath, 2048))
+	}
+	return nil
 }
 
 // Stop sends SIGTERM, then SIGKILL after grace.

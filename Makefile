@@ -1,0 +1,91 @@
+# OpenDsec. Two commands on a fresh machine (as root, Debian 12):
+#   make quickstart   install packages, build, start `dsec up`, build images, run examples/quickstart.py
+#   make test         everything CI runs
+SHELL := /bin/bash
+CACHE := $(CURDIR)/.cache
+STATE ?= $(CURDIR)/.state
+LISTEN ?= 127.0.0.1:7070
+VENV := $(CACHE)/venv
+GOBIN_DIR := $(CACHE)/bin
+BUF_VERSION := v1.75.0
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_CONNECT_VERSION := v1.21.1
+GO_TEST_FLAGS ?= -race -count=1 -timeout 20m
+export PATH := $(GOBIN_DIR):$(PATH)
+
+.PHONY: all deps build images venv quickstart up down test test-go test-python check-generated generate lint bench fuzz clean
+
+all: build
+
+deps:
+	./scripts/install-deps.sh
+
+build:
+	go build -trimpath -o bin/dsec ./cmd/dsec
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/aether ./cmd/aether
+
+# Base images, built offline-capably: the Debian packages are kept in
+# .cache/debootstrap, the images in .cache/images (the image store dsec up uses).
+images: build
+	@test -e $(CACHE)/images/refs/root/busybox/latest || ./bin/dsec image build busybox --store $(CACHE)/images
+	@test -e $(CACHE)/images/refs/root/py/3.11 || ./bin/dsec image build py --store $(CACHE)/images --cache-dir $(CACHE)
+
+venv:
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e './sdk/python[test]'
+
+# Starts dsec up in the background (log: $(STATE)/dsec.log); `make down` stops it.
+up: build
+	@if [ -f $(STATE)/dsec.pid ] && kill -0 $$(cat $(STATE)/dsec.pid) 2>/dev/null; then echo "dsec up already running (pid $$(cat $(STATE)/dsec.pid))"; else \
+		mkdir -p $(STATE); rm -f $(STATE)/client.env.ready; \
+		nohup ./bin/dsec up --state-dir $(STATE) --listen $(LISTEN) --image-store $(CACHE)/images > $(STATE)/dsec.log 2>&1 & echo $$! > $(STATE)/dsec.pid; \
+		for i in $$(seq 1 100); do grep -q "opendsec is up" $(STATE)/dsec.log 2>/dev/null && break; sleep 0.1; done; \
+		grep -q "opendsec is up" $(STATE)/dsec.log || { cat $(STATE)/dsec.log; exit 1; }; \
+		echo "dsec up running (pid $$(cat $(STATE)/dsec.pid)); settings in $(STATE)/client.env"; fi
+
+down:
+	@if [ -f $(STATE)/dsec.pid ]; then kill $$(cat $(STATE)/dsec.pid) 2>/dev/null || true; rm -f $(STATE)/dsec.pid; echo "stopped dsec up (sandboxes keep running; the next make up re-attaches them)"; fi
+
+quickstart: deps build images venv up
+	source $(STATE)/client.env && $(VENV)/bin/python examples/quickstart.py
+
+test: deps build images venv check-generated lint test-go test-python
+
+test-go:
+	go test $(GO_TEST_FLAGS) ./...
+
+test-python: build images venv
+	DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(VENV)/bin/python -m pytest -q sdk/python/tests
+
+tools:
+	@test -x $(GOBIN_DIR)/buf || GOBIN=$(GOBIN_DIR) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	@test -x $(GOBIN_DIR)/protoc-gen-go || GOBIN=$(GOBIN_DIR) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@test -x $(GOBIN_DIR)/protoc-gen-connect-go || GOBIN=$(GOBIN_DIR) go install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_VERSION)
+
+generate: tools
+	buf lint
+	buf generate
+
+# The committed generated code must match the protos.
+check-generated: tools
+	@rm -rf $(CACHE)/gencheck && mkdir -p $(CACHE)/gencheck
+	@buf generate --template buf.gen.yaml -o $(CACHE)/gencheck
+	@diff -r api/gen $(CACHE)/gencheck/api/gen >/dev/null || { echo "api/gen is stale: run make generate"; diff -r api/gen $(CACHE)/gencheck/api/gen | head -20; exit 1; }
+	@echo "generated code is fresh"
+
+lint: tools
+	buf lint
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	go vet ./...
+
+bench: build images
+	go run ./bench/create --store $(CACHE)/images
+
+FUZZTIME ?= 30s
+fuzz:
+	@for spec in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs grep -H '^func Fuzz' | sed -E 's#^\./(.*)/[^/]+_test.go:func (Fuzz[A-Za-z]+).*#\1:\2#'); do \
+		pkg=$${spec%%:*}; fn=$${spec##*:}; echo "== $$pkg $$fn"; \
+		go test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg || exit 1; done
+
+clean:
+	rm -rf bin $(CACHE)/gencheck
