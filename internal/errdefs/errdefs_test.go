@@ -1,0 +1,35 @@
+package errdefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"connectrpc.com/connect"
+)
+
+func TestRoundTripThroughConnect(t *testing.T) {
+	for _, c := range classes {
+		err := fmt.Errorf("outer: %w", Wrap(c.class, errors.New("cause"), "field x: bad"))
+		ce := ToConnect(err).(*connect.Error)
+		if ce.Code() != c.code {
+			t.Errorf("%v: code %v, want %v", c.class, ce.Code(), c.code)
+		}
+		back := FromConnect(ce)
+		if !errors.Is(back, c.class) {
+			t.Errorf("%v did not survive the round trip: %v", c.class, back)
+		}
+	}
+	if Code(context.DeadlineExceeded) != connect.CodeDeadlineExceeded || Code(errors.New("x")) != connect.CodeInternal {
+		t.Fatal("unclassified errors")
+	}
+	// A Connect error passes through proxies unchanged.
+	orig := connect.NewError(connect.CodeNotFound, errors.New("gone"))
+	if ToConnect(orig) != orig {
+		t.Fatal("connect error rewrapped")
+	}
+	if got := NotFound("sandbox %s: no such sandbox", "x").Error(); got != "sandbox x: no such sandbox" {
+		t.Fatalf("message %q", got)
+	}
+}
