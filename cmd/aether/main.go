@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -29,6 +30,15 @@ func main() {
 	if *verbose {
 		level = slog.LevelDebug
 	}
+	// Debug knob (unstable): SIGUSR2 writes every goroutine's stack to
+	// stderr (the container backend's console.log) without stopping.
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	go func() {
+		for range usr2 {
+			pprof.Lookup("goroutine").WriteTo(os.Stderr, 2) //nolint:errcheck // diagnostics only
+		}
+	}()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, *socket, logging.New("text", level)); err != nil {

@@ -84,6 +84,9 @@ func (l *Link) acceptLoop(ln net.Listener) {
 			return
 		}
 		old := l.cur
+		if old != nil && old.alive() {
+			l.log.Warn("agent connected again while its connection was alive; replacing it", "path", l.path)
+		}
 		l.cur = ac
 		close(l.changed)
 		l.changed = make(chan struct{})

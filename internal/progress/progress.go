@@ -97,7 +97,11 @@ func render(stage string, done, total int64, elapsed time.Duration) string {
 	const width = 30
 	pct := min(done*100/total, 100)
 	fill := int(pct * width / 100)
-	return fmt.Sprintf("%s [%s%s] %3d%% %s/%s (%s)", stage, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), pct, human(done), human(total), secs)
+	amount := fmt.Sprintf("%s/%s", human(done), human(total))
+	if total < 64<<10 {
+		amount = fmt.Sprintf("%d/%d", done, total) // steps, or a small byte count
+	}
+	return fmt.Sprintf("%s [%s%s] %3d%% %s (%s)", stage, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), pct, amount, secs)
 }
 
 func human(n int64) string {

@@ -11,7 +11,7 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -35,7 +35,7 @@ func assertNoLeaks(t *testing.T, c *cluster, ids []string) {
 		t.Errorf("mounts left: %v", mounts)
 	}
 	for _, id := range ids {
-		if dirs := container.CgroupDirs(id); len(dirs) != 0 {
+		if dirs := oci.CgroupDirs(id); len(dirs) != 0 {
 			t.Errorf("cgroups left: %v", dirs)
 		}
 		out, _ := exec.Command("ps", "-eo", "args").Output()

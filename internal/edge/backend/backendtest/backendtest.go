@@ -20,6 +20,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // Env is what the suite needs besides the backend.
@@ -69,7 +70,7 @@ func NewSpec(t *testing.T, env Env, node sandboxid.NodeID) *backend.Spec {
 // Attach opens the agent link for spec and returns clients.
 func Attach(t *testing.T, spec *backend.Spec) *Sandbox {
 	t.Helper()
-	link, err := agentlink.Listen(filepath.Join(spec.RunDir, "edge.sock"), nil)
+	link, err := agentlink.Listen(filepath.Join(spec.RunDir, "edge.sock"), testutil.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

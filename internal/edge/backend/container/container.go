@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -30,9 +31,6 @@ import (
 
 // Name is the backend's name in requests.
 const Name = "container"
-
-// cgroupParent is where sandbox cgroups live in every v1 hierarchy.
-const cgroupParent = "/opendsec"
 
 // Backend runs sandboxes with crun or runc.
 type Backend struct {
@@ -116,7 +114,7 @@ func (b *Backend) Probe(ctx context.Context) error {
 		return errdefs.FailedPrecondition("container backend: needs root")
 	}
 	if b.runtime == "crun" {
-		if err := fixHybridCgroups(b.log); err != nil {
+		if err := oci.FixHybridCgroups(b.log); err != nil {
 			return err
 		}
 	}
@@ -186,7 +184,7 @@ func notExist(out []byte) bool {
 	return strings.Contains(s, "does not exist") || strings.Contains(s, "No such file") || strings.Contains(s, "not found")
 }
 
-func cgroupsPath(id sandboxid.ID) string { return cgroupParent + "/" + string(id) }
+func cgroupsPath(id sandboxid.ID) string { return oci.CgroupsPath(string(id)) }
 
 // Create mounts the rootfs and writes the bundle; Start runs it.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
@@ -200,7 +198,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 			b.cleanup(context.WithoutCancel(ctx), spec.ID, spec.Dir)
 		}
 	}()
-	cfg, err := json.MarshalIndent(runtimeSpec(spec, cgroupsPath(spec.ID), b.protectAgent, b.nofile), "", " ")
+	cfg, err := json.MarshalIndent(oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath(spec.ID), ProtectAgent: b.protectAgent, NoFile: b.nofile}), "", " ")
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +285,7 @@ func (b *Backend) cleanup(ctx context.Context, id sandboxid.ID, dir string) erro
 	if out, err := b.run(ctx, "delete", "--force", string(id)); err != nil && !notExist(out) {
 		errs = append(errs, err)
 	}
-	if err := removeCgroups(cgroupsPath(id)); err != nil {
+	if err := oci.RemoveCgroups(cgroupsPath(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if dir != "" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -84,7 +85,7 @@ func TestLimitsAppliedAndNothingLeaks(t *testing.T) {
 	if err := b.Destroy(ctx, spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if dirs := CgroupDirs(string(spec.ID)); len(dirs) != 0 {
+	if dirs := oci.CgroupDirs(string(spec.ID)); len(dirs) != 0 {
 		t.Errorf("cgroups left: %v", dirs)
 	}
 	if mounts, _ := rootfs.MountsUnder(spec.Dir); len(mounts) != 0 {

@@ -1,4 +1,4 @@
-package container
+package oci
 
 import (
 	"errors"
@@ -9,17 +9,63 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 const cgroupRoot = "/sys/fs/cgroup"
 
-// fixHybridCgroups makes a hybrid (v1 + v2) host usable by crun, which
+// CgroupParent is where sandbox cgroups live in every v1 hierarchy.
+const CgroupParent = "/opendsec"
+
+// CgroupsPath is a sandbox's cgroup below every hierarchy.
+func CgroupsPath(id string) string { return CgroupParent + "/" + id }
+
+// freezerState is the freezer file of a sandbox's cgroup.
+func freezerState(id string) string {
+	return filepath.Join(cgroupRoot, "freezer", CgroupParent, id, "freezer.state")
+}
+
+// Freeze stops every process of the sandbox's cgroup and waits until the
+// kernel reports them frozen.
+func Freeze(id string) error {
+	p := freezerState(id)
+	if err := os.WriteFile(p, []byte("FROZEN"), 0o644); err != nil {
+		return fmt.Errorf("freeze %s: %w", id, err)
+	}
+	for i := 0; i < 500; i++ {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(data)) == "FROZEN" {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return fmt.Errorf("freeze %s: still freezing after 1s", id)
+}
+
+// Thaw lets a frozen cgroup run again.
+func Thaw(id string) error {
+	if err := os.WriteFile(freezerState(id), []byte("THAWED"), 0o644); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("thaw %s: %w", id, err)
+	}
+	return nil
+}
+
+// Frozen reports whether the sandbox's cgroup is frozen.
+func Frozen(id string) bool {
+	data, err := os.ReadFile(freezerState(id))
+	return err == nil && strings.TrimSpace(string(data)) != "THAWED"
+}
+
+// FixHybridCgroups makes a hybrid (v1 + v2) host usable by crun, which
 // refuses to run while any controller is attached to the v2 hierarchy. On
 // Debian 12 that is hugetlb, because no v1 hierarchy mounts it; mounting one
 // moves it off v2. This changes the host until reboot and is logged.
-func fixHybridCgroups(log *slog.Logger) error {
+func FixHybridCgroups(log *slog.Logger) error {
 	unified := filepath.Join(cgroupRoot, "unified", "cgroup.controllers")
 	data, err := os.ReadFile(unified)
 	if err != nil {
@@ -46,9 +92,9 @@ func fixError(controllers []string, err error) error {
 	return errdefs.FailedPrecondition("container backend: crun refuses hybrid cgroups while %v are on cgroup v2, and mounting them as v1 failed (%v); mount them by hand (mkdir /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb) or use runtime=runc", controllers, err)
 }
 
-// removeCgroups removes rel (e.g. "/opendsec/ID") from every hierarchy, in
+// RemoveCgroups removes rel (e.g. "/opendsec/ID") from every hierarchy, in
 // case the runtime left it behind.
-func removeCgroups(rel string) error {
+func RemoveCgroups(rel string) error {
 	ents, err := os.ReadDir(cgroupRoot)
 	if err != nil {
 		return nil
@@ -69,7 +115,7 @@ func CgroupDirs(id string) []string {
 	ents, _ := os.ReadDir(cgroupRoot)
 	var out []string
 	for _, e := range ents {
-		dir := filepath.Join(cgroupRoot, e.Name(), cgroupParent, id)
+		dir := filepath.Join(cgroupRoot, e.Name(), CgroupParent, id)
 		if _, err := os.Stat(dir); err == nil {
 			out = append(out, dir)
 		}

@@ -1,4 +1,6 @@
-package container
+// Package oci builds OCI runtime bundles and manages cgroup v1 directories
+// for the backends that run through an OCI runtime (crun, runc, runsc).
+package oci
 
 import (
 	"path/filepath"
@@ -8,9 +10,9 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 )
 
-// defaultCaps is Docker's default capability set: enough for package
+// DefaultCaps is Docker's default capability set: enough for package
 // managers, sudo and servers on low ports; no CAP_SYS_ADMIN.
-var defaultCaps = []string{
+var DefaultCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
 	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
@@ -27,12 +29,33 @@ const cpuPeriod = 100000
 // children to 0.
 const agentOOMScore = -999
 
-// runtimeSpec builds the OCI runtime config for a sandbox.
-func runtimeSpec(spec *backend.Spec, cgroupsPath string, protectAgent bool, nofile uint64) *rspec.Spec {
+// Options are what differs between backends.
+type Options struct {
+	CgroupsPath string
+	// Caps of the agent and its children.
+	Caps []string
+	// ProtectAgent lowers the agent's OOM score (needs CAP_SYS_RESOURCE).
+	ProtectAgent bool
+	// NoFile is RLIMIT_NOFILE.
+	NoFile uint64
+}
+
+// RuntimeSpec builds the OCI runtime config for a sandbox: the agent as the
+// first process, the agent binary, run directory and hosts file bind-mounted
+// read-only, new PID/IPC/UTS/mount/network namespaces, the usual masked and
+// read-only /proc paths, and cgroup limits from the request.
+func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 	var oom *int
-	if protectAgent {
+	if o.ProtectAgent {
 		v := agentOOMScore
 		oom = &v
+	}
+	nofile, cgroupsPath, caps := o.NoFile, o.CgroupsPath, o.Caps
+	if nofile == 0 {
+		nofile = 1 << 20
+	}
+	if caps == nil {
+		caps = DefaultCaps
 	}
 	quota := int64(spec.CPUCores * cpuPeriod)
 	period := uint64(cpuPeriod)
@@ -49,7 +72,7 @@ func runtimeSpec(spec *backend.Spec, cgroupsPath string, protectAgent bool, nofi
 			User:        rspec.User{UID: 0, GID: 0},
 			OOMScoreAdj: oom,
 			Capabilities: &rspec.LinuxCapabilities{
-				Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps,
+				Bounding: caps, Effective: caps, Permitted: caps,
 			},
 			Rlimits: []rspec.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
 		},

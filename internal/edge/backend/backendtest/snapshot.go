@@ -1,0 +1,82 @@
+package backendtest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// RunSnapshot checks memory snapshots on a Snapshotter: state in memory
+// (a running process and its counter) and files written before the snapshot
+// are in the source and every copy afterwards; later writes stay private.
+func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
+	b := newBackend(t, t.TempDir())
+	sn, ok := b.(backend.Snapshotter)
+	if !ok || !b.Capabilities().Snapshot {
+		t.Skipf("backend %s cannot snapshot memory: %s", b.Name(), b.Capabilities().SnapshotUnavailable)
+	}
+	ctx := ctxFor(t, 3*time.Minute)
+	src := Start(t, b, env)
+	// A shell loop whose counter lives only in its memory.
+	src.Sh(t, `echo before > /root/file; (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &`)
+	time.Sleep(300 * time.Millisecond)
+
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: filepath.Join(t.TempDir(), "snap")}
+	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Link.Detach(ctx); err != nil {
+		t.Fatalf("detach: %v", err)
+	}
+	info, err := sn.Snapshot(ctx, src.ID, ref)
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if info.SizeBytes == 0 {
+		t.Fatal("snapshot has no size")
+	}
+	if err := src.Link.Reattach(); err != nil {
+		t.Fatal(err)
+	}
+	if info.Stopped {
+		if _, err := sn.Restore(ctx, ref, src.Spec); err != nil {
+			t.Fatalf("restore the source: %v", err)
+		}
+	}
+	var copies []*Sandbox
+	for i := 0; i < 2; i++ {
+		spec := NewSpec(t, env, "aaaaaaaa")
+		sb := Attach(t, spec)
+		if _, err := sn.Restore(ctx, ref, spec); err != nil {
+			t.Fatalf("restore copy %d: %v", i, err)
+		}
+		t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+		copies = append(copies, sb)
+	}
+	for i, sb := range append([]*Sandbox{src}, copies...) {
+		if err := sb.Link.WaitReady(ctx); err != nil {
+			t.Fatalf("sandbox %d: agent did not reconnect: %v", i, err)
+		}
+		if got := sb.Sh(t, "cat /root/file"); got != "before\n" {
+			t.Fatalf("sandbox %d: file written before the snapshot reads %q", i, got)
+		}
+		a := strings.TrimSpace(sb.Sh(t, "cat /tmp/count"))
+		time.Sleep(200 * time.Millisecond)
+		c := strings.TrimSpace(sb.Sh(t, "cat /tmp/count"))
+		if a == "" || a == c {
+			t.Fatalf("sandbox %d: the background loop is not running (%q then %q)", i, a, c)
+		}
+	}
+	copies[0].Sh(t, "echo mine > /root/private")
+	for i, sb := range []*Sandbox{src, copies[1]} {
+		if out := sb.Sh(t, "cat /root/private 2>/dev/null || echo absent"); out != "absent\n" {
+			t.Fatalf("sandbox %d sees a copy's later write: %q", i, out)
+		}
+	}
+}

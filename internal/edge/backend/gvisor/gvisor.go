@@ -1,0 +1,346 @@
+// Package gvisor is the "gvisor" backend: a user-space kernel (runsc) per
+// sandbox [ours]. It is the backend that snapshots memory, and so forks.
+//
+// Choices forced by Debian's runsc (2022-12), measured on this kernel:
+//   - --network=none: the sandbox has its own netstack with loopback only;
+//     a sandbox with a NIC could not be checkpointed with any TCP connection
+//     and restored copies lost the NIC.
+//   - --overlay2=root:memory: writes live in the sandbox's memory, so they
+//     are in the checkpoint image and each restored copy gets its own; the
+//     host rootfs stays read-only and shared.
+//   - --host-uds=open: the agent may connect to the edge's socket; it may
+//     create none, and a checkpoint never meets a host socket because the
+//     edge detaches the link first.
+//   - pause uses the cgroup freezer: runsc pause is a no-op on a restored
+//     sandbox in this release, the freezer stops every one.
+//   - stdio is /dev/null: runsc writes regular files at its own offset, and a
+//     pipe would break when the edge restarts. runsc's own errors go to a
+//     log file in the sandbox directory.
+//   - checkpoint stops the sandbox, so Snapshot reports Stopped and the edge
+//     restores the source from the image it just wrote.
+package gvisor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Name is the backend's name in requests.
+const Name = "gvisor"
+
+// Backend runs sandboxes with runsc.
+type Backend struct {
+	runsc    string
+	root     string // runsc's state directory
+	platform string
+	log      *slog.Logger
+
+	mu    sync.Mutex
+	boxes map[sandboxid.ID]*box // guarded by mu
+}
+
+type box struct {
+	dir string
+}
+
+type handleState struct {
+	Dir string `json:"dir"`
+}
+
+var (
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.Pauser      = (*Backend)(nil)
+	_ backend.Snapshotter = (*Backend)(nil)
+)
+
+// New returns a gvisor backend. Options: "runsc" (binary), "platform"
+// (ptrace, systrap or kvm where the release and host have them).
+func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	b := &Backend{
+		runsc:    cfg.Options["runsc"],
+		platform: cfg.Options["platform"],
+		root:     filepath.Join(cfg.StateDir, "runsc"),
+		log:      logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
+		boxes:    map[sandboxid.ID]*box{},
+	}
+	if b.runsc == "" {
+		b.runsc = "runsc"
+	}
+	if b.platform == "" {
+		b.platform = "ptrace"
+	}
+	return b, nil
+}
+
+// Name returns "gvisor".
+func (b *Backend) Name() string { return Name }
+
+// Capabilities: pause and memory snapshots.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true}
+}
+
+// Probe checks runsc and the platform.
+func (b *Backend) Probe(ctx context.Context) error {
+	path, err := exec.LookPath(b.runsc)
+	if err != nil {
+		return errdefs.FailedPrecondition("gvisor backend: runsc not found; install Debian's runsc package")
+	}
+	b.runsc = path
+	if os.Geteuid() != 0 {
+		return errdefs.FailedPrecondition("gvisor backend: needs root")
+	}
+	if b.platform == "kvm" {
+		if _, err := os.Stat("/dev/kvm"); err != nil {
+			return errdefs.FailedPrecondition("gvisor backend: platform kvm needs /dev/kvm, which this host lacks")
+		}
+	}
+	out, err := exec.CommandContext(ctx, b.runsc, "--platform="+b.platform, "help").CombinedOutput()
+	if err != nil && bytes.Contains(out, []byte("unknown platform")) {
+		return errdefs.FailedPrecondition("gvisor backend: this runsc has no platform %q (ptrace is always there)", b.platform)
+	}
+	return os.MkdirAll(b.root, 0o700)
+}
+
+// globalArgs are the flags every runsc call gets; restore must see the
+// same configuration as run and checkpoint.
+func (b *Backend) globalArgs(logFile string) []string {
+	args := []string{"--root", b.root, "--platform=" + b.platform, "--network=none", "--overlay2=root:memory", "--host-uds=open"}
+	if logFile != "" {
+		args = append(args, "--log", logFile)
+	}
+	return args
+}
+
+// run runs runsc and returns its output; log is where runsc writes its
+// own errors (empty: none).
+func (b *Backend) run(ctx context.Context, logFile string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, b.runsc, append(b.globalArgs(logFile), args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		detail := string(bytes.TrimSpace(out))
+		if logFile != "" {
+			if last := lastLogError(logFile); last != "" {
+				detail = last
+			}
+		}
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, detail)
+	}
+	return out, nil
+}
+
+// launch starts a runsc command that leaves a sandbox running (run or
+// restore): its stdio is /dev/null and it gets its own session, so the
+// sandbox outlives the edge and never writes into a broken pipe.
+func (b *Backend) launch(ctx context.Context, logFile string, args ...string) error {
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	cmd := exec.CommandContext(ctx, b.runsc, append(b.globalArgs(logFile), args...)...)
+	dbg, _ := os.OpenFile(logFile+".console", os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, dbg, dbg
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLogError(logFile))
+	}
+	return nil
+}
+
+// lastLogError returns the message of runsc's last error log line.
+func lastLogError(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var last string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for sc.Scan() {
+		var rec struct{ Msg, Level string }
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && (rec.Level == "error" || rec.Level == "warning") {
+			last = rec.Msg
+		}
+	}
+	if len(last) > 2048 {
+		last = last[:2048] + "..."
+	}
+	return last
+}
+
+func notExist(out []byte, err error) bool {
+	s := string(out)
+	if err != nil {
+		s += err.Error()
+	}
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "no such file or directory") || strings.Contains(s, "not found")
+}
+
+func (b *Backend) logFile(dir string) string { return filepath.Join(dir, "runsc.log") }
+
+// Create mounts the rootfs (read-only in effect: writes stay in the
+// sandbox's memory) and writes the bundle.
+func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
+	if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
+		return nil, err
+	}
+	if err := writeSpec(spec.Dir, runtimeSpec(spec, cgroupsPath(spec.ID))); err != nil {
+		rootfs.Unmount(filepath.Join(spec.Dir, "rootfs")) //nolint:errcheck // reporting the first error
+		return nil, err
+	}
+	b.track(spec.ID, spec.Dir)
+	state, _ := json.Marshal(handleState{Dir: spec.Dir})
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
+
+func (b *Backend) track(id sandboxid.ID, dir string) {
+	b.mu.Lock()
+	b.boxes[id] = &box{dir: dir}
+	b.mu.Unlock()
+}
+
+func (b *Backend) dirOf(id sandboxid.ID) (string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bx, ok := b.boxes[id]
+	if !ok {
+		return "", errdefs.NotFound("sandbox %s: unknown to the gvisor backend", id)
+	}
+	return bx.dir, nil
+}
+
+// Start boots the sandbox.
+func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
+	dir, err := b.dirOf(id)
+	if err != nil {
+		return err
+	}
+	return b.launch(ctx, b.logFile(dir), "run", "--detach", "--bundle", dir, string(id))
+}
+
+// Stop kills the sandbox (SIGTERM to its processes first).
+func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration) error {
+	st, err := b.Status(ctx, id)
+	if err != nil || st.State == backend.StateStopped {
+		return err
+	}
+	if st.State == backend.StatePaused {
+		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
+	}
+	b.run(ctx, "", "kill", "--all", string(id), "TERM") //nolint:errcheck // it may be gone
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		if st, err := b.Status(ctx, id); err != nil || st.State == backend.StateStopped {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out, err := b.run(ctx, "", "kill", "--all", string(id), "KILL"); err != nil && !notExist(out, err) {
+		return err
+	}
+	return nil
+}
+
+// Destroy removes the sandbox, its cgroups and its rootfs mount.
+func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
+	b.mu.Lock()
+	bx := b.boxes[id]
+	delete(b.boxes, id)
+	b.mu.Unlock()
+	var errs []error
+	thaw(id) // a frozen sandbox cannot be killed
+	if out, err := b.run(ctx, "", "delete", "--force", string(id)); err != nil && !notExist(out, err) {
+		errs = append(errs, err)
+	}
+	if err := removeCgroups(cgroupsPath(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if bx != nil {
+		if err := rootfs.Unmount(filepath.Join(bx.dir, "rootfs")); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type runscState struct {
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+// Status asks the freezer, then runsc (which cannot answer for a frozen
+// sandbox: its control server is frozen too).
+func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, error) {
+	if frozen(id) {
+		return backend.Status{ID: id, State: backend.StatePaused}, nil
+	}
+	out, err := b.run(ctx, "", "state", string(id))
+	if err != nil {
+		if notExist(out, err) {
+			return backend.Status{ID: id, State: backend.StateStopped}, nil
+		}
+		return backend.Status{ID: id, State: backend.StateUnknown}, err
+	}
+	var rs runscState
+	if err := json.Unmarshal(out, &rs); err != nil {
+		return backend.Status{ID: id, State: backend.StateUnknown}, fmt.Errorf("runsc state: %w", err)
+	}
+	st := backend.Status{ID: id, Pid: rs.Pid}
+	switch rs.Status {
+	case "created":
+		st.State = backend.StateCreated
+	case "running", "paused":
+		st.State = backend.StateRunning
+	case "stopped":
+		st.State = backend.StateStopped
+	default:
+		st.State = backend.StateUnknown
+	}
+	return st, nil
+}
+
+// Recover re-attaches after an edge restart: the sandbox kept running.
+func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.Spec) error {
+	var hs handleState
+	if err := json.Unmarshal(h.State, &hs); err != nil {
+		return fmt.Errorf("recover %s: bad handle: %w", h.ID, err)
+	}
+	b.track(h.ID, hs.Dir)
+	st, err := b.Status(ctx, h.ID)
+	if err != nil {
+		return err
+	}
+	if st.State != backend.StateRunning && st.State != backend.StatePaused {
+		return errdefs.FailedPrecondition("recover %s: sandbox is %s", h.ID, st.State)
+	}
+	return nil
+}
+
+// Pause freezes the sandbox's cgroup: the sentry, its gofer and every task.
+func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
+	return freeze(id)
+}
+
+// Resume thaws it.
+func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
+	return thaw(id)
+}

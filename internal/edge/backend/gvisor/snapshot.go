@@ -1,0 +1,133 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	rspec "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// caps adds CAP_SYS_ADMIN to the default set: a restored copy's agent sets
+// its own hostname. Inside gVisor it reaches only the sentry's own kernel.
+var caps = append(append([]string(nil), oci.DefaultCaps...), "CAP_SYS_ADMIN")
+
+func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
+	s := oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath, Caps: caps})
+	// The host cgroup holds the sentry and gofer, not the sandbox's tasks:
+	// with the ptrace platform every task and stub is a host thread, so a
+	// pids limit there starves the sentry itself (it hangs or dies when it
+	// cannot clone). The task count is bounded by memory instead.
+	s.Linux.Resources.Pids = nil
+	return s
+}
+
+func writeSpec(dir string, s *rspec.Spec) error {
+	data, err := json.MarshalIndent(s, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600)
+}
+
+// memoryDir is where runsc writes a snapshot's image.
+func memoryDir(ref backend.SnapshotRef) string { return filepath.Join(ref.Dir, "memory") }
+
+// Snapshot checkpoints the sandbox: memory, kernel state and the writable
+// layer, which lives in the sandbox's memory. runsc stops the sandbox.
+func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
+	dir, err := b.dirOf(id)
+	if err != nil {
+		return nil, err
+	}
+	if oci.Frozen(string(id)) {
+		return nil, errdefs.FailedPrecondition("sandbox %s is paused; resume it before a snapshot", id)
+	}
+	if _, err := b.run(ctx, b.logFile(dir), "checkpoint", "--image-path", memoryDir(ref), string(id)); err != nil {
+		// A failed checkpoint kills the sandbox in this runsc.
+		return &backend.SnapshotInfo{Stopped: true}, err
+	}
+	tmpl, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(ref.Dir, "config.json"), tmpl, 0o600); err != nil {
+		return nil, err
+	}
+	return &backend.SnapshotInfo{SizeBytes: dirSize(ref.Dir), Stopped: true}, nil
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error { //nolint:errcheck // a size estimate
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// Restore starts a sandbox from a snapshot: the source itself (same id,
+// after Snapshot stopped it) or a new copy with its own id, directory,
+// agent socket and cgroup. Every copy reads the same image.
+func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
+	tmpl, err := os.ReadFile(filepath.Join(ref.Dir, "config.json"))
+	if err != nil {
+		return nil, errdefs.NotFound("snapshot %s: no bundle template: %v", ref.ID, err)
+	}
+	var s rspec.Spec
+	if err := json.Unmarshal(tmpl, &s); err != nil {
+		return nil, err
+	}
+	// The source's stopped container must go before its id is reused.
+	if out, err := b.run(ctx, "", "delete", "--force", string(spec.ID)); err != nil && !notExist(out, err) {
+		return nil, err
+	}
+	target := filepath.Join(spec.Dir, "rootfs")
+	if mounted, _ := rootfs.IsMounted(target); !mounted {
+		if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
+			return nil, err
+		}
+	}
+	fresh := runtimeSpec(spec, cgroupsPath(spec.ID))
+	s.Root, s.Hostname, s.Mounts = fresh.Root, fresh.Hostname, fresh.Mounts
+	s.Linux.CgroupsPath, s.Linux.Resources = fresh.Linux.CgroupsPath, fresh.Linux.Resources
+	ok := false
+	defer func() {
+		if !ok {
+			b.run(context.WithoutCancel(ctx), "", "delete", "--force", string(spec.ID)) //nolint:errcheck // cleaning up a failed restore
+			oci.RemoveCgroups(cgroupsPath(spec.ID))                                     //nolint:errcheck // likewise
+		}
+	}()
+	if err := writeSpec(spec.Dir, &s); err != nil {
+		return nil, err
+	}
+	b.track(spec.ID, spec.Dir)
+	if err := b.launch(ctx, b.logFile(spec.Dir), "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), string(spec.ID)); err != nil {
+		return nil, err
+	}
+	ok = true
+	state, _ := json.Marshal(handleState{Dir: spec.Dir})
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
+
+func freeze(id sandboxid.ID) error { return oci.Freeze(string(id)) }
+
+func thaw(id sandboxid.ID) error { return oci.Thaw(string(id)) }
+
+func frozen(id sandboxid.ID) bool { return oci.Frozen(string(id)) }
+
+func removeCgroups(rel string) error { return oci.RemoveCgroups(rel) }
+
+func cgroupsPath(id sandboxid.ID) string { return oci.CgroupsPath(string(id)) }
