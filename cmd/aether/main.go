@@ -54,5 +54,5 @@ func run(ctx context.Context, socket string, log *slog.Logger) error {
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/"}, log).Run(ctx)
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true}, log).Run(ctx)
 }

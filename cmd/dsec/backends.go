@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 )
 
 // registry lists the backends built into this binary; this is the one
@@ -10,5 +11,6 @@ import (
 func registry() *backend.Registry {
 	r := &backend.Registry{}
 	r.Register(container.Name, container.New)
+	r.Register(gvisor.Name, gvisor.New)
 	return r
 }

@@ -16,8 +16,9 @@ func cmdUp(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	stateDir := fs.String("state-dir", "", "directory for all state (required)")
 	listen := fs.String("listen", embed.DefaultListen, "client API address")
-	backends := fs.String("backends", "container", "comma-separated backends to enable")
+	backends := fs.String("backends", "container,gvisor", "comma-separated backends to enable (container, gvisor)")
 	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
+	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -32,7 +33,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{}}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			cfg.Backends[b] = map[string]string{"runtime": *runtime}
+			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform}
 		}
 	}
 	log := logging.New(*logFormat, 0)

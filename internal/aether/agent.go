@@ -38,6 +38,10 @@ type Config struct {
 	Env map[string]string
 	// Root is where the sandbox's /etc/passwd is found; "/" in a sandbox.
 	Root string
+	// ApplyIdentity lets SetIdentity change the hostname, /etc/machine-id
+	// and the entropy pool. Only true inside a real sandbox: an in-process
+	// agent (the fake backend) must never touch its host.
+	ApplyIdentity bool
 }
 
 // Agent serves one sandbox.
@@ -132,10 +136,16 @@ func (s *agentService) Health(ctx context.Context, req *connect.Request[agentv1.
 
 func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[agentv1.SetIdentityRequest]) (*connect.Response[agentv1.SetIdentityResponse], error) {
 	m := req.Msg
+	if m.Hostname != "" && (len(m.Hostname) > 64 || strings.ContainsAny(m.Hostname, " /\x00\n")) {
+		return nil, errdefs.InvalidArgument("hostname %q: 1 to 64 characters without spaces or slashes", m.Hostname)
+	}
+	if m.MachineId != "" && (len(m.MachineId) != 32 || strings.Trim(m.MachineId, "0123456789abcdef") != "") {
+		return nil, errdefs.InvalidArgument("machine_id: want 32 lowercase hex characters")
+	}
+	if !s.a.cfg.ApplyIdentity {
+		return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
+	}
 	if m.Hostname != "" {
-		if len(m.Hostname) > 64 || strings.ContainsAny(m.Hostname, " /\x00\n") {
-			return nil, errdefs.InvalidArgument("hostname %q: 1 to 64 characters without spaces or slashes", m.Hostname)
-		}
 		if err := syscall.Sethostname([]byte(m.Hostname)); err != nil {
 			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "set hostname")
 		}
@@ -143,9 +153,6 @@ func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[age
 		os.WriteFile("/etc/hostname", []byte(m.Hostname+"\n"), 0o644) //nolint:errcheck // optional
 	}
 	if m.MachineId != "" {
-		if len(m.MachineId) != 32 || strings.Trim(m.MachineId, "0123456789abcdef") != "" {
-			return nil, errdefs.InvalidArgument("machine_id: want 32 lowercase hex characters")
-		}
 		if err := os.WriteFile("/etc/machine-id", []byte(m.MachineId+"\n"), 0o444); err != nil {
 			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "write /etc/machine-id")
 		}

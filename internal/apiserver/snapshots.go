@@ -2,29 +2,174 @@ package apiserver
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/placement"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
+// maxForkCount bounds one fork call.
+const maxForkCount = 100
+
+func (s *Server) snapshotEdge(id string) (*edgeclient.Conn, error) {
+	_, node, err := sandboxid.ParseSnapshot(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.edgeFor(node)
+}
+
+// reserve checks the quota for n sandboxes of r in project and counts them
+// in flight on node until the edge reports them; done says how it went.
+func (s *Server) reserve(node, project string, r *sandboxv1.Resources, n int64) (done func(ok bool), err error) {
+	view := s.watcher.View()
+	polled := map[string]time.Time{}
+	for _, nv := range view.Nodes {
+		polled[nv.ID] = nv.PolledAt
+	}
+	_, pending := s.inflight.overlay(polled)
+	need := placement.Resources{Sandboxes: n, CPUCores: r.GetCpuCores() * float64(n), MemoryMB: r.GetMemoryMb() * n}
+	if err := s.checkQuota(project, need, pending); err != nil {
+		return nil, err
+	}
+	id := s.inflight.add(node, project, need)
+	return func(ok bool) { s.inflight.finish(id, ok) }, nil
+}
+
 func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Request[sandboxv1.SnapshotSandboxRequest]) (*connect.Response[sandboxv1.SnapshotSandboxResponse], error) {
-	return nil, errdefs.Unsupported("snapshots are not implemented yet")
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.SnapshotSandbox(ctx, connect.NewRequest(&edgev1.SnapshotSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.SnapshotSandboxResponse{Snapshot: resp.Msg.Snapshot}), nil
 }
 
 func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Request[sandboxv1.RestoreSnapshotRequest]) (*connect.Response[sandboxv1.RestoreSnapshotResponse], error) {
-	return nil, errdefs.Unsupported("snapshots are not implemented yet")
+	m := req.Msg
+	scope := principalFrom(ctx).Project
+	c, err := h.s.snapshotEdge(m.SnapshotId)
+	if err != nil {
+		return nil, err
+	}
+	list, err := c.Edge.ListSnapshots(ctx, connect.NewRequest(&edgev1.ListSnapshotsRequest{Scope: scope}))
+	if err != nil {
+		return nil, err
+	}
+	var snap *sandboxv1.Snapshot
+	for _, sn := range list.Msg.Snapshots {
+		if sn.Id == m.SnapshotId {
+			snap = sn
+		}
+	}
+	if snap == nil {
+		return nil, errdefs.NotFound("snapshot %s: no such snapshot", m.SnapshotId)
+	}
+	done, err := h.s.reserve(snap.NodeId, snap.Project, snap.Spec.GetResources(), 1)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.RestoreSnapshot(ctx, connect.NewRequest(&edgev1.RestoreSnapshotRequest{
+		SnapshotId: m.SnapshotId, Scope: scope, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata,
+	}))
+	done(err == nil)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.RestoreSnapshotResponse{Sandbox: resp.Msg.Sandbox}), nil
 }
 
 func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[sandboxv1.ForkSandboxRequest]) (*connect.Response[sandboxv1.ForkSandboxResponse], error) {
-	return nil, errdefs.Unsupported("fork is not implemented yet")
+	m := req.Msg
+	if m.Count < 1 || m.Count > maxForkCount {
+		return nil, errdefs.InvalidArgument("count %d: want 1 to %d", m.Count, maxForkCount)
+	}
+	scope := principalFrom(ctx).Project
+	c, err := h.s.sandboxEdge(m.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	src, err := c.Edge.GetSandbox(ctx, connect.NewRequest(&edgev1.GetSandboxRequest{SandboxId: m.SandboxId, Scope: scope}))
+	if err != nil {
+		return nil, err
+	}
+	sb := src.Msg.Sandbox
+	done, err := h.s.reserve(sb.NodeId, sb.Project, sb.Spec.GetResources(), int64(m.Count))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.ForkSandbox(ctx, connect.NewRequest(&edgev1.ForkSandboxRequest{
+		SandboxId: m.SandboxId, Scope: scope, Count: m.Count, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata,
+	}))
+	done(err == nil)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.ForkSandboxResponse{Results: resp.Msg.Results, SourcePauseUs: resp.Msg.SourcePauseUs}), nil
 }
 
 func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request[sandboxv1.ListSnapshotsRequest]) (*connect.Response[sandboxv1.ListSnapshotsResponse], error) {
-	return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{}), nil
+	scope := principalFrom(ctx).Project
+	var conns []*edgeclient.Conn
+	if req.Msg.SandboxId != "" {
+		c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
+	} else {
+		for _, n := range h.s.watcher.View().Healthy() {
+			conns = append(conns, h.s.edges.Get(n.Addr))
+		}
+	}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		out  []*sandboxv1.Snapshot
+		errs []error
+	)
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.Edge.ListSnapshots(ctx, connect.NewRequest(&edgev1.ListSnapshotsRequest{Scope: scope, SandboxId: req.Msg.SandboxId}))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("edge %s: %w", c.Addr, err))
+				return
+			}
+			out = append(out, resp.Msg.Snapshots...)
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 && len(errs) == len(conns) {
+		return nil, errdefs.Unavailable("list snapshots: %v", errors.Join(errs...))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.AsTime().Before(out[j].CreatedAt.AsTime()) })
+	return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: out}), nil
 }
 
 func (h *sandboxService) DeleteSnapshot(ctx context.Context, req *connect.Request[sandboxv1.DeleteSnapshotRequest]) (*connect.Response[sandboxv1.DeleteSnapshotResponse], error) {
-	return nil, errdefs.NotFound("snapshot %s: no such snapshot", req.Msg.SnapshotId)
+	c, err := h.s.snapshotEdge(req.Msg.SnapshotId)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Edge.DeleteSnapshot(ctx, connect.NewRequest(&edgev1.DeleteSnapshotRequest{SnapshotId: req.Msg.SnapshotId, Scope: principalFrom(ctx).Project})); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.DeleteSnapshotResponse{}), nil
 }

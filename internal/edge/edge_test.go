@@ -254,3 +254,5 @@ func TestPausedSandboxResumesOnCall(t *testing.T) {
 }
 
 func sandboxIDOf(s *sandboxv1.Sandbox) sandboxid.ID { return sandboxid.ID(s.Id) }
+
+func sandboxIDOfSnap(s string) sandboxid.SnapshotID { return sandboxid.SnapshotID(s) }

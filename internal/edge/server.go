@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/edge/v1/edgev1connect"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
@@ -87,23 +88,49 @@ func (s *server) ResumeSandbox(ctx context.Context, req *connect.Request[edgev1.
 }
 
 func (s *server) SnapshotSandbox(ctx context.Context, req *connect.Request[edgev1.SnapshotSandboxRequest]) (*connect.Response[edgev1.SnapshotSandboxResponse], error) {
-	return nil, errdefs.Unsupported("snapshots are not implemented yet")
+	snap, err := s.e.Snapshot(ctx, req.Msg.SandboxId, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.SnapshotSandboxResponse{Snapshot: snap}), nil
 }
 
 func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev1.RestoreSnapshotRequest]) (*connect.Response[edgev1.RestoreSnapshotResponse], error) {
-	return nil, errdefs.Unsupported("snapshots are not implemented yet")
+	m := req.Msg
+	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, m.TimeoutSeconds, m.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.RestoreSnapshotResponse{Sandbox: sb}), nil
 }
 
 func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.ForkSandboxRequest]) (*connect.Response[edgev1.ForkSandboxResponse], error) {
-	return nil, errdefs.Unsupported("fork is not implemented yet")
+	m := req.Msg
+	results, paused, err := s.e.Fork(ctx, m.SandboxId, m.Scope, int(m.Count), m.TimeoutSeconds, m.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	out := &edgev1.ForkSandboxResponse{SourcePauseUs: paused.Microseconds()}
+	for _, r := range results {
+		res := &sandboxv1.ForkResult{Sandbox: r.Sandbox}
+		if r.Err != nil {
+			ce := errdefs.ToConnect(r.Err).(*connect.Error)
+			res.ErrorCode, res.ErrorMessage = ce.Code().String(), ce.Message()
+		}
+		out.Results = append(out.Results, res)
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (s *server) ListSnapshots(ctx context.Context, req *connect.Request[edgev1.ListSnapshotsRequest]) (*connect.Response[edgev1.ListSnapshotsResponse], error) {
-	return connect.NewResponse(&edgev1.ListSnapshotsResponse{}), nil
+	return connect.NewResponse(&edgev1.ListSnapshotsResponse{Snapshots: s.e.ListSnapshots(req.Msg.Scope, req.Msg.SandboxId)}), nil
 }
 
 func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[edgev1.DeleteSnapshotRequest]) (*connect.Response[edgev1.DeleteSnapshotResponse], error) {
-	return nil, errdefs.NotFound("snapshot %s: no such snapshot", req.Msg.SnapshotId)
+	if err := s.e.DeleteSnapshot(req.Msg.SnapshotId, req.Msg.Scope); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.DeleteSnapshotResponse{}), nil
 }
 
 func (s *server) GetNodeStatus(ctx context.Context, req *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {

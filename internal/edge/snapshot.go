@@ -1,11 +1,458 @@
 package edge
 
-import "github.com/opendsec/opendsec/internal/sandboxid"
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
 
-// snapshot is a memory snapshot held by this node.
+	"connectrpc.com/connect"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+)
+
+// snapshot is a memory snapshot held by this node: runsc's image plus the
+// bundle template, under snapshots/<id>/, described by snapshot.json.
 type snapshot struct {
-	id sandboxid.SnapshotID
+	ID            sandboxid.SnapshotID `json:"id"`
+	Project       string               `json:"project"`
+	SourceSandbox sandboxid.ID         `json:"source_sandbox"`
+	Backend       string               `json:"backend"`
+	ImageDigest   string               `json:"image_digest"`
+	Spec          json.RawMessage      `json:"spec"`
+	CreatedAt     time.Time            `json:"created_at"`
+	SizeBytes     int64                `json:"size_bytes"`
+	// Ephemeral snapshots exist only for the length of a fork.
+	Ephemeral bool `json:"ephemeral,omitempty"`
+
+	dir  string
+	spec *sandboxv1.SandboxSpec
 }
 
-// loadSnapshots finds the snapshots a previous run left.
-func (e *Edge) loadSnapshots() {}
+const snapshotFile = "snapshot.json"
+
+// MaxForkCount bounds one fork call.
+const MaxForkCount = 100
+
+func (s *snapshot) ref() backend.SnapshotRef { return backend.SnapshotRef{ID: s.ID, Dir: s.dir} }
+
+func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
+	return &sandboxv1.Snapshot{
+		Id: string(s.ID), Project: s.Project, SourceSandboxId: string(s.SourceSandbox),
+		Spec: proto.Clone(s.spec).(*sandboxv1.SandboxSpec), CreatedAt: timestamppb.New(s.CreatedAt),
+		SizeBytes: s.SizeBytes, NodeId: string(node),
+	}
+}
+
+func (s *snapshot) save() error {
+	data, err := json.MarshalIndent(s, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(s.dir, snapshotFile+".tmp")
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(s.dir, snapshotFile))
+}
+
+// loadSnapshots finds the snapshots a previous run left; the ephemeral
+// ones of an interrupted fork, and half-written ones, are deleted.
+func (e *Edge) loadSnapshots() {
+	root := filepath.Join(e.cfg.StateDir, "snapshots")
+	ents, _ := os.ReadDir(root)
+	for _, ent := range ents {
+		dir := filepath.Join(root, ent.Name())
+		data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+		var s snapshot
+		if err == nil {
+			err = json.Unmarshal(data, &s)
+		}
+		if err == nil {
+			s.spec = &sandboxv1.SandboxSpec{}
+			err = protojson.Unmarshal(s.Spec, s.spec)
+		}
+		if err != nil || s.Ephemeral {
+			e.log.Info("removing leftover snapshot directory", "dir", dir)
+			os.RemoveAll(dir)
+			continue
+		}
+		s.dir = dir
+		e.snapshots[s.ID] = &s
+	}
+}
+
+// snapshotter returns the backend's snapshot capability or why it has none.
+func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
+	caps := be.Capabilities()
+	sn, ok := be.(backend.Snapshotter)
+	if !ok || !caps.Snapshot {
+		why := caps.SnapshotUnavailable
+		if why == "" {
+			why = "it has no memory snapshots"
+		}
+		return nil, errdefs.Unsupported("backend %q cannot snapshot memory on this node: %s", be.Name(), why)
+	}
+	return sn, nil
+}
+
+// capture snapshots a running sandbox and brings it back. It returns the
+// snapshot and how long the sandbox did not run. Callers hold sb.mu.
+func (e *Edge) capture(ctx context.Context, sb *sandbox, ephemeral bool) (*snapshot, time.Duration, error) {
+	sn, err := snapshotter(sb.be)
+	if err != nil {
+		return nil, 0, err
+	}
+	if sb.rec.State == statePaused {
+		if err := e.resumeLocked(ctx, sb); err != nil {
+			return nil, 0, err
+		}
+	}
+	if sb.rec.State != stateRunning || sb.link == nil {
+		return nil, 0, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
+	}
+	snap := &snapshot{
+		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
+		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral,
+		spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
+	}
+	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
+	if err := os.MkdirAll(snap.dir, 0o700); err != nil {
+		return nil, 0, err
+	}
+	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
+	began := time.Now()
+	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = sb.link.Detach(detach)
+	cancel()
+	if err != nil {
+		sb.link.Reattach() //nolint:errcheck // the agent dials again
+		os.RemoveAll(snap.dir)
+		return nil, 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the agent did not let go of its connection", sb.id)
+	}
+	info, serr := sn.Snapshot(ctx, sb.id, snap.ref())
+	if rerr := sb.link.Reattach(); rerr != nil && serr == nil {
+		serr = rerr
+	}
+	if serr != nil {
+		os.RemoveAll(snap.dir)
+		if info != nil && info.Stopped {
+			// runsc kills a sandbox whose checkpoint failed: say so, and
+			// remove what is left rather than keep a dead record.
+			log.Error("snapshot failed and stopped the sandbox; removing it", logging.Error, serr)
+			sb.rec.Message = "stopped by a failed snapshot: " + serr.Error()
+			if rmErr := e.removeLocked(context.WithoutCancel(ctx), sb); rmErr != nil {
+				log.Error("remove sandbox after failed snapshot", logging.Error, rmErr)
+			}
+			return nil, 0, errdefs.Wrap(errdefs.ErrUnavailable, serr, "snapshot %s failed and the backend stopped the sandbox", sb.id)
+		}
+		return nil, 0, fmt.Errorf("snapshot %s: %w", sb.id, serr)
+	}
+	snap.SizeBytes = info.SizeBytes
+	if info.Stopped {
+		// The backend stopped the source to take the image; bring it back
+		// from that image.
+		bspec, err := e.specFor(ctx, sb.rec)
+		if err == nil {
+			_, err = sn.Restore(ctx, snap.ref(), bspec)
+		}
+		if err == nil {
+			err = sb.link.WaitReady(ctxTimeout(ctx, e.cfg.AgentTimeout))
+		}
+		if err != nil {
+			log.Error("could not bring the source back after its snapshot", logging.Error, err)
+			sb.rec.Message = "lost after a snapshot: " + err.Error()
+			e.removeLocked(context.WithoutCancel(ctx), sb) //nolint:errcheck // logged above
+			os.RemoveAll(snap.dir)
+			return nil, 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
+		}
+	}
+	paused := time.Since(began)
+	if err := snap.save(); err != nil {
+		os.RemoveAll(snap.dir)
+		return nil, paused, err
+	}
+	e.mu.Lock()
+	e.snapshots[snap.ID] = snap
+	e.mu.Unlock()
+	log.Info("snapshot taken", "size", snap.SizeBytes, "source_paused", paused.Round(time.Millisecond))
+	return snap, paused, nil
+}
+
+func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(ctx, d)
+	context.AfterFunc(c, cancel)
+	return c
+}
+
+// specFor rebuilds the backend spec of an existing record.
+func (e *Edge) specFor(ctx context.Context, rec *record) (*backend.Spec, error) {
+	return e.recoverSpec(ctx, rec)
+}
+
+// Snapshot snapshots a sandbox; it keeps running.
+func (e *Edge) Snapshot(ctx context.Context, id, scope string) (*sandboxv1.Snapshot, error) {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	snap, _, err := e.capture(ctx, sb, false)
+	sb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return snap.proto(e.node), nil
+}
+
+func (e *Edge) lookupSnapshot(id, scope string) (*snapshot, error) {
+	sid, node, err := sandboxid.ParseSnapshot(id)
+	if err != nil {
+		return nil, err
+	}
+	if node != e.node {
+		return nil, errdefs.NotFound("snapshot %s: held by node %s, not %s", id, node, e.node)
+	}
+	e.mu.Lock()
+	s, ok := e.snapshots[sid]
+	e.mu.Unlock()
+	if !ok || s.Ephemeral || !inScope(s.Project, scope) {
+		return nil, errdefs.NotFound("snapshot %s: no such snapshot", id)
+	}
+	return s, nil
+}
+
+// ListSnapshots lists the snapshots in scope, of one sandbox if given.
+func (e *Edge) ListSnapshots(scope, sandbox string) []*sandboxv1.Snapshot {
+	e.mu.Lock()
+	var out []*sandboxv1.Snapshot
+	for _, s := range e.snapshots {
+		if !s.Ephemeral && inScope(s.Project, scope) && (sandbox == "" || string(s.SourceSandbox) == sandbox) {
+			out = append(out, s.proto(e.node))
+		}
+	}
+	e.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.AsTime().Before(out[j].CreatedAt.AsTime()) })
+	return out
+}
+
+// DeleteSnapshot deletes a snapshot and frees its storage.
+func (e *Edge) DeleteSnapshot(id, scope string) error {
+	s, err := e.lookupSnapshot(id, scope)
+	if err != nil {
+		return err
+	}
+	return e.dropSnapshot(s)
+}
+
+func (e *Edge) dropSnapshot(s *snapshot) error {
+	e.mu.Lock()
+	delete(e.snapshots, s.ID)
+	e.mu.Unlock()
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// copyOptions are the differences a restored copy may have.
+type copyOptions struct {
+	project  string
+	timeout  int64
+	metadata map[string]string
+}
+
+// startCopy admits and starts one sandbox from a snapshot, with its own id,
+// directory, agent socket and identity. On failure nothing of it remains.
+func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapshotter, be backend.Backend, o copyOptions) (*sandboxv1.Sandbox, error) {
+	spec := proto.Clone(snap.spec).(*sandboxv1.SandboxSpec)
+	if o.timeout != 0 {
+		if err := sandboxspec.CheckTimeout(o.timeout, e.cfg.Limits); err != nil {
+			return nil, err
+		}
+		spec.TimeoutSeconds = o.timeout
+	}
+	if len(o.metadata) > 0 {
+		if err := sandboxspec.CheckMetadata(o.metadata); err != nil {
+			return nil, err
+		}
+		spec.Metadata = o.metadata
+	}
+	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID)}
+	if err := rec.setSpec(spec); err != nil {
+		return nil, err
+	}
+	sb, err := e.admit(rec, be)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.restoreInto(ctx, sb, snap, sn); err != nil {
+		if cerr := e.discard(context.WithoutCancel(ctx), sb); cerr != nil {
+			e.log.Error("clean up a copy that failed to start", logging.SandboxID, rec.ID, logging.Error, cerr)
+		}
+		return nil, err
+	}
+	return sb.snapshot(), nil
+}
+
+func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn backend.Snapshotter) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	link, err := e.prepareDir(sb)
+	if err != nil {
+		return err
+	}
+	sb.link = link
+	layers, cfg, err := e.layersByDigest(ctx, snap)
+	if err != nil {
+		return err
+	}
+	h, err := sn.Restore(ctx, snap.ref(), e.backendSpec(sb.rec, layers, cfg))
+	if err != nil {
+		return err
+	}
+	sb.rec.Handle = h
+	if err := sb.save(); err != nil {
+		return err
+	}
+	if err := e.running(ctx, sb); err != nil {
+		return err
+	}
+	return e.freshIdentity(ctx, sb)
+}
+
+// layersByDigest finds the image layers a snapshot was taken on, by
+// digest: the name may have moved since.
+func (e *Edge) layersByDigest(ctx context.Context, snap *snapshot) ([]string, ocispec.ImageConfig, error) {
+	ref, err := image.ParseRef(snap.spec.Image)
+	if err != nil {
+		return nil, ocispec.ImageConfig{}, err
+	}
+	im, err := e.store.Resolve(ref)
+	if err != nil || im.Digest.String() != snap.ImageDigest {
+		return nil, ocispec.ImageConfig{}, errdefs.FailedPrecondition("snapshot %s: image %s no longer has digest %s", snap.ID, snap.spec.Image, snap.ImageDigest)
+	}
+	layers, err := e.cache.Layers(ctx, im, nil)
+	return layers, im.Config.Config, err
+}
+
+// freshIdentity gives a restored copy its own hostname and machine id and
+// reseeds its entropy pool. Callers hold sb.mu.
+func (e *Edge) freshIdentity(ctx context.Context, sb *sandbox) error {
+	mid := make([]byte, 16)
+	entropy := make([]byte, 64)
+	rand.Read(mid)     //nolint:errcheck // crypto/rand does not fail on Linux
+	rand.Read(entropy) //nolint:errcheck // likewise
+	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
+	_, err := c.SetIdentity(ctxTimeout(ctx, 10*time.Second), connect.NewRequest(&agentv1.SetIdentityRequest{
+		Hostname: string(sb.id), MachineId: hex.EncodeToString(mid), Entropy: entropy,
+	}))
+	if err != nil {
+		return fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))
+	}
+	return nil
+}
+
+// Restore starts a new sandbox from a snapshot.
+func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, timeout int64, metadata map[string]string) (*sandboxv1.Sandbox, error) {
+	snap, err := e.lookupSnapshot(snapID, scope)
+	if err != nil {
+		return nil, err
+	}
+	if project == "" {
+		project = snap.Project
+	}
+	if !inScope(project, scope) {
+		return nil, errdefs.PermissionDenied("project %q: outside your scope %q", project, scope)
+	}
+	be, err := e.backendFor(snap.Backend)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := snapshotter(be)
+	if err != nil {
+		return nil, err
+	}
+	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, timeout: timeout, metadata: metadata})
+}
+
+// ForkResult is one copy's outcome.
+type ForkResult struct {
+	Sandbox *sandboxv1.Sandbox
+	Err     error
+}
+
+// Fork captures a running sandbox, brings it back, and starts count copies
+// of it. Each copy's outcome is reported; a failed copy leaves nothing.
+func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout int64, metadata map[string]string) ([]ForkResult, time.Duration, error) {
+	if count < 1 || count > MaxForkCount {
+		return nil, 0, errdefs.InvalidArgument("count %d: want 1 to %d", count, MaxForkCount)
+	}
+	if len(metadata) > 0 {
+		if err := sandboxspec.CheckMetadata(metadata); err != nil {
+			return nil, 0, err
+		}
+	}
+	if timeout != 0 {
+		if err := sandboxspec.CheckTimeout(timeout, e.cfg.Limits); err != nil {
+			return nil, 0, err
+		}
+	}
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, 0, err
+	}
+	sn, err := snapshotter(sb.be)
+	if err != nil {
+		return nil, 0, err
+	}
+	sb.mu.Lock()
+	snap, paused, err := e.capture(ctx, sb, true)
+	sb.mu.Unlock()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() {
+		if err := e.dropSnapshot(snap); err != nil {
+			e.log.Error("drop fork snapshot", logging.Error, err)
+		}
+	}()
+	results := make([]ForkResult, count)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := e.startCopy(ctx, snap, sn, sb.be, copyOptions{project: sb.project(), timeout: timeout, metadata: metadata})
+			results[i] = ForkResult{Sandbox: s, Err: err}
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, r := range results {
+		if r.Err == nil {
+			ok++
+		}
+	}
+	e.log.Info("fork done", logging.SandboxID, sb.id, "copies", ok, "failed", count-ok, "source_paused", paused.Round(time.Millisecond))
+	return results, paused, nil
+}

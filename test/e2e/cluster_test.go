@@ -19,6 +19,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/image/baseimage"
@@ -38,29 +39,36 @@ func registry() *backend.Registry {
 	r := &backend.Registry{}
 	r.Register(fake.Name, fake.New)
 	r.Register(container.Name, container.New)
+	r.Register(gvisor.Name, gvisor.New)
 	return r
 }
 
 // startCluster runs a cluster with the named backends, busybox imported.
 func startCluster(t testing.TB, backends ...string) *cluster {
+	return startClusterWithStore(t, "", backends...)
+}
+
+// startClusterWithStore runs a cluster on an existing image store ("" for
+// a new one).
+func startClusterWithStore(t testing.TB, store string, backends ...string) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := embed.Config{
 		StateDir: filepath.Join(dir, "state"), Listen: "127.0.0.1:0", AgentPath: testutil.AgentBinary(t),
-		Backends: map[string]map[string]string{},
-		Capacity: edge.Capacity{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 64, HostCPUCores: 2, HostMemoryMB: 8192},
+		Backends:   map[string]map[string]string{},
+		Capacity:   edge.Capacity{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 64, HostCPUCores: 2, HostMemoryMB: 8192},
+		ImageStore: store,
 	}
 	for _, b := range backends {
 		cfg.Backends[b] = map[string]string{}
 	}
 	c := &cluster{cfg: cfg, reg: registry()}
 	c.start(t)
-	store, err := image.OpenStore(filepath.Join(cfg.StateDir, "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ref, _ := image.ParseRef("root/busybox:latest")
-	if _, err := baseimage.Build(context.Background(), store, "busybox", ref, baseimage.Options{}); err != nil {
+	if _, err := c.Images.Resolve(ref); err == nil {
+		return c
+	}
+	if _, err := baseimage.Build(context.Background(), c.Images, "busybox", ref, baseimage.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	return c

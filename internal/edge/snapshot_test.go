@@ -1,0 +1,139 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+func TestSnapshotRestoreDelete(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	src, err := f.edge.Create(ctx, spec(), "root/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := f.edge.Snapshot(ctx, src.Id, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(snap.Id, "snap-"+string(f.edge.Node())) || snap.SourceSandboxId != src.Id || snap.Project != "root/a" {
+		t.Fatalf("snapshot: %+v", snap)
+	}
+	if got := f.edge.ListSnapshots("root/a", ""); len(got) != 1 || got[0].Id != snap.Id {
+		t.Fatalf("list: %v", got)
+	}
+	if got := f.edge.ListSnapshots("root/b", ""); len(got) != 0 {
+		t.Fatalf("another project sees the snapshot: %v", got)
+	}
+	restored, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, map[string]string{"k": "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.Id == src.Id || restored.SourceSnapshotId != snap.Id || restored.Project != "root/a" || restored.Spec.Metadata["k"] != "v" {
+		t.Fatalf("restored: %+v", restored)
+	}
+	if out, err := echo(t, agentClient(t, f.edge, restored.Id, "root")); err != nil || !strings.HasPrefix(out, "yes ") {
+		t.Fatalf("restored sandbox does not answer: %q %v", out, err)
+	}
+	dir := f.edge.snapshots[sandboxIDOfSnap(snap.Id)].dir
+	if err := f.edge.DeleteSnapshot(snap.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("snapshot storage not freed: %v", err)
+	}
+	if _, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, nil); !errdefs.IsNotFound(err) {
+		t.Fatalf("restore of a deleted snapshot: %v", err)
+	}
+}
+
+func TestForkReportsEachCopy(t *testing.T) {
+	f := newFixture(t, smallCapacity()) // 4 cores: the source and three 1-core copies fit
+	ctx := context.Background()
+	src, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	results, paused, err := f.edge.Fork(ctx, src.Id, "root", 4, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 4 || paused <= 0 {
+		t.Fatalf("%d results, paused %v", len(results), paused)
+	}
+	var ok, exhausted int
+	for _, r := range results {
+		switch {
+		case r.Err == nil:
+			ok++
+			if r.Sandbox.SourceSnapshotId == "" || r.Sandbox.Id == src.Id {
+				t.Fatalf("copy: %+v", r.Sandbox)
+			}
+		case errors.Is(r.Err, errdefs.ErrResourceExhausted):
+			exhausted++
+		default:
+			t.Fatalf("unexpected copy error: %v", r.Err)
+		}
+	}
+	if ok != 3 || exhausted != 1 {
+		t.Fatalf("%d copies started, %d refused for capacity; want 3 and 1", ok, exhausted)
+	}
+	// The fork's snapshot is gone; the source still answers.
+	if len(f.edge.ListSnapshots("root", "")) != 0 || len(f.edge.snapshots) != 0 {
+		t.Fatal("fork left its snapshot behind")
+	}
+	if _, err := echo(t, agentClient(t, f.edge, src.Id, "root")); err != nil {
+		t.Fatalf("source after fork: %v", err)
+	}
+	if _, _, err := f.edge.Fork(ctx, src.Id, "root", 0, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("count 0: %v", err)
+	}
+	if _, _, err := f.edge.Fork(ctx, src.Id, "root", 101, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("count 101: %v", err)
+	}
+}
+
+func TestForkFailureOfOneCopyLeavesNothing(t *testing.T) {
+	f := newFixture(t, Capacity{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 20, HostCPUCores: 2, HostMemoryMB: 4096})
+	ctx := context.Background()
+	src, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Knobs.FailRestoreAfter = 2
+	results, _, err := f.edge.Fork(ctx, src.Id, "root", 3, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for _, r := range results {
+		if r.Err != nil {
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d copies failed, want 1", failed)
+	}
+	if st := f.edge.Status(); st.Allocated.Sandboxes != 3 {
+		t.Fatalf("allocation %d; want the source and two copies", st.Allocated.Sandboxes)
+	}
+	ents, _ := os.ReadDir(f.edge.cfg.StateDir + "/sandboxes")
+	if len(ents) != 3 {
+		t.Fatalf("%d sandbox directories; the failed copy left one", len(ents))
+	}
+}
+
+func TestSnapshotUnsupportedNamesTheReason(t *testing.T) {
+	b, _ := container.New(context.Background(), backend.Config{StateDir: t.TempDir()})
+	_, err := snapshotter(b)
+	if !errors.Is(err, errdefs.ErrUnsupported) || !strings.Contains(err.Error(), `backend "container" cannot snapshot memory`) {
+		t.Fatalf("container snapshot: %v", err)
+	}
+}
