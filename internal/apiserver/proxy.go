@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -56,6 +57,7 @@ func (s *Server) agentProxy() http.Handler {
 		Transport:     viaEdge{},
 		FlushInterval: -1,
 		BufferPool:    &bufferPool{},
+		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			rt := r.Context().Value(routeKey{}).(route)
 			ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("edge %s: %v", rt.edge.Addr, err))) //nolint:errcheck // the client went away

@@ -118,7 +118,7 @@ func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[s
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&sandboxv1.ForkSandboxResponse{Results: resp.Msg.Results, SourcePauseUs: resp.Msg.SourcePauseUs}), nil
+	return connect.NewResponse(&sandboxv1.ForkSandboxResponse{Results: resp.Msg.Results, SourcePauseUs: resp.Msg.SourcePauseUs, SourceError: resp.Msg.SourceError}), nil
 }
 
 func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request[sandboxv1.ListSnapshotsRequest]) (*connect.Response[sandboxv1.ListSnapshotsResponse], error) {

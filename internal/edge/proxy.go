@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -50,6 +51,8 @@ func (e *Edge) AgentProxy() http.Handler {
 		Transport:     viaLink{},
 		FlushInterval: -1,
 		BufferPool:    &bufferPool{},
+		// A stream cut by a stopping sandbox is normal; keep it out of stderr.
+		ErrorLog: slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			id := r.Header.Get(headers.SandboxID)
 			if r.Context().Err() == nil {

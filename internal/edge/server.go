@@ -7,8 +7,8 @@ import (
 	"connectrpc.com/connect"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
-	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/edge/v1/edgev1connect"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 )
@@ -106,12 +106,15 @@ func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev
 
 func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.ForkSandboxRequest]) (*connect.Response[edgev1.ForkSandboxResponse], error) {
 	m := req.Msg
-	results, paused, err := s.e.Fork(ctx, m.SandboxId, m.Scope, int(m.Count), m.TimeoutSeconds, m.Metadata)
+	fo, err := s.e.Fork(ctx, m.SandboxId, m.Scope, int(m.Count), m.TimeoutSeconds, m.Metadata)
 	if err != nil {
 		return nil, err
 	}
-	out := &edgev1.ForkSandboxResponse{SourcePauseUs: paused.Microseconds()}
-	for _, r := range results {
+	out := &edgev1.ForkSandboxResponse{SourcePauseUs: fo.SourcePaused.Microseconds()}
+	if fo.SourceErr != nil {
+		out.SourceError = fo.SourceErr.Error()
+	}
+	for _, r := range fo.Results {
 		res := &sandboxv1.ForkResult{Sandbox: r.Sandbox}
 		if r.Err != nil {
 			ce := errdefs.ToConnect(r.Err).(*connect.Error)

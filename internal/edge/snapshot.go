@@ -115,39 +115,40 @@ func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
 	return sn, nil
 }
 
-// capture snapshots a running sandbox and brings it back. It returns the
-// snapshot and how long the sandbox did not run. Callers hold sb.mu.
-func (e *Edge) capture(ctx context.Context, sb *sandbox, ephemeral bool) (*snapshot, time.Duration, error) {
+// checkpoint writes a snapshot of a running sandbox. If the backend had to
+// stop the sandbox for it, stopped is true and bringBack must follow.
+// Callers hold sb.mu until then.
+func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (snap *snapshot, began time.Time, stopped bool, err error) {
 	sn, err := snapshotter(sb.be)
 	if err != nil {
-		return nil, 0, err
+		return nil, began, false, err
 	}
 	if sb.rec.State == statePaused {
 		if err := e.resumeLocked(ctx, sb); err != nil {
-			return nil, 0, err
+			return nil, began, false, err
 		}
 	}
 	if sb.rec.State != stateRunning || sb.link == nil {
-		return nil, 0, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
+		return nil, began, false, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
 	}
-	snap := &snapshot{
+	snap = &snapshot{
 		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
 		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral,
 		spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
 	if err := os.MkdirAll(snap.dir, 0o700); err != nil {
-		return nil, 0, err
+		return nil, began, false, err
 	}
 	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
-	began := time.Now()
+	began = time.Now()
 	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = sb.link.Detach(detach)
 	cancel()
 	if err != nil {
 		sb.link.Reattach() //nolint:errcheck // the agent dials again
 		os.RemoveAll(snap.dir)
-		return nil, 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the agent did not let go of its connection", sb.id)
+		return nil, began, false, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the agent did not let go of its connection", sb.id)
 	}
 	info, serr := sn.Snapshot(ctx, sb.id, snap.ref())
 	if rerr := sb.link.Reattach(); rerr != nil && serr == nil {
@@ -163,17 +164,35 @@ func (e *Edge) capture(ctx context.Context, sb *sandbox, ephemeral bool) (*snaps
 			if rmErr := e.removeLocked(context.WithoutCancel(ctx), sb); rmErr != nil {
 				log.Error("remove sandbox after failed snapshot", logging.Error, rmErr)
 			}
-			return nil, 0, errdefs.Wrap(errdefs.ErrUnavailable, serr, "snapshot %s failed and the backend stopped the sandbox", sb.id)
+			return nil, began, false, errdefs.Wrap(errdefs.ErrUnavailable, serr, "snapshot %s failed and the backend stopped the sandbox", sb.id)
 		}
-		return nil, 0, fmt.Errorf("snapshot %s: %w", sb.id, serr)
+		return nil, began, false, fmt.Errorf("snapshot %s: %w", sb.id, serr)
 	}
 	snap.SizeBytes = info.SizeBytes
-	if info.Stopped {
-		// The backend stopped the source to take the image; bring it back
-		// from that image.
-		bspec, err := e.specFor(ctx, sb.rec)
+	if err := snap.save(); err != nil {
+		os.RemoveAll(snap.dir)
+		return nil, began, info.Stopped, err
+	}
+	e.mu.Lock()
+	e.snapshots[snap.ID] = snap
+	e.mu.Unlock()
+	return snap, began, info.Stopped, nil
+}
+
+// bringBack restores a source that its snapshot stopped, from that
+// snapshot, and returns how long the source did not run. Callers hold sb.mu.
+func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began time.Time, stopped bool) (time.Duration, error) {
+	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
+	if stopped {
+		sn, _ := snapshotter(sb.be)
+		bspec, err := e.recoverSpec(ctx, sb.rec)
+		var h *backend.Handle
 		if err == nil {
-			_, err = sn.Restore(ctx, snap.ref(), bspec)
+			h, err = sn.Restore(ctx, snap.ref(), bspec)
+		}
+		if err == nil {
+			sb.rec.Handle = h
+			err = sb.save()
 		}
 		if err == nil {
 			err = sb.link.WaitReady(ctxTimeout(ctx, e.cfg.AgentTimeout))
@@ -182,31 +201,18 @@ func (e *Edge) capture(ctx context.Context, sb *sandbox, ephemeral bool) (*snaps
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
 			sb.rec.Message = "lost after a snapshot: " + err.Error()
 			e.removeLocked(context.WithoutCancel(ctx), sb) //nolint:errcheck // logged above
-			os.RemoveAll(snap.dir)
-			return nil, 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
+			return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
 		}
 	}
 	paused := time.Since(began)
-	if err := snap.save(); err != nil {
-		os.RemoveAll(snap.dir)
-		return nil, paused, err
-	}
-	e.mu.Lock()
-	e.snapshots[snap.ID] = snap
-	e.mu.Unlock()
 	log.Info("snapshot taken", "size", snap.SizeBytes, "source_paused", paused.Round(time.Millisecond))
-	return snap, paused, nil
+	return paused, nil
 }
 
 func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
 	c, cancel := context.WithTimeout(ctx, d)
 	context.AfterFunc(c, cancel)
 	return c
-}
-
-// specFor rebuilds the backend spec of an existing record.
-func (e *Edge) specFor(ctx context.Context, rec *record) (*backend.Spec, error) {
-	return e.recoverSpec(ctx, rec)
 }
 
 // Snapshot snapshots a sandbox; it keeps running.
@@ -216,9 +222,13 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope string) (*sandboxv1.Snaps
 		return nil, err
 	}
 	sb.mu.Lock()
-	snap, _, err := e.capture(ctx, sb, false)
-	sb.mu.Unlock()
+	defer sb.mu.Unlock()
+	snap, began, stopped, err := e.checkpoint(ctx, sb, false)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := e.bringBack(ctx, sb, snap, began, stopped); err != nil {
+		e.dropSnapshot(snap) //nolint:errcheck // reporting the restore's error
 		return nil, err
 	}
 	return snap.proto(e.node), nil
@@ -401,40 +411,59 @@ type ForkResult struct {
 	Err     error
 }
 
+// ForkOutcome is what a fork did.
+type ForkOutcome struct {
+	Results []ForkResult
+	// SourcePaused is how long the source did not run.
+	SourcePaused time.Duration
+	// SourceErr is set when the source could not be brought back.
+	SourceErr error
+}
+
 // Fork captures a running sandbox, brings it back, and starts count copies
 // of it. Each copy's outcome is reported; a failed copy leaves nothing.
-func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout int64, metadata map[string]string) ([]ForkResult, time.Duration, error) {
+func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout int64, metadata map[string]string) (*ForkOutcome, error) {
 	if count < 1 || count > MaxForkCount {
-		return nil, 0, errdefs.InvalidArgument("count %d: want 1 to %d", count, MaxForkCount)
+		return nil, errdefs.InvalidArgument("count %d: want 1 to %d", count, MaxForkCount)
 	}
 	if len(metadata) > 0 {
 		if err := sandboxspec.CheckMetadata(metadata); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 	}
 	if timeout != 0 {
 		if err := sandboxspec.CheckTimeout(timeout, e.cfg.Limits); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 	}
 	sb, err := e.lookup(id, scope)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	sn, err := snapshotter(sb.be)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	sb.mu.Lock()
-	snap, paused, err := e.capture(ctx, sb, true)
-	sb.mu.Unlock()
+	snap, began, stopped, err := e.checkpoint(ctx, sb, true)
 	if err != nil {
-		return nil, 0, err
+		sb.mu.Unlock()
+		return nil, err
 	}
 	defer func() {
 		if err := e.dropSnapshot(snap); err != nil {
 			e.log.Error("drop fork snapshot", logging.Error, err)
 		}
+	}()
+	// The source comes back while the copies start: in parallel, the whole
+	// fork takes about one restore after the checkpoint.
+	var paused time.Duration
+	var srcErr error
+	srcDone := make(chan struct{})
+	go func() {
+		defer close(srcDone)
+		defer sb.mu.Unlock()
+		paused, srcErr = e.bringBack(ctx, sb, snap, began, stopped)
 	}()
 	results := make([]ForkResult, count)
 	var wg sync.WaitGroup
@@ -447,6 +476,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout in
 		}()
 	}
 	wg.Wait()
+	<-srcDone
 	ok := 0
 	for _, r := range results {
 		if r.Err == nil {
@@ -454,5 +484,5 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout in
 		}
 	}
 	e.log.Info("fork done", logging.SandboxID, sb.id, "copies", ok, "failed", count-ok, "source_paused", paused.Round(time.Millisecond))
-	return results, paused, nil
+	return &ForkOutcome{Results: results, SourcePaused: paused, SourceErr: srcErr}, nil
 }

@@ -61,12 +61,13 @@ func TestForkReportsEachCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results, paused, err := f.edge.Fork(ctx, src.Id, "root", 4, 0, nil)
+	fo, err := f.edge.Fork(ctx, src.Id, "root", 4, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(results) != 4 || paused <= 0 {
-		t.Fatalf("%d results, paused %v", len(results), paused)
+	results := fo.Results
+	if len(results) != 4 || fo.SourcePaused <= 0 || fo.SourceErr != nil {
+		t.Fatalf("%d results, paused %v, source error %v", len(results), fo.SourcePaused, fo.SourceErr)
 	}
 	var ok, exhausted int
 	for _, r := range results {
@@ -92,10 +93,10 @@ func TestForkReportsEachCopy(t *testing.T) {
 	if _, err := echo(t, agentClient(t, f.edge, src.Id, "root")); err != nil {
 		t.Fatalf("source after fork: %v", err)
 	}
-	if _, _, err := f.edge.Fork(ctx, src.Id, "root", 0, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := f.edge.Fork(ctx, src.Id, "root", 0, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("count 0: %v", err)
 	}
-	if _, _, err := f.edge.Fork(ctx, src.Id, "root", 101, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := f.edge.Fork(ctx, src.Id, "root", 101, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("count 101: %v", err)
 	}
 }
@@ -108,12 +109,12 @@ func TestForkFailureOfOneCopyLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.fake.Knobs.FailRestoreAfter = 2
-	results, _, err := f.edge.Fork(ctx, src.Id, "root", 3, 0, nil)
+	fo, err := f.edge.Fork(ctx, src.Id, "root", 3, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	failed := 0
-	for _, r := range results {
+	for _, r := range fo.Results {
 		if r.Err != nil {
 			failed++
 		}

@@ -24,6 +24,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +39,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -57,12 +60,32 @@ type Backend struct {
 	boxes map[sandboxid.ID]*box // guarded by mu
 }
 
+// box is one sandbox. runsc knows it by runscID, which changes when the
+// sandbox is restored in place: deleting a checkpointed container takes
+// runsc seconds, so the old one is deleted in the background under its own
+// id instead of in the way of the restore.
 type box struct {
-	dir string
+	dir     string
+	runscID string
 }
 
 type handleState struct {
-	Dir string `json:"dir"`
+	Dir     string `json:"dir"`
+	RunscID string `json:"runsc_id"`
+}
+
+// newRunscID appends a generation to the sandbox id. Every runsc id of this
+// backend has the same length, so none is a prefix of another (runsc
+// matches ids by prefix).
+func newRunscID(id sandboxid.ID) string {
+	b := make([]byte, 3)
+	rand.Read(b) //nolint:errcheck // crypto/rand does not fail on Linux
+	return string(id) + "-" + hex.EncodeToString(b)[:4]
+}
+
+func (b *Backend) handle(id sandboxid.ID, bx *box) *backend.Handle {
+	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID})
+	return &backend.Handle{ID: id, Backend: Name, Version: 2, State: state}
 }
 
 var (
@@ -203,42 +226,46 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
 		return nil, err
 	}
-	if err := writeSpec(spec.Dir, runtimeSpec(spec, cgroupsPath(spec.ID))); err != nil {
+	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID)}
+	if err := writeSpec(spec.Dir, runtimeSpec(spec, cgroupsPath(bx.runscID))); err != nil {
 		rootfs.Unmount(filepath.Join(spec.Dir, "rootfs")) //nolint:errcheck // reporting the first error
 		return nil, err
 	}
-	b.track(spec.ID, spec.Dir)
-	state, _ := json.Marshal(handleState{Dir: spec.Dir})
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+	b.track(spec.ID, bx)
+	return b.handle(spec.ID, bx), nil
 }
 
-func (b *Backend) track(id sandboxid.ID, dir string) {
+func (b *Backend) track(id sandboxid.ID, bx *box) {
 	b.mu.Lock()
-	b.boxes[id] = &box{dir: dir}
+	b.boxes[id] = bx
 	b.mu.Unlock()
 }
 
-func (b *Backend) dirOf(id sandboxid.ID) (string, error) {
+func (b *Backend) get(id sandboxid.ID) (box, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bx, ok := b.boxes[id]
 	if !ok {
-		return "", errdefs.NotFound("sandbox %s: unknown to the gvisor backend", id)
+		return box{}, errdefs.NotFound("sandbox %s: unknown to the gvisor backend", id)
 	}
-	return bx.dir, nil
+	return *bx, nil
 }
 
 // Start boots the sandbox.
 func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
-	dir, err := b.dirOf(id)
+	bx, err := b.get(id)
 	if err != nil {
 		return err
 	}
-	return b.launch(ctx, b.logFile(dir), "run", "--detach", "--bundle", dir, string(id))
+	return b.launch(ctx, b.logFile(bx.dir), "run", "--detach", "--bundle", bx.dir, bx.runscID)
 }
 
 // Stop kills the sandbox (SIGTERM to its processes first).
 func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return nil
+	}
 	st, err := b.Status(ctx, id)
 	if err != nil || st.State == backend.StateStopped {
 		return err
@@ -246,7 +273,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 	if st.State == backend.StatePaused {
 		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
 	}
-	b.run(ctx, "", "kill", "--all", string(id), "TERM") //nolint:errcheck // it may be gone
+	b.run(ctx, "", "kill", "--all", bx.runscID, "TERM") //nolint:errcheck // it may be gone
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		if st, err := b.Status(ctx, id); err != nil || st.State == backend.StateStopped {
@@ -254,7 +281,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if out, err := b.run(ctx, "", "kill", "--all", string(id), "KILL"); err != nil && !notExist(out, err) {
+	if out, err := b.run(ctx, "", "kill", "--all", bx.runscID, "KILL"); err != nil && !notExist(out, err) {
 		return err
 	}
 	return nil
@@ -266,15 +293,24 @@ func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	bx := b.boxes[id]
 	delete(b.boxes, id)
 	b.mu.Unlock()
+	if bx == nil {
+		return nil
+	}
+	return b.remove(ctx, *bx)
+}
+
+// remove deletes one runsc container generation and its cgroups, and
+// unmounts the rootfs unless keepRootfs.
+func (b *Backend) remove(ctx context.Context, bx box) error {
 	var errs []error
-	thaw(id) // a frozen sandbox cannot be killed
-	if out, err := b.run(ctx, "", "delete", "--force", string(id)); err != nil && !notExist(out, err) {
+	oci.Thaw(bx.runscID) //nolint:errcheck // a frozen sandbox cannot be killed; it may not be frozen
+	if out, err := b.run(ctx, "", "delete", "--force", bx.runscID); err != nil && !notExist(out, err) {
 		errs = append(errs, err)
 	}
-	if err := removeCgroups(cgroupsPath(id)); err != nil {
+	if err := oci.RemoveCgroups(cgroupsPath(bx.runscID)); err != nil {
 		errs = append(errs, err)
 	}
-	if bx != nil {
+	if bx.dir != "" {
 		if err := rootfs.Unmount(filepath.Join(bx.dir, "rootfs")); err != nil {
 			errs = append(errs, err)
 		}
@@ -290,10 +326,14 @@ type runscState struct {
 // Status asks the freezer, then runsc (which cannot answer for a frozen
 // sandbox: its control server is frozen too).
 func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, error) {
-	if frozen(id) {
+	bx, err := b.get(id)
+	if err != nil {
+		return backend.Status{ID: id, State: backend.StateStopped}, nil
+	}
+	if oci.Frozen(bx.runscID) {
 		return backend.Status{ID: id, State: backend.StatePaused}, nil
 	}
-	out, err := b.run(ctx, "", "state", string(id))
+	out, err := b.run(ctx, "", "state", bx.runscID)
 	if err != nil {
 		if notExist(out, err) {
 			return backend.Status{ID: id, State: backend.StateStopped}, nil
@@ -324,7 +364,10 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	if err := json.Unmarshal(h.State, &hs); err != nil {
 		return fmt.Errorf("recover %s: bad handle: %w", h.ID, err)
 	}
-	b.track(h.ID, hs.Dir)
+	if hs.RunscID == "" {
+		hs.RunscID = string(h.ID) // handles written before generations
+	}
+	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID})
 	st, err := b.Status(ctx, h.ID)
 	if err != nil {
 		return err
@@ -337,10 +380,18 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 
 // Pause freezes the sandbox's cgroup: the sentry, its gofer and every task.
 func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
-	return freeze(id)
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	return oci.Freeze(bx.runscID)
 }
 
 // Resume thaws it.
 func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
-	return thaw(id)
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	return oci.Thaw(bx.runscID)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -44,14 +45,15 @@ func memoryDir(ref backend.SnapshotRef) string { return filepath.Join(ref.Dir, "
 // Snapshot checkpoints the sandbox: memory, kernel state and the writable
 // layer, which lives in the sandbox's memory. runsc stops the sandbox.
 func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	dir, err := b.dirOf(id)
+	bx, err := b.get(id)
 	if err != nil {
 		return nil, err
 	}
-	if oci.Frozen(string(id)) {
+	dir := bx.dir
+	if oci.Frozen(bx.runscID) {
 		return nil, errdefs.FailedPrecondition("sandbox %s is paused; resume it before a snapshot", id)
 	}
-	if _, err := b.run(ctx, b.logFile(dir), "checkpoint", "--image-path", memoryDir(ref), string(id)); err != nil {
+	if _, err := b.run(ctx, b.logFile(dir), "checkpoint", "--image-path", memoryDir(ref), bx.runscID); err != nil {
 		// A failed checkpoint kills the sandbox in this runsc.
 		return &backend.SnapshotInfo{Stopped: true}, err
 	}
@@ -90,44 +92,57 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err := json.Unmarshal(tmpl, &s); err != nil {
 		return nil, err
 	}
-	// The source's stopped container must go before its id is reused.
-	if out, err := b.run(ctx, "", "delete", "--force", string(spec.ID)); err != nil && !notExist(out, err) {
-		return nil, err
-	}
+	// Restoring the source in place: its stopped container is deleted in
+	// the background, under its old runsc id, after the restore.
+	old, lookupErr := b.get(spec.ID)
+	inPlace := lookupErr == nil
+	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID)}
 	target := filepath.Join(spec.Dir, "rootfs")
 	if mounted, _ := rootfs.IsMounted(target); !mounted {
 		if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
 			return nil, err
 		}
 	}
-	fresh := runtimeSpec(spec, cgroupsPath(spec.ID))
+	fresh := runtimeSpec(spec, cgroupsPath(bx.runscID))
 	s.Root, s.Hostname, s.Mounts = fresh.Root, fresh.Hostname, fresh.Mounts
 	s.Linux.CgroupsPath, s.Linux.Resources = fresh.Linux.CgroupsPath, fresh.Linux.Resources
-	ok := false
-	defer func() {
-		if !ok {
-			b.run(context.WithoutCancel(ctx), "", "delete", "--force", string(spec.ID)) //nolint:errcheck // cleaning up a failed restore
-			oci.RemoveCgroups(cgroupsPath(spec.ID))                                     //nolint:errcheck // likewise
-		}
-	}()
+	if !inPlace {
+		// A fork restores the source and its copies at once; the copies
+		// restore with the least CPU weight so the source, which is what a
+		// rollout waits on, comes back first. Their weight is raised after.
+		low := uint64(lowShares)
+		s.Linux.Resources.CPU.Shares = &low
+	}
 	if err := writeSpec(spec.Dir, &s); err != nil {
 		return nil, err
 	}
-	b.track(spec.ID, spec.Dir)
-	if err := b.launch(ctx, b.logFile(spec.Dir), "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), string(spec.ID)); err != nil {
+	if err := b.launch(ctx, b.logFile(spec.Dir), "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
+		b.remove(context.WithoutCancel(ctx), box{runscID: bx.runscID}) //nolint:errcheck // cleaning up a failed restore
+		if !inPlace {
+			rootfs.Unmount(target) //nolint:errcheck // reporting the restore's error
+		}
+		// In place, the old generation stays tracked; removing the sandbox
+		// removes it and its mount.
 		return nil, err
 	}
-	ok = true
-	state, _ := json.Marshal(handleState{Dir: spec.Dir})
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+	b.track(spec.ID, bx)
+	if !inPlace {
+		oci.SetCPUShares(bx.runscID, normalShares) //nolint:errcheck // the copy runs either way
+	}
+	if inPlace {
+		go func() {
+			if err := b.remove(context.Background(), box{runscID: old.runscID}); err != nil {
+				b.log.Warn("delete the checkpointed generation", "runsc_id", old.runscID, logging.Error, err)
+			}
+		}()
+	}
+	return b.handle(spec.ID, bx), nil
 }
 
-func freeze(id sandboxid.ID) error { return oci.Freeze(string(id)) }
+func cgroupsPath(runscID string) string { return oci.CgroupsPath(runscID) }
 
-func thaw(id sandboxid.ID) error { return oci.Thaw(string(id)) }
-
-func frozen(id sandboxid.ID) bool { return oci.Frozen(string(id)) }
-
-func removeCgroups(rel string) error { return oci.RemoveCgroups(rel) }
-
-func cgroupsPath(id sandboxid.ID) string { return oci.CgroupsPath(string(id)) }
+// CPU weights: the kernel's minimum while restoring a copy, then the default.
+const (
+	lowShares    = 2
+	normalShares = 1024
+)

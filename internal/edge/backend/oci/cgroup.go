@@ -55,6 +55,12 @@ func Thaw(id string) error {
 	return nil
 }
 
+// SetCPUShares sets the CPU weight of a sandbox's cgroup.
+func SetCPUShares(id string, shares uint64) error {
+	p := filepath.Join(cgroupRoot, "cpu", CgroupParent, id, "cpu.shares")
+	return os.WriteFile(p, []byte(fmt.Sprint(shares)), 0o644)
+}
+
 // Frozen reports whether the sandbox's cgroup is frozen.
 func Frozen(id string) bool {
 	data, err := os.ReadFile(freezerState(id))

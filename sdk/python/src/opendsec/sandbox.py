@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import warnings
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 
 from ._connect import ConnectClient
@@ -427,6 +428,8 @@ class Sandbox:
             {"sandboxId": self.id, "count": count, "timeoutSeconds": str(timeout_seconds), "metadata": metadata or {}},
             timeout=300,
         )
+        if r.get("sourceError"):
+            warnings.warn(f"fork of {self.id}: the source could not be brought back: {r['sourceError']}", RuntimeWarning, stacklevel=2)
         out: List[Union[Sandbox, DSecError]] = []
         for res in r.get("results", []):
             if "sandbox" in res:

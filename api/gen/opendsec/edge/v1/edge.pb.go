@@ -998,6 +998,7 @@ type ForkSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*v1.ForkResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	SourcePauseUs int64                  `protobuf:"varint,2,opt,name=source_pause_us,json=sourcePauseUs,proto3" json:"source_pause_us,omitempty"`
+	SourceError   string                 `protobuf:"bytes,3,opt,name=source_error,json=sourceError,proto3" json:"source_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1044,6 +1045,13 @@ func (x *ForkSandboxResponse) GetSourcePauseUs() int64 {
 		return x.SourcePauseUs
 	}
 	return 0
+}
+
+func (x *ForkSandboxResponse) GetSourceError() string {
+	if x != nil {
+		return x.SourceError
+	}
+	return ""
 }
 
 type ListSnapshotsRequest struct {
@@ -1683,10 +1691,11 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\bmetadata\x18\x05 \x03(\v22.opendsec.edge.v1.ForkSandboxRequest.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"x\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x01\n" +
 	"\x13ForkSandboxResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.opendsec.sandbox.v1.ForkResultR\aresults\x12&\n" +
-	"\x0fsource_pause_us\x18\x02 \x01(\x03R\rsourcePauseUs\"K\n" +
+	"\x0fsource_pause_us\x18\x02 \x01(\x03R\rsourcePauseUs\x12!\n" +
+	"\fsource_error\x18\x03 \x01(\tR\vsourceError\"K\n" +
 	"\x14ListSnapshotsRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x1d\n" +
 	"\n" +

@@ -1480,6 +1480,9 @@ type ForkSandboxResponse struct {
 	Results []*ForkResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// How long the source did not run, in microseconds.
 	SourcePauseUs int64 `protobuf:"varint,2,opt,name=source_pause_us,json=sourcePauseUs,proto3" json:"source_pause_us,omitempty"`
+	// Set when the source could not be brought back after the snapshot; the
+	// copies in results are unaffected.
+	SourceError   string `protobuf:"bytes,3,opt,name=source_error,json=sourceError,proto3" json:"source_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1526,6 +1529,13 @@ func (x *ForkSandboxResponse) GetSourcePauseUs() int64 {
 		return x.SourcePauseUs
 	}
 	return 0
+}
+
+func (x *ForkSandboxResponse) GetSourceError() string {
+	if x != nil {
+		return x.SourceError
+	}
+	return ""
 }
 
 type ListSnapshotsRequest struct {
@@ -1817,10 +1827,11 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x02 \x01(\tR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"x\n" +
+	"\rerror_message\x18\x03 \x01(\tR\ferrorMessage\"\x9b\x01\n" +
 	"\x13ForkSandboxResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.opendsec.sandbox.v1.ForkResultR\aresults\x12&\n" +
-	"\x0fsource_pause_us\x18\x02 \x01(\x03R\rsourcePauseUs\"5\n" +
+	"\x0fsource_pause_us\x18\x02 \x01(\x03R\rsourcePauseUs\x12!\n" +
+	"\fsource_error\x18\x03 \x01(\tR\vsourceError\"5\n" +
 	"\x14ListSnapshotsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"T\n" +

@@ -1,0 +1,338 @@
+// Command fork benchmarks fork with memory on the gvisor backend, in one
+// run, against (a) bare runsc: `runsc checkpoint` + N parallel
+// `runsc restore` of the same prepared state, and (b) what a user has
+// without fork: N cold creates, each re-running the preparation (a Python
+// process importing modules and listening on a port). For count = 1, 4, 8
+// it prints the total time, the source's interruption and per-copy time to
+// first exec, with ratios. Needs root, runsc and root/py:3.11 (make images).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	rspec "github.com/opencontainers/runtime-spec/specs-go"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/image"
+)
+
+// prep is the preparation a rollout does before it forks: import modules,
+// build some state, listen on a port.
+const prep = `
+import asyncio, argparse, decimal, email.parser, fractions, hashlib, http.server, json, logging
+import sqlite3, ssl, statistics, unittest, urllib.request, xml.dom.minidom, random
+state = [random.random() for _ in range(200000)]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(json.dumps({"n": len(state)}).encode())
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+`
+
+const waitReady = "for i in $(seq 400); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.02; done; exit 1"
+
+func main() {
+	store := flag.String("store", ".cache/images", "image store with root/py:3.11")
+	agent := flag.String("agent", "bin/aether", "aether binary")
+	counts := flag.String("counts", "1,4,8", "fork counts")
+	flag.Parse()
+	if err := run(context.Background(), *store, *agent, *counts); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type row struct {
+	count                int
+	ours, oursPause      time.Duration
+	oursFirst            []time.Duration
+	bare, bareCheckpoint time.Duration
+	bareFirst            []time.Duration
+	cold                 time.Duration
+}
+
+func run(ctx context.Context, storeDir, agent, countList string) error {
+	work, err := os.MkdirTemp("", "dsec-forkbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	agentAbs, _ := filepath.Abs(agent)
+	storeAbs, _ := filepath.Abs(storeDir)
+	reg := &backend.Registry{}
+	reg.Register(gvisor.Name, gvisor.New)
+	c, err := embed.Start(ctx, embed.Config{
+		StateDir: filepath.Join(work, "state"), Listen: "127.0.0.1:0", AgentPath: agentAbs, ImageStore: storeAbs,
+		Backends: map[string]map[string]string{"gvisor": {}},
+	}, reg, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	cl, err := client.New(c.APIURL, readKey(c.ClientEnv))
+	if err != nil {
+		return err
+	}
+	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}}
+	prepared := func() (*client.Sandbox, time.Duration, error) {
+		t0 := time.Now()
+		sb, err := cl.Create(ctx, spec)
+		if err != nil {
+			return nil, 0, err
+		}
+		if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/prep.py", Data: []byte(prep)})); err != nil {
+			return nil, 0, err
+		}
+		if _, err := sb.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/prep.py"}, Tag: "prep"}})); err != nil {
+			return nil, 0, err
+		}
+		if r, err := sb.Shell(ctx, waitReady); err != nil || r.ExitCode != 0 {
+			return nil, 0, fmt.Errorf("preparation did not come up: %v %v", r, err)
+		}
+		return sb, time.Since(t0), nil
+	}
+	// Warm-up (unpacks the layers once).
+	if sb, _, err := prepared(); err != nil {
+		return err
+	} else {
+		sb.Stop(ctx)
+	}
+	var rows []row
+	for _, f := range strings.Split(countList, ",") {
+		var n int
+		fmt.Sscan(f, &n)
+		r := row{count: n}
+
+		// Ours.
+		src, _, err := prepared()
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
+		resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: int32(n)}))
+		if err != nil {
+			return err
+		}
+		r.oursPause = time.Duration(resp.Msg.SourcePauseUs) * time.Microsecond
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		var copies []*client.Sandbox
+		for _, res := range resp.Msg.Results {
+			if res.Sandbox == nil {
+				return fmt.Errorf("copy failed: %s %s", res.ErrorCode, res.ErrorMessage)
+			}
+			sb := cl.Sandbox(res.Sandbox.Id)
+			copies = append(copies, sb)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if r2, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"true"}}); err == nil && r2.ExitCode == 0 {
+					mu.Lock()
+					r.oursFirst = append(r.oursFirst, time.Since(t0))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		r.ours = time.Since(t0)
+		for _, sb := range append(copies, src) {
+			sb.Stop(ctx)
+		}
+
+		// Cold: N creates, each re-running the preparation, in parallel.
+		t0 = time.Now()
+		var cold []*client.Sandbox
+		var coldErr error
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sb, _, err := prepared()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					coldErr = err
+					return
+				}
+				cold = append(cold, sb)
+			}()
+		}
+		wg.Wait()
+		r.cold = time.Since(t0)
+		for _, sb := range cold {
+			sb.Stop(ctx)
+		}
+		if coldErr != nil {
+			return coldErr
+		}
+
+		// Bare runsc on the same image and bundle template.
+		if err := bareFork(ctx, c, work, storeAbs, n, &r); err != nil {
+			return err
+		}
+		rows = append(rows, r)
+	}
+	fmt.Printf("fork with memory, gvisor backend vs bare runsc vs cold creates (root/py:3.11, Python with modules imported, %s)\n\n", time.Now().Format(time.RFC3339))
+	fmt.Printf("%-6s %-9s %-10s %-16s | %-9s %-11s %-16s | %-10s | %s\n", "count", "ours", "src pause", "first exec p50/max", "runsc", "checkpoint", "first exec p50/max", "cold", "ratios")
+	for _, r := range rows {
+		fmt.Printf("%-6d %-9s %-10s %-16s | %-9s %-11s %-16s | %-10s | ours/runsc %.2fx, cold/ours %.1fx\n",
+			r.count, ms(r.ours), ms(r.oursPause), ms(pct(r.oursFirst, 50))+"/"+ms(pct(r.oursFirst, 100)),
+			ms(r.bare), ms(r.bareCheckpoint), ms(pct(r.bareFirst, 50))+"/"+ms(pct(r.bareFirst, 100)),
+			ms(r.cold), float64(r.ours)/float64(r.bare), float64(r.cold)/float64(r.ours))
+	}
+	fmt.Println("\nours: ForkSandbox call until every copy ran `true`; src pause: time the source did not run (from the server);")
+	fmt.Println("runsc: checkpoint + N parallel restores + `runsc exec true` in each; cold: N parallel creates + the preparation.")
+	return nil
+}
+
+// bareFork prepares the same state in a runsc sandbox started directly (the
+// preparation as its first process, no agent), then checkpoints it and
+// restores N copies in parallel.
+func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n int, r *row) error {
+	st, err := image.OpenStore(storeDir)
+	if err != nil {
+		return err
+	}
+	ref, _ := image.ParseRef("root/py:3.11")
+	im, err := st.Resolve(ref)
+	if err != nil {
+		return err
+	}
+	cache, err := image.NewCache(filepath.Join(work, "state", "edge", "cache"), st)
+	if err != nil {
+		return err
+	}
+	layers, err := cache.Layers(ctx, im, nil)
+	if err != nil {
+		return err
+	}
+	root := filepath.Join(work, "runsc-root")
+	runsc := func(args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, "runsc", append([]string{"--root", root, "--network=none", "--overlay2=root:memory"}, args...)...)
+	}
+	optDir := filepath.Join(work, "opt")
+	os.MkdirAll(optDir, 0o755)
+	os.WriteFile(filepath.Join(optDir, "prep.py"), []byte(prep), 0o644)
+	bundle := func(id string, args []string) (string, error) {
+		dir := filepath.Join(work, id)
+		if err := rootfs.Mount(layers, rootfs.LayoutIn(dir)); err != nil {
+			return "", err
+		}
+		mem := int64(1 << 30)
+		s := rspec.Spec{
+			Version:  "1.0.2",
+			Process:  &rspec.Process{Args: args, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}, Cwd: "/"},
+			Root:     &rspec.Root{Path: filepath.Join(dir, "rootfs")},
+			Hostname: id,
+			Mounts: []rspec.Mount{
+				{Destination: "/proc", Type: "proc", Source: "proc"},
+				{Destination: "/opt/bench", Type: "bind", Source: optDir, Options: []string{"rbind", "ro"}},
+			},
+			Linux: &rspec.Linux{
+				CgroupsPath: "/opendsec-bench/" + id,
+				Resources:   &rspec.LinuxResources{Memory: &rspec.LinuxMemory{Limit: &mem}},
+				Namespaces: []rspec.LinuxNamespace{{Type: rspec.PIDNamespace}, {Type: rspec.IPCNamespace}, {Type: rspec.UTSNamespace},
+					{Type: rspec.MountNamespace}, {Type: rspec.NetworkNamespace}},
+			},
+		}
+		data, _ := json.Marshal(s)
+		return dir, os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600)
+	}
+	start := func(cmd *exec.Cmd) error {
+		null, _ := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+		defer null.Close()
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, null
+		return cmd.Run()
+	}
+	srcID := fmt.Sprintf("bench-src-%02d-0000", n)
+	dir, err := bundle(srcID, []string{"python3", "/opt/bench/prep.py"})
+	if err != nil {
+		return err
+	}
+	if err := start(runsc("run", "--detach", "--bundle", dir, srcID)); err != nil {
+		return fmt.Errorf("runsc run: %w", err)
+	}
+	if out, err := runsc("exec", srcID, "sh", "-c", waitReady).CombinedOutput(); err != nil {
+		return fmt.Errorf("bare preparation: %v %s", err, out)
+	}
+	img := filepath.Join(work, fmt.Sprintf("img-%d", n))
+	t0 := time.Now()
+	if out, err := runsc("checkpoint", "--image-path", img, srcID).CombinedOutput(); err != nil {
+		return fmt.Errorf("runsc checkpoint: %v %s", err, out)
+	}
+	r.bareCheckpoint = time.Since(t0)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ids := []string{}
+	var firstErr error
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("bench-cp%02d-%02d-00", n, i)
+		d, err := bundle(id, []string{"python3", "/opt/bench/prep.py"})
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := start(runsc("restore", "--detach", "--bundle", d, "--image-path", img, id))
+			if err == nil {
+				err = runsc("exec", id, "true").Run()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				firstErr = err
+				return
+			}
+			r.bareFirst = append(r.bareFirst, time.Since(t0))
+		}()
+	}
+	wg.Wait()
+	r.bare = time.Since(t0)
+	for _, id := range append(ids, srcID) {
+		runsc("kill", id, "KILL").Run()
+		runsc("delete", "--force", id).Run()
+		rootfs.Unmount(filepath.Join(work, id, "rootfs"))
+	}
+	return firstErr
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := (len(s)*p+99)/100 - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d.Microseconds())/1000) }
+
+func readKey(path string) string {
+	data, _ := os.ReadFile(path)
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
+			return v
+		}
+	}
+	return ""
+}
