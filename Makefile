@@ -48,6 +48,8 @@ down:
 
 quickstart: deps build images venv up
 	source $(STATE)/client.env && $(VENV)/bin/python examples/quickstart.py
+	@echo "fork with memory on the gvisor backend (examples/fork.py):"
+	source $(STATE)/client.env && $(VENV)/bin/python examples/fork.py
 
 test: deps build images venv check-generated lint test-go test-python
 
@@ -80,6 +82,7 @@ lint: tools
 
 bench: build images
 	go run ./bench/create --store $(CACHE)/images
+	go run ./bench/fork --store $(CACHE)/images
 
 FUZZTIME ?= 30s
 fuzz:

@@ -52,8 +52,9 @@ func main() {
 	store := flag.String("store", ".cache/images", "image store with root/py:3.11")
 	agent := flag.String("agent", "bin/aether", "aether binary")
 	counts := flag.String("counts", "1,4,8", "fork counts")
+	reps := flag.Int("reps", 3, "repetitions per count; the row shows the run with the median total")
 	flag.Parse()
-	if err := run(context.Background(), *store, *agent, *counts); err != nil {
+	if err := run(context.Background(), *store, *agent, *counts, *reps); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -68,7 +69,7 @@ type row struct {
 	cold                 time.Duration
 }
 
-func run(ctx context.Context, storeDir, agent, countList string) error {
+func run(ctx context.Context, storeDir, agent, countList string, reps int) error {
 	work, err := os.MkdirTemp("", "dsec-forkbench-")
 	if err != nil {
 		return err
@@ -118,78 +119,83 @@ func run(ctx context.Context, storeDir, agent, countList string) error {
 	for _, f := range strings.Split(countList, ",") {
 		var n int
 		fmt.Sscan(f, &n)
-		r := row{count: n}
+		var runs []row
+		for rep := 0; rep < reps; rep++ {
+			r := row{count: n}
 
-		// Ours.
-		src, _, err := prepared()
-		if err != nil {
-			return err
-		}
-		t0 := time.Now()
-		resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: int32(n)}))
-		if err != nil {
-			return err
-		}
-		r.oursPause = time.Duration(resp.Msg.SourcePauseUs) * time.Microsecond
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		var copies []*client.Sandbox
-		for _, res := range resp.Msg.Results {
-			if res.Sandbox == nil {
-				return fmt.Errorf("copy failed: %s %s", res.ErrorCode, res.ErrorMessage)
+			// Ours.
+			src, _, err := prepared()
+			if err != nil {
+				return err
 			}
-			sb := cl.Sandbox(res.Sandbox.Id)
-			copies = append(copies, sb)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if r2, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"true"}}); err == nil && r2.ExitCode == 0 {
+			t0 := time.Now()
+			resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: int32(n)}))
+			if err != nil {
+				return err
+			}
+			r.oursPause = time.Duration(resp.Msg.SourcePauseUs) * time.Microsecond
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			var copies []*client.Sandbox
+			for _, res := range resp.Msg.Results {
+				if res.Sandbox == nil {
+					return fmt.Errorf("copy failed: %s %s", res.ErrorCode, res.ErrorMessage)
+				}
+				sb := cl.Sandbox(res.Sandbox.Id)
+				copies = append(copies, sb)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if r2, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"true"}}); err == nil && r2.ExitCode == 0 {
+						mu.Lock()
+						r.oursFirst = append(r.oursFirst, time.Since(t0))
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			r.ours = time.Since(t0)
+			for _, sb := range append(copies, src) {
+				sb.Stop(ctx)
+			}
+
+			// Cold: N creates, each re-running the preparation, in parallel.
+			t0 = time.Now()
+			var cold []*client.Sandbox
+			var coldErr error
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sb, _, err := prepared()
 					mu.Lock()
-					r.oursFirst = append(r.oursFirst, time.Since(t0))
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		r.ours = time.Since(t0)
-		for _, sb := range append(copies, src) {
-			sb.Stop(ctx)
-		}
+					defer mu.Unlock()
+					if err != nil {
+						coldErr = err
+						return
+					}
+					cold = append(cold, sb)
+				}()
+			}
+			wg.Wait()
+			r.cold = time.Since(t0)
+			for _, sb := range cold {
+				sb.Stop(ctx)
+			}
+			if coldErr != nil {
+				return coldErr
+			}
 
-		// Cold: N creates, each re-running the preparation, in parallel.
-		t0 = time.Now()
-		var cold []*client.Sandbox
-		var coldErr error
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sb, _, err := prepared()
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					coldErr = err
-					return
-				}
-				cold = append(cold, sb)
-			}()
+			// Bare runsc on the same image and bundle template.
+			if err := bareFork(ctx, c, work, storeAbs, n, rep, &r); err != nil {
+				return err
+			}
+			runs = append(runs, r)
 		}
-		wg.Wait()
-		r.cold = time.Since(t0)
-		for _, sb := range cold {
-			sb.Stop(ctx)
-		}
-		if coldErr != nil {
-			return coldErr
-		}
-
-		// Bare runsc on the same image and bundle template.
-		if err := bareFork(ctx, c, work, storeAbs, n, &r); err != nil {
-			return err
-		}
-		rows = append(rows, r)
+		sort.Slice(runs, func(i, j int) bool { return runs[i].ours < runs[j].ours })
+		rows = append(rows, runs[len(runs)/2])
 	}
-	fmt.Printf("fork with memory, gvisor backend vs bare runsc vs cold creates (root/py:3.11, Python with modules imported, %s)\n\n", time.Now().Format(time.RFC3339))
+	fmt.Printf("fork with memory, gvisor backend vs bare runsc vs cold creates (root/py:3.11, Python with modules imported; median of %d runs, %s)\n\n", reps, time.Now().Format(time.RFC3339))
 	fmt.Printf("%-6s %-9s %-10s %-16s | %-9s %-11s %-16s | %-10s | %s\n", "count", "ours", "src pause", "first exec p50/max", "runsc", "checkpoint", "first exec p50/max", "cold", "ratios")
 	for _, r := range rows {
 		fmt.Printf("%-6d %-9s %-10s %-16s | %-9s %-11s %-16s | %-10s | ours/runsc %.2fx, cold/ours %.1fx\n",
@@ -205,7 +211,7 @@ func run(ctx context.Context, storeDir, agent, countList string) error {
 // bareFork prepares the same state in a runsc sandbox started directly (the
 // preparation as its first process, no agent), then checkpoints it and
 // restores N copies in parallel.
-func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n int, r *row) error {
+func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n, rep int, r *row) error {
 	st, err := image.OpenStore(storeDir)
 	if err != nil {
 		return err
@@ -261,7 +267,7 @@ func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n in
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, null
 		return cmd.Run()
 	}
-	srcID := fmt.Sprintf("bench-src-%02d-0000", n)
+	srcID := fmt.Sprintf("bench-src-%02d-%02d00", n, rep)
 	dir, err := bundle(srcID, []string{"python3", "/opt/bench/prep.py"})
 	if err != nil {
 		return err
@@ -272,7 +278,7 @@ func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n in
 	if out, err := runsc("exec", srcID, "sh", "-c", waitReady).CombinedOutput(); err != nil {
 		return fmt.Errorf("bare preparation: %v %s", err, out)
 	}
-	img := filepath.Join(work, fmt.Sprintf("img-%d", n))
+	img := filepath.Join(work, fmt.Sprintf("img-%d-%d", n, rep))
 	t0 := time.Now()
 	if out, err := runsc("checkpoint", "--image-path", img, srcID).CombinedOutput(); err != nil {
 		return fmt.Errorf("runsc checkpoint: %v %s", err, out)
@@ -283,7 +289,7 @@ func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n in
 	ids := []string{}
 	var firstErr error
 	for i := 0; i < n; i++ {
-		id := fmt.Sprintf("bench-cp%02d-%02d-00", n, i)
+		id := fmt.Sprintf("bench-cp%02d-%02d-%02d", n, i, rep)
 		d, err := bundle(id, []string{"python3", "/opt/bench/prep.py"})
 		if err != nil {
 			return err

@@ -23,8 +23,10 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   exec      run a command in a sandbox
   ls        list sandboxes
   stop      stop and remove sandboxes (--all for every one)
-  pause     pause sandboxes
+  pause     pause sandboxes (every process frozen, no CPU used)
   resume    resume sandboxes
+  fork      fork a sandbox into copies that keep its memory (gvisor backend)
+  snapshot  snapshot a sandbox; snapshot ls | rm | restore
   image     ls | import | rm | build | export
   whoami    show the API key's project and role
 
@@ -54,6 +56,10 @@ func main() {
 		err = cmdStop(ctx, args)
 	case "pause", "resume":
 		err = cmdPause(ctx, cmd, args)
+	case "fork":
+		err = cmdFork(ctx, args)
+	case "snapshot":
+		err = cmdSnapshot(ctx, args)
 	case "image":
 		err = cmdImage(ctx, args)
 	case "whoami":
