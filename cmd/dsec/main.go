@@ -16,7 +16,9 @@ import (
 const usage = `usage: dsec <command> [flags]
 
 Cluster:
-  up        run every component in one process (apiserver, watcher, IAM, edge)
+  up        run every component in one process (apiserver, watcher, IAM, edge,
+            and the E2B-compatible gateway)
+  gateway   run the E2B-compatible gateway alone, in front of an apiserver
 
 Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   run       create a sandbox, optionally run a command in it
@@ -29,6 +31,7 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   snapshot  snapshot a sandbox; snapshot ls | rm | restore
   image     ls | import | rm | build | export
   whoami    show the API key's project and role
+  key       create | ls | revoke API keys (--format e2b for E2B's SDKs)
 
 Run "dsec <command> -h" for the flags of a command.
 `
@@ -64,6 +67,10 @@ func main() {
 		err = cmdImage(ctx, args)
 	case "whoami":
 		err = cmdWhoami(ctx, args)
+	case "key":
+		err = cmdKey(ctx, args)
+	case "gateway":
+		err = cmdGateway(ctx, args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -22,6 +22,8 @@ func cmdUp(ctx context.Context, args []string) error {
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
 	logFormat := fs.String("log-format", "text", "text or json")
+	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
+	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
 	fs.Parse(args)
 	if *stateDir == "" {
 		return fmt.Errorf("up: --state-dir is required")
@@ -30,7 +32,8 @@ func cmdUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{}}
+	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
+		GatewayListen: *e2bListen, GatewayBaseImage: *e2bImage}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform}
@@ -43,7 +46,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	defer c.Close()
 	usable, unusable := c.Edge.BackendNames()
-	log.Info("opendsec is up", "api", c.APIURL, "client_env", c.ClientEnv, "node", c.Edge.Node(), "backends", usable, "unavailable", unusable)
+	log.Info("opendsec is up", "api", c.APIURL, "e2b_gateway", c.GatewayURL, "client_env", c.ClientEnv, "node", c.Edge.Node(), "backends", usable, "unavailable", unusable)
 	fmt.Fprintf(os.Stderr, "\nOpenDsec is up at %s. In another shell:\n  . %s\n  dsec run --image root/busybox:latest -- echo hello\n\n", c.APIURL, c.ClientEnv)
 	<-ctx.Done()
 	log.Info("shutting down; sandboxes keep running and are re-attached by the next dsec up")

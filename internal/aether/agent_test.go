@@ -384,3 +384,39 @@ func TestHealth(t *testing.T) {
 		t.Fatalf("health = %+v, %v", h, err)
 	}
 }
+
+func TestWatchDirAndMetrics(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	stream, err := c.fs.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: dir, Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || !stream.Msg().Started {
+		t.Fatalf("no start: %v", stream.Err())
+	}
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	time.Sleep(50 * time.Millisecond) // the new directory gets its own watch
+	os.WriteFile(filepath.Join(dir, "sub", "f"), []byte("x"), 0o644)
+	os.Remove(filepath.Join(dir, "sub", "f"))
+	want := []string{"sub:FILE_EVENT_TYPE_CREATE", "sub/f:FILE_EVENT_TYPE_CREATE", "sub/f:FILE_EVENT_TYPE_WRITE", "sub/f:FILE_EVENT_TYPE_REMOVE"}
+	var got []string
+	for len(got) < 10 && stream.Receive() {
+		ev := stream.Msg().Event
+		s := ev.Name + ":" + ev.Type.String()
+		if len(got) == 0 || got[len(got)-1] != s {
+			got = append(got, s)
+		}
+		if s == want[len(want)-1] {
+			break
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	m, err := c.agent.Metrics(ctx, connect.NewRequest(&agentv1.MetricsRequest{}))
+	if err != nil || m.Msg.CpuCount == 0 || m.Msg.MemTotalBytes == 0 || m.Msg.DiskTotalBytes == 0 {
+		t.Fatalf("metrics %+v, %v", m, err)
+	}
+}

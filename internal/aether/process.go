@@ -179,7 +179,7 @@ func (t *processTable) start(cfg *agentv1.ProcessConfig, first *subscriber) (*pr
 	var readers []readerStream
 	var childFiles []*os.File
 	if cfg.Pty != nil {
-		master, tty, err := pty.Open()
+		master, tty, err := openPty()
 		if err != nil {
 			return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "open pty")
 		}
@@ -252,6 +252,30 @@ func (t *processTable) start(cfg *agentv1.ProcessConfig, first *subscriber) (*pr
 	}
 	go t.supervise(p, proc, readers, timer)
 	return p, nil
+}
+
+// openPty opens a terminal whose master is in the runtime's poller, so
+// closing it wakes a blocked reader. gVisor's terminals do not answer a
+// master read with EIO when the last slave closes, so the close after the
+// drain grace is what ends the read there.
+func openPty() (master, tty *os.File, err error) {
+	m, tty, err := pty.Open()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	fd, err := syscall.Dup(int(m.Fd()))
+	if err != nil {
+		tty.Close()
+		return nil, nil, err
+	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		tty.Close()
+		return nil, nil, err
+	}
+	syscall.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), m.Name()), tty, nil
 }
 
 type readerStream struct {

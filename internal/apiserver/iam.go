@@ -131,7 +131,11 @@ func (h *iamService) CreateAPIKey(ctx context.Context, req *connect.Request[iamv
 	if role == 0 {
 		role = fsm.RoleMember
 	}
-	k, secret, err := h.s.iam.CreateKey(ctx, proj, req.Msg.Name, role)
+	format := iam.FormatDsec
+	if req.Msg.Format == iamv1.KeyFormat_KEY_FORMAT_E2B {
+		format = iam.FormatE2B
+	}
+	k, secret, err := h.s.iam.CreateKey(ctx, proj, req.Msg.Name, role, format)
 	if err != nil {
 		return nil, err
 	}

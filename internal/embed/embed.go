@@ -21,6 +21,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edgeclient"
+	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -43,15 +44,26 @@ type Config struct {
 	Capacity edge.Capacity
 	// RunBase is the edge's short directory for agent sockets.
 	RunBase string
+	// GatewayListen is the E2B-compatible gateway's address; empty runs
+	// no gateway.
+	GatewayListen string
+	// GatewayBaseImage is the image E2B's template "base" names.
+	GatewayBaseImage string
 }
 
 // DefaultListen is where `dsec up` serves clients.
 const DefaultListen = "127.0.0.1:7070"
 
+// DefaultGatewayListen is where `dsec up` serves E2B's SDKs.
+const DefaultGatewayListen = "127.0.0.1:7071"
+
 // Cluster is a running all-in-one cluster.
 type Cluster struct {
 	APIURL string
-	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY.
+	// GatewayURL is the E2B-compatible gateway, when one runs.
+	GatewayURL string
+	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY (and
+	// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY with a gateway).
 	ClientEnv string
 	Edge      *edge.Edge
 	IAM       *iam.Service
@@ -60,6 +72,7 @@ type Cluster struct {
 	log     *slog.Logger
 	cancel  context.CancelFunc
 	servers []*http.Server
+	gateway *e2b.Gateway
 }
 
 // Start brings every component up and returns once the API answers.
@@ -166,6 +179,12 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	c.serve(apiSrv, func() error { return apiSrv.Serve(apiLn) })
 	c.APIURL = "http://" + apiLn.Addr().String()
 
+	if cfg.GatewayListen != "" {
+		if err := c.startGateway(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
+
 	c.ClientEnv = filepath.Join(cfg.StateDir, "client.env")
 	if err := c.writeClientEnv(ctx, secret); err != nil {
 		return nil, err
@@ -196,13 +215,20 @@ func (c *Cluster) writeClientEnv(ctx context.Context, secret string) error {
 		}
 	}
 	if secret == "" {
-		_, s, err := c.IAM.CreateKey(ctx, "root", "admin", 2)
+		_, s, err := c.IAM.CreateKey(ctx, "root", "admin", 2, iam.FormatDsec)
 		if err != nil {
 			return err
 		}
 		secret = s
 	}
 	content := fmt.Sprintf("# OpenDsec client settings, written by dsec up. Source it: . %s\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n", c.ClientEnv, c.APIURL, secret)
+	if c.GatewayURL != "" {
+		key, err := c.keyFile(ctx, filepath.Join(filepath.Dir(c.ClientEnv), "gateway", "e2b-user.key"), "e2b", iam.FormatE2B)
+		if err != nil {
+			return err
+		}
+		content += fmt.Sprintf("# E2B's SDKs, through the gateway:\nexport E2B_API_URL=%s\nexport E2B_SANDBOX_URL=%s\nexport E2B_API_KEY=%s\n", c.GatewayURL, c.GatewayURL, key)
+	}
 	return os.WriteFile(c.ClientEnv, []byte(content), 0o600)
 }
 
@@ -224,6 +250,9 @@ func (c *Cluster) Close() {
 	defer cancel()
 	for i := len(c.servers) - 1; i >= 0; i-- {
 		c.servers[i].Shutdown(ctx) //nolint:errcheck // best effort at shutdown
+	}
+	if c.gateway != nil {
+		c.gateway.Close()
 	}
 	if c.Edge != nil {
 		c.Edge.Close()

@@ -177,8 +177,20 @@ func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error 
 	return nil
 }
 
-// KeyPrefix starts every API key secret.
+// KeyPrefix starts every API key secret of our own format.
 const KeyPrefix = "dsec_"
+
+// E2BKeyPrefix starts keys in E2B's format ("e2b_" + 40 hex characters).
+const E2BKeyPrefix = "e2b_"
+
+// KeyFormat chooses the shape of a new key's secret.
+type KeyFormat int
+
+// Key formats.
+const (
+	FormatDsec KeyFormat = iota
+	FormatE2B
+)
 
 // HashSecret is what IAM stores for a key secret.
 func HashSecret(secret string) string {
@@ -220,16 +232,19 @@ func (s *Service) EnsureRoot(ctx context.Context) (string, error) {
 	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Name: fsm.RootProject, At: time.Now().UTC()}); err != nil {
 		return "", err
 	}
-	_, secret, err := s.CreateKey(ctx, fsm.RootProject, "admin", fsm.RoleAdmin)
+	_, secret, err := s.CreateKey(ctx, fsm.RootProject, "admin", fsm.RoleAdmin, FormatDsec)
 	return secret, err
 }
 
 // CreateKey makes an API key for project and returns it with its secret.
-func (s *Service) CreateKey(ctx context.Context, project, name string, role fsm.Role) (fsm.Key, string, error) {
+func (s *Service) CreateKey(ctx context.Context, project, name string, role fsm.Role, format KeyFormat) (fsm.Key, string, error) {
 	if len(name) > 64 {
 		return fsm.Key{}, "", errdefs.InvalidArgument("name: at most 64 characters")
 	}
 	secret := KeyPrefix + randomHex(24)
+	if format == FormatE2B {
+		secret = E2BKeyPrefix + randomHex(20)
+	}
 	k := fsm.Key{ID: "key-" + randomHex(8), Project: project, Name: name, Role: role, Hash: HashSecret(secret), CreatedAt: time.Now().UTC()}
 	if err := s.apply(ctx, fsm.CmdCreateKey, fsm.CreateKey{Key: k}); err != nil {
 		return fsm.Key{}, "", err

@@ -224,6 +224,135 @@ func (*SetIdentityResponse) Descriptor() ([]byte, []int) {
 	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
+type MetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricsRequest) Reset() {
+	*x = MetricsRequest{}
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsRequest) ProtoMessage() {}
+
+func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
+func (*MetricsRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+type MetricsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU busy time over a short sample, in percent of all CPUs seen.
+	CpuUsedPct     float64 `protobuf:"fixed64,1,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	CpuCount       uint32  `protobuf:"varint,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemUsedBytes   int64   `protobuf:"varint,3,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
+	MemTotalBytes  int64   `protobuf:"varint,4,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	MemCacheBytes  int64   `protobuf:"varint,5,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
+	DiskUsedBytes  int64   `protobuf:"varint,6,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	DiskTotalBytes int64   `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MetricsResponse) Reset() {
+	*x = MetricsResponse{}
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsResponse) ProtoMessage() {}
+
+func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
+func (*MetricsResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MetricsResponse) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *MetricsResponse) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *MetricsResponse) GetMemUsedBytes() int64 {
+	if x != nil {
+		return x.MemUsedBytes
+	}
+	return 0
+}
+
+func (x *MetricsResponse) GetMemTotalBytes() int64 {
+	if x != nil {
+		return x.MemTotalBytes
+	}
+	return 0
+}
+
+func (x *MetricsResponse) GetMemCacheBytes() int64 {
+	if x != nil {
+		return x.MemCacheBytes
+	}
+	return 0
+}
+
+func (x *MetricsResponse) GetDiskUsedBytes() int64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *MetricsResponse) GetDiskTotalBytes() int64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
 var File_opendsec_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
@@ -240,10 +369,21 @@ const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"machine_id\x18\x02 \x01(\tR\tmachineId\x12\x18\n" +
 	"\aentropy\x18\x03 \x01(\fR\aentropy\"\x15\n" +
-	"\x13SetIdentityResponse2\xbb\x01\n" +
+	"\x13SetIdentityResponse\"\x10\n" +
+	"\x0eMetricsRequest\"\x98\x02\n" +
+	"\x0fMetricsResponse\x12 \n" +
+	"\fcpu_used_pct\x18\x01 \x01(\x01R\n" +
+	"cpuUsedPct\x12\x1b\n" +
+	"\tcpu_count\x18\x02 \x01(\rR\bcpuCount\x12$\n" +
+	"\x0emem_used_bytes\x18\x03 \x01(\x03R\fmemUsedBytes\x12&\n" +
+	"\x0fmem_total_bytes\x18\x04 \x01(\x03R\rmemTotalBytes\x12&\n" +
+	"\x0fmem_cache_bytes\x18\x05 \x01(\x03R\rmemCacheBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\x06 \x01(\x03R\rdiskUsedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\a \x01(\x03R\x0ediskTotalBytes2\x8d\x02\n" +
 	"\fAgentService\x12M\n" +
 	"\x06Health\x12 .opendsec.agent.v1.HealthRequest\x1a!.opendsec.agent.v1.HealthResponse\x12\\\n" +
-	"\vSetIdentity\x12%.opendsec.agent.v1.SetIdentityRequest\x1a&.opendsec.agent.v1.SetIdentityResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/agent/v1;agentv1b\x06proto3"
+	"\vSetIdentity\x12%.opendsec.agent.v1.SetIdentityRequest\x1a&.opendsec.agent.v1.SetIdentityResponse\x12P\n" +
+	"\aMetrics\x12!.opendsec.agent.v1.MetricsRequest\x1a\".opendsec.agent.v1.MetricsResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_opendsec_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -257,20 +397,24 @@ func file_opendsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_opendsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_opendsec_agent_v1_agent_proto_goTypes = []any{
 	(*HealthRequest)(nil),       // 0: opendsec.agent.v1.HealthRequest
 	(*HealthResponse)(nil),      // 1: opendsec.agent.v1.HealthResponse
 	(*SetIdentityRequest)(nil),  // 2: opendsec.agent.v1.SetIdentityRequest
 	(*SetIdentityResponse)(nil), // 3: opendsec.agent.v1.SetIdentityResponse
+	(*MetricsRequest)(nil),      // 4: opendsec.agent.v1.MetricsRequest
+	(*MetricsResponse)(nil),     // 5: opendsec.agent.v1.MetricsResponse
 }
 var file_opendsec_agent_v1_agent_proto_depIdxs = []int32{
 	0, // 0: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
 	2, // 1: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
-	1, // 2: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
-	3, // 3: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
+	4, // 2: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
+	1, // 3: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
+	3, // 4: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
+	5, // 5: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -287,7 +431,7 @@ func file_opendsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_agent_proto_rawDesc), len(file_opendsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

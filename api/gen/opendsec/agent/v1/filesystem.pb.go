@@ -128,6 +128,64 @@ func (WriteMode) EnumDescriptor() ([]byte, []int) {
 	return file_opendsec_agent_v1_filesystem_proto_rawDescGZIP(), []int{1}
 }
 
+type FileEventType int32
+
+const (
+	FileEventType_FILE_EVENT_TYPE_UNSPECIFIED FileEventType = 0
+	FileEventType_FILE_EVENT_TYPE_CREATE      FileEventType = 1
+	FileEventType_FILE_EVENT_TYPE_WRITE       FileEventType = 2
+	FileEventType_FILE_EVENT_TYPE_REMOVE      FileEventType = 3
+	FileEventType_FILE_EVENT_TYPE_RENAME      FileEventType = 4
+	FileEventType_FILE_EVENT_TYPE_CHMOD       FileEventType = 5
+)
+
+// Enum value maps for FileEventType.
+var (
+	FileEventType_name = map[int32]string{
+		0: "FILE_EVENT_TYPE_UNSPECIFIED",
+		1: "FILE_EVENT_TYPE_CREATE",
+		2: "FILE_EVENT_TYPE_WRITE",
+		3: "FILE_EVENT_TYPE_REMOVE",
+		4: "FILE_EVENT_TYPE_RENAME",
+		5: "FILE_EVENT_TYPE_CHMOD",
+	}
+	FileEventType_value = map[string]int32{
+		"FILE_EVENT_TYPE_UNSPECIFIED": 0,
+		"FILE_EVENT_TYPE_CREATE":      1,
+		"FILE_EVENT_TYPE_WRITE":       2,
+		"FILE_EVENT_TYPE_REMOVE":      3,
+		"FILE_EVENT_TYPE_RENAME":      4,
+		"FILE_EVENT_TYPE_CHMOD":       5,
+	}
+)
+
+func (x FileEventType) Enum() *FileEventType {
+	p := new(FileEventType)
+	*p = x
+	return p
+}
+
+func (x FileEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_opendsec_agent_v1_filesystem_proto_enumTypes[2].Descriptor()
+}
+
+func (FileEventType) Type() protoreflect.EnumType {
+	return &file_opendsec_agent_v1_filesystem_proto_enumTypes[2]
+}
+
+func (x FileEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileEventType.Descriptor instead.
+func (FileEventType) EnumDescriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_filesystem_proto_rawDescGZIP(), []int{2}
+}
+
 type EntryInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -966,6 +1024,164 @@ func (x *WriteFileResponse) GetEntry() *EntryInfo {
 	return nil
 }
 
+type WatchDirRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Watch subdirectories too, including ones created later.
+	Recursive     bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirRequest) Reset() {
+	*x = WatchDirRequest{}
+	mi := &file_opendsec_agent_v1_filesystem_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirRequest) ProtoMessage() {}
+
+func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_filesystem_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
+func (*WatchDirRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_filesystem_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type FileEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path relative to the watched directory.
+	Name          string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type          FileEventType `protobuf:"varint,2,opt,name=type,proto3,enum=opendsec.agent.v1.FileEventType" json:"type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEvent) Reset() {
+	*x = FileEvent{}
+	mi := &file_opendsec_agent_v1_filesystem_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEvent) ProtoMessage() {}
+
+func (x *FileEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_filesystem_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
+func (*FileEvent) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_filesystem_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FileEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileEvent) GetType() FileEventType {
+	if x != nil {
+		return x.Type
+	}
+	return FileEventType_FILE_EVENT_TYPE_UNSPECIFIED
+}
+
+type WatchDirResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Started       bool                   `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"`
+	Event         *FileEvent             `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirResponse) Reset() {
+	*x = WatchDirResponse{}
+	mi := &file_opendsec_agent_v1_filesystem_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirResponse) ProtoMessage() {}
+
+func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_filesystem_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
+func (*WatchDirResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_filesystem_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchDirResponse) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
+}
+
+func (x *WatchDirResponse) GetEvent() *FileEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
 var File_opendsec_agent_v1_filesystem_proto protoreflect.FileDescriptor
 
 const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
@@ -1022,7 +1238,16 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x04perm\x18\x05 \x01(\rR\x04perm\x12\x12\n" +
 	"\x04user\x18\x06 \x01(\tR\x04user\"G\n" +
 	"\x11WriteFileResponse\x122\n" +
-	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry*~\n" +
+	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"C\n" +
+	"\x0fWatchDirRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\"U\n" +
+	"\tFileEvent\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
+	"\x04type\x18\x02 \x01(\x0e2 .opendsec.agent.v1.FileEventTypeR\x04type\"`\n" +
+	"\x10WatchDirResponse\x12\x18\n" +
+	"\astarted\x18\x01 \x01(\bR\astarted\x122\n" +
+	"\x05event\x18\x02 \x01(\v2\x1c.opendsec.agent.v1.FileEventR\x05event*~\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
@@ -1032,7 +1257,14 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\tWriteMode\x12\x1a\n" +
 	"\x16WRITE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11WRITE_MODE_APPEND\x10\x01\x12\x18\n" +
-	"\x14WRITE_MODE_AT_OFFSET\x10\x022\xc5\x04\n" +
+	"\x14WRITE_MODE_AT_OFFSET\x10\x02*\xba\x01\n" +
+	"\rFileEventType\x12\x1f\n" +
+	"\x1bFILE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_CREATE\x10\x01\x12\x19\n" +
+	"\x15FILE_EVENT_TYPE_WRITE\x10\x02\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_REMOVE\x10\x03\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_RENAME\x10\x04\x12\x19\n" +
+	"\x15FILE_EVENT_TYPE_CHMOD\x10\x052\x9c\x05\n" +
 	"\x11FilesystemService\x12G\n" +
 	"\x04Stat\x12\x1e.opendsec.agent.v1.StatRequest\x1a\x1f.opendsec.agent.v1.StatResponse\x12P\n" +
 	"\aListDir\x12!.opendsec.agent.v1.ListDirRequest\x1a\".opendsec.agent.v1.ListDirResponse\x12P\n" +
@@ -1040,7 +1272,8 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x06Remove\x12 .opendsec.agent.v1.RemoveRequest\x1a!.opendsec.agent.v1.RemoveResponse\x12G\n" +
 	"\x04Move\x12\x1e.opendsec.agent.v1.MoveRequest\x1a\x1f.opendsec.agent.v1.MoveResponse\x12S\n" +
 	"\bReadFile\x12\".opendsec.agent.v1.ReadFileRequest\x1a#.opendsec.agent.v1.ReadFileResponse\x12V\n" +
-	"\tWriteFile\x12#.opendsec.agent.v1.WriteFileRequest\x1a$.opendsec.agent.v1.WriteFileResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/agent/v1;agentv1b\x06proto3"
+	"\tWriteFile\x12#.opendsec.agent.v1.WriteFileRequest\x1a$.opendsec.agent.v1.WriteFileResponse\x12U\n" +
+	"\bWatchDir\x12\".opendsec.agent.v1.WatchDirRequest\x1a#.opendsec.agent.v1.WatchDirResponse0\x01B@Z>github.com/opendsec/opendsec/api/gen/opendsec/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_opendsec_agent_v1_filesystem_proto_rawDescOnce sync.Once
@@ -1054,56 +1287,64 @@ func file_opendsec_agent_v1_filesystem_proto_rawDescGZIP() []byte {
 	return file_opendsec_agent_v1_filesystem_proto_rawDescData
 }
 
-var file_opendsec_agent_v1_filesystem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_agent_v1_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_opendsec_agent_v1_filesystem_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_opendsec_agent_v1_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_opendsec_agent_v1_filesystem_proto_goTypes = []any{
 	(FileType)(0),                 // 0: opendsec.agent.v1.FileType
 	(WriteMode)(0),                // 1: opendsec.agent.v1.WriteMode
-	(*EntryInfo)(nil),             // 2: opendsec.agent.v1.EntryInfo
-	(*StatRequest)(nil),           // 3: opendsec.agent.v1.StatRequest
-	(*StatResponse)(nil),          // 4: opendsec.agent.v1.StatResponse
-	(*ListDirRequest)(nil),        // 5: opendsec.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),       // 6: opendsec.agent.v1.ListDirResponse
-	(*MakeDirRequest)(nil),        // 7: opendsec.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 8: opendsec.agent.v1.MakeDirResponse
-	(*RemoveRequest)(nil),         // 9: opendsec.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 10: opendsec.agent.v1.RemoveResponse
-	(*MoveRequest)(nil),           // 11: opendsec.agent.v1.MoveRequest
-	(*MoveResponse)(nil),          // 12: opendsec.agent.v1.MoveResponse
-	(*ReadFileRequest)(nil),       // 13: opendsec.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 14: opendsec.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 15: opendsec.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 16: opendsec.agent.v1.WriteFileResponse
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(FileEventType)(0),            // 2: opendsec.agent.v1.FileEventType
+	(*EntryInfo)(nil),             // 3: opendsec.agent.v1.EntryInfo
+	(*StatRequest)(nil),           // 4: opendsec.agent.v1.StatRequest
+	(*StatResponse)(nil),          // 5: opendsec.agent.v1.StatResponse
+	(*ListDirRequest)(nil),        // 6: opendsec.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),       // 7: opendsec.agent.v1.ListDirResponse
+	(*MakeDirRequest)(nil),        // 8: opendsec.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 9: opendsec.agent.v1.MakeDirResponse
+	(*RemoveRequest)(nil),         // 10: opendsec.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 11: opendsec.agent.v1.RemoveResponse
+	(*MoveRequest)(nil),           // 12: opendsec.agent.v1.MoveRequest
+	(*MoveResponse)(nil),          // 13: opendsec.agent.v1.MoveResponse
+	(*ReadFileRequest)(nil),       // 14: opendsec.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 15: opendsec.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 16: opendsec.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 17: opendsec.agent.v1.WriteFileResponse
+	(*WatchDirRequest)(nil),       // 18: opendsec.agent.v1.WatchDirRequest
+	(*FileEvent)(nil),             // 19: opendsec.agent.v1.FileEvent
+	(*WatchDirResponse)(nil),      // 20: opendsec.agent.v1.WatchDirResponse
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_opendsec_agent_v1_filesystem_proto_depIdxs = []int32{
 	0,  // 0: opendsec.agent.v1.EntryInfo.type:type_name -> opendsec.agent.v1.FileType
-	17, // 1: opendsec.agent.v1.EntryInfo.modified_at:type_name -> google.protobuf.Timestamp
-	2,  // 2: opendsec.agent.v1.StatResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	2,  // 3: opendsec.agent.v1.ListDirResponse.entries:type_name -> opendsec.agent.v1.EntryInfo
-	2,  // 4: opendsec.agent.v1.MakeDirResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	2,  // 5: opendsec.agent.v1.MoveResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	21, // 1: opendsec.agent.v1.EntryInfo.modified_at:type_name -> google.protobuf.Timestamp
+	3,  // 2: opendsec.agent.v1.StatResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	3,  // 3: opendsec.agent.v1.ListDirResponse.entries:type_name -> opendsec.agent.v1.EntryInfo
+	3,  // 4: opendsec.agent.v1.MakeDirResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	3,  // 5: opendsec.agent.v1.MoveResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
 	1,  // 6: opendsec.agent.v1.WriteFileRequest.mode:type_name -> opendsec.agent.v1.WriteMode
-	2,  // 7: opendsec.agent.v1.WriteFileResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	3,  // 8: opendsec.agent.v1.FilesystemService.Stat:input_type -> opendsec.agent.v1.StatRequest
-	5,  // 9: opendsec.agent.v1.FilesystemService.ListDir:input_type -> opendsec.agent.v1.ListDirRequest
-	7,  // 10: opendsec.agent.v1.FilesystemService.MakeDir:input_type -> opendsec.agent.v1.MakeDirRequest
-	9,  // 11: opendsec.agent.v1.FilesystemService.Remove:input_type -> opendsec.agent.v1.RemoveRequest
-	11, // 12: opendsec.agent.v1.FilesystemService.Move:input_type -> opendsec.agent.v1.MoveRequest
-	13, // 13: opendsec.agent.v1.FilesystemService.ReadFile:input_type -> opendsec.agent.v1.ReadFileRequest
-	15, // 14: opendsec.agent.v1.FilesystemService.WriteFile:input_type -> opendsec.agent.v1.WriteFileRequest
-	4,  // 15: opendsec.agent.v1.FilesystemService.Stat:output_type -> opendsec.agent.v1.StatResponse
-	6,  // 16: opendsec.agent.v1.FilesystemService.ListDir:output_type -> opendsec.agent.v1.ListDirResponse
-	8,  // 17: opendsec.agent.v1.FilesystemService.MakeDir:output_type -> opendsec.agent.v1.MakeDirResponse
-	10, // 18: opendsec.agent.v1.FilesystemService.Remove:output_type -> opendsec.agent.v1.RemoveResponse
-	12, // 19: opendsec.agent.v1.FilesystemService.Move:output_type -> opendsec.agent.v1.MoveResponse
-	14, // 20: opendsec.agent.v1.FilesystemService.ReadFile:output_type -> opendsec.agent.v1.ReadFileResponse
-	16, // 21: opendsec.agent.v1.FilesystemService.WriteFile:output_type -> opendsec.agent.v1.WriteFileResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 7: opendsec.agent.v1.WriteFileResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	2,  // 8: opendsec.agent.v1.FileEvent.type:type_name -> opendsec.agent.v1.FileEventType
+	19, // 9: opendsec.agent.v1.WatchDirResponse.event:type_name -> opendsec.agent.v1.FileEvent
+	4,  // 10: opendsec.agent.v1.FilesystemService.Stat:input_type -> opendsec.agent.v1.StatRequest
+	6,  // 11: opendsec.agent.v1.FilesystemService.ListDir:input_type -> opendsec.agent.v1.ListDirRequest
+	8,  // 12: opendsec.agent.v1.FilesystemService.MakeDir:input_type -> opendsec.agent.v1.MakeDirRequest
+	10, // 13: opendsec.agent.v1.FilesystemService.Remove:input_type -> opendsec.agent.v1.RemoveRequest
+	12, // 14: opendsec.agent.v1.FilesystemService.Move:input_type -> opendsec.agent.v1.MoveRequest
+	14, // 15: opendsec.agent.v1.FilesystemService.ReadFile:input_type -> opendsec.agent.v1.ReadFileRequest
+	16, // 16: opendsec.agent.v1.FilesystemService.WriteFile:input_type -> opendsec.agent.v1.WriteFileRequest
+	18, // 17: opendsec.agent.v1.FilesystemService.WatchDir:input_type -> opendsec.agent.v1.WatchDirRequest
+	5,  // 18: opendsec.agent.v1.FilesystemService.Stat:output_type -> opendsec.agent.v1.StatResponse
+	7,  // 19: opendsec.agent.v1.FilesystemService.ListDir:output_type -> opendsec.agent.v1.ListDirResponse
+	9,  // 20: opendsec.agent.v1.FilesystemService.MakeDir:output_type -> opendsec.agent.v1.MakeDirResponse
+	11, // 21: opendsec.agent.v1.FilesystemService.Remove:output_type -> opendsec.agent.v1.RemoveResponse
+	13, // 22: opendsec.agent.v1.FilesystemService.Move:output_type -> opendsec.agent.v1.MoveResponse
+	15, // 23: opendsec.agent.v1.FilesystemService.ReadFile:output_type -> opendsec.agent.v1.ReadFileResponse
+	17, // 24: opendsec.agent.v1.FilesystemService.WriteFile:output_type -> opendsec.agent.v1.WriteFileResponse
+	20, // 25: opendsec.agent.v1.FilesystemService.WatchDir:output_type -> opendsec.agent.v1.WatchDirResponse
+	18, // [18:26] is the sub-list for method output_type
+	10, // [10:18] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_agent_v1_filesystem_proto_init() }
@@ -1116,8 +1357,8 @@ func file_opendsec_agent_v1_filesystem_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_filesystem_proto_rawDesc), len(file_opendsec_agent_v1_filesystem_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   15,
+			NumEnums:      3,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

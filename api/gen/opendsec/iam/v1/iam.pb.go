@@ -77,6 +77,54 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{0}
 }
 
+type KeyFormat int32
+
+const (
+	// "dsec_" followed by 48 hex characters.
+	KeyFormat_KEY_FORMAT_UNSPECIFIED KeyFormat = 0
+	// "e2b_" followed by 40 hex characters, for E2B's SDKs through the gateway.
+	KeyFormat_KEY_FORMAT_E2B KeyFormat = 1
+)
+
+// Enum value maps for KeyFormat.
+var (
+	KeyFormat_name = map[int32]string{
+		0: "KEY_FORMAT_UNSPECIFIED",
+		1: "KEY_FORMAT_E2B",
+	}
+	KeyFormat_value = map[string]int32{
+		"KEY_FORMAT_UNSPECIFIED": 0,
+		"KEY_FORMAT_E2B":         1,
+	}
+)
+
+func (x KeyFormat) Enum() *KeyFormat {
+	p := new(KeyFormat)
+	*p = x
+	return p
+}
+
+func (x KeyFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_opendsec_iam_v1_iam_proto_enumTypes[1].Descriptor()
+}
+
+func (KeyFormat) Type() protoreflect.EnumType {
+	return &file_opendsec_iam_v1_iam_proto_enumTypes[1]
+}
+
+func (x KeyFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyFormat.Descriptor instead.
+func (KeyFormat) EnumDescriptor() ([]byte, []int) {
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{1}
+}
+
 // Quota limits a project subtree. 0 means no limit of its own (the parent's
 // still applies).
 type Quota struct {
@@ -820,6 +868,7 @@ type CreateAPIKeyRequest struct {
 	Project       string                 `protobuf:"bytes,1,opt,name=project,proto3" json:"project,omitempty"`
 	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	Role          Role                   `protobuf:"varint,3,opt,name=role,proto3,enum=opendsec.iam.v1.Role" json:"role,omitempty"`
+	Format        KeyFormat              `protobuf:"varint,4,opt,name=format,proto3,enum=opendsec.iam.v1.KeyFormat" json:"format,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -875,10 +924,17 @@ func (x *CreateAPIKeyRequest) GetRole() Role {
 	return Role_ROLE_UNSPECIFIED
 }
 
+func (x *CreateAPIKeyRequest) GetFormat() KeyFormat {
+	if x != nil {
+		return x.Format
+	}
+	return KeyFormat_KEY_FORMAT_UNSPECIFIED
+}
+
 type CreateAPIKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   *APIKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The secret, "dsec_" followed by 48 hex characters. Shown only here.
+	// The secret ("dsec_" + 48 hex, or "e2b_" + 40 hex). Shown only here.
 	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1141,11 +1197,12 @@ const file_opendsec_iam_v1_iam_proto_rawDesc = "" +
 	"\aproject\x18\x01 \x01(\v2\x18.opendsec.iam.v1.ProjectR\aproject\"*\n" +
 	"\x14DeleteProjectRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"\x17\n" +
-	"\x15DeleteProjectResponse\"n\n" +
+	"\x15DeleteProjectResponse\"\xa2\x01\n" +
 	"\x13CreateAPIKeyRequest\x12\x18\n" +
 	"\aproject\x18\x01 \x01(\tR\aproject\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x04role\x18\x03 \x01(\x0e2\x15.opendsec.iam.v1.RoleR\x04role\"Y\n" +
+	"\x04role\x18\x03 \x01(\x0e2\x15.opendsec.iam.v1.RoleR\x04role\x122\n" +
+	"\x06format\x18\x04 \x01(\x0e2\x1a.opendsec.iam.v1.KeyFormatR\x06format\"Y\n" +
 	"\x14CreateAPIKeyResponse\x12)\n" +
 	"\x03key\x18\x01 \x01(\v2\x17.opendsec.iam.v1.APIKeyR\x03key\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\".\n" +
@@ -1160,7 +1217,10 @@ const file_opendsec_iam_v1_iam_proto_rawDesc = "" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_MEMBER\x10\x01\x12\x0e\n" +
 	"\n" +
-	"ROLE_ADMIN\x10\x022\xb0\x06\n" +
+	"ROLE_ADMIN\x10\x02*;\n" +
+	"\tKeyFormat\x12\x1a\n" +
+	"\x16KEY_FORMAT_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eKEY_FORMAT_E2B\x10\x012\xb0\x06\n" +
 	"\n" +
 	"IAMService\x12I\n" +
 	"\x06WhoAmI\x12\x1e.opendsec.iam.v1.WhoAmIRequest\x1a\x1f.opendsec.iam.v1.WhoAmIResponse\x12^\n" +
@@ -1186,71 +1246,73 @@ func file_opendsec_iam_v1_iam_proto_rawDescGZIP() []byte {
 	return file_opendsec_iam_v1_iam_proto_rawDescData
 }
 
-var file_opendsec_iam_v1_iam_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_opendsec_iam_v1_iam_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_opendsec_iam_v1_iam_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_opendsec_iam_v1_iam_proto_goTypes = []any{
 	(Role)(0),                     // 0: opendsec.iam.v1.Role
-	(*Quota)(nil),                 // 1: opendsec.iam.v1.Quota
-	(*Project)(nil),               // 2: opendsec.iam.v1.Project
-	(*APIKey)(nil),                // 3: opendsec.iam.v1.APIKey
-	(*WhoAmIRequest)(nil),         // 4: opendsec.iam.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),        // 5: opendsec.iam.v1.WhoAmIResponse
-	(*CreateProjectRequest)(nil),  // 6: opendsec.iam.v1.CreateProjectRequest
-	(*CreateProjectResponse)(nil), // 7: opendsec.iam.v1.CreateProjectResponse
-	(*GetProjectRequest)(nil),     // 8: opendsec.iam.v1.GetProjectRequest
-	(*GetProjectResponse)(nil),    // 9: opendsec.iam.v1.GetProjectResponse
-	(*ListProjectsRequest)(nil),   // 10: opendsec.iam.v1.ListProjectsRequest
-	(*ListProjectsResponse)(nil),  // 11: opendsec.iam.v1.ListProjectsResponse
-	(*SetQuotaRequest)(nil),       // 12: opendsec.iam.v1.SetQuotaRequest
-	(*SetQuotaResponse)(nil),      // 13: opendsec.iam.v1.SetQuotaResponse
-	(*DeleteProjectRequest)(nil),  // 14: opendsec.iam.v1.DeleteProjectRequest
-	(*DeleteProjectResponse)(nil), // 15: opendsec.iam.v1.DeleteProjectResponse
-	(*CreateAPIKeyRequest)(nil),   // 16: opendsec.iam.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),  // 17: opendsec.iam.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),    // 18: opendsec.iam.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),   // 19: opendsec.iam.v1.ListAPIKeysResponse
-	(*RevokeAPIKeyRequest)(nil),   // 20: opendsec.iam.v1.RevokeAPIKeyRequest
-	(*RevokeAPIKeyResponse)(nil),  // 21: opendsec.iam.v1.RevokeAPIKeyResponse
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(KeyFormat)(0),                // 1: opendsec.iam.v1.KeyFormat
+	(*Quota)(nil),                 // 2: opendsec.iam.v1.Quota
+	(*Project)(nil),               // 3: opendsec.iam.v1.Project
+	(*APIKey)(nil),                // 4: opendsec.iam.v1.APIKey
+	(*WhoAmIRequest)(nil),         // 5: opendsec.iam.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),        // 6: opendsec.iam.v1.WhoAmIResponse
+	(*CreateProjectRequest)(nil),  // 7: opendsec.iam.v1.CreateProjectRequest
+	(*CreateProjectResponse)(nil), // 8: opendsec.iam.v1.CreateProjectResponse
+	(*GetProjectRequest)(nil),     // 9: opendsec.iam.v1.GetProjectRequest
+	(*GetProjectResponse)(nil),    // 10: opendsec.iam.v1.GetProjectResponse
+	(*ListProjectsRequest)(nil),   // 11: opendsec.iam.v1.ListProjectsRequest
+	(*ListProjectsResponse)(nil),  // 12: opendsec.iam.v1.ListProjectsResponse
+	(*SetQuotaRequest)(nil),       // 13: opendsec.iam.v1.SetQuotaRequest
+	(*SetQuotaResponse)(nil),      // 14: opendsec.iam.v1.SetQuotaResponse
+	(*DeleteProjectRequest)(nil),  // 15: opendsec.iam.v1.DeleteProjectRequest
+	(*DeleteProjectResponse)(nil), // 16: opendsec.iam.v1.DeleteProjectResponse
+	(*CreateAPIKeyRequest)(nil),   // 17: opendsec.iam.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),  // 18: opendsec.iam.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),    // 19: opendsec.iam.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),   // 20: opendsec.iam.v1.ListAPIKeysResponse
+	(*RevokeAPIKeyRequest)(nil),   // 21: opendsec.iam.v1.RevokeAPIKeyRequest
+	(*RevokeAPIKeyResponse)(nil),  // 22: opendsec.iam.v1.RevokeAPIKeyResponse
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_opendsec_iam_v1_iam_proto_depIdxs = []int32{
-	1,  // 0: opendsec.iam.v1.Project.quota:type_name -> opendsec.iam.v1.Quota
-	22, // 1: opendsec.iam.v1.Project.created_at:type_name -> google.protobuf.Timestamp
+	2,  // 0: opendsec.iam.v1.Project.quota:type_name -> opendsec.iam.v1.Quota
+	23, // 1: opendsec.iam.v1.Project.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 2: opendsec.iam.v1.APIKey.role:type_name -> opendsec.iam.v1.Role
-	22, // 3: opendsec.iam.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	3,  // 4: opendsec.iam.v1.WhoAmIResponse.key:type_name -> opendsec.iam.v1.APIKey
-	1,  // 5: opendsec.iam.v1.CreateProjectRequest.quota:type_name -> opendsec.iam.v1.Quota
-	2,  // 6: opendsec.iam.v1.CreateProjectResponse.project:type_name -> opendsec.iam.v1.Project
-	2,  // 7: opendsec.iam.v1.GetProjectResponse.project:type_name -> opendsec.iam.v1.Project
-	2,  // 8: opendsec.iam.v1.ListProjectsResponse.projects:type_name -> opendsec.iam.v1.Project
-	1,  // 9: opendsec.iam.v1.SetQuotaRequest.quota:type_name -> opendsec.iam.v1.Quota
-	2,  // 10: opendsec.iam.v1.SetQuotaResponse.project:type_name -> opendsec.iam.v1.Project
+	23, // 3: opendsec.iam.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	4,  // 4: opendsec.iam.v1.WhoAmIResponse.key:type_name -> opendsec.iam.v1.APIKey
+	2,  // 5: opendsec.iam.v1.CreateProjectRequest.quota:type_name -> opendsec.iam.v1.Quota
+	3,  // 6: opendsec.iam.v1.CreateProjectResponse.project:type_name -> opendsec.iam.v1.Project
+	3,  // 7: opendsec.iam.v1.GetProjectResponse.project:type_name -> opendsec.iam.v1.Project
+	3,  // 8: opendsec.iam.v1.ListProjectsResponse.projects:type_name -> opendsec.iam.v1.Project
+	2,  // 9: opendsec.iam.v1.SetQuotaRequest.quota:type_name -> opendsec.iam.v1.Quota
+	3,  // 10: opendsec.iam.v1.SetQuotaResponse.project:type_name -> opendsec.iam.v1.Project
 	0,  // 11: opendsec.iam.v1.CreateAPIKeyRequest.role:type_name -> opendsec.iam.v1.Role
-	3,  // 12: opendsec.iam.v1.CreateAPIKeyResponse.key:type_name -> opendsec.iam.v1.APIKey
-	3,  // 13: opendsec.iam.v1.ListAPIKeysResponse.keys:type_name -> opendsec.iam.v1.APIKey
-	4,  // 14: opendsec.iam.v1.IAMService.WhoAmI:input_type -> opendsec.iam.v1.WhoAmIRequest
-	6,  // 15: opendsec.iam.v1.IAMService.CreateProject:input_type -> opendsec.iam.v1.CreateProjectRequest
-	8,  // 16: opendsec.iam.v1.IAMService.GetProject:input_type -> opendsec.iam.v1.GetProjectRequest
-	10, // 17: opendsec.iam.v1.IAMService.ListProjects:input_type -> opendsec.iam.v1.ListProjectsRequest
-	12, // 18: opendsec.iam.v1.IAMService.SetQuota:input_type -> opendsec.iam.v1.SetQuotaRequest
-	14, // 19: opendsec.iam.v1.IAMService.DeleteProject:input_type -> opendsec.iam.v1.DeleteProjectRequest
-	16, // 20: opendsec.iam.v1.IAMService.CreateAPIKey:input_type -> opendsec.iam.v1.CreateAPIKeyRequest
-	18, // 21: opendsec.iam.v1.IAMService.ListAPIKeys:input_type -> opendsec.iam.v1.ListAPIKeysRequest
-	20, // 22: opendsec.iam.v1.IAMService.RevokeAPIKey:input_type -> opendsec.iam.v1.RevokeAPIKeyRequest
-	5,  // 23: opendsec.iam.v1.IAMService.WhoAmI:output_type -> opendsec.iam.v1.WhoAmIResponse
-	7,  // 24: opendsec.iam.v1.IAMService.CreateProject:output_type -> opendsec.iam.v1.CreateProjectResponse
-	9,  // 25: opendsec.iam.v1.IAMService.GetProject:output_type -> opendsec.iam.v1.GetProjectResponse
-	11, // 26: opendsec.iam.v1.IAMService.ListProjects:output_type -> opendsec.iam.v1.ListProjectsResponse
-	13, // 27: opendsec.iam.v1.IAMService.SetQuota:output_type -> opendsec.iam.v1.SetQuotaResponse
-	15, // 28: opendsec.iam.v1.IAMService.DeleteProject:output_type -> opendsec.iam.v1.DeleteProjectResponse
-	17, // 29: opendsec.iam.v1.IAMService.CreateAPIKey:output_type -> opendsec.iam.v1.CreateAPIKeyResponse
-	19, // 30: opendsec.iam.v1.IAMService.ListAPIKeys:output_type -> opendsec.iam.v1.ListAPIKeysResponse
-	21, // 31: opendsec.iam.v1.IAMService.RevokeAPIKey:output_type -> opendsec.iam.v1.RevokeAPIKeyResponse
-	23, // [23:32] is the sub-list for method output_type
-	14, // [14:23] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	1,  // 12: opendsec.iam.v1.CreateAPIKeyRequest.format:type_name -> opendsec.iam.v1.KeyFormat
+	4,  // 13: opendsec.iam.v1.CreateAPIKeyResponse.key:type_name -> opendsec.iam.v1.APIKey
+	4,  // 14: opendsec.iam.v1.ListAPIKeysResponse.keys:type_name -> opendsec.iam.v1.APIKey
+	5,  // 15: opendsec.iam.v1.IAMService.WhoAmI:input_type -> opendsec.iam.v1.WhoAmIRequest
+	7,  // 16: opendsec.iam.v1.IAMService.CreateProject:input_type -> opendsec.iam.v1.CreateProjectRequest
+	9,  // 17: opendsec.iam.v1.IAMService.GetProject:input_type -> opendsec.iam.v1.GetProjectRequest
+	11, // 18: opendsec.iam.v1.IAMService.ListProjects:input_type -> opendsec.iam.v1.ListProjectsRequest
+	13, // 19: opendsec.iam.v1.IAMService.SetQuota:input_type -> opendsec.iam.v1.SetQuotaRequest
+	15, // 20: opendsec.iam.v1.IAMService.DeleteProject:input_type -> opendsec.iam.v1.DeleteProjectRequest
+	17, // 21: opendsec.iam.v1.IAMService.CreateAPIKey:input_type -> opendsec.iam.v1.CreateAPIKeyRequest
+	19, // 22: opendsec.iam.v1.IAMService.ListAPIKeys:input_type -> opendsec.iam.v1.ListAPIKeysRequest
+	21, // 23: opendsec.iam.v1.IAMService.RevokeAPIKey:input_type -> opendsec.iam.v1.RevokeAPIKeyRequest
+	6,  // 24: opendsec.iam.v1.IAMService.WhoAmI:output_type -> opendsec.iam.v1.WhoAmIResponse
+	8,  // 25: opendsec.iam.v1.IAMService.CreateProject:output_type -> opendsec.iam.v1.CreateProjectResponse
+	10, // 26: opendsec.iam.v1.IAMService.GetProject:output_type -> opendsec.iam.v1.GetProjectResponse
+	12, // 27: opendsec.iam.v1.IAMService.ListProjects:output_type -> opendsec.iam.v1.ListProjectsResponse
+	14, // 28: opendsec.iam.v1.IAMService.SetQuota:output_type -> opendsec.iam.v1.SetQuotaResponse
+	16, // 29: opendsec.iam.v1.IAMService.DeleteProject:output_type -> opendsec.iam.v1.DeleteProjectResponse
+	18, // 30: opendsec.iam.v1.IAMService.CreateAPIKey:output_type -> opendsec.iam.v1.CreateAPIKeyResponse
+	20, // 31: opendsec.iam.v1.IAMService.ListAPIKeys:output_type -> opendsec.iam.v1.ListAPIKeysResponse
+	22, // 32: opendsec.iam.v1.IAMService.RevokeAPIKey:output_type -> opendsec.iam.v1.RevokeAPIKeyResponse
+	24, // [24:33] is the sub-list for method output_type
+	15, // [15:24] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_iam_v1_iam_proto_init() }
@@ -1263,7 +1325,7 @@ func file_opendsec_iam_v1_iam_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_iam_v1_iam_proto_rawDesc), len(file_opendsec_iam_v1_iam_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,

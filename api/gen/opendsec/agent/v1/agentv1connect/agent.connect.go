@@ -38,6 +38,8 @@ const (
 	// AgentServiceSetIdentityProcedure is the fully-qualified name of the AgentService's SetIdentity
 	// RPC.
 	AgentServiceSetIdentityProcedure = "/opendsec.agent.v1.AgentService/SetIdentity"
+	// AgentServiceMetricsProcedure is the fully-qualified name of the AgentService's Metrics RPC.
+	AgentServiceMetricsProcedure = "/opendsec.agent.v1.AgentService/Metrics"
 )
 
 // AgentServiceClient is a client for the opendsec.agent.v1.AgentService service.
@@ -46,6 +48,8 @@ type AgentServiceClient interface {
 	// SetIdentity gives a forked or restored copy its own hostname and machine
 	// id and reseeds the kernel entropy pool.
 	SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error)
+	// Metrics samples the sandbox's CPU, memory and disk use as seen inside.
+	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the opendsec.agent.v1.AgentService service. By
@@ -71,6 +75,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("SetIdentity")),
 			connect.WithClientOptions(opts...),
 		),
+		metrics: connect.NewClient[v1.MetricsRequest, v1.MetricsResponse](
+			httpClient,
+			baseURL+AgentServiceMetricsProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Metrics")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -78,6 +88,7 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 type agentServiceClient struct {
 	health      *connect.Client[v1.HealthRequest, v1.HealthResponse]
 	setIdentity *connect.Client[v1.SetIdentityRequest, v1.SetIdentityResponse]
+	metrics     *connect.Client[v1.MetricsRequest, v1.MetricsResponse]
 }
 
 // Health calls opendsec.agent.v1.AgentService.Health.
@@ -90,12 +101,19 @@ func (c *agentServiceClient) SetIdentity(ctx context.Context, req *connect.Reque
 	return c.setIdentity.CallUnary(ctx, req)
 }
 
+// Metrics calls opendsec.agent.v1.AgentService.Metrics.
+func (c *agentServiceClient) Metrics(ctx context.Context, req *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error) {
+	return c.metrics.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the opendsec.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	Health(context.Context, *connect.Request[v1.HealthRequest]) (*connect.Response[v1.HealthResponse], error)
 	// SetIdentity gives a forked or restored copy its own hostname and machine
 	// id and reseeds the kernel entropy pool.
 	SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error)
+	// Metrics samples the sandbox's CPU, memory and disk use as seen inside.
+	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -117,12 +135,20 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("SetIdentity")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceMetricsHandler := connect.NewUnaryHandler(
+		AgentServiceMetricsProcedure,
+		svc.Metrics,
+		connect.WithSchema(agentServiceMethods.ByName("Metrics")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceHealthProcedure:
 			agentServiceHealthHandler.ServeHTTP(w, r)
 		case AgentServiceSetIdentityProcedure:
 			agentServiceSetIdentityHandler.ServeHTTP(w, r)
+		case AgentServiceMetricsProcedure:
+			agentServiceMetricsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -138,4 +164,8 @@ func (UnimplementedAgentServiceHandler) Health(context.Context, *connect.Request
 
 func (UnimplementedAgentServiceHandler) SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.agent.v1.AgentService.SetIdentity is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.agent.v1.AgentService.Metrics is not implemented"))
 }

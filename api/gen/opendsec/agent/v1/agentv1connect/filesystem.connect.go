@@ -52,6 +52,9 @@ const (
 	// FilesystemServiceWriteFileProcedure is the fully-qualified name of the FilesystemService's
 	// WriteFile RPC.
 	FilesystemServiceWriteFileProcedure = "/opendsec.agent.v1.FilesystemService/WriteFile"
+	// FilesystemServiceWatchDirProcedure is the fully-qualified name of the FilesystemService's
+	// WatchDir RPC.
+	FilesystemServiceWatchDirProcedure = "/opendsec.agent.v1.FilesystemService/WatchDir"
 )
 
 // FilesystemServiceClient is a client for the opendsec.agent.v1.FilesystemService service.
@@ -66,6 +69,9 @@ type FilesystemServiceClient interface {
 	// WriteFile writes data (at most 16 MiB a call); larger files are written
 	// in pieces with APPEND or AT_OFFSET.
 	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
+	// WatchDir streams changes below a directory (inotify). The first message
+	// has started set, once the watch is in place.
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchDirResponse], error)
 }
 
 // NewFilesystemServiceClient constructs a client for the opendsec.agent.v1.FilesystemService
@@ -121,6 +127,12 @@ func NewFilesystemServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(filesystemServiceMethods.ByName("WriteFile")),
 			connect.WithClientOptions(opts...),
 		),
+		watchDir: connect.NewClient[v1.WatchDirRequest, v1.WatchDirResponse](
+			httpClient,
+			baseURL+FilesystemServiceWatchDirProcedure,
+			connect.WithSchema(filesystemServiceMethods.ByName("WatchDir")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -133,6 +145,7 @@ type filesystemServiceClient struct {
 	move      *connect.Client[v1.MoveRequest, v1.MoveResponse]
 	readFile  *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
 	writeFile *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	watchDir  *connect.Client[v1.WatchDirRequest, v1.WatchDirResponse]
 }
 
 // Stat calls opendsec.agent.v1.FilesystemService.Stat.
@@ -170,6 +183,11 @@ func (c *filesystemServiceClient) WriteFile(ctx context.Context, req *connect.Re
 	return c.writeFile.CallUnary(ctx, req)
 }
 
+// WatchDir calls opendsec.agent.v1.FilesystemService.WatchDir.
+func (c *filesystemServiceClient) WatchDir(ctx context.Context, req *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchDirResponse], error) {
+	return c.watchDir.CallServerStream(ctx, req)
+}
+
 // FilesystemServiceHandler is an implementation of the opendsec.agent.v1.FilesystemService service.
 type FilesystemServiceHandler interface {
 	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
@@ -182,6 +200,9 @@ type FilesystemServiceHandler interface {
 	// WriteFile writes data (at most 16 MiB a call); larger files are written
 	// in pieces with APPEND or AT_OFFSET.
 	WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
+	// WatchDir streams changes below a directory (inotify). The first message
+	// has started set, once the watch is in place.
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchDirResponse]) error
 }
 
 // NewFilesystemServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -233,6 +254,12 @@ func NewFilesystemServiceHandler(svc FilesystemServiceHandler, opts ...connect.H
 		connect.WithSchema(filesystemServiceMethods.ByName("WriteFile")),
 		connect.WithHandlerOptions(opts...),
 	)
+	filesystemServiceWatchDirHandler := connect.NewServerStreamHandler(
+		FilesystemServiceWatchDirProcedure,
+		svc.WatchDir,
+		connect.WithSchema(filesystemServiceMethods.ByName("WatchDir")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.agent.v1.FilesystemService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case FilesystemServiceStatProcedure:
@@ -249,6 +276,8 @@ func NewFilesystemServiceHandler(svc FilesystemServiceHandler, opts ...connect.H
 			filesystemServiceReadFileHandler.ServeHTTP(w, r)
 		case FilesystemServiceWriteFileProcedure:
 			filesystemServiceWriteFileHandler.ServeHTTP(w, r)
+		case FilesystemServiceWatchDirProcedure:
+			filesystemServiceWatchDirHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -284,4 +313,8 @@ func (UnimplementedFilesystemServiceHandler) ReadFile(context.Context, *connect.
 
 func (UnimplementedFilesystemServiceHandler) WriteFile(context.Context, *connect.Request[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.agent.v1.FilesystemService.WriteFile is not implemented"))
+}
+
+func (UnimplementedFilesystemServiceHandler) WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchDirResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.agent.v1.FilesystemService.WatchDir is not implemented"))
 }

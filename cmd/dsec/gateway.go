@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/gateway/e2b"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// cmdGateway runs the E2B-compatible gateway alone, in front of any
+// apiserver (dsec up runs one itself).
+func cmdGateway(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
+	apiURL := fs.String("api-url", os.Getenv("DSEC_API_URL"), "the apiserver (default $DSEC_API_URL)")
+	listen := fs.String("listen", "127.0.0.1:7071", "address E2B's SDKs reach (their E2B_API_URL and E2B_SANDBOX_URL)")
+	keyFile := fs.String("service-key-file", "", "file holding the gateway's API key, an ADMIN key of the root project (required)")
+	secretFile := fs.String("token-secret-file", "", "file holding the secret that signs envd access tokens; created if missing (required)")
+	baseImage := fs.String("base-image", "root/py:3.11", "the image E2B's template \"base\" names")
+	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
+	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
+	logFormat := fs.String("log-format", "text", "text or json")
+	fs.Parse(args)
+	if *apiURL == "" || *keyFile == "" || *secretFile == "" {
+		return errors.New("gateway: --api-url (or DSEC_API_URL), --service-key-file and --token-secret-file are required")
+	}
+	key, err := os.ReadFile(*keyFile)
+	if err != nil {
+		return fmt.Errorf("gateway: service key: %w", err)
+	}
+	secret, err := e2b.LoadOrCreateSecret(*secretFile)
+	if err != nil {
+		return fmt.Errorf("gateway: token secret: %w", err)
+	}
+	log := logging.New(*logFormat, 0)
+	gw, err := e2b.New(e2b.Config{
+		APIURL: *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
+		BaseImage: *baseImage, Backend: *backend, DefaultUser: *user,
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer gw.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("gateway: listen %s: %w", *listen, err)
+	}
+	srv := e2b.NewServer(gw)
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx) //nolint:errcheck // best effort at shutdown
+	}()
+	url := "http://" + ln.Addr().String()
+	log.Info("E2B gateway is up", "url", url, "api", *apiURL)
+	fmt.Fprintf(os.Stderr, "\nE2B's SDKs reach OpenDsec with:\n  export E2B_API_URL=%s E2B_SANDBOX_URL=%s E2B_API_KEY=<an e2b_ key: dsec key create --format e2b>\n\n", url, url)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

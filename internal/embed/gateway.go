@@ -1,0 +1,65 @@
+package embed
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/opendsec/opendsec/internal/gateway/e2b"
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// startGateway runs the E2B-compatible gateway as a client of the
+// apiserver, with its own service key and token secret kept under
+// StateDir/gateway so access tokens stay valid across restarts.
+func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
+	dir := filepath.Join(cfg.StateDir, "gateway")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	serviceKey, err := c.keyFile(ctx, filepath.Join(dir, "service.key"), "e2b-gateway", iam.FormatDsec)
+	if err != nil {
+		return err
+	}
+	secret, err := e2b.LoadOrCreateSecret(filepath.Join(dir, "token.secret"))
+	if err != nil {
+		return err
+	}
+	gw, err := e2b.New(e2b.Config{APIURL: c.APIURL, ServiceKey: serviceKey, TokenSecret: secret, BaseImage: cfg.GatewayBaseImage}, c.log)
+	if err != nil {
+		return err
+	}
+	c.gateway = gw
+	ln, err := net.Listen("tcp", cfg.GatewayListen)
+	if err != nil {
+		return fmt.Errorf("gateway: listen %s: %w", cfg.GatewayListen, err)
+	}
+	srv := e2b.NewServer(gw)
+	c.serve(srv, func() error { return srv.Serve(ln) })
+	c.GatewayURL = "http://" + ln.Addr().String()
+	c.log.Info("E2B gateway is up", "url", c.GatewayURL, logging.Component, "embed")
+	return nil
+}
+
+// keyFile returns the root ADMIN key kept in path, making a new one when
+// the file is missing or its key no longer authenticates.
+func (c *Cluster) keyFile(ctx context.Context, path, name string, format iam.KeyFormat) (string, error) {
+	if data, err := os.ReadFile(path); err == nil {
+		key := strings.TrimSpace(string(data))
+		if _, err := c.IAM.Authenticate(key); err == nil {
+			return key, nil
+		}
+	}
+	_, key, err := c.IAM.CreateKey(ctx, "root", name, 2, format)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	return key, os.WriteFile(path, []byte(key+"\n"), 0o600)
+}

@@ -1,0 +1,661 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// maxBody bounds a control-plane request body.
+const maxBody = 1 << 20
+
+func (g *Gateway) controlMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"message": "Health check successful"})
+	})
+	auth := g.authenticated
+	mux.HandleFunc("POST /sandboxes", auth(g.create))
+	mux.HandleFunc("POST /v2/sandboxes", auth(g.create))
+	mux.HandleFunc("GET /sandboxes", auth(g.listV1))
+	mux.HandleFunc("GET /v2/sandboxes", auth(g.listV2))
+	mux.HandleFunc("GET /sandboxes/metrics", auth(g.metricsMany))
+	mux.HandleFunc("GET /sandboxes/{id}", auth(g.get))
+	mux.HandleFunc("DELETE /sandboxes/{id}", auth(g.kill))
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", auth(g.setTimeout))
+	mux.HandleFunc("POST /sandboxes/{id}/refreshes", auth(g.refresh))
+	mux.HandleFunc("POST /sandboxes/{id}/pause", auth(g.pause))
+	mux.HandleFunc("POST /sandboxes/{id}/resume", auth(g.resume))
+	mux.HandleFunc("POST /sandboxes/{id}/connect", auth(g.connect))
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", auth(g.connect))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", auth(g.fork))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", auth(g.snapshot))
+	mux.HandleFunc("GET /snapshots", auth(g.listSnapshots))
+	mux.HandleFunc("DELETE /templates/{id}", auth(g.deleteTemplate))
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", auth(g.metrics))
+	mux.HandleFunc("PUT /sandboxes/{id}/network", notSupported("changing a sandbox's network"))
+	mux.HandleFunc("GET /sandboxes/{id}/logs", notSupported("sandbox logs"))
+	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", notSupported("sandbox logs"))
+	for _, p := range []string{"/templates", "/templates/", "/v2/templates", "/v2/templates/", "/v3/templates"} {
+		mux.HandleFunc(p, notSupported("template building (import images with `dsec image import`)"))
+	}
+	mux.HandleFunc("/volumes", notSupported("volumes"))
+	mux.HandleFunc("/volumes/", notSupported("volumes"))
+	mux.HandleFunc("/secrets", notSupported("secrets"))
+	mux.HandleFunc("/secrets/", notSupported("secrets"))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(w, http.StatusNotFound, r.Method+" "+r.URL.Path+": no such API route")
+	})
+	return mux
+}
+
+// authenticated requires an API key and puts it in the request's context.
+func (g *Gateway) authenticated(h func(http.ResponseWriter, *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+				key = strings.TrimSpace(v)
+			}
+		}
+		if key == "" {
+			writeStatus(w, http.StatusUnauthorized, "missing API key: set E2B_API_KEY")
+			return
+		}
+		h(w, r.WithContext(asUser(r.Context(), key)))
+	}
+}
+
+// decode reads an optional JSON body into v.
+func decode(r *http.Request, v any) error {
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return errdefs.InvalidArgument("request body: %v", err)
+	}
+	if len(data) > maxBody {
+		return errdefs.InvalidArgument("request body: larger than %d bytes", maxBody)
+	}
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return errdefs.InvalidArgument("request body: not the expected JSON: %v", err)
+	}
+	return nil
+}
+
+func (g *Gateway) getSandbox(ctx context.Context, id string) (*sandboxv1.Sandbox, error) {
+	resp, err := g.sandbox.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return resp.Msg.Sandbox, nil
+}
+
+func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
+	var req newSandboxJSON
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	switch {
+	case req.AutoPause != nil && *req.AutoPause:
+		writeStatus(w, http.StatusBadRequest, "autoPause: not supported; a sandbox stops when its timeout runs out")
+		return
+	case req.AutoResume != nil:
+		writeStatus(w, http.StatusBadRequest, "autoResume: not supported; resume a paused sandbox with connect")
+		return
+	case req.IAM != nil:
+		writeStatus(w, http.StatusBadRequest, "iam: workload identity tokens are not supported")
+		return
+	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
+		writeStatus(w, http.StatusBadRequest, "allow_internet_access: sandboxes have no network access in this version")
+		return
+	case len(req.Network) > 0:
+		writeStatus(w, http.StatusBadRequest, "network: network configuration is not supported")
+		return
+	case req.MCP != nil:
+		writeStatus(w, http.StatusBadRequest, "mcp: MCP gateways are not supported")
+		return
+	case len(req.VolumeMounts) > 0:
+		writeStatus(w, http.StatusBadRequest, "volumeMounts: volumes are not supported")
+		return
+	}
+	for k := range req.Metadata {
+		if strings.HasPrefix(k, "e2b.") {
+			writeStatus(w, http.StatusBadRequest, "metadata key "+strconv.Quote(k)+": the prefix \"e2b.\" is reserved")
+			return
+		}
+	}
+	timeout := int64(defaultTimeout)
+	if req.Timeout != nil {
+		timeout = *req.Timeout
+	}
+	md := map[string]string{templateKey: req.TemplateID}
+	for k, v := range req.Metadata {
+		md[k] = v
+	}
+	// A create retried with the same Idempotency-Key answers the sandbox
+	// the first attempt made.
+	if key := r.Header.Get("Idempotency-Key"); key != "" {
+		if len(key) > 256 {
+			writeStatus(w, http.StatusBadRequest, "Idempotency-Key: at most 256 characters")
+			return
+		}
+		md[idempotencyKey] = key
+		found, err := g.listAll(r.Context(), map[string]string{idempotencyKey: key}, nil)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if len(found) > 0 {
+			writeJSON(w, http.StatusCreated, g.toSandbox(found[0]))
+			return
+		}
+	}
+	var sb *sandboxv1.Sandbox
+	if strings.HasPrefix(req.TemplateID, "snap-") {
+		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: req.TemplateID, TimeoutSeconds: timeout, Metadata: md}))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		sb = resp.Msg.Sandbox
+	} else {
+		img, err := g.imageFor(req.TemplateID)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		resp, err := g.sandbox.CreateSandbox(r.Context(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: &sandboxv1.SandboxSpec{
+			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md,
+		}}))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		sb = resp.Msg.Sandbox
+	}
+	writeJSON(w, http.StatusCreated, g.toSandbox(sb))
+}
+
+// metadataFilter parses E2B's metadata query ("k=v&k2=v2", URL-encoded).
+func metadataFilter(q string) (map[string]string, error) {
+	if q == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(q)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("metadata: not a query string like \"user=abc&app=prod\": %v", err)
+	}
+	out := map[string]string{}
+	for k, v := range vals {
+		if len(v) > 0 {
+			out[k] = v[0]
+		}
+	}
+	return out, nil
+}
+
+// listAll gathers every sandbox of the caller's project that matches, up to
+// maxListed, following our API's pages.
+func (g *Gateway) listAll(ctx context.Context, md map[string]string, states []sandboxv1.SandboxState) ([]*sandboxv1.Sandbox, error) {
+	var out []*sandboxv1.Sandbox
+	token := ""
+	for {
+		resp, err := g.sandbox.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{
+			Metadata: md, States: states, PageSize: 1000, PageToken: token,
+		}))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, resp.Msg.Sandboxes...)
+		if token = resp.Msg.NextPageToken; token == "" || len(out) >= maxListed {
+			return out, nil
+		}
+	}
+}
+
+// maxListed bounds what one list call gathers.
+const maxListed = 10000
+
+func (g *Gateway) listV1(w http.ResponseWriter, r *http.Request) {
+	md, err := metadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	all, err := g.listAll(r.Context(), md, []sandboxv1.SandboxState{sandboxv1.SandboxState_SANDBOX_STATE_RUNNING})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := []detailJSON{}
+	for _, sb := range all {
+		out = append(out, g.toDetail(sb, false))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listV2 is E2B's paged list: filters by metadata, state, template and
+// start time, ordered by start time (newest first unless order=asc) across
+// the whole result, then cut into pages; nextToken is an offset into it.
+func (g *Gateway) listV2(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	md, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if t := q.Get("template"); t != "" {
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[templateKey] = t
+	}
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			writeStatus(w, http.StatusBadRequest, "limit "+strconv.Quote(l)+": want 1 to 1000")
+			return
+		}
+		limit = n
+	}
+	offset := 0
+	if t := q.Get("nextToken"); t != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(t, "o"))
+		if !strings.HasPrefix(t, "o") || err != nil || n < 0 {
+			writeStatus(w, http.StatusBadRequest, "nextToken "+strconv.Quote(t)+": not a token from a previous list")
+			return
+		}
+		offset = n
+	}
+	var after time.Time
+	if a := q.Get("startedAfter"); a != "" {
+		if after, err = time.Parse(time.RFC3339Nano, a); err != nil {
+			writeStatus(w, http.StatusBadRequest, "startedAfter "+strconv.Quote(a)+": want an RFC 3339 time")
+			return
+		}
+	}
+	var states []sandboxv1.SandboxState
+	for _, st := range q["state"] {
+		for _, s := range strings.Split(st, ",") {
+			switch s {
+			case "running":
+				states = append(states, sandboxv1.SandboxState_SANDBOX_STATE_RUNNING)
+			case "paused":
+				states = append(states, sandboxv1.SandboxState_SANDBOX_STATE_PAUSED)
+			case "":
+			default:
+				writeStatus(w, http.StatusBadRequest, "state "+strconv.Quote(s)+": want running or paused")
+				return
+			}
+		}
+	}
+	if len(states) == 0 {
+		states = []sandboxv1.SandboxState{sandboxv1.SandboxState_SANDBOX_STATE_RUNNING, sandboxv1.SandboxState_SANDBOX_STATE_PAUSED}
+	}
+	all, err := g.listAll(r.Context(), md, states)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	matched := all[:0]
+	for _, sb := range all {
+		if after.IsZero() || !sb.CreatedAt.AsTime().Before(after) {
+			matched = append(matched, sb)
+		}
+	}
+	asc := q.Get("order") == "asc"
+	sort.SliceStable(matched, func(i, j int) bool {
+		a, b := matched[i].CreatedAt.AsTime(), matched[j].CreatedAt.AsTime()
+		if a.Equal(b) {
+			return matched[i].Id < matched[j].Id
+		}
+		return a.Before(b) == asc
+	})
+	out := []detailJSON{}
+	for i := offset; i < len(matched) && i < offset+limit; i++ {
+		out = append(out, g.toDetail(matched[i], false))
+	}
+	if offset+limit < len(matched) {
+		w.Header().Set("X-Next-Token", "o"+strconv.Itoa(offset+limit))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (g *Gateway) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := g.getSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, g.toDetail(sb, true))
+}
+
+func (g *Gateway) kill(w http.ResponseWriter, r *http.Request) {
+	if _, err := g.sandbox.StopSandbox(r.Context(), connect.NewRequest(&sandboxv1.StopSandboxRequest{SandboxId: r.PathValue("id")})); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type timeoutJSON struct {
+	Timeout  *int64 `json:"timeout"`
+	Duration *int64 `json:"duration"`
+}
+
+func (g *Gateway) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req timeoutJSON
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Timeout == nil {
+		writeStatus(w, http.StatusBadRequest, "timeout: required, in seconds")
+		return
+	}
+	if _, err := g.sandbox.SetSandboxTimeout(r.Context(), connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: r.PathValue("id"), TimeoutSeconds: *req.Timeout})); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// extend sets the time to live to seconds from now unless the sandbox
+// already lives longer.
+func (g *Gateway) extend(ctx context.Context, sb *sandboxv1.Sandbox, seconds int64) error {
+	if time.Now().Add(time.Duration(seconds) * time.Second).Before(sb.ExpiresAt.AsTime()) {
+		return nil
+	}
+	_, err := g.sandbox.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: sb.Id, TimeoutSeconds: seconds}))
+	return err
+}
+
+func (g *Gateway) refresh(w http.ResponseWriter, r *http.Request) {
+	var req timeoutJSON
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	seconds := int64(60)
+	if req.Duration != nil {
+		seconds = *req.Duration
+	}
+	sb, err := g.getSandbox(r.Context(), r.PathValue("id"))
+	if err == nil {
+		err = g.extend(r.Context(), sb, seconds)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
+	sb, err := g.getSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		writeStatus(w, http.StatusConflict, "sandbox "+sb.Id+" is already paused")
+		return
+	}
+	if _, err := g.sandbox.PauseSandbox(r.Context(), connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.Id})); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (g *Gateway) resume(w http.ResponseWriter, r *http.Request) {
+	var req timeoutJSON
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := g.getSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if sb.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		writeStatus(w, http.StatusConflict, "sandbox "+sb.Id+" is not paused")
+		return
+	}
+	g.resumeAndAnswer(w, r, sb, req.Timeout, http.StatusCreated)
+}
+
+// connect answers 200 for a running sandbox (its time to live only
+// extended) and 201 for a paused one, which it resumes.
+func (g *Gateway) connect(w http.ResponseWriter, r *http.Request) {
+	var req timeoutJSON
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := g.getSandbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		g.resumeAndAnswer(w, r, sb, req.Timeout, http.StatusCreated)
+		return
+	}
+	if req.Timeout != nil {
+		if err := g.extend(r.Context(), sb, *req.Timeout); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, g.toSandbox(sb))
+}
+
+func (g *Gateway) resumeAndAnswer(w http.ResponseWriter, r *http.Request, sb *sandboxv1.Sandbox, timeout *int64, status int) {
+	resp, err := g.sandbox.ResumeSandbox(r.Context(), connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: sb.Id}))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if timeout != nil {
+		if err := g.extend(r.Context(), resp.Msg.Sandbox, *timeout); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	writeJSON(w, status, g.toSandbox(resp.Msg.Sandbox))
+}
+
+type forkJSON struct {
+	Timeout *int64 `json:"timeout"`
+	Count   *int32 `json:"count"`
+}
+
+type forkResultJSON struct {
+	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
+	Error   *apiError    `json:"error,omitempty"`
+}
+
+func (g *Gateway) fork(w http.ResponseWriter, r *http.Request) {
+	var req forkJSON
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	count := int32(1)
+	if req.Count != nil {
+		count = *req.Count
+	}
+	if count < 1 || count > 100 {
+		writeStatus(w, http.StatusBadRequest, "count "+strconv.Itoa(int(count))+": want 1 to 100")
+		return
+	}
+	fr := &sandboxv1.ForkSandboxRequest{SandboxId: r.PathValue("id"), Count: count}
+	if req.Timeout != nil {
+		fr.TimeoutSeconds = *req.Timeout
+	}
+	resp, err := g.sandbox.ForkSandbox(r.Context(), connect.NewRequest(fr))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]forkResultJSON, 0, len(resp.Msg.Results))
+	for _, res := range resp.Msg.Results {
+		if res.Sandbox != nil {
+			s := g.toSandbox(res.Sandbox)
+			out = append(out, forkResultJSON{Sandbox: &s})
+			continue
+		}
+		code := statusOf(codeFromName(res.ErrorCode))
+		out = append(out, forkResultJSON{Error: &apiError{Code: code, Message: res.ErrorMessage}})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func codeFromName(name string) connect.Code {
+	var c connect.Code
+	if err := c.UnmarshalText([]byte(name)); err != nil {
+		return connect.CodeUnknown
+	}
+	return c
+}
+
+type snapshotJSON struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+func (g *Gateway) snapshot(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name *string `json:"name"`
+		Mode *string `json:"mode"`
+	}
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Name != nil && *req.Name != "" {
+		writeStatus(w, http.StatusBadRequest, "name: named snapshots are not supported; create sandboxes from the snapshotID")
+		return
+	}
+	if req.Mode != nil && *req.Mode != "full" {
+		writeStatus(w, http.StatusBadRequest, "mode "+strconv.Quote(*req.Mode)+": only \"full\" snapshots (memory and filesystem) are supported")
+		return
+	}
+	resp, err := g.sandbox.SnapshotSandbox(r.Context(), connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: r.PathValue("id")}))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotJSON{SnapshotID: resp.Msg.Snapshot.Id, Names: []string{resp.Msg.Snapshot.Id}})
+}
+
+func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	resp, err := g.sandbox.ListSnapshots(r.Context(), connect.NewRequest(&sandboxv1.ListSnapshotsRequest{SandboxId: r.URL.Query().Get("sandboxID")}))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := []snapshotJSON{}
+	for _, s := range resp.Msg.Snapshots {
+		out = append(out, snapshotJSON{SnapshotID: s.Id, Names: []string{s.Id}})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteTemplate deletes snapshots: E2B's SDKs delete a snapshot as the
+// template it is. Real templates are not supported.
+func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !strings.HasPrefix(id, "snap-") {
+		notSupported("deleting templates")(w, r)
+		return
+	}
+	if _, err := g.sandbox.DeleteSnapshot(r.Context(), connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: id})); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type metricJSON struct {
+	Timestamp     string  `json:"timestamp"`
+	TimestampUnix int64   `json:"timestampUnix"`
+	CPUCount      int     `json:"cpuCount"`
+	CPUUsedPct    float64 `json:"cpuUsedPct"`
+	MemUsed       int64   `json:"memUsed"`
+	MemTotal      int64   `json:"memTotal"`
+	MemCache      int64   `json:"memCache"`
+	DiskUsed      int64   `json:"diskUsed"`
+	DiskTotal     int64   `json:"diskTotal"`
+}
+
+// sample asks the sandbox's agent for its current use, after checking with
+// the caller's own key that the caller may see the sandbox.
+func (g *Gateway) sample(ctx context.Context, id string) (metricJSON, error) {
+	sb, err := g.getSandbox(ctx, id)
+	if err != nil {
+		return metricJSON{}, err
+	}
+	now := time.Now().UTC()
+	m := metricJSON{Timestamp: now.Format(time.RFC3339Nano), TimestampUnix: now.Unix(), CPUCount: int(sb.Spec.GetResources().GetCpuCores() + 0.999)}
+	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		return m, nil // a sample would resume it
+	}
+	resp, err := g.agent.Metrics(inSandbox(ctx, id), connect.NewRequest(&agentv1.MetricsRequest{}))
+	if err != nil {
+		return metricJSON{}, errdefs.FromConnect(err)
+	}
+	a := resp.Msg
+	m.CPUUsedPct, m.MemUsed, m.MemCache, m.DiskUsed, m.DiskTotal = a.CpuUsedPct, a.MemUsedBytes, a.MemCacheBytes, a.DiskUsedBytes, a.DiskTotalBytes
+	m.MemTotal = min(a.MemTotalBytes, sb.Spec.GetResources().GetMemoryMb()<<20)
+	return m, nil
+}
+
+func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
+	m, err := g.sample(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, []metricJSON{m})
+}
+
+func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
+	ids := strings.Split(r.URL.Query().Get("sandbox_ids"), ",")
+	if len(ids) == 0 || ids[0] == "" || len(ids) > 100 {
+		writeStatus(w, http.StatusBadRequest, "sandbox_ids: 1 to 100 comma-separated ids")
+		return
+	}
+	out := map[string]metricJSON{}
+	for _, id := range ids {
+		m, err := g.sample(r.Context(), id)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				continue
+			}
+			writeError(w, err)
+			return
+		}
+		out[id] = m
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}

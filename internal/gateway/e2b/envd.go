@@ -1,0 +1,161 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"path"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/opendsec/opendsec/api/gen/e2b/filesystem/envdfsconnect"
+	"github.com/opendsec/opendsec/api/gen/e2b/process/envdprocessconnect"
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// envdCall is what an envd request carries: the sandbox, checked against
+// its access token, and the user to act as.
+type envdCall struct {
+	sandbox string
+	user    string
+}
+
+type envdKey struct{}
+
+func callOf(ctx context.Context) envdCall {
+	c, _ := ctx.Value(envdKey{}).(envdCall)
+	return c
+}
+
+func (g *Gateway) envdMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", g.health)
+	mux.HandleFunc("GET /files", g.download)
+	mux.HandleFunc("POST /files", g.upload)
+	opts := append(connectOpts(), connect.WithInterceptors(goneInterceptor{g}))
+	mux.Handle(envdprocessconnect.NewProcessHandler(&processService{g: g}, opts...))
+	mux.Handle(envdfsconnect.NewFilesystemHandler(&fsService{g: g}, opts...))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(w, http.StatusNotFound, r.Method+" "+r.URL.Path+": not an envd route this gateway serves")
+	})
+	ew := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("E2b-Sandbox-Id")
+		if !g.validToken(id, r.Header.Get("X-Access-Token")) {
+			err := errdefs.Unauthenticated("sandbox %s: missing or wrong X-Access-Token (the envd access token from create or connect)", id)
+			if ew.IsSupported(r) {
+				ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
+				return
+			}
+			writeError(w, err)
+			return
+		}
+		user, err := basicUser(r.Header.Get("Authorization"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if u := r.URL.Query().Get("username"); u != "" {
+			user = u
+		}
+		if user == "" {
+			user = g.cfg.DefaultUser
+		}
+		ctx := context.WithValue(inSandbox(r.Context(), id), envdKey{}, envdCall{sandbox: id, user: user})
+		mux.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// health answers 204 while the sandbox's agent answers, and 502 with E2B's
+// "was not found" message once the sandbox is gone.
+func (g *Gateway) health(w http.ResponseWriter, r *http.Request) {
+	if _, err := g.agent.Health(r.Context(), connect.NewRequest(&agentv1.HealthRequest{})); err != nil {
+		err = g.explain(r.Context(), err)
+		writeStatus(w, http.StatusBadGateway, messageOf(err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// explain turns the error of a call into a sandbox that no longer exists
+// into what E2B's proxy answers then: Unavailable, "… was not found", which
+// the SDKs raise as "sandbox not running". A file that is not found stays
+// NotFound: only the sandbox's own absence is rewritten.
+func (g *Gateway) explain(ctx context.Context, err error) error {
+	switch errdefs.Code(err) {
+	case connect.CodeNotFound, connect.CodeUnavailable, connect.CodeFailedPrecondition:
+	default:
+		return err
+	}
+	id := callOf(ctx).sandbox
+	if _, gerr := g.sandbox.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id})); errdefs.Code(gerr) == connect.CodeNotFound {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was not found", id))
+	}
+	return err
+}
+
+// goneInterceptor applies explain to the envd services' errors.
+type goneInterceptor struct{ g *Gateway }
+
+func (i goneInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		if err != nil {
+			return nil, errdefs.ToConnect(i.g.explain(ctx, err))
+		}
+		return resp, nil
+	}
+}
+
+func (i goneInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (i goneInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if err := next(ctx, conn); err != nil {
+			return errdefs.ToConnect(i.g.explain(ctx, err))
+		}
+		return nil
+	}
+}
+
+// basicUser reads the user from envd's "Authorization: Basic base64(user:)".
+func basicUser(h string) (string, error) {
+	v, ok := strings.CutPrefix(h, "Basic ")
+	if !ok {
+		return "", nil
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
+	if err != nil {
+		return "", errdefs.InvalidArgument("Authorization: not base64")
+	}
+	user, _, _ := strings.Cut(string(raw), ":")
+	return user, nil
+}
+
+// home is where a user's relative paths start.
+func home(user string) string {
+	if user == "root" {
+		return "/root"
+	}
+	return "/home/" + user
+}
+
+// resolve makes an envd path absolute for user ("~" and relative paths
+// start at the user's home).
+func resolve(user, p string) string {
+	switch {
+	case p == "" || p == "~":
+		return home(user)
+	case strings.HasPrefix(p, "~/"):
+		return path.Join(home(user), p[2:])
+	case !strings.HasPrefix(p, "/"):
+		return path.Join(home(user), p)
+	}
+	return path.Clean(p)
+}

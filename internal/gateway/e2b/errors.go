@@ -1,0 +1,75 @@
+package e2b
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// apiError is E2B's error body.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// statusOf maps a Connect code (from our API) to the HTTP status E2B uses.
+func statusOf(c connect.Code) int {
+	switch c {
+	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
+		return http.StatusBadRequest
+	case connect.CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodeAlreadyExists, connect.CodeFailedPrecondition, connect.CodeAborted:
+		return http.StatusConflict
+	case connect.CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case connect.CodeUnimplemented:
+		return http.StatusNotImplemented
+	case connect.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case connect.CodeDeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// messageOf keeps the user-visible text of an error.
+func messageOf(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
+}
+
+// writeError answers with E2B's {code, message} body.
+func writeError(w http.ResponseWriter, err error) {
+	code := statusOf(errdefs.Code(err))
+	writeJSON(w, code, apiError{Code: code, Message: messageOf(err)})
+}
+
+// writeStatus answers an error of the gateway's own making.
+func writeStatus(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, apiError{Code: code, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v) //nolint:errcheck // the client went away
+}
+
+// notSupported answers calls for E2B features OpenDsec does not have.
+func notSupported(what string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(w, http.StatusNotImplemented, what+" is not supported by the OpenDsec gateway (see docs/e2b.md)")
+	}
+}

@@ -1,0 +1,243 @@
+package e2b
+
+import (
+	"compress/gzip"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// fileChunk is how much of a file one agent call moves. Files of any size
+// stream through the gateway in pieces of this size.
+const fileChunk = 4 << 20
+
+// writeInfo is one entry of the /files upload answer.
+type writeInfo struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+// download serves GET /files?path=…: the file's bytes, read from the
+// sandbox in chunks.
+func (g *Gateway) download(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		writeStatus(w, http.StatusBadRequest, "path: required (the file to download)")
+		return
+	}
+	p = resolve(callOf(ctx).user, p)
+	var off int64
+	for {
+		resp, err := g.files.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: p, Offset: off, Limit: fileChunk}))
+		if err != nil {
+			if off == 0 {
+				g.writeFileError(w, r, err)
+				return
+			}
+			// Headers are out: the client sees a short body.
+			g.log.Warn("download cut short", "path", p, "offset", off, "err", err)
+			return
+		}
+		if off == 0 {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(p)}))
+			if resp.Msg.Eof {
+				w.Header().Set("Content-Length", strconv.Itoa(len(resp.Msg.Data)))
+			}
+			w.WriteHeader(http.StatusOK)
+		}
+		if _, err := w.Write(resp.Msg.Data); err != nil {
+			return
+		}
+		off += int64(len(resp.Msg.Data))
+		if resp.Msg.Eof || len(resp.Msg.Data) == 0 {
+			return
+		}
+	}
+}
+
+// upload serves POST /files: one file as application/octet-stream (the
+// path in the query, gzip allowed) or files as multipart/form-data parts
+// named "file" (each part's filename is its path, unless the query names
+// the one file). A file appears whole or not at all: it is written next
+// to its destination under a temporary name and renamed into place.
+func (g *Gateway) upload(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	user := callOf(ctx).user
+	for k := range r.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-metadata-") {
+			writeStatus(w, http.StatusNotImplemented, "file metadata ("+k+") is not supported by the OpenDsec gateway (see docs/e2b.md)")
+			return
+		}
+	}
+	queryPath := r.URL.Query().Get("path")
+	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []writeInfo
+	switch ct {
+	case "application/octet-stream":
+		if queryPath == "" {
+			writeStatus(w, http.StatusBadRequest, "path: required for an application/octet-stream upload")
+			return
+		}
+		body := io.Reader(r.Body)
+		switch enc := r.Header.Get("Content-Encoding"); enc {
+		case "", "identity":
+		case "gzip":
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				writeStatus(w, http.StatusBadRequest, "body: Content-Encoding gzip but not gzip data: "+err.Error())
+				return
+			}
+			defer zr.Close()
+			body = zr
+		default:
+			writeStatus(w, http.StatusBadRequest, "Content-Encoding "+enc+": only gzip is supported")
+			return
+		}
+		info, err := g.writeFile(ctx, user, resolve(user, queryPath), body)
+		if err != nil {
+			g.writeFileError(w, r, err)
+			return
+		}
+		out = append(out, info)
+	case "multipart/form-data":
+		mr, err := r.MultipartReader()
+		if err != nil {
+			writeStatus(w, http.StatusBadRequest, "body: "+err.Error())
+			return
+		}
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				writeStatus(w, http.StatusBadRequest, "body: bad multipart data: "+err.Error())
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			target := rawFileName(part)
+			if queryPath != "" {
+				if len(out) > 0 {
+					writeStatus(w, http.StatusBadRequest, "path: names one file but the body has several; name each part's path in its filename instead")
+					return
+				}
+				target = queryPath
+			}
+			if target == "" {
+				writeStatus(w, http.StatusBadRequest, "file: a part without a filename and no path in the query")
+				return
+			}
+			info, err := g.writeFile(ctx, user, resolve(user, target), part)
+			part.Close()
+			if err != nil {
+				g.writeFileError(w, r, err)
+				return
+			}
+			out = append(out, info)
+		}
+		if len(out) == 0 {
+			writeStatus(w, http.StatusBadRequest, "body: no part named \"file\"")
+			return
+		}
+	default:
+		writeStatus(w, http.StatusBadRequest, "Content-Type "+strconv.Quote(ct)+": use multipart/form-data or application/octet-stream")
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// rawFileName is a part's filename as sent: E2B's SDKs put the whole path
+// there, which Part.FileName would cut to its last element.
+func rawFileName(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
+// writeFile streams body into the sandbox file p, owned by user.
+func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader) (writeInfo, error) {
+	if p == "/" {
+		return writeInfo{}, errdefs.InvalidArgument("path: / is a directory")
+	}
+	var suffix [6]byte
+	rand.Read(suffix[:]) //nolint:errcheck // crypto/rand does not fail
+	tmp := path.Join(path.Dir(p), "."+path.Base(p)+".upload-"+hex.EncodeToString(suffix[:]))
+	buf := make([]byte, fileChunk)
+	mode := agentv1.WriteMode_WRITE_MODE_UNSPECIFIED // the first write creates the file
+	for {
+		n, rerr := io.ReadFull(body, buf)
+		last := errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
+		if rerr != nil && !last {
+			if mode == agentv1.WriteMode_WRITE_MODE_APPEND {
+				g.removeQuietly(ctx, tmp)
+			}
+			return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
+		}
+		if n > 0 || mode != agentv1.WriteMode_WRITE_MODE_APPEND {
+			_, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
+				Path: tmp, Data: buf[:n], Mode: mode, User: user,
+			}))
+			if err != nil {
+				if mode == agentv1.WriteMode_WRITE_MODE_APPEND {
+					g.removeQuietly(ctx, tmp)
+				}
+				return writeInfo{}, err
+			}
+			mode = agentv1.WriteMode_WRITE_MODE_APPEND
+		}
+		if last {
+			break
+		}
+	}
+	if _, err := g.files.Move(ctx, connect.NewRequest(&agentv1.MoveRequest{Source: tmp, Destination: p})); err != nil {
+		g.removeQuietly(ctx, tmp)
+		return writeInfo{}, err
+	}
+	return writeInfo{Name: path.Base(p), Type: "file", Path: p}, nil
+}
+
+// removeQuietly drops a half-written temporary file; a failure only leaves
+// a hidden file behind, so it is logged, not returned.
+func (g *Gateway) removeQuietly(ctx context.Context, p string) {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := g.files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: p})); err != nil {
+		g.log.Warn("removing a partial upload", "path", p, "err", err)
+	}
+}
+
+// writeFileError answers a /files error: 502 for a sandbox that is gone,
+// as E2B's proxy does, and 400 for a directory where a file belongs, as
+// envd does.
+func (g *Gateway) writeFileError(w http.ResponseWriter, r *http.Request, err error) {
+	err = g.explain(r.Context(), err)
+	if errdefs.Code(err) == connect.CodeUnavailable {
+		writeStatus(w, http.StatusBadGateway, messageOf(err))
+		return
+	}
+	if errdefs.Code(err) == connect.CodeFailedPrecondition {
+		writeStatus(w, http.StatusBadRequest, messageOf(err))
+		return
+	}
+	writeError(w, err)
+}

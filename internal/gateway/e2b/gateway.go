@@ -1,0 +1,178 @@
+// Package e2b is the E2B-compatible gateway [ours]: programs written for
+// E2B's SDKs run against OpenDsec after setting E2B_API_URL, E2B_SANDBOX_URL
+// and E2B_API_KEY to the gateway. It serves E2B's control-plane REST API and
+// envd's protocol (the process and filesystem Connect services and the
+// /files and /health routes) on one port, and is only a client of our own
+// public API: control-plane calls carry the caller's API key (IAM accepts
+// keys in E2B's "e2b_" format), sandbox calls are authorised by envd access
+// tokens the gateway signs and made with the gateway's own service key.
+// It keeps no state but the polling file watchers of the calls in flight.
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Config configures a gateway.
+type Config struct {
+	// APIURL is our apiserver.
+	APIURL string
+	// ServiceKey is the gateway's own API key (an ADMIN key of the root
+	// project), used for calls inside sandboxes after an access token check.
+	ServiceKey string
+	// TokenSecret signs envd access tokens.
+	TokenSecret []byte
+	// BaseImage is what the template "base" means.
+	BaseImage string
+	// Backend runs E2B sandboxes (gvisor: pause and fork work).
+	Backend string
+	// DefaultUser runs commands and owns files when the SDK names none.
+	DefaultUser string
+}
+
+// EnvdVersion is the envd version the gateway reports. The SDKs turn
+// features on by it; 0.5.7 is default user, stdin, close-stdin and
+// octet-stream uploads, without file metadata or network-mount watches,
+// which the gateway does not implement.
+const EnvdVersion = "0.5.7"
+
+// clientID is the constant E2B reports for every sandbox's client.
+const clientID = "opendsec"
+
+// Gateway serves E2B's APIs.
+type Gateway struct {
+	cfg      Config
+	log      *slog.Logger
+	sandbox  sandboxv1connect.SandboxServiceClient
+	process  agentv1connect.ProcessServiceClient
+	files    agentv1connect.FilesystemServiceClient
+	agent    agentv1connect.AgentServiceClient
+	watchers *watchers
+}
+
+// New returns a gateway talking to the apiserver at cfg.APIURL.
+func New(cfg Config, log *slog.Logger) (*Gateway, error) {
+	if cfg.APIURL == "" || cfg.ServiceKey == "" || len(cfg.TokenSecret) < 16 {
+		return nil, errors.New("gateway: APIURL, ServiceKey and a TokenSecret of at least 16 bytes are required")
+	}
+	if cfg.BaseImage == "" {
+		cfg.BaseImage = "root/py:3.11"
+	}
+	if cfg.Backend == "" {
+		cfg.Backend = "gvisor"
+	}
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "user"
+	}
+	// HTTP/2 to the apiserver: with prior knowledge over plain HTTP, by
+	// ALPN over TLS.
+	var protos http.Protocols
+	if strings.HasPrefix(cfg.APIURL, "http://") {
+		protos.SetUnencryptedHTTP2(true)
+	} else {
+		protos.SetHTTP1(true)
+		protos.SetHTTP2(true)
+	}
+	tr := &http.Transport{
+		Protocols:           &protos,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		HTTP2:               &http.HTTP2Config{MaxConcurrentStreams: 1000},
+	}
+	hc := &http.Client{Transport: &callerTransport{next: tr, serviceKey: cfg.ServiceKey}}
+	base := strings.TrimRight(cfg.APIURL, "/")
+	return &Gateway{
+		cfg: cfg, log: logging.OrDiscard(log).With(logging.Component, "gateway"),
+		sandbox:  sandboxv1connect.NewSandboxServiceClient(hc, base),
+		process:  agentv1connect.NewProcessServiceClient(hc, base),
+		files:    agentv1connect.NewFilesystemServiceClient(hc, base),
+		agent:    agentv1connect.NewAgentServiceClient(hc, base),
+		watchers: newWatchers(),
+	}, nil
+}
+
+// Handler serves both APIs: a request naming a sandbox in E2b-Sandbox-Id is
+// for envd, anything else for the control plane.
+func (g *Gateway) Handler() http.Handler {
+	control := g.controlMux()
+	envd := g.envdMux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("E2b-Sandbox-Id") != "" {
+			envd.ServeHTTP(w, r)
+			return
+		}
+		control.ServeHTTP(w, r)
+	})
+}
+
+// Close stops background work (polling watchers).
+func (g *Gateway) Close() { g.watchers.closeAll() }
+
+// The caller of an outgoing call travels in its context: the user's key
+// for control-plane calls, or the service key and a sandbox id for calls
+// inside a sandbox.
+type callerKey struct{}
+
+type caller struct {
+	apiKey  string
+	sandbox string
+}
+
+func asUser(ctx context.Context, apiKey string) context.Context {
+	return context.WithValue(ctx, callerKey{}, caller{apiKey: apiKey})
+}
+
+func inSandbox(ctx context.Context, sandboxID string) context.Context {
+	return context.WithValue(ctx, callerKey{}, caller{sandbox: sandboxID})
+}
+
+type callerTransport struct {
+	next       http.RoundTripper
+	serviceKey string
+}
+
+func (t *callerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c, _ := r.Context().Value(callerKey{}).(caller)
+	r = r.Clone(r.Context())
+	if c.sandbox != "" {
+		r.Header.Set("Authorization", "Bearer "+t.serviceKey)
+		r.Header.Set(headers.SandboxID, c.sandbox)
+	} else {
+		r.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
+	return t.next.RoundTrip(r)
+}
+
+// accessToken is the envd access token of a sandbox: an HMAC of its id, so
+// it is the same before and after a pause, and needs no storage.
+func (g *Gateway) accessToken(sandboxID string) string {
+	m := hmac.New(sha256.New, g.cfg.TokenSecret)
+	m.Write([]byte("envd-access/" + sandboxID))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (g *Gateway) validToken(sandboxID, token string) bool {
+	return subtle.ConstantTimeCompare([]byte(g.accessToken(sandboxID)), []byte(token)) == 1
+}
+
+// connectOpts are the handler options of the envd services.
+func connectOpts() []connect.HandlerOption {
+	return []connect.HandlerOption{connect.WithReadMaxBytes(24 << 20)}
+}

@@ -1,0 +1,136 @@
+package e2b
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+)
+
+// templateKey is the metadata entry that remembers the E2B template a
+// sandbox was created from; it is hidden from E2B's metadata, as is every
+// "e2b." entry.
+const templateKey = "e2b.templateID"
+
+// idempotencyKey remembers the Idempotency-Key a sandbox was created with.
+const idempotencyKey = "e2b.idempotencyKey"
+
+// sandboxJSON is E2B's Sandbox: what create, connect, resume and fork return.
+type sandboxJSON struct {
+	TemplateID      string  `json:"templateID"`
+	SandboxID       string  `json:"sandboxID"`
+	Alias           string  `json:"alias,omitempty"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
+	Domain          *string `json:"domain"`
+}
+
+// detailJSON is E2B's SandboxDetail and ListedSandbox.
+type detailJSON struct {
+	TemplateID      string            `json:"templateID"`
+	SandboxID       string            `json:"sandboxID"`
+	Alias           string            `json:"alias,omitempty"`
+	ClientID        string            `json:"clientID"`
+	StartedAt       string            `json:"startedAt"`
+	EndAt           string            `json:"endAt"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int64             `json:"memoryMB"`
+	DiskSizeMB      int64             `json:"diskSizeMB"`
+	State           string            `json:"state"`
+	Metadata        map[string]string `json:"metadata"`
+	Domain          *string           `json:"domain"`
+}
+
+// newSandboxJSON is E2B's NewSandbox / NewSandboxV2 request.
+type newSandboxJSON struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	AutoPause           *bool             `json:"autoPause"`
+	AutoResume          any               `json:"autoResume"`
+	IAM                 any               `json:"iam"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             map[string]any    `json:"network"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	MCP                 any               `json:"mcp"`
+	VolumeMounts        []any             `json:"volumeMounts"`
+}
+
+// defaultTimeout is E2B's default time to live, in seconds.
+const defaultTimeout = 300
+
+func (g *Gateway) toSandbox(sb *sandboxv1.Sandbox) sandboxJSON {
+	return sandboxJSON{
+		TemplateID: templateOf(sb), SandboxID: sb.Id, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: g.accessToken(sb.Id),
+	}
+}
+
+func (g *Gateway) toDetail(sb *sandboxv1.Sandbox, withToken bool) detailJSON {
+	d := detailJSON{
+		TemplateID: templateOf(sb), SandboxID: sb.Id, ClientID: clientID,
+		StartedAt: sb.CreatedAt.AsTime().UTC().Format(time.RFC3339Nano), EndAt: sb.ExpiresAt.AsTime().UTC().Format(time.RFC3339Nano),
+		EnvdVersion: EnvdVersion,
+		CPUCount:    int(math.Ceil(sb.Spec.GetResources().GetCpuCores())),
+		MemoryMB:    sb.Spec.GetResources().GetMemoryMb(),
+		State:       "running",
+		Metadata:    userMetadata(sb.Spec.GetMetadata()),
+	}
+	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		d.State = "paused"
+	}
+	if withToken {
+		d.EnvdAccessToken = g.accessToken(sb.Id)
+	}
+	return d
+}
+
+func templateOf(sb *sandboxv1.Sandbox) string {
+	if t := sb.Spec.GetMetadata()[templateKey]; t != "" {
+		return t
+	}
+	return sb.Spec.GetImage()
+}
+
+// userMetadata drops the gateway's own entries.
+func userMetadata(md map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range md {
+		if !strings.HasPrefix(k, "e2b.") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// imageFor maps an E2B template id to our image name: "base" is the
+// configured base image; a name with a slash is one of our image names; any
+// other name is root/<name>:latest.
+func (g *Gateway) imageFor(template string) (string, error) {
+	switch {
+	case template == "":
+		return "", errdefs.InvalidArgument("templateID: required")
+	case template == "base":
+		return g.cfg.BaseImage, nil
+	case strings.Contains(template, "/"):
+		if _, err := image.ParseRef(template); err != nil {
+			return "", err
+		}
+		return template, nil
+	}
+	name := "root/" + template + ":latest"
+	if i := strings.IndexByte(template, ':'); i > 0 {
+		name = "root/" + template
+	}
+	if _, err := image.ParseRef(name); err != nil {
+		return "", errdefs.InvalidArgument("templateID %q: not a template this gateway knows (use \"base\" or an image name like \"root/py:3.11\")", template)
+	}
+	return name, nil
+}

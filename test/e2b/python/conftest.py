@@ -1,0 +1,93 @@
+"""Runs E2B's own Python SDK against OpenDsec's E2B gateway.
+
+A cluster is started here with bin/dsec up (gvisor backend, root/py:3.11 as
+the "base" template) unless E2B_API_URL is already set; the SDK is then
+pointed at the gateway by the three variables a user would change.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_env(path: Path) -> Dict[str, str]:
+    env: Dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            k, v = line[len("export ") :].split("=", 1)
+            env[k] = v
+    return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gateway() -> Iterator[Dict[str, str]]:
+    """E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY of a running gateway,
+    also set in os.environ for the SDK."""
+    if os.environ.get("E2B_API_URL"):
+        yield {k: os.environ[k] for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+        return
+    if os.geteuid() != 0:
+        pytest.skip("the gvisor backend needs root")
+    dsec = REPO / "bin" / "dsec"
+    if not dsec.exists():
+        pytest.skip("bin/dsec not built (run make build)")
+    images = Path(os.environ.get("DSEC_TEST_IMAGE_STORE", REPO / ".cache" / "images"))
+    if not (images / "refs" / "root" / "py" / "3.11").exists():
+        pytest.skip("root/py:3.11 is not built (make images)")
+    state = Path(tempfile.mkdtemp(prefix="dsec-e2b-test-"))
+    log = open(state / "dsec.log", "w")
+    proc = subprocess.Popen(
+        [
+            str(dsec), "up", "--state-dir", str(state),
+            "--listen", f"127.0.0.1:{_free_port()}",
+            "--e2b-listen", f"127.0.0.1:{_free_port()}",
+            "--image-store", str(images),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    env_file = state / "client.env"
+    deadline = time.time() + 30
+    while not env_file.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            log.close()
+            raise RuntimeError("dsec up did not start: " + (state / "dsec.log").read_text())
+        time.sleep(0.05)
+    env = _read_env(env_file)
+    for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+        os.environ[k] = env[k]
+    try:
+        yield env
+    finally:
+        subprocess.run([str(dsec), "stop", "--all"], env={**os.environ, **env}, capture_output=True)
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture
+def sandbox():
+    from e2b import Sandbox
+
+    sb = Sandbox.create(timeout=300)
+    yield sb
+    try:
+        sb.kill()
+    except Exception:
+        pass

@@ -1,0 +1,277 @@
+"""E2B's Python SDK (pinned in requirements.txt), unchanged, against the
+gateway: every call here is what an E2B user writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import httpx
+import pytest
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FilesystemEventType,
+    FileType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
+
+# A Python server that keeps a random value and a hit counter in memory:
+# pausing, resuming and forking must carry both, and the process.
+HELD_STATE = r"""
+import http.server, json, os, random
+value = random.getrandbits(48)
+hits = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global hits, value
+        hits += 1
+        if self.path.startswith("/set/"):
+            value = int(self.path[5:])
+        body = json.dumps({"value": value, "hits": hits, "pid": os.getpid()}).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"""
+
+
+def start_server(sb: Sandbox) -> None:
+    sb.files.write("server.py", HELD_STATE)
+    sb.commands.run("python3 server.py", background=True)
+    for _ in range(100):
+        if sb.commands.run("curl -s 127.0.0.1:8000/ >/dev/null && echo up || true").stdout.strip() == "up":
+            return
+        time.sleep(0.1)
+    raise AssertionError("server did not come up")
+
+
+def query(sb: Sandbox, path: str = "/") -> dict:
+    return json.loads(sb.commands.run(f"curl -s 127.0.0.1:8000{path}").stdout)
+
+
+def test_commands_output_exit_code_env_and_cwd(sandbox: Sandbox):
+    r = sandbox.commands.run("echo out; echo err >&2; whoami; pwd")
+    assert r.stdout == "out\nuser\n/home/user\n"
+    assert r.stderr == "err\n"
+    assert r.exit_code == 0
+
+    with pytest.raises(CommandExitException) as e:
+        sandbox.commands.run("echo before; exit 7")
+    assert e.value.exit_code == 7
+    assert e.value.stdout == "before\n"
+
+    r = sandbox.commands.run("echo $GREETING from $(pwd)", envs={"GREETING": "hello"}, cwd="/tmp")
+    assert r.stdout == "hello from /tmp\n"
+    assert sandbox.commands.run("whoami", user="root").stdout == "root\n"
+
+
+def test_create_env_vars_and_metadata_listing():
+    tag = uuid.uuid4().hex
+    sb = Sandbox.create(envs={"FROM_CREATE": "yes"}, metadata={"suite": tag}, timeout=120)
+    try:
+        assert sb.commands.run("echo $FROM_CREATE").stdout == "yes\n"
+        info = sb.get_info()
+        assert info.sandbox_id == sb.sandbox_id
+        assert info.template_id == "base"
+        assert info.metadata == {"suite": tag}
+        assert info.state == SandboxState.RUNNING
+        assert info.end_at > info.started_at
+
+        found = Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
+        assert [s.sandbox_id for s in found] == [sb.sandbox_id]
+        assert Sandbox.list(query=SandboxQuery(metadata={"suite": "other-" + tag})).next_items() == []
+        assert sb.is_running()
+    finally:
+        sb.kill()
+    assert not sb.is_running()
+    assert Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items() == []
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sb.sandbox_id)
+
+
+def test_background_command_streams_output_takes_stdin_and_is_killed(sandbox: Sandbox):
+    h = sandbox.commands.run("echo ready; read line; echo got $line; cat", background=True, stdin=True, timeout=30)
+    assert h.pid in [p.pid for p in sandbox.commands.list()]
+
+    # Output streams while the command runs: the answer to "ready" is what
+    # lets the command go on (it would block forever otherwise).
+    seen = []
+
+    def on_stdout(chunk: str) -> None:
+        seen.append(chunk)
+        if "ready" in chunk:
+            sandbox.commands.send_stdin(h.pid, "one\n")
+        if "got one" in chunk:
+            sandbox.commands.send_stdin(h.pid, "two\n")
+            sandbox.commands.close_stdin(h.pid)
+
+    r = h.wait(on_stdout=on_stdout)
+    assert r.stdout == "ready\ngot one\ntwo\n"
+    assert "".join(seen) == r.stdout
+
+    h = sandbox.commands.run("sleep 600", background=True)
+    assert sandbox.commands.kill(h.pid)
+    with pytest.raises(CommandExitException) as e:
+        h.wait()
+    assert e.value.exit_code != 0
+    assert h.pid not in [p.pid for p in sandbox.commands.list()]
+
+
+def test_connect_to_a_running_command(sandbox: Sandbox):
+    h = sandbox.commands.run("sleep 0.5; echo done", background=True)
+    again = sandbox.commands.connect(h.pid)
+    assert again.wait().stdout.endswith("done\n")
+
+
+def test_files(sandbox: Sandbox):
+    info = sandbox.files.write("notes/a.txt", "first")
+    assert info.path == "/home/user/notes/a.txt"
+    assert sandbox.files.read("notes/a.txt") == "first"
+    assert sandbox.files.get_info("notes/a.txt").owner == "user"
+
+    payload = os.urandom(1 << 20)
+    sandbox.files.write("/tmp/blob.bin", payload)
+    assert bytes(sandbox.files.read("/tmp/blob.bin", format="bytes")) == payload
+    assert sandbox.commands.run("sha256sum /tmp/blob.bin | cut -d' ' -f1").stdout.strip() == __import__("hashlib").sha256(payload).hexdigest()
+
+    infos = sandbox.files.write_files([{"path": "multi/x", "data": "X"}, {"path": "multi/y", "data": b"Y"}])
+    assert sorted(i.path for i in infos) == ["/home/user/multi/x", "/home/user/multi/y"]
+
+    names = {e.name: e for e in sandbox.files.list("multi")}
+    assert set(names) == {"x", "y"}
+    assert names["x"].type == FileType.FILE and names["x"].size == 1
+
+    assert sandbox.files.exists("multi/x")
+    assert not sandbox.files.exists("multi/nope")
+    assert sandbox.files.make_dir("made/deep")
+    assert not sandbox.files.make_dir("made/deep")
+    assert sandbox.files.get_info("made/deep").type == FileType.DIR
+
+    moved = sandbox.files.rename("multi/x", "multi/z")
+    assert moved.path == "/home/user/multi/z"
+    assert sandbox.files.read("multi/z") == "X"
+    sandbox.files.remove("multi")
+    assert not sandbox.files.exists("multi/z")
+
+    with pytest.raises(NotFoundException):
+        sandbox.files.read("no/such/file")
+
+
+def test_watch_dir(sandbox: Sandbox):
+    sandbox.files.make_dir("watched")
+    w = sandbox.files.watch_dir("watched")
+    sandbox.files.write("watched/new.txt", "x")
+    sandbox.commands.run("rm watched/new.txt")
+    events = []
+    for _ in range(50):
+        events += w.get_new_events()
+        if any(e.type == FilesystemEventType.REMOVE for e in events):
+            break
+        time.sleep(0.1)
+    w.stop()
+    # An upload is written under a temporary name and renamed into place.
+    assert any(e.name == "new.txt" for e in events)
+    assert any(e.type == FilesystemEventType.REMOVE and e.name == "new.txt" for e in events)
+
+
+def test_pty(sandbox: Sandbox):
+    out = []
+    t = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.send_stdin(t.pid, b"stty size; echo pty-$((6*7)); exit\n")
+    t.wait(on_pty=out.append)
+    assert b"24 80" in b"".join(out) and b"pty-42" in b"".join(out)
+
+    out = []
+    t = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.resize(t.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(t.pid, b"stty size; exit 3\n")
+    with pytest.raises(CommandExitException):
+        t.wait(on_pty=out.append)
+    assert b"30 100" in b"".join(out)
+
+
+def test_timeout_pause_and_connect_keep_processes_and_memory(sandbox: Sandbox):
+    sandbox.set_timeout(200)
+    end = sandbox.get_info().end_at
+    assert 150 < (end - sandbox.get_info().started_at).total_seconds() or end.timestamp() - time.time() > 150
+
+    start_server(sandbox)
+    before = query(sandbox, "/set/4242")
+    assert sandbox.pause()
+    assert sandbox.get_info().state == SandboxState.PAUSED
+    assert [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()] == [sandbox.sandbox_id]
+
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    assert resumed.get_info().state == SandboxState.RUNNING
+    after = query(resumed)
+    assert after["value"] == 4242 and after["pid"] == before["pid"] and after["hits"] == before["hits"] + 1
+
+
+def test_fork_copies_memory_and_copies_are_independent(sandbox: Sandbox):
+    start_server(sandbox)
+    src = query(sandbox, "/set/777")
+    forks = sandbox.fork(count=2, timeout=120)
+    try:
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        ids = {f.sandbox_id for f in forks}
+        assert len(ids) == 2 and sandbox.sandbox_id not in ids
+        for f in forks:
+            st = query(f)
+            assert st["value"] == 777 and st["hits"] == src["hits"] + 1
+        query(forks[0], "/set/1")
+        assert query(forks[1])["value"] == 777
+        assert query(sandbox)["value"] == 777
+        # Files are copied too and diverge.
+        forks[0].files.write("only-in-fork", "0")
+        assert not forks[1].files.exists("only-in-fork")
+        assert not sandbox.files.exists("only-in-fork")
+    finally:
+        for f in forks:
+            if isinstance(f, Sandbox):
+                f.kill()
+
+
+def test_snapshot_then_create_from_it(sandbox: Sandbox):
+    sandbox.files.write("kept.txt", "from the snapshot")
+    snap = sandbox.create_snapshot()
+    assert snap.snapshot_id.startswith("snap-")
+    copy = Sandbox.create(snap.snapshot_id, timeout=60)
+    try:
+        assert copy.files.read("kept.txt") == "from the snapshot"
+    finally:
+        copy.kill()
+        Sandbox.delete_snapshot(snap.snapshot_id)
+
+
+def test_bad_key_and_bad_access_token_are_refused(gateway, sandbox: Sandbox):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="e2b_" + "0" * 40)
+    r = httpx.get(
+        gateway["E2B_SANDBOX_URL"] + "/files",
+        params={"path": "/etc/hostname"},
+        headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": "wrong"},
+    )
+    assert r.status_code == 401
+    assert "X-Access-Token" in r.json()["message"]
+
+
+def test_unsupported_features_say_so():
+    with pytest.raises(Exception) as e:
+        Sandbox.create(lifecycle={"on_timeout": "pause"})
+    assert "autoPause" in str(e.value)
+
+
+def test_idempotent_create(gateway):
+    key = uuid.uuid4().hex
+    first = Sandbox.create(idempotency_key=key, timeout=60)
+    try:
+        again = Sandbox.create(idempotency_key=key, timeout=60)
+        assert again.sandbox_id == first.sandbox_id
+    finally:
+        first.kill()
