@@ -6,6 +6,7 @@ CACHE := $(CURDIR)/.cache
 STATE ?= $(CURDIR)/.state
 LISTEN ?= 127.0.0.1:7070
 VENV := $(CACHE)/venv
+E2B_VENV := $(CACHE)/venv-e2b
 GOBIN_DIR := $(CACHE)/bin
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
@@ -13,7 +14,7 @@ PROTOC_GEN_CONNECT_VERSION := v1.21.1
 GO_TEST_FLAGS ?= -race -count=1 -timeout 20m
 export PATH := $(GOBIN_DIR):$(PATH)
 
-.PHONY: all deps build images venv quickstart up down test test-go test-python check-generated generate lint bench fuzz clean
+.PHONY: all deps build images venv e2b-sdks quickstart up down test test-go test-python test-e2b check-generated generate lint bench fuzz clean
 
 all: build
 
@@ -34,6 +35,13 @@ venv:
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e './sdk/python[test]'
 
+# E2B's own SDKs, pinned, for the gateway's acceptance tests (npm keeps its
+# download cache under .cache/npm).
+e2b-sdks:
+	@test -x $(E2B_VENV)/bin/python || python3 -m venv $(E2B_VENV)
+	$(E2B_VENV)/bin/pip install -q -r test/e2b/python/requirements.txt
+	cd test/e2b/js && npm ci --no-audit --no-fund --cache $(CACHE)/npm --prefer-offline
+
 # Starts dsec up in the background (log: $(STATE)/dsec.log); `make down` stops it.
 up: build
 	@if [ -f $(STATE)/dsec.pid ] && kill -0 $$(cat $(STATE)/dsec.pid) 2>/dev/null; then echo "dsec up already running (pid $$(cat $(STATE)/dsec.pid))"; else \
@@ -51,13 +59,19 @@ quickstart: deps build images venv up
 	@echo "fork with memory on the gvisor backend (examples/fork.py):"
 	source $(STATE)/client.env && $(VENV)/bin/python examples/fork.py
 
-test: deps build images venv check-generated lint test-go test-python
+test: deps build images venv e2b-sdks check-generated lint test-go test-python test-e2b
 
 test-go:
 	go test $(GO_TEST_FLAGS) ./...
 
 test-python: build images venv
 	DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(VENV)/bin/python -m pytest -q sdk/python/tests
+
+# E2B's Python and JavaScript SDKs, unchanged, against the gateway of a
+# dsec up each suite starts.
+test-e2b: build images e2b-sdks
+	env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(E2B_VENV)/bin/python -m pytest -q test/e2b/python
+	cd test/e2b/js && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images npm test
 
 tools:
 	@test -x $(GOBIN_DIR)/buf || GOBIN=$(GOBIN_DIR) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)

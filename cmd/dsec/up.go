@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -33,7 +34,7 @@ func cmdUp(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
-		GatewayListen: *e2bListen, GatewayBaseImage: *e2bImage}
+		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage}}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform}

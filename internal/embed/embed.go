@@ -47,8 +47,9 @@ type Config struct {
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
-	// GatewayBaseImage is the image E2B's template "base" names.
-	GatewayBaseImage string
+	// Gateway sets the gateway's base image, backend and default user;
+	// its URL, key and secret are the cluster's.
+	Gateway e2b.Config
 }
 
 // DefaultListen is where `dsec up` serves clients.

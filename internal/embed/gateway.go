@@ -29,7 +29,9 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	gw, err := e2b.New(e2b.Config{APIURL: c.APIURL, ServiceKey: serviceKey, TokenSecret: secret, BaseImage: cfg.GatewayBaseImage}, c.log)
+	gcfg := cfg.Gateway
+	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
+	gw, err := e2b.New(gcfg, c.log)
 	if err != nil {
 		return err
 	}

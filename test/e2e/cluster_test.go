@@ -52,6 +52,12 @@ func startCluster(t testing.TB, backends ...string) *cluster {
 // a new one).
 func startClusterWithStore(t testing.TB, store string, backends ...string) *cluster {
 	t.Helper()
+	return startClusterWith(t, store, nil, backends...)
+}
+
+// startClusterWith runs a cluster whose configuration adjust changes first.
+func startClusterWith(t testing.TB, store string, adjust func(*embed.Config), backends ...string) *cluster {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := embed.Config{
 		StateDir: filepath.Join(dir, "state"), Listen: "127.0.0.1:0", AgentPath: testutil.AgentBinary(t),
@@ -61,6 +67,9 @@ func startClusterWithStore(t testing.TB, store string, backends ...string) *clus
 	}
 	for _, b := range backends {
 		cfg.Backends[b] = map[string]string{}
+	}
+	if adjust != nil {
+		adjust(&cfg)
 	}
 	c := &cluster{cfg: cfg, reg: registry()}
 	c.start(t)

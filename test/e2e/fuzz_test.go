@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -55,4 +58,74 @@ func FuzzAPIRequests(f *testing.F) {
 			c.client.Sandbox(created.Sandbox.Id).Stop(ctxTB(t))
 		}
 	})
+}
+
+// FuzzGatewayRequests sends arbitrary bodies and queries to the E2B
+// gateway's decoding paths (control-plane JSON, /files uploads in both
+// encodings, envd's Connect services): every answer must be a success or
+// an E2B-shaped client error, never a 5xx other than 501 for what is not
+// supported. Routes that would run commands or change files outside a
+// temporary directory on the host (the fake backend has no isolation) are
+// left out; the gVisor suites cover them.
+func FuzzGatewayRequests(f *testing.F) {
+	f.Add(uint8(0), []byte(`{"templateID":"base","timeout":-5,"metadata":{"a":"b"},"envVars":{"A":"1"}}`))
+	f.Add(uint8(1), []byte(`state=running,paused&limit=1001&metadata=a%3D%ZZ&nextToken=o-1&startedAfter=yesterday`))
+	f.Add(uint8(2), []byte(`{"timeout":99999999999999}`))
+	f.Add(uint8(3), []byte(`{"timeout":"ten"}`))
+	f.Add(uint8(4), []byte("--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n\r\nhi\r\n--b--\r\n"))
+	f.Add(uint8(5), []byte{0x1f, 0x8b, 0x08, 0x00, 0x00})
+	f.Add(uint8(6), []byte(`{"path":"/proc/self/status","depth":4294967295}`))
+	f.Add(uint8(7), []byte(`{"watcherId":"w../../x"}`))
+	f.Add(uint8(8), []byte(`{"count":0}`))
+	c, gw, key := gatewayCluster(f)
+	sb := createE2B(f, gw, key, `{"templateID":"base"}`)
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		ctl := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
+		envd := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken}
+		var r httpResult
+		switch which % 9 {
+		case 0:
+			r = do(t, "POST", gw+"/v2/sandboxes", ctl, bytes.NewReader(body))
+			if r.status == 201 {
+				var made e2bSandbox
+				r.json(t, &made)
+				do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil)
+			}
+		case 1:
+			q := strings.Map(func(r rune) rune {
+				if r <= ' ' || r == '#' || r == 0x7f {
+					return '_'
+				}
+				return r
+			}, string(body))
+			if _, err := url.Parse(gw + "/v2/sandboxes?" + q); err != nil {
+				return // not a URL a client could send
+			}
+			r = do(t, "GET", gw+"/v2/sandboxes?"+q, ctl, nil)
+		case 2:
+			r = do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, bytes.NewReader(body))
+		case 3:
+			r = do(t, "POST", gw+"/v2/sandboxes/"+sb.SandboxID+"/connect", ctl, bytes.NewReader(body))
+		case 4:
+			envd["Content-Type"] = "multipart/form-data; boundary=b"
+			r = do(t, "POST", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "up")), envd, bytes.NewReader(body))
+		case 5:
+			envd["Content-Type"] = "application/octet-stream"
+			envd["Content-Encoding"] = "gzip"
+			r = do(t, "POST", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "gz")), envd, bytes.NewReader(body))
+		case 6:
+			envd["Content-Type"] = "application/json"
+			r = do(t, "POST", gw+"/filesystem.Filesystem/Stat", envd, bytes.NewReader(body))
+		case 7:
+			envd["Content-Type"] = "application/json"
+			r = do(t, "POST", gw+"/filesystem.Filesystem/GetWatcherEvents", envd, bytes.NewReader(body))
+		case 8:
+			r = do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/refreshes", ctl, bytes.NewReader(body))
+		}
+		if r.status >= 500 && r.status != 501 {
+			t.Fatalf("route %d with %q: %d %s", which%9, body, r.status, r.body)
+		}
+	})
+	_ = c
 }

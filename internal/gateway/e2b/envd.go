@@ -26,6 +26,9 @@ type envdCall struct {
 
 type envdKey struct{}
 
+// envdPort is the port E2B's SDKs name for envd.
+const envdPort = "49983"
+
 func callOf(ctx context.Context) envdCall {
 	c, _ := ctx.Value(envdKey{}).(envdCall)
 	return c
@@ -45,9 +48,13 @@ func (g *Gateway) envdMux() http.Handler {
 	ew := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("E2b-Sandbox-Id")
+		if port := r.Header.Get("E2b-Sandbox-Port"); port != "" && port != envdPort {
+			writeStatus(w, http.StatusBadGateway, "sandbox "+id+": port "+port+" is not open: the gateway serves envd's port "+envdPort+" only")
+			return
+		}
 		if !g.validToken(id, r.Header.Get("X-Access-Token")) {
 			err := errdefs.Unauthenticated("sandbox %s: missing or wrong X-Access-Token (the envd access token from create or connect)", id)
-			if ew.IsSupported(r) {
+			if plain := r.URL.Path == "/files" || r.URL.Path == "/health"; !plain && ew.IsSupported(r) {
 				ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 				return
 			}

@@ -13,6 +13,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -141,6 +142,10 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 				target = queryPath
+			}
+			if !utf8.ValidString(target) {
+				writeStatus(w, http.StatusBadRequest, "file: the part's filename is not UTF-8")
+				return
 			}
 			if target == "" {
 				writeStatus(w, http.StatusBadRequest, "file: a part without a filename and no path in the query")

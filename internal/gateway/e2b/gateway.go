@@ -21,11 +21,13 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
 )
@@ -114,12 +116,34 @@ func (g *Gateway) Handler() http.Handler {
 	control := g.controlMux()
 	envd := g.envdMux()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkText(r); err != nil {
+			writeError(w, err)
+			return
+		}
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			envd.ServeHTTP(w, r)
 			return
 		}
 		control.ServeHTTP(w, r)
 	})
+}
+
+// checkText refuses a request whose query or E2B headers are not UTF-8:
+// they become protobuf strings, which must be.
+func checkText(r *http.Request) error {
+	for k, vs := range r.URL.Query() {
+		for _, v := range append(vs, k) {
+			if !utf8.ValidString(v) {
+				return errdefs.InvalidArgument("query parameter %q: not UTF-8", strings.ToValidUTF8(k, "?"))
+			}
+		}
+	}
+	for _, h := range []string{"E2b-Sandbox-Id", "Idempotency-Key", "Authorization", "X-API-Key", "X-Access-Token"} {
+		if !utf8.ValidString(r.Header.Get(h)) {
+			return errdefs.InvalidArgument("header %s: not UTF-8", h)
+		}
+	}
+	return nil
 }
 
 // Close stops background work (polling watchers).

@@ -1,0 +1,67 @@
+// Starts `bin/dsec up` for the suite (unless E2B_API_URL is set) and points
+// E2B's SDK at its gateway with the three variables a user would change.
+import { spawn, spawnSync } from 'node:child_process'
+import { existsSync, mkdtempSync, openSync, readFileSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { dirname, join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
+
+function freePort() {
+  return new Promise((ok, fail) => {
+    const s = createServer()
+    s.once('error', fail)
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address()
+      s.close(() => ok(port))
+    })
+  })
+}
+
+function readEnv(path) {
+  const env = {}
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    const m = /^export ([A-Z0-9_]+)=(.*)$/.exec(line)
+    if (m) env[m[1]] = m[2]
+  }
+  return env
+}
+
+// start returns { skip } with a reason, or { env, stop }.
+export async function start() {
+  if (process.env.E2B_API_URL) return { env: process.env, stop: async () => {} }
+  if (process.getuid() !== 0) return { skip: 'the gvisor backend needs root' }
+  const dsec = join(repo, 'bin', 'dsec')
+  if (!existsSync(dsec)) return { skip: 'bin/dsec not built (make build)' }
+  const images = process.env.DSEC_TEST_IMAGE_STORE || join(repo, '.cache', 'images')
+  if (!existsSync(join(images, 'refs', 'root', 'py', '3.11'))) return { skip: 'root/py:3.11 not built (make images)' }
+
+  const state = mkdtempSync(join(tmpdir(), 'dsec-e2b-js-'))
+  const log = openSync(join(state, 'dsec.log'), 'w')
+  const proc = spawn(
+    dsec,
+    ['up', '--state-dir', state, '--listen', `127.0.0.1:${await freePort()}`, '--e2b-listen', `127.0.0.1:${await freePort()}`, '--image-store', images],
+    { stdio: ['ignore', log, log] },
+  )
+  const envFile = join(state, 'client.env')
+  const deadline = Date.now() + 30_000
+  while (!existsSync(envFile)) {
+    if (proc.exitCode !== null || Date.now() > deadline) {
+      throw new Error('dsec up did not start: ' + readFileSync(join(state, 'dsec.log'), 'utf8'))
+    }
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  const env = readEnv(envFile)
+  for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) process.env[k] = env[k]
+  return {
+    env,
+    stop: async () => {
+      spawnSync(dsec, ['stop', '--all'], { env: { ...process.env, ...env } })
+      const exited = new Promise((r) => proc.once('exit', r))
+      proc.kill('SIGTERM')
+      await exited
+    },
+  }
+}

@@ -1,0 +1,221 @@
+// E2B's JavaScript SDK (pinned in package.json), unchanged, against the
+// gateway: every call here is what an E2B user writes.
+import assert from 'node:assert/strict'
+import { randomBytes, createHash, randomUUID } from 'node:crypto'
+import { after, afterEach, before, describe, test } from 'node:test'
+
+import { CommandExitError, FileType, NotFoundError, Sandbox } from 'e2b'
+
+import { start } from './cluster.js'
+
+// A Python server holding a random value and a hit counter in memory.
+const heldState = `
+import http.server, json, os, random
+value = random.getrandbits(48)
+hits = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global hits, value
+        hits += 1
+        if self.path.startswith("/set/"):
+            value = int(self.path[5:])
+        body = json.dumps({"value": value, "hits": hits, "pid": os.getpid()}).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+`
+
+async function startServer(sb) {
+  await sb.files.write('server.py', heldState)
+  await sb.commands.run('python3 server.py', { background: true })
+  for (let i = 0; i < 100; i++) {
+    const r = await sb.commands.run('curl -s 127.0.0.1:8000/ >/dev/null && echo up || true')
+    if (r.stdout.trim() === 'up') return
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  throw new Error('server did not come up')
+}
+
+async function query(sb, path = '/') {
+  return JSON.parse((await sb.commands.run(`curl -s 127.0.0.1:8000${path}`)).stdout)
+}
+
+let cluster
+const made = []
+
+async function create(opts = {}) {
+  const sb = await Sandbox.create({ timeoutMs: 300_000, ...opts })
+  made.push(sb)
+  return sb
+}
+
+describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
+  before(async () => {
+    cluster = await start()
+  })
+  after(async () => {
+    if (cluster?.stop) await cluster.stop()
+  })
+  afterEach(async () => {
+    while (made.length) {
+      await made.pop().kill().catch(() => {})
+    }
+  })
+  const it = (name, fn) => test(name, async (t) => (cluster.skip ? t.skip(cluster.skip) : fn(t)))
+
+  it('runs commands: stdout, stderr, exit code, env, cwd, user', async () => {
+    const sb = await create({ envs: { FROM_CREATE: 'yes' } })
+    const r = await sb.commands.run('echo out; echo err >&2; whoami; pwd; echo $FROM_CREATE')
+    assert.equal(r.stdout, 'out\nuser\n/home/user\nyes\n')
+    assert.equal(r.stderr, 'err\n')
+    assert.equal(r.exitCode, 0)
+
+    await assert.rejects(sb.commands.run('echo before; exit 5'), (e) => {
+      assert.ok(e instanceof CommandExitError)
+      assert.equal(e.exitCode, 5)
+      assert.equal(e.stdout, 'before\n')
+      return true
+    })
+    const r2 = await sb.commands.run('echo $X in $(pwd)', { envs: { X: 'hi' }, cwd: '/tmp' })
+    assert.equal(r2.stdout, 'hi in /tmp\n')
+    assert.equal((await sb.commands.run('whoami', { user: 'root' })).stdout, 'root\n')
+  })
+
+  it('streams a background command, takes stdin and kills a process', async () => {
+    const sb = await create()
+    const seen = []
+    let handle
+    const answered = new Promise((resolve) => {
+      const onStdout = async (d) => {
+        seen.push(d)
+        if (d.includes('ready')) await sb.commands.sendStdin(handle.pid, 'one\n')
+        if (d.includes('got one')) {
+          await sb.commands.sendStdin(handle.pid, 'two\n')
+          await sb.commands.closeStdin(handle.pid)
+          resolve()
+        }
+      }
+      sb.commands
+        .run('echo ready; read line; echo got $line; cat', { background: true, stdin: true, onStdout })
+        .then((h) => (handle = h))
+    })
+    // The command only goes on when the streamed "ready" was answered.
+    await answered
+    const r = await handle.wait()
+    assert.equal(r.stdout, 'ready\ngot one\ntwo\n')
+    assert.equal(seen.join(''), r.stdout)
+
+    const sleeper = await sb.commands.run('sleep 600', { background: true })
+    assert.ok((await sb.commands.list()).some((p) => p.pid === sleeper.pid))
+    assert.equal(await sb.commands.kill(sleeper.pid), true)
+    await assert.rejects(sleeper.wait(), CommandExitError)
+    assert.ok(!(await sb.commands.list()).some((p) => p.pid === sleeper.pid))
+  })
+
+  it('writes, reads, lists, renames and removes files', async () => {
+    const sb = await create()
+    const info = await sb.files.write('notes/a.txt', 'first')
+    assert.equal(info.path, '/home/user/notes/a.txt')
+    assert.equal(await sb.files.read('notes/a.txt'), 'first')
+    assert.equal((await sb.files.getInfo('notes/a.txt')).owner, 'user')
+
+    const blob = randomBytes(1 << 20)
+    await sb.files.write('/tmp/blob.bin', blob)
+    assert.deepEqual(Buffer.from(await sb.files.read('/tmp/blob.bin', { format: 'bytes' })), blob)
+    const sum = (await sb.commands.run("sha256sum /tmp/blob.bin | cut -d' ' -f1")).stdout.trim()
+    assert.equal(sum, createHash('sha256').update(blob).digest('hex'))
+
+    await sb.files.write([
+      { path: 'multi/x', data: 'X' },
+      { path: 'multi/y', data: 'Y' },
+    ])
+    const names = (await sb.files.list('multi')).map((e) => e.name).sort()
+    assert.deepEqual(names, ['x', 'y'])
+    assert.equal((await sb.files.list('multi'))[0].type, FileType.FILE)
+    assert.equal(await sb.files.exists('multi/x'), true)
+    assert.equal(await sb.files.makeDir('made/deep'), true)
+    assert.equal(await sb.files.makeDir('made/deep'), false)
+
+    const moved = await sb.files.rename('multi/x', 'multi/z')
+    assert.equal(moved.path, '/home/user/multi/z')
+    assert.equal(await sb.files.read('multi/z'), 'X')
+    await sb.files.remove('multi')
+    assert.equal(await sb.files.exists('multi/z'), false)
+    await assert.rejects(sb.files.read('no/such/file'), NotFoundError)
+  })
+
+  it('runs a PTY session and resizes it', async () => {
+    const sb = await create()
+    const chunks = []
+    const term = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => chunks.push(Buffer.from(d)) })
+    await sb.pty.resize(term.pid, { cols: 100, rows: 30 })
+    await sb.pty.sendInput(term.pid, new TextEncoder().encode('stty size; echo pty-$((6*7)); exit\n'))
+    await term.wait()
+    const text = Buffer.concat(chunks).toString()
+    assert.match(text, /30 100/)
+    assert.match(text, /pty-42/)
+  })
+
+  it('lists by metadata, reports info, sets the timeout and kills', async () => {
+    const tag = randomUUID()
+    const sb = await create({ metadata: { suite: tag } })
+    const info = await sb.getInfo()
+    assert.equal(info.sandboxId, sb.sandboxId)
+    assert.equal(info.templateId, 'base')
+    assert.deepEqual(info.metadata, { suite: tag })
+    assert.equal(info.state, 'running')
+
+    const found = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
+    assert.deepEqual(
+      found.map((s) => s.sandboxId),
+      [sb.sandboxId],
+    )
+    assert.deepEqual(await Sandbox.list({ query: { metadata: { suite: 'x' + tag } } }).nextItems(), [])
+
+    await sb.setTimeout(600_000)
+    const end = (await sb.getInfo()).endAt
+    assert.ok(end.getTime() - Date.now() > 500_000, `endAt ${end.toISOString()} is not ~10 minutes away`)
+
+    assert.equal(await sb.isRunning(), true)
+    await sb.kill()
+    assert.equal(await sb.isRunning(), false)
+    assert.deepEqual(await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems(), [])
+    await assert.rejects(Sandbox.connect(sb.sandboxId), NotFoundError)
+  })
+
+  it('pauses, then connect resumes with processes and memory kept', async () => {
+    const sb = await create()
+    await startServer(sb)
+    const before = await query(sb, '/set/4242')
+    assert.equal(await sb.pause(), true)
+    assert.equal((await sb.getInfo()).state, 'paused')
+
+    const resumed = await Sandbox.connect(sb.sandboxId)
+    assert.equal((await resumed.getInfo()).state, 'running')
+    const now = await query(resumed)
+    assert.equal(now.value, 4242)
+    assert.equal(now.pid, before.pid)
+    assert.equal(now.hits, before.hits + 1)
+  })
+
+  it('forks into copies that carry memory and diverge', async () => {
+    const sb = await create()
+    await startServer(sb)
+    const src = await query(sb, '/set/777')
+    const forks = await sb.fork({ count: 2, timeoutMs: 120_000 })
+    for (const f of forks) if (f instanceof Sandbox) made.push(f)
+    assert.ok(
+      forks.every((f) => f instanceof Sandbox),
+      String(forks),
+    )
+    assert.equal(new Set(forks.map((f) => f.sandboxId)).size, 2)
+    for (const f of forks) {
+      const st = await query(f)
+      assert.equal(st.value, 777)
+      assert.equal(st.hits, src.hits + 1)
+    }
+    await query(forks[0], '/set/1')
+    assert.equal((await query(forks[1])).value, 777)
+    assert.equal((await query(sb)).value, 777)
+  })
+})

@@ -1,0 +1,373 @@
+package e2e
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	envdprocess "github.com/opendsec/opendsec/api/gen/e2b/process"
+	"github.com/opendsec/opendsec/api/gen/e2b/process/envdprocessconnect"
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/gateway/e2b"
+)
+
+// The gateway's own behaviour on the fake backend: wire shapes, errors,
+// isolation. E2B's real SDKs run against it on gVisor in test/e2b.
+
+// gatewayCluster runs a cluster with its gateway; the fake backend runs
+// processes on the host as root, so E2B's default user is root here.
+func gatewayCluster(t testing.TB) (*cluster, string, string) {
+	c := startClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.GatewayListen = "127.0.0.1:0"
+		cfg.Gateway = e2b.Config{Backend: "fake", BaseImage: "root/busybox:latest", DefaultUser: "root"}
+	}, "fake")
+	var key string
+	data, err := os.ReadFile(c.ClientEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "export E2B_API_KEY="); ok {
+			key = v
+		}
+	}
+	if !strings.HasPrefix(key, "e2b_") || len(key) != 44 {
+		t.Fatalf("client.env has no E2B key in E2B's format: %q", key)
+	}
+	return c, c.GatewayURL, key
+}
+
+// testHTTP bounds every call: a gateway that hangs fails the test.
+var testHTTP = &http.Client{Timeout: time.Minute}
+
+type httpResult struct {
+	status int
+	body   []byte
+	header http.Header
+}
+
+func (r httpResult) json(t testing.TB, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("%d %s: %v", r.status, r.body, err)
+	}
+}
+
+// errorBody checks E2B's {code, message} error body.
+func (r httpResult) errorBody(t testing.TB, status int, msg string) {
+	t.Helper()
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if r.status != status {
+		t.Fatalf("status %d, want %d: %s", r.status, status, r.body)
+	}
+	r.json(t, &e)
+	if e.Code != status || !strings.Contains(e.Message, msg) {
+		t.Fatalf("error body %s: want code %d and a message with %q", r.body, status, msg)
+	}
+}
+
+func do(t testing.TB, method, u string, hdr map[string]string, body io.Reader) httpResult {
+	t.Helper()
+	req, err := http.NewRequest(method, u, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := testHTTP.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return httpResult{resp.StatusCode, b, resp.Header}
+}
+
+type e2bSandbox struct {
+	TemplateID      string `json:"templateID"`
+	SandboxID       string `json:"sandboxID"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+}
+
+func createE2B(t testing.TB, gw, key, body string) e2bSandbox {
+	t.Helper()
+	r := do(t, "POST", gw+"/v2/sandboxes", map[string]string{"X-API-Key": key, "Content-Type": "application/json"}, strings.NewReader(body))
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	var sb e2bSandbox
+	r.json(t, &sb)
+	if sb.SandboxID == "" || sb.ClientID == "" || sb.EnvdVersion == "" || sb.EnvdAccessToken == "" {
+		t.Fatalf("create answer lacks a field E2B's SDKs require: %s", r.body)
+	}
+	return sb
+}
+
+func TestGatewayControlPlane(t *testing.T) {
+	_, gw, key := gatewayCluster(t)
+	auth := map[string]string{"X-API-Key": key}
+
+	do(t, "GET", gw+"/v2/sandboxes", nil, nil).errorBody(t, 401, "missing API key")
+	do(t, "GET", gw+"/v2/sandboxes", map[string]string{"X-API-Key": "e2b_" + strings.Repeat("0", 40)}, nil).errorBody(t, 401, "")
+	do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader("{not json")).errorBody(t, 400, "request body")
+	do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{}`)).errorBody(t, 400, "templateID: required")
+	do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{"templateID":"Not A Template"}`)).errorBody(t, 400, "templateID")
+	do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{"templateID":"base","metadata":{"e2b.x":"1"}}`)).errorBody(t, 400, `"e2b." is reserved`)
+	do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{"templateID":"base","autoPause":true}`)).errorBody(t, 400, "autoPause")
+	do(t, "POST", gw+"/templates", auth, strings.NewReader(`{}`)).errorBody(t, 501, "template building")
+	do(t, "GET", gw+"/volumes", auth, nil).errorBody(t, 501, "volumes")
+	do(t, "GET", gw+"/nope", auth, nil).errorBody(t, 404, "no such API route")
+
+	// Both create forms; the template is remembered, our metadata hidden.
+	a := createE2B(t, gw, key, `{"templateID":"base","metadata":{"group":"g1"},"timeout":120}`)
+	r := do(t, "POST", gw+"/sandboxes", auth, strings.NewReader(`{"templateID":"base","metadata":{"group":"g1"}}`))
+	if r.status != 201 {
+		t.Fatalf("v1 create: %d %s", r.status, r.body)
+	}
+	var b e2bSandbox
+	r.json(t, &b)
+	cc := createE2B(t, gw, key, `{"templateID":"base","metadata":{"group":"g2"}}`)
+
+	var detail map[string]any
+	do(t, "GET", gw+"/sandboxes/"+a.SandboxID, auth, nil).json(t, &detail)
+	for _, f := range []string{"templateID", "sandboxID", "clientID", "startedAt", "endAt", "envdVersion", "cpuCount", "memoryMB", "diskSizeMB", "state"} {
+		if _, ok := detail[f]; !ok {
+			t.Fatalf("detail lacks %s: %v", f, detail)
+		}
+	}
+	if detail["templateID"] != "base" || detail["state"] != "running" || len(detail["metadata"].(map[string]any)) != 1 {
+		t.Fatalf("detail: %v", detail)
+	}
+
+	// Paging: one per page, each once, newest first.
+	var seen []string
+	token := ""
+	for range 5 {
+		q := url.Values{"limit": {"1"}}
+		if token != "" {
+			q.Set("nextToken", token)
+		}
+		r := do(t, "GET", gw+"/v2/sandboxes?"+q.Encode(), auth, nil)
+		var page []map[string]any
+		r.json(t, &page)
+		for _, s := range page {
+			seen = append(seen, s["sandboxID"].(string))
+		}
+		if token = r.header.Get("X-Next-Token"); token == "" {
+			break
+		}
+	}
+	if len(seen) != 3 || seen[0] != cc.SandboxID || seen[2] != a.SandboxID {
+		t.Fatalf("pages: %v (want %s, %s, %s)", seen, cc.SandboxID, b.SandboxID, a.SandboxID)
+	}
+	var g1 []map[string]any
+	do(t, "GET", gw+"/v2/sandboxes?metadata="+url.QueryEscape("group=g1"), auth, nil).json(t, &g1)
+	if len(g1) != 2 {
+		t.Fatalf("metadata filter: %v", g1)
+	}
+	do(t, "GET", gw+"/v2/sandboxes?limit=0", auth, nil).errorBody(t, 400, "limit")
+	do(t, "GET", gw+"/v2/sandboxes?state=sleeping", auth, nil).errorBody(t, 400, "state")
+	do(t, "GET", gw+"/v2/sandboxes?nextToken=zz", auth, nil).errorBody(t, 400, "nextToken")
+
+	// Timeout and refresh answer 204; connect to a running sandbox is 200.
+	if r := do(t, "POST", gw+"/sandboxes/"+a.SandboxID+"/timeout", auth, strings.NewReader(`{"timeout":600}`)); r.status != 204 {
+		t.Fatalf("timeout: %d %s", r.status, r.body)
+	}
+	do(t, "POST", gw+"/sandboxes/"+a.SandboxID+"/timeout", auth, strings.NewReader(`{}`)).errorBody(t, 400, "timeout: required")
+	if r := do(t, "POST", gw+"/v2/sandboxes/"+a.SandboxID+"/connect", auth, strings.NewReader(`{"timeout":60}`)); r.status != 200 {
+		t.Fatalf("connect: %d %s", r.status, r.body)
+	}
+
+	// Idempotent create.
+	idem := map[string]string{"X-API-Key": key, "Idempotency-Key": "k-1"}
+	r1 := do(t, "POST", gw+"/v2/sandboxes", idem, strings.NewReader(`{"templateID":"base"}`))
+	r2 := do(t, "POST", gw+"/v2/sandboxes", idem, strings.NewReader(`{"templateID":"base"}`))
+	var s1, s2 e2bSandbox
+	r1.json(t, &s1)
+	r2.json(t, &s2)
+	if s1.SandboxID == "" || s1.SandboxID != s2.SandboxID {
+		t.Fatalf("idempotent create made %q and %q", s1.SandboxID, s2.SandboxID)
+	}
+
+	// Kill is 204, then the sandbox is gone: 404 with E2B's body.
+	if r := do(t, "DELETE", gw+"/sandboxes/"+a.SandboxID, auth, nil); r.status != 204 {
+		t.Fatalf("kill: %d %s", r.status, r.body)
+	}
+	do(t, "GET", gw+"/sandboxes/"+a.SandboxID, auth, nil).errorBody(t, 404, a.SandboxID)
+	do(t, "DELETE", gw+"/sandboxes/"+a.SandboxID, auth, nil).errorBody(t, 404, "")
+}
+
+// envdClient makes envd Connect calls the way E2B's SDKs do.
+type envdTransport struct {
+	id, token string
+}
+
+func (e envdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", e.id)
+	r.Header.Set("E2b-Sandbox-Port", "49983")
+	r.Header.Set("X-Access-Token", e.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func TestGatewayEnvdFilesProcessesAndIsolation(t *testing.T) {
+	c, gw, key := gatewayCluster(t)
+	sb := createE2B(t, gw, key, `{"templateID":"base"}`)
+	envd := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken}
+	with := func(extra map[string]string) map[string]string {
+		out := map[string]string{}
+		for k, v := range envd {
+			out[k] = v
+		}
+		for k, v := range extra {
+			out[k] = v
+		}
+		return out
+	}
+	dir := t.TempDir()
+	target := filepath.Join(dir, "sub", "a.bin")
+	q := "?path=" + url.QueryEscape(target)
+
+	// octet-stream upload, then download: same bytes, through chunks.
+	payload := bytes.Repeat([]byte("0123456789abcdef"), (5<<20)/16+7)
+	r := do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream"}), bytes.NewReader(payload))
+	var infos []map[string]string
+	r.json(t, &infos)
+	if r.status != 200 || len(infos) != 1 || infos[0]["path"] != target || infos[0]["type"] != "file" || infos[0]["name"] != "a.bin" {
+		t.Fatalf("upload: %d %s", r.status, r.body)
+	}
+	if got := do(t, "GET", gw+"/files"+q, envd, nil); got.status != 200 || !bytes.Equal(got.body, payload) {
+		t.Fatalf("download: %d, %d bytes, want %d", got.status, len(got.body), len(payload))
+	}
+	// No temporary file is left next to it.
+	if ents, _ := os.ReadDir(filepath.Dir(target)); len(ents) != 1 {
+		t.Fatalf("upload left %v", ents)
+	}
+
+	// gzip upload.
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	zw.Write([]byte("compressed"))
+	zw.Close()
+	do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}), &zb)
+	if got, _ := os.ReadFile(target); string(got) != "compressed" {
+		t.Fatalf("gzip upload wrote %q", got)
+	}
+
+	// multipart with two files, each named by its part's full path.
+	var mb bytes.Buffer
+	mw := multipart.NewWriter(&mb)
+	for _, name := range []string{filepath.Join(dir, "m", "x"), filepath.Join(dir, "m", "y")} {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", `form-data; name="file"; filename="`+name+`"`)
+		w, _ := mw.CreatePart(h)
+		w.Write([]byte(filepath.Base(name)))
+	}
+	mw.Close()
+	r = do(t, "POST", gw+"/files", with(map[string]string{"Content-Type": mw.FormDataContentType()}), &mb)
+	if r.status != 200 {
+		t.Fatalf("multipart: %d %s", r.status, r.body)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "m", "y")); string(got) != "y" {
+		t.Fatalf("multipart wrote %q", got)
+	}
+
+	// Errors E2B's SDKs map: 400, 404, 401, 502.
+	do(t, "GET", gw+"/files", envd, nil).errorBody(t, 400, "path: required")
+	do(t, "GET", gw+"/files?path="+url.QueryEscape(dir), envd, nil).errorBody(t, 400, "directory")
+	do(t, "GET", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "nope")), envd, nil).errorBody(t, 404, "")
+	do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "text/plain"}), strings.NewReader("x")).errorBody(t, 400, "Content-Type")
+	do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Owner": "me"}), strings.NewReader("x")).errorBody(t, 501, "metadata")
+	do(t, "GET", gw+"/files"+q, with(map[string]string{"X-Access-Token": "wrong"}), nil).errorBody(t, 401, "X-Access-Token")
+	do(t, "GET", gw+"/files"+q, with(map[string]string{"E2b-Sandbox-Port": "8080"}), nil).errorBody(t, 502, "port 8080 is not open")
+
+	// A command through envd's process service: streamed output and exit.
+	proc := envdprocessconnect.NewProcessClient(&http.Client{Transport: envdTransport{sb.SandboxID, sb.EnvdAccessToken}}, gw)
+	stream, err := proc.Start(ctxT(t), connect.NewRequest(&envdprocess.StartRequest{Process: &envdprocess.ProcessConfig{
+		Cmd: "/bin/sh", Args: []string{"-c", "echo out; echo err >&2; exit 4"}, Cwd: &dir,
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr string
+	var end *envdprocess.ProcessEvent_EndEvent
+	started := false
+	for stream.Receive() {
+		ev := stream.Msg().Event
+		switch {
+		case ev.GetStart() != nil:
+			started = ev.GetStart().Pid > 0
+		case ev.GetData() != nil:
+			stdout += string(ev.GetData().GetStdout())
+			stderr += string(ev.GetData().GetStderr())
+		case ev.GetEnd() != nil:
+			end = ev.GetEnd()
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !started || stdout != "out\n" || stderr != "err\n" || end == nil || end.ExitCode != 4 || !end.Exited {
+		t.Fatalf("start: started=%v stdout=%q stderr=%q end=%v", started, stdout, stderr, end)
+	}
+
+	// Another project's key sees nothing of this sandbox, and its own
+	// sandbox's token opens nothing here.
+	other := otherProjectE2BKey(t, c)
+	do(t, "GET", gw+"/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": other}, nil).errorBody(t, 404, "")
+	do(t, "DELETE", gw+"/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": other}, nil).errorBody(t, 404, "")
+	theirs := createE2B(t, gw, other, `{"templateID":"base"}`)
+	do(t, "GET", gw+"/files"+q, with(map[string]string{"X-Access-Token": theirs.EnvdAccessToken}), nil).errorBody(t, 401, "X-Access-Token")
+
+	// Once killed, envd calls say the sandbox was not found, as E2B's proxy
+	// does (the SDKs raise "not running" from that).
+	if r := do(t, "GET", gw+"/health", envd, nil); r.status != 204 {
+		t.Fatalf("health of a running sandbox: %d %s", r.status, r.body)
+	}
+	do(t, "DELETE", gw+"/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": key}, nil)
+	do(t, "GET", gw+"/health", envd, nil).errorBody(t, 502, "was not found")
+	do(t, "GET", gw+"/files"+q, envd, nil).errorBody(t, 502, "was not found")
+	gone, err := proc.Start(ctxT(t), connect.NewRequest(&envdprocess.StartRequest{Process: &envdprocess.ProcessConfig{Cmd: "/bin/true"}}))
+	if err == nil {
+		for gone.Receive() {
+		}
+		err = gone.Err()
+	}
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "was not found") {
+		t.Fatalf("start in a killed sandbox: %v", err)
+	}
+}
+
+// otherProjectE2BKey makes project "other" under root and an E2B key in it.
+func otherProjectE2BKey(t *testing.T, c *cluster) string {
+	ctx := ctxT(t)
+	if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: "other"})); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{
+		Project: "root/other", Name: "e2b", Role: iamv1.Role_ROLE_MEMBER, Format: iamv1.KeyFormat_KEY_FORMAT_E2B,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Secret
+}

@@ -1,0 +1,50 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+)
+
+// A shell in a terminal ends with its exit status under gVisor, whose
+// terminals do not answer a master read with EIO when the shell exits.
+func TestGvisorPtyShellExits(t *testing.T) {
+	c := gvisorCluster(t)
+	ctx := ctxT(t)
+	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := sb.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{
+		Args: []string{"/bin/sh"}, Pty: &agentv1.PtySize{Cols: 80, Rows: 24}, Tag: "term",
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	var out strings.Builder
+	var exit *agentv1.ProcessEvent_Exited
+	for stream.Receive() {
+		switch e := stream.Msg().Event.Event.(type) {
+		case *agentv1.ProcessEvent_Started_:
+			sel := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Tag{Tag: "term"}}
+			if _, err := sb.Process.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: sel, Data: []byte("echo in-$((6*7)); exit 3\n")})); err != nil {
+				t.Fatal(err)
+			}
+		case *agentv1.ProcessEvent_Output_:
+			out.Write(e.Output.Data)
+		case *agentv1.ProcessEvent_Exited_:
+			exit = e.Exited
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if exit == nil || exit.ExitCode != 3 || !strings.Contains(out.String(), "in-42") {
+		t.Fatalf("exit %v, output %q", exit, out.String())
+	}
+}
