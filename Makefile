@@ -97,6 +97,7 @@ lint: tools
 bench: build images
 	go run ./bench/create --store $(CACHE)/images
 	go run ./bench/fork --store $(CACHE)/images
+	go run ./bench/e2b --store $(CACHE)/images
 
 FUZZTIME ?= 30s
 fuzz:

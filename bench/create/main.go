@@ -15,14 +15,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
@@ -61,7 +60,7 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 		return err
 	}
 	defer c.Close()
-	cl, err := client.New(c.APIURL, readKey(c.ClientEnv))
+	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
 	if err != nil {
 		return err
 	}
@@ -165,10 +164,10 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	fmt.Printf("container backend vs bare crun (%s, %d iterations, %s)\n\n", imgName, n, time.Now().Format(time.RFC3339))
 	fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", "measurement", "ours p50", "ours p99", "crun p50", "crun p99", "ratio (p50)")
 	row := func(name string, ours, bare []time.Duration, ratio string) {
-		fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", name, ms(pct(ours, 50)), ms(pct(ours, 99)), ms(pct(bare, 50)), ms(pct(bare, 99)), ratio)
+		fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", name, msf(benchstat.Pct(ours, 50)), msf(benchstat.Pct(ours, 99)), msf(benchstat.Pct(bare, 50)), msf(benchstat.Pct(bare, 99)), ratio)
 	}
-	row("create -> first exec", oursCreate, bareCreate, fmt.Sprintf("ours/crun = %.2fx (target <= 1.3x)", float64(pct(oursCreate, 50))/float64(pct(bareCreate, 50))))
-	row("exec round trip (true)", oursExec, bareExec, fmt.Sprintf("crun/ours = %.1fx faster (target >= 5x)", float64(pct(bareExec, 50))/float64(pct(oursExec, 50))))
+	row("create -> first exec", oursCreate, bareCreate, fmt.Sprintf("ours/crun = %.2fx (target <= 1.3x)", float64(benchstat.Pct(oursCreate, 50))/float64(benchstat.Pct(bareCreate, 50))))
+	row("exec round trip (true)", oursExec, bareExec, fmt.Sprintf("crun/ours = %.1fx faster (target >= 5x)", float64(benchstat.Pct(bareExec, 50))/float64(benchstat.Pct(oursExec, 50))))
 	return nil
 }
 
@@ -217,24 +216,4 @@ func bareBundle(dir string, layers []string, template []byte) error {
 	return os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600)
 }
 
-func pct(d []time.Duration, p int) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := (len(s)*p + 99) / 100
-	if i > 0 {
-		i--
-	}
-	return s[min(i, len(s)-1)]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
-
-func readKey(path string) string {
-	data, _ := os.ReadFile(path)
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
-			return v
-		}
-	}
-	return ""
-}
+func msf(d time.Duration) string { return benchstat.Ms(d, 1) }

@@ -25,6 +25,7 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
@@ -87,7 +88,7 @@ func run(ctx context.Context, storeDir, agent, countList string, reps int) error
 		return err
 	}
 	defer c.Close()
-	cl, err := client.New(c.APIURL, readKey(c.ClientEnv))
+	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
 	if err != nil {
 		return err
 	}
@@ -199,9 +200,9 @@ func run(ctx context.Context, storeDir, agent, countList string, reps int) error
 	fmt.Printf("%-6s %-9s %-10s %-16s | %-9s %-11s %-16s | %-10s | %s\n", "count", "ours", "src pause", "first exec p50/max", "runsc", "checkpoint", "first exec p50/max", "cold", "ratios")
 	for _, r := range rows {
 		fmt.Printf("%-6d %-9s %-10s %-16s | %-9s %-11s %-16s | %-10s | ours/runsc %.2fx, cold/ours %.1fx\n",
-			r.count, ms(r.ours), ms(r.oursPause), ms(pct(r.oursFirst, 50))+"/"+ms(pct(r.oursFirst, 100)),
-			ms(r.bare), ms(r.bareCheckpoint), ms(pct(r.bareFirst, 50))+"/"+ms(pct(r.bareFirst, 100)),
-			ms(r.cold), float64(r.ours)/float64(r.bare), float64(r.cold)/float64(r.ours))
+			r.count, msf(r.ours), msf(r.oursPause), msf(benchstat.Pct(r.oursFirst, 50))+"/"+msf(benchstat.Pct(r.oursFirst, 100)),
+			msf(r.bare), msf(r.bareCheckpoint), msf(benchstat.Pct(r.bareFirst, 50))+"/"+msf(benchstat.Pct(r.bareFirst, 100)),
+			msf(r.cold), float64(r.ours)/float64(r.bare), float64(r.cold)/float64(r.ours))
 	}
 	fmt.Println("\nours: ForkSandbox call until every copy ran `true`; src pause: time the source did not run (from the server);")
 	fmt.Println("runsc: checkpoint + N parallel restores + `runsc exec true` in each; cold: N parallel creates + the preparation.")
@@ -321,24 +322,4 @@ func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n, r
 	return firstErr
 }
 
-func pct(d []time.Duration, p int) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := (len(s)*p+99)/100 - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d.Microseconds())/1000) }
-
-func readKey(path string) string {
-	data, _ := os.ReadFile(path)
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
-			return v
-		}
-	}
-	return ""
-}
+func msf(d time.Duration) string { return benchstat.Ms(d, 0) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -418,5 +419,49 @@ func TestWatchDirAndMetrics(t *testing.T) {
 	m, err := c.agent.Metrics(ctx, connect.NewRequest(&agentv1.MetricsRequest{}))
 	if err != nil || m.Msg.CpuCount == 0 || m.Msg.MemTotalBytes == 0 || m.Msg.DiskTotalBytes == 0 {
 		t.Fatalf("metrics %+v, %v", m, err)
+	}
+}
+
+func TestWriteReplaceKeepsModeAndLeavesNoTemporaryFile(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	if err := os.WriteFile(p, []byte("old content"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A reader holding the old file keeps the old bytes: it was replaced,
+	// not overwritten in place.
+	held, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if _, err := c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: p, Data: []byte("new"), Mode: agentv1.WriteMode_WRITE_MODE_REPLACE})); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); string(got) != "new" {
+		t.Fatalf("replaced file holds %q", got)
+	}
+	if old, _ := io.ReadAll(held); string(old) != "old content" {
+		t.Fatalf("the old file changed under its reader: %q", old)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want the old 0600", fi.Mode())
+	}
+	// A new file gets the requested mode.
+	q := filepath.Join(dir, "g")
+	if _, err := c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: q, Data: []byte("x"), Mode: agentv1.WriteMode_WRITE_MODE_REPLACE, Perm: 0o640})); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(q); fi.Mode().Perm() != 0o640 {
+		t.Fatalf("new file mode %v, want 0640", fi.Mode())
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Fatalf("left behind: %v", ents)
+	}
+	_, err = c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: dir, Data: []byte("x"), Mode: agentv1.WriteMode_WRITE_MODE_REPLACE}))
+	if err == nil || connect.CodeOf(err) == connect.CodeInternal {
+		t.Fatalf("replacing a directory: %v", err)
 	}
 }

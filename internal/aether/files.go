@@ -316,8 +316,10 @@ func (s *fileService) WriteFile(ctx context.Context, req *connect.Request[agentv
 	case agentv1.WriteMode_WRITE_MODE_APPEND:
 		flags |= os.O_APPEND
 	case agentv1.WriteMode_WRITE_MODE_AT_OFFSET:
+	case agentv1.WriteMode_WRITE_MODE_REPLACE:
+		return s.replace(p, m.Data, perm, u)
 	default:
-		return nil, errdefs.InvalidArgument("mode %d: want UNSPECIFIED (truncate), APPEND or AT_OFFSET", m.Mode)
+		return nil, errdefs.InvalidArgument("mode %d: want UNSPECIFIED (truncate), APPEND, AT_OFFSET or REPLACE", m.Mode)
 	}
 	_, statErr := os.Lstat(p)
 	isNew := errors.Is(statErr, fs.ErrNotExist)

@@ -180,25 +180,31 @@ func rawFileName(part *multipart.Part) string {
 	return params["filename"]
 }
 
-// writeFile streams body into the sandbox file p, owned by user.
+// writeFile streams body into the sandbox file p, owned by user. A body
+// that fits one chunk is one REPLACE write; a longer one is written beside
+// p in chunks and renamed into place, so p is never seen half written.
 func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader) (writeInfo, error) {
 	if p == "/" {
 		return writeInfo{}, errdefs.InvalidArgument("path: / is a directory")
 	}
+	done := writeInfo{Name: path.Base(p), Type: "file", Path: p}
+	buf := make([]byte, fileChunk)
+	n, rerr := io.ReadFull(body, buf)
+	last := errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
+	if rerr != nil && !last {
+		return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
+	}
+	if last {
+		_, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
+			Path: p, Data: buf[:n], Mode: agentv1.WriteMode_WRITE_MODE_REPLACE, User: user,
+		}))
+		return done, err
+	}
 	var suffix [6]byte
 	rand.Read(suffix[:]) //nolint:errcheck // crypto/rand does not fail
 	tmp := path.Join(path.Dir(p), "."+path.Base(p)+".upload-"+hex.EncodeToString(suffix[:]))
-	buf := make([]byte, fileChunk)
 	mode := agentv1.WriteMode_WRITE_MODE_UNSPECIFIED // the first write creates the file
 	for {
-		n, rerr := io.ReadFull(body, buf)
-		last := errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
-		if rerr != nil && !last {
-			if mode == agentv1.WriteMode_WRITE_MODE_APPEND {
-				g.removeQuietly(ctx, tmp)
-			}
-			return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
-		}
 		if n > 0 || mode != agentv1.WriteMode_WRITE_MODE_APPEND {
 			_, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
 				Path: tmp, Data: buf[:n], Mode: mode, User: user,
@@ -214,12 +220,18 @@ func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader)
 		if last {
 			break
 		}
+		n, rerr = io.ReadFull(body, buf)
+		last = errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
+		if rerr != nil && !last {
+			g.removeQuietly(ctx, tmp)
+			return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
+		}
 	}
 	if _, err := g.files.Move(ctx, connect.NewRequest(&agentv1.MoveRequest{Source: tmp, Destination: p})); err != nil {
 		g.removeQuietly(ctx, tmp)
 		return writeInfo{}, err
 	}
-	return writeInfo{Name: path.Base(p), Type: "file", Path: p}, nil
+	return done, nil
 }
 
 // removeQuietly drops a half-written temporary file; a failure only leaves

@@ -85,6 +85,10 @@ const (
 	WriteMode_WRITE_MODE_APPEND      WriteMode = 1
 	// Write at offset without truncating.
 	WriteMode_WRITE_MODE_AT_OFFSET WriteMode = 2
+	// Replace the whole file at once: the data goes to a new file beside it,
+	// renamed over the path, so readers see the old content or the new, never
+	// a part. An existing file's mode and owner carry over.
+	WriteMode_WRITE_MODE_REPLACE WriteMode = 3
 )
 
 // Enum value maps for WriteMode.
@@ -93,11 +97,13 @@ var (
 		0: "WRITE_MODE_UNSPECIFIED",
 		1: "WRITE_MODE_APPEND",
 		2: "WRITE_MODE_AT_OFFSET",
+		3: "WRITE_MODE_REPLACE",
 	}
 	WriteMode_value = map[string]int32{
 		"WRITE_MODE_UNSPECIFIED": 0,
 		"WRITE_MODE_APPEND":      1,
 		"WRITE_MODE_AT_OFFSET":   2,
+		"WRITE_MODE_REPLACE":     3,
 	}
 )
 
@@ -1253,11 +1259,12 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x04*X\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x04*p\n" +
 	"\tWriteMode\x12\x1a\n" +
 	"\x16WRITE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11WRITE_MODE_APPEND\x10\x01\x12\x18\n" +
-	"\x14WRITE_MODE_AT_OFFSET\x10\x02*\xba\x01\n" +
+	"\x14WRITE_MODE_AT_OFFSET\x10\x02\x12\x16\n" +
+	"\x12WRITE_MODE_REPLACE\x10\x03*\xba\x01\n" +
 	"\rFileEventType\x12\x1f\n" +
 	"\x1bFILE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FILE_EVENT_TYPE_CREATE\x10\x01\x12\x19\n" +
