@@ -38,6 +38,7 @@ venv:
 # E2B's own SDKs, pinned, for the gateway's acceptance tests (npm keeps its
 # download cache under .cache/npm).
 e2b-sdks:
+	./scripts/check-node.sh
 	@test -x $(E2B_VENV)/bin/python || python3 -m venv $(E2B_VENV)
 	$(E2B_VENV)/bin/pip install -q -r test/e2b/python/requirements.txt
 	cd test/e2b/js && npm ci --no-audit --no-fund --cache $(CACHE)/npm --prefer-offline
