@@ -1,0 +1,98 @@
+package e2b
+
+import (
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+func TestResolveStartsRelativePathsAtHome(t *testing.T) {
+	for _, tc := range []struct{ user, in, want string }{
+		{"user", "", "/home/user"},
+		{"user", "~", "/home/user"},
+		{"user", "~/a/../b", "/home/user/b"},
+		{"user", "notes/a.txt", "/home/user/notes/a.txt"},
+		{"root", "x", "/root/x"},
+		{"user", "/etc//hosts", "/etc/hosts"},
+		{"user", "/../..", "/"},
+	} {
+		if got := resolve(tc.user, tc.in); got != tc.want {
+			t.Errorf("resolve(%q, %q) = %q, want %q", tc.user, tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestBasicUser(t *testing.T) {
+	enc := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
+	if u, err := basicUser(enc("user:")); err != nil || u != "user" {
+		t.Fatalf("user: %q %v", u, err)
+	}
+	if u, err := basicUser(""); err != nil || u != "" {
+		t.Fatalf("none: %q %v", u, err)
+	}
+	if _, err := basicUser("Basic !!!"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("not base64: %v", err)
+	}
+}
+
+func TestImageFor(t *testing.T) {
+	g := &Gateway{cfg: Config{BaseImage: "root/py:3.11"}}
+	for in, want := range map[string]string{
+		"base": "root/py:3.11", "busybox": "root/busybox:latest", "py:3.11": "root/py:3.11", "team/tool:2": "team/tool:2",
+	} {
+		if got, err := g.imageFor(in); err != nil || got != want {
+			t.Errorf("imageFor(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "Not A Template", "a/../b:1"} {
+		if _, err := g.imageFor(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("imageFor(%q): %v, want an invalid argument", bad, err)
+		}
+	}
+}
+
+func TestMetadataFilter(t *testing.T) {
+	md, err := metadataFilter("user=abc&app=prod%20one")
+	if err != nil || md["user"] != "abc" || md["app"] != "prod one" || len(md) != 2 {
+		t.Fatalf("%v %v", md, err)
+	}
+	if _, err := metadataFilter("a=%zz"); err == nil || !strings.Contains(err.Error(), "metadata") {
+		t.Fatalf("bad escape: %v", err)
+	}
+}
+
+func TestPermissions(t *testing.T) {
+	if got := permissions(agentv1.FileType_FILE_TYPE_DIRECTORY, 0o755); got != "drwxr-xr-x" {
+		t.Fatal(got)
+	}
+	if got := permissions(agentv1.FileType_FILE_TYPE_FILE, 0o640); got != "-rw-r-----" {
+		t.Fatal(got)
+	}
+}
+
+func TestAccessTokensAreStablePerSandboxAndSecret(t *testing.T) {
+	a := &Gateway{cfg: Config{TokenSecret: []byte("0123456789abcdef")}}
+	b := &Gateway{cfg: Config{TokenSecret: []byte("fedcba9876543210")}}
+	if a.accessToken("s1") != a.accessToken("s1") || a.accessToken("s1") == a.accessToken("s2") || a.accessToken("s1") == b.accessToken("s1") {
+		t.Fatal("tokens must depend on exactly the sandbox and the secret")
+	}
+	if !a.validToken("s1", a.accessToken("s1")) || a.validToken("s2", a.accessToken("s1")) || a.validToken("s1", "") {
+		t.Fatal("validToken")
+	}
+}
+
+func FuzzPathsAndAuthHeaders(f *testing.F) {
+	f.Add("user", "~/x/../../..", "Basic dXNlcjo=")
+	f.Add("root", "\x00/a", "Basic")
+	f.Fuzz(func(t *testing.T, user, p, auth string) {
+		if r := resolve(user, p); !strings.HasPrefix(r, "/") {
+			t.Fatalf("resolve(%q, %q) = %q is not absolute", user, p, r)
+		}
+		basicUser(auth)   //nolint:errcheck // must not panic
+		metadataFilter(p) //nolint:errcheck // must not panic
+	})
+}
