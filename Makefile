@@ -11,6 +11,8 @@ GOBIN_DIR := $(CACHE)/bin
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_CONNECT_VERSION := v1.21.1
+# The gvisor backend's preload library (compat/gvisor): no libc of its own.
+COMPAT_CC := gcc -shared -fPIC -O2 -nostdlib -Wl,--build-id=none -Wall -Werror
 GO_TEST_FLAGS ?= -race -count=1 -timeout 20m
 export PATH := $(GOBIN_DIR):$(PATH)
 
@@ -24,6 +26,7 @@ deps:
 build:
 	go build -trimpath -o bin/dsec ./cmd/dsec
 	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/aether ./cmd/aether
+	$(COMPAT_CC) -o bin/libdsec-compat.so compat/gvisor/statx.c
 
 # Base images, built offline-capably: the Debian packages are kept in
 # .cache/debootstrap, the images in .cache/images (the image store dsec up uses).

@@ -9,16 +9,24 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"syscall"
 
 	"github.com/opendsec/opendsec/internal/aether"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sudo"
 )
 
 func main() {
+	// Mounted over /usr/bin/sudo where the runtime ignores setuid (gVisor),
+	// this binary is sudo's client.
+	if filepath.Base(os.Args[0]) == "sudo" {
+		os.Exit(sudo.Main(os.Args[1:]))
+	}
 	socket := flag.String("edge-socket", "/.dsec/run/edge.sock", "Unix socket of the edge to dial")
+	sudoDir := flag.String("sudo-dir", "", "serve the sudo broker in this directory (runtimes that ignore setuid)")
 	verbose := flag.Bool("v", false, "log debug messages")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -41,18 +49,18 @@ func main() {
 	}()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *socket, logging.New("text", level)); err != nil {
+	if err := run(ctx, *socket, *sudoDir, logging.New("text", level)); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, socket string, log *slog.Logger) error {
+func run(ctx context.Context, socket, sudoDir string, log *slog.Logger) error {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true}, log).Run(ctx)
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir}, log).Run(ctx)
 }

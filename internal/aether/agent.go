@@ -24,6 +24,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/spawn"
+	"github.com/opendsec/opendsec/internal/sudo"
 	"github.com/opendsec/opendsec/internal/sysuser"
 )
 
@@ -42,6 +43,9 @@ type Config struct {
 	// and the entropy pool. Only true inside a real sandbox: an in-process
 	// agent (the fake backend) must never touch its host.
 	ApplyIdentity bool
+	// SudoDir, if set, is where the agent serves the sudo broker
+	// (internal/sudo), for runtimes that ignore setuid.
+	SudoDir string
 }
 
 // Agent serves one sandbox.
@@ -94,6 +98,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if os.Getpid() == 1 {
 		go a.reapOrphans(ctx)
+	}
+	if a.cfg.SudoDir != "" {
+		if ln, err := sudo.Listen(a.cfg.SudoDir); err != nil {
+			a.log.Warn("sudo broker not started: sudo will not work in this sandbox", logging.Error, err)
+		} else {
+			go sudo.NewBroker(a.cfg.SudoDir, a.spawner, a.log).Serve(ctx, ln)
+		}
 	}
 	a.dialer.Handler = a.Handler()
 	if a.Wrap != nil {

@@ -23,8 +23,8 @@ func RepoRoot(t testing.TB) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// AgentBinary builds cmd/aether once per test process (static, no cgo) and
-// returns its path.
+// AgentBinary builds cmd/aether once per test process (static, no cgo),
+// with the gvisor backend's preload library beside it, and returns its path.
 func AgentBinary(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
@@ -38,6 +38,15 @@ func AgentBinary(t testing.TB) string {
 		cmd.Dir = RepoRoot(t)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
+			agentErr = &buildError{strings.TrimSpace(string(out)), err}
+			return
+		}
+		// The gvisor backend's preload library goes next to the agent,
+		// where the backend looks for it (see the Makefile's build).
+		cc := exec.Command("gcc", "-shared", "-fPIC", "-O2", "-nostdlib", "-Wl,--build-id=none", "-Wall", "-Werror",
+			"-o", filepath.Join(dir, "libdsec-compat.so"), "compat/gvisor/statx.c")
+		cc.Dir = RepoRoot(t)
+		if out, err := cc.CombinedOutput(); err != nil {
 			agentErr = &buildError{strings.TrimSpace(string(out)), err}
 		}
 	})

@@ -48,3 +48,34 @@ func TestGvisorPtyShellExits(t *testing.T) {
 		t.Fatalf("exit %v, output %q", exit, out.String())
 	}
 }
+
+// What Debian's runsc breaks in Debian images works: sudo (setuid is
+// ignored; the agent's broker stands in: a NOPASSWD user becomes root, a
+// user without a rule is refused, the exit status comes back) and
+// coreutils' stat calls.
+func TestGvisorDebianImageTools(t *testing.T) {
+	c := gvisorCluster(t)
+	ctx := ctxT(t)
+	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(user, cmd string) *agentv1.RunResponse {
+		r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"/bin/sh", "-c", cmd}, User: user, Cwd: "/tmp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := run("user", "sudo -n id -u; sudo sh -c 'echo $SUDO_USER; exit 4'"); string(r.Stdout) != "0\nuser\n" || r.ExitCode != 4 {
+		t.Fatalf("sudo as user: %q %q exit %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+	if r := run("nobody", "sudo true"); r.ExitCode == 0 || !strings.Contains(string(r.Stderr), "nobody may not run commands as root") {
+		t.Fatalf("sudo as nobody: %q exit %d", r.Stderr, r.ExitCode)
+	}
+	// coreutils pass AT_NO_AUTOMOUNT to statx, which this runsc rejects;
+	// the preloaded compat library clears it.
+	if r := run("user", "ls -l /etc/hostname >/dev/null && stat -c %U /etc/hostname && cp -a /etc/hostname /tmp/h && echo copied"); string(r.Stdout) != "root\ncopied\n" {
+		t.Fatalf("coreutils: %q %q exit %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+}

@@ -70,6 +70,16 @@ def test_commands_output_exit_code_env_and_cwd(sandbox: Sandbox):
     assert r.stdout == "hello from /tmp\n"
     assert sandbox.commands.run("whoami", user="root").stdout == "root\n"
 
+    # The "base" template: passwordless sudo, python3, git, curl.
+    r = sandbox.commands.run("sudo -n whoami; python3 -c 'print(6*7)'; git --version >/dev/null && curl --version >/dev/null && echo tools")
+    assert r.stdout == "root\n42\ntools\n"
+
+
+def test_metrics(sandbox: Sandbox):
+    m = sandbox.get_metrics()
+    assert m, "no metrics sample"
+    assert m[-1].cpu_count >= 1 and 0 < m[-1].mem_used <= m[-1].mem_total and m[-1].disk_total > 0
+
 
 def test_create_env_vars_and_metadata_listing():
     tag = uuid.uuid4().hex
@@ -209,7 +219,8 @@ def test_timeout_pause_and_connect_keep_processes_and_memory(sandbox: Sandbox):
 
     resumed = Sandbox.connect(sandbox.sandbox_id)
     assert resumed.get_info().state == SandboxState.RUNNING
-    after = query(resumed)
+    # The first handle still works: its envd access token outlived the pause.
+    after = query(sandbox)
     assert after["value"] == 4242 and after["pid"] == before["pid"] and after["hits"] == before["hits"] + 1
 
 

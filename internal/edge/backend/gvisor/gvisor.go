@@ -18,6 +18,14 @@
 //     log file in the sandbox directory.
 //   - checkpoint stops the sandbox, so Snapshot reports Stopped and the edge
 //     restores the source from the image it just wrote.
+//   - statx with AT_NO_AUTOMOUNT fails with EINVAL, which breaks coreutils
+//     (ls -l, stat, cp -a) in Debian images: the agent installs a seccomp
+//     filter that answers those calls ENOSYS, and glibc then emulates statx
+//     with fstatat (AT_NO_AUTOMOUNT means nothing here: there are no
+//     automounts). runsc's --oci-seccomp cannot do it: it ignores errnoRet
+//     and answers EPERM, which glibc does not fall back from.
+//   - setuid bits are ignored, so sudo cannot work: the agent binary is
+//     mounted over /usr/bin/sudo and brokers it (internal/sudo).
 package gvisor
 
 import (

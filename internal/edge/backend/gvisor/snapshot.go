@@ -15,6 +15,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sudo"
 )
 
 // caps adds CAP_SYS_ADMIN to the default set: a restored copy's agent sets
@@ -28,8 +29,35 @@ func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
 	// pids limit there starves the sentry itself (it hangs or dies when it
 	// cannot clone). The task count is bounded by memory instead.
 	s.Linux.Resources.Pids = nil
+	// gVisor ignores setuid bits, so the image's sudo cannot work: the
+	// agent binary takes its place and asks the agent's broker instead.
+	s.Process.Args = append(s.Process.Args, "-sudo-dir", sudo.Dir)
+	if fi, err := os.Lstat(filepath.Join(spec.Dir, "rootfs", sudoPath)); err == nil && fi.Mode().IsRegular() {
+		s.Mounts = append(s.Mounts, rspec.Mount{Destination: sudoPath, Type: "bind", Source: spec.AgentPath, Options: []string{"rbind", "ro"}})
+	}
+	// This runsc rejects AT_NO_AUTOMOUNT, which coreutils pass to statx:
+	// a preloaded library clears it (compat/gvisor/statx.c).
+	if lib := filepath.Join(filepath.Dir(spec.AgentPath), compatLib); fileExists(lib) {
+		s.Mounts = append(s.Mounts, rspec.Mount{Destination: compatMount, Type: "bind", Source: lib, Options: []string{"rbind", "ro", "nodev"}})
+		s.Process.Env = append(s.Process.Env, "LD_PRELOAD="+compatMount)
+	}
 	return s
 }
+
+// compatLib is the preload library built next to the agent binary, and
+// compatMount where sandboxes see it.
+const (
+	compatLib   = "libdsec-compat.so"
+	compatMount = "/.dsec/libdsec-compat.so"
+)
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// sudoPath is where images keep sudo.
+const sudoPath = "/usr/bin/sudo"
 
 func writeSpec(dir string, s *rspec.Spec) error {
 	data, err := json.MarshalIndent(s, "", " ")
