@@ -81,7 +81,7 @@ func (b *Broker) challenge(c net.Conn, in *bufio.Reader) (uint32, error) {
 	nonce := hex.EncodeToString(raw[:])
 	send(c, Message{Challenge: nonce})
 	c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a unix conn takes deadlines
-	defer c.SetReadDeadline(time.Time{})                 //nolint:errcheck // as above
+	defer c.SetReadDeadline(time.Time{})                //nolint:errcheck // as above
 	line, err := in.ReadBytes('\n')
 	if err != nil {
 		return 0, fmt.Errorf("no answer to the identity challenge: %v", err)
