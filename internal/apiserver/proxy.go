@@ -6,13 +6,13 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync"
 
 	"connectrpc.com/connect"
 
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/rpcproxy"
 )
 
 // routeKey carries the chosen edge and scope from the handler to the proxy.
@@ -30,17 +30,6 @@ func (viaEdge) RoundTrip(r *http.Request) (*http.Response, error) {
 	return r.Context().Value(routeKey{}).(route).edge.HTTP.Transport.RoundTrip(r)
 }
 
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if v := b.p.Get(); v != nil {
-		return *v.(*[]byte)
-	}
-	return make([]byte, 32*1024)
-}
-
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
-
 // agentProxy authenticates an agent RPC and forwards it to the edge that
 // owns the sandbox, adding the caller's project scope.
 func (s *Server) agentProxy() http.Handler {
@@ -56,7 +45,7 @@ func (s *Server) agentProxy() http.Handler {
 		},
 		Transport:     viaEdge{},
 		FlushInterval: -1,
-		BufferPool:    &bufferPool{},
+		BufferPool:    &rpcproxy.BufferPool{},
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			rt := r.Context().Value(routeKey{}).(route)
@@ -76,6 +65,10 @@ func (s *Server) agentProxy() http.Handler {
 		}
 		c, err := s.sandboxEdge(id)
 		if err != nil {
+			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
+			return
+		}
+		if err := rpcproxy.BufferUnary(r, maxRequestBytes); err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}

@@ -6,13 +6,13 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync"
 
 	"connectrpc.com/connect"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/rpcproxy"
 )
 
 type linkKey struct{}
@@ -24,17 +24,8 @@ func (viaLink) RoundTrip(r *http.Request) (*http.Response, error) {
 	return r.Context().Value(linkKey{}).(http.RoundTripper).RoundTrip(r)
 }
 
-// bufferPool lends the proxies their copy buffers.
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if v := b.p.Get(); v != nil {
-		return *v.(*[]byte)
-	}
-	return make([]byte, 32*1024)
-}
-
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+// agentMaxRequest bounds a unary agent call's body; the agent allows 20 MiB.
+const agentMaxRequest = 20 << 20
 
 // AgentProxy forwards agent RPCs to the sandbox named in the request header,
 // resuming it first if it is paused.
@@ -50,7 +41,7 @@ func (e *Edge) AgentProxy() http.Handler {
 		},
 		Transport:     viaLink{},
 		FlushInterval: -1,
-		BufferPool:    &bufferPool{},
+		BufferPool:    &rpcproxy.BufferPool{},
 		// A stream cut by a stopping sandbox is normal; keep it out of stderr.
 		ErrorLog: slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -64,6 +55,10 @@ func (e *Edge) AgentProxy() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sb, err := e.lookup(r.Header.Get(headers.SandboxID), r.Header.Get(headers.Scope))
 		if err != nil {
+			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
+			return
+		}
+		if err := rpcproxy.BufferUnary(r, agentMaxRequest); err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}

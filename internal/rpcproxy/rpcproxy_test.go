@@ -1,0 +1,55 @@
+package rpcproxy
+
+import (
+	"errors"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+func TestBufferUnary(t *testing.T) {
+	for name, tc := range map[string]struct {
+		ct, body string
+		length   int64
+		limit    int64
+		buffered bool
+		class    error
+	}{
+		"proto":               {ct: "application/proto", body: "abc", length: 3, limit: 10, buffered: true},
+		"json unknown length": {ct: "application/json", body: "{}", length: -1, limit: 10, buffered: true},
+		"connect stream":      {ct: "application/connect+proto", body: "abc", length: 3, limit: 1},
+		"grpc":                {ct: "application/grpc+proto", body: "abc", length: 3, limit: 1},
+		"declared too big":    {ct: "application/proto", body: "abcdef", length: 6, limit: 5, class: errdefs.ErrResourceExhausted},
+		"undeclared too big":  {ct: "application/proto", body: "abcdef", length: -1, limit: 5, class: errdefs.ErrResourceExhausted},
+		"exactly limit":       {ct: "application/proto", body: "abcde", length: -1, limit: 5, buffered: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/x", strings.NewReader(tc.body))
+			r.Header.Set("Content-Type", tc.ct)
+			r.ContentLength = tc.length
+			err := BufferUnary(r, tc.limit)
+			if tc.class != nil {
+				if err == nil || !errors.Is(err, tc.class) {
+					t.Fatalf("err = %v, want class %v", err, tc.class)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := r.GetBody != nil; got != tc.buffered {
+				t.Fatalf("buffered = %v, want %v", got, tc.buffered)
+			}
+			b, _ := io.ReadAll(r.Body)
+			if string(b) != tc.body {
+				t.Fatalf("body = %q, want %q", b, tc.body)
+			}
+			if tc.buffered && r.ContentLength != int64(len(tc.body)) {
+				t.Fatalf("ContentLength = %d", r.ContentLength)
+			}
+		})
+	}
+}
