@@ -23,6 +23,7 @@ import (
 	"github.com/opendsec/opendsec/internal/chronus"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/rpcopts"
 	"github.com/opendsec/opendsec/internal/spawn"
 	"github.com/opendsec/opendsec/internal/sudo"
 	"github.com/opendsec/opendsec/internal/sysuser"
@@ -66,7 +67,7 @@ type Agent struct {
 // New returns an agent; Run starts it.
 func New(cfg Config, log *slog.Logger) *Agent {
 	log = logging.OrDiscard(log)
-	users := sysuser.DB{Root: cfg.Root}
+	users := sysuser.NewDB(cfg.Root)
 	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env}
 	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now()}
 	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log}
@@ -75,10 +76,10 @@ func New(cfg Config, log *slog.Logger) *Agent {
 
 // Handler serves the agent's services.
 func (a *Agent) Handler() http.Handler {
-	opts := []connect.HandlerOption{
+	opts := rpcopts.Handler(
 		connect.WithInterceptors(errdefs.Interceptor()),
 		connect.WithReadMaxBytes(agentMaxMessage),
-	}
+	)
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewProcessServiceHandler(&processService{table: a.procs}, opts...))
 	mux.Handle(agentv1connect.NewFilesystemServiceHandler(&fileService{users: a.spawner.Users}, opts...))

@@ -27,7 +27,7 @@ type clients struct {
 }
 
 // startAgent runs an agent in-process, connected through a real agentlink.
-func startAgent(t *testing.T) clients {
+func startAgent(t testing.TB) clients {
 	t.Helper()
 	dir := t.TempDir()
 	link, err := agentlink.Listen(filepath.Join(dir, "edge.sock"), nil)

@@ -21,6 +21,7 @@ import (
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/rpcopts"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 	"github.com/opendsec/opendsec/internal/watcher"
 )
@@ -78,10 +79,10 @@ const maxRequestBytes = 24 << 20
 
 // Handler serves every client-facing route.
 func (s *Server) Handler() http.Handler {
-	opts := []connect.HandlerOption{
+	opts := rpcopts.Handler(
 		connect.WithInterceptors(authInterceptor{s}, errdefs.Interceptor()),
 		connect.WithReadMaxBytes(maxRequestBytes),
-	}
+	)
 	mux := http.NewServeMux()
 	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(&sandboxService{s}, opts...))
 	mux.Handle(iamv1connect.NewIAMServiceHandler(&iamService{s}, opts...))

@@ -11,13 +11,14 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/rpcopts"
 )
 
 // Handler serves EdgeService and the agent proxy. It must be served over
 // mutual TLS that admits only the apiserver and the watcher.
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, connect.WithInterceptors(errdefs.Interceptor())))
+	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
 	proxy := e.AgentProxy()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if headers.IsAgentPath(r.URL.Path) {

@@ -168,12 +168,18 @@ func (s *Spawner) Start(res *Resolved, r Request) (*os.Process, error) {
 // child would inherit that; a sandbox that runs out of memory must lose one
 // of its workloads, not its agent.
 func resetOOMScore(pid int) {
-	own, err := os.ReadFile("/proc/self/oom_score_adj")
-	if err != nil || strings.TrimSpace(string(own)) == "0" {
+	if !ownOOMScoreAdjusted() {
 		return
 	}
 	os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0) //nolint:errcheck // best effort
 }
+
+// ownOOMScoreAdjusted reports, once, whether this process runs with an OOM
+// score other than the default; it is set at start and never changed.
+var ownOOMScoreAdjusted = sync.OnceValue(func() bool {
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	return err == nil && strings.TrimSpace(string(own)) != "0"
+})
 
 // Forget stops tracking pid once its status has been collected.
 func (s *Spawner) Forget(pid int) {

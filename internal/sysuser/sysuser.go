@@ -26,7 +26,8 @@ type User struct {
 
 // DB reads account files below Root ("/" inside a sandbox).
 type DB struct {
-	Root string
+	Root  string
+	cache *fileCache // nil: read the files on every lookup
 }
 
 // Root is the superuser, used when no user is named.
@@ -67,9 +68,9 @@ func (db DB) NameOf(uid uint32) string {
 // GroupNameOf returns the group name for gid, or the number as text.
 func (db DB) GroupNameOf(gid uint32) string {
 	want := strconv.FormatUint(uint64(gid), 10)
-	data, err := os.ReadFile(filepath.Join(db.root(), "etc/group"))
+	recs, err := db.cache.records(filepath.Join(db.root(), "etc/group"), 4)
 	if err == nil {
-		for _, f := range records(data, 4) {
+		for _, f := range recs {
 			if f[2] == want {
 				return f[0]
 			}
@@ -86,11 +87,11 @@ func (db DB) root() string {
 }
 
 func (db DB) find(match func([]string) bool) (User, error) {
-	data, err := os.ReadFile(filepath.Join(db.root(), "etc/passwd"))
+	recs, err := db.cache.records(filepath.Join(db.root(), "etc/passwd"), 7)
 	if err != nil {
 		return User{}, err
 	}
-	for _, f := range records(data, 7) {
+	for _, f := range recs {
 		if !match(f) {
 			continue
 		}
@@ -111,11 +112,11 @@ func (db DB) find(match func([]string) bool) (User, error) {
 
 func (db DB) groupsOf(name string, primary uint32) []uint32 {
 	groups := []uint32{primary}
-	data, err := os.ReadFile(filepath.Join(db.root(), "etc/group"))
+	recs, err := db.cache.records(filepath.Join(db.root(), "etc/group"), 4)
 	if err != nil {
 		return groups
 	}
-	for _, f := range records(data, 4) {
+	for _, f := range recs {
 		for _, m := range strings.Split(f[3], ",") {
 			if m != name {
 				continue

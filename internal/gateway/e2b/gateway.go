@@ -30,6 +30,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/rpcopts"
 )
 
 // Config configures a gateway.
@@ -198,5 +199,5 @@ func (g *Gateway) validToken(sandboxID, token string) bool {
 
 // connectOpts are the handler options of the envd services.
 func connectOpts() []connect.HandlerOption {
-	return []connect.HandlerOption{connect.WithReadMaxBytes(24 << 20)}
+	return rpcopts.Handler(connect.WithReadMaxBytes(24 << 20))
 }

@@ -28,23 +28,36 @@ func freezerState(id string) string {
 }
 
 // Freeze stops every process of the sandbox's cgroup and waits until the
-// kernel reports them frozen.
+// kernel reports them frozen. The v1 freezer can stay in FREEZING while a
+// task is ptrace-stopped or in a vfork (gVisor's ptrace platform has both),
+// so like runc it thaws briefly and freezes again every 100 ms; after 5 s it
+// thaws the cgroup, leaving it running, and reports the failure.
 func Freeze(id string) error {
 	p := freezerState(id)
-	if err := os.WriteFile(p, []byte("FROZEN"), 0o644); err != nil {
-		return fmt.Errorf("freeze %s: %w", id, err)
-	}
-	for i := 0; i < 500; i++ {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
+	deadline := time.Now().Add(5 * time.Second)
+	for attempt := 0; time.Now().Before(deadline); attempt++ {
+		if attempt > 0 {
+			if err := os.WriteFile(p, []byte("THAWED"), 0o644); err != nil {
+				return fmt.Errorf("freeze %s: %w", id, err)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		if strings.TrimSpace(string(data)) == "FROZEN" {
-			return nil
+		if err := os.WriteFile(p, []byte("FROZEN"), 0o644); err != nil {
+			return fmt.Errorf("freeze %s: %w", id, err)
 		}
-		time.Sleep(2 * time.Millisecond)
+		for i := 0; i < 50; i++ {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(string(data)) == "FROZEN" {
+				return nil
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	}
-	return fmt.Errorf("freeze %s: still freezing after 1s", id)
+	Thaw(id) //nolint:errcheck // reporting the freeze failure matters more
+	return errdefs.Unavailable("freeze %s: the cgroup freezer did not settle within 5s; the sandbox keeps running", id)
 }
 
 // Thaw lets a frozen cgroup run again.
