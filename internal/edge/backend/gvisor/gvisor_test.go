@@ -2,10 +2,17 @@ package gvisor
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -32,4 +39,51 @@ func TestConformance(t *testing.T) {
 
 func TestSnapshotAndRestore(t *testing.T) {
 	backendtest.RunSnapshot(t, factory, env(t))
+}
+
+// TestRestoreAppliesCPULimit checks that the CPU quota lifted for the
+// checkpoint and the restore (runsc's own work, done in the sandbox's
+// cgroup) is in force again on the restored source and on a copy.
+func TestRestoreAppliesCPULimit(t *testing.T) {
+	e := env(t)
+	b := factory(t, t.TempDir()).(*Backend)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src := backendtest.Start(t, b, e)
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: filepath.Join(t.TempDir(), "snap")}
+	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Link.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Snapshot(ctx, src.ID, ref); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Link.Reattach(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Restore(ctx, ref, src.Spec); err != nil {
+		t.Fatalf("restore the source: %v", err)
+	}
+	spec := backendtest.NewSpec(t, e, "aaaaaaaa")
+	backendtest.Attach(t, spec)
+	if _, err := b.Restore(ctx, ref, spec); err != nil {
+		t.Fatalf("restore a copy: %v", err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	for _, s := range []*backend.Spec{src.Spec, spec} {
+		bx, err := b.get(s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", oci.CgroupsPath(bx.runscID), "cpu.cfs_quota_us"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprint(int64(s.Resources.CPUCores * 100000))
+		if got := strings.TrimSpace(string(data)); got != want {
+			t.Fatalf("sandbox %s: cpu.cfs_quota_us = %s after restore, want %s", s.ID, got, want)
+		}
+	}
 }

@@ -81,6 +81,11 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if oci.Frozen(bx.runscID) {
 		return nil, errdefs.FailedPrecondition("sandbox %s is paused; resume it before a snapshot", id)
 	}
+	// runsc serializes and compresses the sandbox's memory in the sentry,
+	// inside the sandbox's cgroup: under a one-core quota that doubled the
+	// checkpoint. The workload is stopped while it runs, so the quota is
+	// lifted; the checkpoint ends the sandbox and its cgroup with it.
+	oci.SetCPUQuota(bx.runscID, -1, 0) //nolint:errcheck // only slower with the quota kept
 	if _, err := b.run(ctx, b.logFile(dir), "checkpoint", "--image-path", memoryDir(ref), bx.runscID); err != nil {
 		// A failed checkpoint kills the sandbox in this runsc.
 		return &backend.SnapshotInfo{Stopped: true}, err
@@ -134,6 +139,15 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	fresh := runtimeSpec(spec, cgroupsPath(bx.runscID))
 	s.Root, s.Hostname, s.Mounts = fresh.Root, fresh.Hostname, fresh.Mounts
 	s.Linux.CgroupsPath, s.Linux.Resources = fresh.Linux.CgroupsPath, fresh.Linux.Resources
+	// Like the checkpoint, the restore's decompression runs in the new
+	// sandbox's cgroup; it restores without a CPU quota and gets the
+	// request's limit once it is up.
+	var quota *int64
+	var period *uint64
+	if cpu := s.Linux.Resources.CPU; cpu != nil {
+		quota, period = cpu.Quota, cpu.Period
+		cpu.Quota = nil
+	}
 	if !inPlace {
 		// A fork restores the source and its copies at once; the copies
 		// restore with the least CPU weight so the source, which is what a
@@ -154,6 +168,15 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	b.track(spec.ID, bx)
+	if quota != nil {
+		var p uint64
+		if period != nil {
+			p = *period
+		}
+		if err := oci.SetCPUQuota(bx.runscID, *quota, p); err != nil {
+			b.log.Warn("apply the CPU limit after a restore", logging.SandboxID, spec.ID, logging.Error, err)
+		}
+	}
 	if !inPlace {
 		oci.SetCPUShares(bx.runscID, normalShares) //nolint:errcheck // the copy runs either way
 	}

@@ -74,6 +74,18 @@ func SetCPUShares(id string, shares uint64) error {
 	return os.WriteFile(p, []byte(fmt.Sprint(shares)), 0o644)
 }
 
+// SetCPUQuota sets the CFS bandwidth limit of a sandbox's cgroup; a quota
+// of -1 lifts it.
+func SetCPUQuota(id string, quota int64, period uint64) error {
+	dir := filepath.Join(cgroupRoot, "cpu", CgroupParent, id)
+	if period > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(fmt.Sprint(period)), 0o644); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(fmt.Sprint(quota)), 0o644)
+}
+
 // Frozen reports whether the sandbox's cgroup is frozen.
 func Frozen(id string) bool {
 	data, err := os.ReadFile(freezerState(id))
