@@ -1,6 +1,7 @@
 package rpcproxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http/httptest"
@@ -52,4 +53,37 @@ func TestBufferUnary(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzBufferUnary: any content type, body and declared length either keeps
+// the body byte for byte or fails with a classed error; nothing panics.
+func FuzzBufferUnary(f *testing.F) {
+	f.Add("application/proto", []byte("abc"), int64(3), int64(10))
+	f.Add("application/connect+json", []byte("{}"), int64(-1), int64(1))
+	f.Add("application/json", []byte("0123456789"), int64(-1), int64(4))
+	f.Fuzz(func(t *testing.T, ct string, body []byte, declared, limit int64) {
+		if limit < 0 || limit > 1<<20 {
+			t.Skip()
+		}
+		r := httptest.NewRequest("POST", "/x", bytes.NewReader(body))
+		r.Header.Set("Content-Type", ct)
+		if declared >= 0 && declared != int64(len(body)) {
+			declared = int64(len(body))
+		}
+		r.ContentLength = declared
+		err := BufferUnary(r, limit)
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrResourceExhausted) || int64(len(body)) <= limit {
+				t.Fatalf("error %v for %d bytes under limit %d", err, len(body), limit)
+			}
+			return
+		}
+		got, _ := io.ReadAll(r.Body)
+		if !bytes.Equal(got, body) {
+			t.Fatalf("body changed: %q -> %q", body, got)
+		}
+		if IsUnary(r) && int64(len(body)) > limit {
+			t.Fatalf("%d bytes over limit %d were buffered", len(body), limit)
+		}
+	})
 }
