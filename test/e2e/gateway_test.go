@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,6 +207,36 @@ func TestGatewayControlPlane(t *testing.T) {
 	r2.json(t, &s2)
 	if s1.SandboxID == "" || s1.SandboxID != s2.SandboxID {
 		t.Fatalf("idempotent create made %q and %q", s1.SandboxID, s2.SandboxID)
+	}
+	// Retries that race each other still make one sandbox.
+	race := map[string]string{"X-API-Key": key, "Idempotency-Key": "k-race"}
+	ids := make([]string, 4)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", gw+"/v2/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+			for k, v := range race {
+				req.Header.Set(k, v)
+			}
+			resp, err := testHTTP.Do(req) // not do: no t.Fatal off the test goroutine
+			if err != nil {
+				return // an empty id fails below
+			}
+			defer resp.Body.Close()
+			var sb e2bSandbox
+			if resp.StatusCode == 201 {
+				json.NewDecoder(resp.Body).Decode(&sb) //nolint:errcheck // an empty id fails below
+			}
+			ids[i] = sb.SandboxID
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id == "" || id != ids[0] {
+			t.Fatalf("concurrent creates with one Idempotency-Key made %q", ids)
+		}
 	}
 
 	// Kill is 204, then the sandbox is gone: 404 with E2B's body.

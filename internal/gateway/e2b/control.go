@@ -156,6 +156,8 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		md[idempotencyKey] = key
+		c, _ := r.Context().Value(callerKey{}).(caller)
+		defer g.creating.lock(c.apiKey, key)()
 		found, err := g.listAll(r.Context(), map[string]string{idempotencyKey: key}, nil)
 		if err != nil {
 			writeError(w, err)

@@ -68,6 +68,7 @@ type Gateway struct {
 	files    agentv1connect.FilesystemServiceClient
 	agent    agentv1connect.AgentServiceClient
 	watchers *watchers
+	creating keyLocks // per caller and Idempotency-Key
 }
 
 // New returns a gateway talking to the apiserver at cfg.APIURL.
