@@ -245,6 +245,18 @@ func TestPausedSandboxResumesOnCall(t *testing.T) {
 	if p, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil || p.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("pause: %+v, %v", p, err)
 	}
+	// A call that asks not to resume fails and leaves it paused.
+	srv := httptest.NewServer(f.edge.Handler())
+	t.Cleanup(srv.Close)
+	probe := agentv1connect.NewAgentServiceClient(&http.Client{Transport: headerRT{id: sb.Id, scope: "root"}}, srv.URL)
+	req := connect.NewRequest(&agentv1.HealthRequest{})
+	req.Header().Set(headers.NoResume, "1")
+	if _, err := probe.Health(ctx, req); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "paused") {
+		t.Fatalf("no-resume call to a paused sandbox: %v, want failed_precondition naming the pause", err)
+	}
+	if got, _ := f.edge.Get(sb.Id, "root"); got.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("a no-resume call resumed the sandbox: %v", got.State)
+	}
 	if _, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil {
 		t.Fatalf("call to a paused sandbox: %v", err)
 	}

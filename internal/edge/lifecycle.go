@@ -78,14 +78,17 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 	return sb.save()
 }
 
-// ensureRunning resumes a paused sandbox before an agent call and returns
-// its link.
-func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox) (http.RoundTripper, error) {
+// ensureRunning resumes a paused sandbox before an agent call, unless
+// resume is false (then a paused sandbox is an error), and returns its link.
+func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (http.RoundTripper, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch sb.rec.State {
 	case stateRunning:
 	case statePaused:
+		if !resume {
+			return nil, errdefs.FailedPrecondition("sandbox %s is paused; this call does not resume it", sb.id)
+		}
 		if err := e.resumeLocked(ctx, sb); err != nil {
 			return nil, err
 		}

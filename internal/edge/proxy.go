@@ -28,7 +28,7 @@ func (viaLink) RoundTrip(r *http.Request) (*http.Response, error) {
 const agentMaxRequest = 20 << 20
 
 // AgentProxy forwards agent RPCs to the sandbox named in the request header,
-// resuming it first if it is paused.
+// resuming it first if it is paused (unless the call carries NoResume).
 func (e *Edge) AgentProxy() http.Handler {
 	ew := connect.NewErrorWriter()
 	agentURL := &url.URL{Scheme: "http", Host: "agent"}
@@ -38,6 +38,7 @@ func (e *Edge) AgentProxy() http.Handler {
 			pr.Out.Host = "agent"
 			pr.Out.Header.Del(headers.Scope)
 			pr.Out.Header.Del(headers.SandboxID)
+			pr.Out.Header.Del(headers.NoResume)
 		},
 		Transport:     viaLink{},
 		FlushInterval: -1,
@@ -62,7 +63,7 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		rt, err := e.ensureRunning(r.Context(), sb)
+		rt, err := e.ensureRunning(r.Context(), sb, r.Header.Get(headers.NoResume) == "")
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return

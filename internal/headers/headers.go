@@ -11,6 +11,10 @@ const (
 	SandboxID = "Dsec-Sandbox-Id"
 	// Scope carries the caller's project path from the apiserver to the edge.
 	Scope = "Dsec-Scope"
+	// NoResume ("1") asks the edge not to resume a paused sandbox for this
+	// call but to fail it with FailedPrecondition: a liveness probe must not
+	// wake what it probes.
+	NoResume = "Dsec-No-Resume"
 	// AgentPathPrefix starts every agent RPC path.
 	AgentPathPrefix = "/opendsec.agent.v1."
 )

@@ -15,6 +15,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
 )
 
 // envdCall is what an envd request carries: the sandbox, checked against
@@ -80,7 +81,11 @@ func (g *Gateway) envdMux() http.Handler {
 // health answers 204 while the sandbox's agent answers, and 502 with E2B's
 // "was not found" message once the sandbox is gone.
 func (g *Gateway) health(w http.ResponseWriter, r *http.Request) {
-	if _, err := g.agent.Health(r.Context(), connect.NewRequest(&agentv1.HealthRequest{})); err != nil {
+	// A probe must not wake a paused sandbox: E2B's SDKs ask /health for
+	// is_running(), which is false while paused.
+	req := connect.NewRequest(&agentv1.HealthRequest{})
+	req.Header().Set(headers.NoResume, "1")
+	if _, err := g.agent.Health(r.Context(), req); err != nil {
 		err = g.explain(r.Context(), err)
 		writeStatus(w, http.StatusBadGateway, messageOf(err))
 		return

@@ -189,6 +189,9 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     const before = await query(sb, '/set/4242')
     assert.equal(await sb.pause(), true)
     assert.equal((await sb.getInfo()).state, 'paused')
+    // Probing a paused sandbox says so and does not wake it.
+    assert.equal(await sb.isRunning(), false)
+    assert.equal((await sb.getInfo()).state, 'paused')
 
     const resumed = await Sandbox.connect(sb.sandboxId)
     assert.equal((await resumed.getInfo()).state, 'running')

@@ -215,6 +215,9 @@ def test_timeout_pause_and_connect_keep_processes_and_memory(sandbox: Sandbox):
     before = query(sandbox, "/set/4242")
     assert sandbox.pause()
     assert sandbox.get_info().state == SandboxState.PAUSED
+    # Probing a paused sandbox says so and does not wake it.
+    assert not sandbox.is_running()
+    assert sandbox.get_info().state == SandboxState.PAUSED
     assert [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()] == [sandbox.sandbox_id]
 
     resumed = Sandbox.connect(sandbox.sandbox_id)
