@@ -164,7 +164,7 @@ func run(ctx context.Context, storeDir, agent string, creates, n int) error {
 	row("exec round trip", nativeExec, e2bExec, 2)
 	row("write 1 MiB file", nativeWrite, e2bWrite, 2)
 	fmt.Println("\nexec: /bin/true, native ProcessService.Run vs envd process.Start streamed to its end event;")
-	fmt.Println("write: native WriteFile vs POST /files (octet-stream; up to 4 MiB one atomic REPLACE write).")
+	fmt.Println("write: native WriteFile vs POST /files (octet-stream; written in place in 4 MiB agent writes, as envd does).")
 	return nil
 }
 

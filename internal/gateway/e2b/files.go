@@ -3,8 +3,6 @@ package e2b
 import (
 	"compress/gzip"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"mime"
@@ -180,66 +178,32 @@ func rawFileName(part *multipart.Part) string {
 	return params["filename"]
 }
 
-// writeFile streams body into the sandbox file p, owned by user. A body
-// that fits one chunk is one REPLACE write; a longer one is written beside
-// p in chunks and renamed into place, so p is never seen half written.
+// writeFile streams body into the sandbox file p, owned by user, as envd
+// does: the file is created or truncated in place and written chunk by
+// chunk, so a directory watcher sees the create and writes on p itself.
 func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader) (writeInfo, error) {
 	if p == "/" {
 		return writeInfo{}, errdefs.InvalidArgument("path: / is a directory")
 	}
-	done := writeInfo{Name: path.Base(p), Type: "file", Path: p}
 	buf := make([]byte, fileChunk)
-	n, rerr := io.ReadFull(body, buf)
-	last := errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
-	if rerr != nil && !last {
-		return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
-	}
-	if last {
-		_, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
-			Path: p, Data: buf[:n], Mode: agentv1.WriteMode_WRITE_MODE_REPLACE, User: user,
-		}))
-		return done, err
-	}
-	var suffix [6]byte
-	rand.Read(suffix[:]) //nolint:errcheck // crypto/rand does not fail
-	tmp := path.Join(path.Dir(p), "."+path.Base(p)+".upload-"+hex.EncodeToString(suffix[:]))
-	mode := agentv1.WriteMode_WRITE_MODE_UNSPECIFIED // the first write creates the file
+	mode := agentv1.WriteMode_WRITE_MODE_UNSPECIFIED // the first write creates or truncates
 	for {
-		if n > 0 || mode != agentv1.WriteMode_WRITE_MODE_APPEND {
-			_, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
-				Path: tmp, Data: buf[:n], Mode: mode, User: user,
-			}))
-			if err != nil {
-				if mode == agentv1.WriteMode_WRITE_MODE_APPEND {
-					g.removeQuietly(ctx, tmp)
-				}
+		n, rerr := io.ReadFull(body, buf)
+		last := errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
+		if rerr != nil && !last {
+			return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
+		}
+		if n > 0 || mode == agentv1.WriteMode_WRITE_MODE_UNSPECIFIED {
+			if _, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
+				Path: p, Data: buf[:n], Mode: mode, User: user,
+			})); err != nil {
 				return writeInfo{}, err
 			}
 			mode = agentv1.WriteMode_WRITE_MODE_APPEND
 		}
 		if last {
-			break
+			return writeInfo{Name: path.Base(p), Type: "file", Path: p}, nil
 		}
-		n, rerr = io.ReadFull(body, buf)
-		last = errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
-		if rerr != nil && !last {
-			g.removeQuietly(ctx, tmp)
-			return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
-		}
-	}
-	if _, err := g.files.Move(ctx, connect.NewRequest(&agentv1.MoveRequest{Source: tmp, Destination: p})); err != nil {
-		g.removeQuietly(ctx, tmp)
-		return writeInfo{}, err
-	}
-	return done, nil
-}
-
-// removeQuietly drops a half-written temporary file; a failure only leaves
-// a hidden file behind, so it is logged, not returned.
-func (g *Gateway) removeQuietly(ctx context.Context, p string) {
-	ctx = context.WithoutCancel(ctx)
-	if _, err := g.files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: p})); err != nil {
-		g.log.Warn("removing a partial upload", "path", p, "err", err)
 	}
 }
 

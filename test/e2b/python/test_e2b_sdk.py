@@ -185,9 +185,12 @@ def test_watch_dir(sandbox: Sandbox):
             break
         time.sleep(0.1)
     w.stop()
-    # An upload is written under a temporary name and renamed into place.
-    assert any(e.name == "new.txt" for e in events)
-    assert any(e.type == FilesystemEventType.REMOVE and e.name == "new.txt" for e in events)
+    # An upload is written in place, as envd does: create and write events
+    # on the file's own name, no temporary names.
+    assert {e.name for e in events} == {"new.txt"}, events
+    assert any(e.type == FilesystemEventType.CREATE for e in events)
+    assert any(e.type == FilesystemEventType.WRITE for e in events)
+    assert any(e.type == FilesystemEventType.REMOVE for e in events)
 
 
 def test_pty(sandbox: Sandbox):
