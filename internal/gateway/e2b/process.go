@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"syscall"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -96,6 +98,12 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[envdpro
 	if req.Msg.Pty != nil {
 		size := req.Msg.GetPty().GetSize()
 		cfg.Pty = &agentv1.PtySize{Cols: size.GetCols(), Rows: size.GetRows()}
+	}
+	// envd kills a command when the call's timeout (Connect-Timeout-Ms, the
+	// SDKs' `timeout`, 60 s unless set; 0 is none) runs out, even if it runs
+	// in the background; the agent does the same with TimeoutMs.
+	if deadline, ok := ctx.Deadline(); ok {
+		cfg.TimeoutMs = uint32(min(max(time.Until(deadline).Milliseconds(), 1), math.MaxUint32))
 	}
 	in, err := s.g.process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: cfg}))
 	if err != nil {

@@ -20,6 +20,7 @@ from e2b import (
     Sandbox,
     SandboxQuery,
     SandboxState,
+    TimeoutException,
 )
 
 # A Python server that keeps a random value and a hit counter in memory:
@@ -131,6 +132,16 @@ def test_background_command_streams_output_takes_stdin_and_is_killed(sandbox: Sa
         h.wait()
     assert e.value.exit_code != 0
     assert h.pid not in [p.pid for p in sandbox.commands.list()]
+
+    # A command's timeout ends the command, not only the call, as on E2B.
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30 && echo late", timeout=1)
+    for _ in range(50):
+        if "sleep 30" not in sandbox.commands.run("ps -eo args").stdout:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the timed-out command is still running")
 
 
 def test_connect_to_a_running_command(sandbox: Sandbox):
