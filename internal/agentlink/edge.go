@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -27,6 +28,8 @@ type Link struct {
 	cur     *agentConn    // guarded by mu; nil until the agent connects
 	changed chan struct{} // guarded by mu; closed and replaced when cur changes
 	closed  bool          // guarded by mu
+
+	detaches atomic.Uint64 // how many times Detach cut the connection
 }
 
 type agentConn struct {
@@ -201,6 +204,7 @@ func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 // connection, returning once the agent has closed its end, so the sandbox
 // holds no host socket (needed before a gVisor checkpoint).
 func (l *Link) Detach(ctx context.Context) error {
+	l.detaches.Add(1)
 	l.mu.Lock()
 	ln, cur := l.ln, l.cur
 	l.ln, l.cur = nil, nil
@@ -225,6 +229,10 @@ func (l *Link) Detach(ctx context.Context) error {
 		return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "agent did not close its connection")
 	}
 }
+
+// Detaches counts the calls to Detach: a call that fails while the count
+// moved was cut by a snapshot, not by a broken agent.
+func (l *Link) Detaches() uint64 { return l.detaches.Load() }
 
 // Reattach listens again after Detach.
 func (l *Link) Reattach() error {

@@ -2,9 +2,9 @@ package edge
 
 import (
 	"context"
-	"net/http"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -80,7 +80,7 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 
 // ensureRunning resumes a paused sandbox before an agent call, unless
 // resume is false (then a paused sandbox is an error), and returns its link.
-func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (http.RoundTripper, error) {
+func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*agentlink.Link, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch sb.rec.State {

@@ -9,19 +9,28 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/rpcproxy"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
-type linkKey struct{}
+type callKey struct{}
+
+// agentCall is what the proxy knows about a call it forwards.
+type agentCall struct {
+	id       sandboxid.ID
+	link     *agentlink.Link
+	detaches uint64 // the link's Detaches when the call began
+}
 
 // viaLink sends a request over the agent link put in its context.
 type viaLink struct{}
 
 func (viaLink) RoundTrip(r *http.Request) (*http.Response, error) {
-	return r.Context().Value(linkKey{}).(http.RoundTripper).RoundTrip(r)
+	return r.Context().Value(callKey{}).(agentCall).link.RoundTrip(r)
 }
 
 // agentMaxRequest bounds a unary agent call's body; the agent allows 20 MiB.
@@ -46,11 +55,16 @@ func (e *Edge) AgentProxy() http.Handler {
 		// A stream cut by a stopping sandbox is normal; keep it out of stderr.
 		ErrorLog: slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			id := r.Header.Get(headers.SandboxID)
-			if r.Context().Err() == nil {
-				e.log.Warn("agent call failed", logging.SandboxID, id, logging.Error, err)
+			call := r.Context().Value(callKey{}).(agentCall)
+			if call.link.Detaches() != call.detaches {
+				// Expected: a snapshot or fork cuts the agent's connection.
+				ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: a snapshot or fork of the sandbox reset its agent connection during this call; processes it started keep running (reattach with Process.Connect); retry other calls", call.id))) //nolint:errcheck // the client went away
+				return
 			}
-			ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: agent unreachable: %v", id, err))) //nolint:errcheck // the client went away
+			if r.Context().Err() == nil {
+				e.log.Warn("agent call failed", logging.SandboxID, call.id, logging.Error, err)
+			}
+			ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: agent unreachable: %v", call.id, err))) //nolint:errcheck // the client went away
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -63,11 +77,12 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		rt, err := e.ensureRunning(r.Context(), sb, r.Header.Get(headers.NoResume) == "")
+		link, err := e.ensureRunning(r.Context(), sb, r.Header.Get(headers.NoResume) == "")
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), linkKey{}, rt)))
+		call := agentCall{id: sb.id, link: link, detaches: link.Detaches()}
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, call)))
 	})
 }

@@ -6,7 +6,11 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -136,5 +140,43 @@ func TestSnapshotUnsupportedNamesTheReason(t *testing.T) {
 	_, err := snapshotter(b)
 	if !errors.Is(err, errdefs.ErrUnsupported) || !strings.Contains(err.Error(), `backend "container" cannot snapshot memory`) {
 		t.Fatalf("container snapshot: %v", err)
+	}
+}
+
+// TestCallCutBySnapshotSaysSo: a call in flight when a snapshot detaches
+// the agent fails with an error that names the snapshot, not a broken agent.
+func TestCallCutBySnapshotSaysSo(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	src, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := agentClient(t, f.edge, src.Id, "root")
+	if _, err := echo(t, c); err != nil { // the agent is up
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "5"}}}))
+		done <- err
+	}()
+	// Wait until the sleep runs, so the call is in flight.
+	for i := 0; ; i++ {
+		out, _ := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "ps -eo args 2>/dev/null || ps"}}}))
+		if out != nil && strings.Contains(string(out.Msg.Stdout), "sleep 5") {
+			break
+		}
+		if i == 200 {
+			t.Fatal("the long call never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := f.edge.Snapshot(ctx, src.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "snapshot or fork") {
+		t.Fatalf("call cut by a snapshot: %v, want unavailable naming the snapshot", err)
 	}
 }
