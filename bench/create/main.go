@@ -133,40 +133,16 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	root := filepath.Join(work, "crun-root")
 	var bareCreate, bareExec []time.Duration
 	for i := 0; i < n; i++ {
-		id := fmt.Sprintf("bench-%06d", i)
-		dir := filepath.Join(work, id)
-		t0 := time.Now()
-		if err := bareBundle(dir, layers, template); err != nil {
-			return err
-		}
-		// The container keeps the stdio it is given: a file, not a pipe.
-		logf, err := os.Create(filepath.Join(dir, "console.log"))
-		if err != nil {
-			return err
-		}
-		runCmd := exec.Command("crun", "--root", root, "run", "--detach", "--bundle", dir, id)
-		runCmd.Stdout, runCmd.Stderr = logf, logf
-		err = runCmd.Run()
-		logf.Close()
-		if err != nil {
-			out, _ := os.ReadFile(filepath.Join(dir, "console.log"))
-			return fmt.Errorf("crun run: %v: %s", err, out)
-		}
-		if out, err := exec.Command("crun", "--root", root, "exec", id, "true").CombinedOutput(); err != nil {
-			return fmt.Errorf("crun exec: %v: %s", err, out)
-		}
-		bareCreate = append(bareCreate, time.Since(t0))
+		execs := 0
 		if i == 0 {
-			for j := 0; j < n*3; j++ {
-				t1 := time.Now()
-				if out, err := exec.Command("crun", "--root", root, "exec", id, "true").CombinedOutput(); err != nil {
-					return fmt.Errorf("crun exec: %v: %s", err, out)
-				}
-				bareExec = append(bareExec, time.Since(t1))
-			}
+			execs = n * 3 // exec round trips on the first container
 		}
-		exec.Command("crun", "--root", root, "delete", "--force", id).Run()
-		rootfs.Unmount(filepath.Join(dir, "rootfs"))
+		created, times, err := bareRun(filepath.Join(work, fmt.Sprintf("bench-%06d", i)), root, layers, template, execs)
+		if err != nil {
+			return err
+		}
+		bareCreate = append(bareCreate, created)
+		bareExec = append(bareExec, times...)
 	}
 
 	fmt.Printf("container backend vs bare crun (%s, %d iterations, %s)\n\n", imgName, n, time.Now().Format(time.RFC3339))
@@ -179,6 +155,46 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	fmt.Printf("\nwhere an exec round trip goes (ours, p50): agent spawn to exit %s; an RPC that spawns nothing (process list) through the same hops %s\n",
 		msf(benchstat.Pct(agentSide, 50)), msf(benchstat.Pct(listRPC, 50)))
 	return nil
+}
+
+// bareRun starts one container with bare crun on the bundle in dir, times
+// create -> first exec and then execs more `crun exec true`, and always
+// deletes the container and unmounts its rootfs, also on an error.
+func bareRun(dir, root string, layers []string, template []byte, execs int) (created time.Duration, times []time.Duration, err error) {
+	id := filepath.Base(dir)
+	t0 := time.Now()
+	if err := bareBundle(dir, layers, template); err != nil {
+		return 0, nil, err
+	}
+	defer func() {
+		exec.Command("crun", "--root", root, "delete", "--force", id).Run() //nolint:errcheck // it may not exist
+		rootfs.Unmount(filepath.Join(dir, "rootfs"))                        //nolint:errcheck // best effort
+	}()
+	// The container keeps the stdio it is given: a file, not a pipe.
+	logf, err := os.Create(filepath.Join(dir, "console.log"))
+	if err != nil {
+		return 0, nil, err
+	}
+	runCmd := exec.Command("crun", "--root", root, "run", "--detach", "--bundle", dir, id)
+	runCmd.Stdout, runCmd.Stderr = logf, logf
+	err = runCmd.Run()
+	logf.Close()
+	if err != nil {
+		out, _ := os.ReadFile(filepath.Join(dir, "console.log"))
+		return 0, nil, fmt.Errorf("crun run: %v: %s", err, out)
+	}
+	if out, err := exec.Command("crun", "--root", root, "exec", id, "true").CombinedOutput(); err != nil {
+		return 0, nil, fmt.Errorf("crun exec: %v: %s", err, out)
+	}
+	created = time.Since(t0)
+	for j := 0; j < execs; j++ {
+		t1 := time.Now()
+		if out, err := exec.Command("crun", "--root", root, "exec", id, "true").CombinedOutput(); err != nil {
+			return 0, nil, fmt.Errorf("crun exec: %v: %s", err, out)
+		}
+		times = append(times, time.Since(t1))
+	}
+	return created, times, nil
 }
 
 // layersOf unpacks (or finds) the image's layers in a scratch cache.

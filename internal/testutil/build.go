@@ -28,7 +28,7 @@ func RepoRoot(t testing.TB) string {
 func AgentBinary(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dsec-aether-")
+		dir, err := ProcessDir("aether")
 		if err != nil {
 			agentErr = err
 			return

@@ -20,7 +20,7 @@ var (
 // dsecBinary builds cmd/dsec once per test process.
 func dsecBinary(t *testing.T) string {
 	dsecOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dsec-cli-")
+		dir, err := testutil.ProcessDir("dsec-cli")
 		if err != nil {
 			dsecErr = err
 			return

@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 )
 
 // FuzzAPIRequests sends arbitrary bodies to the request-decoding paths of
@@ -33,7 +37,8 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(4), []byte(`{"parent":"root","name":"a-b","quota":{"cpuCores":-1}}`))
 	f.Add(uint8(5), []byte(`{"name":"root/../x:1"}`))
 	f.Add(uint8(6), []byte(`{"process":{"args":["true"],"timeoutMs":100,"env":{"A=":"x"}}}`))
-	f.Add(uint8(7), []byte(`{"path":"/tmp/fuzz/x","data":"aGk=","mode":"WRITE_MODE_APPEND"}`))
+	scratch := f.TempDir()
+	f.Add(uint8(7), []byte(`{"path":"`+scratch+`/x","data":"aGk=","mode":"WRITE_MODE_APPEND"}`))
 	f.Add(uint8(8), []byte(`{"path":"","offset":"-5"}`))
 	f.Add(uint8(9), []byte(`{"sessionId":"nope","command":"true"}`))
 	c := startCluster(f, "fake")
@@ -47,6 +52,11 @@ func FuzzAPIRequests(f *testing.F) {
 		if strings.Contains(m, "ProcessService/Run") && strings.Contains(string(body), "args") {
 			// Arbitrary commands would run on the host with the fake backend.
 			return
+		}
+		if strings.HasSuffix(m, "FilesystemService/WriteFile") {
+			// The fake backend's agent writes to the host as root: keep
+			// every write that would decode inside the scratch directory.
+			body = confineWrite(body, scratch)
 		}
 		resp, out := rawPost(t, c.APIURL+m, auth, string(body))
 		if resp.StatusCode >= 500 {
@@ -128,4 +138,50 @@ func FuzzGatewayRequests(f *testing.F) {
 		}
 	})
 	_ = c
+}
+
+// confineWrite decodes body as the server will; if it is a WriteFileRequest
+// whose path leaves dir, the path is moved into dir. A body that does not
+// decode is sent as it is: the server refuses it without writing.
+func confineWrite(body []byte, dir string) []byte {
+	var req agentv1.WriteFileRequest
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, &req); err != nil {
+		return body
+	}
+	if p := filepath.Clean(req.Path); filepath.IsAbs(p) && strings.HasPrefix(p, dir+"/") {
+		return body
+	}
+	req.Path = filepath.Join(dir, "confined")
+	out, err := protojson.Marshal(&req)
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+func TestConfineWrite(t *testing.T) {
+	dir := "/scratch/d"
+	for body, wantPath := range map[string]string{
+		`{"path":"/scratch/d/x","data":"aGk="}`: "/scratch/d/x",
+		`{"path":"/etc/passwd","data":"aGk="}`:  "/scratch/d/confined",
+		`{"path":"/scratch/d/../../etc/x"}`:     "/scratch/d/confined",
+		`{"path":"relative/x"}`:                 "/scratch/d/confined",
+		`{"path":"/scratch/dx/y"}`:              "/scratch/d/confined",
+		`{"unknown":1,"path":"/root/.bashrc"}`:  "/scratch/d/confined",
+	} {
+		var req agentv1.WriteFileRequest
+		out := confineWrite([]byte(body), dir)
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(out, &req); err != nil {
+			t.Fatalf("%s: confined body does not decode: %v", body, err)
+		}
+		if req.Path != wantPath {
+			t.Fatalf("%s: path %q, want %q", body, req.Path, wantPath)
+		}
+	}
+	// Bodies protojson refuses (the server uses it too) are left alone.
+	for _, body := range []string{`{"path":`, `{"path":"/etc/x","path":"/scratch/d/x"}`} {
+		if got := confineWrite([]byte(body), dir); string(got) != body {
+			t.Fatalf("a body that does not decode changed: %q", got)
+		}
+	}
 }

@@ -4,6 +4,7 @@ DSEC_API_URL is already set) and a client."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -32,7 +33,7 @@ def _read_env(path: Path) -> Dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def dsec_env() -> Iterator[Dict[str, str]]:
+def dsec_env(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
     """DSEC_API_URL and DSEC_API_KEY of a running cluster."""
     if os.environ.get("DSEC_API_URL"):
         yield {"DSEC_API_URL": os.environ["DSEC_API_URL"], "DSEC_API_KEY": os.environ.get("DSEC_API_KEY", "")}
@@ -64,6 +65,12 @@ def dsec_env() -> Iterator[Dict[str, str]]:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+        # The state holds the node's unpacked image layers (hundreds of MB):
+        # removed after a clean run, kept (and named) after a failing one.
+        if request.session.testsfailed or os.environ.get("DSEC_KEEP_TEST_STATE"):
+            print(f"\ndsec state kept in {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 // Starts `bin/dsec up` for the suite (unless E2B_API_URL is set) and points
 // E2B's SDK at its gateway with the three variables a user would change.
 import { spawn, spawnSync } from 'node:child_process'
-import { existsSync, mkdtempSync, openSync, readFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
@@ -57,11 +57,16 @@ export async function start() {
   for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) process.env[k] = env[k]
   return {
     env,
-    stop: async () => {
+    // stop removes the sandboxes, stops the cluster and removes its state
+    // (the node's unpacked image layers: hundreds of MB), which is kept
+    // after a failing run or with DSEC_KEEP_TEST_STATE set.
+    stop: async ({ keepState = false } = {}) => {
       spawnSync(dsec, ['stop', '--all'], { env: { ...process.env, ...env } })
       const exited = new Promise((r) => proc.once('exit', r))
       proc.kill('SIGTERM')
       await exited
+      if (keepState || process.env.DSEC_KEEP_TEST_STATE) console.log(`dsec state kept in ${state}`)
+      else rmSync(state, { recursive: true, force: true })
     },
   }
 }

@@ -53,15 +53,25 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
   before(async () => {
     cluster = await start()
   })
+  let failed = false
   after(async () => {
-    if (cluster?.stop) await cluster.stop()
+    if (cluster?.stop) await cluster.stop({ keepState: failed })
   })
   afterEach(async () => {
     while (made.length) {
       await made.pop().kill().catch(() => {})
     }
   })
-  const it = (name, fn) => test(name, async (t) => (cluster.skip ? t.skip(cluster.skip) : fn(t)))
+  const it = (name, fn) =>
+    test(name, async (t) => {
+      if (cluster.skip) return t.skip(cluster.skip)
+      try {
+        await fn(t)
+      } catch (e) {
+        failed = true
+        throw e
+      }
+    })
 
   it('runs commands: stdout, stderr, exit code, env, cwd, user', async () => {
     const sb = await create({ envs: { FROM_CREATE: 'yes' } })

@@ -8,6 +8,7 @@ pointed at the gateway by the three variables a user would change.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -36,7 +37,7 @@ def _read_env(path: Path) -> Dict[str, str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def gateway() -> Iterator[Dict[str, str]]:
+def gateway(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
     """E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY of a running gateway,
     also set in os.environ for the SDK."""
     if os.environ.get("E2B_API_URL"):
@@ -79,6 +80,12 @@ def gateway() -> Iterator[Dict[str, str]]:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+        # The state holds the node's unpacked image layers (hundreds of MB):
+        # removed after a clean run, kept (and named) after a failing one.
+        if request.session.testsfailed or os.environ.get("DSEC_KEEP_TEST_STATE"):
+            print(f"\ndsec state kept in {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@ package backendtest
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -25,7 +24,7 @@ func BusyboxLayers(t *testing.T) []string {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "busybox")
 	busyboxOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dsec-busybox-")
+		dir, err := testutil.ProcessDir("busybox")
 		if err != nil {
 			busyboxErr = err
 			return
