@@ -22,12 +22,11 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
-	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 )
 
@@ -44,23 +43,12 @@ func main() {
 }
 
 func run(ctx context.Context, storeDir, imgName string, n int, agent string) error {
-	work, err := os.MkdirTemp("", "dsec-bench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	agentAbs, _ := filepath.Abs(agent)
-	storeAbs, _ := filepath.Abs(storeDir)
-	reg := &backend.Registry{}
-	reg.Register(container.Name, container.New)
-	c, err := embed.Start(ctx, embed.Config{
-		StateDir: filepath.Join(work, "state"), Listen: "127.0.0.1:0", AgentPath: agentAbs, ImageStore: storeAbs,
-		Backends: map[string]map[string]string{"container": {"runtime": "crun"}},
-	}, reg, nil)
+	c, err := benchcluster.Start(ctx, storeDir, agent, benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}, nil)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	work := c.Work
 	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
 	if err != nil {
 		return err
@@ -117,7 +105,7 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	sb.Stop(ctx)
 
 	// Bare crun on the same layers.
-	st, err := image.OpenStore(storeAbs)
+	st, err := image.OpenStore(storeDir)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -28,9 +27,9 @@ import (
 	"github.com/opendsec/opendsec/api/gen/e2b/process/envdprocessconnect"
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
@@ -51,20 +50,9 @@ func main() {
 const image = "root/py:3.11"
 
 func run(ctx context.Context, storeDir, agent string, creates, n int) error {
-	work, err := os.MkdirTemp("", "dsec-bench-e2b-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	agentAbs, _ := filepath.Abs(agent)
-	storeAbs, _ := filepath.Abs(storeDir)
-	reg := &backend.Registry{}
-	reg.Register(gvisor.Name, gvisor.New)
-	c, err := embed.Start(ctx, embed.Config{
-		StateDir: filepath.Join(work, "state"), Listen: "127.0.0.1:0", AgentPath: agentAbs, ImageStore: storeAbs,
-		Backends:      map[string]map[string]string{"gvisor": {}},
-		GatewayListen: "127.0.0.1:0", Gateway: e2b.Config{BaseImage: image, Backend: "gvisor"},
-	}, reg, nil)
+	c, err := benchcluster.Start(ctx, storeDir, agent, benchcluster.Backend{Name: gvisor.Name, Factory: gvisor.New}, func(cfg *embed.Config) {
+		cfg.GatewayListen, cfg.Gateway = "127.0.0.1:0", e2b.Config{BaseImage: image, Backend: gvisor.Name}
+	})
 	if err != nil {
 		return err
 	}

@@ -25,12 +25,11 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
-	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 )
 
@@ -71,19 +70,7 @@ type row struct {
 }
 
 func run(ctx context.Context, storeDir, agent, countList string, reps int) error {
-	work, err := os.MkdirTemp("", "dsec-forkbench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	agentAbs, _ := filepath.Abs(agent)
-	storeAbs, _ := filepath.Abs(storeDir)
-	reg := &backend.Registry{}
-	reg.Register(gvisor.Name, gvisor.New)
-	c, err := embed.Start(ctx, embed.Config{
-		StateDir: filepath.Join(work, "state"), Listen: "127.0.0.1:0", AgentPath: agentAbs, ImageStore: storeAbs,
-		Backends: map[string]map[string]string{"gvisor": {}},
-	}, reg, nil)
+	c, err := benchcluster.Start(ctx, storeDir, agent, benchcluster.Backend{Name: gvisor.Name, Factory: gvisor.New}, nil)
 	if err != nil {
 		return err
 	}
@@ -188,7 +175,7 @@ func run(ctx context.Context, storeDir, agent, countList string, reps int) error
 			}
 
 			// Bare runsc on the same image and bundle template.
-			if err := bareFork(ctx, c, work, storeAbs, n, rep, &r); err != nil {
+			if err := bareFork(ctx, c.Work, storeDir, n, rep, &r); err != nil {
 				return err
 			}
 			runs = append(runs, r)
@@ -212,7 +199,7 @@ func run(ctx context.Context, storeDir, agent, countList string, reps int) error
 // bareFork prepares the same state in a runsc sandbox started directly (the
 // preparation as its first process, no agent), then checkpoints it and
 // restores N copies in parallel.
-func bareFork(ctx context.Context, c *embed.Cluster, work, storeDir string, n, rep int, r *row) error {
+func bareFork(ctx context.Context, work, storeDir string, n, rep int, r *row) error {
 	st, err := image.OpenStore(storeDir)
 	if err != nil {
 		return err
