@@ -66,9 +66,9 @@ func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 	}
 }
 
-// project resolves the project a request acts on: the one asked for, or the
+// actingProject resolves the project a request acts on: the one asked for, or the
 // key's own. It must be the key's project or below it.
-func project(p iam.Principal, asked string) (string, error) {
+func actingProject(p iam.Principal, asked string) (string, error) {
 	if asked == "" {
 		return p.Project, nil
 	}

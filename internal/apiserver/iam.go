@@ -11,6 +11,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/iam/fsm"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
 type iamService struct{ s *Server }
@@ -66,7 +67,7 @@ func (h *iamService) CreateProject(ctx context.Context, req *connect.Request[iam
 }
 
 func (h *iamService) GetProject(ctx context.Context, req *connect.Request[iamv1.GetProjectRequest]) (*connect.Response[iamv1.GetProjectResponse], error) {
-	path, err := project(principalFrom(ctx), req.Msg.Path)
+	path, err := actingProject(principalFrom(ctx), req.Msg.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +79,7 @@ func (h *iamService) GetProject(ctx context.Context, req *connect.Request[iamv1.
 }
 
 func (h *iamService) ListProjects(ctx context.Context, req *connect.Request[iamv1.ListProjectsRequest]) (*connect.Response[iamv1.ListProjectsResponse], error) {
-	path, err := project(principalFrom(ctx), req.Msg.Path)
+	path, err := actingProject(principalFrom(ctx), req.Msg.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +96,7 @@ func (h *iamService) SetQuota(ctx context.Context, req *connect.Request[iamv1.Se
 		return nil, err
 	}
 	// A quota is delegated from above: a key cannot raise its own project's.
-	if req.Msg.Path == p.Project && p.Project != fsm.RootProject {
+	if req.Msg.Path == p.Project && p.Project != project.Root {
 		return nil, errdefs.PermissionDenied("project %q: its quota is set by an admin of its parent", p.Project)
 	}
 	pr, err := h.s.iam.SetQuota(ctx, req.Msg.Path, quotaFrom(req.Msg.Quota))
@@ -120,7 +121,7 @@ func (h *iamService) DeleteProject(ctx context.Context, req *connect.Request[iam
 
 func (h *iamService) CreateAPIKey(ctx context.Context, req *connect.Request[iamv1.CreateAPIKeyRequest]) (*connect.Response[iamv1.CreateAPIKeyResponse], error) {
 	p := principalFrom(ctx)
-	proj, err := project(p, req.Msg.Project)
+	proj, err := actingProject(p, req.Msg.Project)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +145,7 @@ func (h *iamService) CreateAPIKey(ctx context.Context, req *connect.Request[iamv
 
 func (h *iamService) ListAPIKeys(ctx context.Context, req *connect.Request[iamv1.ListAPIKeysRequest]) (*connect.Response[iamv1.ListAPIKeysResponse], error) {
 	p := principalFrom(ctx)
-	proj, err := project(p, req.Msg.Project)
+	proj, err := actingProject(p, req.Msg.Project)
 	if err != nil {
 		return nil, err
 	}

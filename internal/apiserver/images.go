@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -14,6 +13,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
 type imageService struct{ s *Server }
@@ -26,9 +26,7 @@ func imageProto(im *image.Image) *imagev1.Image {
 
 // readable reports whether p may use images of project: its own project's,
 // an ancestor's, or a descendant's.
-func readable(p iam.Principal, project string) bool {
-	return p.CanAccess(project) || strings.HasPrefix(p.Project, project+"/")
-}
+func readable(p iam.Principal, path string) bool { return project.Related(p.Project, path) }
 
 func (h *imageService) ListImages(ctx context.Context, req *connect.Request[imagev1.ListImagesRequest]) (*connect.Response[imagev1.ListImagesResponse], error) {
 	p := principalFrom(ctx)

@@ -21,6 +21,7 @@ import (
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/placement"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -80,10 +81,10 @@ func (s *Server) sandboxEdge(id string) (*edgeclient.Conn, error) {
 
 // checkQuota verifies that adding req keeps project and every ancestor
 // within its quota, counting this apiserver's in-flight placements.
-func (s *Server) checkQuota(project string, req placement.Resources, pending []inflightEntry) error {
+func (s *Server) checkQuota(proj string, req placement.Resources, pending []inflightEntry) error {
 	view := s.watcher.View()
 	state := s.iam.State()
-	for p := project; p != ""; p = parentOf(p) {
+	for _, p := range project.Ancestry(proj) {
 		pr, ok := state.Project(p)
 		if !ok {
 			return errdefs.NotFound("project %q: no such project", p)
@@ -94,7 +95,7 @@ func (s *Server) checkQuota(project string, req placement.Resources, pending []i
 		}
 		used := view.ProjectUsage(p)
 		for _, e := range pending {
-			if e.project == p || strings.HasPrefix(e.project, p+"/") {
+			if project.Within(e.project, p) {
 				used.Sandboxes += e.res.Sandboxes
 				used.CPUCores += e.res.CPUCores
 				used.MemoryMB += e.res.MemoryMB
@@ -112,18 +113,10 @@ func (s *Server) checkQuota(project string, req placement.Resources, pending []i
 	return nil
 }
 
-func parentOf(p string) string {
-	i := strings.LastIndexByte(p, '/')
-	if i < 0 {
-		return ""
-	}
-	return p[:i]
-}
-
 func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.CreateSandboxResponse], error) {
 	s := h.s
 	p := principalFrom(ctx)
-	proj, err := project(p, req.Msg.Project)
+	proj, err := actingProject(p, req.Msg.Project)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +148,7 @@ func (s *Server) checkImage(name, proj string) error {
 	if err != nil {
 		return err
 	}
-	if proj != ref.Project && !strings.HasPrefix(proj, ref.Project+"/") {
+	if !project.Within(proj, ref.Project) {
 		return errdefs.PermissionDenied("image %q: belongs to project %q, not visible to project %q", name, ref.Project, proj)
 	}
 	_, err = s.images.Resolve(ref)
@@ -231,7 +224,7 @@ const (
 
 func (h *sandboxService) ListSandboxes(ctx context.Context, req *connect.Request[sandboxv1.ListSandboxesRequest]) (*connect.Response[sandboxv1.ListSandboxesResponse], error) {
 	m := req.Msg
-	scope, err := project(principalFrom(ctx), m.Project)
+	scope, err := actingProject(principalFrom(ctx), m.Project)
 	if err != nil {
 		return nil, err
 	}

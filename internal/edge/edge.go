@@ -23,6 +23,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -199,9 +200,7 @@ func (e *Edge) sandboxDir(id sandboxid.ID) string {
 }
 
 // inScope reports whether project is scope or below it.
-func inScope(project, scope string) bool {
-	return scope != "" && (project == scope || strings.HasPrefix(project, scope+"/"))
-}
+func inScope(p, scope string) bool { return project.Within(p, scope) }
 
 // lookup finds a sandbox the caller may see.
 func (e *Edge) lookup(id, scope string) (*sandbox, error) {

@@ -158,7 +158,7 @@ func TestBadRequestsLeaveNothing(t *testing.T) {
 		"unknown backend": {func(s *sandboxv1.SandboxSpec) { s.Backend = "qemu" }, errdefs.ErrInvalidArgument, `backend "qemu": unknown`},
 		"malformed image": {func(s *sandboxv1.SandboxSpec) { s.Image = "tiny" }, errdefs.ErrInvalidArgument, "no project"},
 		"missing image":   {func(s *sandboxv1.SandboxSpec) { s.Image = "root/nope:1" }, errdefs.ErrNotFound, `image "root/nope:1": not in the image store`},
-		"foreign image":   {func(s *sandboxv1.SandboxSpec) { s.Image = "other/tiny:1" }, errdefs.ErrPermissionDenied, "not visible"},
+		"foreign image":   {func(s *sandboxv1.SandboxSpec) { s.Image = "root/other/tiny:1" }, errdefs.ErrPermissionDenied, "not visible"},
 		"too many cores":  {func(s *sandboxv1.SandboxSpec) { s.Resources.CpuCores = 3 }, errdefs.ErrInvalidArgument, "resources.cpu_cores 3: want 0.1 to 2"},
 		"too much memory": {func(s *sandboxv1.SandboxSpec) { s.Resources.MemoryMb = 9999 }, errdefs.ErrInvalidArgument, "resources.memory_mb 9999: want 16 to 2048"},
 	}

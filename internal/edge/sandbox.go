@@ -21,6 +21,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -68,20 +69,15 @@ func (e *Edge) knownBackends() []string {
 	return append(usable, unusable...)
 }
 
-// imageVisible reports whether project may use an image of imageProject:
-// images belong to a project and serve it and every project below it.
-func imageVisible(project, imageProject string) bool {
-	return project == imageProject || strings.HasPrefix(project, imageProject+"/")
-}
-
 // resolveImage checks the name and finds the image for project.
-func (e *Edge) resolveImage(name, project string) (*image.Image, error) {
+func (e *Edge) resolveImage(name, proj string) (*image.Image, error) {
 	ref, err := image.ParseRef(name)
 	if err != nil {
 		return nil, err
 	}
-	if !imageVisible(project, ref.Project) {
-		return nil, errdefs.PermissionDenied("image %q: belongs to project %q, not visible to project %q", name, ref.Project, project)
+	// Images belong to a project and serve it and every project below it.
+	if !project.Within(proj, ref.Project) {
+		return nil, errdefs.PermissionDenied("image %q: belongs to project %q, not visible to project %q", name, ref.Project, proj)
 	}
 	return e.store.Resolve(ref)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/opendsec/opendsec/internal/iam/boltstore"
 	"github.com/opendsec/opendsec/internal/iam/fsm"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
 // Config configures a replica.
@@ -63,9 +64,7 @@ type Principal struct {
 }
 
 // CanAccess reports whether p may act on project (its own or below it).
-func (p Principal) CanAccess(project string) bool {
-	return project == p.Project || strings.HasPrefix(project, p.Project+"/")
-}
+func (p Principal) CanAccess(path string) bool { return project.Within(path, p.Project) }
 
 // Open starts a replica.
 func Open(cfg Config, log *slog.Logger) (*Service, error) {
@@ -229,10 +228,10 @@ func (s *Service) EnsureRoot(ctx context.Context) (string, error) {
 	if !s.fsm.Empty() {
 		return "", nil
 	}
-	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Name: fsm.RootProject, At: time.Now().UTC()}); err != nil {
+	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Name: project.Root, At: time.Now().UTC()}); err != nil {
 		return "", err
 	}
-	_, secret, err := s.CreateKey(ctx, fsm.RootProject, "admin", fsm.RoleAdmin, FormatDsec)
+	_, secret, err := s.CreateKey(ctx, project.Root, "admin", fsm.RoleAdmin, FormatDsec)
 	return secret, err
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -42,7 +43,8 @@ func TestParseRef(t *testing.T) {
 
 func FuzzParseRef(f *testing.F) {
 	f.Add("root/py:3.11")
-	f.Add("a/b/c/d:e")
+	f.Add("root/b/c/d:e")
+	f.Add("0../0") // once accepted with project "0..", which is no project
 	f.Fuzz(func(t *testing.T, s string) {
 		r, err := ParseRef(s)
 		if err != nil {
@@ -52,8 +54,13 @@ func FuzzParseRef(f *testing.F) {
 		if err != nil || again != r {
 			t.Fatalf("%q parsed to %+v, which does not round-trip: %+v %v", s, r, again, err)
 		}
-		if strings.Contains(r.Project, "..") || strings.HasPrefix(r.Project, "/") {
-			t.Fatalf("%q: unsafe project %q", s, r.Project)
+		// The project is a real project path (so safe as a directory
+		// under refs/), and the name cannot climb out of it.
+		if err := project.Valid(r.Project); err != nil {
+			t.Fatalf("%q: project %q accepted by ParseRef, refused by project.Valid: %v", s, r.Project, err)
+		}
+		if r.Name == "." || r.Name == ".." || strings.ContainsAny(r.Name, "/:") {
+			t.Fatalf("%q: unsafe name %q", s, r.Name)
 		}
 	})
 }

@@ -11,10 +11,12 @@ import (
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
-// Ref is a parsed image name "project/name:tag". The project may be nested
-// ("root/team/py:3.11"): everything before the last slash.
+// Ref is a parsed image name "project/name:tag". The project is a project
+// path (internal/project: "root", "root/team"), everything before the last
+// slash; the name and tag follow OCI's looser rules.
 type Ref struct {
 	Project string
 	Name    string
@@ -22,11 +24,11 @@ type Ref struct {
 }
 
 var (
-	segmentRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-	tagRE     = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	tagRE  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
 )
 
-const refHelp = `want "project/name:tag" with lowercase letters, digits, '.', '_' or '-' (e.g. "root/py:3.11"); the tag defaults to "latest"`
+const refHelp = `want "project/name:tag" (e.g. "root/py:3.11"): a project path, then a name of lowercase letters, digits, '.', '_' or '-'; the tag defaults to "latest"`
 
 // ParseRef parses and validates an image name.
 func ParseRef(s string) (Ref, error) {
@@ -47,12 +49,14 @@ func ParseRef(s string) (Ref, error) {
 	if i <= 0 {
 		return Ref{}, errdefs.InvalidArgument("image %q: no project; %s", s, refHelp)
 	}
-	for _, seg := range strings.Split(path, "/") {
-		if !segmentRE.MatchString(seg) || seg == "." || seg == ".." {
-			return Ref{}, errdefs.InvalidArgument("image %q: bad part %q; %s", s, seg, refHelp)
-		}
+	proj, name := path[:i], path[i+1:]
+	if !nameRE.MatchString(name) || name == "." || name == ".." {
+		return Ref{}, errdefs.InvalidArgument("image %q: bad name %q; %s", s, name, refHelp)
 	}
-	return Ref{Project: path[:i], Name: path[i+1:], Tag: tag}, nil
+	if err := project.Valid(proj); err != nil {
+		return Ref{}, errdefs.InvalidArgument("image %q: %v; %s", s, err, refHelp)
+	}
+	return Ref{Project: proj, Name: name, Tag: tag}, nil
 }
 
 // String returns "project/name:tag".

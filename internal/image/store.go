@@ -18,6 +18,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
 // Store is an image store rooted at a directory (a shared file system in a
@@ -219,7 +220,7 @@ func (s *Store) Resolve(r Ref) (*Image, error) {
 }
 
 // List returns every image whose project is project or below it ("" = all).
-func (s *Store) List(project string) ([]*Image, error) {
+func (s *Store) List(proj string) ([]*Image, error) {
 	root := filepath.Join(s.dir, "refs")
 	var out []*Image
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -236,7 +237,7 @@ func (s *Store) List(project string) ([]*Image, error) {
 		if err != nil {
 			return nil
 		}
-		if project != "" && r.Project != project && !strings.HasPrefix(r.Project, project+"/") {
+		if proj != "" && !project.Within(r.Project, proj) {
 			return nil
 		}
 		if im, err := s.Resolve(r); err == nil {

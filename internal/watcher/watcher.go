@@ -8,7 +8,6 @@ import (
 	"context"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/placement"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
 // Config configures a watcher.
@@ -79,14 +79,14 @@ func res(u *edgev1.Usage) placement.Resources {
 }
 
 // ProjectUsage sums what project and its descendants hold on every node.
-func (v *View) ProjectUsage(project string) placement.Resources {
+func (v *View) ProjectUsage(proj string) placement.Resources {
 	var r placement.Resources
 	for _, n := range v.Nodes {
 		if n.Status == nil {
 			continue
 		}
 		for _, g := range n.Status.Groups {
-			if g.Project == project || strings.HasPrefix(g.Project, project+"/") {
+			if project.Within(g.Project, proj) {
 				r.Sandboxes += g.Usage.Sandboxes
 				r.CPUCores += g.Usage.CpuCores
 				r.MemoryMB += g.Usage.MemoryMb

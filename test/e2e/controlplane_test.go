@@ -127,6 +127,9 @@ func TestProjectsQuotasAndIsolation(t *testing.T) {
 	if _, err := a.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: fakeSpec(), Project: "root/b"})); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("a created in b: %v", err)
 	}
+	if _, err := a.ImportImage(ctx, "root/b/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), "permission_denied") {
+		t.Fatalf("a imported into b: %v", err)
+	}
 	// Quota: two sandboxes allowed in root/a.
 	if _, err := a.Create(ctx, fakeSpec()); err != nil {
 		t.Fatal(err)
@@ -216,8 +219,8 @@ func TestImportThroughAPI(t *testing.T) {
 	if err != nil || out["digest"] != im.Digest.String() {
 		t.Fatalf("import = %v, %v", out, err)
 	}
-	if _, err := c.client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), "permission_denied") {
-		t.Fatalf("import into a foreign project: %v", err)
+	if _, err := c.client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), `paths start at \"root\"`) {
+		t.Fatalf("import into a project outside the tree: %v", err)
 	}
 	if _, err := c.client.ImportImage(ctx, "root/junk:1", strings.NewReader("not an archive at all"), 21); err == nil || !strings.Contains(err.Error(), "invalid_argument") {
 		t.Fatalf("import of junk: %v", err)

@@ -10,15 +10,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"regexp"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/project"
 )
 
 // Role of an API key.
@@ -182,32 +181,10 @@ func (f *FSM) ApplyCommand(data []byte) error {
 	panic(fmt.Sprintf("iam: unknown command type %d; upgrade this replica", t))
 }
 
-// RootProject is the top of the tree.
-const RootProject = "root"
-
-var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,39}$`)
-
-// ValidName checks one path element.
-func ValidName(name string) error {
-	if !nameRE.MatchString(name) {
-		return errdefs.InvalidArgument("project name %q: 1 to 40 of a-z, 0-9 and '-', starting with a letter", name)
-	}
-	return nil
-}
-
-// Parent returns the parent path, "" for the root.
-func Parent(path string) string {
-	i := strings.LastIndexByte(path, '/')
-	if i < 0 {
-		return ""
-	}
-	return path[:i]
-}
-
 // effective returns the tightest limit on path from it and its ancestors.
 func (f *FSM) effective(path string) Quota {
 	var q Quota
-	for p := path; p != ""; p = Parent(p) {
+	for p := path; p != ""; p = project.Parent(p) {
 		pr, ok := f.projects[p]
 		if !ok {
 			break
@@ -243,21 +220,21 @@ func within(child, limit Quota, where string) error {
 }
 
 func (f *FSM) createProject(c CreateProject) error {
-	if err := ValidName(c.Name); err != nil {
+	if err := project.ValidName(c.Name); err != nil {
 		return err
 	}
 	path := c.Name
 	if c.Parent == "" {
-		if c.Name != RootProject {
-			return errdefs.InvalidArgument("project %q: only %q has no parent", c.Name, RootProject)
+		if c.Name != project.Root {
+			return errdefs.InvalidArgument("project %q: only %q has no parent", c.Name, project.Root)
 		}
 	} else {
 		if _, ok := f.projects[c.Parent]; !ok {
 			return errdefs.NotFound("project %q: no such parent", c.Parent)
 		}
 		path = c.Parent + "/" + c.Name
-		if strings.Count(path, "/") >= 16 {
-			return errdefs.InvalidArgument("project %q: nested more than 16 deep", path)
+		if err := project.Valid(path); err != nil {
+			return err
 		}
 		if err := within(c.Quota, f.effective(c.Parent), "parent "+c.Parent); err != nil {
 			return err
@@ -275,7 +252,7 @@ func (f *FSM) setQuota(c SetQuota) error {
 	if !ok {
 		return errdefs.NotFound("project %q: no such project", c.Path)
 	}
-	if parent := Parent(c.Path); parent != "" {
+	if parent := project.Parent(c.Path); parent != "" {
 		if err := within(c.Quota, f.effective(parent), "parent "+parent); err != nil {
 			return err
 		}
@@ -283,7 +260,7 @@ func (f *FSM) setQuota(c SetQuota) error {
 		return err
 	}
 	for path, child := range f.projects {
-		if Parent(path) == c.Path {
+		if project.Parent(path) == c.Path {
 			if err := within(child.Quota, c.Quota, "the new quota of "+c.Path); err != nil {
 				return errdefs.FailedPrecondition("child %s: %v; lower it first", path, err)
 			}
@@ -297,11 +274,11 @@ func (f *FSM) deleteProject(c DeleteProject) error {
 	if _, ok := f.projects[c.Path]; !ok {
 		return errdefs.NotFound("project %q: no such project", c.Path)
 	}
-	if c.Path == RootProject {
+	if c.Path == project.Root {
 		return errdefs.FailedPrecondition("project root cannot be deleted")
 	}
 	for path := range f.projects {
-		if Parent(path) == c.Path {
+		if project.Parent(path) == c.Path {
 			return errdefs.FailedPrecondition("project %q has child %q; delete it first", c.Path, path)
 		}
 	}
@@ -358,7 +335,7 @@ func (f *FSM) Subtree(path string) []Project {
 	defer f.mu.RUnlock()
 	var out []Project
 	for p, pr := range f.projects {
-		if p == path || strings.HasPrefix(p, path+"/") {
+		if project.Within(p, path) {
 			out = append(out, *pr)
 		}
 	}
@@ -394,7 +371,7 @@ func (f *FSM) Keys(path string) []Key {
 	defer f.mu.RUnlock()
 	var out []Key
 	for _, k := range f.keys {
-		if k.Project == path || strings.HasPrefix(k.Project, path+"/") {
+		if project.Within(k.Project, path) {
 			out = append(out, *k)
 		}
 	}
