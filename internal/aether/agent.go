@@ -157,11 +157,17 @@ func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[age
 	if !s.a.cfg.ApplyIdentity {
 		return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
 	}
-	if m.Hostname != "" {
+	// A new sandbox already has its hostname from the runtime, and a
+	// container's agent may not set one (no CAP_SYS_ADMIN): only a restored
+	// copy, which carries its source's name, needs the call.
+	if cur, _ := os.Hostname(); m.Hostname != "" && cur != m.Hostname {
 		if err := syscall.Sethostname([]byte(m.Hostname)); err != nil {
 			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "set hostname")
 		}
-		// /etc/hostname is a file of the sandbox; keep it in step if writable.
+	}
+	if m.Hostname != "" {
+		// /etc/hostname is a file of the sandbox (images ship their build
+		// host's name in it); keep it in step if writable.
 		os.WriteFile("/etc/hostname", []byte(m.Hostname+"\n"), 0o644) //nolint:errcheck // optional
 	}
 	if m.MachineId != "" {

@@ -211,7 +211,8 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	return e.running(ctx, sb)
 }
 
-// running waits for the agent and marks the sandbox running. Callers hold sb.mu.
+// running waits for the agent, gives the sandbox its own identity and marks
+// it running. Callers hold sb.mu.
 func (e *Edge) running(ctx context.Context, sb *sandbox) error {
 	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
 	defer cancel()
@@ -221,6 +222,9 @@ func (e *Edge) running(ctx context.Context, sb *sandbox) error {
 			return ctx.Err()
 		}
 		return errdefs.Unavailable("sandbox %s: the agent did not connect within %s; console: %s", sb.id, e.cfg.AgentTimeout, detail)
+	}
+	if err := e.freshIdentity(ctx, sb); err != nil {
+		return err
 	}
 	sb.rec.State = stateRunning
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)

@@ -344,10 +344,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 	if err := sb.save(); err != nil {
 		return err
 	}
-	if err := e.running(ctx, sb); err != nil {
-		return err
-	}
-	return e.freshIdentity(ctx, sb)
+	return e.running(ctx, sb)
 }
 
 // layersByDigest finds the image layers a snapshot was taken on, by
@@ -365,8 +362,9 @@ func (e *Edge) layersByDigest(ctx context.Context, snap *snapshot) ([]string, oc
 	return layers, im.Config.Config, err
 }
 
-// freshIdentity gives a restored copy its own hostname and machine id and
-// reseeds its entropy pool. Callers hold sb.mu.
+// freshIdentity gives a new sandbox or a restored copy its own hostname
+// (also in /etc/hostname, which images ship with their build host's name)
+// and machine id, and reseeds its entropy pool. Callers hold sb.mu.
 func (e *Edge) freshIdentity(ctx context.Context, sb *sandbox) error {
 	mid := make([]byte, 16)
 	entropy := make([]byte, 64)
