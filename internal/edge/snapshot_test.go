@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -157,17 +158,18 @@ func TestCallCutBySnapshotSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
+	// The fake runs commands on the host: the command marks a file of this
+	// test's own when it runs, so the call is known to be in flight.
+	started := filepath.Join(t.TempDir(), "started")
 	go func() {
-		_, err := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "5"}}}))
+		_, err := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "touch " + started + "; exec sleep 5"}}}))
 		done <- err
 	}()
-	// Wait until the sleep runs, so the call is in flight.
 	for i := 0; ; i++ {
-		out, _ := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "ps -eo args 2>/dev/null || ps"}}}))
-		if out != nil && strings.Contains(string(out.Msg.Stdout), "sleep 5") {
+		if _, err := os.Stat(started); err == nil {
 			break
 		}
-		if i == 200 {
+		if i == 1000 {
 			t.Fatal("the long call never started")
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -169,8 +169,12 @@ func rawRequest(t *testing.T, sock string, req Request) *net.UnixConn {
 func TestBrokerForwardsSignalsAndKillsWhenTheClientGoes(t *testing.T) {
 	sock := startBroker(t, "/", 0)
 	noProof := func(string) error { return nil }
-	c := rawRequest(t, sock, Request{Args: []string{"/bin/sleep", "600"}, Cwd: "/"})
-	time.Sleep(200 * time.Millisecond) // let it start; a signal before would only be lost
+	// The command says when it runs: a signal relayed before the broker
+	// started it would be lost, and the test would wait on sleep 600.
+	started := filepath.Join(t.TempDir(), "started")
+	c := rawRequest(t, sock, Request{Args: []string{"/bin/sh", "-c", "touch " + started + "; exec sleep 600"}, Cwd: "/"})
+	c.SetReadDeadline(time.Now().Add(60 * time.Second)) // a lost signal fails the test, not CI's timeout
+	waitFile(t, started)
 	data, _ := json.Marshal(Message{Signal: int(syscall.SIGTERM)})
 	c.Write(append(data, '\n'))
 	code, sig, err := readResult(c, noProof)
@@ -294,4 +298,16 @@ func TestChallengeReadsTheProofFilesOwner(t *testing.T) {
 			t.Errorf("%s: proof left behind: %v", name, ents)
 		}
 	}
+}
+
+// waitFile waits until path exists.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for i := 0; i < 3000; i++ {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s did not appear within 30s", path)
 }

@@ -1,9 +1,11 @@
 // Package testutil holds guards and helpers shared by tests. Guards skip with
-// the reason rather than fail when the host lacks something.
+// the reason when the host lacks something, or fail in a strict run
+// (DSEC_TEST_STRICT=1, which `make test` sets).
 package testutil
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -11,33 +13,47 @@ import (
 	"testing"
 )
 
-// RequireRoot skips unless the test runs as root.
+// StrictEnv names the variable that turns every guard's skip into a
+// failure. `make test` sets it, so a green CI run means every runtime and
+// image the suite covers was really there and exercised.
+const StrictEnv = "DSEC_TEST_STRICT"
+
+// Strict reports whether missing runtimes fail the test instead of
+// skipping it.
+func Strict() bool { return os.Getenv(StrictEnv) == "1" }
+
+// Missing skips the test because the host lacks what it needs, or fails it
+// in a strict run.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	reason := fmt.Sprintf(format, args...)
+	if Strict() {
+		t.Fatalf("%s (%s=1: a missing runtime or image fails the run instead of skipping)", reason, StrictEnv)
+	}
+	t.Skip(reason)
+}
+
+// RequireRoot skips (fails when strict) unless the test runs as root.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (run with sudo -E or as root)")
+		Missing(t, "needs root (run with sudo -E or as root)")
 	}
 }
 
-// RequireBinary skips unless name is on PATH, and returns its path.
+// RequireBinary skips (fails when strict) unless name is on PATH, and
+// returns its path.
 func RequireBinary(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Skipf("needs %s on PATH", name)
+		Missing(t, "needs %s on PATH (make deps installs it)", name)
 	}
 	return p
 }
 
-// RequireKVM skips unless /dev/kvm exists.
-func RequireKVM(t testing.TB) {
-	t.Helper()
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("needs /dev/kvm (hardware virtualisation)")
-	}
-}
-
-// RequireEnv skips unless the variable is set to "1".
+// RequireEnv skips unless the variable is set to "1": for opt-in tests,
+// never for runtimes (strict runs skip these too).
 func RequireEnv(t testing.TB, name string) {
 	t.Helper()
 	if os.Getenv(name) != "1" {

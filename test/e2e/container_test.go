@@ -13,34 +13,30 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
-	"github.com/opendsec/opendsec/internal/testutil"
 )
-
-func containerCluster(t *testing.T) *cluster {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "crun")
-	testutil.RequireBinary(t, "busybox")
-	return startCluster(t, "container")
-}
 
 func containerSpec() *sandboxv1.SandboxSpec {
 	return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 200, Pids: 100}}
 }
 
-// assertNoLeaks checks the host for anything a sandbox could leave: mounts,
-// cgroups, runtime state, processes, sockets.
-func assertNoLeaks(t *testing.T, c *cluster, ids []string) {
+// assertNoLeaks checks the host for anything a sandbox of this cluster
+// could leave: mounts, cgroups, runtime state, processes, directories.
+// Sandbox ids start with the node's id, so every sandbox the cluster ever
+// made is covered, including ones whose id the test never saw; other
+// tests' sandboxes (other nodes) are not.
+func assertNoLeaks(t *testing.T, c *cluster) {
 	t.Helper()
+	node := string(c.Edge.Node())
 	if mounts, _ := rootfs.MountsUnder(c.cfg.StateDir); len(mounts) != 0 {
 		t.Errorf("mounts left: %v", mounts)
 	}
-	for _, id := range ids {
-		if dirs := oci.CgroupDirs(id); len(dirs) != 0 {
-			t.Errorf("cgroups left: %v", dirs)
-		}
-		out, _ := exec.Command("ps", "-eo", "args").Output()
-		if strings.Contains(string(out), id) {
-			t.Errorf("a process still mentions %s", id)
+	if dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", oci.CgroupParent, node+"-*")); len(dirs) != 0 {
+		t.Errorf("cgroups left: %v", dirs)
+	}
+	out, _ := exec.Command("ps", "-eo", "args").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, node+"-") {
+			t.Errorf("a process of node %s is still running: %s", node, line)
 		}
 	}
 	out, err := exec.Command("crun", "--root", filepath.Join(c.cfg.StateDir, "edge", "backends", "container", "crun"), "list", "-q").Output()
@@ -60,10 +56,11 @@ func TestContainerSandboxEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := shell(t, sb, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || true; ls /sys/class/net")
-	lines := strings.Fields(string(r.Stdout))
-	if len(lines) < 2 || lines[0] != sb.ID || lines[len(lines)-1] != "lo" {
-		t.Fatalf("hostname/net inside: %q", r.Stdout)
+	// Its own hostname and network namespace, and the requested memory
+	// limit (200 MiB) on its cgroup as it sees it.
+	r := shell(t, sb, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes; ls /sys/class/net")
+	if got, want := strings.Fields(string(r.Stdout)), []string{sb.ID, "209715200", "lo"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("hostname, memory limit and interfaces inside: %q %q, want %q", r.Stdout, r.Stderr, want)
 	}
 	// A command that does not exist: exit code 127 and its stderr.
 	r, err = sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"definitely-not-here"}})
@@ -100,7 +97,7 @@ func TestContainerSandboxEndToEnd(t *testing.T) {
 	if err := sb.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	assertNoLeaks(t, c, []string{sb.ID})
+	assertNoLeaks(t, c)
 }
 
 func TestRestartReattachesAndStopAllLeavesNothing(t *testing.T) {
@@ -132,5 +129,5 @@ func TestRestartReattachesAndStopAllLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	assertNoLeaks(t, c, ids)
+	assertNoLeaks(t, c)
 }

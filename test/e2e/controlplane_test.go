@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
@@ -219,7 +217,7 @@ func TestImportThroughAPI(t *testing.T) {
 	if err != nil || out["digest"] != im.Digest.String() {
 		t.Fatalf("import = %v, %v", out, err)
 	}
-	if _, err := c.client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), `paths start at \"root\"`) {
+	if _, err := c.client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), `paths start at "root"`) {
 		t.Fatalf("import into a project outside the tree: %v", err)
 	}
 	if _, err := c.client.ImportImage(ctx, "root/junk:1", strings.NewReader("not an archive at all"), 21); err == nil || !strings.Contains(err.Error(), "invalid_argument") {
@@ -252,22 +250,34 @@ func TestTimeToLiveAndSetTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.client.Sandboxes.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: keep.ID, TimeoutSeconds: 600})); err != nil {
+	firstExpiry := keep.Info.ExpiresAt.AsTime()
+	set, err := c.client.Sandboxes.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: keep.ID, TimeoutSeconds: 600}))
+	if err != nil {
 		t.Fatal(err)
 	}
+	if d := time.Until(set.Msg.Sandbox.ExpiresAt.AsTime()); d < 590*time.Second || d > 600*time.Second {
+		t.Fatalf("after SetSandboxTimeout(600) the sandbox expires in %v", d)
+	}
 	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
+	for {
 		_, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 		if connect.CodeOf(err) == connect.CodeNotFound {
-			if _, err := keep.Shell(ctx, "true"); err != nil {
-				t.Fatalf("extended sandbox gone: %v", err)
-			}
-			return
+			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatal("sandbox outlived its time to live")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatal("sandbox outlived its time to live")
+	// The extended sandbox's first expiry is now past by more than the
+	// sweep (1 s) and a removal: had the new timeout not taken, it would
+	// be gone.
+	time.Sleep(time.Until(firstExpiry.Add(3 * time.Second)))
+	if _, err := keep.Shell(ctx, "true"); err != nil {
+		t.Fatalf("the sandbox whose timeout was extended is gone: %v", err)
+	}
+	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: keep.ID}))
+	if err != nil || !got.Msg.Sandbox.ExpiresAt.AsTime().Equal(set.Msg.Sandbox.ExpiresAt.AsTime()) {
+		t.Fatalf("expiry after the sweep: %v, %v; want %v", got, err, set.Msg.Sandbox.ExpiresAt.AsTime())
+	}
 }
-
-var _ = agentv1.Stream_STREAM_STDOUT
-var _ = errors.New

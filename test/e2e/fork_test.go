@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -14,29 +13,9 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
-// sharedStore is the image store `make images` fills, with root/py:3.11.
-func sharedStore(t *testing.T) string {
-	store := filepath.Join(testutil.RepoRoot(t), ".cache", "images")
-	s, err := image.OpenStore(store)
-	if err != nil {
-		t.Skipf("no image store at %s: %v", store, err)
-	}
-	ref, _ := image.ParseRef("root/py:3.11")
-	if _, err := s.Resolve(ref); err != nil {
-		t.Skipf("root/py:3.11 is not built (make images): %v", err)
-	}
-	return store
-}
-
-func gvisorCluster(t *testing.T) *cluster {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "runsc")
-	return startClusterWithStore(t, sharedStore(t), "gvisor", "container")
-}
 
 // heldState is a Python server that imports a module once, keeps a random
 // value and a request counter in memory and listens on 127.0.0.1:8000.
@@ -83,7 +62,7 @@ func query(t *testing.T, sb *client.Sandbox, path string) serverState {
 }
 
 func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
-	c := gvisorCluster(t)
+	c := gvisorPyCluster(t)
 	ctx := ctxT(t)
 	src, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}})
 	if err != nil {
@@ -103,8 +82,14 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "cd /tmp && SECRET=$RANDOM$RANDOM"}))
-	secret, _ := src.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $SECRET"}))
+	if r, err := src.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "cd /tmp && SECRET=$RANDOM$RANDOM"})); err != nil || r.Msg.ExitCode != 0 {
+		t.Fatalf("session: %v %v", r, err)
+	}
+	secret, err := src.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $SECRET"}))
+	if err != nil || len(strings.TrimSpace(string(secret.Msg.Stdout))) < 2 {
+		t.Fatalf("session secret: %v %v", secret, err)
+	}
+	srcMachineID := strings.TrimSpace(string(shell(t, src, "cat /etc/machine-id").Stdout))
 	shell(t, src, "echo from-source > /root/before-fork")
 	before := query(t, src, "/")
 
@@ -146,10 +131,17 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 		if host := strings.TrimSpace(string(shell(t, sb, "hostname").Stdout)); host != sb.ID {
 			t.Fatalf("sandbox %d: hostname %q, want %q", i, host, sb.ID)
 		}
-		machineIDs[strings.TrimSpace(string(shell(t, sb, "cat /etc/machine-id 2>/dev/null").Stdout))] = true
+		machineIDs[strings.TrimSpace(string(shell(t, sb, "cat /etc/machine-id").Stdout))] = true
 	}
-	if len(machineIDs) < len(copies) {
-		t.Fatalf("copies share machine ids: %v", machineIDs)
+	// Each copy has a machine id of its own: non-empty, different from the
+	// source's and from every sibling's. (The source keeps its own; an
+	// empty source id would pass for a new one, so it must not be empty.)
+	if srcMachineID == "" {
+		t.Fatal("the source has no machine id")
+	}
+	delete(machineIDs, srcMachineID)
+	if len(machineIDs) != len(copies) || machineIDs[""] {
+		t.Fatalf("copies' machine ids %v: want %d distinct non-empty ids, none the source's %q", machineIDs, len(copies), srcMachineID)
 	}
 	// Isolation in memory: a value changed in one copy stays there.
 	query(t, copies[0], "/set/7")
@@ -184,21 +176,26 @@ func TestSnapshotsPauseAndUnsupportedBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shell(t, sb, "echo snap > /root/f; (while true; do date +%s%N > /tmp/t; sleep 0.05; done) >/dev/null 2>&1 &")
-	// Pause stops every process: the clock file stops moving.
+	shell(t, sb, "echo snap > /root/f; "+testutil.PauseProbe("/tmp/probe"))
+	before := waitProbe(t, sb, "/tmp/probe", 3)
+	// Pause freezes every process: the probe's loop stops for as long as
+	// the sandbox is paused, which shows as a gap once it runs again.
 	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.client.Sandboxes.ResumeSandbox(ctx, connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: sb.ID})); err != nil {
-		t.Fatal(err)
+	pausedAt := time.Now()
+	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("after pause: %v %v", got, err)
 	}
-	a := shell(t, sb, "cat /tmp/t").Stdout
-	c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID}))
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(time.Until(pausedAt.Add(frozenFor)))
 	// This call resumes it first, transparently.
-	b := shell(t, sb, "cat /tmp/t").Stdout
-	if string(a) == "" || string(b) == "" {
-		t.Fatal("no clock file")
+	after := waitProbe(t, sb, "/tmp/probe", before.Rounds+1)
+	if after.LongGap < frozenFor-300*time.Millisecond {
+		t.Fatalf("processes ran while paused: longest gap %v over a pause of %v", after.LongGap, frozenFor)
+	}
+	if got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID})); err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after a call resumed it: %v %v", got, err)
 	}
 	snap, err := c.client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: sb.ID}))
 	if err != nil {
@@ -242,5 +239,23 @@ func TestSnapshotsPauseAndUnsupportedBackend(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("fork of 101: %v", err)
 	}
-	_ = context.Background
+}
+
+// frozenFor is how long pause tests keep a sandbox paused.
+const frozenFor = 1500 * time.Millisecond
+
+// waitProbe polls a testutil.PauseProbe file until it shows minRounds.
+func waitProbe(t *testing.T, sb *client.Sandbox, file string, minRounds int) testutil.ProbeReading {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		last = string(shell(t, sb, "cat "+file+" 2>/dev/null || true").Stdout)
+		if r, err := testutil.ParseProbe(last); err == nil && r.Rounds >= minRounds {
+			return r
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: pause probe did not reach %d rounds (last read %q)", sb.ID, minRounds, last)
+	return testutil.ProbeReading{}
 }

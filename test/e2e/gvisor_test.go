@@ -54,7 +54,7 @@ func TestGvisorPtyShellExits(t *testing.T) {
 // user without a rule is refused, the exit status comes back) and
 // coreutils' stat calls.
 func TestGvisorDebianImageTools(t *testing.T) {
-	c := gvisorCluster(t)
+	c := gvisorPyCluster(t)
 	ctx := ctxT(t)
 	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11"})
 	if err != nil {

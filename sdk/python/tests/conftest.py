@@ -16,6 +16,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
+# make test sets DSEC_TEST_STRICT=1: then a missing binary or image fails
+# the run instead of skipping, so a green run means everything was covered.
+STRICT = os.environ.get("DSEC_TEST_STRICT") == "1"
+
+
+def missing(reason: str) -> None:
+    """Skips the test for want of something on the host; fails when strict."""
+    if STRICT:
+        pytest.fail(f"{reason} (DSEC_TEST_STRICT=1: a missing runtime or image fails the run)", pytrace=False)
+    pytest.skip(reason)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -40,7 +51,7 @@ def dsec_env(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
         return
     dsec = REPO / "bin" / "dsec"
     if not dsec.exists():
-        pytest.skip("bin/dsec not built (run make build) and DSEC_API_URL not set")
+        missing("bin/dsec not built (run make build) and DSEC_API_URL not set")
     images = Path(os.environ.get("DSEC_TEST_IMAGE_STORE", REPO / ".cache" / "images"))
     state = Path(tempfile.mkdtemp(prefix="dsec-sdk-test-"))
     log = open(state / "dsec.log", "w")
@@ -80,6 +91,14 @@ def images(dsec_env: Dict[str, str]) -> set:
     return {line.split()[0] for line in out.stdout.splitlines()[1:] if line.strip()}
 
 
+@pytest.fixture(scope="session")
+def py_image(images: set) -> str:
+    """root/py:3.11, which make images builds."""
+    if "root/py:3.11" not in images:
+        missing("root/py:3.11 not built (make images)")
+    return "root/py:3.11"
+
+
 @pytest.fixture
 async def client(dsec_env: Dict[str, str]):
     from opendsec import DSecClient
@@ -92,7 +111,12 @@ async def client(dsec_env: Dict[str, str]):
 async def sandbox(client, images):
     from opendsec import DSecRunArgs
 
-    image = "root/py:3.11" if "root/py:3.11" in images else "root/busybox:latest"
+    if "root/py:3.11" in images:
+        image = "root/py:3.11"
+    elif STRICT:
+        missing("root/py:3.11 not built (make images)")
+    else:
+        image = "root/busybox:latest"
     sb = await client.run_sandbox(DSecRunArgs(backend="container", image=image, cpu_cores_limit=1, memory_limit_mb=512))
     yield sb
     try:

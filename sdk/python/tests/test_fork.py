@@ -34,10 +34,8 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 """
 
 
-def test_fork_seed_program(dsec_env, images):
+def test_fork_seed_program(dsec_env, py_image):
     """The issue's program, with backend="gvisor", runs unchanged."""
-    if "root/py:3.11" not in images:
-        pytest.skip("root/py:3.11 not built (make images)")
     out = subprocess.run(
         [sys.executable, str(REPO / "examples" / "fork.py")],
         env={**os.environ, **dsec_env},
@@ -55,9 +53,7 @@ async def _get(sb, path="/"):
     return json.loads(r.stdout)
 
 
-async def test_fork_keeps_memory_ports_and_sessions(client, images):
-    if "root/py:3.11" not in images:
-        pytest.skip("root/py:3.11 not built (make images)")
+async def test_fork_keeps_memory_ports_and_sessions(client, py_image):
     sb = await client.run_sandbox(DSecRunArgs(backend="gvisor", image="root/py:3.11", memory_limit_mb=1024))
     try:
         await sb.files.write("/root/server.py", SERVER)

@@ -22,10 +22,8 @@ from opendsec import (
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_quickstart_prints_42(dsec_env, images):
+def test_quickstart_prints_42(dsec_env, py_image):
     """The README's program, unchanged, prints 42."""
-    if "root/py:3.11" not in images:
-        pytest.skip("root/py:3.11 not built (make images)")
     out = subprocess.run(
         [sys.executable, str(REPO / "examples" / "quickstart.py")],
         env={**os.environ, **dsec_env},
@@ -119,14 +117,37 @@ async def test_session_keeps_state(sandbox):
     await s.close()
 
 
-async def test_pause_resume(sandbox):
-    await sandbox.run_shell("echo kept > /tmp/p")
+# A loop that counts its rounds and keeps the longest gap between two, in
+# centiseconds of /proc/uptime: frozen for D, it shows a gap of at least D
+# once it runs again; left running, gaps of a few tens of milliseconds.
+PAUSE_PROBE = r"""(cs() { read up _ < /proc/uptime; echo $(( ${up%.*} * 100 + 1${up#*.} - 100 )); }
+prev=$(cs); max=0; n=0
+while :; do now=$(cs); g=$((now-prev)); [ $g -gt $max ] && max=$g
+n=$((n+1)); echo "$n $max" > /tmp/probe.tmp; mv /tmp/probe.tmp /tmp/probe; prev=$now; sleep 0.02; done) >/dev/null 2>&1 &"""
+
+
+async def _probe(sandbox, min_rounds):
+    for _ in range(1500):
+        out = (await sandbox.run_shell("cat /tmp/probe 2>/dev/null || true")).stdout.split()
+        if len(out) == 2 and int(out[0]) >= min_rounds:
+            return int(out[0]), int(out[1]) / 100
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"pause probe did not reach {min_rounds} rounds")
+
+
+async def test_pause_freezes_and_any_call_resumes(sandbox):
+    await sandbox.run_shell("echo kept > /tmp/p; " + PAUSE_PROBE)
+    rounds, _ = await _probe(sandbox, 3)
     await sandbox.pause()
     assert (await sandbox.refresh()).state == "paused"
-    # Any call resumes it first.
+    await asyncio.sleep(1.5)
+    # Any call resumes it first; the processes carry on, and the time they
+    # were frozen shows as a gap in the probe's loop.
     r = await sandbox.run_shell("cat /tmp/p")
     assert r.stdout == "kept\n"
     assert (await sandbox.refresh()).state == "running"
+    _, gap = await _probe(sandbox, rounds + 1)
+    assert gap >= 1.2, f"processes ran while paused: longest gap {gap}s over a 1.5 s pause"
 
 
 async def test_bad_input_is_clear(client, dsec_env):

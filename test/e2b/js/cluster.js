@@ -29,14 +29,22 @@ function readEnv(path) {
   return env
 }
 
+// missing returns { skip } with the reason; in a strict run
+// (DSEC_TEST_STRICT=1, which make test sets) it throws instead, so a
+// missing runtime or image fails the suite rather than skipping it.
+function missing(reason) {
+  if (process.env.DSEC_TEST_STRICT === '1') throw new Error(`${reason} (DSEC_TEST_STRICT=1: missing runtimes fail the run)`)
+  return { skip: reason }
+}
+
 // start returns { skip } with a reason, or { env, stop }.
 export async function start() {
   if (process.env.E2B_API_URL) return { env: process.env, stop: async () => {} }
-  if (process.getuid() !== 0) return { skip: 'the gvisor backend needs root' }
+  if (process.getuid() !== 0) return missing('the gvisor backend needs root')
   const dsec = join(repo, 'bin', 'dsec')
-  if (!existsSync(dsec)) return { skip: 'bin/dsec not built (make build)' }
+  if (!existsSync(dsec)) return missing('bin/dsec not built (make build)')
   const images = process.env.DSEC_TEST_IMAGE_STORE || join(repo, '.cache', 'images')
-  if (!existsSync(join(images, 'refs', 'root', 'py', '3.11'))) return { skip: 'root/py:3.11 not built (make images)' }
+  if (!existsSync(join(images, 'refs', 'root', 'py', '3.11'))) return missing('root/py:3.11 not built (make images)')
 
   const state = mkdtempSync(join(tmpdir(), 'dsec-e2b-js-'))
   const log = openSync(join(state, 'dsec.log'), 'w')

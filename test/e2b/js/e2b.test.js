@@ -95,19 +95,24 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     const sb = await create()
     const seen = []
     let handle
-    const answered = new Promise((resolve) => {
+    // Any failure on the way rejects: a lost error must fail the test, not
+    // leave it waiting for output that never comes.
+    const answered = new Promise((resolve, reject) => {
       const onStdout = async (d) => {
-        seen.push(d)
-        if (d.includes('ready')) await sb.commands.sendStdin(handle.pid, 'one\n')
-        if (d.includes('got one')) {
-          await sb.commands.sendStdin(handle.pid, 'two\n')
-          await sb.commands.closeStdin(handle.pid)
-          resolve()
+        try {
+          seen.push(d)
+          if (d.includes('ready')) await sb.commands.sendStdin((await started).pid, 'one\n')
+          if (d.includes('got one')) {
+            await sb.commands.sendStdin(handle.pid, 'two\n')
+            await sb.commands.closeStdin(handle.pid)
+            resolve()
+          }
+        } catch (e) {
+          reject(e)
         }
       }
-      sb.commands
-        .run('echo ready; read line; echo got $line; cat', { background: true, stdin: true, onStdout })
-        .then((h) => (handle = h))
+      const started = sb.commands.run('echo ready; read line; echo got $line; cat', { background: true, stdin: true, onStdout })
+      started.then((h) => (handle = h), reject)
     })
     // The command only goes on when the streamed "ready" was answered.
     await answered

@@ -20,6 +20,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
+# make test sets DSEC_TEST_STRICT=1: a missing runtime or image then fails
+# the run instead of skipping it.
+STRICT = os.environ.get("DSEC_TEST_STRICT") == "1"
+
+
+def missing(reason: str) -> None:
+    """Skips for want of something on the host; fails when strict."""
+    if STRICT:
+        pytest.fail(f"{reason} (DSEC_TEST_STRICT=1: a missing runtime or image fails the run)", pytrace=False)
+    pytest.skip(reason)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -44,13 +55,13 @@ def gateway(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
         yield {k: os.environ[k] for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
         return
     if os.geteuid() != 0:
-        pytest.skip("the gvisor backend needs root")
+        missing("the gvisor backend needs root")
     dsec = REPO / "bin" / "dsec"
     if not dsec.exists():
-        pytest.skip("bin/dsec not built (run make build)")
+        missing("bin/dsec not built (run make build)")
     images = Path(os.environ.get("DSEC_TEST_IMAGE_STORE", REPO / ".cache" / "images"))
     if not (images / "refs" / "root" / "py" / "3.11").exists():
-        pytest.skip("root/py:3.11 is not built (make images)")
+        missing("root/py:3.11 is not built (make images)")
     state = Path(tempfile.mkdtemp(prefix="dsec-e2b-test-"))
     log = open(state / "dsec.log", "w")
     proc = subprocess.Popen(

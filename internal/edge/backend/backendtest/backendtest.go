@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +30,17 @@ type Env struct {
 	Layers []string
 	// Agent is the aether binary.
 	Agent string
-	// Isolated is true for real backends: the suite then checks namespaces.
+	// Isolated is true for real backends: the suite then checks namespaces
+	// and that pause freezes processes. The fake runs processes on the host
+	// and its pause only holds the agent's requests.
 	Isolated bool
 }
+
+// TmpVar names the directory a sandbox's test scripts write to: /tmp
+// inside a real sandbox, a test's own temporary directory for the fake,
+// whose commands run on the host (a fixed /tmp path would leak there and
+// be shared between tests).
+const TmpVar = "DSEC_TEST_TMP"
 
 // Factory makes a backend whose state lives in stateDir. Calling it twice
 // with the same dir simulates an edge restart.
@@ -59,9 +68,13 @@ func NewSpec(t *testing.T, env Env, node sandboxid.NodeID) *backend.Spec {
 	}
 	hosts := filepath.Join(dir, "hosts")
 	os.WriteFile(hosts, []byte("127.0.0.1 localhost "+string(id)+"\n"), 0o644)
+	tmp := "/tmp"
+	if !env.Isolated {
+		tmp = t.TempDir()
+	}
 	return &backend.Spec{
 		ID: id, Dir: dir, Layers: env.Layers, Hostname: string(id),
-		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "DSEC_SANDBOX_ID=" + string(id)},
+		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "DSEC_SANDBOX_ID=" + string(id), TmpVar + "=" + tmp},
 		Resources: backend.Resources{CPUCores: 1, MemoryMB: 256, Pids: 128},
 		AgentPath: env.Agent, RunDir: runDir, HostsFile: hosts,
 	}
@@ -167,6 +180,26 @@ func testLifecycle(t *testing.T, newBackend Factory, env Env) {
 	}
 }
 
+// WaitProbe polls a PauseProbe file in the sandbox until it shows at
+// least minRounds rounds.
+func (sb *Sandbox) WaitProbe(t *testing.T, file string, minRounds int) testutil.ProbeReading {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		last = sb.Sh(t, "cat "+file+" 2>/dev/null || true")
+		if r, err := testutil.ParseProbe(last); err == nil && r.Rounds >= minRounds {
+			return r
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("pause probe %s did not reach %d rounds (last read %q)", file, minRounds, last)
+	return testutil.ProbeReading{}
+}
+
+// frozenFor is how long the pause tests keep a sandbox paused.
+const frozenFor = 1500 * time.Millisecond
+
 func testPause(t *testing.T, newBackend Factory, env Env) {
 	b := newBackend(t, t.TempDir())
 	p, ok := b.(backend.Pauser)
@@ -175,25 +208,43 @@ func testPause(t *testing.T, newBackend Factory, env Env) {
 	}
 	ctx := ctxFor(t, 60*time.Second)
 	sb := Start(t, b, env)
-	sb.Sh(t, "echo before > /tmp/marker")
+	sb.Sh(t, "echo before > $"+TmpVar+"/marker")
+	probe := "$" + TmpVar + "/probe"
+	if env.Isolated {
+		sb.Sh(t, testutil.PauseProbe(probe))
+	}
+	var before testutil.ProbeReading
+	if env.Isolated {
+		before = sb.WaitProbe(t, probe, 3)
+	}
 	if err := p.Pause(ctx, sb.ID); err != nil {
 		t.Fatalf("pause: %v", err)
 	}
+	pausedAt := time.Now()
 	if st, _ := b.Status(ctx, sb.ID); st.State != backend.StatePaused {
 		t.Fatalf("status after pause: %+v", st)
 	}
-	// A paused sandbox does not answer.
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	// A paused sandbox does not answer: the call runs into its own
+	// deadline (any other error would mean the agent failed, not froze).
+	short, cancel := context.WithTimeout(ctx, time.Second)
 	_, err := sb.Proc.Run(short, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"true"}}}))
 	cancel()
-	if err == nil {
-		t.Fatal("a paused sandbox ran a command")
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("a call to a paused sandbox ended with %v, want deadline_exceeded", err)
 	}
+	time.Sleep(time.Until(pausedAt.Add(frozenFor)))
 	if err := p.Resume(ctx, sb.ID); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	if got := sb.Sh(t, "cat /tmp/marker"); got != "before\n" {
+	if got := sb.Sh(t, "cat $"+TmpVar+"/marker"); got != "before\n" {
 		t.Fatalf("after resume: %q", got)
+	}
+	if env.Isolated {
+		// The loop ran again, and the time it was frozen shows as a gap.
+		after := sb.WaitProbe(t, probe, before.Rounds+1)
+		if after.LongGap < frozenFor-300*time.Millisecond {
+			t.Fatalf("processes kept running while paused: the longest gap between rounds is %v over a pause of %v", after.LongGap, frozenFor)
+		}
 	}
 }
 
@@ -202,7 +253,19 @@ func testRecover(t *testing.T, newBackend Factory, env Env) {
 	b := newBackend(t, state)
 	ctx := ctxFor(t, 60*time.Second)
 	sb := Start(t, b, env)
-	sb.Sh(t, "echo kept > /tmp/state")
+	sb.Sh(t, "echo kept > $"+TmpVar+"/state")
+	// A process the agent manages: only the agent that started it knows
+	// its tag, so finding it afterwards shows the backend re-attached to
+	// the running sandbox instead of starting a new one.
+	stream, err := sb.Proc.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "3600"}, Tag: "kept"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || stream.Msg().Event.GetStarted() == nil {
+		t.Fatalf("start: %v %v", stream.Msg(), stream.Err())
+	}
+	pid := stream.Msg().Event.GetStarted().Pid
+	stream.Close()
 	// The edge goes away (its link too) and comes back with a new backend.
 	sb.Link.Close()
 	b2 := newBackend(t, state)
@@ -214,8 +277,23 @@ func testRecover(t *testing.T, newBackend Factory, env Env) {
 	if err := sb2.Link.WaitReady(ctx); err != nil {
 		t.Fatalf("agent did not reconnect: %v", err)
 	}
-	if got := sb2.Sh(t, "cat /tmp/state"); got != "kept\n" {
+	if got := sb2.Sh(t, "cat $"+TmpVar+"/state"); got != "kept\n" {
 		t.Fatalf("state after recover: %q", got)
+	}
+	list, err := sb2.Proc.List(ctx, connect.NewRequest(&agentv1.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range list.Msg.Processes {
+		found = found || (p.Tag == "kept" && p.Pid == pid)
+	}
+	if !found {
+		t.Fatalf("after recover the agent does not know the process it started (pid %d, tag kept): the sandbox was not re-attached", pid)
+	}
+	kept := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Tag{Tag: "kept"}}
+	if _, err := sb2.Proc.SendSignal(ctx, connect.NewRequest(&agentv1.SendSignalRequest{Process: kept, Signal: 9})); err != nil {
+		t.Fatal(err)
 	}
 	if err := b2.Destroy(ctx, sb.ID); err != nil {
 		t.Fatal(err)
@@ -244,7 +322,10 @@ func testIsolation(t *testing.T, newBackend Factory, env Env) {
 			t.Fatalf("a write reached the shared layer %s", l)
 		}
 	}
-	if out := a.Sh(t, "ls /proc | grep -c '^[0-9]' "); strings.TrimSpace(out) == "" {
-		t.Fatal("no processes visible")
+	// Its own PID namespace: the agent and this command's few processes,
+	// not the host's hundreds.
+	n, err := strconv.Atoi(strings.TrimSpace(a.Sh(t, "ls /proc | grep -c '^[0-9]'")))
+	if err != nil || n < 2 || n > 20 {
+		t.Fatalf("%d processes visible (%v); want the sandbox's own few", n, err)
 	}
 }

@@ -2,6 +2,7 @@ package backendtest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,8 +25,8 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 	ctx := ctxFor(t, 3*time.Minute)
 	src := Start(t, b, env)
 	// A shell loop whose counter lives only in its memory.
-	src.Sh(t, `echo before > /root/file; (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &`)
-	time.Sleep(300 * time.Millisecond)
+	src.Sh(t, `echo before > /root/file; (i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &`)
+	src.counterAdvances(t, "source before the snapshot")
 
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: filepath.Join(t.TempDir(), "snap")}
 	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
@@ -66,12 +67,7 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 		if got := sb.Sh(t, "cat /root/file"); got != "before\n" {
 			t.Fatalf("sandbox %d: file written before the snapshot reads %q", i, got)
 		}
-		a := strings.TrimSpace(sb.Sh(t, "cat /tmp/count"))
-		time.Sleep(200 * time.Millisecond)
-		c := strings.TrimSpace(sb.Sh(t, "cat /tmp/count"))
-		if a == "" || a == c {
-			t.Fatalf("sandbox %d: the background loop is not running (%q then %q)", i, a, c)
-		}
+		sb.counterAdvances(t, fmt.Sprintf("sandbox %d", i))
 	}
 	copies[0].Sh(t, "echo mine > /root/private")
 	for i, sb := range []*Sandbox{src, copies[1]} {
@@ -79,4 +75,22 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 			t.Fatalf("sandbox %d sees a copy's later write: %q", i, out)
 		}
 	}
+}
+
+// counterAdvances waits until the loop's counter in /tmp/count moves past
+// its first reading: the loop (memory state of a running process) is alive.
+func (sb *Sandbox) counterAdvances(t *testing.T, who string) {
+	t.Helper()
+	first := ""
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		v := strings.TrimSpace(sb.Sh(t, "cat /tmp/count 2>/dev/null || true"))
+		if first == "" {
+			first = v
+		} else if v != "" && v != first {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: the background loop is not running (its counter stays at %q)", who, first)
 }
