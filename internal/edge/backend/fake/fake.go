@@ -32,6 +32,9 @@ type Knobs struct {
 	FailStart   error
 	// FailRestoreAfter makes Restore fail after this many successes (0: never).
 	FailRestoreAfter int
+	// FailRecover makes Recover fail, as for a sandbox that died while the
+	// edge was down.
+	FailRecover error
 }
 
 // running holds the agents of every fake sandbox in this process by sandbox
@@ -213,6 +216,16 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 // process, and starts a new one otherwise (the edge process restarted, and
 // an in-process sandbox cannot outlive it).
 func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.Spec) error {
+	if b.Knobs.FailRecover != nil {
+		// Like a real backend, it still knows the sandbox, so the edge's
+		// Destroy removes what is left of it.
+		if v, ok := running.Load(h.ID); ok {
+			b.mu.Lock()
+			b.boxes[h.ID] = v.(*box)
+			b.mu.Unlock()
+		}
+		return b.Knobs.FailRecover
+	}
 	if v, ok := running.Load(h.ID); ok {
 		b.mu.Lock()
 		b.boxes[h.ID] = v.(*box)

@@ -1,0 +1,290 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// editRecord rewrites a sandbox's record.json while the edge is down.
+func editRecord(t *testing.T, dir string, edit func(m map[string]any)) {
+	t.Helper()
+	p := filepath.Join(dir, recordFile)
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	data, _ = json.Marshal(m)
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// A sandbox whose create or removal was interrupted is removed on restart:
+// no record, directory, agent or capacity is left.
+func TestRecoverRemovesHalfCreatedAndHalfRemoved(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	// Interrupted while being created, while being removed, and while being
+	// created before the backend made anything (no handle yet).
+	cases := []struct {
+		state    string
+		noHandle bool
+	}{{stateCreating, false}, {stateStopping, false}, {stateCreating, true}}
+	var dirs []string
+	for range cases {
+		sb, err := f.edge.Create(ctx, spec(), "root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, f.edge.sandboxDir(sandboxIDOf(sb)))
+	}
+	f.edge.Close()
+	for i, c := range cases {
+		editRecord(t, dirs[i], func(m map[string]any) {
+			m["state"] = c.state
+			if c.noHandle {
+				delete(m, "handle")
+			}
+		})
+	}
+	e2 := f.open(t, smallCapacity())
+	if got := e2.List("root"); len(got) != 0 {
+		t.Fatalf("after restart %d sandboxes listed, want the interrupted ones removed", len(got))
+	}
+	for _, d := range dirs {
+		if exists(d) {
+			t.Errorf("%s left behind", d)
+		}
+	}
+	if st := e2.Status(); st.Allocated.Sandboxes != 0 || st.Allocated.CpuCores != 0 {
+		t.Fatalf("capacity held after restart: %+v", st.Allocated)
+	}
+}
+
+// A directory without a record (a crash before the first save) is removed.
+func TestRecoverRemovesOrphanDirectory(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	orphan := f.edge.sandboxDir(sandboxid.New(f.edge.Node()))
+	if err := os.MkdirAll(filepath.Join(orphan, "junk"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f.open(t, smallCapacity())
+	if exists(orphan) {
+		t.Fatal("orphan directory left behind")
+	}
+}
+
+// Records the edge cannot act on are kept for an operator, and neither
+// listed nor counted: one of another node (a state directory moved or
+// shared by mistake) and one whose backend this node no longer offers.
+func TestRecoverKeepsRecordsItCannotOwn(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	a, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.edge.Close()
+	other := sandboxid.New(sandboxid.NewNodeID())
+	foreign := f.edge.sandboxDir(other)
+	if err := os.Rename(f.edge.sandboxDir(sandboxIDOf(a)), foreign); err != nil {
+		t.Fatal(err)
+	}
+	editRecord(t, foreign, func(m map[string]any) { m["id"] = string(other) })
+	gone := f.edge.sandboxDir(sandboxIDOf(b))
+	editRecord(t, gone, func(m map[string]any) { m["handle"].(map[string]any)["backend"] = "retired" })
+
+	e2 := f.open(t, smallCapacity())
+	if got := e2.List("root"); len(got) != 0 {
+		t.Fatalf("listed after restart: %v", got)
+	}
+	if st := e2.Status(); st.Allocated.Sandboxes != 0 {
+		t.Fatalf("capacity counted for records this node cannot own: %+v", st.Allocated)
+	}
+	if !exists(filepath.Join(foreign, recordFile)) || !exists(filepath.Join(gone, recordFile)) {
+		t.Fatal("a record the edge cannot act on was deleted")
+	}
+	f.fake.Destroy(ctx, sandboxIDOf(a)) //nolint:errcheck // stop the in-process agents
+	f.fake.Destroy(ctx, sandboxIDOf(b)) //nolint:errcheck
+}
+
+// A sandbox that died while the edge was down (Recover fails) is removed,
+// with its capacity, and the reason is logged rather than hidden.
+func TestRecoverRemovesSandboxesThatDied(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := f.edge.sandboxDir(sandboxIDOf(sb))
+	f.edge.Close()
+	f.fake.Knobs.FailRecover = errdefs.FailedPrecondition("sandbox process exited")
+	e2 := f.open(t, smallCapacity())
+	if _, err := e2.Get(sb.Id, "root"); !errdefs.IsNotFound(err) {
+		t.Fatalf("a sandbox that died is still listed: %v", err)
+	}
+	if exists(dir) || e2.Status().Allocated.Sandboxes != 0 {
+		t.Fatalf("left behind: dir %v, allocation %+v", exists(dir), e2.Status().Allocated)
+	}
+}
+
+// A paused sandbox is still paused after a restart, and a call resumes it.
+func TestRecoverKeepsPausedSandboxesPaused(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	f.edge.Close()
+	e2 := f.open(t, smallCapacity())
+	got, err := e2.Get(sb.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("after restart: %v, %v; want paused", got, err)
+	}
+	if out, err := echo(t, agentClient(t, e2, sb.Id, "root")); err != nil || out != "yes "+sb.Id {
+		t.Fatalf("call after restart = %q, %v", out, err)
+	}
+	if got, _ := e2.Get(sb.Id, "root"); got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("state after the call: %v", got.State)
+	}
+}
+
+// waitGone waits until the sandbox is removed, failing after limit.
+func waitGone(t *testing.T, e *Edge, id string, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if _, err := e.Get(id, "root"); errdefs.IsNotFound(err) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s outlived its time to live by more than %v", id, limit)
+}
+
+// Time to live holds across an edge restart, for paused sandboxes and for
+// fork copies; an expired sandbox is not kept because it was paused.
+func TestTimeToLiveAcrossRestartPauseAndFork(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	s := spec()
+	s.TimeoutSeconds = 2
+	restarted, err := f.edge.Create(ctx, s, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := f.edge.Create(ctx, s, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Pause(ctx, paused.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	long := spec()
+	long.TimeoutSeconds = 600
+	src, err := f.edge.Create(ctx, long, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.edge.Fork(ctx, src.Id, "root", 1, 2, nil)
+	if err != nil || out.Results[0].Err != nil {
+		t.Fatalf("fork: %v %+v", err, out)
+	}
+	forked := out.Results[0].Sandbox
+	if d := time.Until(forked.ExpiresAt.AsTime()); d > 2*time.Second || d < 0 {
+		t.Fatalf("fork copy expires in %v, want the fork's 2 s", d)
+	}
+	f.edge.Close()
+	e2 := f.open(t, smallCapacity())
+	for _, id := range []string{restarted.Id, paused.Id, forked.Id} {
+		waitGone(t, e2, id, 5*time.Second)
+	}
+	if _, err := e2.Get(src.Id, "root"); err != nil {
+		t.Fatalf("the source with 600 s went too: %v", err)
+	}
+}
+
+// Every call on a sandbox or snapshot of another project is refused as if
+// it did not exist, and nothing happens to it.
+func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := f.edge.Snapshot(ctx, sb.Id, "root/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notFound := func(what string, err error) {
+		t.Helper()
+		if !errdefs.IsNotFound(err) {
+			t.Errorf("%s from root/b: %v, want not found", what, err)
+		}
+	}
+	const other = "root/b"
+	_, err = f.edge.Get(sb.Id, other)
+	notFound("get", err)
+	_, err = f.edge.Pause(ctx, sb.Id, other)
+	notFound("pause", err)
+	_, err = f.edge.Resume(ctx, sb.Id, other)
+	notFound("resume", err)
+	_, err = f.edge.Snapshot(ctx, sb.Id, other)
+	notFound("snapshot", err)
+	_, err = f.edge.Fork(ctx, sb.Id, other, 1, 0, nil)
+	notFound("fork", err)
+	_, err = f.edge.SetTimeout(sb.Id, other, 60)
+	notFound("set timeout", err)
+	_, err = f.edge.Restore(ctx, snap.Id, other, "", 0, nil)
+	notFound("restore", err)
+	notFound("delete snapshot", f.edge.DeleteSnapshot(snap.Id, other))
+	_, err = f.edge.Destroy(ctx, sb.Id, other)
+	notFound("destroy", err)
+	if n, err := f.edge.DestroyAll(ctx, other); n != 0 || err != nil {
+		t.Errorf("destroy all from root/b removed %d: %v", n, err)
+	}
+	if l := f.edge.List(other); len(l) != 0 {
+		t.Errorf("root/b lists %d sandboxes", len(l))
+	}
+	if l := f.edge.ListSnapshots(other, ""); len(l) != 0 {
+		t.Errorf("root/b lists %d snapshots", len(l))
+	}
+	// A parent's scope reaches it; a restore cannot move it out of scope.
+	_, err = f.edge.Restore(ctx, snap.Id, "root/a", "root/b", 0, nil)
+	if !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("restore of root/a's snapshot into root/b: %v, want permission denied", err)
+	}
+	got, err := f.edge.Get(sb.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("the sandbox after the refused calls: %v, %v", got, err)
+	}
+	if l := f.edge.ListSnapshots("root/a", ""); len(l) != 1 {
+		t.Fatalf("root/a has %d snapshots after the refused calls", len(l))
+	}
+}
