@@ -44,6 +44,15 @@ func (f *inflight) released(node, project string, res placement.Resources) {
 	f.entries[f.next] = &inflightEntry{node: node, project: project, res: neg, sentAt: time.Now(), done: true}
 }
 
+// move re-points a placement at the node it is being tried on now.
+func (f *inflight) move(id uint64, node string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e := f.entries[id]; e != nil && e.node != node {
+		e.node, e.sentAt = node, time.Now()
+	}
+}
+
 // finish marks a placement done; a failed one is dropped at once.
 func (f *inflight) finish(id uint64, ok bool) {
 	f.mu.Lock()

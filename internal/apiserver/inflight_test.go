@@ -32,3 +32,15 @@ func TestInflightCountsUntilAPollShowsIt(t *testing.T) {
 		t.Fatalf("after failure and release: %v %v", byNode, pending)
 	}
 }
+
+// A create retried on another node is counted on that node, once.
+func TestInflightMoveCountsOnTheNewNode(t *testing.T) {
+	f := newInflight()
+	one := placement.Resources{Sandboxes: 1, CPUCores: 1, MemoryMB: 100}
+	id := f.add("n1", "root/a", one)
+	f.move(id, "n2")
+	byNode, pending := f.overlay(map[string]time.Time{})
+	if byNode["n1"] != (placement.Resources{}) || byNode["n2"] != one || len(pending) != 1 {
+		t.Fatalf("after a move: %v %v", byNode, pending)
+	}
+}

@@ -55,6 +55,11 @@ type Server struct {
 	log      *slog.Logger
 	inflight *inflight
 
+	// admitMu makes a quota check and the in-flight entry that counts its
+	// sandboxes one step: without it, two creates could both see room for
+	// the last slot. Lock order: admitMu, then rngMu, then inflight's.
+	admitMu sync.Mutex
+
 	rngMu sync.Mutex
 	rng   *rand.Rand // guarded by rngMu
 }

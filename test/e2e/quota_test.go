@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+)
+
+// project makes path (its parent must exist) with quota and returns a
+// member client of it.
+func (c *cluster) project(t *testing.T, parent, name string, q *iamv1.Quota) *client.Client {
+	t.Helper()
+	ctx := ctxT(t)
+	if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: parent, Name: name, Quota: q})); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: parent + "/" + name, Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.APIURL, r.Msg.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// burst sends n creates at once and counts successes and quota refusals;
+// any other error fails the test.
+func burst(t *testing.T, cl *client.Client, n int, spec func() *sandboxv1.SandboxSpec) (ok, refused int) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := cl.Create(ctxT(t), spec())
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case connect.CodeOf(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), "quota of project"):
+				refused++
+			default:
+				t.Errorf("create: %v", err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return ok, refused
+}
+
+func sized(cpu float64, mem int64) func() *sandboxv1.SandboxSpec {
+	return func() *sandboxv1.SandboxSpec {
+		return &sandboxv1.SandboxSpec{Backend: "fake", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: cpu, MemoryMb: mem}}
+	}
+}
+
+// Concurrent creates never take a project past its quota, whichever limit
+// binds, and the count stays right once the watcher's view catches up.
+func TestQuotaHoldsUnderConcurrency(t *testing.T) {
+	c := startCluster(t, "fake")
+	cases := []struct {
+		name  string
+		quota *iamv1.Quota
+		spec  func() *sandboxv1.SandboxSpec
+		want  int
+	}{
+		{"count", &iamv1.Quota{MaxSandboxes: 5}, sized(0.1, 64), 5},
+		{"cpu", &iamv1.Quota{CpuCores: 2}, sized(0.5, 64), 4},
+		{"memory", &iamv1.Quota{MemoryMb: 1024}, sized(0.1, 256), 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cl := c.project(t, "root", "q-"+tc.name, tc.quota)
+			ok, refused := burst(t, cl, 24, tc.spec)
+			if ok != tc.want || refused != 24-tc.want {
+				t.Fatalf("24 concurrent creates against a quota for %d: %d made, %d refused", tc.want, ok, refused)
+			}
+			// After the watcher has polled the edge (1 s), the quota is
+			// still full: nothing was counted twice or lost.
+			time.Sleep(1500 * time.Millisecond)
+			if ok, _ := burst(t, cl, 3, tc.spec); ok != 0 {
+				t.Fatalf("%d more made once the view caught up", ok)
+			}
+		})
+	}
+}
+
+// A quota binds a whole subtree: creates in two children without quotas
+// of their own share their parent's.
+func TestNestedQuotaBindsTheSubtree(t *testing.T) {
+	c := startCluster(t, "fake")
+	c.project(t, "root", "n", &iamv1.Quota{MaxSandboxes: 3})
+	x := c.project(t, "root/n", "x", nil)
+	y := c.project(t, "root/n", "y", nil)
+	var wg sync.WaitGroup
+	var okX, okY int
+	wg.Add(2)
+	go func() { defer wg.Done(); okX, _ = burst(t, x, 10, sized(0.1, 64)) }()
+	go func() { defer wg.Done(); okY, _ = burst(t, y, 10, sized(0.1, 64)) }()
+	wg.Wait()
+	if okX+okY != 3 {
+		t.Fatalf("20 concurrent creates in two children of a project with a quota of 3: %d + %d made", okX, okY)
+	}
+}
+
+// A fork asks for all its copies at once: refused whole when they do not
+// fit, allowed when they do; the source counts.
+func TestForkCountsAgainstQuota(t *testing.T) {
+	c := startCluster(t, "fake")
+	cl := c.project(t, "root", "f", &iamv1.Quota{MaxSandboxes: 3})
+	ctx := ctxT(t)
+	src, err := cl.Create(ctx, sized(0.1, 64)())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 3}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "quota of project root/f") {
+		t.Fatalf("fork of 3 with room for 2: %v", err)
+	}
+	r, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
+	if err != nil || len(r.Msg.Results) != 2 || r.Msg.Results[0].Sandbox == nil || r.Msg.Results[1].Sandbox == nil {
+		t.Fatalf("fork of 2 with room for 2: %v %v", r, err)
+	}
+	if _, err := cl.Create(ctx, sized(0.1, 64)()); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("create past the quota after a fork: %v", err)
+	}
+	_ = context.Background
+}
