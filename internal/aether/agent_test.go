@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/chronus"
 )
 
 type clients struct {
@@ -466,5 +467,88 @@ func TestWriteReplaceKeepsModeAndLeavesNoTemporaryFile(t *testing.T) {
 	_, err = c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: dir, Data: []byte("x"), Mode: agentv1.WriteMode_WRITE_MODE_REPLACE}))
 	if err == nil || connect.CodeOf(err) == connect.CodeInternal {
 		t.Fatalf("replacing a directory: %v", err)
+	}
+}
+
+// A session command's output is capped per stream (the rest counted, not
+// kept), the session's log keeps only its newest 4 MiB, and the session
+// goes on working after both.
+func TestSessionOutputIsCapped(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	cs, err := c.session.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cs.Msg.Session.Id
+	r, err := c.session.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{
+		SessionId: id, Command: "head -c 3000000 /dev/zero | tr '\\0' x; head -c 5000 /dev/zero | tr '\\0' e >&2", MaxOutputBytes: 1000,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Msg.Stdout) != 1000 || r.Msg.StdoutDropped != 3000000-1000 || len(r.Msg.Stderr) != 1000 || r.Msg.StderrDropped != 4000 {
+		t.Fatalf("kept %d+%d bytes, dropped %d+%d", len(r.Msg.Stdout), len(r.Msg.Stderr), r.Msg.StdoutDropped, r.Msg.StderrDropped)
+	}
+	// 6 MB more through the log: it keeps the newest LogCap bytes.
+	if _, err := c.session.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: id, Command: "head -c 6000000 /dev/zero | tr '\\0' y; echo; echo last-line"})); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	first := int64(-1)
+	var tail []byte
+	for off := int64(0); ; {
+		out, err := c.session.GetSessionOutput(ctx, connect.NewRequest(&agentv1.GetSessionOutputRequest{SessionId: id, Offset: off}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first < 0 {
+			first = out.Msg.FirstOffset
+		}
+		total += int64(len(out.Msg.Data))
+		tail = append(tail, out.Msg.Data...)
+		if len(tail) > 64 {
+			tail = tail[len(tail)-64:]
+		}
+		if out.Msg.NextOffset == off || len(out.Msg.Data) == 0 {
+			break
+		}
+		off = out.Msg.NextOffset
+	}
+	if total > chronus.LogCap || total < chronus.LogCap-1<<20 || first < 9000000-chronus.LogCap {
+		t.Fatalf("log holds %d bytes from offset %d; want about the newest %d", total, first, chronus.LogCap)
+	}
+	if !strings.Contains(string(tail), "last-line") {
+		t.Fatalf("the log lost its newest output: ...%q", tail)
+	}
+	if r, err := c.session.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: id, Command: "echo alive"})); err != nil || string(r.Msg.Stdout) != "alive\n" {
+		t.Fatalf("session after the caps: %v %v", r, err)
+	}
+}
+
+// SetIdentity refuses what cannot be a hostname or a machine id, whether or
+// not this agent applies identities (here it does not: it runs on the host).
+func TestSetIdentityValidates(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	bad := map[string]*agentv1.SetIdentityRequest{
+		"hostname with a slash":    {Hostname: "a/b"},
+		"hostname with a space":    {Hostname: "a b"},
+		"hostname of 65 bytes":     {Hostname: strings.Repeat("h", 65)},
+		"short machine id":         {MachineId: "abc"},
+		"machine id in upper case": {MachineId: strings.Repeat("A", 32)},
+		"machine id not hex":       {MachineId: strings.Repeat("g", 32)},
+	}
+	for name, req := range bad {
+		if _, err := c.agent.SetIdentity(ctx, connect.NewRequest(req)); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("%s: %v, want invalid_argument", name, err)
+		}
+	}
+	ok := &agentv1.SetIdentityRequest{Hostname: "sbx-1", MachineId: strings.Repeat("0a", 16), Entropy: make([]byte, 64)}
+	if _, err := c.agent.SetIdentity(ctx, connect.NewRequest(ok)); err != nil {
+		t.Fatalf("a valid identity: %v", err)
+	}
+	if h, _ := os.Hostname(); h == "sbx-1" {
+		t.Fatal("an agent that does not apply identities changed the host's name")
 	}
 }

@@ -131,3 +131,32 @@ func TestRestartReattachesAndStopAllLeavesNothing(t *testing.T) {
 	}
 	assertNoLeaks(t, c)
 }
+
+// A process that outgrows the sandbox's memory limit is killed by the
+// kernel's OOM killer inside the sandbox's cgroup; the sandbox and its
+// agent go on answering, and the host saw no OOM of its own.
+func TestOutOfMemoryKillStaysInsideTheLimit(t *testing.T) {
+	c := containerCluster(t)
+	ctx := ctxT(t)
+	spec := containerSpec()
+	spec.Resources.MemoryMb = 64
+	sb, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shell variable of 200 MB cannot fit in 64 MiB.
+	r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", `x=$(head -c 200000000 /dev/zero | tr '\0' x); echo survived ${#x}`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(r.Stdout), "survived") || (r.Signal != 9 && r.ExitCode != 137) {
+		t.Fatalf("the memory hog was not OOM-killed: exit %d signal %d, %q %q", r.ExitCode, r.Signal, r.Stdout, r.Stderr)
+	}
+	oom := shell(t, sb, "cat /sys/fs/cgroup/memory/memory.oom_control")
+	if !strings.Contains(string(oom.Stdout), "oom_kill ") || strings.Contains(string(oom.Stdout), "oom_kill 0") {
+		t.Fatalf("the sandbox's cgroup recorded no OOM kill: %q", oom.Stdout)
+	}
+	if got := shell(t, sb, "echo still here"); string(got.Stdout) != "still here\n" {
+		t.Fatalf("after the OOM kill: %q", got.Stdout)
+	}
+}

@@ -281,3 +281,55 @@ func TestTimeToLiveAndSetTimeout(t *testing.T) {
 		t.Fatalf("expiry after the sweep: %v, %v; want %v", got, err, set.Msg.Sandbox.ExpiresAt.AsTime())
 	}
 }
+
+// Through the API, a key of one project can do nothing to another
+// project's sandbox or snapshot: every call answers as if it did not exist.
+func TestOtherProjectsRefusedThroughTheAPI(t *testing.T) {
+	c := startCluster(t, "fake")
+	ctx := ctxT(t)
+	a := c.project(t, "root", "a", nil)
+	b := c.project(t, "root", "b", nil)
+	sb, err := a.Create(ctx, fakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := a.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: sb.ID}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.Msg.Snapshot.Id
+	refused := func(what string, err error) {
+		t.Helper()
+		if code := connect.CodeOf(err); code != connect.CodeNotFound && code != connect.CodePermissionDenied {
+			t.Errorf("%s by another project: %v, want not_found or permission_denied", what, err)
+		}
+	}
+	s := b.Sandboxes
+	_, err = s.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID}))
+	refused("pause", err)
+	_, err = s.ResumeSandbox(ctx, connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: sb.ID}))
+	refused("resume", err)
+	_, err = s.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: sb.ID}))
+	refused("snapshot", err)
+	_, err = s.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.ID, Count: 1}))
+	refused("fork", err)
+	_, err = s.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: sb.ID, TimeoutSeconds: 60}))
+	refused("set timeout", err)
+	_, err = s.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snapID}))
+	refused("restore", err)
+	_, err = s.DeleteSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: snapID}))
+	refused("delete snapshot", err)
+	_, err = s.StopSandbox(ctx, connect.NewRequest(&sandboxv1.StopSandboxRequest{SandboxId: sb.ID}))
+	refused("stop", err)
+	if l, err := s.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{})); err != nil || len(l.Msg.Snapshots) != 0 {
+		t.Errorf("root/b lists snapshots: %v %v", l, err)
+	}
+	// Nothing happened to them.
+	got, err := a.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after the refused calls: %v %v", got, err)
+	}
+	if l, err := a.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{})); err != nil || len(l.Msg.Snapshots) != 1 {
+		t.Fatalf("root/a's snapshots after the refused calls: %v %v", l, err)
+	}
+}

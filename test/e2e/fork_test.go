@@ -110,6 +110,7 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 	}
 	all := append([]*client.Sandbox{src}, copies...)
 	machineIDs := map[string]bool{}
+	randomness := map[string]bool{}
 	for i, sb := range all {
 		// The same process, its imported module and its value, without a
 		// second import; the listening socket answers; the counter goes on.
@@ -132,6 +133,10 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 			t.Fatalf("sandbox %d: hostname %q, want %q", i, host, sb.ID)
 		}
 		machineIDs[strings.TrimSpace(string(shell(t, sb, "cat /etc/machine-id").Stdout))] = true
+		randomness[string(shell(t, sb, "head -c 16 /dev/urandom | od -An -tx1").Stdout)] = true
+	}
+	if len(randomness) != len(all) {
+		t.Fatalf("the kernel's random numbers repeat across the source and its copies: %v", randomness)
 	}
 	// Each copy has a machine id of its own: non-empty, different from the
 	// source's and from every sibling's. (The source keeps its own; an

@@ -3,11 +3,13 @@ package e2e
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // A shell in a terminal ends with its exit status under gVisor, whose
@@ -77,5 +79,42 @@ func TestGvisorDebianImageTools(t *testing.T) {
 	// the preloaded compat library clears it.
 	if r := run("user", "ls -l /etc/hostname >/dev/null && stat -c %U /etc/hostname && cp -a /etc/hostname /tmp/h && echo copied"); string(r.Stdout) != "root\ncopied\n" {
 		t.Fatalf("coreutils: %q %q exit %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+}
+
+// After a restart of every component, gVisor sandboxes are re-attached:
+// a running one with its processes, a paused one still paused (frozen all
+// along) until a call resumes it.
+func TestGvisorRestartReattachesRunningAndPaused(t *testing.T) {
+	c := gvisorCluster(t)
+	ctx := ctxT(t)
+	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
+	running, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shell(t, running, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+	shell(t, paused, testutil.PauseProbe("/tmp/probe"))
+	before := waitProbe(t, paused, "/tmp/probe", 3)
+	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: paused.ID})); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	c.restart(t)
+	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: paused.ID}))
+	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("paused sandbox after restart: %v, %v", got, err)
+	}
+	if r := shell(t, c.client.Sandbox(running.ID), "cat /root/mark; ps | grep -v grep | grep -q 'sleep 1000' && echo alive"); string(r.Stdout) != "kept\nalive\n" {
+		t.Fatalf("running sandbox after restart: %q %q", r.Stdout, r.Stderr)
+	}
+	time.Sleep(time.Until(pausedAt.Add(frozenFor)))
+	after := waitProbe(t, c.client.Sandbox(paused.ID), "/tmp/probe", before.Rounds+1)
+	if after.LongGap < frozenFor-300*time.Millisecond {
+		t.Fatalf("the paused sandbox ran across the restart: longest gap %v", after.LongGap)
 	}
 }

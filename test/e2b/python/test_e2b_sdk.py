@@ -76,6 +76,29 @@ def test_commands_output_exit_code_env_and_cwd(sandbox: Sandbox):
     assert r.stdout == "root\n42\ntools\n"
 
 
+def test_large_and_endless_output(sandbox: Sandbox):
+    # Output is streamed, not capped on the way (as with envd): 20 MB
+    # arrives whole.
+    r = sandbox.commands.run("head -c 20000000 /dev/zero | tr '\\0' x")
+    assert len(r.stdout) == 20_000_000 and set(r.stdout) == {"x"}
+    # Endless output ends at the command's timeout, and the command with it.
+    seen = 0
+
+    def on_stdout(chunk: str) -> None:
+        nonlocal seen
+        seen += len(chunk)
+
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("while :; do echo endless-line; done", timeout=2, on_stdout=on_stdout)
+    assert seen > 0
+    for _ in range(50):
+        if "endless-line" not in sandbox.commands.run("ps -eo args").stdout:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the endless command outlived its timeout")
+
+
 def test_metrics(sandbox: Sandbox):
     m = sandbox.get_metrics()
     assert m, "no metrics sample"
