@@ -16,7 +16,6 @@ import (
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
-
 // heldState is a Python server that imports a module once, keeps a random
 // value and a request counter in memory and listens on 127.0.0.1:8000.
 const heldState = `
