@@ -82,7 +82,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		// Plain HTTP route: answer Connect's JSON error shape.
 		ce := errdefs.ToConnect(err).(*connect.Error)
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(httpStatus(ce.Code()))
+		w.WriteHeader(errdefs.HTTPStatus(ce.Code()))
 		json.NewEncoder(w).Encode(map[string]string{"code": ce.Code().String(), "message": ce.Message()}) //nolint:errcheck // the client went away
 	}
 	p, err := s.authenticate(r.Header)
@@ -108,27 +108,3 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(map[string]any{"name": im.Ref.String(), "digest": im.Digest.String(), "size_bytes": im.Size(), "layers": len(im.Manifest.Layers)}) //nolint:errcheck // the client went away
 }
 
-// httpStatus maps a Connect code to the HTTP status Connect uses for it.
-func httpStatus(c connect.Code) int {
-	switch c {
-	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
-		return http.StatusBadRequest
-	case connect.CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case connect.CodePermissionDenied:
-		return http.StatusForbidden
-	case connect.CodeNotFound:
-		return http.StatusNotFound
-	case connect.CodeAlreadyExists, connect.CodeAborted:
-		return http.StatusConflict
-	case connect.CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case connect.CodeUnimplemented:
-		return http.StatusNotImplemented
-	case connect.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case connect.CodeDeadlineExceeded:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}

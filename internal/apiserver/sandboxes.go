@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -192,18 +191,11 @@ func (s *Server) place(ctx context.Context, proj string, r placement.Request, cr
 			return nil, err
 		}
 		s.log.Info("edge declined; trying the next node", logging.NodeID, node, logging.Error, err)
-		errs = append(errs, onNode(node, err))
+		errs = append(errs, errdefs.OnNode(node, err))
 	}
 	return nil, errors.Join(errs...)
 }
 
-// onNode names the node an error came from, unless the edge already did.
-func onNode(node string, err error) error {
-	if strings.HasPrefix(err.Error(), "node "+node+":") {
-		return err
-	}
-	return fmt.Errorf("node %s: %w", node, err)
-}
 
 func (h *sandboxService) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.GetSandboxResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
@@ -319,7 +311,7 @@ func (s *Server) listAll(ctx context.Context, scope string) ([]*sandboxv1.Sandbo
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				errs = append(errs, onNode(n.ID, err))
+				errs = append(errs, errdefs.OnNode(n.ID, err))
 				return
 			}
 			all = append(all, resp.Msg.Sandboxes...)

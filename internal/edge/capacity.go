@@ -86,11 +86,11 @@ func (c Capacity) admit(node string, cur usage, cpu float64, mem, n int64) error
 	case mem > c.HostMemoryMB:
 		return errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)
 	case cur.sandboxes+n > c.MaxSandboxes:
-		return errdefs.ResourceExhausted("node %s: holds %d sandboxes, its limit is %d", node, cur.sandboxes, c.MaxSandboxes)
+		return errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.sandboxes, c.MaxSandboxes)
 	case cur.cpu+cpu*float64(n) > c.CPUCores+1e-9:
-		return errdefs.ResourceExhausted("node %s: %.1f of %.1f cpu cores free, %g asked", node, c.CPUCores-cur.cpu, c.CPUCores, cpu*float64(n))
+		return errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.cpu, c.CPUCores, cpu*float64(n))
 	case cur.memMB+mem*n > c.MemoryMB:
-		return errdefs.ResourceExhausted("node %s: %d of %d MiB memory free, %d asked", node, c.MemoryMB-cur.memMB, c.MemoryMB, mem*n)
+		return errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.memMB, c.MemoryMB, mem*n)
 	}
 	return nil
 }

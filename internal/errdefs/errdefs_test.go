@@ -33,3 +33,17 @@ func TestRoundTripThroughConnect(t *testing.T) {
 		t.Fatalf("message %q", got)
 	}
 }
+
+// Every class has a client-error or unavailable status, never a 500, and a
+// code Connect itself would map differently is not invented here.
+func TestHTTPStatusOfEveryClass(t *testing.T) {
+	for _, c := range classes {
+		st := HTTPStatus(c.code)
+		if st < 400 || st == 500 {
+			t.Errorf("%v (%v): HTTP %d", c.class, c.code, st)
+		}
+	}
+	if HTTPStatus(connect.CodeInternal) != 500 || HTTPStatus(connect.CodeNotFound) != 404 || HTTPStatus(connect.CodeResourceExhausted) != 429 {
+		t.Fatal("mapping differs from Connect's")
+	}
+}

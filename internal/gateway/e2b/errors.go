@@ -16,29 +16,14 @@ type apiError struct {
 	Message string `json:"message"`
 }
 
-// statusOf maps a Connect code (from our API) to the HTTP status E2B uses.
+// statusOf is errdefs.HTTPStatus but for one code: E2B answers a failed
+// precondition ("already paused", "not running") with 409 Conflict, and its
+// SDKs decode that, where Connect's mapping gives 400.
 func statusOf(c connect.Code) int {
-	switch c {
-	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
-		return http.StatusBadRequest
-	case connect.CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case connect.CodePermissionDenied:
-		return http.StatusForbidden
-	case connect.CodeNotFound:
-		return http.StatusNotFound
-	case connect.CodeAlreadyExists, connect.CodeFailedPrecondition, connect.CodeAborted:
+	if c == connect.CodeFailedPrecondition {
 		return http.StatusConflict
-	case connect.CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case connect.CodeUnimplemented:
-		return http.StatusNotImplemented
-	case connect.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case connect.CodeDeadlineExceeded:
-		return http.StatusGatewayTimeout
 	}
-	return http.StatusInternalServerError
+	return errdefs.HTTPStatus(c)
 }
 
 // messageOf keeps the user-visible text of an error.
