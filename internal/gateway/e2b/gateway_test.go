@@ -42,13 +42,13 @@ func TestBasicUser(t *testing.T) {
 func TestImageFor(t *testing.T) {
 	g := &Gateway{cfg: Config{BaseImage: "root/py:3.11"}}
 	for in, want := range map[string]string{
-		"base": "root/py:3.11", "busybox": "root/busybox:latest", "py:3.11": "root/py:3.11", "team/tool:2": "team/tool:2",
+		"base": "root/py:3.11", "busybox": "root/busybox:latest", "py:3.11": "root/py:3.11", "root/team/tool:2": "root/team/tool:2",
 	} {
 		if got, err := g.imageFor(in); err != nil || got != want {
 			t.Errorf("imageFor(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "Not A Template", "a/../b:1"} {
+	for _, bad := range []string{"", "Not A Template", "a/../b:1", "team/tool:2"} {
 		if _, err := g.imageFor(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("imageFor(%q): %v, want an invalid argument", bad, err)
 		}
