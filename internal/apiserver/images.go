@@ -107,4 +107,3 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(map[string]any{"name": im.Ref.String(), "digest": im.Digest.String(), "size_bytes": im.Size(), "layers": len(im.Manifest.Layers)}) //nolint:errcheck // the client went away
 }
-

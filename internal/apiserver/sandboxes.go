@@ -196,7 +196,6 @@ func (s *Server) place(ctx context.Context, proj string, r placement.Request, cr
 	return nil, errors.Join(errs...)
 }
 
-
 func (h *sandboxService) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.GetSandboxResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
 	if err != nil {
