@@ -22,6 +22,10 @@ while :; do now=$(cs); g=$((now-prev)); [ $g -gt $max ] && max=$g
 n=$((n+1)); echo "$n $max" > %[1]s.tmp; mv %[1]s.tmp %[1]s; prev=$now; sleep 0.02; done) >/dev/null 2>&1 &`, file)
 }
 
+// A reading taken just before a pause may be one round behind the loop, and
+// the round that spans the pause is only written once the loop runs again:
+// after a resume, read the probe once, then wait for a later round.
+
 // ProbeReading is one reading of a PauseProbe file.
 type ProbeReading struct {
 	Rounds  int

@@ -42,7 +42,8 @@ func TestPauseProbeSeesAFreeze(t *testing.T) {
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGSTOP)
 	time.Sleep(1200 * time.Millisecond)
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
-	after := read(first.Rounds + 1)
+	now := read(first.Rounds)
+	after := read(now.Rounds + 1)
 	if after.LongGap < time.Second {
 		t.Fatalf("after a 1.2 s stop the longest gap is %v", after.LongGap)
 	}

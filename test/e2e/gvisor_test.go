@@ -113,7 +113,8 @@ func TestGvisorRestartReattachesRunningAndPaused(t *testing.T) {
 		t.Fatalf("running sandbox after restart: %q %q", r.Stdout, r.Stderr)
 	}
 	time.Sleep(time.Until(pausedAt.Add(frozenFor)))
-	after := waitProbe(t, c.client.Sandbox(paused.ID), "/tmp/probe", before.Rounds+1)
+	now := waitProbe(t, c.client.Sandbox(paused.ID), "/tmp/probe", before.Rounds)
+	after := waitProbe(t, c.client.Sandbox(paused.ID), "/tmp/probe", now.Rounds+1)
 	if after.LongGap < frozenFor-300*time.Millisecond {
 		t.Fatalf("the paused sandbox ran across the restart: longest gap %v", after.LongGap)
 	}
