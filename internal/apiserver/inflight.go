@@ -20,6 +20,7 @@ type inflightEntry struct {
 	project string
 	res     placement.Resources
 	sentAt  time.Time // just before the create went to the edge
+	doneAt  time.Time // when the edge answered (zero while in flight)
 	done    bool
 }
 
@@ -41,7 +42,8 @@ func (f *inflight) released(node, project string, res placement.Resources) {
 	defer f.mu.Unlock()
 	f.next++
 	neg := placement.Resources{Sandboxes: -res.Sandboxes, CPUCores: -res.CPUCores, MemoryMB: -res.MemoryMB}
-	f.entries[f.next] = &inflightEntry{node: node, project: project, res: neg, sentAt: time.Now(), done: true}
+	now := time.Now()
+	f.entries[f.next] = &inflightEntry{node: node, project: project, res: neg, sentAt: now, doneAt: now, done: true}
 }
 
 // move re-points a placement at the node it is being tried on now.
@@ -62,21 +64,23 @@ func (f *inflight) finish(id uint64, ok bool) {
 		return
 	}
 	if e := f.entries[id]; e != nil {
-		e.done = true
+		e.done, e.doneAt = true, time.Now()
 	}
 }
 
 // overlay returns what is not yet in a view whose last poll of each node
 // started at polledAt[node]. The edge counts a sandbox from the moment it
-// admits it, so a poll that started after the create was sent shows it
-// (bar a race of one network hop, which at worst miscounts one sandbox for
-// one poll interval); until then this apiserver counts it itself.
+// admits it, which is before it answers, so a poll that started after the
+// answer shows it; until then this apiserver counts it itself. (A poll
+// that started after the create was sent is not enough: on a loaded node
+// the edge can answer that poll before it admits the create, and the
+// sandbox would be counted by neither; a quota test saw 4 of 3 admitted.)
 func (f *inflight) overlay(polledAt map[string]time.Time) (byNode map[string]placement.Resources, pending []inflightEntry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	byNode = map[string]placement.Resources{}
 	for id, e := range f.entries {
-		if e.done && (polledAt[e.node].After(e.sentAt) || time.Since(e.sentAt) > time.Minute) {
+		if e.done && (polledAt[e.node].After(e.doneAt) || time.Since(e.doneAt) > time.Minute) {
 			delete(f.entries, id)
 			continue
 		}
