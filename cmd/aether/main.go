@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -38,17 +37,18 @@ func main() {
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	// Debug knob (unstable): SIGUSR2 writes every goroutine's stack to
-	// stderr (the container backend's console.log) without stopping.
-	usr2 := make(chan os.Signal, 1)
-	signal.Notify(usr2, syscall.SIGUSR2)
-	go func() {
-		for range usr2 {
-			pprof.Lookup("goroutine").WriteTo(os.Stderr, 2) //nolint:errcheck // diagnostics only
-		}
-	}()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	if err := aether.Protect(); err != nil {
+		fmt.Fprintln(os.Stderr, "aether:", err)
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	if os.Getpid() != 1 {
+		// Run by hand: a signal ends it. As a sandbox's PID 1 it ignores
+		// them (Protect) and the runtime's SIGKILL ends it.
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+	}
 	if err := run(ctx, *socket, *sudoDir, logging.New("text", level)); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
@@ -62,5 +62,5 @@ func run(ctx context.Context, socket, sudoDir string, log *slog.Logger) error {
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir}, log).Run(ctx)
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true}, log).Run(ctx)
 }

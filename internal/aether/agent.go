@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,6 +45,9 @@ type Config struct {
 	// and the entropy pool. Only true inside a real sandbox: an in-process
 	// agent (the fake backend) must never touch its host.
 	ApplyIdentity bool
+	// DetachConsole, once the edge is reached, points the agent's stdout
+	// and stderr at /dev/null (see DetachConsole).
+	DetachConsole bool
 	// SudoDir, if set, is where the agent serves the sudo broker
 	// (internal/sudo), for runtimes that ignore setuid.
 	SudoDir string
@@ -105,6 +109,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Warn("sudo broker not started: sudo will not work in this sandbox", logging.Error, err)
 		} else {
 			go sudo.NewBroker(a.cfg.SudoDir, a.spawner, a.log).Serve(ctx, ln)
+		}
+	}
+	if a.cfg.DetachConsole {
+		var once sync.Once
+		a.dialer.OnConnect = func() {
+			once.Do(func() {
+				if err := DetachConsole(); err != nil {
+					a.log.Warn("console left attached", logging.Error, err)
+				}
+			})
 		}
 	}
 	a.dialer.Handler = a.Handler()

@@ -18,6 +18,8 @@ type Dialer struct {
 	Path    string
 	Handler http.Handler
 	Log     *slog.Logger
+	// OnConnect, if set, runs after each connection is made.
+	OnConnect func()
 
 	connects atomic.Uint64
 }
@@ -58,6 +60,9 @@ func (d *Dialer) Run(ctx context.Context) {
 		}
 		d.connects.Add(1)
 		log.Debug("connected to edge", "path", d.Path)
+		if d.OnConnect != nil {
+			d.OnConnect()
+		}
 		serveConn(ctx, conn, d.Handler)
 		log.Debug("edge connection closed", "path", d.Path)
 		delay, downSince = fastRetry, time.Now()
