@@ -19,7 +19,10 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -41,6 +44,18 @@ type Config struct {
 	// RunBase holds each sandbox's agent socket directory. Unix socket paths
 	// are limited to 107 bytes, so it must be short; default /run/opendsec.
 	RunBase string
+	// LayerDir holds the writable layers of backends with DiskLayer, each a
+	// file system of its sandbox's disk_mb (internal/edge/layerfs); default
+	// StateDir/layers.
+	LayerDir string
+	// WarmLayers is how many empty layers of the default size are kept
+	// ready, so a create does not wait for one to be formatted; default 4.
+	WarmLayers int
+	// DiskOvercommit is how many times the free space of LayerDir's file
+	// system (when the edge starts) the disk limits of its sandboxes may add
+	// up to: layers are sparse and most sandboxes write far less than their
+	// limit; default 2.
+	DiskOvercommit float64
 }
 
 // Deps are the edge's collaborators.
@@ -59,11 +74,19 @@ type Edge struct {
 	cache       *image.Cache
 	backends    map[string]backend.Backend
 	unavailable map[string]string // backend name -> why it cannot run here
+	// agentPath is the agent as staged in the run base (runbase.go).
+	agentPath string
+	// layers makes the writable layers of DiskLayer backends; nil when no
+	// backend needs them.
+	layers *layerfs.FS
+	// diskBudgetMB is what disk limits may add up to on LayerDir.
+	diskBudgetMB int64
 
 	mu        sync.Mutex
 	boxes     map[sandboxid.ID]*sandbox          // guarded by mu
 	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
 	allocated usage                              // guarded by mu
+	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -116,15 +139,30 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
 		stop: make(chan struct{}),
 	}
+	if e.agentPath, err = e.prepareRunBase(); err != nil {
+		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
+	}
+	var layersErr error
 	for _, b := range deps.Backends {
-		if err := b.Probe(ctx); err != nil {
+		err := b.Probe(ctx)
+		if err == nil && b.Capabilities().DiskLayer && e.layers == nil && layersErr == nil {
+			layersErr = e.openLayers()
+		}
+		if err == nil && b.Capabilities().DiskLayer && layersErr != nil {
+			err = layersErr
+		}
+		if err != nil {
 			e.unavailable[b.Name()] = err.Error()
 			e.log.Warn("backend unavailable on this node", logging.Backend, b.Name(), logging.Error, err)
 			continue
 		}
 		e.backends[b.Name()] = b
 	}
+	if e.layers != nil {
+		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.diskBudgetMB)
+	}
 	e.recover(ctx)
+	e.sweepLayers()
 	e.loadSnapshots()
 	e.wg.Add(1)
 	go e.expireLoop()
@@ -141,6 +179,9 @@ func (e *Edge) Limits() sandboxspec.Limits { return e.cfg.Limits }
 func (e *Edge) Close() {
 	e.stopOnce.Do(func() { close(e.stop) })
 	e.wg.Wait()
+	if e.layers != nil {
+		e.layers.Close() // removes the warm layers; sandboxes' stay
+	}
 	for _, sb := range e.all() {
 		sb.mu.Lock()
 		if sb.link != nil {
@@ -252,4 +293,32 @@ func (e *Edge) expired(now time.Time) []*sandbox {
 		sb.mu.Unlock()
 	}
 	return out
+}
+
+// openLayers opens the writable-layer maker and sets the disk budget.
+func (e *Edge) openLayers() error {
+	dir := e.cfg.LayerDir
+	if dir == "" {
+		dir = filepath.Join(e.cfg.StateDir, "layers")
+	}
+	warm := e.cfg.WarmLayers
+	if warm == 0 {
+		warm = 4
+	}
+	over := e.cfg.DiskOvercommit
+	if over <= 0 {
+		over = 2
+	}
+	fs, err := layerfs.Open(layerfs.Config{Dir: dir, WarmMB: e.cfg.Limits.DefaultDiskMB, Warm: max(warm, 0)}, e.log)
+	if err != nil {
+		return fmt.Errorf("writable layers: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		fs.Close()
+		return err
+	}
+	e.layers = fs
+	e.diskBudgetMB = int64(float64(int64(st.Bavail)*st.Bsize>>20) * over)
+	return nil
 }

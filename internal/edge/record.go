@@ -31,6 +31,9 @@ type record struct {
 	Handle         *backend.Handle `json:"handle,omitempty"`
 	Message        string          `json:"message,omitempty"`
 	SourceSnapshot string          `json:"source_snapshot,omitempty"`
+	// LayerDir is the writable layer's mount point (layerfs), for backends
+	// that keep it on the node's disk.
+	LayerDir string `json:"layer_dir,omitempty"`
 	// PausedTask is set when the sandbox was paused by a task-wide pause.
 	PausedTask bool `json:"paused_task,omitempty"`
 

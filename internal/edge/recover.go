@@ -60,6 +60,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	e.mu.Lock()
 	e.boxes[rec.ID] = sb
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
+	e.diskMB += e.diskOf(be, r)
 	e.mu.Unlock()
 
 	sb.mu.Lock()
@@ -104,6 +105,30 @@ func (e *Edge) recoverSpec(ctx context.Context, rec *record) (*backend.Spec, err
 		return nil, err
 	}
 	return e.backendSpec(rec, layers, im.Config.Config), nil
+}
+
+// sweepLayers removes writable layers that no record names: a crash came
+// between making one and recording it, or the record is gone.
+func (e *Edge) sweepLayers() {
+	if e.layers == nil {
+		return
+	}
+	named := map[string]bool{}
+	ents, _ := os.ReadDir(filepath.Join(e.cfg.StateDir, "sandboxes"))
+	for _, ent := range ents {
+		if rec, err := loadRecord(filepath.Join(e.cfg.StateDir, "sandboxes", ent.Name())); err == nil && rec.LayerDir != "" {
+			named[rec.LayerDir] = true
+		}
+	}
+	for _, l := range e.layers.Layers() {
+		if named[l] {
+			continue
+		}
+		e.log.Warn("removing a writable layer no sandbox owns", "layer", l)
+		if err := e.layers.Remove(l); err != nil {
+			e.log.Error("remove an orphan writable layer", "layer", l, logging.Error, err)
+		}
+	}
 }
 
 // removeOrphanDir deletes a sandbox directory without a readable record,

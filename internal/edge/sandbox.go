@@ -127,6 +127,11 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 	if err := e.cfg.Capacity.admit(string(e.node), e.allocated, r.CpuCores, r.MemoryMb, 1); err != nil {
 		return nil, err
 	}
+	disk := e.diskOf(be, r)
+	if disk > 0 && e.diskMB+disk > e.diskBudgetMB {
+		return nil, errdefs.ResourceExhausted("node full: disk limits of %d of %d MiB admitted, %d asked", e.diskMB, e.diskBudgetMB, disk)
+	}
+	e.diskMB += disk
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
 	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
 	e.boxes[rec.ID] = sb
@@ -140,7 +145,17 @@ func (e *Edge) forget(sb *sandbox, r *sandboxv1.Resources) {
 	if e.boxes[sb.id] == sb {
 		delete(e.boxes, sb.id)
 		e.allocated.add(r.CpuCores, r.MemoryMb, -1)
+		e.diskMB -= e.diskOf(sb.be, r)
 	}
+}
+
+// diskOf is what a sandbox's disk limit takes from the node's disk: its
+// disk_mb if its backend keeps the writable layer there.
+func (e *Edge) diskOf(be backend.Backend, r *sandboxv1.Resources) int64 {
+	if e.layers == nil || !be.Capabilities().DiskLayer {
+		return 0
+	}
+	return r.DiskMb
 }
 
 // backendSpec builds what the backend needs from a record.
@@ -157,12 +172,19 @@ func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig
 	}
 	env = append(env, "DSEC_SANDBOX_ID="+string(rec.ID))
 	r := rec.spec.Resources
-	return &backend.Spec{
+	spec := &backend.Spec{
 		ID: rec.ID, Dir: dir, Layers: layers, Env: env, Hostname: string(rec.ID),
-		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids},
-		AgentPath: e.cfg.AgentPath, RunDir: e.runDir(rec.ID), HostsFile: filepath.Join(dir, "hosts"),
+		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids, DiskMB: r.DiskMb, NoFile: r.OpenFiles},
+		AgentPath: e.agentPath, RunDir: e.runDir(rec.ID),
+		HostsFile: filepath.Join(e.runDir(rec.ID), "hosts"), ResolvConf: filepath.Join(e.runDir(rec.ID), "resolv.conf"),
 	}
+	spec.LayerDir = rec.LayerDir
+	return spec
 }
+
+// resolvConf replaces the image's (which names its build host's resolver):
+// sandboxes have no network of their own yet, so no name server.
+const resolvConf = "# OpenDsec: this sandbox has no network access, so no name server.\noptions timeout:1 attempts:1\n"
 
 // prepareDir makes the sandbox directory, its run directory, hosts file and
 // the agent link. Callers hold sb.mu.
@@ -173,8 +195,13 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 			return nil, err
 		}
 	}
+	// hosts and resolv.conf live in the run directory, on the run base, so
+	// the sandbox's mountinfo names no path on the node's disk.
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost ip6-loopback\n", rec.ID)
-	if err := os.WriteFile(filepath.Join(dir, "hosts"), []byte(hosts), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "hosts"), []byte(hosts), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "resolv.conf"), []byte(resolvConf), 0o644); err != nil {
 		return nil, err
 	}
 	if err := sb.save(); err != nil {
@@ -195,6 +222,17 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	layers, err := e.cache.Layers(ctx, im, nil)
 	if err != nil {
 		return fmt.Errorf("image %s: %w", rec.spec.Image, err)
+	}
+	if sb.be.Capabilities().DiskLayer {
+		// The layer is recorded before the backend uses it: after a crash
+		// between the two, the removal finds it (and a layer no record
+		// names is removed at the next start).
+		if rec.LayerDir, err = e.layers.Create(ctx, rec.spec.Resources.DiskMb); err != nil {
+			return err
+		}
+		if err := sb.save(); err != nil {
+			return err
+		}
 	}
 	bspec := e.backendSpec(rec, layers, im.Config.Config)
 	h, err := sb.be.Create(ctx, bspec)
@@ -266,6 +304,11 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	}
 	if mounts, _ := rootfs.MountsUnder(sb.dir); len(mounts) > 0 {
 		return fmt.Errorf("sandbox %s: still mounted after destroy: %v", sb.id, mounts)
+	}
+	if sb.rec.LayerDir != "" && e.layers != nil {
+		if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
+			return fmt.Errorf("remove sandbox %s writable layer: %w", sb.id, err)
+		}
 	}
 	if err := os.RemoveAll(sb.dir); err != nil {
 		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)

@@ -44,6 +44,9 @@ type Config struct {
 	Capacity edge.Capacity
 	// RunBase is the edge's short directory for agent sockets.
 	RunBase string
+	// WarmLayers is how many empty writable layers the edge keeps ready
+	// (edge.Config.WarmLayers); -1 for none.
+	WarmLayers int
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
@@ -139,7 +142,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		}
 		backends = append(backends, b)
 	}
-	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity, RunBase: cfg.RunBase},
+	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers},
 		edge.Deps{Store: store, Backends: backends, Log: log.With(logging.Component, "edge")})
 	if err != nil {
 		return nil, err

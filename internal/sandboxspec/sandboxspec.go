@@ -20,10 +20,14 @@ type Limits struct {
 	DefaultMemoryMB int64
 	DefaultPids     int64
 	DefaultTimeout  int64 // seconds
+	DefaultDiskMB   int64
+	DefaultNoFile   int64
 	MaxCPUCores     float64
 	MaxMemoryMB     int64
 	MaxPids         int64
 	MaxTimeout      int64 // seconds
+	MaxDiskMB       int64
+	MaxNoFile       int64
 }
 
 // DefaultLimits are the built-in defaults; MaxCPUCores and MaxMemoryMB are
@@ -31,7 +35,9 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		DefaultCPUCores: 1, DefaultMemoryMB: 512, DefaultPids: 1024, DefaultTimeout: 3600,
+		DefaultDiskMB: 2048, DefaultNoFile: 65536,
 		MaxCPUCores: 64, MaxMemoryMB: 256 << 10, MaxPids: 65536, MaxTimeout: 7 * 24 * 3600,
+		MaxDiskMB: 1 << 20, MaxNoFile: 1 << 20,
 	}
 }
 
@@ -40,6 +46,8 @@ const (
 	MinCPUCores   = 0.1
 	MinMemoryMB   = 16
 	MinPids       = 16
+	MinDiskMB     = 16
+	MinNoFile     = 1024
 	maxMetadata   = 64
 	maxMetaKey    = 128
 	maxMetaValue  = 1024
@@ -91,6 +99,18 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 	}
 	if r.Pids < MinPids || r.Pids > lim.MaxPids {
 		return errdefs.InvalidArgument("resources.pids %d: want %d to %d", r.Pids, MinPids, lim.MaxPids)
+	}
+	if r.DiskMb == 0 {
+		r.DiskMb = min(lim.DefaultDiskMB, lim.MaxDiskMB)
+	}
+	if r.DiskMb < MinDiskMB || r.DiskMb > lim.MaxDiskMB {
+		return errdefs.InvalidArgument("resources.disk_mb %d: want %d to %d", r.DiskMb, MinDiskMB, lim.MaxDiskMB)
+	}
+	if r.OpenFiles == 0 {
+		r.OpenFiles = min(lim.DefaultNoFile, lim.MaxNoFile)
+	}
+	if r.OpenFiles < MinNoFile || r.OpenFiles > lim.MaxNoFile {
+		return errdefs.InvalidArgument("resources.open_files %d: want %d to %d", r.OpenFiles, MinNoFile, lim.MaxNoFile)
 	}
 	if spec.TimeoutSeconds == 0 {
 		spec.TimeoutSeconds = lim.DefaultTimeout

@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -25,6 +27,10 @@ type Capabilities struct {
 	Snapshot bool
 	// SnapshotUnavailable says why Snapshot is false, for error messages.
 	SnapshotUnavailable string
+	// DiskLayer means the writable layer is on the node's disk: Create
+	// then gets Spec.LayerDir, a directory the edge has limited to the
+	// sandbox's disk_mb. Otherwise the backend bounds the layer itself.
+	DiskLayer bool
 }
 
 // Resources are the limits a sandbox runs under.
@@ -32,6 +38,9 @@ type Resources struct {
 	CPUCores float64
 	MemoryMB int64
 	Pids     int64
+	DiskMB   int64
+	// NoFile is RLIMIT_NOFILE of the sandbox's processes.
+	NoFile int64
 }
 
 // Spec is everything a backend needs to create a sandbox. The edge owns Dir
@@ -42,6 +51,10 @@ type Spec struct {
 	Dir string
 	// Layers are the image's unpacked layer directories, lowest first.
 	Layers []string
+	// LayerDir, for backends with Capabilities.DiskLayer, holds the
+	// writable layer (overlayfs upper and work directories); the node's
+	// disk pool limits it to DiskMB.
+	LayerDir string
 	// Env is the environment of the sandbox's processes (KEY=VALUE).
 	Env      []string
 	Hostname string
@@ -52,6 +65,9 @@ type Spec struct {
 	RunDir string
 	// HostsFile is mounted at /etc/hosts.
 	HostsFile string
+	// ResolvConf, if set, is mounted at /etc/resolv.conf (images carry
+	// their build host's resolver there).
+	ResolvConf string
 }
 
 // Paths of the agent inside every sandbox.
@@ -60,6 +76,17 @@ const (
 	RunMount    = "/.dsec/run"
 	AgentSocket = RunMount + "/edge.sock"
 )
+
+// RootfsLayout is where a backend stacks the sandbox's root file system:
+// the merged tree in Dir, the writable layer in LayerDir when the edge gave
+// one (else in Dir too).
+func (s *Spec) RootfsLayout() rootfs.Layout {
+	l := rootfs.LayoutIn(s.Dir)
+	if s.LayerDir != "" {
+		l.Upper, l.Work = filepath.Join(s.LayerDir, "upper"), filepath.Join(s.LayerDir, "work")
+	}
+	return l
+}
 
 // AgentArgs is the sandbox's first process.
 func AgentArgs() []string { return []string{AgentMount, "-edge-socket", AgentSocket} }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -39,21 +40,65 @@ func Mount(layers []string, l Layout) error {
 			return err
 		}
 	}
+	// The options name the directories relative to their common parent, and
+	// the mount is made from there: the sandbox sees its options in
+	// /proc/self/mountinfo, which must not show paths of the node's disk
+	// (and shorter options leave room for more layers in the page).
+	base := commonDir(append([]string{l.Upper, l.Work}, layers...))
+	rel := func(p string) string {
+		if r, err := filepath.Rel(base, p); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+		return p
+	}
 	lower := make([]string, len(layers))
 	for i, d := range layers {
 		if strings.ContainsAny(d, ":,") {
 			return fmt.Errorf("rootfs: layer path %q has ':' or ','", d)
 		}
-		lower[len(layers)-1-i] = d // overlayfs wants the top first
+		lower[len(layers)-1-i] = rel(d) // overlayfs wants the top first
 	}
-	opts := "lowerdir=" + strings.Join(lower, ":") + ",upperdir=" + l.Upper + ",workdir=" + l.Work
+	opts := "lowerdir=" + strings.Join(lower, ":") + ",upperdir=" + rel(l.Upper) + ",workdir=" + rel(l.Work)
 	if len(opts) >= os.Getpagesize() {
 		return errdefs.Unsupported("rootfs: %d layers make the overlay mount options longer than a page (%d bytes)", len(layers), os.Getpagesize())
 	}
-	if err := unix.Mount("overlay", l.Target, "overlay", 0, opts); err != nil {
+	if err := mountIn(base, "overlay", l.Target, "overlay", opts); err != nil {
 		return fmt.Errorf("rootfs: mount overlay at %s: %w", l.Target, err)
 	}
 	return nil
+}
+
+// commonDir is the deepest directory containing every path.
+func commonDir(paths []string) string {
+	dir := filepath.Clean(paths[0])
+	for _, p := range paths[1:] {
+		p = filepath.Clean(p)
+		for dir != "/" && p != dir && !strings.HasPrefix(p, dir+"/") {
+			dir = filepath.Dir(dir)
+		}
+	}
+	return dir
+}
+
+// mountIn mounts with dir as the working directory, so relative paths in
+// opts resolve there. The working directory belongs to the whole process,
+// so the mount runs on a thread of its own that unshares it and then ends
+// (a goroutine that exits locked to its thread takes the thread with it).
+func mountIn(dir, source, target, fstype, opts string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- os.NewSyscallError("unshare(CLONE_FS)", err)
+			return
+		}
+		if err := unix.Chdir(dir); err != nil {
+			errc <- err
+			return
+		}
+		errc <- unix.Mount(source, target, fstype, 0, opts)
+	}()
+	return <-errc
 }
 
 // Unmount removes the mount at target (and anything mounted below it). A
@@ -87,6 +132,17 @@ func Unmount(target string) error {
 func IsMounted(path string) (bool, error) {
 	mounts, err := MountsUnder(path)
 	return len(mounts) > 0, err
+}
+
+// IsMountPoint reports whether something is mounted exactly at path.
+func IsMountPoint(path string) (bool, error) {
+	mounts, err := MountsUnder(path)
+	for _, m := range mounts {
+		if m == filepath.Clean(path) {
+			return true, err
+		}
+	}
+	return false, err
 }
 
 // MountsUnder lists mount points at or below path, from /proc/self/mountinfo.

@@ -73,9 +73,9 @@ func NewSpec(t *testing.T, env Env, node sandboxid.NodeID) *backend.Spec {
 		tmp = t.TempDir()
 	}
 	return &backend.Spec{
-		ID: id, Dir: dir, Layers: env.Layers, Hostname: string(id),
+		ID: id, Dir: dir, Layers: env.Layers, Hostname: string(id), LayerDir: filepath.Join(dir, "layer"),
 		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "DSEC_SANDBOX_ID=" + string(id), TmpVar + "=" + tmp},
-		Resources: backend.Resources{CPUCores: 1, MemoryMB: 256, Pids: 128},
+		Resources: backend.Resources{CPUCores: 1, MemoryMB: 256, Pids: 128, DiskMB: 1024, NoFile: 4096},
 		AgentPath: env.Agent, RunDir: runDir, HostsFile: hosts,
 	}
 }

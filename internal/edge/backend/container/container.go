@@ -79,7 +79,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		log:     logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
 		boxes:   map[sandboxid.ID]*box{},
 	}
-	b.caps = backend.Capabilities{Isolation: "container", Pause: true}
+	b.caps = backend.Capabilities{Isolation: "container", Pause: true, DiskLayer: true}
 	b.protectAgent = hasCapability(capSysResource)
 	b.nofile = 1 << 20
 	var rl syscall.Rlimit
@@ -188,7 +188,10 @@ func cgroupsPath(id sandboxid.ID) string { return oci.CgroupsPath(string(id)) }
 
 // Create mounts the rootfs and writes the bundle; Start runs it.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
-	layout := rootfs.LayoutIn(spec.Dir)
+	if spec.LayerDir == "" {
+		return nil, errdefs.FailedPrecondition("container backend: no writable layer directory from the node's disk pool; the edge gives one to backends with DiskLayer")
+	}
+	layout := spec.RootfsLayout()
 	if err := rootfs.Mount(spec.Layers, layout); err != nil {
 		return nil, err
 	}
@@ -198,7 +201,10 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 			b.cleanup(context.WithoutCancel(ctx), spec.ID, spec.Dir)
 		}
 	}()
-	cfg, err := json.MarshalIndent(oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath(spec.ID), ProtectAgent: b.protectAgent, NoFile: b.nofile}), "", " ")
+	cfg, err := json.MarshalIndent(oci.RuntimeSpec(spec, oci.Options{
+		CgroupsPath: cgroupsPath(spec.ID), ProtectAgent: b.protectAgent, NoFile: b.nofile,
+		Seccomp: oci.Seccomp(), NoNewPrivileges: true, SudoBroker: true,
+	}), "", " ")
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
-	"github.com/opendsec/opendsec/internal/sudo"
 )
 
 // caps adds CAP_SYS_ADMIN to the default set: a restored copy's agent sets
@@ -23,18 +22,14 @@ import (
 var caps = append(append([]string(nil), oci.DefaultCaps...), "CAP_SYS_ADMIN")
 
 func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
-	s := oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath, Caps: caps})
+	// gVisor ignores setuid bits, so the image's sudo cannot work: the
+	// agent binary takes its place and asks the agent's broker instead.
+	s := oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath, Caps: caps, SudoBroker: true})
 	// The host cgroup holds the sentry and gofer, not the sandbox's tasks:
 	// with the ptrace platform every task and stub is a host thread, so a
 	// pids limit there starves the sentry itself (it hangs or dies when it
 	// cannot clone). The task count is bounded by memory instead.
 	s.Linux.Resources.Pids = nil
-	// gVisor ignores setuid bits, so the image's sudo cannot work: the
-	// agent binary takes its place and asks the agent's broker instead.
-	s.Process.Args = append(s.Process.Args, "-sudo-dir", sudo.Dir)
-	if fi, err := os.Lstat(filepath.Join(spec.Dir, "rootfs", sudoPath)); err == nil && fi.Mode().IsRegular() {
-		s.Mounts = append(s.Mounts, rspec.Mount{Destination: sudoPath, Type: "bind", Source: spec.AgentPath, Options: []string{"rbind", "ro"}})
-	}
 	// This runsc rejects AT_NO_AUTOMOUNT, which coreutils pass to statx:
 	// a preloaded library clears it (compat/gvisor/statx.c).
 	if lib := filepath.Join(filepath.Dir(spec.AgentPath), compatLib); fileExists(lib) {
@@ -55,9 +50,6 @@ func fileExists(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular()
 }
-
-// sudoPath is where images keep sudo.
-const sudoPath = "/usr/bin/sudo"
 
 func writeSpec(dir string, s *rspec.Spec) error {
 	data, err := json.MarshalIndent(s, "", " ")

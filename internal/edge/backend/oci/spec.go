@@ -3,18 +3,25 @@
 package oci
 
 import (
+	"os"
 	"path/filepath"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/sudo"
 )
 
-// DefaultCaps is Docker's default capability set: enough for package
-// managers, sudo and servers on low ports; no CAP_SYS_ADMIN.
+// DefaultCaps is root's capability set in a sandbox: enough for package
+// managers (chown, setfcap for dpkg), changing user (setuid, setgid) and
+// servers on low ports. It is Docker's default less CAP_NET_RAW (raw and
+// packet sockets: nothing a default-deny sandbox needs, and a way to forge
+// traffic) and CAP_MKNOD (device nodes, which the device cgroup refuses
+// anyway). Never: CAP_SYS_ADMIN, SYS_PTRACE, SYS_MODULE, NET_ADMIN,
+// SYS_TIME, SYS_RESOURCE, DAC_READ_SEARCH, SYS_BOOT, SYSLOG, BPF, PERFMON.
 var DefaultCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
@@ -38,7 +45,20 @@ type Options struct {
 	ProtectAgent bool
 	// NoFile is RLIMIT_NOFILE.
 	NoFile uint64
+	// Seccomp is the syscall filter, nil for none (gVisor's sentry is the
+	// boundary there).
+	Seccomp *rspec.LinuxSeccomp
+	// NoNewPrivileges stops setuid and file capabilities from raising a
+	// process's privileges; sudo then goes through the agent's broker.
+	NoNewPrivileges bool
+	// SudoBroker mounts the agent binary over the image's /usr/bin/sudo,
+	// where it asks the agent's broker (internal/sudo): for runtimes that
+	// ignore setuid (gVisor) or forbid it (no_new_privs).
+	SudoBroker bool
 }
+
+// SudoPath is where images keep sudo.
+const SudoPath = "/usr/bin/sudo"
 
 // RuntimeSpec builds the OCI runtime config for a sandbox: the agent as the
 // first process, the agent binary, run directory and hosts file bind-mounted
@@ -51,8 +71,11 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 		oom = &v
 	}
 	nofile, cgroupsPath, caps := o.NoFile, o.CgroupsPath, o.Caps
+	if spec.NoFile > 0 && (nofile == 0 || uint64(spec.NoFile) < nofile) {
+		nofile = uint64(spec.NoFile)
+	}
 	if nofile == 0 {
-		nofile = 1 << 20
+		nofile = 65536
 	}
 	if caps == nil {
 		caps = DefaultCaps
@@ -63,14 +86,15 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 	pids := spec.Pids
 	swappiness := uint64(0)
 	ro := []string{"nosuid", "noexec", "nodev", "ro"}
-	return &rspec.Spec{
+	s := &rspec.Spec{
 		Version: ociVersion,
 		Process: &rspec.Process{
-			Args:        backend.AgentArgs(),
-			Env:         spec.Env,
-			Cwd:         "/",
-			User:        rspec.User{UID: 0, GID: 0},
-			OOMScoreAdj: oom,
+			Args:            backend.AgentArgs(),
+			Env:             spec.Env,
+			Cwd:             "/",
+			User:            rspec.User{UID: 0, GID: 0},
+			OOMScoreAdj:     oom,
+			NoNewPrivileges: o.NoNewPrivileges,
 			Capabilities: &rspec.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
@@ -107,11 +131,23 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 			MaskedPaths: []string{
 				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
-				"/proc/scsi",
+				"/proc/scsi", "/proc/kallsyms", "/proc/kmsg", "/proc/sysrq-trigger",
+				"/sys/devices/virtual/powercap", "/sys/kernel/debug", "/sys/kernel/tracing",
 			},
 			ReadonlyPaths: []string{
-				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
 			},
+			Seccomp: o.Seccomp,
 		},
 	}
+	if spec.ResolvConf != "" {
+		s.Mounts = append(s.Mounts, rspec.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: spec.ResolvConf, Options: []string{"rbind", "ro"}})
+	}
+	if o.SudoBroker {
+		s.Process.Args = append(s.Process.Args, "-sudo-dir", sudo.Dir)
+		if fi, err := os.Lstat(filepath.Join(spec.Dir, "rootfs", SudoPath)); err == nil && fi.Mode().IsRegular() {
+			s.Mounts = append(s.Mounts, rspec.Mount{Destination: SudoPath, Type: "bind", Source: spec.AgentPath, Options: []string{"rbind", "ro"}})
+		}
+	}
+	return s
 }

@@ -96,7 +96,14 @@ type Resources struct {
 	// Memory limit in MiB.
 	MemoryMb int64 `protobuf:"varint,2,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	// Maximum number of processes and threads.
-	Pids          int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	Pids int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	// Size of the writable layer in MiB: a write past it fails with ENOSPC
+	// inside the sandbox, and `df /` there shows it. On the container backend
+	// the layer is on the node's disk; on gvisor it lives in the sandbox's
+	// memory (so that fork can copy it) and memory_mb bounds it too.
+	DiskMb int64 `protobuf:"varint,4,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// Open files per process (RLIMIT_NOFILE).
+	OpenFiles     int64 `protobuf:"varint,5,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -148,6 +155,20 @@ func (x *Resources) GetMemoryMb() int64 {
 func (x *Resources) GetPids() int64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *Resources) GetDiskMb() int64 {
+	if x != nil {
+		return x.DiskMb
+	}
+	return 0
+}
+
+func (x *Resources) GetOpenFiles() int64 {
+	if x != nil {
+		return x.OpenFiles
 	}
 	return 0
 }
@@ -1711,11 +1732,14 @@ var File_opendsec_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!opendsec/sandbox/v1/sandbox.proto\x12\x13opendsec.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"Y\n" +
+	"!opendsec/sandbox/v1/sandbox.proto\x12\x13opendsec.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x01\n" +
 	"\tResources\x12\x1b\n" +
 	"\tcpu_cores\x18\x01 \x01(\x01R\bcpuCores\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xb6\x03\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x17\n" +
+	"\adisk_mb\x18\x04 \x01(\x03R\x06diskMb\x12\x1d\n" +
+	"\n" +
+	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xb6\x03\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12<\n" +
