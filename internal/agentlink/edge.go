@@ -28,6 +28,8 @@ type Link struct {
 	cur     *agentConn    // guarded by mu; nil until the agent connects
 	changed chan struct{} // guarded by mu; closed and replaced when cur changes
 	closed  bool          // guarded by mu
+	failed  error         // guarded by mu; set by Fail: calls end with it at once
+	lost    time.Time     // guarded by mu; when the last connection ended (zero while one is up)
 
 	detaches atomic.Uint64 // how many times Detach cut the connection
 }
@@ -91,6 +93,7 @@ func (l *Link) acceptLoop(ln net.Listener) {
 			l.log.Warn("agent connected again while its connection was alive; replacing it", "path", l.path)
 		}
 		l.cur = ac
+		l.lost = time.Time{}
 		close(l.changed)
 		l.changed = make(chan struct{})
 		l.mu.Unlock()
@@ -107,10 +110,40 @@ func (l *Link) forgetOnEOF(ac *agentConn) {
 	l.mu.Lock()
 	if l.cur == ac {
 		l.cur = nil
+		l.lost = time.Now()
 		close(l.changed)
 		l.changed = make(chan struct{})
 	}
 	l.mu.Unlock()
+}
+
+// Down reports whether no agent is connected, and since when one was lost
+// (zero if the agent never connected or the link is detached on purpose).
+func (l *Link) Down() (down bool, since time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cur != nil && l.cur.alive() {
+		return false, time.Time{}
+	}
+	if l.cur != nil && l.lost.IsZero() {
+		l.lost = time.Now() // ended by a GOAWAY, which has no event
+	}
+	return true, l.lost
+}
+
+// Fail ends every call waiting for the agent, and every later one, with
+// err: the sandbox is known to be dead, and no agent will connect again.
+func (l *Link) Fail(err error) {
+	l.mu.Lock()
+	l.failed = err
+	cur := l.cur
+	l.cur = nil
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	if cur != nil {
+		cur.close()
+	}
 }
 
 func newAgentConn(c net.Conn) (*agentConn, error) {
@@ -167,8 +200,11 @@ func (w *watchedConn) Read(p []byte) (int, error) {
 func (l *Link) current(ctx context.Context) (*agentConn, error) {
 	for {
 		l.mu.Lock()
-		cur, changed, closed := l.cur, l.changed, l.closed
+		cur, changed, closed, failed := l.cur, l.changed, l.closed, l.failed
 		l.mu.Unlock()
+		if failed != nil {
+			return nil, failed
+		}
 		if closed {
 			return nil, errdefs.Unavailable("agent link closed")
 		}
@@ -207,7 +243,7 @@ func (l *Link) Detach(ctx context.Context) error {
 	l.detaches.Add(1)
 	l.mu.Lock()
 	ln, cur := l.ln, l.cur
-	l.ln, l.cur = nil, nil
+	l.ln, l.cur, l.lost = nil, nil, time.Time{}
 	l.mu.Unlock()
 	if ln != nil {
 		ln.Close()

@@ -164,8 +164,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	e.recover(ctx)
 	e.sweepLayers()
 	e.loadSnapshots()
-	e.wg.Add(1)
+	e.wg.Add(2)
 	go e.expireLoop()
+	go e.healthLoop()
 	return e, nil
 }
 

@@ -92,6 +92,8 @@ func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*ag
 		if err := e.resumeLocked(ctx, sb); err != nil {
 			return nil, err
 		}
+	case stateFailed:
+		return nil, errdefs.FailedPrecondition("sandbox %s failed: %s", sb.id, sb.rec.Message)
 	default:
 		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)
 	}

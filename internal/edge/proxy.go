@@ -2,6 +2,8 @@ package edge
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -61,6 +63,15 @@ func (e *Edge) AgentProxy() http.Handler {
 				ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: a snapshot or fork of the sandbox reset its agent connection during this call; processes it started keep running (reattach with Process.Connect); retry other calls", call.id))) //nolint:errcheck // the client went away
 				return
 			}
+			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+				// The sandbox was found dead (Link.Fail): say why.
+				ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
+				return
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				ew.Write(w, r, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("sandbox %s: the call's deadline passed", call.id))) //nolint:errcheck // the client went away
+				return
+			}
 			if r.Context().Err() == nil {
 				e.log.Warn("agent call failed", logging.SandboxID, call.id, logging.Error, err)
 			}
@@ -83,6 +94,13 @@ func (e *Edge) AgentProxy() http.Handler {
 			return
 		}
 		call := agentCall{id: sb.id, link: link, detaches: link.Detaches()}
-		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, call)))
+		ctx := context.WithValue(r.Context(), callKey{}, call)
+		// The call's own deadline holds here too, whatever the agent does.
+		if d, ok := rpcproxy.CallTimeout(r.Header); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

@@ -46,6 +46,10 @@ const (
 	stateRunning  = "running"
 	statePaused   = "paused"
 	stateStopping = "stopping"
+	// stateFailed: the sandbox died; its record stays (with the reason in
+	// Message) until it is stopped or its time to live ends, but it holds
+	// nothing on the node.
+	stateFailed = "failed"
 )
 
 var stateProto = map[string]sandboxv1.SandboxState{
@@ -53,6 +57,7 @@ var stateProto = map[string]sandboxv1.SandboxState{
 	stateRunning:  sandboxv1.SandboxState_SANDBOX_STATE_RUNNING,
 	statePaused:   sandboxv1.SandboxState_SANDBOX_STATE_PAUSED,
 	stateStopping: sandboxv1.SandboxState_SANDBOX_STATE_STOPPING,
+	stateFailed:   sandboxv1.SandboxState_SANDBOX_STATE_FAILED,
 }
 
 func (r *record) setSpec(s *sandboxv1.SandboxSpec) error {

@@ -59,9 +59,16 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	r := rec.spec.Resources
 	e.mu.Lock()
 	e.boxes[rec.ID] = sb
-	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
-	e.diskMB += e.diskOf(be, r)
+	if rec.State == stateFailed {
+		sb.released = true // it holds nothing; the record keeps the reason
+	} else {
+		e.allocated.add(r.CpuCores, r.MemoryMb, 1)
+		e.diskMB += e.diskOf(be, r)
+	}
 	e.mu.Unlock()
+	if rec.State == stateFailed {
+		return nil
+	}
 
 	sb.mu.Lock()
 	defer sb.mu.Unlock()

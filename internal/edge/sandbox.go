@@ -41,9 +41,10 @@ type sandbox struct {
 	// never stalls the watcher.
 	view atomic.Pointer[sandboxv1.Sandbox]
 
-	mu   sync.Mutex      // serialises lifecycle changes
-	rec  *record         // guarded by mu
-	link *agentlink.Link // guarded by mu; nil once removed
+	mu       sync.Mutex      // serialises lifecycle changes
+	rec      *record         // guarded by mu
+	link     *agentlink.Link // guarded by mu; nil once removed
+	released bool            // guarded by mu; its capacity was given back (it failed)
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
@@ -139,14 +140,26 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 }
 
 // forget unregisters sb and releases its capacity.
-func (e *Edge) forget(sb *sandbox, r *sandboxv1.Resources) {
+func (e *Edge) forget(sb *sandbox) {
+	e.release(sb)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.boxes[sb.id] == sb {
 		delete(e.boxes, sb.id)
-		e.allocated.add(r.CpuCores, r.MemoryMb, -1)
-		e.diskMB -= e.diskOf(sb.be, r)
 	}
+}
+
+// release gives back what sb was admitted with, once. Callers hold sb.mu.
+func (e *Edge) release(sb *sandbox) {
+	if sb.released {
+		return
+	}
+	sb.released = true
+	r := sb.rec.spec.Resources
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.allocated.add(r.CpuCores, r.MemoryMb, -1)
+	e.diskMB -= e.diskOf(sb.be, r)
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its
@@ -314,7 +327,7 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)
 	}
 	os.RemoveAll(e.runDir(sb.id)) //nolint:errcheck // only the socket was in it
-	e.forget(sb, sb.rec.spec.Resources)
+	e.forget(sb)
 	return nil
 }
 

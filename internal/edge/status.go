@@ -4,6 +4,7 @@ import (
 	"sort"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 )
 
 // Version is the edge's version, set at build time.
@@ -30,6 +31,9 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	groups := map[key]*usage{}
 	for _, sb := range e.all() {
 		v := sb.snapshot()
+		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			continue // holds nothing: not counted against node or quota
+		}
 		k := key{v.Project, v.Spec.Task, v.Spec.Backend}
 		if groups[k] == nil {
 			groups[k] = &usage{}

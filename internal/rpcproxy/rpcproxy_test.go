@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
@@ -84,6 +86,44 @@ func FuzzBufferUnary(f *testing.F) {
 		}
 		if IsUnary(r) && int64(len(body)) > limit {
 			t.Fatalf("%d bytes over limit %d were buffered", len(body), limit)
+		}
+	})
+}
+
+func TestCallTimeout(t *testing.T) {
+	cases := map[string]struct {
+		hdr, val string
+		want     time.Duration
+		ok       bool
+	}{
+		"connect":          {"Connect-Timeout-Ms", "1500", 1500 * time.Millisecond, true},
+		"grpc seconds":     {"Grpc-Timeout", "5S", 5 * time.Second, true},
+		"grpc millis":      {"Grpc-Timeout", "100m", 100 * time.Millisecond, true},
+		"none":             {"X-Other", "1", 0, false},
+		"negative":         {"Connect-Timeout-Ms", "-5", 0, false},
+		"garbage":          {"Connect-Timeout-Ms", "soon", 0, false},
+		"bad unit":         {"Grpc-Timeout", "5x", 0, false},
+		"too long":         {"Grpc-Timeout", "1234567890S", 0, false},
+		"connect too long": {"Connect-Timeout-Ms", "99999999999", 0, false},
+	}
+	for name, c := range cases {
+		h := http.Header{}
+		h.Set(c.hdr, c.val)
+		got, ok := CallTimeout(h)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: %v %v, want %v %v", name, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func FuzzCallTimeout(f *testing.F) {
+	f.Add("Connect-Timeout-Ms", "100")
+	f.Add("Grpc-Timeout", "9H")
+	f.Fuzz(func(t *testing.T, k, v string) {
+		h := http.Header{}
+		h.Set(k, v)
+		if d, ok := CallTimeout(h); ok && d <= 0 {
+			t.Fatalf("%s=%q gave a non-positive deadline %v", k, v, d)
 		}
 	})
 }

@@ -141,6 +141,12 @@ type Backend interface {
 	Recover(ctx context.Context, h *Handle, spec *Spec) error
 }
 
+// Diagnoser is implemented by backends that can say why a sandbox died,
+// e.g. "out of memory (limit 512 MiB)"; "" when they cannot tell.
+type Diagnoser interface {
+	Diagnose(ctx context.Context, id sandboxid.ID) string
+}
+
 // Pauser is implemented by backends that can freeze a sandbox.
 type Pauser interface {
 	Pause(ctx context.Context, id sandboxid.ID) error

@@ -60,8 +60,9 @@ type handleState struct {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Pauser  = (*Backend)(nil)
+	_ backend.Backend   = (*Backend)(nil)
+	_ backend.Pauser    = (*Backend)(nil)
+	_ backend.Diagnoser = (*Backend)(nil)
 )
 
 // New returns a container backend. Option "runtime" picks crun (default) or runc.
@@ -368,4 +369,10 @@ func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
 func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 	_, err := b.run(ctx, "resume", string(id))
 	return err
+}
+
+// Diagnose says why a container died: the OOM killer, or its processes
+// being killed from outside (its first process, the agent, ends them all).
+func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
+	return oci.DiagnoseOOM(string(id))
 }

@@ -313,3 +313,24 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	}
 	return h, nil
 }
+
+// Crash ends a sandbox as if its agent died: the agent stops (closing its
+// connection) and Status reports it stopped.
+func (b *Backend) Crash(id sandboxid.ID) {
+	if bx, err := b.get(id); err == nil {
+		b.resumeGate(bx)
+		b.halt(bx)
+	}
+}
+
+// Hang holds every request to the sandbox's agent, as a stuck agent would,
+// while Status still reports it running.
+func (b *Backend) Hang(id sandboxid.ID) {
+	if bx, err := b.get(id); err == nil {
+		bx.gate.mu.Lock()
+		if bx.gate.paused == nil {
+			bx.gate.paused = make(chan struct{})
+		}
+		bx.gate.mu.Unlock()
+	}
+}

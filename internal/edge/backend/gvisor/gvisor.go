@@ -100,6 +100,7 @@ var (
 	_ backend.Backend     = (*Backend)(nil)
 	_ backend.Pauser      = (*Backend)(nil)
 	_ backend.Snapshotter = (*Backend)(nil)
+	_ backend.Diagnoser   = (*Backend)(nil)
 )
 
 // New returns a gvisor backend. Options: "runsc" (binary), "platform"
@@ -402,4 +403,24 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 		return err
 	}
 	return oci.Thaw(bx.runscID)
+}
+
+// Diagnose says why a gVisor sandbox died: the host's OOM killer ended its
+// sentry (the sandbox used more than its memory limit), or its host thread
+// bound was reached, or runsc logged an error.
+func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
+	bx, err := b.get(id)
+	if err != nil {
+		return ""
+	}
+	if why := oci.DiagnoseOOM(bx.runscID); why != "" {
+		return why
+	}
+	if n := oci.PidsRefused(bx.runscID); n > 0 {
+		return fmt.Sprintf("its runtime reached the sandbox's host thread bound (%d refusals)", n)
+	}
+	if last := lastLogError(b.logFile(bx.dir)); last != "" {
+		return "runsc: " + last
+	}
+	return ""
 }

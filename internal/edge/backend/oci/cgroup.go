@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -152,4 +153,41 @@ func CgroupDirs(id string) []string {
 		}
 	}
 	return out
+}
+
+// OOMKills is how many processes the kernel's OOM killer ended in the
+// sandbox's memory cgroup, and the cgroup's limit in bytes.
+func OOMKills(id string) (kills int, limit int64) {
+	dir := filepath.Join(cgroupRoot, "memory", CgroupParent, id)
+	if data, err := os.ReadFile(filepath.Join(dir, "memory.oom_control")); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				kills, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "memory.limit_in_bytes")); err == nil {
+		limit, _ = strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	}
+	return kills, limit
+}
+
+// PidsRefused is how many forks the sandbox's pids cgroup refused.
+func PidsRefused(id string) int {
+	data, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", CgroupParent, id, "pids.events"))
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(data)), "max")))
+	return v
+}
+
+// DiagnoseOOM says "out of memory (limit N MiB)" if the OOM killer acted in
+// the sandbox's cgroup, else "".
+func DiagnoseOOM(id string) string {
+	kills, limit := OOMKills(id)
+	if kills == 0 {
+		return ""
+	}
+	return fmt.Sprintf("out of memory (limit %d MiB): the kernel's OOM killer ended %d process(es) in it", limit>>20, kills)
 }

@@ -1,0 +1,129 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Liveness [ours]. A sandbox is running only while its agent is connected.
+// The agent's connection ends the moment the agent, its sandbox or the
+// runtime dies, so the health loop sees a dead sandbox within one tick: it
+// asks the backend, and a sandbox whose backend reports it stopped (or whose
+// agent stays away) is marked failed with the reason ("out of memory (limit
+// 512 MiB)", ...). Its processes, mounts and cgroups are removed and its
+// capacity freed at once; the record stays, so the reason can be read,
+// until the sandbox is stopped or its time to live ends. Calls to it fail at
+// once with the reason instead of waiting for an agent that will not come.
+
+const (
+	// healthEvery is how often the loop looks.
+	healthEvery = 500 * time.Millisecond
+	// agentAbsence is how long an agent may stay away while the backend
+	// says its sandbox runs (it redials within milliseconds normally).
+	agentAbsence = 10 * time.Second
+)
+
+// healthLoop checks every running sandbox each tick.
+func (e *Edge) healthLoop() {
+	defer e.wg.Done()
+	tick := time.NewTicker(healthEvery)
+	defer tick.Stop()
+	down := map[sandboxid.ID]time.Time{} // first seen down, when the link cannot say
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-tick.C:
+			seen := map[sandboxid.ID]bool{}
+			for _, sb := range e.all() {
+				seen[sb.id] = true
+				e.checkHealth(sb, down, now)
+			}
+			for id := range down {
+				if !seen[id] {
+					delete(down, id)
+				}
+			}
+		}
+	}
+}
+
+// checkHealth looks at one sandbox. A sandbox busy in a lifecycle change
+// (its lock held: create, snapshot, stop) is left for the next tick.
+func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now time.Time) {
+	if !sb.mu.TryLock() {
+		return
+	}
+	defer sb.mu.Unlock()
+	if sb.rec.State != stateRunning || sb.link == nil {
+		delete(down, sb.id)
+		return
+	}
+	isDown, since := sb.link.Down()
+	if !isDown {
+		delete(down, sb.id)
+		return
+	}
+	if since.IsZero() {
+		if first, ok := down[sb.id]; ok {
+			since = first
+		} else {
+			since, down[sb.id] = now, now
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := sb.be.Status(ctx, sb.id)
+	alive := err == nil && (st.State == backend.StateRunning || st.State == backend.StatePaused)
+	if alive && now.Sub(since) < agentAbsence {
+		return // the agent is redialling
+	}
+	reason := e.whyDead(ctx, sb, alive)
+	delete(down, sb.id)
+	e.failLocked(ctx, sb, reason)
+}
+
+// whyDead says why a sandbox stopped answering, as precisely as the
+// backend can tell.
+func (e *Edge) whyDead(ctx context.Context, sb *sandbox, backendAlive bool) string {
+	if d, ok := sb.be.(backend.Diagnoser); ok {
+		if why := d.Diagnose(ctx, sb.id); why != "" {
+			return why
+		}
+	}
+	if backendAlive {
+		return fmt.Sprintf("its agent has not been connected for %s", agentAbsence)
+	}
+	return "it ended: its agent and every process in it are gone"
+}
+
+// failLocked marks a sandbox failed with reason, removes what it holds on
+// the node (processes, mounts, cgroups, writable layer) and frees its
+// capacity; the record stays for the reason to be read. Callers hold sb.mu.
+func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
+	log := e.log.With(logging.SandboxID, sb.id)
+	log.Warn("sandbox failed", "reason", reason)
+	if sb.link != nil {
+		sb.link.Fail(errdefs.FailedPrecondition("sandbox %s failed: %s", sb.id, reason))
+	}
+	if err := sb.be.Destroy(ctx, sb.id); err != nil {
+		log.Error("remove a failed sandbox's processes and mounts", logging.Error, err)
+		reason += "; removing what it left failed: " + err.Error()
+	}
+	if sb.rec.LayerDir != "" && e.layers != nil {
+		if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
+			log.Error("remove a failed sandbox's writable layer", logging.Error, err)
+		}
+	}
+	e.release(sb)
+	sb.rec.State, sb.rec.Message = stateFailed, reason
+	if err := sb.save(); err != nil {
+		log.Error("save a failed sandbox's record", logging.Error, err)
+	}
+}

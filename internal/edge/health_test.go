@@ -1,0 +1,110 @@
+package edge
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
+)
+
+// A sandbox whose agent dies is reported failed within about a second,
+// with a reason; calls to it fail at once with that reason; it holds no
+// capacity; stopping it removes it.
+func TestDeadSandboxIsReportedFailedAndFailsFast(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := time.Now()
+	f.fake.Crash(sandboxIDOf(sb))
+	var got *sandboxv1.Sandbox
+	for time.Since(crashed) < 10*time.Second {
+		got, _ = f.edge.Get(sb.Id, "root")
+		if got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || !strings.Contains(got.Message, "ended") {
+		t.Fatalf("%v after the agent died: %v %q", time.Since(crashed), got.State, got.Message)
+	}
+	t.Logf("reported failed %v after the crash", time.Since(crashed).Round(time.Millisecond))
+	start := time.Now()
+	_, err = echo(t, agentClient(t, f.edge, sb.Id, "root"))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "failed") || time.Since(start) > 2*time.Second {
+		t.Fatalf("call to a failed sandbox: %v after %v", err, time.Since(start))
+	}
+	if st := f.edge.Status(); st.Allocated.Sandboxes != 0 || len(st.Groups) != 0 {
+		t.Fatalf("a failed sandbox holds capacity: %+v", st.Allocated)
+	}
+	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Get(sb.Id, "root"); !errdefs.IsNotFound(err) {
+		t.Fatalf("after stop: %v", err)
+	}
+}
+
+// A failed sandbox stays failed across an edge restart, holding nothing.
+func TestFailedSandboxSurvivesRestartAsARecord(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Crash(sandboxIDOf(sb))
+	for i := 0; i < 500; i++ {
+		if got, _ := f.edge.Get(sb.Id, "root"); got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.edge.Close()
+	e2 := f.open(t, smallCapacity())
+	got, err := e2.Get(sb.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || got.Message == "" {
+		t.Fatalf("after restart: %v %v", got, err)
+	}
+	if e2.Status().Allocated.Sandboxes != 0 {
+		t.Fatal("a failed sandbox holds capacity after a restart")
+	}
+}
+
+// The edge applies a call's own deadline (Connect-Timeout-Ms), even when
+// the agent never answers.
+func TestEdgeAppliesTheCallDeadline(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Hang(sandboxIDOf(sb))
+	srv := httptest.NewServer(f.edge.Handler())
+	t.Cleanup(srv.Close)
+	req, _ := http.NewRequest("POST", srv.URL+"/opendsec.agent.v1.AgentService/Health", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Connect-Timeout-Ms", "300")
+	req.Header.Set(headers.SandboxID, sb.Id)
+	req.Header.Set(headers.Scope, "root")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req) // no deadline of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if took := time.Since(start); took > 5*time.Second || !strings.Contains(string(body), "deadline_exceeded") {
+		t.Fatalf("after %v: %d %s", took, resp.StatusCode, body)
+	}
+}

@@ -1,0 +1,172 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+)
+
+// waitFailed waits until the sandbox is reported failed and returns the
+// reason and how long it took.
+func waitFailed(t *testing.T, c *cluster, id string, since time.Time) (string, time.Duration) {
+	t.Helper()
+	for time.Since(since) < 20*time.Second {
+		got, err := c.client.Sandboxes.GetSandbox(ctxT(t), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			return got.Msg.Sandbox.Message, time.Since(since)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s still not reported failed %v after it died", id, time.Since(since))
+	return "", 0
+}
+
+// longCall starts a command that would run a minute and returns a channel
+// with its result.
+func longCall(t *testing.T, sb *client.Sandbox) chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := sb.Run(ctxT(t), &agentv1.ProcessConfig{Args: []string{"sleep", "60"}})
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // let it reach the agent
+	return done
+}
+
+// checkDead asserts what a dead sandbox must show: failed with a reason,
+// soon; a call in flight and a new call end at once; the other sandbox
+// answers.
+func checkDead(t *testing.T, c *cluster, sb, other *client.Sandbox, killed time.Time, inflight chan error, want string) {
+	t.Helper()
+	reason, took := waitFailed(t, c, sb.ID, killed)
+	t.Logf("reported failed after %v: %s", took.Round(time.Millisecond), reason)
+	if !strings.Contains(reason, want) {
+		t.Errorf("reason %q, want it to say %q", reason, want)
+	}
+	select {
+	case err := <-inflight:
+		if err == nil {
+			t.Error("the call in flight succeeded")
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the call in flight still hangs 10 s after the sandbox died")
+	}
+	start := time.Now()
+	if _, err := sb.Shell(ctxT(t), "true"); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), want) {
+		t.Errorf("a new call: %v", err)
+	} else if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("a new call took %v to fail", d)
+	}
+	if r := shell(t, other, "echo alive"); string(r.Stdout) != "alive\n" {
+		t.Errorf("the other sandbox: %q", r.Stdout)
+	}
+	if err := sb.Stop(ctxT(t)); err != nil {
+		t.Errorf("stop a failed sandbox: %v", err)
+	}
+}
+
+// pidsOf lists host processes whose command line mentions s.
+func pidsOf(t *testing.T, s string) []int {
+	out, _ := exec.Command("ps", "-eo", "pid=,args=").Output()
+	var pids []int
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && strings.Contains(line, s) {
+			if pid, err := strconv.Atoi(f[0]); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// The host kills a container's agent: the sandbox is failed at once.
+func TestContainerWhoseAgentIsKilledIsReportedFailed(t *testing.T) {
+	c := containerCluster(t)
+	ctx := ctxT(t)
+	sb, err := c.client.Create(ctx, containerSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.client.Create(ctx, containerSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inflight := longCall(t, sb)
+	out, err := exec.Command("crun", "--root", filepath.Join(c.cfg.StateDir, "edge", "backends", "container", "crun"), "state", sb.ID).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid == 0 {
+		t.Fatalf("crun state: %s %v", out, err)
+	}
+	killed := time.Now()
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	checkDead(t, c, sb, other, killed, inflight, "ended")
+}
+
+// The host kills a gVisor sandbox's runsc processes: failed at once.
+func TestGvisorWhoseRuntimeIsKilledIsReportedFailed(t *testing.T) {
+	c := gvisorCluster(t)
+	ctx := ctxT(t)
+	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
+	sb, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inflight := longCall(t, sb)
+	pids := pidsOf(t, sb.ID)
+	if len(pids) == 0 {
+		t.Fatal("no runsc process of the sandbox found")
+	}
+	killed := time.Now()
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	checkDead(t, c, sb, other, killed, inflight, "ended")
+}
+
+// A gVisor sandbox that outgrows its memory limit is ended by the host's
+// OOM killer and reported so, with the limit.
+func TestGvisorOutOfMemoryIsReportedWithTheLimit(t *testing.T) {
+	c := gvisorCluster(t)
+	ctx := ctxT(t)
+	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{MemoryMb: 128}}
+	sb, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Files in /tmp live in the sandbox's memory under gVisor.
+	done := make(chan error, 1)
+	go func() {
+		_, err := sb.Run(ctxT(t), &agentv1.ProcessConfig{Args: []string{"sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=1024"}})
+		done <- err
+	}()
+	started := time.Now()
+	checkDead(t, c, sb, other, started, done, "out of memory (limit 128 MiB)")
+}
