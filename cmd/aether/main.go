@@ -27,6 +27,7 @@ func main() {
 	socket := flag.String("edge-socket", "/.dsec/run/edge.sock", "Unix socket of the edge to dial")
 	sudoDir := flag.String("sudo-dir", "", "serve the sudo broker in this directory (runtimes that ignore setuid)")
 	verbose := flag.Bool("v", false, "log debug messages")
+	pidsMax := flag.Int("pids-max", 0, "limit the sandbox's processes and threads in this kernel's pids cgroup (gVisor); 0 for none")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -40,6 +41,12 @@ func main() {
 	if err := aether.Protect(); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
+	}
+	if *pidsMax > 0 {
+		if err := aether.LimitTasks(*pidsMax); err != nil {
+			fmt.Fprintln(os.Stderr, "aether: limit tasks:", err)
+			os.Exit(1)
+		}
 	}
 	ctx := context.Background()
 	if os.Getpid() != 1 {

@@ -68,6 +68,7 @@ func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now tim
 	isDown, since := sb.link.Down()
 	if !isDown {
 		delete(down, sb.id)
+		e.maybeCompact(sb, now)
 		return
 	}
 	if since.IsZero() {

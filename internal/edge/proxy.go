@@ -101,6 +101,8 @@ func (e *Edge) AgentProxy() http.Handler {
 			ctx, cancel = context.WithTimeout(ctx, d)
 			defer cancel()
 		}
+		sb.callStarted()
+		defer sb.callEnded()
 		proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

@@ -41,10 +41,16 @@ type sandbox struct {
 	// never stalls the watcher.
 	view atomic.Pointer[sandboxv1.Sandbox]
 
-	mu       sync.Mutex      // serialises lifecycle changes
-	rec      *record         // guarded by mu
-	link     *agentlink.Link // guarded by mu; nil once removed
-	released bool            // guarded by mu; its capacity was given back (it failed)
+	mu        sync.Mutex      // serialises lifecycle changes
+	rec       *record         // guarded by mu
+	link      *agentlink.Link // guarded by mu; nil once removed
+	released  bool            // guarded by mu; its capacity was given back (it failed)
+	compacted time.Time       // guarded by mu; last compaction (compact.go)
+
+	// calls counts agent calls in flight; lastCallEnd is when the last one
+	// ended (unix nanoseconds). Compaction waits for quiet.
+	calls       atomic.Int64
+	lastCallEnd atomic.Int64
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
@@ -54,6 +60,22 @@ func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backe
 }
 
 func (sb *sandbox) project() string { return sb.proj }
+
+// callStarted and callEnded bracket an agent call.
+func (sb *sandbox) callStarted() { sb.calls.Add(1) }
+
+func (sb *sandbox) callEnded() {
+	sb.lastCallEnd.Store(time.Now().UnixNano())
+	sb.calls.Add(-1)
+}
+
+// lastCall is when the last agent call ended (zero if none did).
+func (sb *sandbox) lastCall() time.Time {
+	if n := sb.lastCallEnd.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
 
 // snapshot returns the published description; callers must not modify it.
 func (sb *sandbox) snapshot() *sandboxv1.Sandbox { return sb.view.Load() }

@@ -147,6 +147,13 @@ type Diagnoser interface {
 	Diagnose(ctx context.Context, id sandboxid.ID) string
 }
 
+// HostThreads is implemented by backends whose runtime holds host threads
+// it does not give back (gVisor's ptrace platform): the edge compacts a
+// sandbox that holds too many (checkpoint and restore in place).
+type HostThreads interface {
+	HostThreads(id sandboxid.ID) int
+}
+
 // Pauser is implemented by backends that can freeze a sandbox.
 type Pauser interface {
 	Pause(ctx context.Context, id sandboxid.ID) error

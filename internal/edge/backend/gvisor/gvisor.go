@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,6 +102,7 @@ var (
 	_ backend.Pauser      = (*Backend)(nil)
 	_ backend.Snapshotter = (*Backend)(nil)
 	_ backend.Diagnoser   = (*Backend)(nil)
+	_ backend.HostThreads = (*Backend)(nil)
 )
 
 // New returns a gvisor backend. Options: "runsc" (binary), "platform"
@@ -145,6 +147,7 @@ func (b *Backend) Probe(ctx context.Context) error {
 			return errdefs.FailedPrecondition("gvisor backend: platform kvm needs /dev/kvm, which this host lacks")
 		}
 	}
+	raisePidMax(b.log)
 	out, err := exec.CommandContext(ctx, b.runsc, "--platform="+b.platform, "help").CombinedOutput()
 	if err != nil && bytes.Contains(out, []byte("unknown platform")) {
 		return errdefs.FailedPrecondition("gvisor backend: this runsc has no platform %q (ptrace is always there)", b.platform)
@@ -423,4 +426,38 @@ func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
 		return "runsc: " + last
 	}
 	return ""
+}
+
+// nodePidMax is the kernel.pid_max a node running gVisor sandboxes needs:
+// each sandbox may hold HostThreadBound host threads, and the kernel's
+// default of 32768 is a few sandboxes' worth.
+const nodePidMax = 4194304
+
+// raisePidMax raises kernel.pid_max to nodePidMax if it is lower, and says
+// so: it changes the host until reboot.
+func raisePidMax(log *slog.Logger) {
+	const p = "/proc/sys/kernel/pid_max"
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return
+	}
+	cur, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || cur >= nodePidMax {
+		return
+	}
+	if err := os.WriteFile(p, []byte(strconv.Itoa(nodePidMax)), 0o644); err != nil {
+		log.Warn("could not raise kernel.pid_max; gVisor sandboxes' host threads may exhaust the node's process ids", "pid_max", cur, logging.Error, err)
+		return
+	}
+	log.Info("raised kernel.pid_max so gVisor sandboxes' host threads cannot exhaust the node's process ids", "from", cur, "to", nodePidMax)
+}
+
+// HostThreads is how many host tasks (sentry, gofer and stub threads) the
+// sandbox holds: its host pids cgroup's count.
+func (b *Backend) HostThreads(id sandboxid.ID) int {
+	bx, err := b.get(id)
+	if err != nil {
+		return 0
+	}
+	return oci.PidsCurrent(bx.runscID)
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -25,11 +26,19 @@ func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
 	// gVisor ignores setuid bits, so the image's sudo cannot work: the
 	// agent binary takes its place and asks the agent's broker instead.
 	s := oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath, Caps: caps, SudoBroker: true})
-	// The host cgroup holds the sentry and gofer, not the sandbox's tasks:
-	// with the ptrace platform every task and stub is a host thread, so a
-	// pids limit there starves the sentry itself (it hangs or dies when it
-	// cannot clone). The task count is bounded by memory instead.
-	s.Linux.Resources.Pids = nil
+	// The sandbox's tasks are limited in the sentry's own kernel, where a
+	// fork past the limit fails with EAGAIN: the agent sets that up
+	// (aether.LimitTasks), with room for its own threads.
+	if spec.Pids > 0 {
+		s.Process.Args = append(s.Process.Args, "-pids-max", strconv.FormatInt(spec.Pids+agentTasks, 10))
+	}
+	// The host cgroup holds the sentry and gofer. With the ptrace platform
+	// every task costs the sentry about ten host threads, which it keeps
+	// after the task exits, and a sentry that cannot make a thread dies: the
+	// host limit is a bound that protects the node, far above what the
+	// sandbox's own limit lets it reach in one go.
+	bound := HostThreadBound(spec.Pids)
+	s.Linux.Resources.Pids = &rspec.LinuxPids{Limit: &bound}
 	// This runsc rejects AT_NO_AUTOMOUNT, which coreutils pass to statx:
 	// a preloaded library clears it (compat/gvisor/statx.c).
 	if lib := filepath.Join(filepath.Dir(spec.AgentPath), compatLib); fileExists(lib) {
@@ -189,3 +198,11 @@ const (
 	lowShares    = 2
 	normalShares = 1024
 )
+
+// agentTasks is room for the agent's own threads in the sandbox's task
+// limit.
+const agentTasks = 32
+
+// HostThreadBound is the host pids limit of a gVisor sandbox whose own
+// limit is pids: 16 host threads a task, and no less than 8192.
+func HostThreadBound(pids int64) int64 { return max(8192, 16*pids) }

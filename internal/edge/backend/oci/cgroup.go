@@ -191,3 +191,13 @@ func DiagnoseOOM(id string) string {
 	}
 	return fmt.Sprintf("out of memory (limit %d MiB): the kernel's OOM killer ended %d process(es) in it", limit>>20, kills)
 }
+
+// PidsCurrent is how many tasks the sandbox's pids cgroup holds.
+func PidsCurrent(id string) int {
+	data, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", CgroupParent, id, "pids.current"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	return n
+}
