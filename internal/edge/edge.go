@@ -163,6 +163,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.recover(ctx)
 	e.sweepLayers()
+	e.sweepRunDirs()
 	e.loadSnapshots()
 	e.wg.Add(2)
 	go e.expireLoop()
@@ -190,6 +191,9 @@ func (e *Edge) Close() {
 		}
 		sb.mu.Unlock()
 	}
+	// The node's run directory goes when no sandbox uses it (it fails
+	// harmlessly otherwise): test clusters each make one.
+	os.Remove(filepath.Join(e.cfg.RunBase, string(e.node))) //nolint:errcheck // see above
 }
 
 func loadNodeID(dir string) (sandboxid.NodeID, error) {

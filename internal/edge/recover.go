@@ -114,6 +114,19 @@ func (e *Edge) recoverSpec(ctx context.Context, rec *record) (*backend.Spec, err
 	return e.backendSpec(rec, layers, im.Config.Config), nil
 }
 
+// sweepRunDirs removes run directories of sandboxes that have no directory
+// of their own any more (a crash during a removal).
+func (e *Edge) sweepRunDirs() {
+	base := filepath.Join(e.cfg.RunBase, string(e.node))
+	ents, _ := os.ReadDir(base)
+	for _, ent := range ents {
+		if _, err := os.Stat(e.sandboxDir(sandboxid.ID(ent.Name()))); errors.Is(err, fs.ErrNotExist) {
+			e.log.Warn("removing the run directory of a sandbox that is gone", "dir", filepath.Join(base, ent.Name()))
+			os.RemoveAll(filepath.Join(base, ent.Name())) //nolint:errcheck // best effort
+		}
+	}
+}
+
 // sweepLayers removes writable layers that no record names: a crash came
 // between making one and recording it, or the record is gone.
 func (e *Edge) sweepLayers() {

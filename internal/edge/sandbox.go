@@ -45,6 +45,7 @@ type sandbox struct {
 	rec       *record         // guarded by mu
 	link      *agentlink.Link // guarded by mu; nil once removed
 	released  bool            // guarded by mu; its capacity was given back (it failed)
+	removed   bool            // guarded by mu; nothing of it is left
 	compacted time.Time       // guarded by mu; last compaction (compact.go)
 
 	// calls counts agent calls in flight; lastCallEnd is when the last one
@@ -326,30 +327,41 @@ func (e *Edge) discard(ctx context.Context, sb *sandbox) error {
 // directory and unregisters. Callers hold sb.mu. On failure the record
 // stays, so the removal can be retried and nothing is silently leaked.
 func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
-	if sb.rec.Handle != nil || sb.rec.State != stateCreating {
-		if err := sb.be.Destroy(ctx, sb.id); err != nil {
-			sb.rec.Message = "removal failed: " + err.Error()
-			sb.save() //nolint:errcheck // best effort; the error is returned
-			return fmt.Errorf("destroy sandbox %s: %w", sb.id, err)
-		}
+	// Destroy even without a handle: a crash can come after the backend
+	// made something and before its handle was saved, and backends find
+	// what a sandbox left by its id.
+	if err := sb.be.Destroy(ctx, sb.id); err != nil {
+		sb.rec.Message = "removal failed: " + err.Error()
+		sb.save() //nolint:errcheck // best effort; the error is returned
+		return fmt.Errorf("destroy sandbox %s: %w", sb.id, err)
 	}
 	if sb.link != nil {
 		sb.link.Close()
 		sb.link = nil
 	}
+	// What is still mounted in the sandbox's directory (its rootfs, after
+	// such a crash) is unmounted here, deepest first.
 	if mounts, _ := rootfs.MountsUnder(sb.dir); len(mounts) > 0 {
-		return fmt.Errorf("sandbox %s: still mounted after destroy: %v", sb.id, mounts)
+		for i := len(mounts) - 1; i >= 0; i-- {
+			rootfs.Unmount(mounts[i]) //nolint:errcheck // checked below
+		}
+		if still, _ := rootfs.MountsUnder(sb.dir); len(still) > 0 {
+			return fmt.Errorf("sandbox %s: still mounted after destroy: %v", sb.id, still)
+		}
 	}
 	if sb.rec.LayerDir != "" && e.layers != nil {
 		if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
 			return fmt.Errorf("remove sandbox %s writable layer: %w", sb.id, err)
 		}
 	}
+	// The run directory goes first: the sandbox directory (with its record)
+	// is what a crash between the two needs to find to finish the removal.
+	os.RemoveAll(e.runDir(sb.id)) //nolint:errcheck // only the socket and two small files were in it
 	if err := os.RemoveAll(sb.dir); err != nil {
 		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)
 	}
-	os.RemoveAll(e.runDir(sb.id)) //nolint:errcheck // only the socket was in it
 	e.forget(sb)
+	sb.removed = true
 	return nil
 }
 
@@ -357,7 +369,7 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 func (e *Edge) destroy(ctx context.Context, sb *sandbox) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.link == nil && sb.rec.State == stateStopping {
+	if sb.removed {
 		return nil // removed meanwhile
 	}
 	sb.rec.State = stateStopping

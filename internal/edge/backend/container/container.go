@@ -292,6 +292,10 @@ func (b *Backend) cleanup(ctx context.Context, id sandboxid.ID, dir string) erro
 	if out, err := b.run(ctx, "delete", "--force", string(id)); err != nil && !notExist(out) {
 		errs = append(errs, err)
 	}
+	// After a crash the runtime may not know processes it started.
+	if err := oci.KillAll(string(id)); err != nil {
+		errs = append(errs, err)
+	}
 	if err := oci.RemoveCgroups(cgroupsPath(id)); err != nil {
 		errs = append(errs, err)
 	}

@@ -299,16 +299,48 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 	return nil
 }
 
-// Destroy removes the sandbox, its cgroups and its rootfs mount.
+// Destroy removes the sandbox, its cgroups and its rootfs mount. A sandbox
+// this backend does not know (a crash came before its handle was saved,
+// or it failed to recover) is found by its id: every runsc generation and
+// cgroup named after it is removed; the edge unmounts what is left in the
+// sandbox's directory.
 func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	b.mu.Lock()
 	bx := b.boxes[id]
 	delete(b.boxes, id)
 	b.mu.Unlock()
-	if bx == nil {
-		return nil
+	var errs []error
+	if bx != nil {
+		errs = append(errs, b.remove(ctx, *bx))
 	}
-	return b.remove(ctx, *bx)
+	for _, rid := range b.generations(ctx, id) {
+		if bx == nil || rid != bx.runscID {
+			errs = append(errs, b.remove(ctx, box{runscID: rid}))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// generations lists the runsc ids of a sandbox that runsc or the cgroup
+// tree still has (several after restores in place).
+func (b *Backend) generations(ctx context.Context, id sandboxid.ID) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(rid string) {
+		if strings.HasPrefix(rid, string(id)+"-") && !seen[rid] {
+			seen[rid] = true
+			out = append(out, rid)
+		}
+	}
+	if list, err := b.run(ctx, "", "list", "-quiet"); err == nil {
+		for _, rid := range strings.Fields(string(list)) {
+			add(rid)
+		}
+	}
+	for _, rid := range oci.CgroupsWithPrefix(string(id) + "-") {
+		add(rid)
+	}
+	return out
 }
 
 // remove deletes one runsc container generation and its cgroups, and
@@ -317,6 +349,9 @@ func (b *Backend) remove(ctx context.Context, bx box) error {
 	var errs []error
 	oci.Thaw(bx.runscID) //nolint:errcheck // a frozen sandbox cannot be killed; it may not be frozen
 	if out, err := b.run(ctx, "", "delete", "--force", bx.runscID); err != nil && !notExist(out, err) {
+		errs = append(errs, err)
+	}
+	if err := oci.KillAll(bx.runscID); err != nil {
 		errs = append(errs, err)
 	}
 	if err := oci.RemoveCgroups(cgroupsPath(bx.runscID)); err != nil {

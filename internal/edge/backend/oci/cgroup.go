@@ -201,3 +201,64 @@ func PidsCurrent(id string) int {
 	n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
 	return n
 }
+
+// KillAll ends every process left in a sandbox's cgroup (thawing it first:
+// a frozen process cannot die) and waits up to 5 s for them to go. It is the
+// last resort of a removal: the runtime's own delete ends them normally, but
+// after a crash the runtime may have lost track of them.
+func KillAll(id string) error {
+	Thaw(id) //nolint:errcheck // it may not be frozen, or not exist
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		pids := cgroupProcs(id)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: %d processes survive SIGKILL", id, len(pids))
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // it may be gone
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cgroupProcs lists the processes in a sandbox's cgroup, from every
+// hierarchy that has one (a process could have been moved in one only).
+func cgroupProcs(id string) []int {
+	seen := map[int]bool{}
+	var out []int
+	ents, _ := os.ReadDir(cgroupRoot)
+	for _, e := range ents {
+		data, err := os.ReadFile(filepath.Join(cgroupRoot, e.Name(), CgroupParent, id, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// CgroupsWithPrefix lists the cgroup names below CgroupParent, in any
+// hierarchy, that start with prefix.
+func CgroupsWithPrefix(prefix string) []string {
+	seen := map[string]bool{}
+	var out []string
+	ents, _ := os.ReadDir(cgroupRoot)
+	for _, e := range ents {
+		subs, _ := os.ReadDir(filepath.Join(cgroupRoot, e.Name(), CgroupParent))
+		for _, s := range subs {
+			if s.IsDir() && strings.HasPrefix(s.Name(), prefix) && !seen[s.Name()] {
+				seen[s.Name()] = true
+				out = append(out, s.Name())
+			}
+		}
+	}
+	return out
+}

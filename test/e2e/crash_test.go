@@ -1,0 +1,225 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// upProcess is a `dsec up` of the test's own, run as a separate process so
+// it can be killed with SIGKILL.
+type upProcess struct {
+	cmd    *exec.Cmd
+	client *client.Client
+	node   string
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startUp runs dsec up on state and waits until it serves.
+func startUp(t *testing.T, bin, state, store string) *upProcess {
+	t.Helper()
+	os.Remove(filepath.Join(state, "client.env"))
+	logf, err := os.OpenFile(filepath.Join(state, "dsec.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "up", "--state-dir", state, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--e2b-listen", "",
+		"--image-store", store, "--agent", testutil.AgentBinary(t), "--backends", "container,gvisor")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	env := filepath.Join(state, "client.env")
+	for i := 0; ; i++ {
+		if _, err := os.Stat(env); err == nil {
+			break
+		}
+		if i == 600 {
+			cmd.Process.Kill()
+			t.Fatalf("dsec up did not start; log: %s", tailFile(filepath.Join(state, "dsec.log")))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	url, key := "", ""
+	data, _ := os.ReadFile(env)
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "export DSEC_API_URL="); ok {
+			url = v
+		}
+		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
+			key = v
+		}
+	}
+	cl, err := client.New(url, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, _ := os.ReadFile(filepath.Join(state, "edge", "node-id"))
+	return &upProcess{cmd: cmd, client: cl, node: strings.TrimSpace(string(node))}
+}
+
+func tailFile(p string) string {
+	data, _ := os.ReadFile(p)
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+	}
+	return string(data)
+}
+
+// Twenty times, dsec up is killed with SIGKILL at a random moment of
+// creates, stops and forks on both backends. Afterwards every sandbox it
+// lists is usable or reported failed, none is stuck, and once they are
+// stopped nothing is left on the node: no process, mount, cgroup,
+// directory, runtime state or writable layer.
+func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc")
+	testutil.RequireBinary(t, "crun")
+	bin := dsecBinary(t)
+	dir := t.TempDir()
+	state, store := filepath.Join(dir, "state"), filepath.Join(dir, "images")
+	if out, err := exec.Command(bin, "image", "build", "busybox", "--store", store).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox: %v: %s", err, out)
+	}
+	os.MkdirAll(state, 0o700)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("seed %d", seed)
+	spec := func(backend string) *sandboxv1.SandboxSpec {
+		return &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.2, MemoryMb: 128, DiskMb: 64}}
+	}
+	var up *upProcess
+	for round := 0; round < 20; round++ {
+		up = startUp(t, bin, state, store)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		list, _ := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+		var existing []*sandboxv1.Sandbox
+		if list != nil {
+			existing = list.Msg.Sandboxes
+		}
+		var wg sync.WaitGroup
+		for i := 0; i < 3; i++ {
+			for _, b := range []string{"gvisor", "container"} {
+				wg.Add(1)
+				go func() { defer wg.Done(); up.client.Create(ctx, spec(b)) }() //nolint:errcheck // killed mid-way on purpose
+			}
+		}
+		for i, sb := range existing {
+			switch {
+			case i%3 == 0:
+				wg.Add(1)
+				go func() { defer wg.Done(); up.client.Sandbox(sb.Id).Stop(ctx) }() //nolint:errcheck // likewise
+			case i%3 == 1 && sb.Spec.Backend == "gvisor" && sb.State == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					up.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.Id, Count: 1})) //nolint:errcheck // likewise
+				}()
+			}
+		}
+		time.Sleep(time.Duration(100+rng.IntN(1400)) * time.Millisecond)
+		up.cmd.Process.Signal(syscall.SIGKILL)
+		up.cmd.Wait()
+		cancel()
+		wg.Wait()
+	}
+
+	// The last start: everything it lists is usable or failed.
+	up = startUp(t, bin, state, store)
+	defer func() {
+		up.cmd.Process.Signal(syscall.SIGTERM)
+		up.cmd.Wait()
+	}()
+	ctx := ctxT(t)
+	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, sb := range list.Msg.Sandboxes {
+		counts[sb.State.String()]++
+		switch sb.State {
+		case sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
+			if _, err := up.client.Sandbox(sb.Id).Shell(ctx, "true"); err != nil {
+				t.Errorf("%s is listed running but does not answer: %v", sb.Id, err)
+			}
+		case sandboxv1.SandboxState_SANDBOX_STATE_FAILED:
+		default:
+			t.Errorf("%s is stuck %v: %s", sb.Id, sb.State, sb.Message)
+		}
+	}
+	t.Logf("after 20 kills: %v", counts)
+	for _, sb := range list.Msg.Sandboxes {
+		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", sb.Id, err)
+		}
+	}
+	checkNodeClean(t, state, up.node)
+}
+
+// checkNodeClean asserts that nothing of node's sandboxes is left.
+func checkNodeClean(t *testing.T, state, node string) {
+	t.Helper()
+	out, _ := exec.Command("ps", "-eo", "pid=,args=").Output()
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), node+"-") {
+			t.Errorf("process left: %s", sc.Text())
+		}
+	}
+	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/opendsec/" + node + "-*"); len(cg) > 0 {
+		t.Errorf("cgroups left: %v", cg)
+	}
+	mounts, _ := rootfs.MountsUnder(state)
+	for _, m := range mounts {
+		if _, err := os.Stat(m + ".warm"); err != nil {
+			t.Errorf("mount left: %s", m)
+		}
+	}
+	for _, d := range []string{filepath.Join(state, "edge", "sandboxes"), filepath.Join("/run/opendsec", node)} {
+		if ents, _ := os.ReadDir(d); len(ents) > 0 {
+			t.Errorf("%d entries left in %s", len(ents), d)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(state, "edge", "snapshots")); len(ents) > 0 {
+		t.Errorf("%d snapshots left", len(ents))
+	}
+	layers, _ := filepath.Glob(filepath.Join(state, "edge", "layers", "*.img"))
+	for _, l := range layers {
+		if _, err := os.Stat(strings.TrimSuffix(l, ".img") + ".warm"); err != nil {
+			t.Errorf("writable layer left: %s", l)
+		}
+	}
+	for _, rt := range []string{"crun", "runsc"} {
+		root := filepath.Join(state, "edge", "backends", map[string]string{"crun": "container", "runsc": "gvisor"}[rt], rt)
+		if out, err := exec.Command(rt, "--root", root, "list", map[string]string{"crun": "-q", "runsc": "-quiet"}[rt]).Output(); err == nil && strings.TrimSpace(string(out)) != "" {
+			t.Errorf("%s still lists: %s", rt, strings.TrimSpace(string(out)))
+		}
+	}
+}
