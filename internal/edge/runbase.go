@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -54,7 +55,24 @@ func (e *Edge) prepareRunBase() (string, error) {
 			e.log.Warn("run base is a non-empty directory, not a mount: left as it is, so running sandboxes keep their sockets", "dir", base)
 		}
 	}
-	return stageAgent(e.cfg.AgentPath, base)
+	staged, err := stageAgent(e.cfg.AgentPath, base)
+	if err != nil {
+		return "", err
+	}
+	pruneStaged(base, filepath.Dir(staged))
+	return staged, nil
+}
+
+// pruneStaged removes agent versions staged more than a day ago, other
+// than keep. Sandboxes running one keep it (a bind mount holds the file,
+// not its name); an edge of another version on this node restages its own.
+func pruneStaged(base, keep string) {
+	dirs, _ := filepath.Glob(filepath.Join(base, "bin-*"))
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err == nil && d != keep && time.Since(fi.ModTime()) > 24*time.Hour {
+			os.RemoveAll(d) //nolint:errcheck // best effort
+		}
+	}
 }
 
 // stageAgent copies the agent and the files beside it that sandboxes mount
