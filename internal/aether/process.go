@@ -110,11 +110,29 @@ func (p *process) closeStdin() {
 }
 
 func (p *process) signal(sig syscall.Signal) error {
+	if sig == syscall.SIGKILL {
+		go p.killAll()
+		return nil
+	}
 	// The process leads its own group (or session); signal all of it.
 	if err := syscall.Kill(-p.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return err
 	}
 	return nil
+}
+
+// killAll ends the process group for good. One kill(-pgid) can miss
+// members born while it is delivered, and a fork bomb makes them faster than
+// that (a container once kept 900 of them after its command timed out,
+// and could run nothing more), so it signals until none is left.
+func (p *process) killAll() {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := syscall.Kill(-p.pgid, syscall.SIGKILL); err != nil {
+			return // ESRCH: the group is empty
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func outputEvent(stream agentv1.Stream, data []byte) *agentv1.ProcessEvent {
