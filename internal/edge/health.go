@@ -2,8 +2,15 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -21,12 +28,28 @@ import (
 // until the sandbox is stopped or its time to live ends. Calls to it fail at
 // once with the reason instead of waiting for an agent that will not come.
 
+// An agent that is connected but does not answer (gVisor lets the
+// sandbox's root stop its PID 1 with SIGSTOP; Linux does not) is found by a
+// heartbeat: a Health call to every idle sandbox every heartbeatEvery. When
+// it goes unanswered the edge sends the sandbox's first process SIGCONT
+// from outside; after heartbeatStrikes unanswered in a row the sandbox is
+// failed.
+
 const (
 	// healthEvery is how often the loop looks.
 	healthEvery = 500 * time.Millisecond
 	// agentAbsence is how long an agent may stay away while the backend
 	// says its sandbox runs (it redials within milliseconds normally).
-	agentAbsence = 10 * time.Second
+	agentAbsence     = 10 * time.Second
+	heartbeatStrikes = 3
+)
+
+// heartbeatEvery is how long a sandbox may go without a call before the
+// edge asks its agent; heartbeatTimeout bounds the answer. (Variables so
+// tests can shorten them.)
+var (
+	heartbeatEvery   = 5 * time.Second
+	heartbeatTimeout = 5 * time.Second
 )
 
 // healthLoop checks every running sandbox each tick.
@@ -68,6 +91,9 @@ func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now tim
 	isDown, since := sb.link.Down()
 	if !isDown {
 		delete(down, sb.id)
+		if e.heartbeat(sb, now) {
+			return
+		}
 		e.maybeCompact(sb, now)
 		return
 	}
@@ -127,4 +153,48 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 	if err := sb.save(); err != nil {
 		log.Error("save a failed sandbox's record", logging.Error, err)
 	}
+}
+
+// heartbeat asks an idle sandbox's agent whether it answers, acts on the
+// answers so far, and reports whether it failed the sandbox. Callers hold
+// sb.mu.
+func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
+	hb := &sb.hb
+	if strikes := hb.strikes.Load(); strikes > 0 && !hb.running.Load() {
+		if strikes >= heartbeatStrikes {
+			e.failLocked(context.Background(), sb, fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered, and SIGCONT did not help)", strikes, heartbeatTimeout))
+			return true
+		}
+		if !hb.continued.Load() {
+			hb.continued.Store(true)
+			if c, ok := sb.be.(backend.Continuer); ok {
+				e.log.Warn("agent did not answer a health check; sending its sandbox's first process SIGCONT", logging.SandboxID, sb.id)
+				c.Continue(context.Background(), sb.id) //nolint:errcheck // the next check tells
+			}
+		}
+	}
+	last := max(hb.lastOK.Load(), sb.lastCallEnd.Load(), sb.started.Load())
+	// Calls in flight do not excuse it: a long stream says nothing of the
+	// agent, and a call to a stopped agent would wait for its deadline.
+	if hb.running.Load() || now.Sub(time.Unix(0, last)) < heartbeatEvery {
+		return false
+	}
+	hb.running.Store(true)
+	link := sb.link
+	go func() {
+		defer hb.running.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)
+		defer cancel()
+		c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
+		_, err := c.Health(ctx, connect.NewRequest(&agentv1.HealthRequest{}))
+		switch {
+		case err == nil:
+			hb.lastOK.Store(time.Now().UnixNano())
+			hb.strikes.Store(0)
+			hb.continued.Store(false)
+		case errors.Is(err, context.DeadlineExceeded) || connect.CodeOf(err) == connect.CodeDeadlineExceeded:
+			hb.strikes.Add(1)
+		}
+	}()
+	return false
 }

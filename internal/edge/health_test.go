@@ -108,3 +108,53 @@ func TestEdgeAppliesTheCallDeadline(t *testing.T) {
 		t.Fatalf("after %v: %d %s", took, resp.StatusCode, body)
 	}
 }
+
+func fastHeartbeats(t *testing.T) {
+	every, timeout := heartbeatEvery, heartbeatTimeout
+	heartbeatEvery, heartbeatTimeout = 200*time.Millisecond, 200*time.Millisecond
+	t.Cleanup(func() { heartbeatEvery, heartbeatTimeout = every, timeout })
+}
+
+// An agent that stops answering while connected (gVisor lets the
+// sandbox's root SIGSTOP its PID 1) gets SIGCONT from outside and carries
+// on.
+func TestStoppedAgentIsContinued(t *testing.T) {
+	fastHeartbeats(t)
+	f := newFixture(t, smallCapacity())
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Hang(sandboxIDOf(sb))
+	time.Sleep(3 * time.Second)
+	if _, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil {
+		t.Fatalf("after SIGCONT: %v", err)
+	}
+	if got, _ := f.edge.Get(sb.Id, "root"); got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("state %v: %s", got.State, got.Message)
+	}
+}
+
+// One that SIGCONT does not wake is failed, with the reason.
+func TestAgentThatNeverAnswersIsFailed(t *testing.T) {
+	fastHeartbeats(t)
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.StuckForGood = true
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Hang(sandboxIDOf(sb))
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		got, _ := f.edge.Get(sb.Id, "root")
+		if got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			if !strings.Contains(got.Message, "stopped answering") {
+				t.Fatalf("reason %q", got.Message)
+			}
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("an agent that never answers was not failed")
+}

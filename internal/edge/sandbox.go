@@ -52,6 +52,9 @@ type sandbox struct {
 	// ended (unix nanoseconds). Compaction waits for quiet.
 	calls       atomic.Int64
 	lastCallEnd atomic.Int64
+	// started is when the sandbox last became running (unix nanoseconds).
+	started atomic.Int64
+	hb      heartbeatState
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
@@ -301,6 +304,7 @@ func (e *Edge) running(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	sb.rec.State = stateRunning
+	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
 	return sb.save()
 }
@@ -463,4 +467,12 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 		return nil, err
 	}
 	return sb.snapshot(), nil
+}
+
+// heartbeatState is the health loop's record of a sandbox's heartbeats.
+type heartbeatState struct {
+	running   atomic.Bool  // a Health call is in flight
+	lastOK    atomic.Int64 // unix nanoseconds of the last answer
+	strikes   atomic.Int32 // unanswered in a row
+	continued atomic.Bool  // SIGCONT was sent since the last answer
 }

@@ -154,6 +154,13 @@ type HostThreads interface {
 	HostThreads(id sandboxid.ID) int
 }
 
+// Continuer is implemented by backends that can send the sandbox's first
+// process (the agent) SIGCONT from outside, for a runtime that lets the
+// sandbox stop it (gVisor).
+type Continuer interface {
+	Continue(ctx context.Context, id sandboxid.ID) error
+}
+
 // Pauser is implemented by backends that can freeze a sandbox.
 type Pauser interface {
 	Pause(ctx context.Context, id sandboxid.ID) error

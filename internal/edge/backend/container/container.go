@@ -63,6 +63,7 @@ var (
 	_ backend.Backend   = (*Backend)(nil)
 	_ backend.Pauser    = (*Backend)(nil)
 	_ backend.Diagnoser = (*Backend)(nil)
+	_ backend.Continuer = (*Backend)(nil)
 )
 
 // New returns a container backend. Option "runtime" picks crun (default) or runc.
@@ -379,4 +380,11 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 // being killed from outside (its first process, the agent, ends them all).
 func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
 	return oci.DiagnoseOOM(string(id))
+}
+
+// Continue sends the container's first process SIGCONT (which nothing in
+// the container can stop: Linux keeps SIGSTOP from a namespace's init).
+func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
+	_, err := b.run(ctx, "kill", string(id), "CONT")
+	return err
 }

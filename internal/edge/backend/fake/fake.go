@@ -35,6 +35,8 @@ type Knobs struct {
 	// FailRecover makes Recover fail, as for a sandbox that died while the
 	// edge was down.
 	FailRecover error
+	// StuckForGood makes Continue leave a Hang in place.
+	StuckForGood bool
 }
 
 // running holds the agents of every fake sandbox in this process by sandbox
@@ -86,6 +88,7 @@ var (
 	_ backend.Backend     = (*Backend)(nil)
 	_ backend.Pauser      = (*Backend)(nil)
 	_ backend.Snapshotter = (*Backend)(nil)
+	_ backend.Continuer   = (*Backend)(nil)
 )
 
 // New returns a fake backend.
@@ -333,4 +336,17 @@ func (b *Backend) Hang(id sandboxid.ID) {
 		}
 		bx.gate.mu.Unlock()
 	}
+}
+
+// Continue lifts a Hang, as SIGCONT wakes a stopped agent.
+func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
+	if b.Knobs.StuckForGood {
+		return nil
+	}
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	b.resumeGate(bx)
+	return nil
 }

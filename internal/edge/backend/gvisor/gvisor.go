@@ -103,6 +103,7 @@ var (
 	_ backend.Snapshotter = (*Backend)(nil)
 	_ backend.Diagnoser   = (*Backend)(nil)
 	_ backend.HostThreads = (*Backend)(nil)
+	_ backend.Continuer   = (*Backend)(nil)
 )
 
 // New returns a gvisor backend. Options: "runsc" (binary), "platform"
@@ -495,4 +496,15 @@ func (b *Backend) HostThreads(id sandboxid.ID) int {
 		return 0
 	}
 	return oci.PidsCurrent(bx.runscID)
+}
+
+// Continue sends the sandbox's first process, the agent, SIGCONT: gVisor
+// lets root inside stop its PID 1, which Linux does not.
+func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	_, err = b.run(ctx, "", "kill", bx.runscID, "CONT")
+	return err
 }

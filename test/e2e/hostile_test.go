@@ -1,0 +1,383 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+)
+
+// The hostile-sandbox suite: what a rollout's code can try against the node
+// and its neighbours, on both backends. Each case says what the sandbox saw,
+// and afterwards the sandbox (unless the case ends it) and its neighbour
+// answer. Every command has a deadline; nothing here can harm the host.
+
+// hostileSpec is a small sandbox for the attacks.
+func hostileSpec(backend string) *sandboxv1.SandboxSpec {
+	return &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Resources: &sandboxv1.Resources{
+		CpuCores: 1, MemoryMb: 256, Pids: 256, DiskMb: 128, OpenFiles: 1024,
+	}}
+}
+
+// py runs a Python program in the sandbox and returns stdout+stderr.
+func py(t *testing.T, sb *client.Sandbox, prog string, timeout time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
+	defer cancel()
+	r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"python3", "-c", prog}, TimeoutMs: uint32(timeout / time.Millisecond)})
+	if err != nil {
+		t.Fatalf("python: %v", err)
+	}
+	return strings.TrimSpace(string(r.Stdout) + string(r.Stderr))
+}
+
+// sh runs a shell command with a deadline and returns its result.
+func sh(t *testing.T, sb *client.Sandbox, cmd string, timeout time.Duration) *agentv1.RunResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
+	defer cancel()
+	r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", cmd}, TimeoutMs: uint32(timeout / time.Millisecond)})
+	if err != nil {
+		t.Fatalf("%q: %v", cmd, err)
+	}
+	return r
+}
+
+// answers waits up to limit for the sandbox to run a command again.
+func answers(t *testing.T, sb *client.Sandbox, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := sb.Shell(ctx, "echo ok")
+		cancel()
+		if err == nil && string(r.Stdout) == "ok\n" {
+			return
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s does not answer %v after the attack: %v", sb.ID, limit, last)
+}
+
+// syscallErr runs one system call through ctypes and prints its errno name.
+const syscallErr = `
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def errname(ret):
+    return "OK" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+`
+
+func TestHostileSandboxes(t *testing.T) {
+	c := gvisorPyCluster(t)
+	for _, backend := range []string{"container", "gvisor"} {
+		t.Run(backend, func(t *testing.T) { hostileCases(t, c, backend) })
+	}
+}
+
+func hostileCases(t *testing.T, c *cluster, backend string) {
+	ctx := ctxT(t)
+	neighbour, err := c.client.Create(ctx, hostileSpec(backend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newVictim := func(t *testing.T) *client.Sandbox {
+		sb, err := c.client.Create(ctx, hostileSpec(backend))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sb.Stop(context.Background()) })
+		return sb
+	}
+	gvisor := backend == "gvisor"
+
+	t.Run("kernel calls are refused", func(t *testing.T) {
+		sb := newVictim(t)
+		out := py(t, sb, syscallErr+`
+CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x20000
+print("unshare-user", errname(libc.unshare(CLONE_NEWUSER)))
+print("mount", errname(libc.mount(b"none", b"/mnt", b"tmpfs", 0, None)))
+print("init_module", errname(libc.syscall(175, None, 0, b"")))
+print("finit_module", errname(libc.syscall(313, 0, b"", 0)))
+print("ptrace-agent", errname(libc.ptrace(16, 1, None, None)))
+import socket
+for fam, typ, name in ((socket.AF_INET, socket.SOCK_RAW, "raw-inet"), (socket.AF_PACKET, socket.SOCK_RAW, "packet")):
+    try:
+        socket.socket(fam, typ, 1 if fam == socket.AF_INET else 0).close(); print(name, "OK")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+`, 20*time.Second)
+		want := map[string][]string{
+			// A container has no CAP_SYS_ADMIN, SYS_MODULE, SYS_PTRACE or
+			// NET_RAW, and its seccomp filter refuses new user namespaces.
+			"container": {"unshare-user EPERM", "mount EPERM", "init_module EPERM", "finit_module EPERM", "ptrace-agent EPERM", "raw-inet EPERM", "packet EPERM"},
+			// gVisor answers from its own kernel, which has no modules;
+			// nothing the agent starts keeps CAP_SYS_ADMIN (mount), and the
+			// agent cannot be traced. A user namespace or a raw socket there
+			// stays inside the sentry (which has no network).
+			"gvisor": {"init_module ENOSYS", "finit_module ENOSYS", "ptrace-agent EPERM", "mount EPERM"},
+		}[backend]
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("want %q in:\n%s", w, out)
+			}
+		}
+	})
+
+	t.Run("the agent cannot be killed or stopped from inside", func(t *testing.T) {
+		sb := newVictim(t)
+		// Linux delivers none of these to a namespace's PID 1 from inside
+		// (it has no handler for them, or they are SIGKILL/SIGSTOP).
+		// gVisor does deliver SIGSTOP and SIGKILL: a stopped agent is found
+		// by the edge's heartbeat and continued from outside; a killed one
+		// ends the sandbox, which is reported failed.
+		sigs := "TERM INT QUIT USR1 USR2 HUP SEGV ABRT STOP"
+		r := sh(t, sb, "for s in "+sigs+"; do kill -$s 1; done; echo sent", 10*time.Second)
+		if !strings.Contains(string(r.Stdout), "sent") {
+			t.Fatalf("kill loop: %q %q", r.Stdout, r.Stderr)
+		}
+		answers(t, sb, 30*time.Second)
+		killed := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "kill -KILL 1; sleep 1; echo survived"}}) //nolint:errcheck // judged below
+		cancel()
+		if gvisor {
+			reason, took := waitFailed(t, c, sb.ID, killed)
+			t.Logf("gVisor: kill -9 1 from inside ended the sandbox; reported after %v: %s", took.Round(time.Millisecond), reason)
+			return
+		}
+		answers(t, sb, 10*time.Second)
+		got, err := c.client.Sandboxes.GetSandbox(ctxT(t), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+		if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+			t.Fatalf("after the signals: %v %v", got, err)
+		}
+	})
+
+	t.Run("nothing of the node is visible", func(t *testing.T) {
+		sb := newVictim(t)
+		r := sh(t, sb, "cat /proc/self/mountinfo; echo ===; cat /etc/resolv.conf; echo ===; cat /etc/hostname; echo ===; grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status", 10*time.Second)
+		out := string(r.Stdout)
+		for _, leak := range []string{c.cfg.StateDir, filepath.Dir(c.cfg.StateDir), "/work/", os.TempDir() + "/"} {
+			if strings.Contains(out, leak) {
+				t.Errorf("a node path (%s) is visible:\n%s", leak, out)
+			}
+		}
+		parts := strings.Split(out, "===\n")
+		if len(parts) != 4 || !strings.Contains(parts[1], "OpenDsec") || strings.TrimSpace(parts[2]) != sb.ID {
+			t.Errorf("resolv.conf or hostname are the image's:\n%s", out)
+		}
+		if !gvisor && (!strings.Contains(parts[3], "Seccomp:\t2") || !strings.Contains(parts[3], "NoNewPrivs:\t1")) {
+			t.Errorf("no seccomp filter or no_new_privs:\n%s", parts[3])
+		}
+	})
+
+	t.Run("sudo still works", func(t *testing.T) {
+		sb := newVictim(t)
+		r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "sudo -n id -u"}, User: "user"})
+		if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
+			t.Fatalf("sudo as user: %v %q %q", err, r.GetStdout(), r.GetStderr())
+		}
+	})
+
+	t.Run("fork bomb", func(t *testing.T) {
+		sb := newVictim(t)
+		started := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 30"}, TimeoutMs: 5000})
+		cancel()
+		if gvisor {
+			// The task limit holds inside, but on the ptrace platform every
+			// new process costs the sentry host threads and memory: within a
+			// few seconds it outgrows its memory limit and the host's OOM
+			// killer ends the sandbox, which is reported failed. Contained:
+			// the node and the neighbour carry on (checked below).
+			if err == nil && r.TimedOut {
+				answers(t, sb, 30*time.Second)
+				return
+			}
+			reason, took := waitFailed(t, c, sb.ID, started)
+			t.Logf("gVisor: the fork bomb ended the sandbox; reported after %v: %s", took.Round(time.Millisecond), reason)
+			return
+		}
+		if err != nil || !r.TimedOut {
+			t.Fatalf("the bomb's command did not time out: %+v %v", r, err)
+		}
+		answers(t, sb, 30*time.Second)
+		// Nothing of the bomb outlives its command's timeout.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			n, _ := strconv.Atoi(strings.TrimSpace(string(sh(t, sb, "ls /proc | grep -c '^[0-9]'", 10*time.Second).Stdout)))
+			if n < 10 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d processes still in the sandbox after the bomb's timeout", n)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	})
+
+	t.Run("thread bomb", func(t *testing.T) {
+		sb := newVictim(t)
+		out := py(t, sb, `
+import threading, time
+n = 0
+try:
+    while n < 100000:
+        threading.Thread(target=time.sleep, args=(20,), daemon=True).start(); n += 1
+    print("unbounded", n)
+except RuntimeError as e:
+    print("refused after", n, e)
+`, 60*time.Second)
+		if !strings.Contains(out, "refused after") {
+			t.Fatalf("thread bomb: %s", out)
+		}
+		// gVisor's limit counts the agent's threads too, with room for them.
+		limit := map[bool]int{false: 256, true: 256 + 32}[gvisor]
+		if n, _ := strconv.Atoi(strings.Fields(out)[2]); n > limit {
+			t.Fatalf("%d threads started under a limit of %d", n, limit)
+		}
+		answers(t, sb, 30*time.Second)
+	})
+
+	t.Run("fd exhaustion", func(t *testing.T) {
+		sb := newVictim(t)
+		out := py(t, sb, `
+import os, errno
+fds = []
+try:
+    while len(fds) < 1000000:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    print("unbounded", len(fds))
+except OSError as e:
+    print(errno.errorcode[e.errno], len(fds))
+`, 30*time.Second)
+		if !strings.HasPrefix(out, "EMFILE") {
+			t.Fatalf("fd exhaustion: %s", out)
+		}
+		if n, _ := strconv.Atoi(strings.Fields(out)[1]); n > 1024 {
+			t.Fatalf("%d files open under a limit of 1024", n)
+		}
+		answers(t, sb, 10*time.Second)
+	})
+
+	t.Run("stdout flood", func(t *testing.T) {
+		sb := newVictim(t)
+		dir := filepath.Join(c.cfg.StateDir, "edge", "sandboxes", sb.ID)
+		before := dirBytes(dir)
+		r := sh(t, sb, "dd if=/dev/zero bs=1M count=200 > /proc/1/fd/1 2>/dev/null; dd if=/dev/zero bs=1M count=200 > /proc/1/fd/2 2>/dev/null; echo done", 60*time.Second)
+		if !strings.Contains(string(r.Stdout), "done") {
+			t.Fatalf("flood: %+v", r)
+		}
+		if grew := dirBytes(dir) - before; grew > 1<<20 {
+			t.Fatalf("writing 400 MiB to the agent's stdio grew the sandbox's files on the node by %d bytes", grew)
+		}
+		answers(t, sb, 10*time.Second)
+	})
+
+	t.Run("memory hog", func(t *testing.T) {
+		sb := newVictim(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"python3", "-c", "b = bytearray(1 << 30); print('allocated')"}, TimeoutMs: 30000})
+		if gvisor {
+			// The host's OOM killer ends gVisor's sentry: the sandbox is
+			// reported failed with the reason.
+			reason, _ := waitFailed(t, c, sb.ID, time.Now())
+			if !strings.Contains(reason, "out of memory (limit 256 MiB)") {
+				t.Fatalf("reason %q (the call: %v)", reason, err)
+			}
+			return
+		}
+		if err != nil || strings.Contains(string(r.Stdout), "allocated") || (r.Signal != 9 && r.ExitCode != 137) {
+			t.Fatalf("1 GiB under a 256 MiB limit: %+v %v", r, err)
+		}
+		answers(t, sb, 10*time.Second)
+	})
+
+	t.Run("disk fill", func(t *testing.T) {
+		if gvisor {
+			t.Skip("gVisor keeps the writable layer in memory (fork needs it there); memory_mb bounds it, and the memory hog case shows what happens past it")
+		}
+		sb := newVictim(t)
+		free := func() int64 {
+			var st unix.Statfs_t
+			unix.Statfs(c.cfg.StateDir, &st)
+			return int64(st.Bavail) * st.Bsize
+		}
+		before := free()
+		r := sh(t, sb, "dd if=/dev/zero of=/root/fill bs=1M count=400 2>&1 | grep -o 'No space left on device' | head -1; sync; df -m / | tail -1", 60*time.Second)
+		out := string(r.Stdout)
+		if !strings.Contains(out, "No space left on device") {
+			t.Fatalf("400 MiB into a 128 MiB layer: %q %q", out, r.Stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		fields := strings.Fields(lines[len(lines)-1])
+		if size, err := strconv.Atoi(fields[1]); err != nil || size > 128 || size < 100 {
+			t.Fatalf("df / inside: %q, want the layer's 128 MiB", out)
+		}
+		if used := before - free(); used > 128<<20+10<<20 {
+			t.Fatalf("the node lost %d MiB to a 128 MiB layer", used>>20)
+		}
+		sh(t, sb, "rm /root/fill; sync", 30*time.Second)
+		answers(t, sb, 10*time.Second)
+	})
+
+	t.Run("cpu hog stays within its quota", func(t *testing.T) {
+		sb := newVictim(t)
+		usage := cpuUsage(t, sb.ID)
+		// Two spinning processes in a sandbox limited to one core.
+		go sb.Run(context.Background(), &agentv1.ProcessConfig{Args: []string{"sh", "-c", "for i in 1 2; do timeout 5 sh -c 'while :; do :; done' & done; wait"}}) //nolint:errcheck // checked by its CPU use
+		time.Sleep(time.Second)
+		u0, t0 := usage(), time.Now()
+		time.Sleep(3 * time.Second)
+		cores := float64(usage()-u0) / float64(time.Since(t0).Nanoseconds())
+		t.Logf("the hog used %.2f cores", cores)
+		if cores > 1.15 || cores < 0.3 {
+			t.Fatalf("two spinning processes under a one-core limit used %.2f cores", cores)
+		}
+		answers(t, neighbour, 10*time.Second)
+	})
+
+	// The neighbour was never touched.
+	answers(t, neighbour, 10*time.Second)
+}
+
+// dirBytes is what the files under dir take on disk.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error { //nolint:errcheck // a sum
+		if err == nil && fi.Mode().IsRegular() {
+			if st, ok := fi.Sys().(*unix.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// cpuUsage returns a reader of the sandbox's CPU time in nanoseconds, from
+// its host cpuacct cgroup (gVisor: its runsc generation's).
+func cpuUsage(t *testing.T, id string) func() int64 {
+	files, _ := filepath.Glob("/sys/fs/cgroup/cpuacct/opendsec/" + id + "*/cpuacct.usage")
+	if len(files) != 1 {
+		t.Fatalf("cpuacct cgroups of %s: %v", id, files)
+	}
+	return func() int64 {
+		data, _ := os.ReadFile(files[0])
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		return n
+	}
+}
