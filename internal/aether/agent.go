@@ -45,6 +45,9 @@ type Config struct {
 	// and the entropy pool. Only true inside a real sandbox: an in-process
 	// agent (the fake backend) must never touch its host.
 	ApplyIdentity bool
+	// MachineID, if set with ApplyIdentity, is written to /etc/machine-id
+	// (and the hostname to /etc/hostname) before the agent dials the edge.
+	MachineID string
 	// DetachConsole, once the edge is reached, points the agent's stdout
 	// and stderr at /dev/null (see DetachConsole).
 	DetachConsole bool
@@ -103,6 +106,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if os.Getpid() == 1 {
 		go a.reapOrphans(ctx)
+	}
+	// A new sandbox's identity comes with its command line: no call is
+	// needed before it is ready (a restored copy gets SetIdentity).
+	if a.cfg.ApplyIdentity && a.cfg.MachineID != "" {
+		host, _ := os.Hostname()
+		if err := applyIdentity(host, a.cfg.MachineID, nil); err != nil {
+			a.log.Warn("identity not applied", logging.Error, err)
+		}
 	}
 	if a.cfg.SudoDir != "" {
 		if ln, err := sudo.Listen(a.cfg.SudoDir); err != nil {
@@ -171,31 +182,38 @@ func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[age
 	if !s.a.cfg.ApplyIdentity {
 		return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
 	}
-	// A new sandbox already has its hostname from the runtime, and a
-	// container's agent may not set one (no CAP_SYS_ADMIN): only a restored
-	// copy, which carries its source's name, needs the call.
-	if cur, _ := os.Hostname(); m.Hostname != "" && cur != m.Hostname {
-		if err := syscall.Sethostname([]byte(m.Hostname)); err != nil {
-			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "set hostname")
+	if err := applyIdentity(m.Hostname, m.MachineId, m.Entropy); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
+}
+
+// applyIdentity sets the hostname (only if it differs: a new sandbox has
+// its own from the runtime, and a container's agent has no CAP_SYS_ADMIN to
+// set one; a restored copy carries its source's), writes /etc/hostname
+// (images ship their build host's name there) and /etc/machine-id, and
+// mixes entropy into the kernel's pool. Empty values are left alone.
+func applyIdentity(hostname, machineID string, entropy []byte) error {
+	if cur, _ := os.Hostname(); hostname != "" && cur != hostname {
+		if err := syscall.Sethostname([]byte(hostname)); err != nil {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "set hostname")
 		}
 	}
-	if m.Hostname != "" {
-		// /etc/hostname is a file of the sandbox (images ship their build
-		// host's name in it); keep it in step if writable.
-		os.WriteFile("/etc/hostname", []byte(m.Hostname+"\n"), 0o644) //nolint:errcheck // optional
+	if hostname != "" {
+		os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644) //nolint:errcheck // optional
 	}
-	if m.MachineId != "" {
-		if err := os.WriteFile("/etc/machine-id", []byte(m.MachineId+"\n"), 0o444); err != nil {
-			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "write /etc/machine-id")
+	if machineID != "" {
+		if err := os.WriteFile("/etc/machine-id", []byte(machineID+"\n"), 0o444); err != nil {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "write /etc/machine-id")
 		}
 	}
-	if len(m.Entropy) > 0 {
+	if len(entropy) > 0 {
 		// Writing mixes the bytes into the pool (no entropy credit needed:
 		// the kernel reseeds its CRNG from the mixed pool).
 		if f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0); err == nil {
-			f.Write(m.Entropy) //nolint:errcheck // best effort; gVisor draws from the host anyway
+			f.Write(entropy) //nolint:errcheck // best effort; gVisor draws from the host anyway
 			f.Close()
 		}
 	}
-	return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
+	return nil
 }

@@ -274,6 +274,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 		}
 	}
 	bspec := e.backendSpec(rec, layers, im.Config.Config)
+	bspec.MachineID = newMachineID()
 	h, err := sb.be.Create(ctx, bspec)
 	if err != nil {
 		return err
@@ -285,12 +286,13 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
 		return err
 	}
-	return e.running(ctx, sb)
+	return e.running(ctx, sb, false)
 }
 
-// running waits for the agent, gives the sandbox its own identity and marks
-// it running. Callers hold sb.mu.
-func (e *Edge) running(ctx context.Context, sb *sandbox) error {
+// running waits for the agent, gives a restored copy its own identity (a
+// new sandbox's came with its agent's command line) and marks it running.
+// Callers hold sb.mu.
+func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
 	defer cancel()
 	if err := sb.link.WaitReady(wait); err != nil {
@@ -300,8 +302,10 @@ func (e *Edge) running(ctx context.Context, sb *sandbox) error {
 		}
 		return errdefs.Unavailable("sandbox %s: the agent did not connect within %s; console: %s", sb.id, e.cfg.AgentTimeout, detail)
 	}
-	if err := e.freshIdentity(ctx, sb); err != nil {
-		return err
+	if restored {
+		if err := e.freshIdentity(ctx, sb); err != nil {
+			return err
+		}
 	}
 	sb.rec.State = stateRunning
 	sb.started.Store(time.Now().UnixNano())

@@ -344,7 +344,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 	if err := sb.save(); err != nil {
 		return err
 	}
-	return e.running(ctx, sb)
+	return e.running(ctx, sb, true)
 }
 
 // layersByDigest finds the image layers a snapshot was taken on, by
@@ -362,17 +362,22 @@ func (e *Edge) layersByDigest(ctx context.Context, snap *snapshot) ([]string, oc
 	return layers, im.Config.Config, err
 }
 
-// freshIdentity gives a new sandbox or a restored copy its own hostname
+// newMachineID is a random /etc/machine-id.
+func newMachineID() string {
+	b := make([]byte, 16)
+	rand.Read(b) //nolint:errcheck // crypto/rand does not fail on Linux
+	return hex.EncodeToString(b)
+}
+
+// freshIdentity gives a restored copy its own hostname
 // (also in /etc/hostname, which images ship with their build host's name)
 // and machine id, and reseeds its entropy pool. Callers hold sb.mu.
 func (e *Edge) freshIdentity(ctx context.Context, sb *sandbox) error {
-	mid := make([]byte, 16)
 	entropy := make([]byte, 64)
-	rand.Read(mid)     //nolint:errcheck // crypto/rand does not fail on Linux
-	rand.Read(entropy) //nolint:errcheck // likewise
+	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
 	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
 	_, err := c.SetIdentity(ctxTimeout(ctx, 10*time.Second), connect.NewRequest(&agentv1.SetIdentityRequest{
-		Hostname: string(sb.id), MachineId: hex.EncodeToString(mid), Entropy: entropy,
+		Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy,
 	}))
 	if err != nil {
 		return fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))

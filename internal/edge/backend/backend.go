@@ -58,6 +58,9 @@ type Spec struct {
 	// Env is the environment of the sandbox's processes (KEY=VALUE).
 	Env      []string
 	Hostname string
+	// MachineID is the new sandbox's /etc/machine-id (32 hex), passed to
+	// the agent; a restored copy gets its own through SetIdentity instead.
+	MachineID string
 	Resources
 	// AgentPath is the host path of the static aether binary.
 	AgentPath string

@@ -140,6 +140,9 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 			Seccomp: o.Seccomp,
 		},
 	}
+	if spec.MachineID != "" {
+		s.Process.Args = append(s.Process.Args, "-machine-id", spec.MachineID)
+	}
 	if spec.ResolvConf != "" {
 		s.Mounts = append(s.Mounts, rspec.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: spec.ResolvConf, Options: []string{"rbind", "ro"}})
 	}
