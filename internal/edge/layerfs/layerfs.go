@@ -13,6 +13,7 @@
 package layerfs
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -163,11 +164,13 @@ func (f *FS) Create(ctx context.Context, sizeMB int64) (string, error) {
 		return f.Path(name), nil
 	}
 	f.mu.Unlock()
-	return f.make(ctx, randomName(), sizeMB)
+	return f.make(ctx, randomName(), sizeMB, false)
 }
 
-// make formats and mounts a new layer called name.
-func (f *FS) make(ctx context.Context, name string, sizeMB int64) (string, error) {
+// make formats and mounts a new layer called name. In the background it
+// formats at the lowest CPU priority, so a create is not slowed by the
+// warm set's refill.
+func (f *FS) make(ctx context.Context, name string, sizeMB int64, background bool) (string, error) {
 	img := f.Path(name) + ".img"
 	mnt := f.Path(name)
 	fail := func(err error) (string, error) {
@@ -189,10 +192,19 @@ func (f *FS) make(ctx context.Context, name string, sizeMB int64) (string, error
 	// of its node in any useful way, and the journal would take up to 64 MiB
 	// of the sandbox's size); one inode per 16 KiB, enough for package
 	// trees; inode tables initialised lazily, so formatting writes ~2 MB.
-	out, err := exec.CommandContext(ctx, f.mkfs, "-q", "-F", "-m", "0", "-i", "16384", "-O", "^has_journal",
-		"-E", "lazy_itable_init=1,nodiscard", img).CombinedOutput()
+	cmd := exec.CommandContext(ctx, f.mkfs, "-q", "-F", "-m", "0", "-i", "16384", "-O", "^has_journal",
+		"-E", "lazy_itable_init=1,nodiscard", img)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Start()
+	if err == nil {
+		if background {
+			unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19) //nolint:errcheck // only slower otherwise
+		}
+		err = cmd.Wait()
+	}
 	if err != nil {
-		return fail(fmt.Errorf("writable layer: mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out))))
+		return fail(fmt.Errorf("writable layer: mkfs.ext4: %w: %s", err, strings.TrimSpace(out.String())))
 	}
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return fail(err)
@@ -274,7 +286,7 @@ func (f *FS) keepWarm() {
 			default:
 			}
 			name := randomName()
-			if _, err := f.make(context.Background(), name, size); err != nil {
+			if _, err := f.make(context.Background(), name, size, true); err != nil {
 				f.log.Warn("make a warm layer", logging.Error, err)
 				break
 			}
@@ -329,7 +341,7 @@ func loopMount(img, mnt string) error {
 			lf.Close()
 			return os.NewSyscallError("ioctl(LOOP_CONFIGURE)", err)
 		}
-		err = unix.Mount(dev, mnt, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, "discard")
+		err = unix.Mount(dev, mnt, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, "discard,noinit_itable")
 		lf.Close() // with AUTOCLEAR, the device goes away with the mount
 		if err != nil {
 			return fmt.Errorf("writable layer: mount %s: %w", dev, err)
