@@ -4,7 +4,12 @@
 // of the same bundle (the config.json our backend wrote, on the same image
 // layers, with `sleep` as its first process instead of the agent), and an
 // exec round trip (`true`) against `crun exec`. It prints p50/p99 side by
-// side with the ratios. Needs root, crun and the store `make images` fills.
+// side with the ratios. It also runs bare crun on the same bundle without
+// the container backend's hardening (no seccomp filter, no no_new_privs,
+// Docker's capabilities), which is what the hardening costs the runtime, and
+// our create once more with no writable layers made ahead of time, which is
+// what the warm set saves. Needs root, crun and the store `make images`
+// fills.
 package main
 
 import (
@@ -26,7 +31,9 @@ import (
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 )
 
@@ -43,7 +50,18 @@ func main() {
 }
 
 func run(ctx context.Context, storeDir, imgName string, n int, agent string) error {
-	c, err := benchcluster.Start(ctx, storeDir, agent, benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}, nil)
+	be := benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}
+	// Our create with every writable layer formatted on demand.
+	cold, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) { cfg.WarmLayers = -1 })
+	if err != nil {
+		return err
+	}
+	coldCreate, err := createTimes(ctx, cold, imgName, n)
+	cold.Close()
+	if err != nil {
+		return err
+	}
+	c, err := benchcluster.Start(ctx, storeDir, agent, be, nil)
 	if err != nil {
 		return err
 	}
@@ -119,18 +137,29 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 		return err
 	}
 	root := filepath.Join(work, "crun-root")
-	var bareCreate, bareExec []time.Duration
+	plainTemplate, err := withoutHardening(template)
+	if err != nil {
+		return err
+	}
+	var bareCreate, bareExec, plainCreate, plainExec []time.Duration
 	for i := 0; i < n; i++ {
 		execs := 0
 		if i == 0 {
 			execs = n * 3 // exec round trips on the first container
 		}
+		// Hardened and plain alternate, so drift on the machine hits both.
 		created, times, err := bareRun(filepath.Join(work, fmt.Sprintf("bench-%06d", i)), root, layers, template, execs)
 		if err != nil {
 			return err
 		}
 		bareCreate = append(bareCreate, created)
 		bareExec = append(bareExec, times...)
+		created, times, err = bareRun(filepath.Join(work, fmt.Sprintf("plain-%06d", i)), root, layers, plainTemplate, execs)
+		if err != nil {
+			return err
+		}
+		plainCreate = append(plainCreate, created)
+		plainExec = append(plainExec, times...)
 	}
 
 	fmt.Printf("container backend vs bare crun (%s, %d iterations, %s)\n\n", imgName, n, time.Now().Format(time.RFC3339))
@@ -142,7 +171,55 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	row("exec round trip (true)", oursExec, bareExec, fmt.Sprintf("crun/ours = %.1fx faster (target >= 5x)", float64(benchstat.Pct(bareExec, 50))/float64(benchstat.Pct(oursExec, 50))))
 	fmt.Printf("\nwhere an exec round trip goes (ours, p50): agent spawn to exit %s; an RPC that spawns nothing (process list) through the same hops %s\n",
 		msf(benchstat.Pct(agentSide, 50)), msf(benchstat.Pct(listRPC, 50)))
+
+	fmt.Printf("\nwhat the hardening costs (bare crun, same bundle: seccomp filter, no_new_privs, fewer capabilities vs none of them)\n\n")
+	fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", "measurement", "hard p50", "hard p99", "plain p50", "plain p99", "ratio (p50)")
+	row("create -> first exec", bareCreate, plainCreate, fmt.Sprintf("hardened/plain = %.2fx", float64(benchstat.Pct(bareCreate, 50))/float64(benchstat.Pct(plainCreate, 50))))
+	row("exec round trip (true)", bareExec, plainExec, fmt.Sprintf("hardened/plain = %.2fx", float64(benchstat.Pct(bareExec, 50))/float64(benchstat.Pct(plainExec, 50))))
+
+	fmt.Printf("\nwhat the warm writable layers save (ours, create -> first exec)\n\n")
+	fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", "measurement", "warm p50", "warm p99", "cold p50", "cold p99", "ratio (p50)")
+	row("create -> first exec", oursCreate, coldCreate, fmt.Sprintf("warm/cold = %.2fx", float64(benchstat.Pct(oursCreate, 50))/float64(benchstat.Pct(coldCreate, 50))))
 	return nil
+}
+
+// createTimes times create -> first exec on a cluster.
+func createTimes(ctx context.Context, c *benchcluster.Cluster, imgName string, n int) ([]time.Duration, error) {
+	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
+	if err != nil {
+		return nil, err
+	}
+	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 512}}
+	var out []time.Duration
+	for i := -1; i < n; i++ { // the first one warms the layer cache
+		t0 := time.Now()
+		sb, err := cl.Create(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		if r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"true"}}); err != nil || r.ExitCode != 0 {
+			return nil, fmt.Errorf("first exec: %v %v", r, err)
+		}
+		if i >= 0 {
+			out = append(out, time.Since(t0))
+		}
+		sb.Stop(ctx)
+	}
+	return out, nil
+}
+
+// withoutHardening is the backend's bundle template less its hardening:
+// no seccomp filter, no no_new_privs, Docker's default capabilities.
+func withoutHardening(template []byte) ([]byte, error) {
+	var s rspec.Spec
+	if err := json.Unmarshal(template, &s); err != nil {
+		return nil, err
+	}
+	s.Linux.Seccomp = nil
+	s.Process.NoNewPrivileges = false
+	docker := append(append([]string(nil), oci.DefaultCaps...), "CAP_NET_RAW", "CAP_MKNOD")
+	s.Process.Capabilities = &rspec.LinuxCapabilities{Bounding: docker, Effective: docker, Permitted: docker}
+	return json.Marshal(s)
 }
 
 // bareRun starts one container with bare crun on the bundle in dir, times
@@ -197,6 +274,8 @@ func layersOf(cacheDir string, st *image.Store, im *image.Image) ([]string, erro
 // bareBundle mounts the rootfs and writes our backend's config with its
 // own root, hostname and cgroup, and `sleep` instead of the agent.
 func bareBundle(dir string, layers []string, template []byte) error {
+	// The writable layer goes in the bundle's own directory here: the cost
+	// measured is the runtime's, not the node's layer file systems.
 	if err := rootfs.Mount(layers, rootfs.LayoutIn(dir)); err != nil {
 		return err
 	}
@@ -222,7 +301,7 @@ func bareBundle(dir string, layers []string, template []byte) error {
 		switch m.Destination {
 		case "/.dsec/run":
 			s.Mounts[i].Source = runDir
-		case "/etc/hosts":
+		case "/etc/hosts", "/etc/resolv.conf":
 			s.Mounts[i].Source = hosts
 		}
 	}
