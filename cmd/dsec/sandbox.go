@@ -45,6 +45,8 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	img := fs.String("image", "root/busybox:latest", "image name project/name:tag")
 	cpu := fs.Float64("cpu", 0, "cpu cores (0: server default)")
 	mem := fs.Int64("memory", 0, "memory limit in MiB (0: server default)")
+	disk := fs.Int64("disk", 0, "writable layer size in MiB (0: server default)")
+	pids := fs.Int64("pids", 0, "processes and threads (0: server default)")
 	timeout := fs.Int64("timeout", 0, "time to live in seconds (0: server default)")
 	task := fs.String("task", "", "task label")
 	rm := fs.Bool("rm", false, "stop the sandbox after the command")
@@ -61,7 +63,7 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	}
 	sb, err := c.Create(ctx, &sandboxv1.SandboxSpec{
 		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task,
-		Resources: &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *mem},
+		Resources: &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *mem, DiskMb: *disk, Pids: *pids},
 	})
 	if err != nil {
 		return 1, err

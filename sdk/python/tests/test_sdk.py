@@ -178,3 +178,14 @@ async def test_many_at_once(client):
     listed = {s.id for s in await client.list_sandboxes()}
     assert {sb.id for sb in sbs} <= listed
     await asyncio.gather(*(sb.stop() for sb in sbs))
+
+
+async def test_disk_limit(client, py_image):
+    sb = await client.run_sandbox(DSecRunArgs(backend="container", image=py_image, disk_limit_mb=64))
+    try:
+        size = int((await sb.run_shell("df -m / | tail -1 | awk '{print $2}'")).stdout)
+        assert 56 <= size <= 64, size
+        r = await sb.run_shell("dd if=/dev/zero of=/root/fill bs=1M count=100 2>&1")
+        assert "No space left on device" in r.stdout, r.stdout
+    finally:
+        await sb.stop()

@@ -44,6 +44,12 @@ class DSecRunArgs:
     cpu_cores_limit: float = 0
     memory_limit_mb: int = 0
     pids_limit: int = 0
+    """Processes and threads in the sandbox."""
+    disk_limit_mb: int = 0
+    """Size of the writable layer: writes past it fail with ENOSPC (on the
+    gvisor backend the layer lives in memory and memory_limit_mb bounds it)."""
+    open_files_limit: int = 0
+    """Open files per process (RLIMIT_NOFILE)."""
     timeout_seconds: int = 0
     """Time to live; the sandbox stops when it runs out."""
     env: Dict[str, str] = field(default_factory=dict)
@@ -57,7 +63,13 @@ class DSecRunArgs:
         return {
             "backend": self.backend,
             "image": self.image,
-            "resources": {"cpuCores": self.cpu_cores_limit, "memoryMb": str(self.memory_limit_mb), "pids": str(self.pids_limit)},
+            "resources": {
+                "cpuCores": self.cpu_cores_limit,
+                "memoryMb": str(self.memory_limit_mb),
+                "pids": str(self.pids_limit),
+                "diskMb": str(self.disk_limit_mb),
+                "openFiles": str(self.open_files_limit),
+            },
             "timeoutSeconds": str(self.timeout_seconds),
             "env": dict(self.env),
             "metadata": dict(self.metadata),
