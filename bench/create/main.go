@@ -216,6 +216,7 @@ func withoutHardening(template []byte) ([]byte, error) {
 		return nil, err
 	}
 	s.Linux.Seccomp = nil
+	delete(s.Annotations, "run.oci.seccomp_bpf_data")
 	s.Process.NoNewPrivileges = false
 	docker := append(append([]string(nil), oci.DefaultCaps...), "CAP_NET_RAW", "CAP_MKNOD")
 	s.Process.Capabilities = &rspec.LinuxCapabilities{Bounding: docker, Effective: docker, Permitted: docker}

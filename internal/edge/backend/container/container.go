@@ -203,10 +203,20 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 			b.cleanup(context.WithoutCancel(ctx), spec.ID, spec.Dir)
 		}
 	}()
-	cfg, err := json.MarshalIndent(oci.RuntimeSpec(spec, oci.Options{
+	opts := oci.Options{
 		CgroupsPath: cgroupsPath(spec.ID), ProtectAgent: b.protectAgent, NoFile: b.nofile,
 		Seccomp: oci.Seccomp(), NoNewPrivileges: true, SudoBroker: true,
-	}), "", " ")
+	}
+	if b.runtime == "crun" {
+		// crun loads the filter compiled once here instead of compiling
+		// the OCI section at every run.
+		bpf, err := oci.SeccompBPF()
+		if err != nil {
+			return nil, err
+		}
+		opts.SeccompBPF = bpf
+	}
+	cfg, err := json.MarshalIndent(oci.RuntimeSpec(spec, opts), "", " ")
 	if err != nil {
 		return nil, err
 	}

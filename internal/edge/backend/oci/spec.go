@@ -48,6 +48,10 @@ type Options struct {
 	// Seccomp is the syscall filter, nil for none (gVisor's sentry is the
 	// boundary there).
 	Seccomp *rspec.LinuxSeccomp
+	// SeccompBPF, if set, is the filter already compiled (SeccompBPF()),
+	// given to crun in its run.oci.seccomp_bpf_data annotation instead of
+	// Seccomp: crun then loads it without compiling it at every run.
+	SeccompBPF string
 	// NoNewPrivileges stops setuid and file capabilities from raising a
 	// process's privileges; sudo then goes through the agent's broker.
 	NoNewPrivileges bool
@@ -139,6 +143,10 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 			},
 			Seccomp: o.Seccomp,
 		},
+	}
+	if o.SeccompBPF != "" {
+		s.Linux.Seccomp = nil
+		s.Annotations = map[string]string{"run.oci.seccomp_bpf_data": o.SeccompBPF}
 	}
 	if spec.MachineID != "" {
 		s.Process.Args = append(s.Process.Args, "-machine-id", spec.MachineID)
