@@ -117,11 +117,17 @@ for fam, typ, name in ((socket.AF_INET, socket.SOCK_RAW, "raw-inet"), (socket.AF
         socket.socket(fam, typ, 1 if fam == socket.AF_INET else 0).close(); print(name, "OK")
     except OSError as e:
         print(name, errno.errorcode[e.errno])
+for fam, name in ((38, "af-alg"), (40, "af-vsock")):
+    try:
+        socket.socket(fam, socket.SOCK_SEQPACKET if fam == 38 else socket.SOCK_STREAM, 0).close(); print(name, "OK")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
 `, 20*time.Second)
 		want := map[string][]string{
 			// A container has no CAP_SYS_ADMIN, SYS_MODULE, SYS_PTRACE or
 			// NET_RAW, and its seccomp filter refuses new user namespaces.
-			"container": {"unshare-user EPERM", "mount EPERM", "init_module EPERM", "finit_module EPERM", "ptrace-agent EPERM", "raw-inet EPERM", "packet EPERM"},
+			// AF_ALG and AF_VSOCK are no network namespace's.
+			"container": {"unshare-user EPERM", "mount EPERM", "init_module EPERM", "finit_module EPERM", "ptrace-agent EPERM", "raw-inet EPERM", "packet EPERM", "af-alg EAFNOSUPPORT", "af-vsock EAFNOSUPPORT"},
 			// gVisor answers from its own kernel, which has no modules;
 			// nothing the agent starts keeps CAP_SYS_ADMIN (mount), and the
 			// agent cannot be traced. A user namespace or a raw socket there

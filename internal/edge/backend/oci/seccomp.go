@@ -60,13 +60,14 @@ var allowedSyscalls = [][]string{
 		"nanosleep", "clock_nanosleep", "getitimer", "setitimer", "timer_create", "timer_settime", "timer_gettime",
 		"timer_getoverrun", "timer_delete", "timerfd_create", "timerfd_settime", "timerfd_gettime", "signalfd",
 		"signalfd4", "eventfd", "eventfd2", "gettimeofday", "time", "clock_gettime", "clock_getres", "sysinfo",
-		"adjtimex" /* reading only: setting needs CAP_SYS_TIME */, "getrandom", "restart_syscall"},
+		"adjtimex", "clock_adjtime" /* reading only (glibc's ntp_gettime): setting needs CAP_SYS_TIME */, "getrandom", "restart_syscall"},
 	// Waiting on many descriptors, asynchronous I/O.
 	{"poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait",
 		"epoll_pwait", "epoll_pwait2", "io_setup", "io_destroy", "io_getevents", "io_pgetevents", "io_submit",
 		"io_cancel"},
-	// Sockets (the network namespace decides what they reach).
-	{"socket", "socketpair", "connect", "accept", "accept4", "bind", "listen", "getsockname", "getpeername",
+	// Sockets (the network namespace decides what they reach; socket
+	// itself is below, for the families it does not scope).
+	{"socketpair", "connect", "accept", "accept4", "bind", "listen", "getsockname", "getpeername",
 		"sendto", "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg", "shutdown", "setsockopt",
 		"getsockopt"},
 	// System V and POSIX IPC (the IPC namespace is the sandbox's own).
@@ -80,7 +81,7 @@ var allowedSyscalls = [][]string{
 var refusedSyscalls = []string{
 	"mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
 	"mount_setattr", "swapon", "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module",
-	"finit_module", "delete_module", "acct", "settimeofday", "clock_settime", "clock_adjtime", "syslog",
+	"finit_module", "delete_module", "acct", "settimeofday", "clock_settime", "syslog",
 	"quotactl", "quotactl_fd", "sethostname", "setdomainname", "iopl", "ioperm", "vhangup", "modify_ldt",
 	"bpf", "perf_event_open", "userfaultfd", "fanotify_init", "fanotify_mark", "add_key", "request_key",
 	"keyctl", "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "setns", "io_uring_setup",
@@ -93,9 +94,16 @@ var refusedSyscalls = []string{
 var nsFlags = []uint64{0x80, 0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000}
 
 const (
-	errnoEPERM  = 1
-	errnoENOSYS = 38
+	errnoEPERM        = 1
+	errnoENOSYS       = 38
+	errnoEAFNOSUPPORT = 97
 )
+
+// refusedFamilies are the socket families no network namespace scopes:
+// AF_ALG (38, the kernel's crypto API, a frequent way to kernel bugs) and
+// AF_VSOCK (40, the host's vsock services). socket() with one of them gets
+// EAFNOSUPPORT, as on a kernel without it.
+var refusedFamilies = []uint64{38, 40}
 
 // personalities a Debian userland sets: the default, and the ones setarch
 // and debuggers use (ADDR_NO_RANDOMIZE, UNAME26, READ_IMPLIES_EXEC), and
@@ -141,6 +149,21 @@ func Seccomp() *rspec.LinuxSeccomp {
 	for _, p := range personalities {
 		rules = append(rules, rspec.LinuxSyscall{Names: []string{"personality"}, Action: rspec.ActAllow, Args: []rspec.LinuxSeccompArg{
 			{Index: 0, Value: p, Op: rspec.OpEqualTo},
+		}})
+	}
+	// socket: every family but the refused ones (38 and 40: below 38,
+	// 39, above 40).
+	eafnosupport := uint(errnoEAFNOSUPPORT)
+	for _, a := range []rspec.LinuxSeccompArg{
+		{Index: 0, Value: refusedFamilies[0], Op: rspec.OpLessThan},
+		{Index: 0, Value: 39, Op: rspec.OpEqualTo},
+		{Index: 0, Value: refusedFamilies[1], Op: rspec.OpGreaterThan},
+	} {
+		rules = append(rules, rspec.LinuxSyscall{Names: []string{"socket"}, Action: rspec.ActAllow, Args: []rspec.LinuxSeccompArg{a}})
+	}
+	for _, f := range refusedFamilies {
+		rules = append(rules, rspec.LinuxSyscall{Names: []string{"socket"}, Action: rspec.ActErrno, ErrnoRet: &eafnosupport, Args: []rspec.LinuxSeccompArg{
+			{Index: 0, Value: f, Op: rspec.OpEqualTo},
 		}})
 	}
 	return &rspec.LinuxSeccomp{

@@ -22,7 +22,7 @@ import (
 // numbers finds the action in about 8 comparisons (each inner node is
 // "jgt K, 0, 1; ja right", so no conditional jump goes further than one
 // instruction); clone, unshare and personality jump to blocks that test
-// their first argument.
+// their first argument (socket too, for its family).
 
 // seccomp_data offsets and return values (linux/seccomp.h, linux/audit.h).
 const (
@@ -95,6 +95,9 @@ func seccompPolicy() ([]verdict, error) {
 	if err := set("personality", verdict{block: "personality"}); err != nil {
 		return nil, err
 	}
+	if err := set("socket", verdict{block: "socket"}); err != nil {
+		return nil, err
+	}
 	if err := set("clone3", verdict{ret: enosys}); err != nil {
 		return nil, err
 	}
@@ -120,6 +123,10 @@ func compileSeccomp() ([]insn, error) {
 	emit(insn{op: bpfJeqK, k: auditArchX86_64, jt: 1, jf: 0})
 	emit(insn{op: bpfRetK, k: retKillProcess})
 	emit(insn{op: bpfLdWAbs, k: offNr})
+	// -1 is a syscall a tracer skipped (strace --inject, rr): the kernel
+	// does nothing with it, and libseccomp's filters let it through.
+	emit(insn{op: bpfJeqK, k: 0xffffffff, jt: 0, jf: 1})
+	emit(insn{op: bpfRetK, k: retAllow})
 	emit(insn{op: bpfJgeK, k: x32Bit, jt: 0, jf: 1})
 	emit(insn{op: bpfRetK, k: retKillProcess})
 	// The tree; jumps to argument blocks are patched once they are placed.
@@ -169,6 +176,14 @@ func compileSeccomp() ([]insn, error) {
 		emit(insn{op: bpfRetK, k: retAllow})
 	}
 	emit(insn{op: bpfRetK, k: enosys})
+	// socket: the families no network namespace scopes get EAFNOSUPPORT.
+	blocks["socket"] = len(prog)
+	emit(insn{op: bpfLdWAbs, k: offArg0})
+	for _, f := range refusedFamilies {
+		emit(insn{op: bpfJeqK, k: uint32(f), jt: 0, jf: 1})
+		emit(insn{op: bpfRetK, k: retErrno | errnoEAFNOSUPPORT})
+	}
+	emit(insn{op: bpfRetK, k: retAllow})
 	for _, p := range patches {
 		prog[p.at].k = uint32(blocks[p.block] - p.at - 1)
 	}

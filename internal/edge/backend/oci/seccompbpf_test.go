@@ -57,7 +57,7 @@ func TestCompiledFilterMatchesThePolicy(t *testing.T) {
 		delete(allowed, syscallNumbers[n])
 	}
 	eperm, enosys := uint32(retErrno|errnoEPERM), uint32(retErrno|errnoENOSYS)
-	special := map[uint32]bool{syscallNumbers["clone"]: true, syscallNumbers["unshare"]: true, syscallNumbers["personality"]: true, syscallNumbers["clone3"]: true}
+	special := map[uint32]bool{syscallNumbers["clone"]: true, syscallNumbers["unshare"]: true, syscallNumbers["personality"]: true, syscallNumbers["clone3"]: true, syscallNumbers["socket"]: true}
 	for nr := uint32(0); nr < 600; nr++ {
 		if special[nr] {
 			continue
@@ -94,6 +94,18 @@ func TestCompiledFilterMatchesThePolicy(t *testing.T) {
 	}
 	if got := run(t, prog, auditArchX86_64, syscallNumbers["personality"], 0x1234); got != enosys {
 		t.Errorf("personality(0x1234): %#x", got)
+	}
+	for fam := uint32(0); fam < 50; fam++ {
+		want := uint32(retAllow)
+		if fam == 38 || fam == 40 {
+			want = retErrno | errnoEAFNOSUPPORT
+		}
+		if got := run(t, prog, auditArchX86_64, syscallNumbers["socket"], fam); got != want {
+			t.Errorf("socket(%d): %#x, want %#x", fam, got, want)
+		}
+	}
+	if got := run(t, prog, auditArchX86_64, 0xffffffff, 0); got != retAllow {
+		t.Errorf("syscall -1 (skipped by a tracer): %#x", got)
 	}
 	if got := run(t, prog, 0x40000003 /* i386 */, 1, 0); got != retKillProcess {
 		t.Errorf("i386 ABI: %#x", got)
