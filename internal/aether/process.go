@@ -124,7 +124,9 @@ func (p *process) signal(sig syscall.Signal) error {
 // killAll ends the process group for good. One kill(-pgid) can miss
 // members born while it is delivered, and a fork bomb makes them faster than
 // that (a container once kept 900 of them after its command timed out,
-// and could run nothing more), so it signals until none is left.
+// and could run nothing more), so it signals until none is left. A process
+// that left the group (setsid, setpgid) is not reached; the sandbox's pids
+// limit still bounds it, and stopping the sandbox ends it.
 func (p *process) killAll() {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {

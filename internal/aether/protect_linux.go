@@ -14,10 +14,13 @@ import (
 //     nothing in the sandbox can ptrace it, read its memory or its /proc
 //     files;
 //   - as PID 1 of its namespace it gets from inside only the signals it
-//     has a handler for (SIGKILL and SIGSTOP never). It takes every
-//     catchable signal and drops it, so no signal from the sandbox ends or
-//     stops it. Handlers, unlike ignored signals, are reset to the default
-//     in the processes it starts, whose signals behave as usual.
+//     has a handler for (on Linux SIGKILL and SIGSTOP never). It takes every
+//     catchable signal and drops it, so no other signal from the sandbox
+//     ends or stops it. Handlers, unlike ignored signals, are reset to the
+//     default in the processes it starts, whose signals behave as usual.
+//     (gVisor 2022-12 does deliver SIGKILL and SIGSTOP to PID 1 from inside:
+//     the edge's heartbeat continues a stopped agent, and a killed one ends
+//     the sandbox, which is reported failed.)
 //
 // Signals from outside (the runtime's SIGKILL at stop) still work.
 func Protect() error {

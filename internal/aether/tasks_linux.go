@@ -23,9 +23,13 @@ const TaskCgroup = "/run/opendsec-pids"
 // moves itself in; every process it starts is born there, and a fork past
 // the limit fails with EAGAIN inside, as on Linux.
 //
-// It then drops CAP_SYS_ADMIN from its bounding set, so no process it
-// starts can mount the controller again and move out; the agent keeps its
-// own (a restored copy sets its hostname with it).
+// Root in the sandbox could write pids.max as well, so the agent then
+// covers the hierarchy with an empty read-only tmpfs (gVisor 2022-12
+// refuses to remount the cgroup read-only, and unmounting it drops the
+// limit), checks that the cover holds, and drops CAP_SYS_ADMIN from its
+// bounding set: no process it starts can unmount the cover or mount the
+// controller again. The agent keeps its own (a restored copy sets its
+// hostname with it).
 func LimitTasks(max int) error {
 	if err := os.MkdirAll(TaskCgroup, 0o700); err != nil {
 		return err
@@ -33,18 +37,46 @@ func LimitTasks(max int) error {
 	if err := unix.Mount("none", TaskCgroup, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "pids"); err != nil && !errors.Is(err, unix.EBUSY) {
 		return fmt.Errorf("mount the pids controller: %w", err)
 	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(TaskCgroup, &st); err != nil {
+		return os.NewSyscallError("statfs", err)
+	}
+	if st.Type != unix.CGROUP_SUPER_MAGIC {
+		return fmt.Errorf("%s is not a cgroup file system (type %#x)", TaskCgroup, st.Type)
+	}
 	dir := filepath.Join(TaskCgroup, "sandbox")
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0o644); err != nil {
+	if err := writeExisting(filepath.Join(dir, "pids.max"), strconv.Itoa(max)); err != nil {
 		return fmt.Errorf("set pids.max: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+	if err := writeExisting(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
 		return fmt.Errorf("join the task cgroup: %w", err)
+	}
+	if err := unix.Mount("none", TaskCgroup, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0500"); err != nil {
+		return fmt.Errorf("cover the pids controller: %w", err)
+	}
+	if err := writeExisting(filepath.Join(dir, "pids.max"), "max"); err == nil {
+		return fmt.Errorf("pids.max is still writable under the cover of %s", TaskCgroup)
 	}
 	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0); err != nil {
 		return os.NewSyscallError("prctl(PR_CAPBSET_DROP)", err)
 	}
 	return nil
+}
+
+// writeExisting writes a control file that must already exist: a file
+// created in its place (the cgroup not mounted) would hold a limit nothing
+// enforces.
+func writeExisting(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write([]byte(value))
+	if err := f.Close(); werr == nil {
+		werr = err
+	}
+	return werr
 }

@@ -196,6 +196,23 @@ for fam, name in ((38, "af-alg"), (40, "af-vsock")):
 		}
 	})
 
+	t.Run("the task limit cannot be lifted", func(t *testing.T) {
+		sb := newVictim(t)
+		// Root inside tries what would lift it: gVisor's limit is set in
+		// the sentry's pids controller, which the agent covered and no
+		// process it starts may mount; the container's is on the host.
+		r := sh(t, sb, "echo max > /run/opendsec-pids/sandbox/pids.max 2>/dev/null && echo raised; umount /run/opendsec-pids 2>/dev/null && echo unmounted; echo max > /sys/fs/cgroup/pids/pids.max 2>/dev/null && echo raised; mkdir -p /tmp/pc && mount -t cgroup -o pids none /tmp/pc 2>/dev/null && echo mounted; sh -c 'i=0; while [ $i -lt 400 ]; do sleep 5 & i=$((i+1)); done' 2>/dev/null; set -- /proc/[0-9]*; echo count $#", 30*time.Second)
+		out := string(r.Stdout)
+		if strings.Contains(out, "raised") || strings.Contains(out, "mounted") { // and "unmounted"
+			t.Fatalf("the limit could be lifted: %q", out)
+		}
+		f := strings.Fields(out)
+		if n, err := strconv.Atoi(f[len(f)-1]); err != nil || n > 256+32 {
+			t.Fatalf("%q: more processes than the limit of 256 allows", out)
+		}
+		answers(t, sb, 30*time.Second)
+	})
+
 	t.Run("fork bomb", func(t *testing.T) {
 		sb := newVictim(t)
 		started := time.Now()
@@ -216,8 +233,10 @@ for fam, name in ((38, "af-alg"), (40, "af-vsock")):
 			t.Logf("gVisor: the fork bomb ended the sandbox; reported after %v: %s", took.Round(time.Millisecond), reason)
 			return
 		}
-		if err != nil || !r.TimedOut {
-			t.Fatalf("the bomb's command did not time out: %+v %v", r, err)
+		// It ends at its timeout, or earlier when its shell gives up on a
+		// fork the pids limit refused.
+		if err != nil || !(r.TimedOut || strings.Contains(strings.ToLower(string(r.Stderr)), "fork")) {
+			t.Fatalf("the bomb's command: exit %d, timed out %v, %v", r.GetExitCode(), r.GetTimedOut(), err)
 		}
 		answers(t, sb, 30*time.Second)
 		// Nothing of the bomb outlives its command's timeout.
