@@ -164,6 +164,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	e.recover(ctx)
 	e.sweepLayers()
 	e.sweepRunDirs()
+	if e.layers != nil {
+		e.layers.Start() // after the sweep: a warm layer being made would look unowned
+	}
 	e.loadSnapshots()
 	e.wg.Add(2)
 	go e.expireLoop()

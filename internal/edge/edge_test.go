@@ -268,3 +268,41 @@ func TestPausedSandboxResumesOnCall(t *testing.T) {
 func sandboxIDOf(s *sandboxv1.Sandbox) sandboxid.ID { return sandboxid.ID(s.Id) }
 
 func sandboxIDOfSnap(s string) sandboxid.SnapshotID { return sandboxid.SnapshotID(s) }
+
+// A staged agent that disappeared (another edge version pruned it, or the
+// run base was cleaned) is staged again at the next create; an agent that
+// changed since the edge started is a clear error, not a different binary
+// under the running edge.
+func TestCreateRestagesAMissingAgent(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	base, err := os.MkdirTemp("", "rb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.WriteFile(filepath.Join(base, "keep"), nil, 0o644) // not empty: no tmpfs mounted over it
+	e, err := New(context.Background(), Config{
+		StateDir: filepath.Join(f.dir, "edge2"), AgentPath: filepath.Join(f.dir, "aether"), RunBase: base,
+		Capacity: smallCapacity(), AgentTimeout: 5 * time.Second,
+	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	staged := e.agentPath
+	if err := os.RemoveAll(filepath.Dir(staged)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := e.Create(ctx, spec(), "root/team"); err != nil {
+		t.Fatalf("create with the staged agent gone: %v", err)
+	}
+	if b, err := os.ReadFile(staged); err != nil || string(b) != "#!/bin/sh\n" {
+		t.Fatalf("agent not staged again: %q %v", b, err)
+	}
+	os.RemoveAll(filepath.Dir(staged))
+	os.WriteFile(filepath.Join(f.dir, "aether"), []byte("#!/bin/sh\n# v2\n"), 0o755)
+	if _, err := e.Create(ctx, spec(), "root/team"); err == nil || !strings.Contains(err.Error(), "restart the edge") {
+		t.Fatalf("create with a changed agent: %v", err)
+	}
+}

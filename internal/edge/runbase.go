@@ -63,6 +63,25 @@ func (e *Edge) prepareRunBase() (string, error) {
 	return staged, nil
 }
 
+// ensureAgentStaged stages the agent again if its staged copy is gone (an
+// edge of another version on this node pruned it, or someone cleaned the
+// run base).
+func (e *Edge) ensureAgentStaged() error {
+	if fileExists(e.agentPath) {
+		return nil
+	}
+	staged, err := stageAgent(e.cfg.AgentPath, e.cfg.RunBase)
+	if err != nil {
+		return fmt.Errorf("stage the agent again: %w", err)
+	}
+	// The path names the agent's digest; creates run concurrently and
+	// read e.agentPath, so it never changes after start.
+	if staged != e.agentPath {
+		return fmt.Errorf("the agent at %s changed since the edge started (staged %s, now %s): restart the edge", e.cfg.AgentPath, e.agentPath, staged)
+	}
+	return nil
+}
+
 // pruneStaged removes agent versions staged more than a day ago, other
 // than keep. Sandboxes running one keep it (a bind mount holds the file,
 // not its name); an edge of another version on this node restages its own.

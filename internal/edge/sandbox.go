@@ -269,9 +269,16 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 		if rec.LayerDir, err = e.layers.Create(ctx, rec.spec.Resources.DiskMb); err != nil {
 			return err
 		}
+		// A layer is its own file system, or it bounds nothing.
+		if ok, _ := rootfs.IsMountPoint(rec.LayerDir); !ok {
+			return errdefs.Unavailable("writable layer %s is not mounted; its size limit would not hold", rec.LayerDir)
+		}
 		if err := sb.save(); err != nil {
 			return err
 		}
+	}
+	if err := e.ensureAgentStaged(); err != nil {
+		return err
 	}
 	bspec := e.backendSpec(rec, layers, im.Config.Config)
 	bspec.MachineID = newMachineID()

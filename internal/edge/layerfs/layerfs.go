@@ -59,6 +59,7 @@ type FS struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	startOnce sync.Once
 }
 
 // warmMark is the suffix of the empty file beside a layer made ahead of
@@ -67,7 +68,9 @@ type FS struct {
 const warmMark = ".warm"
 
 // Open checks that layers can be made here (mkfs.ext4, loop devices) and
-// starts keeping the warm set.
+// removes what an earlier run left half made. Start begins keeping the warm
+// set: only after the caller has removed the layers no sandbox owns (a warm
+// layer still being made would look like one).
 func Open(cfg Config, log *slog.Logger) (*FS, error) {
 	mkfs, err := exec.LookPath("mkfs.ext4")
 	if err != nil {
@@ -94,15 +97,32 @@ func Open(cfg Config, log *slog.Logger) (*FS, error) {
 			}
 		}
 	}
-	go f.keepWarm()
-	f.kick()
+	// Images and marks without a mount point: a crash between making the
+	// image and its directory.
+	strays, _ := filepath.Glob(filepath.Join(cfg.Dir, "*.img"))
+	marks, _ := filepath.Glob(filepath.Join(cfg.Dir, "*"+warmMark))
+	for _, p := range append(strays, marks...) {
+		base := strings.TrimSuffix(strings.TrimSuffix(p, ".img"), warmMark)
+		if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
+			os.Remove(p) //nolint:errcheck // best effort
+		}
+	}
 	return f, nil
+}
+
+// Start begins keeping the warm set.
+func (f *FS) Start() {
+	f.startOnce.Do(func() {
+		go f.keepWarm()
+		f.kick()
+	})
 }
 
 // Close stops making warm layers and removes the unused ones. Sandboxes'
 // layers stay mounted: the sandboxes outlive the edge.
 func (f *FS) Close() {
 	f.closeOnce.Do(func() {
+		f.Start() // so that done is closed
 		close(f.stop)
 		<-f.done
 		f.mu.Lock()

@@ -24,6 +24,7 @@ func open(t *testing.T, warm int) *FS {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Close)
+	f.Start()
 	return f
 }
 

@@ -42,8 +42,11 @@ func Mount(layers []string, l Layout) error {
 	}
 	// The options name the directories relative to their common parent, and
 	// the mount is made from there: the sandbox sees its options in
-	// /proc/self/mountinfo, which must not show paths of the node's disk
-	// (and shorter options leave room for more layers in the page).
+	// /proc/self/mountinfo, which then shows paths below the edge's state
+	// directory (cache/…, layers/…) and not where that directory is (the
+	// edge keeps layers and writable layers under it; directories with no
+	// common parent but / would show nearly whole). Shorter options also
+	// leave room for more layers in the page.
 	base := commonDir(append([]string{l.Upper, l.Work}, layers...))
 	rel := func(p string) string {
 		if r, err := filepath.Rel(base, p); err == nil && !strings.HasPrefix(r, "..") {
