@@ -26,23 +26,52 @@ const (
 	compactQuiet = 2 * time.Second
 )
 
-// maybeCompact compacts sb if it needs it and can. Callers hold sb.mu.
+// maybeCompact starts a compaction of sb if it needs one and can have
+// one. The compaction runs on its own goroutine (a checkpoint and restore
+// take seconds; the health loop must not wait for them) and takes the
+// sandbox's lock itself. Callers hold sb.mu.
 func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 	ht, ok := sb.be.(backend.HostThreads)
-	if !ok || sb.rec.State != stateRunning || sb.calls.Load() != 0 || now.Sub(sb.lastCall()) < compactQuiet || now.Sub(sb.compacted) < compactEvery {
+	if !ok || !e.compactable(sb, now) {
 		return
 	}
 	n := ht.HostThreads(sb.id)
-	if n <= compactAbove {
+	if n <= compactAbove || !sb.compacting.CompareAndSwap(false, true) {
 		return
 	}
 	sb.compacted = now
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer sb.compacting.Store(false)
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		if sb.rec.State != stateRunning || sb.calls.Load() != 0 || time.Since(sb.lastCall()) < compactQuiet {
+			return // a call or a lifecycle change came first
+		}
+		e.compact(sb, ht, n)
+	}()
+}
+
+// compactable reports whether sb is running and quiet. Calls are counted
+// under sb.mu (ensureRunning), which callers hold, so none can start while
+// a compaction that saw none runs. Callers hold sb.mu.
+func (e *Edge) compactable(sb *sandbox, now time.Time) bool {
+	return sb.rec.State == stateRunning && sb.calls.Load() == 0 &&
+		now.Sub(sb.lastCall()) >= compactQuiet && now.Sub(sb.compacted) >= compactEvery
+}
+
+// compact checkpoints sb and restores it in place. A failure leaves the
+// sandbox failed with the reason (its record stays), never silently gone.
+// Callers hold sb.mu.
+func (e *Edge) compact(sb *sandbox, ht backend.HostThreads, before int) {
+	// A checkpoint and restore take longer for more memory: up to 10 min.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	log := e.log.With(logging.SandboxID, sb.id)
 	snap, began, stopped, err := e.checkpoint(ctx, sb, true)
 	if err != nil {
-		log.Warn("compaction: checkpoint failed", "host_threads", n, logging.Error, err)
+		log.Warn("compaction: checkpoint failed", "host_threads", before, logging.Error, err)
 		return
 	}
 	defer e.dropSnapshot(snap) //nolint:errcheck // an ephemeral snapshot; loadSnapshots removes leftovers
@@ -51,5 +80,5 @@ func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 		log.Error("compaction: the sandbox could not be restored", logging.Error, err)
 		return
 	}
-	log.Info("compacted the sandbox's host threads", "before", n, "after", ht.HostThreads(sb.id), "paused", paused.Round(time.Millisecond))
+	log.Info("compacted the sandbox's host threads", "before", before, "after", ht.HostThreads(sb.id), "paused", paused.Round(time.Millisecond))
 }

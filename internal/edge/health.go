@@ -139,16 +139,19 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 	if sb.link != nil {
 		sb.link.Fail(errdefs.FailedPrecondition("sandbox %s failed: %s", sb.id, reason))
 	}
+	// What it holds is given back only once it is really gone; otherwise
+	// it stays counted until a stop removes it.
 	if err := sb.be.Destroy(ctx, sb.id); err != nil {
 		log.Error("remove a failed sandbox's processes and mounts", logging.Error, err)
-		reason += "; removing what it left failed: " + err.Error()
-	}
-	if sb.rec.LayerDir != "" && e.layers != nil {
-		if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
-			log.Error("remove a failed sandbox's writable layer", logging.Error, err)
+		reason += "; removing what it left failed (stop it to retry): " + err.Error()
+	} else {
+		if sb.rec.LayerDir != "" && e.layers != nil {
+			if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
+				log.Error("remove a failed sandbox's writable layer", logging.Error, err)
+			}
 		}
+		e.release(sb)
 	}
-	e.release(sb)
 	sb.rec.State, sb.rec.Message = stateFailed, reason
 	if err := sb.save(); err != nil {
 		log.Error("save a failed sandbox's record", logging.Error, err)

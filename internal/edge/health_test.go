@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -157,4 +158,48 @@ func TestAgentThatNeverAnswersIsFailed(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatal("an agent that never answers was not failed")
+}
+
+// A failed sandbox whose remains could not be removed keeps its capacity
+// counted (something of it may still run) and says so; a stop that
+// removes it gives the capacity back.
+func TestFailedSandboxKeepsCapacityUntilRemoved(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.SetFailures(errors.New("device busy"), nil)
+	f.fake.Crash(sandboxIDOf(sb))
+	var got *sandboxv1.Sandbox
+	for i := 0; i < 500; i++ {
+		if got, _ = f.edge.Get(sb.Id, "root"); got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || !strings.Contains(got.Message, "device busy") {
+		t.Fatalf("after a crash and a failed removal: %v %q", got.State, got.Message)
+	}
+	if st := f.edge.Status(); st.Allocated.Sandboxes != 1 {
+		t.Fatalf("capacity given back while the sandbox's remains are there: %+v", st.Allocated)
+	}
+	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); err == nil {
+		t.Fatal("stop reported success while removal fails")
+	}
+	// An edge restart retries the removal and, while it still fails,
+	// keeps the capacity counted.
+	f.edge.Close()
+	e2 := f.open(t, smallCapacity())
+	if st := e2.Status(); st.Allocated.Sandboxes != 1 {
+		t.Fatalf("after a restart, capacity given back while the remains are there: %+v", st.Allocated)
+	}
+	f.fake.SetFailures(nil, nil)
+	if _, err := e2.Destroy(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if st := e2.Status(); st.Allocated.Sandboxes != 0 {
+		t.Fatalf("capacity not given back after the stop: %+v", st.Allocated)
+	}
 }

@@ -80,6 +80,9 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 
 // ensureRunning resumes a paused sandbox before an agent call, unless
 // resume is false (then a paused sandbox is an error), and returns its link.
+// The call is counted (callStarted) under the sandbox's lock, so a
+// compaction, which checks the count under it, never cuts a call that got
+// this far; the caller ends it with callEnded.
 func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*agentlink.Link, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -100,5 +103,6 @@ func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*ag
 	if sb.link == nil {
 		return nil, errdefs.Unavailable("sandbox %s: no agent link", sb.id)
 	}
+	sb.callStarted()
 	return sb.link, nil
 }

@@ -93,6 +93,7 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
+		defer sb.callEnded()
 		call := agentCall{id: sb.id, link: link, detaches: link.Detaches()}
 		ctx := context.WithValue(r.Context(), callKey{}, call)
 		// The call's own deadline holds here too, whatever the agent does.
@@ -101,8 +102,6 @@ func (e *Edge) AgentProxy() http.Handler {
 			ctx, cancel = context.WithTimeout(ctx, d)
 			defer cancel()
 		}
-		sb.callStarted()
-		defer sb.callEnded()
 		proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

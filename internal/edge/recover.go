@@ -57,11 +57,25 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	}
 	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
 	r := rec.spec.Resources
+	// A failed sandbox holds nothing once its backend has nothing of it;
+	// one whose removal failed before the restart is retried here, and
+	// stays counted if that fails again.
+	gone := false
+	if rec.State == stateFailed {
+		err := be.Destroy(ctx, rec.ID)
+		if err == nil && rec.LayerDir != "" && e.layers != nil {
+			err = e.layers.Remove(rec.LayerDir)
+		}
+		if err != nil {
+			e.log.Error("remove what a failed sandbox left", logging.SandboxID, rec.ID, logging.Error, err)
+		} else {
+			gone = true
+			sb.released.Store(true)
+		}
+	}
 	e.mu.Lock()
 	e.boxes[rec.ID] = sb
-	if rec.State == stateFailed {
-		sb.released = true // it holds nothing; the record keeps the reason
-	} else {
+	if !gone {
 		e.allocated.add(r.CpuCores, r.MemoryMb, 1)
 		e.diskMB += e.diskOf(be, r)
 	}

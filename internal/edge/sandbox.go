@@ -41,12 +41,16 @@ type sandbox struct {
 	// never stalls the watcher.
 	view atomic.Pointer[sandboxv1.Sandbox]
 
-	mu        sync.Mutex      // serialises lifecycle changes
-	rec       *record         // guarded by mu
-	link      *agentlink.Link // guarded by mu; nil once removed
-	released  bool            // guarded by mu; its capacity was given back (it failed)
-	removed   bool            // guarded by mu; nothing of it is left
-	compacted time.Time       // guarded by mu; last compaction (compact.go)
+	mu   sync.Mutex      // serialises lifecycle changes
+	rec  *record         // guarded by mu
+	link *agentlink.Link // guarded by mu; nil once removed
+	// released is set once, under mu, when its capacity is given back (it
+	// failed and nothing of it is left); Status reads it without mu.
+	released  atomic.Bool
+	removed   bool      // guarded by mu; nothing of it is left
+	compacted time.Time // guarded by mu; last compaction (compact.go)
+	// compacting is set while a compaction is started or running.
+	compacting atomic.Bool
 
 	// calls counts agent calls in flight; lastCallEnd is when the last one
 	// ended (unix nanoseconds). Compaction waits for quiet.
@@ -177,10 +181,10 @@ func (e *Edge) forget(sb *sandbox) {
 
 // release gives back what sb was admitted with, once. Callers hold sb.mu.
 func (e *Edge) release(sb *sandbox) {
-	if sb.released {
+	if sb.released.Load() {
 		return
 	}
-	sb.released = true
+	sb.released.Store(true)
 	r := sb.rec.spec.Resources
 	e.mu.Lock()
 	defer e.mu.Unlock()

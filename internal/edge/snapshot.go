@@ -157,13 +157,10 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	if serr != nil {
 		os.RemoveAll(snap.dir)
 		if info != nil && info.Stopped {
-			// runsc kills a sandbox whose checkpoint failed: say so, and
-			// remove what is left rather than keep a dead record.
-			log.Error("snapshot failed and stopped the sandbox; removing it", logging.Error, serr)
-			sb.rec.Message = "stopped by a failed snapshot: " + serr.Error()
-			if rmErr := e.removeLocked(context.WithoutCancel(ctx), sb); rmErr != nil {
-				log.Error("remove sandbox after failed snapshot", logging.Error, rmErr)
-			}
+			// runsc kills a sandbox whose checkpoint failed: it is failed,
+			// with the reason, until a stop removes it (never silently gone).
+			log.Error("snapshot failed and stopped the sandbox", logging.Error, serr)
+			e.failLocked(context.WithoutCancel(ctx), sb, "a snapshot failed and stopped it: "+serr.Error())
 			return nil, began, false, errdefs.Wrap(errdefs.ErrUnavailable, serr, "snapshot %s failed and the backend stopped the sandbox", sb.id)
 		}
 		return nil, began, false, fmt.Errorf("snapshot %s: %w", sb.id, serr)
@@ -199,8 +196,7 @@ func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began
 		}
 		if err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
-			sb.rec.Message = "lost after a snapshot: " + err.Error()
-			e.removeLocked(context.WithoutCancel(ctx), sb) //nolint:errcheck // logged above
+			e.failLocked(context.WithoutCancel(ctx), sb, "it could not be restored after a snapshot: "+err.Error())
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -180,5 +181,31 @@ func TestCallCutBySnapshotSaysSo(t *testing.T) {
 	err = <-done
 	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "snapshot or fork") {
 		t.Fatalf("call cut by a snapshot: %v, want unavailable naming the snapshot", err)
+	}
+}
+
+// A snapshot that stops its source (runsc kills a sandbox whose checkpoint
+// failed) leaves the source failed with the reason, not silently gone; a
+// stop removes it.
+func TestSnapshotThatStopsTheSourceLeavesItFailed(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	src, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.SetFailures(nil, errors.New("checkpoint: no space left"))
+	if _, err := f.edge.Snapshot(ctx, src.Id, "root"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("snapshot: %v", err)
+	}
+	got, err := f.edge.Get(src.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || !strings.Contains(got.Message, "no space left") {
+		t.Fatalf("source after the failed snapshot: %v %v", got, err)
+	}
+	if st := f.edge.Status(); st.Allocated.Sandboxes != 0 {
+		t.Fatalf("a stopped source holds capacity: %+v", st.Allocated)
+	}
+	if _, err := f.edge.Destroy(ctx, src.Id, "root"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -31,7 +31,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	groups := map[key]*usage{}
 	for _, sb := range e.all() {
 		v := sb.snapshot()
-		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED && sb.released.Load() {
 			continue // holds nothing: not counted against node or quota
 		}
 		k := key{v.Project, v.Spec.Task, v.Spec.Backend}

@@ -52,6 +52,24 @@ type Backend struct {
 	mu       sync.Mutex
 	boxes    map[sandboxid.ID]*box // guarded by mu
 	restores int                   // guarded by mu
+	// Failures a test sets while sandboxes run (SetFailures).
+	failDestroy, failSnapshot error // guarded by mu
+}
+
+// SetFailures makes Destroy fail and leave the sandbox in place
+// (destroy), and Snapshot fail after stopping its source, as runsc does
+// when a checkpoint fails (snapshot); nil for either restores it. Unlike
+// Knobs, they may change while sandboxes run.
+func (b *Backend) SetFailures(destroy, snapshot error) {
+	b.mu.Lock()
+	b.failDestroy, b.failSnapshot = destroy, snapshot
+	b.mu.Unlock()
+}
+
+func (b *Backend) failures() (destroy, snapshot error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failDestroy, b.failSnapshot
 }
 
 type box struct {
@@ -192,6 +210,9 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 
 // Destroy stops and forgets.
 func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
+	if err, _ := b.failures(); err != nil {
+		return err
+	}
 	bx, err := b.get(id)
 	if err != nil {
 		return nil
@@ -286,8 +307,13 @@ func (b *Backend) resumeGate(bx *box) {
 
 // Snapshot writes a marker file; the fake has no memory to capture.
 func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	if _, err := b.get(id); err != nil {
+	bx, err := b.get(id)
+	if err != nil {
 		return nil, err
+	}
+	if _, err := b.failures(); err != nil {
+		b.halt(bx)
+		return &backend.SnapshotInfo{Stopped: true}, err
 	}
 	if err := os.WriteFile(filepath.Join(ref.Dir, "fake-snapshot"), []byte(id), 0o600); err != nil {
 		return nil, err
