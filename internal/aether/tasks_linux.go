@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,8 +62,40 @@ func LimitTasks(max int) error {
 	if err := writeExisting(filepath.Join(dir, "pids.max"), "max"); err == nil {
 		return fmt.Errorf("pids.max is still writable under the cover of %s", TaskCgroup)
 	}
-	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0); err != nil {
-		return os.NewSyscallError("prctl(PR_CAPBSET_DROP)", err)
+	// The bounding set is per thread, and a child is forked from whichever
+	// thread runs its goroutine: drop it on every thread (a static build;
+	// with cgo this is ENOTSUP), then check that none kept it.
+	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); errno != 0 {
+		return os.NewSyscallError("prctl(PR_CAPBSET_DROP) on every thread", errno)
+	}
+	return checkBoundingDropped(unix.CAP_SYS_ADMIN)
+}
+
+// checkBoundingDropped fails if any of the process's threads still has
+// capability c in its bounding set.
+func checkBoundingDropped(c int) error {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "status"))
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			v, ok := strings.CutPrefix(line, "CapBnd:")
+			if !ok {
+				continue
+			}
+			set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return fmt.Errorf("thread %s: CapBnd %q: %w", t.Name(), v, err)
+			}
+			if set&(1<<c) != 0 {
+				return fmt.Errorf("thread %s still has capability %d in its bounding set", t.Name(), c)
+			}
+		}
 	}
 	return nil
 }
