@@ -31,13 +31,21 @@ type upProcess struct {
 	node   string
 }
 
+// freePort finds a free port below the kernel's ephemeral range
+// (ip_local_port_range starts at 32768 by default). A port the kernel
+// handed out (":0") and the test closed could be handed out again to one of
+// dsec up's own ":0" listeners before dsec up binds its API to it: that
+// once failed a restart with "address already in use".
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for i := 0; i < 100; i++ {
+		port := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port in 20000-31999")
+	return 0
 }
 
 // startUp runs dsec up on state and waits until it serves.

@@ -4,6 +4,7 @@ DSEC_API_URL is already set) and a client."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -29,9 +30,18 @@ def missing(reason: str) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 and up): a port
+    the kernel handed out and we closed could go to one of dsec up's own
+    ":0" listeners before dsec up binds to it."""
+    for _ in range(100):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 def _read_env(path: Path) -> Dict[str, str]:
