@@ -9,15 +9,23 @@ import { fileURLToPath } from 'node:url'
 
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
 
-function freePort() {
-  return new Promise((ok, fail) => {
+// freePort finds a free port below the kernel's ephemeral range (32768 and
+// up): a port the kernel handed out and we closed could go to one of dsec
+// up's own ":0" listeners before dsec up binds to it.
+function tryPort(port) {
+  return new Promise((ok) => {
     const s = createServer()
-    s.once('error', fail)
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address()
-      s.close(() => ok(port))
-    })
+    s.once('error', () => ok(false))
+    s.listen(port, '127.0.0.1', () => s.close(() => ok(true)))
   })
+}
+
+async function freePort() {
+  for (let i = 0; i < 100; i++) {
+    const port = 20000 + Math.floor(Math.random() * 12000)
+    if (await tryPort(port)) return port
+  }
+  throw new Error('no free port in 20000-31999')
 }
 
 function readEnv(path) {
