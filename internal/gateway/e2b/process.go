@@ -63,8 +63,12 @@ func event(ev *agentv1.ProcessEvent) *envdprocess.ProcessEvent {
 	return &envdprocess.ProcessEvent{Event: &envdprocess.ProcessEvent_Keepalive{Keepalive: &envdprocess.ProcessEvent_KeepAlive{}}}
 }
 
-// relay copies our event stream to envd's until it ends.
-func relay[T any](in interface {
+// relay copies our event stream to envd's until it ends. A stream that
+// breaks once the call's deadline has passed ends as envd's does, with
+// deadline_exceeded (the SDKs' TimeoutException): the agent kills the
+// command at that same deadline, and on a loaded node a hop on the way may
+// cut the stream first (a proxy's reset, seen as "internal").
+func relay[T any](ctx context.Context, in interface {
 	Receive() bool
 	Msg() T
 	Err() error
@@ -77,6 +81,9 @@ func relay[T any](in interface {
 		}
 	}
 	if err := in.Err(); err != nil && !errors.Is(err, io.EOF) {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("the call's timeout ran out (the stream then ended with: %v)", err))
+		}
 		return err
 	}
 	return nil
@@ -109,7 +116,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[envdpro
 	if err != nil {
 		return err
 	}
-	return relay(in, func(m *agentv1.StartResponse) *agentv1.ProcessEvent { return m.Event },
+	return relay(ctx, in, func(m *agentv1.StartResponse) *agentv1.ProcessEvent { return m.Event },
 		func(ev *envdprocess.ProcessEvent) error { return stream.Send(&envdprocess.StartResponse{Event: ev}) })
 }
 
@@ -118,7 +125,7 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[envdp
 	if err != nil {
 		return err
 	}
-	return relay(in, func(m *agentv1.ConnectResponse) *agentv1.ProcessEvent { return m.Event },
+	return relay(ctx, in, func(m *agentv1.ConnectResponse) *agentv1.ProcessEvent { return m.Event },
 		func(ev *envdprocess.ProcessEvent) error { return stream.Send(&envdprocess.ConnectResponse{Event: ev}) })
 }
 
