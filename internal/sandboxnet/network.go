@@ -1,0 +1,238 @@
+package sandboxnet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Config is the node's side of sandbox networking.
+type Config struct {
+	// Table is the nftables table the edge owns (family inet).
+	Table string
+	// Subnet holds the sandboxes' addresses; its first address is the
+	// gateway every sandbox routes through (and where the DNS proxy
+	// listens).
+	Subnet netip.Prefix
+	// IfPrefix starts the host-side veth names (at most 3 characters:
+	// interface names have 15).
+	IfPrefix string
+	// DNSPort is the DNS proxy's port on the gateway address.
+	DNSPort uint16
+	// Addrs are the node's own addresses and Closed further prefixes (the
+	// control plane's hosts): closed unless a rule names them.
+	Addrs  []netip.Addr
+	Closed []netip.Prefix
+}
+
+// Network attaches sandboxes to the node: a network namespace each, a veth
+// into it, an address from the subnet, and the nftables chain of its
+// policy. Network namespaces are named files in /var/run/netns, so `ip
+// netns exec` reaches them for debugging.
+type Network struct {
+	node Node
+	gw   netip.Addr
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	used map[netip.Addr]string // address → sandbox; guarded by mu
+}
+
+// Open loads the node's table (which drops any sandbox chains a previous
+// run left: the edge re-attaches the sandboxes it recovers) and turns on
+// forwarding.
+func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
+	if !cfg.Subnet.Addr().Is4() || cfg.Subnet.Bits() > 24 || cfg.Subnet.Bits() < 8 {
+		return nil, errdefs.InvalidArgument("sandbox subnet %s: want an IPv4 prefix from /8 to /24", cfg.Subnet)
+	}
+	if len(cfg.IfPrefix) == 0 || len(cfg.IfPrefix) > 3 || ident(cfg.IfPrefix) != cfg.IfPrefix {
+		return nil, errdefs.InvalidArgument("interface prefix %q: want 1 to 3 letters or digits", cfg.IfPrefix)
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, errdefs.FailedPrecondition("sandbox networking needs %s (Debian packages iproute2 and nftables): %v", tool, err)
+		}
+	}
+	gw := cfg.Subnet.Masked().Addr().Next()
+	n := &Network{
+		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed},
+		gw:   gw, log: log, used: map[netip.Addr]string{gw: "gateway"},
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return nil, fmt.Errorf("turn on IPv4 forwarding: %w", err)
+	}
+	if err := nft(ctx, NodeScript(n.node)); err != nil {
+		return nil, fmt.Errorf("load the node's nftables table %s: %w", cfg.Table, err)
+	}
+	return n, nil
+}
+
+// Node is the table's description (for scripts and the DNS proxy).
+func (n *Network) Node() Node { return n.node }
+
+// Link is a sandbox's attachment.
+type Link struct {
+	Sandbox
+	// NetNS is the path of its network namespace.
+	NetNS string
+	// Gateway is the address it routes through and sends DNS to.
+	Gateway netip.Addr
+}
+
+// nsName and ifName are the names the node gives a sandbox's namespace and
+// the host side of its veth.
+func nsName(sandbox string) string { return "dsec-" + ident(sandbox) }
+
+func (n *Network) ifName(sandbox string) string {
+	h := fnv.New64a()
+	h.Write([]byte(sandbox))
+	return fmt.Sprintf("%s%x", n.node.IfPrefix, h.Sum64())[:15]
+}
+
+// allocate takes the next free address for name, or addr if it is given
+// (an edge re-attaching a sandbox keeps its address).
+func (n *Network) allocate(name string, addr netip.Addr) (netip.Addr, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if addr.IsValid() {
+		if !n.node.Subnet.Contains(addr) {
+			return addr, errdefs.InvalidArgument("address %s: not in the sandbox subnet %s", addr, n.node.Subnet)
+		}
+		if owner, ok := n.used[addr]; ok && owner != name {
+			return addr, errdefs.AlreadyExists("address %s is %s's", addr, owner)
+		}
+		n.used[addr] = name
+		return addr, nil
+	}
+	for a := n.gw.Next(); n.node.Subnet.Contains(a); a = a.Next() {
+		if _, ok := n.used[a]; !ok && a.Next().IsValid() && n.node.Subnet.Contains(a.Next()) { // not the broadcast address
+			n.used[a] = name
+			return a, nil
+		}
+	}
+	return netip.Addr{}, errdefs.ResourceExhausted("sandbox subnet %s: no address left", n.node.Subnet)
+}
+
+// release frees addr if name holds it (a late second detach must not free
+// the address of the sandbox that has it now).
+func (n *Network) release(addr netip.Addr, name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.used[addr] == name {
+		delete(n.used, addr)
+	}
+}
+
+// Attach makes name's namespace and veth, with addr (or the next free
+// address when addr is the zero value), and installs policy p. On failure
+// nothing of it is left.
+func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Policy) (_ *Link, err error) {
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	if addr, err = n.allocate(name, addr); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { n.release(addr, name) })
+	l := &Link{Sandbox: Sandbox{Name: name, HostIf: n.ifName(name), Addr: addr}, NetNS: filepath.Join("/var/run/netns", nsName(name)), Gateway: n.gw}
+	if err := ip(ctx, "", "netns add "+nsName(name)); err != nil {
+		return nil, fmt.Errorf("attach %s: make its network namespace: %w", name, err)
+	}
+	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "netns del "+nsName(name)) }) //nolint:errcheck // undoing
+	host := fmt.Sprintf("link add %[1]s type veth peer name eth0 netns %[2]s\naddr add %[3]s/32 dev %[1]s\nlink set %[1]s up\nroute add %[4]s/32 dev %[1]s\n",
+		l.HostIf, nsName(name), n.gw, addr)
+	if err := ip(ctx, "", host); err != nil {
+		return nil, fmt.Errorf("attach %s: make its veth %s: %w", name, l.HostIf, err)
+	}
+	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "link del "+l.HostIf) }) //nolint:errcheck // undoing
+	inside := fmt.Sprintf("link set lo up\naddr add %[1]s/32 dev eth0\nlink set eth0 up\nroute add %[2]s/32 dev eth0\nroute add default via %[2]s\n", addr, n.gw)
+	if err := ip(ctx, nsName(name), inside); err != nil {
+		return nil, fmt.Errorf("attach %s: set its address and routes: %w", name, err)
+	}
+	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
+		return nil, fmt.Errorf("install the network policy of %s: %w", name, err)
+	}
+	return l, nil
+}
+
+// Update replaces l's policy old with p in one transaction.
+func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
+	return nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p))
+}
+
+// Learn opens addrs, which the DNS proxy answered for a name that rules
+// (indexes into p.Rules) allow, for ttl.
+func (n *Network) Learn(ctx context.Context, l *Link, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
+	return nft(ctx, LearnScript(n.node, l.Sandbox, p, rules, addrs, ttl))
+}
+
+// Detach removes what Attach made. It goes on past a failed step and
+// returns every failure; a part already gone is not one.
+func (n *Network) Detach(ctx context.Context, l *Link, p Policy) error {
+	var errs []error
+	if err := nft(ctx, RemoveScript(n.node, l.Sandbox, p)); err != nil && !isGone(err) {
+		errs = append(errs, fmt.Errorf("remove the network policy of %s: %w", l.Name, err))
+	}
+	if err := ip(ctx, "", "link del "+l.HostIf); err != nil && !isGone(err) {
+		errs = append(errs, err)
+	}
+	if err := ip(ctx, "", "netns del "+nsName(l.Name)); err != nil && !isGone(err) {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		n.release(l.Addr, l.Name)
+	} else {
+		n.log.Error("detach a sandbox from the network", logging.SandboxID, l.Name, logging.Error, errors.Join(errs...))
+	}
+	return errors.Join(errs...)
+}
+
+// isGone: "No such file or directory", "Cannot find device": what Detach
+// would remove is already gone.
+func isGone(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "No such file or directory") || strings.Contains(s, "Cannot find device") || strings.Contains(s, "does not exist")
+}
+
+// ip runs iproute2 commands in one batch, in namespace ns if not empty.
+func ip(ctx context.Context, ns, batch string) error {
+	args := []string{"-batch", "-"}
+	if ns != "" {
+		args = append([]string{"-n", ns}, args...)
+	}
+	return run(ctx, strings.NewReader(batch), "ip", args...)
+}
+
+// nft runs an nftables script as one transaction.
+func nft(ctx context.Context, script string) error {
+	return run(ctx, strings.NewReader(script), "nft", "-f", "-")
+}
+
+func run(ctx context.Context, stdin *strings.Reader, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdin = stdin
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
