@@ -65,20 +65,19 @@ func NodeScript(n Node) string {
 		type filter hook input priority filter; policy accept;
 		iifname != %[1]s accept
 		ct state established,related accept
-		ip daddr %[2]s meta l4proto { tcp, udp } th dport %[3]d accept
 		iifname vmap @egress
 		drop
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr %[4]s oifname != %[1]s masquerade
+		ip saddr %[2]s oifname != %[1]s masquerade
 	}
 	chain refuse {
 		meta l4proto tcp reject with tcp reset
 		reject with icmpx type admin-prohibited
 	}
 }
-`, sb, n.DNS.Addr(), n.DNS.Port(), n.Subnet.Masked())
+`, sb, n.Subnet.Masked())
 	return b.String()
 }
 
@@ -109,6 +108,8 @@ func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
 	// address or speaks IPv6 reaches nothing.
 	add("meta nfproto ipv6 drop")
 	add("ip saddr != %s drop", sb.Addr)
+	// The node's DNS proxy, which knows the sandbox by that address.
+	add("ip daddr %s meta l4proto { tcp, udp } th dport %d accept", n.DNS.Addr(), n.DNS.Port())
 	// Rules that name a closed range come before the closing; the
 	// sandboxes' own subnet stays closed even to them.
 	subnet := []netip.Prefix{n.Subnet.Masked()}

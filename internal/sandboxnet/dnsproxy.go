@@ -1,0 +1,196 @@
+package sandboxnet
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// Resolver answers for the DNS proxy which sandbox sent a query (by its
+// source address) and with which policy, and opens the addresses the proxy
+// answered. Network plus the edge's sandbox table implement it.
+type Resolver interface {
+	// Sandbox returns the sandbox that has addr and its current policy.
+	Sandbox(addr netip.Addr) (Sandbox, Policy, bool)
+	// Learn opens addrs for the domain rules (indexes into p.Rules) for ttl.
+	Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error
+}
+
+// DNSProxy answers sandboxes' DNS queries: names their policy allows are
+// resolved by the node's upstream servers, and the IPv4 addresses of the
+// answer are opened (for the answer's TTL) before the sandbox gets it;
+// other names get NXDOMAIN with the reason as an extended error (RFC 8914,
+// "Prohibited"). AAAA queries get no addresses: sandboxes have IPv4 only.
+// Each sandbox is rate limited.
+type DNSProxy struct {
+	res      Resolver
+	upstream []string // host:port
+	log      *slog.Logger
+	client   *dns.Client
+
+	mu      sync.Mutex
+	buckets map[netip.Addr]*bucket // guarded by mu
+}
+
+// Answers' TTLs are clamped: at least minTTL (a connection right after a
+// short-lived answer must still be let through), at most maxTTL.
+const (
+	minTTL = 30 * time.Second
+	maxTTL = time.Hour
+	// Per sandbox: queryRate a second on average, bursts of queryBurst.
+	queryRate  = 50
+	queryBurst = 200
+)
+
+// NewDNSProxy makes a proxy that resolves through upstream ("host:port").
+func NewDNSProxy(res Resolver, upstream []string, log *slog.Logger) *DNSProxy {
+	return &DNSProxy{
+		res: res, upstream: upstream, log: log, buckets: map[netip.Addr]*bucket{},
+		client: &dns.Client{Timeout: 3 * time.Second},
+	}
+}
+
+// Serve answers on the UDP and TCP listeners until ctx ends.
+func (p *DNSProxy) Serve(ctx context.Context, udp net.PacketConn, tcp net.Listener) {
+	servers := []*dns.Server{{PacketConn: udp, Handler: p}, {Listener: tcp, Handler: p}}
+	for _, s := range servers {
+		go s.ActivateAndServe() //nolint:errcheck // ends at Shutdown
+	}
+	<-ctx.Done()
+	for _, s := range servers {
+		s.Shutdown() //nolint:errcheck // closing
+	}
+}
+
+// ServeDNS answers one query.
+func (p *DNSProxy) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
+	resp := p.answer(w.RemoteAddr(), q)
+	w.WriteMsg(resp) //nolint:errcheck // the sandbox went away
+}
+
+func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
+	m := new(dns.Msg)
+	if len(q.Question) != 1 || q.Opcode != dns.OpcodeQuery {
+		return m.SetRcode(q, dns.RcodeFormatError)
+	}
+	ap, err := netip.ParseAddrPort(from.String())
+	if err != nil {
+		return m.SetRcode(q, dns.RcodeRefused)
+	}
+	addr := ap.Addr().Unmap()
+	sb, pol, ok := p.res.Sandbox(addr)
+	if !ok {
+		return m.SetRcode(q, dns.RcodeRefused)
+	}
+	if !p.allow(addr) {
+		return refused(q, "rate limited: at most 50 queries a second per sandbox")
+	}
+	qq := q.Question[0]
+	name := strings.ToLower(qq.Name)
+	if !pol.MayResolve(name) {
+		return refusedName(q, "the sandbox's network policy does not allow "+strings.TrimSuffix(name, "."))
+	}
+	switch qq.Qtype {
+	case dns.TypeA, dns.TypeCNAME:
+	default:
+		// IPv4 only (AAAA), and nothing else a sandbox needs from
+		// names it may reach: an empty answer.
+		return m.SetReply(q)
+	}
+	up, err := p.exchange(q)
+	if err != nil {
+		p.log.Warn("DNS upstream failed", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
+		return m.SetRcode(q, dns.RcodeServerFailure)
+	}
+	var addrs []netip.Addr
+	ttl := maxTTL
+	for _, rr := range up.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
+				addrs = append(addrs, ip)
+				ttl = min(ttl, time.Duration(a.Hdr.Ttl)*time.Second)
+			}
+		}
+	}
+	if rules := pol.DomainRules(name); len(addrs) > 0 && len(rules) > 0 {
+		// Opened before the sandbox has the answer, for a little longer
+		// than it may keep it.
+		if err := p.res.Learn(context.Background(), sb, pol, rules, addrs, max(ttl, minTTL)+minTTL); err != nil {
+			p.log.Error("open the addresses of an answer", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
+			return m.SetRcode(q, dns.RcodeServerFailure)
+		}
+	}
+	up.Id = q.Id
+	return up
+}
+
+func (p *DNSProxy) exchange(q *dns.Msg) (*dns.Msg, error) {
+	var last error
+	for _, u := range p.upstream {
+		r, _, err := p.client.Exchange(q, u)
+		if err == nil {
+			return r, nil
+		}
+		last = err
+	}
+	return nil, last
+}
+
+// refusedName is NXDOMAIN with an extended error saying why.
+func refusedName(q *dns.Msg, why string) *dns.Msg {
+	m := new(dns.Msg).SetRcode(q, dns.RcodeNameError)
+	return withEDE(m, dns.ExtendedErrorCodeProhibited, why)
+}
+
+func refused(q *dns.Msg, why string) *dns.Msg {
+	m := new(dns.Msg).SetRcode(q, dns.RcodeRefused)
+	return withEDE(m, dns.ExtendedErrorCodeProhibited, why)
+}
+
+func withEDE(m *dns.Msg, code uint16, why string) *dns.Msg {
+	o := new(dns.OPT)
+	o.Hdr.Name, o.Hdr.Rrtype = ".", dns.TypeOPT
+	o.SetUDPSize(dns.DefaultMsgSize)
+	o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: code, ExtraText: why})
+	m.Extra = append(m.Extra, o)
+	return m
+}
+
+// bucket is a token bucket.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func (p *DNSProxy) allow(addr netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	b := p.buckets[addr]
+	if b == nil {
+		b = &bucket{tokens: queryBurst, last: now}
+		p.buckets[addr] = b
+	}
+	b.tokens = min(queryBurst, b.tokens+now.Sub(b.last).Seconds()*queryRate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Forget drops a detached sandbox's rate state.
+func (p *DNSProxy) Forget(addr netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.buckets, addr)
+}
