@@ -65,12 +65,7 @@ func TestFailedSandboxSurvivesRestartAsARecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.fake.Crash(sandboxIDOf(sb))
-	for i := 0; i < 500; i++ {
-		if got, _ := f.edge.Get(sb.Id, "root"); got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFailed(f.edge, sb.Id)
 	f.edge.Close()
 	e2 := f.open(t, smallCapacity())
 	got, err := e2.Get(sb.Id, "root")
@@ -172,13 +167,7 @@ func TestFailedSandboxKeepsCapacityUntilRemoved(t *testing.T) {
 	}
 	f.fake.SetFailures(errors.New("device busy"), nil)
 	f.fake.Crash(sandboxIDOf(sb))
-	var got *sandboxv1.Sandbox
-	for i := 0; i < 500; i++ {
-		if got, _ = f.edge.Get(sb.Id, "root"); got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	got := waitFailed(f.edge, sb.Id)
 	if got.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || !strings.Contains(got.Message, "device busy") {
 		t.Fatalf("after a crash and a failed removal: %v %q", got.State, got.Message)
 	}
@@ -202,4 +191,17 @@ func TestFailedSandboxKeepsCapacityUntilRemoved(t *testing.T) {
 	if st := e2.Status(); st.Allocated.Sandboxes != 0 {
 		t.Fatalf("capacity not given back after the stop: %+v", st.Allocated)
 	}
+}
+
+// waitFailed waits up to 10 s for sandbox id to be failed and returns what
+// it last saw.
+func waitFailed(e *Edge, id string) *sandboxv1.Sandbox {
+	var got *sandboxv1.Sandbox
+	for i := 0; i < 500; i++ {
+		if got, _ = e.Get(id, "root"); got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return got
 }
