@@ -7,13 +7,17 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -47,8 +51,15 @@ type Network struct {
 	gw   netip.Addr
 	log  *slog.Logger
 
-	mu   sync.Mutex
-	used map[netip.Addr]string // address → sandbox; guarded by mu
+	mu       sync.Mutex
+	used     map[netip.Addr]string   // address → sandbox; guarded by mu
+	attached map[netip.Addr]attached // guarded by mu
+}
+
+// attached is what the DNS proxy needs of an attached sandbox.
+type attached struct {
+	sb  Sandbox
+	pol Policy
 }
 
 // Open loads the node's table (which drops any sandbox chains a previous
@@ -69,7 +80,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	gw := cfg.Subnet.Masked().Addr().Next()
 	n := &Network{
 		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed},
-		gw:   gw, log: log, used: map[netip.Addr]string{gw: "gateway"},
+		gw:   gw, log: log, used: map[netip.Addr]string{gw: "gateway"}, attached: map[netip.Addr]attached{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("turn on IPv4 forwarding: %w", err)
@@ -170,23 +181,48 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Po
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
 		return nil, fmt.Errorf("install the network policy of %s: %w", name, err)
 	}
+	n.setAttached(l.Sandbox, p)
 	return l, nil
+}
+
+func (n *Network) setAttached(sb Sandbox, p Policy) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.attached[sb.Addr] = attached{sb, p}
 }
 
 // Update replaces l's policy old with p in one transaction.
 func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
-	return nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p))
+	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
+		return err
+	}
+	n.setAttached(l.Sandbox, p)
+	return nil
+}
+
+// Sandbox is the attached sandbox that has addr, and its policy (the DNS
+// proxy's Resolver).
+func (n *Network) Sandbox(addr netip.Addr) (Sandbox, Policy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a, ok := n.attached[addr]
+	return a.sb, a.pol, ok
 }
 
 // Learn opens addrs, which the DNS proxy answered for a name that rules
 // (indexes into p.Rules) allow, for ttl.
-func (n *Network) Learn(ctx context.Context, l *Link, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
-	return nft(ctx, LearnScript(n.node, l.Sandbox, p, rules, addrs, ttl))
+func (n *Network) Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
+	return nft(ctx, LearnScript(n.node, sb, p, rules, addrs, ttl))
 }
 
 // Detach removes what Attach made. It goes on past a failed step and
 // returns every failure; a part already gone is not one.
 func (n *Network) Detach(ctx context.Context, l *Link, p Policy) error {
+	n.mu.Lock()
+	if a, ok := n.attached[l.Addr]; ok && a.sb.Name == l.Name {
+		delete(n.attached, l.Addr)
+	}
+	n.mu.Unlock()
 	var errs []error
 	if err := nft(ctx, RemoveScript(n.node, l.Sandbox, p)); err != nil && !isGone(err) {
 		errs = append(errs, fmt.Errorf("remove the network policy of %s: %w", l.Name, err))
@@ -235,4 +271,28 @@ func run(ctx context.Context, stdin *strings.Reader, name string, args ...string
 		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// ListenDNS opens the DNS proxy's sockets on the gateway address. The
+// address is on the node only while a sandbox is attached (it is on every
+// veth), so the sockets are bound with IP_FREEBIND.
+func (n *Network) ListenDNS(ctx context.Context) (net.PacketConn, net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_FREEBIND, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	addr := n.node.DNS.String()
+	pc, err := lc.ListenPacket(ctx, "udp4", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("DNS proxy: %w", err)
+	}
+	ln, err := lc.Listen(ctx, "tcp4", addr)
+	if err != nil {
+		pc.Close()
+		return nil, nil, fmt.Errorf("DNS proxy: %w", err)
+	}
+	return pc, ln, nil
 }

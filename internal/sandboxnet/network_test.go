@@ -3,10 +3,14 @@ package sandboxnet
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -83,4 +87,79 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	if d := attach("d"); d.Addr == a.Addr {
 		t.Fatalf("a second detach freed %s, which c holds", a.Addr)
 	}
+}
+
+// The domain flow end to end in namespaces: a sandbox asks the node's DNS
+// proxy on its gateway; an allowed name resolves and its address opens on
+// the rule's port; a name not allowed does not resolve, and an address the
+// proxy never answered stays refused.
+func TestDomainPolicyThroughTheDNSProxy(t *testing.T) {
+	tn := newTestNet(t)
+	node, inet := tn.ns("node"), tn.ns("inet")
+	tn.link(node, "up0", "203.0.113.1/24", inet, "eth0", "203.0.113.10/24")
+	tn.in(inet, "ip", "addr", "add", "203.0.113.11/24", "dev", "eth0")
+	serve(t, inet, "0.0.0.0:8080")
+	serve(t, inet, "0.0.0.0:9090")
+	up := upstream(t) // on the test's loopback, where the proxy's own queries go
+	ctx := testutil.Context(t)
+
+	var nw *Network
+	var pc net.PacketConn
+	var ln net.Listener
+	var err error
+	inNS(t, node, func() {
+		if nw, err = Open(ctx, Config{Table: "opendsec", Subnet: netip.MustParsePrefix("10.90.0.0/16"), IfPrefix: "dsd", DNSPort: 53}, testutil.Logger(t)); err == nil {
+			pc, ln, err = nw.ListenDNS(ctx)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go NewDNSProxy(nodeResolver{nw, t, node}, []string{up}, testutil.Logger(t)).Serve(ctx, pc, ln)
+	p := policy(t, false, RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"8080"}})
+	var l *Link
+	inNS(t, node, func() { l, err = nw.Attach(ctx, fmt.Sprintf("t%d-dns", os.Getpid()%100000), netip.Addr{}, p) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inNS(t, node, func() { nw.Detach(context.Background(), l, p) }) })
+	sbNS := nsName(l.Name)
+
+	resolve := func(name string) (*dns.Msg, error) {
+		var r *dns.Msg
+		var err error
+		inNS(t, sbNS, func() {
+			r, _, err = (&dns.Client{Timeout: 3 * time.Second}).Exchange(new(dns.Msg).SetQuestion(name, dns.TypeA), l.Gateway.String()+":53")
+		})
+		return r, err
+	}
+	if got := dial(t, sbNS, "203.0.113.11:8080"); got != "refused" {
+		t.Fatalf("before the name was resolved: %s", got)
+	}
+	r, err := resolve("pkg.example.org.")
+	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Fatalf("pkg.example.org through the proxy: %v %v", r, err)
+	}
+	for addr, want := range map[string]string{"203.0.113.11:8080": "ok", "203.0.113.11:9090": "refused", "203.0.113.10:8080": "refused"} {
+		if got := dial(t, sbNS, addr); got != want {
+			t.Errorf("after resolving: %s: %s, want %s", addr, got, want)
+		}
+	}
+	if r, err := resolve("evil.example.com."); err != nil || r.Rcode != dns.RcodeNameError {
+		t.Fatalf("a name not allowed: %v %v", r, err)
+	}
+}
+
+// nodeResolver runs Network's nft commands in the test's node namespace
+// (an edge runs in the node's own, so there any thread will do).
+type nodeResolver struct {
+	*Network
+	t    *testing.T
+	node string
+}
+
+func (r nodeResolver) Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
+	var err error
+	inNS(r.t, r.node, func() { err = r.Network.Learn(ctx, sb, p, rules, addrs, ttl) })
+	return err
 }
