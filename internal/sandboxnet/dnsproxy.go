@@ -36,8 +36,20 @@ type DNSProxy struct {
 	log      *slog.Logger
 	client   *dns.Client
 
-	mu      sync.Mutex
-	buckets map[netip.Addr]*bucket // guarded by mu
+	mu          sync.Mutex
+	buckets     map[netip.Addr]*bucket // guarded by mu
+	rate, burst float64                // guarded by mu
+	// opened remembers until when an address is open for a rule of a
+	// sandbox's policy generation, so a repeated answer costs no nftables
+	// transaction. Guarded by mu.
+	opened map[openKey]time.Time
+}
+
+type openKey struct {
+	sandbox string
+	gen     uint64
+	rule    int
+	addr    netip.Addr
 }
 
 // Answers' TTLs are clamped: at least minTTL (a connection right after a
@@ -53,7 +65,7 @@ const (
 // NewDNSProxy makes a proxy that resolves through upstream ("host:port").
 func NewDNSProxy(res Resolver, upstream []string, log *slog.Logger) *DNSProxy {
 	return &DNSProxy{
-		res: res, upstream: upstream, log: log, buckets: map[netip.Addr]*bucket{},
+		res: res, upstream: upstream, log: log, buckets: map[netip.Addr]*bucket{}, opened: map[openKey]time.Time{}, rate: queryRate, burst: queryBurst,
 		client: &dns.Client{Timeout: 3 * time.Second},
 	}
 }
@@ -91,7 +103,7 @@ func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
 		return m.SetRcode(q, dns.RcodeRefused)
 	}
 	if !p.allow(addr) {
-		return refused(q, "rate limited: at most 50 queries a second per sandbox")
+		return refused(q, "rate limited: too many queries a second from this sandbox")
 	}
 	qq := q.Question[0]
 	name := strings.ToLower(qq.Name)
@@ -123,9 +135,13 @@ func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
 	if rules := pol.DomainRules(name); len(addrs) > 0 && len(rules) > 0 {
 		// Opened before the sandbox has the answer, for a little longer
 		// than it may keep it.
-		if err := p.res.Learn(context.Background(), sb, pol, rules, addrs, max(ttl, minTTL)+minTTL); err != nil {
-			p.log.Error("open the addresses of an answer", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
-			return m.SetRcode(q, dns.RcodeServerFailure)
+		open := max(ttl, minTTL) + minTTL
+		if !p.stillOpen(sb, rules, addrs, open) {
+			if err := p.res.Learn(context.Background(), sb, pol, rules, addrs, open); err != nil {
+				p.log.Error("open the addresses of an answer", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
+				return m.SetRcode(q, dns.RcodeServerFailure)
+			}
+			p.markOpen(sb, rules, addrs, open)
 		}
 	}
 	up.Id = q.Id
@@ -176,16 +192,56 @@ func (p *DNSProxy) allow(addr netip.Addr) bool {
 	now := time.Now()
 	b := p.buckets[addr]
 	if b == nil {
-		b = &bucket{tokens: queryBurst, last: now}
+		b = &bucket{tokens: p.burst, last: now}
 		p.buckets[addr] = b
 	}
-	b.tokens = min(queryBurst, b.tokens+now.Sub(b.last).Seconds()*queryRate)
+	b.tokens = min(p.burst, b.tokens+now.Sub(b.last).Seconds()*p.rate)
 	b.last = now
 	if b.tokens < 1 {
 		return false
 	}
 	b.tokens--
 	return true
+}
+
+// stillOpen reports whether every address stays open for every rule for
+// at least half of ttl; if not, the answer is opened again (adding a set
+// element again sets its timeout anew).
+func (p *DNSProxy) stillOpen(sb Sandbox, rules []int, addrs []netip.Addr, ttl time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	until := time.Now().Add(ttl / 2)
+	for _, r := range rules {
+		for _, a := range addrs {
+			if p.opened[openKey{sb.Name, sb.Generation, r, a}].Before(until) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (p *DNSProxy) markOpen(sb Sandbox, rules []int, addrs []netip.Addr, ttl time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for k, t := range p.opened { // drop what lapsed, so the map stays small
+		if t.Before(now) {
+			delete(p.opened, k)
+		}
+	}
+	for _, r := range rules {
+		for _, a := range addrs {
+			p.opened[openKey{sb.Name, sb.Generation, r, a}] = now.Add(ttl)
+		}
+	}
+}
+
+// Limit sets each sandbox's query rate (a second) and burst.
+func (p *DNSProxy) Limit(rate, burst float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rate, p.burst = rate, burst
 }
 
 // Forget drops a detached sandbox's rate state.

@@ -17,6 +17,7 @@ import (
 // fakeResolver knows one sandbox at 127.0.0.1 and records what it learns.
 type fakeResolver struct {
 	pol     Policy
+	gen     uint64
 	mu      sync.Mutex
 	learned []string
 }
@@ -25,7 +26,9 @@ func (f *fakeResolver) Sandbox(addr netip.Addr) (Sandbox, Policy, bool) {
 	if addr != netip.MustParseAddr("127.0.0.1") {
 		return Sandbox{}, Policy{}, false
 	}
-	return Sandbox{Name: "sb1", Addr: addr}, f.pol, true
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Sandbox{Name: "sb1", Addr: addr, Generation: f.gen}, f.pol, true
 }
 
 func (f *fakeResolver) Learn(_ context.Context, _ Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
@@ -162,5 +165,27 @@ func TestDNSProxyRateLimitsASandbox(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatalf("%d queries in a burst, none refused", queryBurst+50)
+	}
+}
+
+// A repeated answer costs no nftables transaction while what it opened
+// holds; a policy change (a new generation: its sets may be new) opens it
+// again.
+func TestDNSProxyOpensARepeatedAnswerOncePerPolicy(t *testing.T) {
+	res := &fakeResolver{pol: policy(t, false, RuleSpec{Domain: "pkg.example.org"})}
+	proxy := startProxy(t, res)
+	count := func() int { res.mu.Lock(); defer res.mu.Unlock(); return len(res.learned) }
+	for i := 0; i < 3; i++ {
+		ask(t, proxy, "pkg.example.org.", dns.TypeA)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("three answers opened %d times, want once", n)
+	}
+	res.mu.Lock()
+	res.gen++
+	res.mu.Unlock()
+	ask(t, proxy, "pkg.example.org.", dns.TypeA)
+	if n := count(); n != 2 {
+		t.Fatalf("after a policy change: opened %d times in all, want 2", n)
 	}
 }

@@ -54,6 +54,7 @@ type Network struct {
 	mu       sync.Mutex
 	used     map[netip.Addr]string   // address → sandbox; guarded by mu
 	attached map[netip.Addr]attached // guarded by mu
+	gen      uint64                  // guarded by mu
 }
 
 // attached is what the DNS proxy needs of an attached sandbox.
@@ -185,9 +186,14 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Po
 	return l, nil
 }
 
+// setAttached records sb's policy, under a new generation: the sets of its
+// domain rules may have been made anew, so what the DNS proxy remembers
+// having opened no longer holds.
 func (n *Network) setAttached(sb Sandbox, p Policy) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.gen++
+	sb.Generation = n.gen
 	n.attached[sb.Addr] = attached{sb, p}
 }
 

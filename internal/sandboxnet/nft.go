@@ -27,6 +27,9 @@ type Sandbox struct {
 	Name   string     // unique on the node (its id)
 	HostIf string     // the host side of its veth
 	Addr   netip.Addr // its IPv4 address, in Node.Subnet
+	// Generation changes with every policy change (Network sets it), so
+	// the DNS proxy knows when what it opened may be gone.
+	Generation uint64
 }
 
 // closed is every prefix no policy opens unless a rule names it.
