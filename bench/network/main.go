@@ -162,7 +162,10 @@ func run(ctx context.Context, reps int, dnsFor time.Duration) error {
 	row("Attach, no policy (vs bare)", empty, bare)
 	row("Attach, 20-rule policy (vs no policy)", full, empty)
 	row("Detach", detach, nil)
-	return benchDNS(ctx, nw, dnsFor)
+	if err := benchDNS(ctx, nw, dnsFor); err != nil {
+		return err
+	}
+	return benchStream(ctx, nw, dnsFor)
 }
 
 func batch(ns, cmds string) error {
@@ -268,4 +271,122 @@ func upstream() (string, func(), error) {
 	})}
 	go srv.ActivateAndServe()                                      //nolint:errcheck // until stop
 	return pc.LocalAddr().String(), func() { srv.Shutdown() }, nil //nolint:errcheck // bench
+}
+
+// benchStream compares a TCP stream and a request/response round trip from
+// a sandbox to an allowed server behind the node (two veths, forwarding,
+// the policy's chain, masquerading) with the same between two namespaces
+// joined by one veth.
+func benchStream(ctx context.Context, nw *sandboxnet.Network, d time.Duration) error {
+	id := os.Getpid()
+	inet, a, b := fmt.Sprintf("dsbench-inet-%d", id), fmt.Sprintf("dsbench-a-%d", id), fmt.Sprintf("dsbench-b-%d", id)
+	for _, ns := range []string{inet, a, b} {
+		if err := sh("ip", "netns", "add", ns); err != nil {
+			return err
+		}
+		defer sh("ip", "netns", "del", ns) //nolint:errcheck // cleanup
+	}
+	setup := [][]string{
+		{"ip", "link", "add", "upbench", "type", "veth", "peer", "name", "eth0", "netns", inet},
+		{"ip", "addr", "add", "203.0.113.1/24", "dev", "upbench"}, {"ip", "link", "set", "upbench", "up"},
+		{"ip", "-n", inet, "addr", "add", "203.0.113.10/24", "dev", "eth0"}, {"ip", "-n", inet, "link", "set", "eth0", "up"},
+		{"ip", "-n", a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b},
+		{"ip", "-n", a, "addr", "add", "10.93.0.1/30", "dev", "eth0"}, {"ip", "-n", a, "link", "set", "eth0", "up"},
+		{"ip", "-n", b, "addr", "add", "10.93.0.2/30", "dev", "eth0"}, {"ip", "-n", b, "link", "set", "eth0", "up"},
+	}
+	for _, c := range setup {
+		if err := sh(c...); err != nil {
+			return err
+		}
+	}
+	p, err := sandboxnet.Parse("rules", false, []sandboxnet.RuleSpec{{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"5001"}}})
+	if err != nil {
+		return err
+	}
+	l, err := nw.Attach(ctx, "bench-stream", netip.Addr{}, p)
+	if err != nil {
+		return err
+	}
+	defer nw.Detach(context.Background(), l, p) //nolint:errcheck // cleanup
+	fmt.Printf("TCP from a sandbox to an allowed server behind the node, against two namespaces joined by a veth (%v each):\n", d)
+	plainMB, plainRTT, err := stream(b, "10.93.0.2:5001", a, d)
+	if err != nil {
+		return err
+	}
+	ourMB, ourRTT, err := stream(inet, "203.0.113.10:5001", filepath.Base(l.NetNS), d)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("  %-44s %8.0f MB/s  vs %6.0f MB/s  %.2fx\n", "stream throughput", ourMB, plainMB, ourMB/plainMB)
+	fmt.Printf("  %-44s %8s      vs %9s  %.2fx\n", "1-byte round trip, median", benchstat.Ms(ourRTT, 3), benchstat.Ms(plainRTT, 3), float64(ourRTT)/float64(plainRTT))
+	return nil
+}
+
+// stream serves on addr in serverNS and, from clientNS, writes for d and
+// then does 2000 one-byte round trips: MB/s and the median round trip.
+func stream(serverNS, addr, clientNS string, d time.Duration) (float64, time.Duration, error) {
+	var l net.Listener
+	if err := inNS(serverNS, func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		return 0, 0, err
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 1<<16)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if n == 1 { // a round trip: echo
+						c.Write(buf[:1]) //nolint:errcheck // bench
+					}
+				}
+			}()
+		}
+	}()
+	var mbps float64
+	var rtts []time.Duration
+	err := inNS(clientNS, func() error {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 1<<16)
+		var sent int
+		start := time.Now()
+		for time.Since(start) < d {
+			n, err := c.Write(buf)
+			if err != nil {
+				return err
+			}
+			sent += n
+		}
+		mbps = float64(sent) / time.Since(start).Seconds() / 1e6
+		r, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		one := []byte{1}
+		for i := 0; i < 2000; i++ {
+			t0 := time.Now()
+			if _, err := r.Write(one); err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(r, one); err != nil {
+				return err
+			}
+			rtts = append(rtts, time.Since(t0))
+		}
+		return nil
+	})
+	return mbps, benchstat.Pct(rtts, 50), err
 }
