@@ -82,6 +82,7 @@ func FuzzGatewayRequests(f *testing.F) {
 	f.Add(uint8(1), []byte(`state=running,paused&limit=1001&metadata=a%3D%ZZ&nextToken=o-1&startedAfter=yesterday`))
 	f.Add(uint8(2), []byte(`{"timeout":99999999999999}`))
 	f.Add(uint8(3), []byte(`{"timeout":"ten"}`))
+	f.Add(uint8(2), []byte(`{"timeout":1}`)) // once ended the shared sandbox under later inputs
 	f.Add(uint8(4), []byte("--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n\r\nhi\r\n--b--\r\n"))
 	f.Add(uint8(5), []byte{0x1f, 0x8b, 0x08, 0x00, 0x00})
 	f.Add(uint8(6), []byte(`{"path":"/proc/self/status","depth":4294967295}`))
@@ -135,6 +136,15 @@ func FuzzGatewayRequests(f *testing.F) {
 		}
 		if r.status >= 500 && r.status != 501 {
 			t.Fatalf("route %d with %q: %d %s", which%9, body, r.status, r.body)
+		}
+		switch which % 9 {
+		case 2, 3, 8:
+			// These may have set the shared sandbox's time to live to a
+			// second ({"timeout":1}): it would end under the next inputs,
+			// whose calls E2B answers 502 then. Give it its hour back.
+			if r := do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, strings.NewReader(`{"timeout":3600}`)); r.status != 204 {
+				t.Fatalf("restore the shared sandbox's timeout after route %d with %q: %d %s", which%9, body, r.status, r.body)
+			}
 		}
 	})
 	_ = c
