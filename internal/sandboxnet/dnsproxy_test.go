@@ -40,6 +40,14 @@ func (f *fakeResolver) Learn(_ context.Context, _ Sandbox, p Policy, rules []int
 	return nil
 }
 
+// seen is what was learned so far (the proxy learns on its own
+// goroutines).
+func (f *fakeResolver) seen() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.learned...)
+}
+
 func fmtAddrs(a []netip.Addr) string {
 	s := make([]string, len(a))
 	for i, x := range a {
@@ -130,7 +138,7 @@ func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 	}
 	// The CNAME's target addresses are opened, for the shortest TTL.
 	want = append(want, "any *.example.org 203.0.113.12,203.0.113.13 2m30s")
-	if got := strings.Join(res.learned, "; "); got != strings.Join(want, "; ") {
+	if got := strings.Join(res.seen(), "; "); got != strings.Join(want, "; ") {
 		t.Fatalf("learned %q, want %q", got, want)
 	}
 
@@ -141,8 +149,8 @@ func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 	if r := ask(t, proxy, "pkg.example.org.", dns.TypeAAAA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
 		t.Fatalf("AAAA: %v", r)
 	}
-	if len(res.learned) != 3 {
-		t.Fatalf("a refused or AAAA query opened something: %q", res.learned)
+	if got := res.seen(); len(got) != 3 {
+		t.Fatalf("a refused or AAAA query opened something: %q", got)
 	}
 	// From an address no sandbox has: refused.
 	c := &dns.Client{Timeout: 3 * time.Second, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP("127.0.0.2")}}}
@@ -174,7 +182,7 @@ func TestDNSProxyRateLimitsASandbox(t *testing.T) {
 func TestDNSProxyOpensARepeatedAnswerOncePerPolicy(t *testing.T) {
 	res := &fakeResolver{pol: policy(t, false, RuleSpec{Domain: "pkg.example.org"})}
 	proxy := startProxy(t, res)
-	count := func() int { res.mu.Lock(); defer res.mu.Unlock(); return len(res.learned) }
+	count := func() int { return len(res.seen()) }
 	for i := 0; i < 3; i++ {
 		ask(t, proxy, "pkg.example.org.", dns.TypeA)
 	}
