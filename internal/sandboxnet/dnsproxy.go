@@ -136,12 +136,20 @@ func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
 		// Opened before the sandbox has the answer, for a little longer
 		// than it may keep it.
 		open := max(ttl, minTTL) + minTTL
-		if !p.stillOpen(sb, rules, addrs, open) {
+		left, ok := p.stillOpen(sb, rules, addrs, open)
+		if !ok {
 			if err := p.res.Learn(context.Background(), sb, pol, rules, addrs, open); err != nil {
 				p.log.Error("open the addresses of an answer", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
 				return m.SetRcode(q, dns.RcodeServerFailure)
 			}
 			p.markOpen(sb, rules, addrs, open)
+			left = open
+		}
+		// The sandbox may keep the answer no longer than the addresses
+		// stay open (less a margin for the connection it makes).
+		keep := uint32(max((left-minTTL)/time.Second, 1))
+		for _, rr := range up.Answer {
+			rr.Header().Ttl = min(rr.Header().Ttl, keep)
 		}
 	}
 	up.Id = q.Id
@@ -207,18 +215,18 @@ func (p *DNSProxy) allow(addr netip.Addr) bool {
 // stillOpen reports whether every address stays open for every rule for
 // at least half of ttl; if not, the answer is opened again (adding a set
 // element again sets its timeout anew).
-func (p *DNSProxy) stillOpen(sb Sandbox, rules []int, addrs []netip.Addr, ttl time.Duration) bool {
+// It also returns how long they all stay open.
+func (p *DNSProxy) stillOpen(sb Sandbox, rules []int, addrs []netip.Addr, ttl time.Duration) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	until := time.Now().Add(ttl / 2)
+	now := time.Now()
+	left := ttl
 	for _, r := range rules {
 		for _, a := range addrs {
-			if p.opened[openKey{sb.Name, sb.Generation, r, a}].Before(until) {
-				return false
-			}
+			left = min(left, p.opened[openKey{sb.Name, sb.Generation, r, a}].Sub(now))
 		}
 	}
-	return true
+	return left, left >= ttl/2
 }
 
 func (p *DNSProxy) markOpen(sb Sandbox, rules []int, addrs []netip.Addr, ttl time.Duration) {

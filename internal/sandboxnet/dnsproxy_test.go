@@ -136,6 +136,10 @@ func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 	if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 3 {
 		t.Fatalf("www.example.org: %v", r)
 	}
+	// Kept no longer than the addresses stay open (150 s, less 30).
+	if ttl := r.Answer[0].Header().Ttl; ttl != 120 {
+		t.Fatalf("the CNAME's TTL of 600 s came through as %d, want 120", ttl)
+	}
 	// The CNAME's target addresses are opened, for the shortest TTL.
 	want = append(want, "any *.example.org 203.0.113.12,203.0.113.13 2m30s")
 	if got := strings.Join(res.seen(), "; "); got != strings.Join(want, "; ") {

@@ -128,10 +128,20 @@ func serve(t *testing.T, ns, addr string) {
 // "refused", "timeout" or the error.
 func dial(t *testing.T, ns, addr string) string {
 	t.Helper()
+	return dialFrom(t, ns, "", addr)
+}
+
+// dialFrom is dial from a given source address (empty: any).
+func dialFrom(t *testing.T, ns, local, addr string) string {
+	t.Helper()
 	var err error
 	inNS(t, ns, func() {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		if local != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(local)}
+		}
 		var c net.Conn
-		if c, err = net.DialTimeout("tcp", addr, 2*time.Second); err == nil {
+		if c, err = d.Dial("tcp", addr); err == nil {
 			c.Close()
 		}
 	})

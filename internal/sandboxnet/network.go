@@ -73,6 +73,17 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	if len(cfg.IfPrefix) == 0 || len(cfg.IfPrefix) > 3 || ident(cfg.IfPrefix) != cfg.IfPrefix {
 		return nil, errdefs.InvalidArgument("interface prefix %q: want 1 to 3 letters or digits", cfg.IfPrefix)
 	}
+	// The prefix decides which interfaces the table treats as sandboxes':
+	// one of the node's own would lose its traffic.
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range ifs {
+		if strings.HasPrefix(i.Name, cfg.IfPrefix) {
+			return nil, errdefs.InvalidArgument("interface prefix %q: the node's interface %s has it; choose one no interface of the node starts with", cfg.IfPrefix, i.Name)
+		}
+	}
 	for _, tool := range []string{"ip", "nft"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, errdefs.FailedPrecondition("sandbox networking needs %s (Debian packages iproute2 and nftables): %v", tool, err)
@@ -81,7 +92,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	gw := cfg.Subnet.Masked().Addr().Next()
 	n := &Network{
 		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed},
-		gw:   gw, log: log, used: map[netip.Addr]string{gw: "gateway"}, attached: map[netip.Addr]attached{},
+		gw:   gw, log: log, used: map[netip.Addr]string{gw: "\x00gateway"}, attached: map[netip.Addr]attached{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("turn on IPv4 forwarding: %w", err)
@@ -111,7 +122,7 @@ func nsName(sandbox string) string { return "dsec-" + ident(sandbox) }
 func (n *Network) ifName(sandbox string) string {
 	h := fnv.New64a()
 	h.Write([]byte(sandbox))
-	return fmt.Sprintf("%s%x", n.node.IfPrefix, h.Sum64())[:15]
+	return fmt.Sprintf("%s%016x", n.node.IfPrefix, h.Sum64())[:15]
 }
 
 // allocate takes the next free address for name, or addr if it is given
@@ -122,6 +133,9 @@ func (n *Network) allocate(name string, addr netip.Addr) (netip.Addr, error) {
 	if addr.IsValid() {
 		if !n.node.Subnet.Contains(addr) {
 			return addr, errdefs.InvalidArgument("address %s: not in the sandbox subnet %s", addr, n.node.Subnet)
+		}
+		if addr == n.gw || !n.node.Subnet.Contains(addr.Next()) || addr == n.node.Subnet.Masked().Addr() {
+			return addr, errdefs.InvalidArgument("address %s: the subnet's network, gateway or broadcast address", addr)
 		}
 		if owner, ok := n.used[addr]; ok && owner != name {
 			return addr, errdefs.AlreadyExists("address %s is %s's", addr, owner)
@@ -198,7 +212,16 @@ func (n *Network) setAttached(sb Sandbox, p Policy) {
 }
 
 // Update replaces l's policy old with p in one transaction.
+// The link must be attached (an update after a Detach would bring back a
+// chain for an address another sandbox may have now). Callers serialise a
+// sandbox's Update and Detach.
 func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
+	n.mu.Lock()
+	a, ok := n.attached[l.Addr]
+	n.mu.Unlock()
+	if !ok || a.sb.Name != l.Name {
+		return errdefs.FailedPrecondition("network update of %s: it is not attached", l.Name)
+	}
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
 		return err
 	}

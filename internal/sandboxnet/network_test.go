@@ -25,6 +25,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	tn.link(node, "up0", "203.0.113.1/24", inet, "eth0", "203.0.113.10/24")
 	serve(t, inet, "0.0.0.0:8080")
 	serve(t, inet, "0.0.0.0:9090")
+	serve(t, node, "0.0.0.0:7000") // the control plane, on the node
 	ctx := context.Background()
 	prefix := fmt.Sprintf("t%d-", os.Getpid()%100000)
 
@@ -54,7 +55,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 		t.Fatalf("addresses %s and %s, gateway %s", a.Addr, b.Addr, a.Gateway)
 	}
 	serve(t, nsName(b.Name), "0.0.0.0:8080")
-	for addr, want := range map[string]string{"203.0.113.10:8080": "ok", "203.0.113.10:9090": "refused", b.Addr.String() + ":8080": "refused", "203.0.113.1:22": "refused"} {
+	for addr, want := range map[string]string{"203.0.113.10:8080": "ok", "203.0.113.10:9090": "refused", b.Addr.String() + ":8080": "refused", "203.0.113.1:7000": "refused"} {
 		if got := dial(t, nsName(a.Name), addr); got != want {
 			t.Errorf("%s: %s, want %s", addr, got, want)
 		}

@@ -56,9 +56,16 @@ func NodeScript(n Node) string {
 	b.WriteString(setDecl("closed4", v4only(n.closed())))
 	b.WriteString(setDecl("private4", v4only(append(append(n.closed(), privateRanges...), n.Subnet))))
 	b.WriteString("\tmap egress { type ifname : verdict; }\n")
+	// sources pairs each sandbox's veth with its address; a packet from a
+	// sandbox's veth with any other source (or IPv6) is dropped before
+	// anything else, established flows included, so no sandbox can speak
+	// for another.
+	b.WriteString("\tset sources { type ifname . ipv4_addr; }\n")
 	sb := quote(n.IfPrefix + "*")
 	fmt.Fprintf(&b, `	chain forward {
 		type filter hook forward priority filter; policy accept;
+		iifname %[1]s meta nfproto ipv6 drop
+		iifname %[1]s iifname . ip saddr != @sources drop
 		ct state established,related accept
 		iifname vmap @egress
 		iifname %[1]s drop
@@ -67,6 +74,8 @@ func NodeScript(n Node) string {
 	chain input {
 		type filter hook input priority filter; policy accept;
 		iifname != %[1]s accept
+		meta nfproto ipv6 drop
+		iifname . ip saddr != @sources drop
 		ct state established,related accept
 		iifname vmap @egress
 		drop
@@ -113,12 +122,12 @@ func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
 	add("ip saddr != %s drop", sb.Addr)
 	// The node's DNS proxy, which knows the sandbox by that address.
 	add("ip daddr %s meta l4proto { tcp, udp } th dport %d accept", n.DNS.Addr(), n.DNS.Port())
-	// Rules that name a closed range come before the closing; the
-	// sandboxes' own subnet stays closed even to them.
-	subnet := []netip.Prefix{n.Subnet.Masked()}
+	// Rules that name a closed range come before the closing; none that
+	// overlaps the sandboxes' own subnet does (an operator's closed
+	// 10.0.0.0/8 named by a rule must not open the sandboxes in it).
 	closed := n.closed()
 	for _, r := range p.Rules {
-		if r.Domain == "" && within(r.Prefix, closed) && !within(r.Prefix, subnet) {
+		if r.Domain == "" && within(r.Prefix, closed) && !r.Prefix.Overlaps(n.Subnet.Masked()) {
 			add("%s accept", match(r, prefixExpr(r.Prefix)))
 		}
 	}
@@ -136,6 +145,7 @@ func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
 		add("ip daddr != @private4 accept")
 	}
 	add("goto refuse")
+	fmt.Fprintf(&b, "add element %s sources { %s . %s }\n", t, quote(sb.HostIf), sb.Addr)
 	fmt.Fprintf(&b, "add element %s egress { %s : jump %s }\n", t, quote(sb.HostIf), c)
 	if old != nil {
 		for _, r := range old.Rules {
@@ -154,7 +164,7 @@ func RemoveScript(n Node, sb Sandbox, p Policy) string {
 	var b strings.Builder
 	t := "inet " + n.Table
 	c := chainName(sb.Name)
-	fmt.Fprintf(&b, "delete element %s egress { %s }\nflush chain %s %s\ndelete chain %s %s\n", t, quote(sb.HostIf), t, c, t, c)
+	fmt.Fprintf(&b, "delete element %s egress { %s }\ndelete element %s sources { %s . %s }\nflush chain %s %s\ndelete chain %s %s\n", t, quote(sb.HostIf), t, quote(sb.HostIf), sb.Addr, t, c, t, c)
 	seen := map[string]bool{}
 	for _, r := range p.Rules {
 		if s := setName(sb.Name, r); r.Domain != "" && !seen[s] {

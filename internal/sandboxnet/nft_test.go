@@ -46,6 +46,9 @@ func newEnforcement(t *testing.T) *enforcement {
 	e.n = Node{
 		Table: "opendsec", Subnet: netip.MustParsePrefix("10.88.0.0/16"), IfPrefix: "dsvt",
 		DNS: netip.MustParseAddrPort("10.88.0.1:53"), Addrs: []netip.Addr{netip.MustParseAddr("203.0.113.1")},
+		// An operator's closed range around the sandboxes' subnet: a rule
+		// naming it must not open the sandboxes.
+		Closed: []netip.Prefix{netip.MustParsePrefix("10.88.0.0/15")},
 	}
 	e.sb = Sandbox{Name: "node1-sandbox1", HostIf: "dsvt1", Addr: netip.MustParseAddr("10.88.0.2")}
 	if err := tn.nft(e.node, NodeScript(e.n)); err != nil {
@@ -102,6 +105,12 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 		"203.0.113.10:8080": "ok", "203.0.113.10:9090": "refused", "203.0.113.11:8080": "refused", "10.77.0.10:9090": "ok",
 	})
 	e.expect(t, "cidr rules", closed)
+	// Root in the sandbox takes another address: nothing it sends from it
+	// gets through, not even to what its policy allows.
+	e.net.in(e.s1, "ip", "addr", "add", "10.88.0.9/32", "dev", "eth0")
+	if got := dialFrom(t, e.s1, "10.88.0.9", "203.0.113.10:8080"); got != "timeout" {
+		t.Errorf("from a spoofed source: %s, want timeout (dropped)", got)
+	}
 
 	on, off := true, false
 	p2, _ := p1.Apply(Update{Internet: &on})
@@ -120,7 +129,8 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 	named := policy(t, false,
 		RuleSpec{CIDR: "169.254.169.254", Protocol: "tcp", Ports: []string{"8080"}},
 		RuleSpec{CIDR: "203.0.113.1", Protocol: "tcp", Ports: []string{"7000"}},
-		RuleSpec{CIDR: "10.88.0.3"})
+		RuleSpec{CIDR: "10.88.0.3"},
+		RuleSpec{CIDR: "10.88.0.0/15"})
 	e.set(t, &wide, named)
 	e.expect(t, "named", map[string]string{
 		"169.254.169.254:8080": "ok", "203.0.113.1:7000": "ok", "10.88.0.3:8080": "refused", "203.0.113.10:8080": "refused",
