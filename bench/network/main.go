@@ -17,12 +17,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
 	"github.com/miekg/dns"
-	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
@@ -66,25 +64,9 @@ func inOwnNode(args []string) error {
 	return cmd.Run()
 }
 
-// inNS runs fn on a thread in network namespace ns; the thread is
-// discarded after.
+// inNS runs fn in network namespace ns.
 func inNS(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(filepath.Join("/var/run/netns", ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return sandboxnet.InNetNS(filepath.Join("/var/run/netns", ns), fn)
 }
 
 func sh(args ...string) error {

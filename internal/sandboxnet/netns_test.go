@@ -7,13 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -78,27 +75,10 @@ func (n *testNet) link(nsA, a, addrA, nsB, b, addrB string) {
 	n.in(nsB, "ip", "link", "set", b, "up")
 }
 
-// inNS runs fn on an OS thread in ns. Sockets made there stay in ns. The
-// thread is never unlocked, so it ends with the goroutine.
+// inNS runs fn in the test namespace ns.
 func inNS(t *testing.T, ns string, fn func()) {
 	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(filepath.Join("/var/run/netns", ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		fn()
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
+	if err := InNetNS(filepath.Join("/var/run/netns", ns), func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 }
