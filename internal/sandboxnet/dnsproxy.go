@@ -251,10 +251,3 @@ func (p *DNSProxy) Limit(rate, burst float64) {
 	defer p.mu.Unlock()
 	p.rate, p.burst = rate, burst
 }
-
-// Forget drops a detached sandbox's rate state.
-func (p *DNSProxy) Forget(addr netip.Addr) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.buckets, addr)
-}
