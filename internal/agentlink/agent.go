@@ -91,6 +91,10 @@ func serveConn(ctx context.Context, conn net.Conn, h http.Handler) {
 	case <-ctx.Done():
 	}
 	srv.Close()
+	// Close conn too: when ctx ends before srv.Serve has taken the
+	// connection, srv.Close does not know it, and the edge would go on
+	// seeing a live agent.
+	conn.Close()
 }
 
 // oneConnListener hands out one connection, then blocks until closed.

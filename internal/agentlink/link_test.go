@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -71,5 +72,22 @@ func TestLinkSurvivesDetachAndEdgeRestart(t *testing.T) {
 	}
 	if n := d.Connects(); n != 3 {
 		t.Fatalf("agent connected %d times, want 3", n)
+	}
+}
+
+// An agent stopped right after it connected closes its connection: the
+// edge must see it gone rather than a live agent that never answers.
+func TestServeConnClosesTheConnectionWhenStoppedAtOnce(t *testing.T) {
+	for i := 0; i < 50; i++ {
+		agentEnd, edgeEnd := net.Pipe()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		serveConn(ctx, agentEnd, http.NotFoundHandler())
+		edgeEnd.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadAll(edgeEnd)
+		if err != nil {
+			t.Fatalf("round %d: the agent's end stayed open: %v", i, err)
+		}
+		edgeEnd.Close()
 	}
 }
