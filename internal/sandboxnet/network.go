@@ -40,6 +40,9 @@ type Config struct {
 	// control plane's hosts): closed unless a rule names them.
 	Addrs  []netip.Addr
 	Closed []netip.Prefix
+	// Own names the sandboxes the edge is about to re-attach (Adopt):
+	// their veths may exist already and carry IfPrefix.
+	Own []string
 }
 
 // Network attaches sandboxes to the node: a network namespace each, a veth
@@ -79,8 +82,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	if err != nil {
 		return nil, err
 	}
+	own := map[string]bool{}
+	for _, name := range cfg.Own {
+		own[ifNameFor(cfg.IfPrefix, name)] = true
+	}
 	for _, i := range ifs {
-		if strings.HasPrefix(i.Name, cfg.IfPrefix) {
+		if strings.HasPrefix(i.Name, cfg.IfPrefix) && !own[i.Name] {
 			return nil, errdefs.InvalidArgument("interface prefix %q: the node's interface %s has it; choose one no interface of the node starts with", cfg.IfPrefix, i.Name)
 		}
 	}
@@ -119,10 +126,17 @@ type Link struct {
 // the host side of its veth.
 func nsName(sandbox string) string { return "dsec-" + ident(sandbox) }
 
-func (n *Network) ifName(sandbox string) string {
+func (n *Network) ifName(sandbox string) string { return ifNameFor(n.node.IfPrefix, sandbox) }
+
+func ifNameFor(prefix, sandbox string) string {
 	h := fnv.New64a()
 	h.Write([]byte(sandbox))
-	return fmt.Sprintf("%s%016x", n.node.IfPrefix, h.Sum64())[:15]
+	return fmt.Sprintf("%s%016x", prefix, h.Sum64())[:15]
+}
+
+// link describes name's attachment with addr.
+func (n *Network) link(name string, addr netip.Addr) *Link {
+	return &Link{Sandbox: Sandbox{Name: name, HostIf: n.ifName(name), Addr: addr}, NetNS: filepath.Join("/var/run/netns", nsName(name)), Gateway: n.gw}
 }
 
 // allocate takes the next free address for name, or addr if it is given
@@ -178,7 +192,7 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Po
 		return nil, err
 	}
 	undo = append(undo, func() { n.release(addr, name) })
-	l := &Link{Sandbox: Sandbox{Name: name, HostIf: n.ifName(name), Addr: addr}, NetNS: filepath.Join("/var/run/netns", nsName(name)), Gateway: n.gw}
+	l := n.link(name, addr)
 	if err := ip(ctx, "", "netns add "+nsName(name)); err != nil {
 		return nil, fmt.Errorf("attach %s: make its network namespace: %w", name, err)
 	}
@@ -198,6 +212,43 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Po
 	}
 	n.setAttached(l.Sandbox, p)
 	return l, nil
+}
+
+// Adopt takes back a sandbox whose namespace and veth outlived the edge
+// (Open dropped its chain): its address addr, and policy p installed anew.
+func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p Policy) (_ *Link, err error) {
+	if addr, err = n.allocate(name, addr); err != nil {
+		return nil, err
+	}
+	l := n.link(name, addr)
+	if _, err := os.Stat(l.NetNS); err != nil {
+		n.release(addr, name)
+		return nil, errdefs.FailedPrecondition("re-attach %s: its network namespace is gone: %v", name, err)
+	}
+	if _, err := net.InterfaceByName(l.HostIf); err != nil {
+		n.release(addr, name)
+		return nil, errdefs.FailedPrecondition("re-attach %s: its veth %s is gone: %v", name, l.HostIf, err)
+	}
+	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
+		n.release(addr, name)
+		return nil, fmt.Errorf("re-install the network policy of %s: %w", name, err)
+	}
+	n.setAttached(l.Sandbox, p)
+	return l, nil
+}
+
+// Forget removes name's namespace and veth when its attachment was never
+// recorded (an edge that crashed between Attach and saving the address):
+// the node's table, reloaded by Open, has nothing of it.
+func (n *Network) Forget(ctx context.Context, name string) error {
+	var errs []error
+	if err := ip(ctx, "", "link del "+n.ifName(name)); err != nil && !isGone(err) {
+		errs = append(errs, err)
+	}
+	if err := ip(ctx, "", "netns del "+nsName(name)); err != nil && !isGone(err) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // setAttached records sb's policy, under a new generation: the sets of its

@@ -317,3 +317,30 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// RuleSpecFromText reads a rule in the form String writes, for command
+// lines: "[tcp |udp ]DESTINATION[:PORTS]", e.g. "pypi.example.org",
+// "tcp *.example.org:443", "udp 10.1.0.0/16:53,5353". It only splits the
+// text; Parse checks the parts.
+func RuleSpecFromText(s string) RuleSpec {
+	var r RuleSpec
+	s = strings.TrimSpace(s)
+	if proto, rest, ok := strings.Cut(s, " "); ok {
+		r.Protocol, s = proto, strings.TrimSpace(rest)
+	}
+	if dst, ports, ok := strings.Cut(s, ":"); ok {
+		s = dst
+		r.Ports = strings.Split(ports, ",")
+	}
+	if strings.ContainsAny(s, "/") || isIPv4Text(s) {
+		r.CIDR = s
+	} else {
+		r.Domain = s
+	}
+	return r
+}
+
+func isIPv4Text(s string) bool {
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is4()
+}

@@ -31,6 +31,20 @@ func TestParseGivesCanonicalRules(t *testing.T) {
 		if got := rules[0].String(); got != c.want {
 			t.Errorf("%+v: got %q, want %q", c.in, got, c.want)
 		}
+		// The canonical text reads back as the same rule (the CLI's form).
+		back, err := ParseRules("allow", []RuleSpec{RuleSpecFromText(c.want)})
+		if err != nil || back[0].String() != c.want {
+			t.Errorf("%q read back as %v, %v", c.want, back, err)
+		}
+	}
+	for text, want := range map[string]string{
+		"pypi.example.org": "any pypi.example.org", "tcp 10.0.0.9:80": "tcp 10.0.0.9/32:80",
+		" udp *.example.org:53,5353 ": "udp *.example.org:53,5353", "192.0.2.0/24": "any 192.0.2.0/24",
+	} {
+		rules, err := ParseRules("allow", []RuleSpec{RuleSpecFromText(text)})
+		if err != nil || rules[0].String() != want {
+			t.Errorf("%q: got %v, %v; want %q", text, rules, err, want)
+		}
 	}
 }
 
