@@ -29,6 +29,7 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   resume    resume sandboxes
   fork      fork a sandbox into copies that keep its memory (gvisor backend)
   snapshot  snapshot a sandbox; snapshot ls | rm | restore
+  network   show or change a sandbox's network policy (--add, --remove, --replace, --internet)
   image     ls | import | rm | build | export
   whoami    show the API key's project and role
   key       create | ls | revoke API keys (--format e2b for E2B's SDKs)
@@ -63,6 +64,8 @@ func main() {
 		err = cmdFork(ctx, args)
 	case "snapshot":
 		err = cmdSnapshot(ctx, args)
+	case "network":
+		err = cmdNetwork(ctx, args)
 	case "image":
 		err = cmdImage(ctx, args)
 	case "whoami":

@@ -50,8 +50,11 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	timeout := fs.Int64("timeout", 0, "time to live in seconds (0: server default)")
 	task := fs.String("task", "", "task label")
 	rm := fs.Bool("rm", false, "stop the sandbox after the command")
-	var env multiFlag
+	var env, allow multiFlag
 	fs.Var(&env, "env", "KEY=VALUE for every process (repeatable)")
+	network := fs.Bool("network", false, "give the sandbox a network interface (egress only where --allow or --internet say)")
+	internet := fs.Bool("internet", false, "allow every public address (implies --network)")
+	fs.Var(&allow, "allow", `allowed destination, e.g. "pypi.example.org", "tcp 10.1.0.0/16:443" (repeatable; implies --network)`)
 	fs.Parse(args)
 	c, err := client.FromEnv()
 	if err != nil {
@@ -61,10 +64,14 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	if err != nil {
 		return 2, err
 	}
-	sb, err := c.Create(ctx, &sandboxv1.SandboxSpec{
+	spec := &sandboxv1.SandboxSpec{
 		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task,
 		Resources: &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *mem, DiskMb: *disk, Pids: *pids},
-	})
+	}
+	if *network || *internet || len(allow) > 0 {
+		spec.Network = &sandboxv1.NetworkPolicy{Internet: *internet, Rules: networkRules(allow)}
+	}
+	sb, err := c.Create(ctx, spec)
 	if err != nil {
 		return 1, err
 	}

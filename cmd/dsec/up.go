@@ -4,10 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -25,6 +27,9 @@ func cmdUp(ctx context.Context, args []string) error {
 	logFormat := fs.String("log-format", "text", "text or json")
 	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
+	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
+	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: a /20 in 10.64.0.0/10 chosen by the node id)")
+	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers (host:port) the sandboxes' DNS proxy asks (default: /etc/resolv.conf's)")
 	fs.Parse(args)
 	if *stateDir == "" {
 		return fmt.Errorf("up: --state-dir is required")
@@ -35,6 +40,13 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
 		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage}}
+	if *sandboxNet {
+		nc, err := networkConfig(*subnet, *dnsUpstream)
+		if err != nil {
+			return err
+		}
+		cfg.Network = nc
+	}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform}
@@ -66,4 +78,26 @@ func findAgent(flagValue string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("up: aether not found next to dsec; build it (make build) or pass --agent")
+}
+
+// networkConfig parses the sandbox network flags.
+func networkConfig(subnet, dns string) (*edge.NetworkConfig, error) {
+	nc := &edge.NetworkConfig{}
+	if subnet != "" {
+		p, err := netip.ParsePrefix(subnet)
+		if err != nil {
+			return nil, fmt.Errorf("up: --sandbox-subnet %q: %v", subnet, err)
+		}
+		nc.Subnet = p
+	}
+	for _, s := range strings.Split(dns, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if _, err := netip.ParseAddrPort(s); err != nil {
+			return nil, fmt.Errorf("up: --sandbox-dns %q: want host:port with an IP address: %v", s, err)
+		}
+		nc.Upstream = append(nc.Upstream, s)
+	}
+	return nc, nil
 }

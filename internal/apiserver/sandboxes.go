@@ -351,6 +351,18 @@ func (h *sandboxService) SetSandboxTimeout(ctx context.Context, req *connect.Req
 	return connect.NewResponse(&sandboxv1.SetSandboxTimeoutResponse{Sandbox: resp.Msg.Sandbox}), nil
 }
 
+func (h *sandboxService) UpdateNetwork(ctx context.Context, req *connect.Request[sandboxv1.UpdateNetworkRequest]) (*connect.Response[sandboxv1.UpdateNetworkResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.UpdateNetwork(ctx, connect.NewRequest(&edgev1.UpdateNetworkRequest{Scope: principalFrom(ctx).Project, Update: req.Msg}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.UpdateNetworkResponse{Sandbox: resp.Msg.Sandbox}), nil
+}
+
 func (h *sandboxService) PauseSandbox(ctx context.Context, req *connect.Request[sandboxv1.PauseSandboxRequest]) (*connect.Response[sandboxv1.PauseSandboxResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
 	if err != nil {

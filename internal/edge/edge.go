@@ -28,6 +28,7 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
@@ -56,6 +57,9 @@ type Config struct {
 	// up to: layers are sparse and most sandboxes write far less than their
 	// limit; default 2.
 	DiskOvercommit float64
+	// Network turns on sandbox networking (network.go); nil: sandboxes
+	// have loopback only and a create that asks for a network fails.
+	Network *NetworkConfig
 }
 
 // Deps are the edge's collaborators.
@@ -81,6 +85,11 @@ type Edge struct {
 	layers *layerfs.FS
 	// diskBudgetMB is what disk limits may add up to on LayerDir.
 	diskBudgetMB int64
+	// net attaches sandboxes to the node's sandbox network; nil without
+	// one, and netOff says why.
+	net     *sandboxnet.Network
+	netOff  string
+	stopDNS context.CancelFunc
 
 	mu        sync.Mutex
 	boxes     map[sandboxid.ID]*sandbox          // guarded by mu
@@ -161,6 +170,13 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if e.layers != nil {
 		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.diskBudgetMB)
 	}
+	e.netOff = "not configured"
+	if cfg.Network != nil {
+		if err := e.openNetwork(ctx, *cfg.Network, e.networkedRecords()); err != nil {
+			e.netOff = err.Error()
+			e.log.Warn("sandbox networking unavailable on this node: sandboxes get loopback only", logging.Error, err)
+		}
+	}
 	e.recover(ctx)
 	e.sweepLayers()
 	e.sweepRunDirs()
@@ -182,7 +198,12 @@ func (e *Edge) Limits() sandboxspec.Limits { return e.cfg.Limits }
 
 // Close stops background work. Sandboxes keep running.
 func (e *Edge) Close() {
-	e.stopOnce.Do(func() { close(e.stop) })
+	e.stopOnce.Do(func() {
+		close(e.stop)
+		if e.stopDNS != nil {
+			e.stopDNS()
+		}
+	})
 	e.wg.Wait()
 	if e.layers != nil {
 		e.layers.Close() // removes the warm layers; sandboxes' stay

@@ -150,6 +150,9 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 				log.Error("remove a failed sandbox's writable layer", logging.Error, err)
 			}
 		}
+		if err := e.detachNetwork(ctx, sb); err != nil {
+			log.Error("detach a failed sandbox from the network", logging.Error, err)
+		}
 		e.release(sb)
 	}
 	sb.rec.State, sb.rec.Message = stateFailed, reason

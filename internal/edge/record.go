@@ -36,6 +36,8 @@ type record struct {
 	LayerDir string `json:"layer_dir,omitempty"`
 	// PausedTask is set when the sandbox was paused by a task-wide pause.
 	PausedTask bool `json:"paused_task,omitempty"`
+	// NetAddr is the sandbox's address on the node's sandbox network.
+	NetAddr string `json:"net_addr,omitempty"`
 
 	spec *sandboxv1.SandboxSpec // decoded Spec
 }
@@ -74,6 +76,7 @@ func (r *record) proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
 		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: proto.Clone(r.spec).(*sandboxv1.SandboxSpec),
 		State: stateProto[r.State], CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
 		Message: r.Message, ImageDigest: r.ImageDigest, SourceSnapshotId: r.SourceSnapshot,
+		NetworkAddress: r.NetAddr,
 	}
 }
 

@@ -99,6 +99,13 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		return err
 	}
 	sb.link = link
+	if err := e.adoptNetwork(ctx, sb); err != nil {
+		rec.Message = "lost its network while the edge was down: " + err.Error()
+		return errors.Join(err, e.removeLocked(ctx, sb))
+	}
+	if sb.net != nil {
+		bspec.NetNS = sb.net.NetNS
+	}
 	if err := be.Recover(ctx, rec.Handle, bspec); err != nil {
 		rec.Message = "lost while the edge was down: " + err.Error()
 		return errors.Join(err, e.removeLocked(ctx, sb))

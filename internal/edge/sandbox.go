@@ -23,6 +23,7 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
@@ -41,9 +42,10 @@ type sandbox struct {
 	// never stalls the watcher.
 	view atomic.Pointer[sandboxv1.Sandbox]
 
-	mu   sync.Mutex      // serialises lifecycle changes
-	rec  *record         // guarded by mu
-	link *agentlink.Link // guarded by mu; nil once removed
+	mu   sync.Mutex       // serialises lifecycle changes
+	rec  *record          // guarded by mu
+	link *agentlink.Link  // guarded by mu; nil once removed
+	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
 	// released is set once, under mu, when its capacity is given back (it
 	// failed and nothing of it is left); Status reads it without mu.
 	released  atomic.Bool
@@ -225,9 +227,17 @@ func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig
 	return spec
 }
 
-// resolvConf replaces the image's (which names its build host's resolver):
-// sandboxes have no network of their own yet, so no name server.
+// resolvConf replaces the image's (which names its build host's
+// resolver): a sandbox without a network has no name server; one with a
+// network asks the node's DNS proxy on its gateway.
 const resolvConf = "# OpenDsec: this sandbox has no network access, so no name server.\noptions timeout:1 attempts:1\n"
+
+func (e *Edge) resolvConfOf(rec *record) string {
+	if rec.spec.Network == nil || e.net == nil {
+		return resolvConf
+	}
+	return fmt.Sprintf("# OpenDsec: the node's DNS proxy answers the names this sandbox's network policy allows.\nnameserver %s\noptions timeout:2 attempts:2\n", e.net.Node().DNS.Addr())
+}
 
 // prepareDir makes the sandbox directory, its run directory, hosts file and
 // the agent link. Callers hold sb.mu.
@@ -244,7 +254,7 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "hosts"), []byte(hosts), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "resolv.conf"), []byte(resolvConf), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "resolv.conf"), []byte(e.resolvConfOf(rec)), 0o644); err != nil {
 		return nil, err
 	}
 	if err := sb.save(); err != nil {
@@ -284,7 +294,13 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	if err := e.ensureAgentStaged(); err != nil {
 		return err
 	}
+	if err := e.attachNetwork(ctx, sb); err != nil {
+		return err
+	}
 	bspec := e.backendSpec(rec, layers, im.Config.Config)
+	if sb.net != nil {
+		bspec.NetNS = sb.net.NetNS
+	}
 	bspec.MachineID = newMachineID()
 	h, err := sb.be.Create(ctx, bspec)
 	if err != nil {
@@ -357,6 +373,9 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	if sb.link != nil {
 		sb.link.Close()
 		sb.link = nil
+	}
+	if err := e.detachNetwork(ctx, sb); err != nil {
+		return err
 	}
 	// What is still mounted in the sandbox's directory (its rootfs, after
 	// such a crash) is unmounted here, deepest first.

@@ -140,3 +140,14 @@ func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[edgev1
 func (s *server) GetNodeStatus(ctx context.Context, req *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {
 	return connect.NewResponse(&edgev1.GetNodeStatusResponse{Status: s.e.Status()}), nil
 }
+
+func (s *server) UpdateNetwork(ctx context.Context, req *connect.Request[edgev1.UpdateNetworkRequest]) (*connect.Response[edgev1.UpdateNetworkResponse], error) {
+	if req.Msg.Update == nil {
+		return nil, errdefs.InvalidArgument("update: missing")
+	}
+	sb, err := s.e.UpdateNetwork(ctx, req.Msg.Update, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.UpdateNetworkResponse{Sandbox: sb}), nil
+}

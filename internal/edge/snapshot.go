@@ -123,6 +123,9 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	if err != nil {
 		return nil, began, false, err
 	}
+	if sb.net != nil && !sb.be.Capabilities().SnapshotNetwork {
+		return nil, began, false, errdefs.Unsupported("sandbox %s has a network interface, and backend %q cannot snapshot one on this node (a restored copy would lose it); snapshot and fork need a sandbox created without a network policy", sb.id, sb.be.Name())
+	}
 	if sb.rec.State == statePaused {
 		if err := e.resumeLocked(ctx, sb); err != nil {
 			return nil, began, false, err

@@ -50,6 +50,9 @@ type Config struct {
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
+	// Network turns on sandbox networking on the edge (nil: sandboxes
+	// have loopback only).
+	Network *edge.NetworkConfig
 	// Gateway sets the gateway's base image, backend and default user;
 	// its URL, key and secret are the cluster's.
 	Gateway e2b.Config
@@ -142,7 +145,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		}
 		backends = append(backends, b)
 	}
-	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers},
+	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: cfg.Network},
 		edge.Deps{Store: store, Backends: backends, Log: log.With(logging.Component, "edge")})
 	if err != nil {
 		return nil, err

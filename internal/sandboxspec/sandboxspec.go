@@ -127,6 +127,13 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 	if spec.Task != "" && (len(spec.Task) > maxTaskLen || !taskRE.MatchString(spec.Task)) {
 		return errdefs.InvalidArgument("task %q: 1 to %d of letters, digits, '.', '_', ':' and '-'", clip(spec.Task), maxTaskLen)
 	}
+	if spec.Network != nil {
+		p, err := NetworkPolicy(spec.Network)
+		if err != nil {
+			return err
+		}
+		spec.Network = NetworkPolicyProto(p)
+	}
 	return nil
 }
 

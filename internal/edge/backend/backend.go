@@ -27,6 +27,9 @@ type Capabilities struct {
 	Snapshot bool
 	// SnapshotUnavailable says why Snapshot is false, for error messages.
 	SnapshotUnavailable string
+	// SnapshotNetwork means a sandbox with a network interface (Spec.NetNS)
+	// can be snapshotted, and its copies get their own interface back.
+	SnapshotNetwork bool
 	// DiskLayer means the writable layer is on the node's disk: Create
 	// then gets Spec.LayerDir, a directory the edge has limited to the
 	// sandbox's disk_mb. Otherwise the backend bounds the layer itself.
@@ -71,6 +74,10 @@ type Spec struct {
 	// ResolvConf, if set, is mounted at /etc/resolv.conf (images carry
 	// their build host's resolver there).
 	ResolvConf string
+	// NetNS, if set, is the network namespace (a path) the sandbox runs
+	// in: the edge made it, with the sandbox's veth and address. Empty:
+	// the sandbox gets a namespace of its own with loopback only.
+	NetNS string
 }
 
 // Paths of the agent inside every sandbox.

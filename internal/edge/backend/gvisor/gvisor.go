@@ -76,11 +76,15 @@ type Backend struct {
 type box struct {
 	dir     string
 	runscID string
+	// net: the sandbox runs with --network=sandbox in the edge's network
+	// namespace (Spec.NetNS); otherwise --network=none.
+	net bool
 }
 
 type handleState struct {
 	Dir     string `json:"dir"`
 	RunscID string `json:"runsc_id"`
+	Net     bool   `json:"net,omitempty"`
 }
 
 // newRunscID appends a generation to the sandbox id. Every runsc id of this
@@ -93,7 +97,7 @@ func newRunscID(id sandboxid.ID) string {
 }
 
 func (b *Backend) handle(id sandboxid.ID, bx *box) *backend.Handle {
-	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID})
+	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID, Net: bx.net})
 	return &backend.Handle{ID: id, Backend: Name, Version: 2, State: state}
 }
 
@@ -157,9 +161,14 @@ func (b *Backend) Probe(ctx context.Context) error {
 }
 
 // globalArgs are the flags every runsc call gets; restore must see the
-// same configuration as run and checkpoint.
-func (b *Backend) globalArgs(logFile string) []string {
-	args := []string{"--root", b.root, "--platform=" + b.platform, "--network=none", "--overlay2=root:memory", "--host-uds=open"}
+// same configuration as run and checkpoint. A sandbox with a network
+// (netns) uses the interface in the namespace the edge made.
+func (b *Backend) globalArgs(logFile string, netns bool) []string {
+	network := "--network=none"
+	if netns {
+		network = "--network=sandbox"
+	}
+	args := []string{"--root", b.root, "--platform=" + b.platform, network, "--overlay2=root:memory", "--host-uds=open"}
 	if logFile != "" {
 		args = append(args, "--log", logFile)
 	}
@@ -169,7 +178,7 @@ func (b *Backend) globalArgs(logFile string) []string {
 // run runs runsc and returns its output; log is where runsc writes its
 // own errors (empty: none).
 func (b *Backend) run(ctx context.Context, logFile string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, b.runsc, append(b.globalArgs(logFile), args...)...)
+	cmd := exec.CommandContext(ctx, b.runsc, append(b.globalArgs(logFile, false), args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		detail := string(bytes.TrimSpace(out))
@@ -186,13 +195,23 @@ func (b *Backend) run(ctx context.Context, logFile string, args ...string) ([]by
 // launch starts a runsc command that leaves a sandbox running (run or
 // restore): its stdio is /dev/null and it gets its own session, so the
 // sandbox outlives the edge and never writes into a broken pipe.
-func (b *Backend) launch(ctx context.Context, logFile string, args ...string) error {
+func (b *Backend) launch(ctx context.Context, logFile string, netns bool, args ...string) error {
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}
 	defer null.Close()
-	cmd := exec.CommandContext(ctx, b.runsc, append(b.globalArgs(logFile), args...)...)
+	argv := append([]string{b.runsc}, append(b.globalArgs(logFile, netns), args...)...)
+	if netns {
+		// This runsc takes a namespace in which /proc/sys/net/core/rmem_default
+		// exists for the host's own and refuses it; on kernels since 6.x
+		// every namespace has that file. Hiding /proc/sys/net in a private
+		// mount namespace of runsc's alone gets past the check (RUNTIMES.md
+		// 1.7); "$0" "$@" passes runsc's arguments through unquoted.
+		argv = append([]string{"unshare", "-m", "--propagation", "private", "--", "sh", "-c",
+			`mount -t tmpfs -o ro,size=4k dsec-hide /proc/sys/net && exec "$0" "$@"`}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	dbg, _ := os.OpenFile(logFile+".console", os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, dbg, dbg
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -239,7 +258,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
 		return nil, err
 	}
-	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID)}
+	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != ""}
 	if err := writeSpec(spec.Dir, runtimeSpec(spec, cgroupsPath(bx.runscID))); err != nil {
 		rootfs.Unmount(filepath.Join(spec.Dir, "rootfs")) //nolint:errcheck // reporting the first error
 		return nil, err
@@ -270,7 +289,7 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	return b.launch(ctx, b.logFile(bx.dir), "run", "--detach", "--bundle", bx.dir, bx.runscID)
+	return b.launch(ctx, b.logFile(bx.dir), bx.net, "run", "--detach", "--bundle", bx.dir, bx.runscID)
 }
 
 // Stop kills the sandbox (SIGTERM to its processes first).
@@ -415,7 +434,7 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	if hs.RunscID == "" {
 		hs.RunscID = string(h.ID) // handles written before generations
 	}
-	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID})
+	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID, net: hs.Net})
 	st, err := b.Status(ctx, h.ID)
 	if err != nil {
 		return err

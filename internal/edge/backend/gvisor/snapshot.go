@@ -159,7 +159,9 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err := writeSpec(spec.Dir, &s); err != nil {
 		return nil, err
 	}
-	if err := b.launch(ctx, b.logFile(spec.Dir), "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
+	// No restored sandbox has a network: Capabilities().SnapshotNetwork is
+	// false, so the edge never snapshots one that has.
+	if err := b.launch(ctx, b.logFile(spec.Dir), false, "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
 		b.remove(context.WithoutCancel(ctx), box{runscID: bx.runscID}) //nolint:errcheck // cleaning up a failed restore
 		if !inPlace {
 			rootfs.Unmount(target) //nolint:errcheck // reporting the restore's error

@@ -66,7 +66,8 @@ const SudoPath = "/usr/bin/sudo"
 
 // RuntimeSpec builds the OCI runtime config for a sandbox: the agent as the
 // first process, the agent binary, run directory and hosts file bind-mounted
-// read-only, new PID/IPC/UTS/mount/network namespaces, the usual masked and
+// read-only, new PID/IPC/UTS/mount namespaces, the network namespace the
+// edge made (a new one with loopback only when it made none), the usual masked and
 // read-only /proc paths, and cgroup limits from the request.
 func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 	var oom *int
@@ -130,7 +131,7 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 			},
 			Namespaces: []rspec.LinuxNamespace{
 				{Type: rspec.PIDNamespace}, {Type: rspec.IPCNamespace}, {Type: rspec.UTSNamespace},
-				{Type: rspec.MountNamespace}, {Type: rspec.NetworkNamespace},
+				{Type: rspec.MountNamespace}, {Type: rspec.NetworkNamespace, Path: spec.NetNS},
 			},
 			MaskedPaths: []string{
 				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",

@@ -50,6 +50,9 @@ const (
 	// EdgeServiceSetSandboxTimeoutProcedure is the fully-qualified name of the EdgeService's
 	// SetSandboxTimeout RPC.
 	EdgeServiceSetSandboxTimeoutProcedure = "/opendsec.edge.v1.EdgeService/SetSandboxTimeout"
+	// EdgeServiceUpdateNetworkProcedure is the fully-qualified name of the EdgeService's UpdateNetwork
+	// RPC.
+	EdgeServiceUpdateNetworkProcedure = "/opendsec.edge.v1.EdgeService/UpdateNetwork"
 	// EdgeServicePauseSandboxProcedure is the fully-qualified name of the EdgeService's PauseSandbox
 	// RPC.
 	EdgeServicePauseSandboxProcedure = "/opendsec.edge.v1.EdgeService/PauseSandbox"
@@ -86,6 +89,7 @@ type EdgeServiceClient interface {
 	// unknown id is NotFound.
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
 	SetSandboxTimeout(context.Context, *connect.Request[v1.SetSandboxTimeoutRequest]) (*connect.Response[v1.SetSandboxTimeoutResponse], error)
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
@@ -136,6 +140,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceSetSandboxTimeoutProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("SetSandboxTimeout")),
+			connect.WithClientOptions(opts...),
+		),
+		updateNetwork: connect.NewClient[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse](
+			httpClient,
+			baseURL+EdgeServiceUpdateNetworkProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("UpdateNetwork")),
 			connect.WithClientOptions(opts...),
 		),
 		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
@@ -196,6 +206,7 @@ type edgeServiceClient struct {
 	listSandboxes     *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
 	destroySandbox    *connect.Client[v1.DestroySandboxRequest, v1.DestroySandboxResponse]
 	setSandboxTimeout *connect.Client[v1.SetSandboxTimeoutRequest, v1.SetSandboxTimeoutResponse]
+	updateNetwork     *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
 	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
 	resumeSandbox     *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
@@ -229,6 +240,11 @@ func (c *edgeServiceClient) DestroySandbox(ctx context.Context, req *connect.Req
 // SetSandboxTimeout calls opendsec.edge.v1.EdgeService.SetSandboxTimeout.
 func (c *edgeServiceClient) SetSandboxTimeout(ctx context.Context, req *connect.Request[v1.SetSandboxTimeoutRequest]) (*connect.Response[v1.SetSandboxTimeoutResponse], error) {
 	return c.setSandboxTimeout.CallUnary(ctx, req)
+}
+
+// UpdateNetwork calls opendsec.edge.v1.EdgeService.UpdateNetwork.
+func (c *edgeServiceClient) UpdateNetwork(ctx context.Context, req *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return c.updateNetwork.CallUnary(ctx, req)
 }
 
 // PauseSandbox calls opendsec.edge.v1.EdgeService.PauseSandbox.
@@ -282,6 +298,7 @@ type EdgeServiceHandler interface {
 	// unknown id is NotFound.
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
 	SetSandboxTimeout(context.Context, *connect.Request[v1.SetSandboxTimeoutRequest]) (*connect.Response[v1.SetSandboxTimeoutResponse], error)
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
@@ -328,6 +345,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceSetSandboxTimeoutProcedure,
 		svc.SetSandboxTimeout,
 		connect.WithSchema(edgeServiceMethods.ByName("SetSandboxTimeout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceUpdateNetworkHandler := connect.NewUnaryHandler(
+		EdgeServiceUpdateNetworkProcedure,
+		svc.UpdateNetwork,
+		connect.WithSchema(edgeServiceMethods.ByName("UpdateNetwork")),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServicePauseSandboxHandler := connect.NewUnaryHandler(
@@ -390,6 +413,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceDestroySandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceSetSandboxTimeoutProcedure:
 			edgeServiceSetSandboxTimeoutHandler.ServeHTTP(w, r)
+		case EdgeServiceUpdateNetworkProcedure:
+			edgeServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		case EdgeServicePauseSandboxProcedure:
 			edgeServicePauseSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceResumeSandboxProcedure:
@@ -433,6 +458,10 @@ func (UnimplementedEdgeServiceHandler) DestroySandbox(context.Context, *connect.
 
 func (UnimplementedEdgeServiceHandler) SetSandboxTimeout(context.Context, *connect.Request[v1.SetSandboxTimeoutRequest]) (*connect.Response[v1.SetSandboxTimeoutResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.SetSandboxTimeout is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.UpdateNetwork is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {

@@ -73,6 +73,9 @@ const (
 	// SandboxServiceDeleteSnapshotProcedure is the fully-qualified name of the SandboxService's
 	// DeleteSnapshot RPC.
 	SandboxServiceDeleteSnapshotProcedure = "/opendsec.sandbox.v1.SandboxService/DeleteSnapshot"
+	// SandboxServiceUpdateNetworkProcedure is the fully-qualified name of the SandboxService's
+	// UpdateNetwork RPC.
+	SandboxServiceUpdateNetworkProcedure = "/opendsec.sandbox.v1.SandboxService/UpdateNetwork"
 )
 
 // SandboxServiceClient is a client for the opendsec.sandbox.v1.SandboxService service.
@@ -104,6 +107,10 @@ type SandboxServiceClient interface {
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	// DeleteSnapshot deletes a snapshot and frees its storage.
 	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
+	// UpdateNetwork changes a running sandbox's network policy: rules are
+	// added, removed or the whole list replaced, in one step. New
+	// connections follow the new policy within a second.
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the opendsec.sandbox.v1.SandboxService service.
@@ -189,6 +196,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		updateNetwork: connect.NewClient[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse](
+			httpClient,
+			baseURL+SandboxServiceUpdateNetworkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -206,6 +219,7 @@ type sandboxServiceClient struct {
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
 	deleteSnapshot    *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
+	updateNetwork     *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
 }
 
 // CreateSandbox calls opendsec.sandbox.v1.SandboxService.CreateSandbox.
@@ -268,6 +282,11 @@ func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, req *connect.
 	return c.deleteSnapshot.CallUnary(ctx, req)
 }
 
+// UpdateNetwork calls opendsec.sandbox.v1.SandboxService.UpdateNetwork.
+func (c *sandboxServiceClient) UpdateNetwork(ctx context.Context, req *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return c.updateNetwork.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the opendsec.sandbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox places, admits and starts a sandbox. It returns once the
@@ -297,6 +316,10 @@ type SandboxServiceHandler interface {
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	// DeleteSnapshot deletes a snapshot and frees its storage.
 	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
+	// UpdateNetwork changes a running sandbox's network policy: rules are
+	// added, removed or the whole list replaced, in one step. New
+	// connections follow the new policy within a second.
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -378,6 +401,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceUpdateNetworkHandler := connect.NewUnaryHandler(
+		SandboxServiceUpdateNetworkProcedure,
+		svc.UpdateNetwork,
+		connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.sandbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -404,6 +433,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListSnapshotsHandler.ServeHTTP(w, r)
 		case SandboxServiceDeleteSnapshotProcedure:
 			sandboxServiceDeleteSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceUpdateNetworkProcedure:
+			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -459,4 +490,8 @@ func (UnimplementedSandboxServiceHandler) ListSnapshots(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.DeleteSnapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.UpdateNetwork is not implemented"))
 }

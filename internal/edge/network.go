@@ -1,0 +1,252 @@
+package edge
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+)
+
+// Sandbox networking [ours; the paper filters with eBPF]. A sandbox
+// created with a network policy gets its own network namespace, a veth to
+// the node and an address from the node's sandbox subnet; the node's
+// nftables table enforces its policy and a DNS proxy on the gateway
+// address answers only the names it allows (internal/sandboxnet). One
+// without a policy has loopback only. The table, the interface prefix and
+// the subnet are the node's own (derived from its id), so several edges
+// on one machine do not meet.
+
+// NetworkConfig turns on sandbox networking.
+type NetworkConfig struct {
+	// Subnet holds the node's sandbox addresses; default: a /20 in
+	// 10.64.0.0/10 chosen by the node id.
+	Subnet netip.Prefix
+	// Upstream are the DNS servers (host:port) the proxy asks; default:
+	// the node's /etc/resolv.conf.
+	Upstream []string
+	// Closed are further prefixes no sandbox reaches unless a rule names
+	// them: the control plane's hosts.
+	Closed []netip.Prefix
+	// DNSPort is the proxy's port on the gateway; default 53 (resolv.conf
+	// cannot name another).
+	DNSPort uint16
+}
+
+// openNetwork loads the node's table and starts the DNS proxy. own names
+// the sandboxes recover is about to re-attach.
+func (e *Edge) openNetwork(ctx context.Context, cfg NetworkConfig, own []string) error {
+	h := fnv.New32a()
+	h.Write([]byte(e.node))
+	sum := h.Sum32()
+	if !cfg.Subnet.IsValid() {
+		i := sum % 1024 // a /20 of 10.64.0.0/10
+		cfg.Subnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(64 + i>>4), byte(i&15) << 4, 0}), 20)
+	}
+	if cfg.DNSPort == 0 {
+		cfg.DNSPort = 53
+	}
+	if len(cfg.Upstream) == 0 {
+		up, err := resolvConfServers("/etc/resolv.conf")
+		if err != nil {
+			return err
+		}
+		cfg.Upstream = up
+	}
+	prefix := "s" + string(e.node)[:2]
+	addrs, err := nodeAddrs(prefix, cfg.Subnet)
+	if err != nil {
+		return err
+	}
+	n, err := sandboxnet.Open(ctx, sandboxnet.Config{
+		Table: "dsec_" + string(e.node), Subnet: cfg.Subnet, IfPrefix: prefix, DNSPort: cfg.DNSPort,
+		Addrs: addrs, Closed: cfg.Closed, Own: own,
+	}, e.log)
+	if err != nil {
+		return err
+	}
+	udp, tcp, err := n.ListenDNS(ctx)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.net, e.stopDNS = n, cancel
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		sandboxnet.NewDNSProxy(n, cfg.Upstream, e.log).Serve(dctx, udp, tcp)
+	}()
+	e.log.Info("sandbox network ready", "subnet", cfg.Subnet, "dns", n.Node().DNS, "upstream", cfg.Upstream)
+	return nil
+}
+
+// nodeAddrs are the node's IPv4 addresses (closed to sandboxes), from
+// every interface but the sandboxes' veths. One inside subnet is an
+// error: its traffic and the sandboxes' would mix.
+func nodeAddrs(prefix string, subnet netip.Prefix) ([]netip.Addr, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, i := range ifs {
+		if strings.HasPrefix(i.Name, prefix) {
+			continue
+		}
+		as, _ := i.Addrs()
+		for _, a := range as {
+			p, err := netip.ParsePrefix(a.String())
+			if err != nil || !p.Addr().Is4() {
+				continue
+			}
+			if p.Overlaps(subnet) {
+				return nil, errdefs.FailedPrecondition("sandbox subnet %s overlaps %s on the node's interface %s; choose another subnet", subnet, p, i.Name)
+			}
+			out = append(out, p.Addr())
+		}
+	}
+	return out, nil
+}
+
+// resolvConfServers reads the name servers of a resolv.conf as host:53.
+func resolvConfServers(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox DNS: no upstream given and %w", err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fields[1]); err == nil && a.Is4() {
+				out = append(out, netip.AddrPortFrom(a, 53).String())
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errdefs.FailedPrecondition("sandbox DNS: no upstream given and %s names no IPv4 name server", path)
+	}
+	return out, nil
+}
+
+// networkedRecords lists the sandboxes whose records say they are
+// attached, for Open to accept their veths.
+func (e *Edge) networkedRecords() []string {
+	root := filepath.Join(e.cfg.StateDir, "sandboxes")
+	ents, _ := os.ReadDir(root)
+	var out []string
+	for _, ent := range ents {
+		if rec, err := loadRecord(filepath.Join(root, ent.Name())); err == nil && rec.spec.Network != nil {
+			out = append(out, string(rec.ID))
+		}
+	}
+	return out
+}
+
+// policyOf is the sandbox's policy as its record holds it (checked when
+// it was accepted).
+func policyOf(rec *record) sandboxnet.Policy {
+	p, _ := sandboxspec.NetworkPolicy(rec.spec.Network)
+	return p
+}
+
+// attachNetwork gives a sandbox whose spec asks for a network its
+// namespace and policy, and records its address. Callers hold sb.mu.
+func (e *Edge) attachNetwork(ctx context.Context, sb *sandbox) error {
+	if sb.rec.spec.Network == nil {
+		return nil
+	}
+	if e.net == nil {
+		return errdefs.FailedPrecondition("network: node %s runs without sandbox networking (%s); create the sandbox without a network policy", e.node, e.netOff)
+	}
+	l, err := e.net.Attach(ctx, string(sb.id), netip.Addr{}, policyOf(sb.rec))
+	if err != nil {
+		return err
+	}
+	sb.net = l
+	sb.rec.NetAddr = l.Addr.String()
+	return sb.save()
+}
+
+// adoptNetwork takes back a recovered sandbox's attachment. Callers hold
+// sb.mu.
+func (e *Edge) adoptNetwork(ctx context.Context, sb *sandbox) error {
+	if sb.rec.spec.Network == nil {
+		return nil
+	}
+	if e.net == nil {
+		return errdefs.FailedPrecondition("its network cannot be re-attached: the edge now runs without sandbox networking (%s)", e.netOff)
+	}
+	addr, err := netip.ParseAddr(sb.rec.NetAddr)
+	if err != nil {
+		return errdefs.FailedPrecondition("its record has no network address (%q)", sb.rec.NetAddr)
+	}
+	l, err := e.net.Adopt(ctx, string(sb.id), addr, policyOf(sb.rec))
+	if err != nil {
+		return err
+	}
+	sb.net = l
+	return nil
+}
+
+// detachNetwork removes what attachNetwork made (or what a crash before
+// the record named the address left). Callers hold sb.mu.
+func (e *Edge) detachNetwork(ctx context.Context, sb *sandbox) error {
+	if e.net == nil || sb.rec.spec.Network == nil {
+		return nil
+	}
+	var err error
+	if sb.net != nil {
+		err = e.net.Detach(ctx, sb.net, policyOf(sb.rec))
+	} else {
+		err = e.net.Forget(ctx, string(sb.id))
+	}
+	if err != nil {
+		return fmt.Errorf("detach sandbox %s from the network: %w", sb.id, err)
+	}
+	sb.net = nil
+	return nil
+}
+
+// UpdateNetwork changes a running or paused sandbox's policy by exactly
+// what the request says.
+func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRequest, scope string) (*sandboxv1.Sandbox, error) {
+	sb, err := e.lookup(req.GetSandboxId(), scope)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
+		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)
+	}
+	if sb.rec.spec.Network == nil || sb.net == nil {
+		return nil, errdefs.FailedPrecondition("sandbox %s has no network (loopback only); a network policy is chosen at create", sb.id)
+	}
+	old := policyOf(sb.rec)
+	p, err := sandboxspec.NetworkUpdate(old, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.net.Update(ctx, sb.net, old, p); err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "update the network policy of %s", sb.id)
+	}
+	sb.rec.spec.Network = sandboxspec.NetworkPolicyProto(p)
+	if err := sb.save(); err != nil {
+		return nil, err
+	}
+	e.log.Info("sandbox network policy updated", logging.SandboxID, sb.id, "rules", len(p.Rules), "internet", p.Internet)
+	return sb.snapshot(), nil
+}
