@@ -29,6 +29,7 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   resume    resume sandboxes
   fork      fork a sandbox into copies that keep its memory (gvisor backend)
   snapshot  snapshot a sandbox; snapshot ls | rm | restore
+  port-forward  forward a local port to a port inside a sandbox
   network   show or change a sandbox's network policy (--add, --remove, --replace, --internet)
   image     ls | import | rm | build | export
   whoami    show the API key's project and role
@@ -66,6 +67,8 @@ func main() {
 		err = cmdSnapshot(ctx, args)
 	case "network":
 		err = cmdNetwork(ctx, args)
+	case "port-forward":
+		err = cmdPortForward(ctx, args)
 	case "image":
 		err = cmdImage(ctx, args)
 	case "whoami":

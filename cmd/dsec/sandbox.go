@@ -55,6 +55,7 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	network := fs.Bool("network", false, "give the sandbox a network interface (egress only where --allow or --internet say)")
 	internet := fs.Bool("internet", false, "allow every public address (implies --network)")
 	fs.Var(&allow, "allow", `allowed destination, e.g. "pypi.example.org", "tcp 10.1.0.0/16:443" (repeatable; implies --network)`)
+	public := fs.Bool("public", false, "let requests without an API key reach the sandbox's ports (implies --network)")
 	fs.Parse(args)
 	c, err := client.FromEnv()
 	if err != nil {
@@ -68,8 +69,8 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task,
 		Resources: &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *mem, DiskMb: *disk, Pids: *pids},
 	}
-	if *network || *internet || len(allow) > 0 {
-		spec.Network = &sandboxv1.NetworkPolicy{Internet: *internet, Rules: networkRules(allow)}
+	if *network || *internet || *public || len(allow) > 0 {
+		spec.Network = &sandboxv1.NetworkPolicy{Internet: *internet, Rules: networkRules(allow), AllowPublicTraffic: *public}
 	}
 	sb, err := c.Create(ctx, spec)
 	if err != nil {

@@ -78,13 +78,7 @@ func (h *imageService) DeleteImage(ctx context.Context, req *connect.Request[ima
 // importImage takes an image archive as the request body:
 // POST /v1/images:import?name=project/name:tag
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
-	fail := func(err error) {
-		// Plain HTTP route: answer Connect's JSON error shape.
-		ce := errdefs.ToConnect(err).(*connect.Error)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(errdefs.HTTPStatus(ce.Code()))
-		json.NewEncoder(w).Encode(map[string]string{"code": ce.Code().String(), "message": ce.Message()}) //nolint:errcheck // the client went away
-	}
+	fail := func(err error) { errdefs.WriteHTTP(w, err) }
 	p, err := s.authenticate(r.Header)
 	if err != nil {
 		fail(err)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -93,11 +94,16 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(iamv1connect.NewIAMServiceHandler(&iamService{s}, opts...))
 	mux.Handle(imagev1connect.NewImageServiceHandler(&imageService{s}, opts...))
 	mux.HandleFunc("POST /v1/images:import", s.importImage)
+	ports := s.portProxy()
+	mux.Handle(PortPath, ports)
+	mux.Handle(strings.TrimSuffix(PortPath, "/{path...}"), ports)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	proxy := s.agentProxy()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The scope header is ours to set; a client's is never trusted.
-		r.Header.Del(headers.Scope)
+		// These headers are ours to set; a client's are never trusted.
+		for _, h := range headers.Internal {
+			r.Header.Del(h)
+		}
 		if headers.IsAgentPath(r.URL.Path) {
 			proxy.ServeHTTP(w, r)
 			return

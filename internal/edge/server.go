@@ -19,8 +19,12 @@ import (
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
-	proxy := e.AgentProxy()
+	proxy, ports := e.AgentProxy(), e.PortProxy()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(headers.SandboxPort) != "" {
+			ports.ServeHTTP(w, r)
+			return
+		}
 		if headers.IsAgentPath(r.URL.Path) {
 			proxy.ServeHTTP(w, r)
 			return

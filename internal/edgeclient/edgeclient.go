@@ -19,6 +19,9 @@ type Conn struct {
 	BaseURL string
 	HTTP    *http.Client
 	Edge    edgev1connect.EdgeServiceClient
+	// Ports carries requests to sandboxes' ports over HTTP/1.1, so a
+	// request can upgrade (WebSocket, port tunnels).
+	Ports http.RoundTripper
 }
 
 // Pool hands out a Conn per edge address.
@@ -54,7 +57,15 @@ func (p *Pool) Get(addr string) *Conn {
 	}
 	hc := &http.Client{Transport: tr}
 	base := "https://" + addr
-	c := &Conn{Addr: addr, BaseURL: base, HTTP: hc, Edge: edgev1connect.NewEdgeServiceClient(hc, base, connect.WithGRPC())}
+	var h1 http.Protocols
+	h1.SetHTTP1(true)
+	h1tls := p.tls.Clone()
+	h1tls.NextProtos = []string{"http/1.1"}
+	ports := &http.Transport{
+		TLSClientConfig: h1tls, Protocols: &h1, MaxIdleConnsPerHost: 64,
+		IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 10 * time.Second,
+	}
+	c := &Conn{Addr: addr, BaseURL: base, HTTP: hc, Edge: edgev1connect.NewEdgeServiceClient(hc, base, connect.WithGRPC()), Ports: ports}
 	p.conns[addr] = c
 	return c
 }

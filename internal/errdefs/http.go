@@ -1,6 +1,7 @@
 package errdefs
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 
@@ -46,4 +47,13 @@ func OnNode(node string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("node %s: %w", node, err)
+}
+
+// WriteHTTP answers a plain HTTP route's error in Connect's JSON error
+// shape ({"code": "not_found", "message": "..."}) with its status.
+func WriteHTTP(w http.ResponseWriter, err error) {
+	ce := ToConnect(err).(*connect.Error)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(HTTPStatus(ce.Code()))
+	json.NewEncoder(w).Encode(map[string]string{"code": ce.Code().String(), "message": ce.Message()}) //nolint:errcheck // the client went away
 }

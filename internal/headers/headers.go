@@ -17,7 +17,18 @@ const (
 	NoResume = "Dsec-No-Resume"
 	// AgentPathPrefix starts every agent RPC path.
 	AgentPathPrefix = "/opendsec.agent.v1."
+	// SandboxPort, from the apiserver to the edge, marks an HTTP request
+	// for a port inside the sandbox SandboxID names.
+	SandboxPort = "Dsec-Sandbox-Port"
+	// Public ("1"), from the apiserver to the edge, marks a port request
+	// that carried no credentials: only a sandbox that allows public
+	// traffic answers it.
+	Public = "Dsec-Public"
 )
+
+// Internal are the headers only the apiserver may set: it removes them
+// from every incoming request.
+var Internal = []string{Scope, SandboxPort, Public}
 
 // IsAgentPath reports whether an HTTP path is an agent RPC.
 func IsAgentPath(p string) bool { return strings.HasPrefix(p, AgentPathPrefix) }

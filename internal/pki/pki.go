@@ -134,7 +134,9 @@ func (ca *CA) ServerConfig(cert tls.Certificate, roles ...string) *tls.Config {
 		Certificates: []tls.Certificate{cert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    ca.Pool,
-		NextProtos:   []string{"h2"},
+		// HTTP/1.1 for requests to sandboxes' ports that upgrade (WebSocket,
+		// port tunnels); every RPC uses h2.
+		NextProtos: []string{"h2", "http/1.1"},
 		VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
 			for _, chain := range chains {
 				if len(chain) > 0 && slices.ContainsFunc(chain[0].Subject.OrganizationalUnit, func(ou string) bool { return slices.Contains(roles, ou) }) {

@@ -17,7 +17,8 @@ func NetworkPolicy(p *sandboxv1.NetworkPolicy) (sandboxnet.Policy, error) {
 }
 
 // NetworkPolicyProto is p as the API carries it, each rule in its
-// canonical form (lower-case domain, masked prefix, merged ports).
+// canonical form (lower-case domain, masked prefix, merged ports). The
+// inbound setting (allow_public_traffic) is not part of p: callers copy it.
 func NetworkPolicyProto(p sandboxnet.Policy) *sandboxv1.NetworkPolicy {
 	out := &sandboxv1.NetworkPolicy{Internet: p.Internet}
 	for _, r := range p.Rules {

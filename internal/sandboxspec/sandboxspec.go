@@ -132,7 +132,9 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 		if err != nil {
 			return err
 		}
+		public := spec.Network.AllowPublicTraffic
 		spec.Network = NetworkPolicyProto(p)
+		spec.Network.AllowPublicTraffic = public
 	}
 	return nil
 }

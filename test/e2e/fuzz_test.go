@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,7 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.agent.v1.FilesystemService/WriteFile",
 		"/opendsec.agent.v1.FilesystemService/ReadFile",
 		"/opendsec.agent.v1.SessionService/RunInSession",
+		"/opendsec.sandbox.v1.SandboxService/UpdateNetwork",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -41,6 +43,8 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(7), []byte(`{"path":"`+scratch+`/x","data":"aGk=","mode":"WRITE_MODE_APPEND"}`))
 	f.Add(uint8(8), []byte(`{"path":"","offset":"-5"}`))
 	f.Add(uint8(9), []byte(`{"sessionId":"nope","command":"true"}`))
+	f.Add(uint8(10), []byte(`{"add":[{"domain":"*.*.example.org","ports":["0","70000","5-1"]}],"remove":[{"cidr":"::1/128"}],"internet":true}`))
+	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","network":{"rules":[{"domain":"a..b"},{"cidr":"10.0.0.0/33","protocol":"icmp"},{}]}}}`))
 	c := startCluster(f, "fake")
 	sb, err := c.client.Create(ctxTB(f), fakeSpec())
 	if err != nil {
@@ -194,4 +198,60 @@ func TestConfineWrite(t *testing.T) {
 			t.Fatalf("a body that does not decode changed: %q", got)
 		}
 	}
+}
+
+// FuzzPortRequests sends arbitrary methods, paths and credentials to the
+// route to sandboxes' ports: every answer is a classified client error
+// (the fake backend's sandbox has no network), never a 5xx but 503, and
+// never a success without a key.
+func FuzzPortRequests(f *testing.F) {
+	f.Add("GET", "x", "", "", "")
+	f.Add("POST", "../../../v1/images:import", "dsec_bogus", "Bearer x", "dsec-tcp")
+	f.Add("GET", "%2e%2e/%00", "", "Basic YTpi", "websocket")
+	c := startCluster(f, "fake")
+	sb, err := c.client.Create(ctxTB(f), fakeSpec())
+	if err != nil {
+		f.Fatal(err)
+	}
+	ports := []string{"0", "1", "65535", "65536", "-1", "x", "80"}
+	f.Fuzz(func(t *testing.T, method, path, key, authz, upgrade string) {
+		if !validMethod(method) {
+			return
+		}
+		for _, port := range ports {
+			raw := c.APIURL + "/v1/sandboxes/" + sb.ID + "/ports/" + port + "/" + path
+			req, err := http.NewRequest(method, raw, nil)
+			if err != nil {
+				return // not a URL a client could send
+			}
+			for k, v := range map[string]string{"X-API-Key": key, "Authorization": authz, "Upgrade": upgrade} {
+				if v != "" {
+					req.Header.Set(k, v)
+				}
+			}
+			if upgrade != "" {
+				req.Header.Set("Connection", "Upgrade")
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return // a header net/http will not send
+			}
+			resp.Body.Close()
+			if (resp.StatusCode >= 500 && resp.StatusCode != 503) || resp.StatusCode < 400 {
+				t.Fatalf("%s %s (key %q, authorization %q, upgrade %q): %d", method, raw, key, authz, upgrade, resp.StatusCode)
+			}
+		}
+	})
+}
+
+func validMethod(m string) bool {
+	if m == "" || len(m) > 16 {
+		return false
+	}
+	for _, r := range m {
+		if r < 'A' || r > 'Z' {
+			return false
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"archive/zip"
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -9,8 +10,10 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -381,4 +384,133 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 		{fmt.Sprintf("%s:%d", in.node, nodePort), "refused"},
 		{otherAddr + ":9000", "refused"},
 	})
+	testInbound(t, c, other, create(&sandboxv1.NetworkPolicy{AllowPublicTraffic: true}))
+
+	// A request to a paused sandbox's port resumes it.
+	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: other.ID})); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := other.PortClient().Get(other.PortURL(9000))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET of a paused sandbox's port: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if st := get(other).State; st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after a request to its port the sandbox is %v", st)
+	}
+}
+
+// wsEchoServer is a WebSocket echo server in Python's standard library:
+// it answers the handshake and echoes one text frame per connection.
+const wsEchoServer = `
+import base64, hashlib, socketserver
+G = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+class H(socketserver.StreamRequestHandler):
+    def handle(self):
+        key = None
+        while True:
+            line = self.rfile.readline().strip()
+            if not line: break
+            k, _, v = line.partition(b":")
+            if k.lower() == b"sec-websocket-key": key = v.strip()
+        acc = base64.b64encode(hashlib.sha1(key + G).digest())
+        self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+        b0, b1 = self.rfile.read(2)
+        n = b1 & 127
+        mask = self.rfile.read(4)
+        data = bytes(c ^ mask[i % 4] for i, c in enumerate(self.rfile.read(n)))
+        out = b"echo:" + data
+        self.wfile.write(bytes([0x81, len(out)]) + out)
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(("0.0.0.0", 9001), H).serve_forever()
+`
+
+// testInbound: HTTP, WebSocket and a port tunnel reach servers in a
+// sandbox through the apiserver with the key, and not without it unless
+// the sandbox is public; a paused sandbox is resumed by a request.
+func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sandbox) {
+	t.Helper()
+	ctx := ctxT(t)
+	shell(t, sb, "cat > /tmp/ws.py <<'EOF'\n"+wsEchoServer+"\nEOF\nnohup python3 /tmp/ws.py >/tmp/ws.log 2>&1 &")
+	deadline := time.Now().Add(30 * time.Second)
+	for probe(t, sb, "127.0.0.1:9001")[0] != "open" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	get := func(hc *http.Client, url string) (int, string) {
+		t.Helper()
+		resp, err := hc.Get(url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// The server from the earlier step listens on 9000 (http.server).
+	if code, body := get(sb.PortClient(), sb.PortURL(9000)); code != 200 || !strings.Contains(body, "Directory listing") {
+		t.Fatalf("GET through the apiserver with the key: %d %.200s", code, body)
+	}
+	if code, body := get(http.DefaultClient, sb.PortURL(9000)); code != http.StatusUnauthorized || !strings.Contains(body, "API key") {
+		t.Fatalf("GET without a key: %d %.200s", code, body)
+	}
+	req, _ := http.NewRequest("GET", sb.PortURL(9000), nil)
+	req.Header.Set("X-API-Key", "dsec_not-a-key")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("GET with a wrong key: %v %v", resp, err)
+	}
+	if code, body := get(sb.PortClient(), sb.PortURL(9999)); code != http.StatusServiceUnavailable || !strings.Contains(body, "nothing listens") {
+		t.Fatalf("GET of a port nothing listens on: %d %.200s", code, body)
+	}
+	// A public sandbox answers without a key.
+	shell(t, public, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &")
+	deadline = time.Now().Add(30 * time.Second)
+	for probe(t, public, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if code, body := get(http.DefaultClient, public.PortURL(9000)); code != 200 || !strings.Contains(body, "Directory listing") {
+		t.Fatalf("GET of a public sandbox without a key: %d %.200s", code, body)
+	}
+
+	// WebSocket, by hand: the handshake and one frame each way.
+	u, _ := url.Parse(sb.PortURL(9001))
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second)) //nolint:errcheck // a net.Conn
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nX-API-Key: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", u.RequestURI(), u.Host, c.key)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Sec-WebSocket-Accept") != "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" {
+		t.Fatalf("WebSocket handshake: %v %v", resp, err)
+	}
+	msg := []byte("hi")
+	mask := []byte{1, 2, 3, 4}
+	frame := []byte{0x81, 0x80 | byte(len(msg))}
+	frame = append(frame, mask...)
+	for i, b := range msg {
+		frame = append(frame, b^mask[i%4])
+	}
+	conn.Write(frame) //nolint:errcheck // the read below tells
+	head := make([]byte, 2)
+	if _, err := io.ReadFull(br, head); err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, head[1]&127)
+	if _, err := io.ReadFull(br, payload); err != nil || string(payload) != "echo:hi" {
+		t.Fatalf("WebSocket echo: %q %v", payload, err)
+	}
+
+	// A raw TCP tunnel (dsec port-forward's).
+	tc, err := sb.DialPort(ctx, 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(tc, "GET / HTTP/1.0\r\n\r\n")
+	got, _ := io.ReadAll(tc)
+	tc.Close()
+	if !strings.HasPrefix(string(got), "HTTP/1.0 200") {
+		t.Fatalf("through the tunnel: %.200q", got)
+	}
 }

@@ -292,9 +292,12 @@ type NetworkPolicy struct {
 	// operator can forbid it.
 	Internet bool `protobuf:"varint,1,opt,name=internet,proto3" json:"internet,omitempty"`
 	// Destinations allowed beyond that, at most 256.
-	Rules         []*NetworkRule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Rules []*NetworkRule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
+	// Inbound: HTTP to the sandbox's ports without credentials. Off, a
+	// request to a port needs an API key that may reach the sandbox.
+	AllowPublicTraffic bool `protobuf:"varint,3,opt,name=allow_public_traffic,json=allowPublicTraffic,proto3" json:"allow_public_traffic,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *NetworkPolicy) Reset() {
@@ -339,6 +342,13 @@ func (x *NetworkPolicy) GetRules() []*NetworkRule {
 		return x.Rules
 	}
 	return nil
+}
+
+func (x *NetworkPolicy) GetAllowPublicTraffic() bool {
+	if x != nil {
+		return x.AllowPublicTraffic
+	}
+	return false
 }
 
 // NetworkRule allows one destination: exactly one of domain and cidr.
@@ -2043,10 +2053,11 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"c\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x01\n" +
 	"\rNetworkPolicy\x12\x1a\n" +
 	"\binternet\x18\x01 \x01(\bR\binternet\x126\n" +
-	"\x05rules\x18\x02 \x03(\v2 .opendsec.sandbox.v1.NetworkRuleR\x05rules\"k\n" +
+	"\x05rules\x18\x02 \x03(\v2 .opendsec.sandbox.v1.NetworkRuleR\x05rules\x120\n" +
+	"\x14allow_public_traffic\x18\x03 \x01(\bR\x12allowPublicTraffic\"k\n" +
 	"\vNetworkRule\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04cidr\x18\x02 \x01(\tR\x04cidr\x12\x1a\n" +

@@ -1,0 +1,165 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/rpcproxy"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Inbound traffic [ours]. HTTP and WebSocket requests for a port inside a
+// sandbox reach the edge from the apiserver (which authenticated them, or
+// marked them public) and go to the sandbox's address on the node's
+// sandbox network: the node's own connections to a sandbox are the only
+// inbound ones its table lets through. A paused sandbox is resumed first,
+// as for agent calls. TunnelProtocol upgrades a request to a raw TCP
+// connection to the port (dsec port-forward).
+
+// TunnelProtocol is the Upgrade token of a raw TCP tunnel to a port.
+const TunnelProtocol = "dsec-tcp"
+
+type portKey struct{}
+
+// portCall is a port request's sandbox address and port.
+type portCall struct {
+	sandbox string
+	target  string // addr:port
+}
+
+// PortProxy serves requests the apiserver marked with headers.SandboxPort.
+func (e *Edge) PortProxy() http.Handler {
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			call := pr.In.Context().Value(portKey{}).(portCall)
+			pr.SetURL(&url.URL{Scheme: "http", Host: call.target})
+			pr.Out.Host = pr.In.Host // the sandbox's server sees the name it was called by
+			for _, h := range append(headers.Internal, headers.SandboxID) {
+				pr.Out.Header.Del(h)
+			}
+		},
+		Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   16,
+			IdleConnTimeout:       30 * time.Second,
+			ResponseHeaderTimeout: 0, // a long poll is the sandbox's business
+		},
+		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			call := r.Context().Value(portKey{}).(portCall)
+			errdefs.WriteHTTP(w, portError(call, err))
+		},
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		call, done, err := e.portCall(r)
+		if err != nil {
+			errdefs.WriteHTTP(w, err)
+			return
+		}
+		defer done()
+		if r.Header.Get("Upgrade") == TunnelProtocol {
+			e.tunnel(w, r, call)
+			return
+		}
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portKey{}, call)))
+	})
+}
+
+// portCall checks a port request: the sandbox, the caller's right to it,
+// its network, and resumes it if paused. done ends the call.
+func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
+	id := r.Header.Get(headers.SandboxID)
+	port, err := strconv.Atoi(r.Header.Get(headers.SandboxPort))
+	if err != nil || port < 1 || port > 65535 {
+		return portCall{}, nil, errdefs.InvalidArgument("port %q: want 1 to 65535", r.Header.Get(headers.SandboxPort))
+	}
+	public := r.Header.Get(headers.Public) == "1"
+	scope := r.Header.Get(headers.Scope)
+	var sb *sandbox
+	if public {
+		sb, err = e.lookupAny(id)
+	} else {
+		sb, err = e.lookup(id, scope)
+	}
+	if err != nil {
+		return portCall{}, nil, err
+	}
+	view := sb.snapshot()
+	netp := view.GetSpec().GetNetwork()
+	if public && !netp.GetAllowPublicTraffic() {
+		return portCall{}, nil, errdefs.Unauthenticated("sandbox %s: its ports need an API key (it was not created with allow_public_traffic)", id)
+	}
+	if netp == nil || view.NetworkAddress == "" {
+		return portCall{}, nil, errdefs.FailedPrecondition("sandbox %s has no network, so its ports cannot be reached; create it with a network policy (an empty one denies all egress)", id)
+	}
+	if _, err := e.ensureRunning(r.Context(), sb, true); err != nil {
+		return portCall{}, nil, err
+	}
+	return portCall{sandbox: id, target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port))}, sb.callEnded, nil
+}
+
+// lookupAny finds a sandbox by id alone, for public port requests.
+func (e *Edge) lookupAny(id string) (*sandbox, error) {
+	sid, node, err := sandboxid.Parse(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	sb, ok := e.boxes[sid]
+	e.mu.Unlock()
+	if node != e.node || !ok {
+		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
+	}
+	return sb, nil
+}
+
+// portError says why a port could not be reached.
+func portError(call portCall, err error) error {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return errdefs.Unavailable("sandbox %s: nothing listens on %s (connection refused); a server must listen on 0.0.0.0 or the sandbox's address, not 127.0.0.1", call.sandbox, call.target)
+	}
+	return errdefs.Unavailable("sandbox %s: port %s: %v", call.sandbox, call.target, err)
+}
+
+// tunnel answers an Upgrade to TunnelProtocol with a TCP connection to the
+// port, copied both ways until either side closes.
+func (e *Edge) tunnel(w http.ResponseWriter, r *http.Request, call portCall) {
+	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(r.Context(), "tcp", call.target)
+	if err != nil {
+		errdefs.WriteHTTP(w, portError(call, err))
+		return
+	}
+	defer conn.Close()
+	client, buf, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		e.log.Warn("port tunnel: cannot take over the connection", logging.SandboxID, call.sandbox, logging.Error, err)
+		errdefs.WriteHTTP(w, errdefs.Unsupported("port tunnel: this connection cannot be upgraded (HTTP/1.1 only): %v", err))
+		return
+	}
+	defer client.Close()
+	if _, err := buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + TunnelProtocol + "\r\n\r\n"); err != nil {
+		return
+	}
+	if err := buf.Flush(); err != nil {
+		return
+	}
+	if buf.Reader.Buffered() > 0 {
+		if _, err := io.CopyN(conn, buf, int64(buf.Reader.Buffered())); err != nil {
+			return
+		}
+	}
+	rpcproxy.Splice(client, conn)
+}
