@@ -215,6 +215,13 @@ func (e *Edge) Close() {
 		}
 		sb.mu.Unlock()
 	}
+	if e.net != nil {
+		// With no sandbox attached, nothing is left of the node's table's
+		// use: test clusters and a node being retired leave no rules.
+		if _, err := e.net.Close(context.Background()); err != nil {
+			e.log.Warn("remove the node's nftables table", logging.Error, err)
+		}
+	}
 	// The node's run directory goes when no sandbox uses it (it fails
 	// harmlessly otherwise): test clusters each make one.
 	os.Remove(filepath.Join(e.cfg.RunBase, string(e.node))) //nolint:errcheck // see above

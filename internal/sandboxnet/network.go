@@ -110,6 +110,22 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	return n, nil
 }
 
+// Close removes the node's table when no sandbox is attached (the
+// sandboxes of a running edge need it; an edge that restarts loads it
+// anew). It reports whether it removed it.
+func (n *Network) Close(ctx context.Context) (bool, error) {
+	n.mu.Lock()
+	busy := len(n.attached) > 0
+	n.mu.Unlock()
+	if busy {
+		return false, nil
+	}
+	if err := nft(ctx, "delete table inet "+n.node.Table+"\n"); err != nil && !isGone(err) {
+		return false, err
+	}
+	return true, nil
+}
+
 // Node is the table's description (for scripts and the DNS proxy).
 func (n *Network) Node() Node { return n.node }
 

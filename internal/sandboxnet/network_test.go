@@ -76,7 +76,8 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	if out := tn.in(node, "ip", "-o", "link"); strings.Contains(out, a.HostIf) {
 		t.Fatalf("the veth is left: %s", out)
 	}
-	if c := attach("c"); c.Addr != a.Addr {
+	c := attach("c")
+	if c.Addr != a.Addr {
 		t.Fatalf("a detached sandbox's address is not reused: got %s, want %s", c.Addr, a.Addr)
 	}
 	// Detaching again finds nothing left, is no error, and leaves the
@@ -85,8 +86,26 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a second detach: %v", err)
 	}
-	if d := attach("d"); d.Addr == a.Addr {
+	d := attach("d")
+	if d.Addr == a.Addr {
 		t.Fatalf("a second detach freed %s, which c holds", a.Addr)
+	}
+	// Close keeps the table while sandboxes are attached, and removes it
+	// once none is.
+	var removed bool
+	inNS(t, node, func() { removed, err = nw.Close(ctx) })
+	if err != nil || removed || !strings.Contains(tn.in(node, "nft", "list", "tables"), "opendsec") {
+		t.Fatalf("close with sandboxes attached: removed %v, %v", removed, err)
+	}
+	for _, l := range []*Link{b, c, d} {
+		inNS(t, node, func() { err = nw.Detach(ctx, l, p) })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	inNS(t, node, func() { removed, err = nw.Close(ctx) })
+	if err != nil || !removed || strings.Contains(tn.in(node, "nft", "list", "tables"), "opendsec") {
+		t.Fatalf("close with none attached: removed %v, %v", removed, err)
 	}
 }
 

@@ -18,7 +18,7 @@ from .errors import (
     UnavailableError,
     UnsupportedError,
 )
-from .models import CommandResult, DSecRunArgs, EntryInfo, OutputChunk, ProcessInfo, SandboxInfo, SnapshotInfo
+from .models import CommandResult, DSecRunArgs, EntryInfo, Network, OutputChunk, ProcessInfo, SandboxInfo, SnapshotInfo
 from .sandbox import Files, Process, Sandbox, Session
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "DSecClient",
     "DSecError",
     "DSecRunArgs",
+    "Network",
     "EntryInfo",
     "FailedPreconditionError",
     "Files",

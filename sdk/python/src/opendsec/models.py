@@ -30,6 +30,57 @@ def _time(s: Optional[str]) -> Optional[datetime]:
     return datetime.fromisoformat(s)
 
 
+def rule_json(rule: str) -> Dict[str, Any]:
+    """A rule as the API carries it, from the text form the CLI and
+    :class:`Network` use: ``"[tcp |udp ]DESTINATION[:PORTS]"``, e.g.
+    ``"pypi.example.org"``, ``"tcp *.example.org:443"``,
+    ``"udp 10.1.0.0/16:53,5353"``. The server checks it."""
+    text = rule.strip()
+    out: Dict[str, Any] = {}
+    if " " in text:
+        proto, text = text.split(" ", 1)
+        out["protocol"] = proto
+        text = text.strip()
+    if ":" in text:
+        text, ports = text.split(":", 1)
+        out["ports"] = ports.split(",")
+    is_ip = all(p.isdigit() for p in text.split(".")) and text.count(".") == 3
+    out["cidr" if ("/" in text or is_ip) else "domain"] = text
+    return out
+
+
+def rule_text(r: Dict[str, Any]) -> str:
+    """A rule from the API in its canonical text form."""
+    dst = r.get("domain") or r.get("cidr", "")
+    ports = r.get("ports") or []
+    return f"{r.get('protocol') or 'any'} {dst}" + (":" + ",".join(ports) if ports else "")
+
+
+@dataclass
+class Network:
+    """A sandbox's network. A sandbox with one gets its own interface and
+    address: egress only where ``allow`` (and ``internet``) say, and its
+    ports are reachable through the apiserver (:meth:`Sandbox.get_host`).
+    Without one it has loopback only."""
+
+    allow: List[str] = field(default_factory=list)
+    """Allowed destinations: ``"pypi.example.org"``, ``"*.example.org"``,
+    ``"tcp 10.1.0.0/16:443"`` (see :func:`rule_json`). Names resolve through
+    the node's DNS proxy, which answers only allowed ones."""
+    internet: bool = False
+    """Every public address (never private ranges, the node, link-local or
+    metadata addresses, or other sandboxes)."""
+    allow_public_traffic: bool = False
+    """Let requests without an API key reach the sandbox's ports."""
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"internet": self.internet, "rules": [rule_json(r) for r in self.allow], "allowPublicTraffic": self.allow_public_traffic}
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Network":
+        return cls(allow=[rule_text(r) for r in d.get("rules", [])], internet=bool(d.get("internet", False)), allow_public_traffic=bool(d.get("allowPublicTraffic", False)))
+
+
 @dataclass
 class DSecRunArgs:
     """What a new sandbox runs and within which limits.
@@ -58,9 +109,11 @@ class DSecRunArgs:
     """Task label, for pausing a whole task at once."""
     project: str = ""
     """Project to create in; empty means the API key's project."""
+    network: Optional[Network] = None
+    """The sandbox's network; None: loopback only."""
 
     def to_spec(self) -> Dict[str, Any]:
-        return {
+        spec = {
             "backend": self.backend,
             "image": self.image,
             "resources": {
@@ -75,6 +128,9 @@ class DSecRunArgs:
             "metadata": dict(self.metadata),
             "task": self.task,
         }
+        if self.network is not None:
+            spec["network"] = self.network.to_json()
+        return spec
 
 
 @dataclass
@@ -95,6 +151,9 @@ class SandboxInfo:
     expires_at: Optional[datetime]
     message: str = ""
     source_snapshot_id: str = ""
+    network: Optional[Network] = None
+    """Its network policy now (rules in canonical form); None: loopback only."""
+    network_address: str = ""
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -115,6 +174,8 @@ class SandboxInfo:
             expires_at=_time(d.get("expiresAt")),
             message=d.get("message", ""),
             source_snapshot_id=d.get("sourceSnapshotId", ""),
+            network=Network.from_json(spec["network"]) if "network" in spec else None,
+            network_address=d.get("networkAddress", ""),
         )
 
 

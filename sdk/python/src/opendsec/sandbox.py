@@ -7,6 +7,8 @@ import shlex
 import warnings
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 
+import httpx
+
 from ._connect import ConnectClient
 from .errors import DSecError, NotFoundError
 from .models import (
@@ -17,6 +19,7 @@ from .models import (
     SandboxInfo,
     SnapshotInfo,
     b64,
+    rule_json,
     unb64,
 )
 
@@ -388,6 +391,42 @@ class Sandbox:
         """Sets the time to live from now on."""
         r = await self._sandbox("SetSandboxTimeout", {"sandboxId": self.id, "timeoutSeconds": str(seconds)})
         self.info = SandboxInfo.from_json(r["sandbox"])
+
+    async def update_network(
+        self,
+        *,
+        add: Sequence[str] = (),
+        remove: Sequence[str] = (),
+        replace: Optional[Sequence[str]] = None,
+        internet: Optional[bool] = None,
+    ) -> SandboxInfo:
+        """Changes the network policy by exactly what it says: ``replace``
+        sets the whole rule list, else ``remove`` takes rules out (one the
+        policy lacks is an error) and ``add`` puts rules in; ``internet``
+        switches the shorthand. New connections follow it at once."""
+        req: Dict[str, Any] = {"sandboxId": self.id, "add": [rule_json(r) for r in add], "remove": [rule_json(r) for r in remove]}
+        if replace is not None:
+            req["replaceRules"] = True
+            req["rules"] = [rule_json(r) for r in replace]
+        if internet is not None:
+            req["internet"] = internet
+        r = await self._sandbox("UpdateNetwork", req)
+        self.info = SandboxInfo.from_json(r["sandbox"])
+        return self.info
+
+    def get_host(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox, through the apiserver:
+        ``get_host(8000) + "docs"`` reaches ``/docs`` of a server listening
+        on 0.0.0.0:8000 there. Requests need the API key (:meth:`request`
+        sends it) unless the sandbox allows public traffic. The sandbox
+        needs a network (``DSecRunArgs(network=Network())``)."""
+        return f"{self._client.api_url}/v1/sandboxes/{self.id}/ports/{int(port)}/"
+
+    async def request(self, port: int, method: str = "GET", path: str = "/", **kwargs: Any) -> httpx.Response:
+        """Sends an HTTP request to ``port`` inside the sandbox with the API
+        key; keyword arguments go to httpx (``json=``, ``content=``,
+        ``headers=``, ``timeout=``). A paused sandbox is resumed first."""
+        return await self._client._http.request(method, self.get_host(port) + path.lstrip("/"), **kwargs)
 
     async def pause(self) -> None:
         """Freezes every process; a paused sandbox uses no CPU. Any later
