@@ -99,11 +99,11 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	}
 	view := sb.snapshot()
 	netp := view.GetSpec().GetNetwork()
-	if public && !netp.GetAllowPublicTraffic() {
-		return portCall{}, nil, errdefs.Unauthenticated("sandbox %s: its ports need an API key (it was not created with allow_public_traffic)", id)
-	}
 	if netp == nil || view.NetworkAddress == "" {
 		return portCall{}, nil, errdefs.FailedPrecondition("sandbox %s has no network, so its ports cannot be reached; create it with a network policy (an empty one denies all egress)", id)
+	}
+	if public && !netp.GetAllowPublicTraffic() {
+		return portCall{}, nil, errdefs.Unauthenticated("sandbox %s: its ports need an API key (it was not created with allow_public_traffic)", id)
 	}
 	if _, err := e.ensureRunning(r.Context(), sb, true); err != nil {
 		return portCall{}, nil, err

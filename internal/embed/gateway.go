@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
@@ -29,17 +30,24 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	gcfg := cfg.Gateway
-	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
-	gw, err := e2b.New(gcfg, c.log)
-	if err != nil {
-		return err
-	}
-	c.gateway = gw
 	ln, err := net.Listen("tcp", cfg.GatewayListen)
 	if err != nil {
 		return fmt.Errorf("gateway: listen %s: %w", cfg.GatewayListen, err)
 	}
+	gcfg := cfg.Gateway
+	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
+	if gcfg.Domain == "" {
+		// Sandbox hosts "PORT-ID.localhost:GATEWAYPORT": *.localhost is the
+		// loopback address (RFC 6761) to curl and browsers; other clients
+		// send to the gateway's address with that Host header.
+		gcfg.Domain = "localhost:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	}
+	gw, err := e2b.New(gcfg, c.log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	c.gateway = gw
 	srv := e2b.NewServer(gw)
 	c.serve(srv, func() error { return srv.Serve(ln) })
 	c.GatewayURL = "http://" + ln.Addr().String()

@@ -49,10 +49,16 @@ func OnNode(node string, err error) error {
 	return fmt.Errorf("node %s: %w", node, err)
 }
 
+// ErrorHeader marks a plain HTTP answer as OpenDsec's own error (its
+// value is the code), so a proxy in front (the E2B gateway) can tell it
+// from an error of the sandbox's server on a port route.
+const ErrorHeader = "Dsec-Error"
+
 // WriteHTTP answers a plain HTTP route's error in Connect's JSON error
 // shape ({"code": "not_found", "message": "..."}) with its status.
 func WriteHTTP(w http.ResponseWriter, err error) {
 	ce := ToConnect(err).(*connect.Error)
+	w.Header().Set(ErrorHeader, ce.Code().String())
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(HTTPStatus(ce.Code()))
 	json.NewEncoder(w).Encode(map[string]string{"code": ce.Code().String(), "message": ce.Message()}) //nolint:errcheck // the client went away

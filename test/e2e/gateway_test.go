@@ -329,7 +329,7 @@ func TestGatewayEnvdFilesProcessesAndIsolation(t *testing.T) {
 	do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "text/plain"}), strings.NewReader("x")).errorBody(t, 400, "Content-Type")
 	do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Owner": "me"}), strings.NewReader("x")).errorBody(t, 501, "metadata")
 	do(t, "GET", gw+"/files"+q, with(map[string]string{"X-Access-Token": "wrong"}), nil).errorBody(t, 401, "X-Access-Token")
-	do(t, "GET", gw+"/files"+q, with(map[string]string{"E2b-Sandbox-Port": "8080"}), nil).errorBody(t, 502, "port 8080 is not open")
+	do(t, "GET", gw+"/files"+q, with(map[string]string{"E2b-Sandbox-Port": "8080"}), nil).errorBody(t, 400, "has no network")
 
 	// A command through envd's process service: streamed output and exit.
 	proc := envdprocessconnect.NewProcessClient(&http.Client{Transport: envdTransport{sb.SandboxID, sb.EnvdAccessToken}}, gw)

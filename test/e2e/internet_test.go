@@ -29,6 +29,7 @@ import (
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -276,6 +277,8 @@ func TestSandboxNetwork(t *testing.T) {
 	store := pyStore(t)
 	c := startClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Network = &edge.NetworkConfig{Upstream: []string{in.web + ":53"}}
+		cfg.GatewayListen = "127.0.0.1:0"
+		cfg.Gateway = e2b.Config{Backend: "container", DefaultUser: "root"}
 	}, "container", "gvisor")
 	// A service of the node's own, on every address (as a control plane's).
 	nodeLn, err := net.Listen("tcp", "0.0.0.0:0")
@@ -296,6 +299,106 @@ func TestSandboxNetwork(t *testing.T) {
 	for _, backend := range []string{"container", "gvisor"} {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
+	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
+}
+
+// testE2BNetwork: E2B's network settings through the gateway, and a page
+// in the sandbox through the host E2B's getHost builds.
+func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
+	key := e2bKey(t, c)
+	ctl := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
+	gw := c.GatewayURL
+	// What has no OpenDsec form is refused with the field named.
+	do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"denyOut":["1.2.3.0/24"]}}`)).errorBody(t, 400, "network.denyOut[0]")
+	do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"allowOut":["10.0.0.0/33"]}}`)).errorBody(t, 400, "network.rules[0]")
+
+	made := createE2B(t, gw, key, fmt.Sprintf(`{"templateID":"base","allow_internet_access":true,"network":{"allowOut":[%q]}}`, in.web))
+	t.Cleanup(func() { do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil) })
+	sb := c.client.Sandbox(made.SandboxID)
+	expectProbe(t, "e2b allowOut", sb, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}, {in.meta + ":80", "refused"}})
+	shell(t, sb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
+	deadline := time.Now().Add(30 * time.Second)
+	for probe(t, sb, "127.0.0.1:8000")[0] != "open" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	var body struct {
+		Domain string `json:"domain"`
+	}
+	do(t, "POST", gw+"/sandboxes/"+made.SandboxID+"/connect", ctl, strings.NewReader(`{"timeout":300}`)).json(t, &body)
+	if body.Domain == "" {
+		t.Fatal("connect answered no domain")
+	}
+	host := "8000-" + made.SandboxID + "." + body.Domain // E2B's getHost
+	if r := getHost(t, gw, host, ""); r.status != 200 || !strings.Contains(string(r.body), "Directory listing") {
+		t.Fatalf("GET through the sandbox host %s: %d %.200s", host, r.status, r.body)
+	}
+	// The egress settings replaced at runtime (E2B's updateNetwork).
+	if r := do(t, "PUT", gw+"/sandboxes/"+made.SandboxID+"/network", ctl, strings.NewReader(fmt.Sprintf(`{"denyOut":["0.0.0.0/0"],"allowOut":[%q]}`, in.alt))); r.status != 204 {
+		t.Fatalf("update network: %d %s", r.status, r.body)
+	}
+	expectProbe(t, "e2b after update", sb, [][2]string{{in.web + ":8080", "refused"}, {in.alt + ":8080", "open"}})
+
+	// Without public traffic the host needs the traffic access token.
+	var private struct {
+		SandboxID          string `json:"sandboxID"`
+		TrafficAccessToken string `json:"trafficAccessToken"`
+	}
+	r := do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"allowPublicTraffic":false}}`))
+	r.json(t, &private)
+	if r.status != 201 || private.TrafficAccessToken == "" {
+		t.Fatalf("create without public traffic: %d %s", r.status, r.body)
+	}
+	t.Cleanup(func() { do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil) })
+	psb := c.client.Sandbox(private.SandboxID)
+	shell(t, psb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
+	deadline = time.Now().Add(30 * time.Second)
+	for probe(t, psb, "127.0.0.1:8000")[0] != "open" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	phost := "8000-" + private.SandboxID + "." + body.Domain
+	if r := getHost(t, gw, phost, ""); r.status != 401 {
+		t.Fatalf("GET without the traffic token: %d %.200s", r.status, r.body)
+	}
+	if r := getHost(t, gw, phost, "wrong"); r.status != 401 {
+		t.Fatalf("GET with a wrong traffic token: %d %.200s", r.status, r.body)
+	}
+	if r := getHost(t, gw, phost, private.TrafficAccessToken); r.status != 200 {
+		t.Fatalf("GET with the traffic token: %d %.200s", r.status, r.body)
+	}
+}
+
+// getHost GETs / from a sandbox host (E2B's getHost) at the gateway gw,
+// with a traffic access token if not empty.
+func getHost(t *testing.T, gw, host, token string) httpResult {
+	t.Helper()
+	req, _ := http.NewRequest("GET", gw+"/", nil)
+	req.Host = host
+	if token != "" {
+		req.Header.Set("E2b-Traffic-Access-Token", token)
+	}
+	resp, err := testHTTP.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", host, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return httpResult{resp.StatusCode, b, resp.Header}
+}
+
+// e2bKey is the cluster's API key in E2B's format.
+func e2bKey(t *testing.T, c *cluster) string {
+	t.Helper()
+	data, err := os.ReadFile(c.ClientEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "export E2B_API_KEY="); ok {
+			return v
+		}
+	}
+	t.Fatal("client.env has no E2B_API_KEY")
+	return ""
 }
 
 func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodePort int) {

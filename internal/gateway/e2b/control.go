@@ -46,7 +46,7 @@ func (g *Gateway) controlMux() http.Handler {
 	mux.HandleFunc("GET /snapshots", auth(g.listSnapshots))
 	mux.HandleFunc("DELETE /templates/{id}", auth(g.deleteTemplate))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", auth(g.metrics))
-	mux.HandleFunc("PUT /sandboxes/{id}/network", notSupported("changing a sandbox's network"))
+	mux.HandleFunc("PUT /sandboxes/{id}/network", auth(g.updateNetwork))
 	mux.HandleFunc("GET /sandboxes/{id}/logs", notSupported("sandbox logs"))
 	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", notSupported("sandbox logs"))
 	for _, p := range []string{"/templates", "/templates/", "/v2/templates", "/v2/templates/", "/v3/templates"} {
@@ -121,12 +121,6 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	case req.IAM != nil:
 		writeStatus(w, http.StatusBadRequest, "iam: workload identity tokens are not supported")
 		return
-	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
-		writeStatus(w, http.StatusBadRequest, "allow_internet_access: sandboxes have no network access in this version")
-		return
-	case len(req.Network) > 0:
-		writeStatus(w, http.StatusBadRequest, "network: network configuration is not supported")
-		return
 	case req.MCP != nil:
 		writeStatus(w, http.StatusBadRequest, "mcp: MCP gateways are not supported")
 		return
@@ -139,6 +133,11 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			writeStatus(w, http.StatusBadRequest, "metadata key "+strconv.Quote(k)+": the prefix \"e2b.\" is reserved")
 			return
 		}
+	}
+	netp, err := networkPolicy(req.AllowInternetAccess, req.Network)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	timeout := int64(defaultTimeout)
 	if req.Timeout != nil {
@@ -183,7 +182,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		resp, err := g.sandbox.CreateSandbox(r.Context(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: &sandboxv1.SandboxSpec{
-			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md,
+			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md, Network: netp,
 		}}))
 		if err != nil {
 			writeError(w, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -35,7 +36,7 @@ func callOf(ctx context.Context) envdCall {
 	return c
 }
 
-func (g *Gateway) envdMux() http.Handler {
+func (g *Gateway) envdMux(ports func(http.ResponseWriter, *http.Request, int, string)) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", g.health)
 	mux.HandleFunc("GET /files", g.download)
@@ -50,7 +51,12 @@ func (g *Gateway) envdMux() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("E2b-Sandbox-Id")
 		if port := r.Header.Get("E2b-Sandbox-Port"); port != "" && port != envdPort {
-			writeStatus(w, http.StatusBadGateway, "sandbox "+id+": port "+port+" is not open: the gateway serves envd's port "+envdPort+" only")
+			n, err := strconv.Atoi(port)
+			if err != nil || n < 1 || n > 65535 {
+				writeStatus(w, http.StatusBadRequest, "E2b-Sandbox-Port "+strconv.Quote(port)+": want 1 to 65535")
+				return
+			}
+			ports(w, r, n, id)
 			return
 		}
 		if !g.validToken(id, r.Header.Get("X-Access-Token")) {

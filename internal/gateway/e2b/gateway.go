@@ -48,6 +48,10 @@ type Config struct {
 	Backend string
 	// DefaultUser runs commands and owns files when the SDK names none.
 	DefaultUser string
+	// Domain is what create answers as the sandbox domain: E2B's SDKs
+	// reach port P of sandbox ID at host "P-ID.Domain" (getHost), which
+	// the gateway serves. Empty: the SDK's own default (E2B_DOMAIN).
+	Domain string
 }
 
 // EnvdVersion is the envd version the gateway reports. The SDKs turn
@@ -115,9 +119,14 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 // Handler serves both APIs: a request naming a sandbox in E2b-Sandbox-Id is
 // for envd, anything else for the control plane.
 func (g *Gateway) Handler() http.Handler {
+	ports := g.portProxy()
 	control := g.controlMux()
-	envd := g.envdMux()
+	envd := g.envdMux(ports)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if port, id, ok := parseSandboxHost(r.Host); ok {
+			ports(w, r, port, id)
+			return
+		}
 		if err := checkText(r); err != nil {
 			writeError(w, err)
 			return

@@ -27,6 +27,9 @@ type sandboxJSON struct {
 	EnvdVersion     string  `json:"envdVersion"`
 	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
 	Domain          *string `json:"domain"`
+	// TrafficAccessToken opens the sandbox's hosts when it does not allow
+	// public traffic.
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
 // detailJSON is E2B's SandboxDetail and ListedSandbox.
@@ -56,7 +59,7 @@ type newSandboxJSON struct {
 	IAM                 any               `json:"iam"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             map[string]any    `json:"network"`
+	Network             *networkJSON      `json:"network"`
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	MCP                 any               `json:"mcp"`
@@ -67,10 +70,17 @@ type newSandboxJSON struct {
 const defaultTimeout = 300
 
 func (g *Gateway) toSandbox(sb *sandboxv1.Sandbox) sandboxJSON {
-	return sandboxJSON{
+	out := sandboxJSON{
 		TemplateID: templateOf(sb), SandboxID: sb.Id, ClientID: clientID,
 		EnvdVersion: EnvdVersion, EnvdAccessToken: g.accessToken(sb.Id),
 	}
+	if g.cfg.Domain != "" {
+		out.Domain = &g.cfg.Domain
+	}
+	if n := sb.Spec.GetNetwork(); n != nil && !n.AllowPublicTraffic {
+		out.TrafficAccessToken = g.trafficToken(sb.Id)
+	}
+	return out
 }
 
 func (g *Gateway) toDetail(sb *sandboxv1.Sandbox, withToken bool) detailJSON {
@@ -88,6 +98,9 @@ func (g *Gateway) toDetail(sb *sandboxv1.Sandbox, withToken bool) detailJSON {
 	}
 	if withToken {
 		d.EnvdAccessToken = g.accessToken(sb.Id)
+	}
+	if g.cfg.Domain != "" {
+		d.Domain = &g.cfg.Domain
 	}
 	return d
 }
