@@ -6,6 +6,12 @@ import { after, afterEach, before, describe, test } from 'node:test'
 
 import { CommandExitError, FileType, NotFoundError, Sandbox } from 'e2b'
 
+import { execFileSync, spawn } from 'node:child_process'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { request } from 'node:http'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+
 import { start } from './cluster.js'
 
 // A Python server holding a random value and a hit counter in memory.
@@ -236,4 +242,79 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal((await query(forks[1])).value, 777)
     assert.equal((await query(sb)).value, 777)
   })
+
+  it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
+    const net = ownInternet()
+    try {
+      const sb = await create({ allowInternetAccess: true, network: { allowOut: [net.web] } })
+      const r = await sb.commands.run(`curl -s --max-time 5 ${net.url}`)
+      assert.equal(r.stdout, "hello from the test's own internet\n")
+      await sb.commands.run('python3 -m http.server 8000 --bind 0.0.0.0', { background: true })
+      for (let i = 0; i < 100; i++) {
+        const up = await sb.commands.run('curl -s 127.0.0.1:8000/ >/dev/null && echo up || true')
+        if (up.stdout.trim() === 'up') break
+        await new Promise((r) => setTimeout(r, 100))
+      }
+      const host = sb.getHost(8000)
+      assert.ok(host.startsWith(`8000-${sb.sandboxId}.`), host)
+      const page = await getVia(process.env.E2B_API_URL, host)
+      assert.equal(page.status, 200)
+      assert.match(page.body, /Directory listing/)
+    } finally {
+      net.close()
+    }
+  })
 })
+
+// ownInternet makes a network namespace of the test's own, joined to the
+// node by a veth, with a web server: the only host these tests reach.
+function ownInternet() {
+  const tag = randomBytes(2).toString('hex')
+  const ns = `dsecte-${tag}`
+  const veth = `dsecte${tag}`
+  const octet = 1 + (randomBytes(1)[0] % 250)
+  const node = `10.253.${octet}.1`
+  const web = `10.253.${octet}.2`
+  const dir = mkdtempSync(join(tmpdir(), 'dsec-inet-'))
+  writeFileSync(join(dir, 'index.html'), "hello from the test's own internet\n")
+  const ip = (...args) => execFileSync('ip', args, { stdio: 'pipe' })
+  ip('netns', 'add', ns)
+  let server
+  const close = () => {
+    if (server) server.kill('SIGKILL')
+    try { ip('link', 'del', veth) } catch {}
+    try { ip('netns', 'del', ns) } catch {}
+  }
+  try {
+    ip('link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns)
+    ip('addr', 'add', `${node}/24`, 'dev', veth)
+    ip('link', 'set', veth, 'up')
+    ip('-n', ns, 'addr', 'add', `${web}/24`, 'dev', 'eth0')
+    ip('-n', ns, 'link', 'set', 'eth0', 'up')
+    ip('-n', ns, 'link', 'set', 'lo', 'up')
+    ip('-n', ns, 'route', 'add', 'default', 'via', node)
+    server = spawn('ip', ['netns', 'exec', ns, 'python3', '-m', 'http.server', '8080', '--bind', web, '--directory', dir], { stdio: 'ignore' })
+    execFileSync('sleep', ['0.5'])
+  } catch (e) {
+    close()
+    throw e
+  }
+  return { web, url: `http://${web}:8080/index.html`, close }
+}
+
+// getVia GETs / from base's address with the Host header host (a sandbox
+// host the gateway serves).
+function getVia(base, host) {
+  const u = new URL(base)
+  return new Promise((resolve, reject) => {
+    const req = request({ hostname: u.hostname, port: u.port, path: '/', headers: { Host: host }, timeout: 30_000 }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c) => (body += c))
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('error', reject)
+    req.on('timeout', () => req.destroy(new Error('timed out')))
+    req.end()
+  })
+}

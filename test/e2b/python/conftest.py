@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import sys
 from pathlib import Path
 from typing import Dict, Iterator
 
@@ -119,3 +120,42 @@ def sandbox():
         sb.kill()
     except Exception:
         pass
+
+
+@pytest.fixture
+def own_internet(tmp_path: Path) -> Iterator[Dict[str, str]]:
+    """A network namespace of the test's own, joined to the node by a veth,
+    with a web server: the only host the network tests send traffic to."""
+    import secrets
+
+    tag = secrets.token_hex(2)
+    ns, veth = f"dsecte-{tag}", f"dsecte{tag}"
+    octet = 1 + secrets.randbelow(250)
+    node, web = f"10.253.{octet}.1", f"10.253.{octet}.2"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    (tmp_path / "index.html").write_text("hello from the test's own internet\n")
+    ip("netns", "add", ns)
+    server = None
+    try:
+        ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("addr", "add", node + "/24", "dev", veth)
+        ip("link", "set", veth, "up")
+        ip("-n", ns, "addr", "add", web + "/24", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        ip("-n", ns, "route", "add", "default", "via", node)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080", "--bind", web, "--directory", str(tmp_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)
+        yield {"web": web, "url": f"http://{web}:8080/index.html"}
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

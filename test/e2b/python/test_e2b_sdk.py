@@ -328,3 +328,34 @@ def test_idempotent_create(gateway):
         assert again.sandbox_id == first.sandbox_id
     finally:
         first.kill()
+
+
+def test_network_allowed_host_and_get_host(own_internet):
+    """allow_internet_access with allow_out reaches the allowed host; a
+    server in the sandbox answers through get_host(port)."""
+    sb = Sandbox.create(timeout=300, allow_internet_access=True, network={"allow_out": [own_internet["web"]]})
+    try:
+        r = sb.commands.run(f"curl -s --max-time 5 {own_internet['url']}")
+        assert r.stdout == "hello from the test's own internet\n"
+        sb.commands.run("python3 -m http.server 8000 --bind 0.0.0.0", background=True)
+        for _ in range(100):
+            if sb.commands.run("curl -s 127.0.0.1:8000/ >/dev/null && echo up || true").stdout.strip() == "up":
+                break
+            time.sleep(0.1)
+        host = sb.get_host(8000)
+        assert host.startswith(f"8000-{sb.sandbox_id}.")
+        gw = os.environ["E2B_API_URL"]
+        page = httpx.get(gw + "/", headers={"Host": host}, timeout=30)
+        assert page.status_code == 200 and "Directory listing" in page.text
+
+        # update_network replaces the egress settings: deny all, allow none.
+        sb.update_network({"deny_out": ["0.0.0.0/0"]})
+        r = sb.commands.run(f"curl -s --max-time 5 {own_internet['url']} || echo refused")
+        assert r.stdout.strip() == "refused"
+    finally:
+        sb.kill()
+
+
+def test_network_settings_without_a_mapping_are_refused():
+    with pytest.raises(Exception, match="network.denyOut"):
+        Sandbox.create(timeout=60, network={"deny_out": ["198.51.100.0/24"]})
