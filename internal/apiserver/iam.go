@@ -24,7 +24,7 @@ func keyProto(k fsm.Key) *iamv1.APIKey {
 
 func projectProto(p fsm.Project) *iamv1.Project {
 	return &iamv1.Project{Path: p.Path, CreatedAt: timestamppb.New(p.CreatedAt), Quota: &iamv1.Quota{
-		MaxSandboxes: p.Quota.MaxSandboxes, CpuCores: p.Quota.CPUCores, MemoryMb: p.Quota.MemoryMB,
+		MaxSandboxes: p.Quota.MaxSandboxes, CpuCores: p.Quota.CPUCores, MemoryMb: p.Quota.MemoryMB, NoInternet: p.Quota.NoInternet,
 	}}
 }
 
@@ -32,7 +32,7 @@ func quotaFrom(q *iamv1.Quota) fsm.Quota {
 	if q == nil {
 		return fsm.Quota{}
 	}
-	return fsm.Quota{MaxSandboxes: q.MaxSandboxes, CPUCores: q.CpuCores, MemoryMB: q.MemoryMb}
+	return fsm.Quota{MaxSandboxes: q.MaxSandboxes, CPUCores: q.CpuCores, MemoryMB: q.MemoryMb, NoInternet: q.NoInternet}
 }
 
 // admin checks that the caller is an admin reaching project.

@@ -112,6 +112,21 @@ func (s *Server) checkQuota(proj string, req placement.Resources, pending []infl
 	return nil
 }
 
+// checkInternet refuses the internet shorthand in a project subtree whose
+// operator switched it off (Quota.NoInternet on it or an ancestor).
+func (s *Server) checkInternet(proj string, internet bool) error {
+	if !internet {
+		return nil
+	}
+	state := s.iam.State()
+	for _, p := range project.Ancestry(proj) {
+		if pr, ok := state.Project(p); ok && pr.Quota.NoInternet {
+			return errdefs.PermissionDenied("network.internet: project %s does not allow the internet shorthand (its quota sets no_internet); name the destinations in network rules instead", p)
+		}
+	}
+	return nil
+}
+
 func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.CreateSandboxResponse], error) {
 	s := h.s
 	p := principalFrom(ctx)
@@ -125,6 +140,9 @@ func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request
 		return nil, err
 	}
 	if err := s.checkImage(spec.Image, proj); err != nil {
+		return nil, err
+	}
+	if err := s.checkInternet(proj, spec.GetNetwork().GetInternet()); err != nil {
 		return nil, err
 	}
 	sb, err := s.place(ctx, proj, placement.Request{Backend: spec.Backend, CPUCores: spec.Resources.CpuCores, MemoryMB: spec.Resources.MemoryMb, Count: 1},
@@ -355,6 +373,16 @@ func (h *sandboxService) UpdateNetwork(ctx context.Context, req *connect.Request
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
 	if err != nil {
 		return nil, err
+	}
+	if req.Msg.GetInternet() {
+		// The switch is the sandbox's own project's (or an ancestor's).
+		got, err := c.Edge.GetSandbox(ctx, connect.NewRequest(&edgev1.GetSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+		if err != nil {
+			return nil, err
+		}
+		if err := h.s.checkInternet(got.Msg.Sandbox.Project, true); err != nil {
+			return nil, err
+		}
 	}
 	resp, err := c.Edge.UpdateNetwork(ctx, connect.NewRequest(&edgev1.UpdateNetworkRequest{Scope: principalFrom(ctx).Project, Update: req.Msg}))
 	if err != nil {

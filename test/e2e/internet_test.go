@@ -25,6 +25,7 @@ import (
 	"github.com/miekg/dns"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge"
@@ -300,6 +301,31 @@ func TestSandboxNetwork(t *testing.T) {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
 	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
+	t.Run("no-internet-project", func(t *testing.T) { testNoInternetProject(t, c) })
+}
+
+// testNoInternetProject: an operator switches the internet shorthand off
+// for a project subtree; rules still work there.
+func testNoInternetProject(t *testing.T, c *cluster) {
+	ctx := ctxT(t)
+	c.project(t, "root", "offline", &iamv1.Quota{NoInternet: true})
+	cl := c.project(t, "root/offline", "team", nil)
+	_, err := cl.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Network: &sandboxv1.NetworkPolicy{Internet: true}})
+	if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "root/offline") {
+		t.Fatalf("internet in a no-internet subtree: %v", err)
+	}
+	sb, err := cl.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", "192.0.2.7", "tcp", "443")}}})
+	if err != nil {
+		t.Fatalf("rules in a no-internet subtree: %v", err)
+	}
+	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
+	yes := true
+	for _, who := range []*client.Client{cl, c.client} { // the member, and root's admin
+		_, err = who.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(&sandboxv1.UpdateNetworkRequest{SandboxId: sb.ID, Internet: &yes}))
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("switching the internet on in a no-internet subtree: %v", err)
+		}
+	}
 }
 
 // testE2BNetwork: E2B's network settings through the gateway, and a page

@@ -34,6 +34,9 @@ type Quota struct {
 	MaxSandboxes int64   `json:"max_sandboxes,omitempty"`
 	CPUCores     float64 `json:"cpu_cores,omitempty"`
 	MemoryMB     int64   `json:"memory_mb,omitempty"`
+	// NoInternet forbids the internet shorthand of network policies in
+	// the subtree.
+	NoInternet bool `json:"no_internet,omitempty"`
 }
 
 // Project is a node of the project tree, named by its full path.

@@ -128,10 +128,13 @@ func (KeyFormat) EnumDescriptor() ([]byte, []int) {
 // Quota limits a project subtree. 0 means no limit of its own (the parent's
 // still applies).
 type Quota struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MaxSandboxes  int64                  `protobuf:"varint,1,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
-	CpuCores      float64                `protobuf:"fixed64,2,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
-	MemoryMb      int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	MaxSandboxes int64                  `protobuf:"varint,1,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	CpuCores     float64                `protobuf:"fixed64,2,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb     int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	// Forbids the network policy's internet shorthand to sandboxes of the
+	// subtree (rules naming destinations still work).
+	NoInternet    bool `protobuf:"varint,4,opt,name=no_internet,json=noInternet,proto3" json:"no_internet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +188,13 @@ func (x *Quota) GetMemoryMb() int64 {
 		return x.MemoryMb
 	}
 	return 0
+}
+
+func (x *Quota) GetNoInternet() bool {
+	if x != nil {
+		return x.NoInternet
+	}
+	return false
 }
 
 type Project struct {
@@ -1156,11 +1166,13 @@ var File_opendsec_iam_v1_iam_proto protoreflect.FileDescriptor
 
 const file_opendsec_iam_v1_iam_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/iam/v1/iam.proto\x12\x0fopendsec.iam.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"f\n" +
+	"\x19opendsec/iam/v1/iam.proto\x12\x0fopendsec.iam.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
 	"\x05Quota\x12#\n" +
 	"\rmax_sandboxes\x18\x01 \x01(\x03R\fmaxSandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
-	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\x86\x01\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\x12\x1f\n" +
+	"\vno_internet\x18\x04 \x01(\bR\n" +
+	"noInternet\"\x86\x01\n" +
 	"\aProject\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12,\n" +
 	"\x05quota\x18\x02 \x01(\v2\x16.opendsec.iam.v1.QuotaR\x05quota\x129\n" +
