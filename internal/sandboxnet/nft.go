@@ -20,6 +20,31 @@ type Node struct {
 	// control plane's hosts): both stay closed unless a rule names them.
 	Addrs  []netip.Addr
 	Closed []netip.Prefix
+	// Flows bounds each sandbox's connections (zero: DefaultFlows).
+	Flows FlowLimits
+}
+
+// FlowLimits bound one sandbox's connections, so one that opens
+// thousands cannot fill the node's connection tracking table for its
+// neighbours: new connections per second (with a burst) and connections
+// open at once. What is over is refused like what the policy does not
+// allow.
+type FlowLimits struct {
+	NewPerSecond int
+	Burst        int
+	Open         int
+}
+
+// DefaultFlows are the limits of a sandbox on a node that sets none: far
+// above what package installs and test runs open, far below the 262 144
+// connections of a default conntrack table.
+var DefaultFlows = FlowLimits{NewPerSecond: 500, Burst: 2000, Open: 8192}
+
+func (n Node) flows() FlowLimits {
+	if n.Flows == (FlowLimits{}) {
+		return DefaultFlows
+	}
+	return n.Flows
 }
 
 // Sandbox is one sandbox's place in the table.
@@ -120,6 +145,11 @@ func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
 	// address or speaks IPv6 reaches nothing.
 	add("meta nfproto ipv6 drop")
 	add("ip saddr != %s drop", sb.Addr)
+	// Only a connection's first packet comes here (replies and the rest
+	// are accepted before the egress map), so these count connections.
+	f := n.flows()
+	add("limit rate over %d/second burst %d packets goto refuse", f.NewPerSecond, f.Burst)
+	add("ct count over %d goto refuse", f.Open)
 	// The node's DNS proxy, which knows the sandbox by that address.
 	add("ip daddr %s meta l4proto { tcp, udp } th dport %d accept", n.DNS.Addr(), n.DNS.Port())
 	// Rules that name a closed range come before the closing; none that

@@ -1,8 +1,10 @@
 package sandboxnet
 
 import (
+	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -14,6 +16,7 @@ import (
 type enforcement struct {
 	net      *testNet
 	node, s1 string
+	s2, inet string
 	n        Node
 	sb       Sandbox
 }
@@ -23,6 +26,7 @@ func newEnforcement(t *testing.T) *enforcement {
 	e := &enforcement{net: tn}
 	e.node, e.s1 = tn.ns("node"), tn.ns("s1")
 	s2, inet := tn.ns("s2"), tn.ns("inet")
+	e.s2, e.inet = s2, inet
 	tn.in(e.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	// Each sandbox: a veth with the gateway's /32 on the node side and a
 	// route to the sandbox's /32, as the edge makes them.
@@ -186,4 +190,92 @@ func TestDomainRulesOpenLearnedAddressesForTheirTTL(t *testing.T) {
 	}
 	// The kept rule keeps what it learned.
 	e.expect(t, "rule dropped", map[string]string{"203.0.113.11:9090": "refused", "203.0.113.11:8080": "ok"})
+}
+
+// A sandbox that holds too many connections, or opens them too fast, is
+// refused past its limits; a neighbour's connections are not.
+func TestFlowLimitsRefuseOneSandboxAndNotItsNeighbour(t *testing.T) {
+	e := newEnforcement(t)
+	p := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp"})
+	sb2 := Sandbox{Name: "node1-sandbox2", HostIf: "dsvt2", Addr: netip.MustParseAddr("10.88.0.3")}
+	install := func(f FlowLimits) {
+		t.Helper()
+		e.n.Flows = f
+		e.set(t, nil, p)
+		if err := e.net.nft(e.node, SandboxScript(e.n, sb2, nil, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A server that keeps what it accepts open until told.
+	var mu sync.Mutex
+	var held []net.Conn
+	var l net.Listener
+	var err error
+	inNS(t, e.inet, func() { l, err = net.Listen("tcp", "0.0.0.0:9191") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+		held = nil
+	}
+	t.Cleanup(func() { l.Close(); release() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+
+	// Open connections: three held, the fourth refused; the neighbour's pass.
+	install(FlowLimits{NewPerSecond: 1000, Burst: 1000, Open: 3})
+	var mine []net.Conn
+	inNS(t, e.s1, func() {
+		for i := 0; i < 3; i++ {
+			c, err := net.DialTimeout("tcp", "203.0.113.10:9191", 2*time.Second)
+			if err != nil {
+				t.Errorf("held connection %d: %v", i, err)
+				return
+			}
+			mine = append(mine, c)
+		}
+	})
+	if got := dial(t, e.s1, "203.0.113.10:8080"); got != "refused" {
+		t.Errorf("a fourth connection while three are open: %s, want refused", got)
+	}
+	if got := dial(t, e.s2, "203.0.113.10:8080"); got != "ok" {
+		t.Errorf("the neighbour while the first holds its limit: %s, want ok", got)
+	}
+	for _, c := range mine {
+		c.Close()
+	}
+	release()
+
+	// New connections: the burst, then one a second.
+	install(FlowLimits{NewPerSecond: 1, Burst: 4, Open: 1000})
+	results := map[string]int{}
+	for i := 0; i < 10; i++ {
+		results[dial(t, e.s1, "203.0.113.10:8080")]++
+	}
+	if results["ok"] < 3 || results["ok"] > 6 || results["refused"] < 4 {
+		t.Errorf("10 quick connections with a burst of 4: %v", results)
+	}
+	for i := 0; i < 3; i++ {
+		if got := dial(t, e.s2, "203.0.113.10:8080"); got != "ok" {
+			t.Errorf("the neighbour's connection %d while the first is limited: %s", i, got)
+		}
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if got := dial(t, e.s1, "203.0.113.10:8080"); got != "ok" {
+		t.Errorf("after the rate refilled: %s, want ok", got)
+	}
 }
