@@ -40,6 +40,8 @@ type Config struct {
 	// control plane's hosts): closed unless a rule names them.
 	Addrs  []netip.Addr
 	Closed []netip.Prefix
+	// Flows bounds each sandbox's connections (zero: DefaultFlows).
+	Flows FlowLimits
 	// Own names the sandboxes the edge is about to re-attach (Adopt):
 	// their veths may exist already and carry IfPrefix.
 	Own []string
@@ -98,7 +100,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	}
 	gw := cfg.Subnet.Masked().Addr().Next()
 	n := &Network{
-		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed},
+		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed, Flows: cfg.Flows},
 		gw:   gw, log: log, used: map[netip.Addr]string{gw: "\x00gateway"}, attached: map[netip.Addr]attached{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
