@@ -93,9 +93,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 			return nil, errdefs.InvalidArgument("interface prefix %q: the node's interface %s has it; choose one no interface of the node starts with", cfg.IfPrefix, i.Name)
 		}
 	}
-	for _, tool := range []string{"ip", "nft"} {
+	for _, tool := range []string{"ip", "nft", "conntrack"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return nil, errdefs.FailedPrecondition("sandbox networking needs %s (Debian packages iproute2 and nftables): %v", tool, err)
+			return nil, errdefs.FailedPrecondition("sandbox networking needs %s (Debian packages iproute2, nftables and conntrack): %v", tool, err)
 		}
 	}
 	gw := cfg.Subnet.Masked().Addr().Next()
@@ -295,6 +295,49 @@ func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
 		return err
 	}
 	n.setAttached(l.Sandbox, p)
+	if narrows(old, p) {
+		// The table checks new connections only: open ones the policy no
+		// longer allows are cut (all of the sandbox's own, as which still
+		// hold is not known for domain rules; a client reconnects under
+		// the new policy).
+		return forgetFlows(ctx, l.Addr, false)
+	}
+	return nil
+}
+
+// narrows reports whether p allows anything less than old does.
+func narrows(old, p Policy) bool {
+	if old.Internet && !p.Internet {
+		return true
+	}
+	kept := map[string]bool{}
+	for _, r := range p.Rules {
+		kept[r.String()] = true
+	}
+	for _, r := range old.Rules {
+		if !kept[r.String()] {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetFlows deletes the connection tracking entries a sandbox's address
+// started (and, with inbound, those to it), so no flow outlives the
+// policy or the sandbox that opened it: the next holder of a reused
+// address must not inherit them.
+func forgetFlows(ctx context.Context, addr netip.Addr, inbound bool) error {
+	dirs := []string{"-s"}
+	if inbound {
+		dirs = append(dirs, "-d")
+	}
+	for _, d := range dirs {
+		out, err := exec.CommandContext(ctx, "conntrack", "-D", "-f", "ipv4", d, addr.String()).CombinedOutput()
+		// Exit status 1 with "0 flow entries have been deleted": none was there.
+		if err != nil && !strings.Contains(string(out), "flow entries have been deleted") {
+			return fmt.Errorf("conntrack -D %s %s: %v: %s", d, addr, err, strings.TrimSpace(string(out)))
+		}
+	}
 	return nil
 }
 
@@ -329,6 +372,9 @@ func (n *Network) Detach(ctx context.Context, l *Link, p Policy) error {
 		errs = append(errs, err)
 	}
 	if err := ip(ctx, "", "netns del "+nsName(l.Name)); err != nil && !isGone(err) {
+		errs = append(errs, err)
+	}
+	if err := forgetFlows(ctx, l.Addr, true); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {

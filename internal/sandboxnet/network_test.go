@@ -3,6 +3,7 @@ package sandboxnet
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -182,4 +183,100 @@ func (r nodeResolver) Learn(ctx context.Context, sb Sandbox, p Policy, rules []i
 	var err error
 	inNS(r.t, r.node, func() { err = r.Network.Learn(ctx, sb, p, rules, addrs, ttl) })
 	return err
+}
+
+// The table checks new connections only, so an update that takes access
+// away cuts the sandbox's open connections, one that adds keeps them, and
+// a detach leaves no flow of the address behind.
+func TestNarrowingUpdatesCutOpenConnections(t *testing.T) {
+	tn := newTestNet(t)
+	node, inet := tn.ns("node"), tn.ns("inet")
+	tn.link(node, "up0", "203.0.113.1/24", inet, "eth0", "203.0.113.10/24")
+	// An echo server that keeps its connections.
+	var l net.Listener
+	var err error
+	inNS(t, inet, func() { l, err = net.Listen("tcp", "0.0.0.0:9191") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }() //nolint:errcheck // ends with the client
+		}
+	}()
+	ctx := context.Background()
+	var nw *Network
+	inNS(t, node, func() {
+		nw, err = Open(ctx, Config{Table: "opendsec", Subnet: netip.MustParsePrefix("10.89.0.0/16"), IfPrefix: "dst", DNSPort: 53}, testutil.Logger(t))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1 := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}})
+	var link *Link
+	inNS(t, node, func() { link, err = nw.Attach(ctx, fmt.Sprintf("t%d-flows", os.Getpid()%100000), netip.Addr{}, p1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inNS(t, node, func() { nw.Detach(ctx, link, p1) }) })
+	var conn net.Conn
+	inNS(t, nsName(link.Name), func() { conn, err = net.DialTimeout("tcp", "203.0.113.10:9191", 2*time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	echo := func() error {
+		conn.SetDeadline(time.Now().Add(2 * time.Second)) //nolint:errcheck // a net.Conn
+		if _, err := conn.Write([]byte("x")); err != nil {
+			return err
+		}
+		b := make([]byte, 1)
+		_, err := io.ReadFull(conn, b)
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("before any update: %v", err)
+	}
+	update := func(old, p Policy) {
+		t.Helper()
+		inNS(t, node, func() { err = nw.Update(ctx, link, old, p) })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p2 := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}}, RuleSpec{CIDR: "198.51.100.0/24"})
+	update(p1, p2)
+	if err := echo(); err != nil {
+		t.Fatalf("after an update that only adds: %v", err)
+	}
+	p3 := policy(t, false, RuleSpec{CIDR: "198.51.100.0/24"})
+	update(p2, p3)
+	if err := echo(); err == nil {
+		t.Fatal("a connection the policy no longer allows still works after the update")
+	}
+	// Allowed again, a new connection: it is tracked until the detach.
+	update(p3, p1)
+	conn.Close()
+	inNS(t, nsName(link.Name), func() { conn, err = net.DialTimeout("tcp", "203.0.113.10:9191", 2*time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("a new connection after the rule came back: %v", err)
+	}
+	if out := tn.in(node, "conntrack", "-L", "-f", "ipv4", "-s", link.Addr.String()); !strings.Contains(out, link.Addr.String()) {
+		t.Fatalf("the open connection is not tracked:\n%s", out)
+	}
+	inNS(t, node, func() { err = nw.Detach(ctx, link, p1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := tn.in(node, "conntrack", "-L", "-f", "ipv4", "-s", link.Addr.String()); strings.Contains(out, link.Addr.String()) {
+		t.Fatalf("flows of a detached sandbox's address are left:\n%s", out)
+	}
 }

@@ -9,6 +9,7 @@ import { CommandExitError, FileType, NotFoundError, Sandbox } from 'e2b'
 import { execFileSync, spawn } from 'node:child_process'
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { request } from 'node:http'
+import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
@@ -246,6 +247,7 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {
+      await until(net.web, 8080)
       const sb = await create({ allowInternetAccess: true, network: { allowOut: [net.web] } })
       const r = await sb.commands.run(`curl -s --max-time 5 ${net.url}`)
       assert.equal(r.stdout, "hello from the test's own internet\n")
@@ -294,12 +296,25 @@ function ownInternet() {
     ip('-n', ns, 'link', 'set', 'lo', 'up')
     ip('-n', ns, 'route', 'add', 'default', 'via', node)
     server = spawn('ip', ['netns', 'exec', ns, 'python3', '-m', 'http.server', '8080', '--bind', web, '--directory', dir], { stdio: 'ignore' })
-    execFileSync('sleep', ['0.5'])
   } catch (e) {
     close()
     throw e
   }
   return { web, url: `http://${web}:8080/index.html`, close }
+}
+
+// until resolves once host:port accepts a connection (30 s at most).
+async function until(host, port) {
+  const deadline = Date.now() + 30_000
+  for (;;) {
+    const ok = await new Promise((resolve) => {
+      const s = connect({ host, port }, () => { s.destroy(); resolve(true) })
+      s.on('error', () => resolve(false))
+    })
+    if (ok) return
+    if (Date.now() > deadline) throw new Error(`nothing accepts on ${host}:${port}`)
+    await new Promise((r) => setTimeout(r, 50))
+  }
 }
 
 // getVia GETs / from base's address with the Host header host (a sandbox

@@ -151,7 +151,16 @@ def own_internet(tmp_path: Path) -> Iterator[Dict[str, str]]:
             ["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080", "--bind", web, "--directory", str(tmp_path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        time.sleep(0.5)
+        # Ready when it accepts (from the node, over the test's own veth).
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection((web, 8080), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError("the test's web server did not start")
+                time.sleep(0.05)
         yield {"web": web, "url": f"http://{web}:8080/index.html"}
     finally:
         if server is not None:
