@@ -276,6 +276,9 @@ func cmdStop(ctx context.Context, args []string) error {
 		}
 	}
 	if len(ids) == 0 {
+		if *all {
+			return nil // nothing running: nothing to stop
+		}
 		return fmt.Errorf("stop: name sandbox ids, or --all")
 	}
 	failed := 0

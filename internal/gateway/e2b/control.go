@@ -17,6 +17,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
 // maxBody bounds a control-plane request body.
@@ -74,6 +75,14 @@ func (g *Gateway) authenticated(h func(http.ResponseWriter, *http.Request)) http
 		if key == "" {
 			writeStatus(w, http.StatusUnauthorized, "missing API key: set E2B_API_KEY")
 			return
+		}
+		// An id that cannot be one of ours names no sandbox: E2B answers
+		// 404 (Sandbox.kill() then returns false), not 400.
+		if id := r.PathValue("id"); strings.Contains(r.Pattern, "/sandboxes/{id}") {
+			if _, _, err := sandboxid.Parse(id); err != nil {
+				writeStatus(w, http.StatusNotFound, "sandbox "+strconv.Quote(id)+" not found")
+				return
+			}
 		}
 		h(w, r.WithContext(asUser(r.Context(), key)))
 	}

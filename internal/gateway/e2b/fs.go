@@ -3,7 +3,6 @@ package e2b
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"path"
 	"strconv"
 	"sync"
@@ -50,7 +49,6 @@ func entry(e *agentv1.EntryInfo) *envdfs.EntryInfo {
 		out.Type = envdfs.FileType_FILE_TYPE_FILE
 	case agentv1.FileType_FILE_TYPE_DIRECTORY:
 		out.Type = envdfs.FileType_FILE_TYPE_DIRECTORY
-		out.Mode |= uint32(fs.ModeDir)
 	case agentv1.FileType_FILE_TYPE_SYMLINK:
 		out.Type = envdfs.FileType_FILE_TYPE_SYMLINK
 		out.IsSymlink = true
@@ -63,12 +61,55 @@ func entry(e *agentv1.EntryInfo) *envdfs.EntryInfo {
 	return out
 }
 
+// maxLinks bounds a symlink chain, as the kernel's MAXSYMLINKS does.
+const maxLinks = 40
+
+// withTarget gives a symlink's entry what envd reports for one: the type
+// of what it finally points to and that path, absolute. A broken link or
+// a loop keeps type symlink and the absolute form of its own target.
+func (s *fsService) withTarget(ctx context.Context, e *agentv1.EntryInfo) *envdfs.EntryInfo {
+	out := entry(e)
+	if e.Type != agentv1.FileType_FILE_TYPE_SYMLINK {
+		return out
+	}
+	target := absTarget(e.Path, e.SymlinkTarget)
+	out.SymlinkTarget = &target
+	for cur, i := target, 0; i < maxLinks; i++ {
+		resp, err := s.g.files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: cur}))
+		if err != nil {
+			return out
+		}
+		t := resp.Msg.Entry
+		if t.Type != agentv1.FileType_FILE_TYPE_SYMLINK {
+			resolved := cur
+			out.SymlinkTarget = &resolved
+			switch t.Type {
+			case agentv1.FileType_FILE_TYPE_FILE:
+				out.Type = envdfs.FileType_FILE_TYPE_FILE
+			case agentv1.FileType_FILE_TYPE_DIRECTORY:
+				out.Type = envdfs.FileType_FILE_TYPE_DIRECTORY
+			}
+			return out
+		}
+		cur = absTarget(cur, t.SymlinkTarget)
+	}
+	return out
+}
+
+// absTarget is link's target as an absolute, clean path.
+func absTarget(link, target string) string {
+	if path.IsAbs(target) {
+		return path.Clean(target)
+	}
+	return path.Join(path.Dir(link), target)
+}
+
 func (s *fsService) Stat(ctx context.Context, req *connect.Request[envdfs.StatRequest]) (*connect.Response[envdfs.StatResponse], error) {
 	resp, err := s.g.files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: resolve(callOf(ctx).user, req.Msg.Path)}))
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&envdfs.StatResponse{Entry: entry(resp.Msg.Entry)}), nil
+	return connect.NewResponse(&envdfs.StatResponse{Entry: s.withTarget(ctx, resp.Msg.Entry)}), nil
 }
 
 func (s *fsService) ListDir(ctx context.Context, req *connect.Request[envdfs.ListDirRequest]) (*connect.Response[envdfs.ListDirResponse], error) {
@@ -78,7 +119,7 @@ func (s *fsService) ListDir(ctx context.Context, req *connect.Request[envdfs.Lis
 	}
 	out := &envdfs.ListDirResponse{}
 	for _, e := range resp.Msg.Entries {
-		out.Entries = append(out.Entries, entry(e))
+		out.Entries = append(out.Entries, s.withTarget(ctx, e))
 	}
 	return connect.NewResponse(out), nil
 }
@@ -108,7 +149,8 @@ func (s *fsService) Move(ctx context.Context, req *connect.Request[envdfs.MoveRe
 }
 
 func (s *fsService) Remove(ctx context.Context, req *connect.Request[envdfs.RemoveRequest]) (*connect.Response[envdfs.RemoveResponse], error) {
-	if _, err := s.g.files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), Recursive: true})); err != nil {
+	// envd's remove of a path that is not there succeeds.
+	if _, err := s.g.files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), Recursive: true})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 		return nil, err
 	}
 	return connect.NewResponse(&envdfs.RemoveResponse{}), nil

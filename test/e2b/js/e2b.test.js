@@ -244,6 +244,22 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal((await query(sb)).value, 777)
   })
 
+  it('reports modes and symlinks as envd does, and removes what is not there', async () => {
+    const sb = await create()
+    await sb.files.makeDir('d')
+    assert.equal((await sb.files.getInfo('d')).mode, 0o755)
+    await sb.files.write('target.txt', 'x')
+    await sb.commands.run('cd /home/user && ln -s d dlink && ln -s target.txt flink')
+    const info = await sb.files.getInfo('dlink')
+    assert.equal(info.type, FileType.DIR)
+    assert.equal(info.symlinkTarget, '/home/user/d')
+    const flink = (await sb.files.list('.')).find((e) => e.name === 'flink')
+    assert.equal(flink.type, FileType.FILE)
+    assert.equal(flink.symlinkTarget, '/home/user/target.txt')
+    await sb.files.remove('never-was-here')
+    assert.equal(await Sandbox.kill('not-a-sandbox-id'), false)
+  })
+
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {

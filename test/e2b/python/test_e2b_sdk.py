@@ -359,3 +359,26 @@ def test_network_allowed_host_and_get_host(own_internet):
 def test_network_settings_without_a_mapping_are_refused():
     with pytest.raises(Exception, match="network.denyOut"):
         Sandbox.create(timeout=60, network={"deny_out": ["198.51.100.0/24"]})
+
+
+def test_entry_modes_symlinks_and_removing_what_is_not_there(sandbox: Sandbox):
+    """As envd: a directory's mode is its permission bits (0o755, no Go
+    ModeDir bit); a symlink reports its target's absolute path (this SDK
+    shows type SYMLINK for it: envd marks it is_symlink and puts the
+    target's type in `type`, which the JS SDK shows); removing a missing
+    path succeeds."""
+    sandbox.files.make_dir("d")
+    assert sandbox.files.get_info("d").mode == 0o755
+    sandbox.files.write("target.txt", "x")
+    sandbox.commands.run("cd /home/user && ln -s d dlink && ln -s target.txt flink && ln -s /home/user/dlink chain")
+    info = sandbox.files.get_info("dlink")
+    assert info.type == FileType.SYMLINK and info.symlink_target == "/home/user/d"
+    assert sandbox.files.get_info("chain").symlink_target == "/home/user/d"
+    listed = {e.name: e for e in sandbox.files.list(".")}
+    assert listed["flink"].type == FileType.SYMLINK and listed["flink"].symlink_target == "/home/user/target.txt"
+    sandbox.files.remove("never-was-here")  # no exception
+
+
+def test_killing_an_unknown_id_returns_false():
+    assert Sandbox.kill("not-a-sandbox-id") is False
+    assert Sandbox.kill("abcdefgh-abcdefghijklmnop") is False
