@@ -8,6 +8,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -102,16 +103,26 @@ func (g *Gateway) health(w http.ResponseWriter, r *http.Request) {
 // explain turns the error of a call into a sandbox that no longer exists
 // into what E2B's proxy answers then: Unavailable, "… was not found", which
 // the SDKs raise as "sandbox not running". A file that is not found stays
-// NotFound: only the sandbox's own absence is rewritten.
+// NotFound: only the sandbox's own absence is rewritten. A stream cut
+// because its sandbox was killed (an HTTP/2 reset on the way, "internal")
+// is rewritten too: the SDKs then say the sandbox was killed or reached
+// its end of life.
 func (g *Gateway) explain(ctx context.Context, err error) error {
 	switch errdefs.Code(err) {
-	case connect.CodeNotFound, connect.CodeUnavailable, connect.CodeFailedPrecondition:
+	case connect.CodeNotFound, connect.CodeUnavailable, connect.CodeFailedPrecondition, connect.CodeInternal, connect.CodeUnknown:
 	default:
 		return err
 	}
 	id := callOf(ctx).sandbox
-	if _, gerr := g.sandbox.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id})); errdefs.Code(gerr) == connect.CodeNotFound {
+	// The client's own context may be what ended; ask with one of ours.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	got, gerr := g.sandbox.GetSandbox(qctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+	switch {
+	case errdefs.Code(gerr) == connect.CodeNotFound:
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was not found", id))
+	case gerr == nil && got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING:
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was killed", id))
 	}
 	return err
 }

@@ -260,6 +260,17 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(await Sandbox.kill('not-a-sandbox-id'), false)
   })
 
+  it('ends the stream of a command in a killed sandbox as E2B does', async () => {
+    const sb = await create()
+    const handle = await sb.commands.run('while true; do echo tick; sleep 0.1; done', { background: true })
+    await new Promise((r) => setTimeout(r, 1000))
+    assert.equal(await Sandbox.kill(sb.sandboxId), true)
+    await assert.rejects(handle.wait(), (err) => {
+      assert.equal(err.name, 'TimeoutError', `${err.name}: ${err.message}`)
+      return true
+    })
+  })
+
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {

@@ -382,3 +382,17 @@ def test_entry_modes_symlinks_and_removing_what_is_not_there(sandbox: Sandbox):
 def test_killing_an_unknown_id_returns_false():
     assert Sandbox.kill("not-a-sandbox-id") is False
     assert Sandbox.kill("abcdefgh-abcdefghijklmnop") is False
+
+
+def test_a_sandbox_killed_while_a_command_streams_says_so():
+    """The stream of a command in a sandbox that is killed ends as E2B's
+    does: the SDK says the sandbox is not running (not an internal error)."""
+    from e2b import SandboxNotRunningException
+
+    sb = Sandbox.create(timeout=120)
+    handle = sb.commands.run("while true; do echo tick; sleep 0.1; done", background=True)
+    time.sleep(1)
+    assert Sandbox.kill(sb.sandbox_id) is True
+    with pytest.raises((SandboxNotRunningException, TimeoutException)) as e:
+        handle.wait()
+    assert "internal" not in str(e.value).lower(), e.value
