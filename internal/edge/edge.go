@@ -97,9 +97,10 @@ type Edge struct {
 	allocated usage                              // guarded by mu
 	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
 
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	expiryWake chan struct{} // a deadline changed (wakeExpiry)
+	stop       chan struct{}
+	stopOnce   sync.Once
+	wg         sync.WaitGroup
 }
 
 // New opens the edge's state, probes the backends and re-attaches the
@@ -146,7 +147,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		store: deps.Store, cache: cache,
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
-		stop: make(chan struct{}),
+		stop: make(chan struct{}), expiryWake: make(chan struct{}, 1),
 	}
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
@@ -297,23 +298,69 @@ func (e *Edge) lookup(id, scope string) (*sandbox, error) {
 	return sb, nil
 }
 
-// expireLoop stops sandboxes whose time to live ran out.
+// expireLoop stops sandboxes whose time to live ran out, at the moment it
+// runs out: it sleeps until the earliest deadline (at most a second, which
+// also retries removals that failed), and a new deadline wakes it. Each
+// removal runs on its own, so a slow one (gVisor's take seconds) holds
+// back no other; the sandbox is marked stopping at once, so calls to it
+// fail from its deadline on.
 func (e *Edge) expireLoop() {
 	defer e.wg.Done()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
 		select {
 		case <-e.stop:
 			return
-		case now := <-tick.C:
-			for _, sb := range e.expired(now) {
+		case <-timer.C:
+		case <-e.expiryWake:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+		now := time.Now()
+		for _, sb := range e.expired(now) {
+			if !sb.expiring.CompareAndSwap(false, true) {
+				continue
+			}
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				defer sb.expiring.Store(false)
 				e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
 				if err := e.destroy(context.Background(), sb); err != nil {
 					e.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
 				}
-			}
+			}()
 		}
+		timer.Reset(e.untilNextExpiry(now))
+	}
+}
+
+// untilNextExpiry is how long until the earliest time to live of a
+// running or paused sandbox runs out, at most a second.
+func (e *Edge) untilNextExpiry(now time.Time) time.Duration {
+	wait := time.Second
+	for _, sb := range e.all() {
+		v := sb.snapshot()
+		if v.State != stateProto[stateRunning] && v.State != stateProto[statePaused] {
+			continue
+		}
+		if d := v.ExpiresAt.AsTime().Sub(now); d > 0 && d < wait {
+			wait = d
+		}
+	}
+	return wait
+}
+
+// wakeExpiry tells the expiry loop that a deadline changed.
+func (e *Edge) wakeExpiry() {
+	select {
+	case e.expiryWake <- struct{}{}:
+	default:
 	}
 }
 

@@ -53,6 +53,8 @@ type sandbox struct {
 	compacted time.Time // guarded by mu; last compaction (compact.go)
 	// compacting is set while a compaction is started or running.
 	compacting atomic.Bool
+	// expiring is set while the expiry loop removes it.
+	expiring atomic.Bool
 
 	// calls counts agent calls in flight; lastCallEnd is when the last one
 	// ended (unix nanoseconds). Compaction waits for quiet.
@@ -337,6 +339,7 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	sb.rec.State = stateRunning
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
+	e.wakeExpiry()
 	return sb.save()
 }
 
@@ -500,6 +503,7 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
+	e.wakeExpiry()
 	return sb.snapshot(), nil
 }
 

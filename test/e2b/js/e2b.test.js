@@ -271,6 +271,13 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     })
   })
 
+  it('honours a shortened timeout on time', async () => {
+    const sb = await create()
+    await sb.setTimeout(2_000)
+    await new Promise((r) => setTimeout(r, 2_400))
+    assert.equal(await sb.isRunning(), false)
+  })
+
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {

@@ -396,3 +396,18 @@ def test_a_sandbox_killed_while_a_command_streams_says_so():
     with pytest.raises((SandboxNotRunningException, TimeoutException)) as e:
         handle.wait()
     assert "internal" not in str(e.value).lower(), e.value
+
+
+def test_a_shortened_timeout_is_honoured_on_time():
+    """E2B's tests allow a second: a sandbox whose timeout is set to 2 s
+    no longer answers 2.4 s later."""
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.set_timeout(2)
+        time.sleep(2.4)
+        assert sb.is_running() is False
+    finally:
+        try:
+            sb.kill()
+        except Exception:
+            pass
