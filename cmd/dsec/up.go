@@ -22,6 +22,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	backends := fs.String("backends", "container,gvisor", "comma-separated backends to enable (container, gvisor)")
 	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
 	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them")
+	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -49,7 +50,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform}
+			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform, "runsc-network": findRunscNet(*runscNet)}
 		}
 	}
 	log := logging.New(*logFormat, 0)
@@ -100,4 +101,24 @@ func networkConfig(subnet, dns string) (*edge.NetworkConfig, error) {
 		nc.Upstream = append(nc.Upstream, s)
 	}
 	return nc, nil
+}
+
+// findRunscNet locates the newer runsc: the flag's path, else runsc-net
+// next to dsec (make build links it there); "" for none.
+func findRunscNet(flagValue string) string {
+	switch flagValue {
+	case "none":
+		return ""
+	case "":
+	default:
+		p, _ := filepath.Abs(flagValue)
+		return p
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "runsc-net")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
 }

@@ -186,6 +186,10 @@ func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began
 	if stopped {
 		sn, _ := snapshotter(sb.be)
 		bspec, err := e.recoverSpec(ctx, sb.rec)
+		if err == nil && sb.net != nil {
+			bspec.NetNS = sb.net.NetNS
+			err = e.net.Readdress(ctx, sb.net)
+		}
 		var h *backend.Handle
 		if err == nil {
 			h, err = sn.Restore(ctx, snap.ref(), bspec)
@@ -335,7 +339,16 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 	if err != nil {
 		return err
 	}
-	h, err := sn.Restore(ctx, snap.ref(), e.backendSpec(sb.rec, layers, cfg))
+	// A copy of a sandbox with a network gets its own, with the source's
+	// policy (the snapshot's spec holds it).
+	if err := e.attachNetwork(ctx, sb); err != nil {
+		return err
+	}
+	bspec := e.backendSpec(sb.rec, layers, cfg)
+	if sb.net != nil {
+		bspec.NetNS = sb.net.NetNS
+	}
+	h, err := sn.Restore(ctx, snap.ref(), bspec)
 	if err != nil {
 		return err
 	}

@@ -276,7 +276,15 @@ func TestSandboxNetwork(t *testing.T) {
 	}
 	in := newInternet(t)
 	store := pyStore(t)
+	runscNet, err := filepath.Abs("../../.cache/bin/runsc-net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(runscNet); err != nil {
+		testutil.Missing(t, "the newer runsc for networked gVisor sandboxes is not built (make deps: scripts/build-runsc.sh): %v", err)
+	}
 	c := startClusterWith(t, store, func(cfg *embed.Config) {
+		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}
 		cfg.Network = &edge.NetworkConfig{Upstream: []string{in.web + ":53"}}
 		cfg.GatewayListen = "127.0.0.1:0"
 		cfg.Gateway = e2b.Config{Backend: "container", DefaultUser: "root"}
@@ -300,6 +308,7 @@ func TestSandboxNetwork(t *testing.T) {
 	for _, backend := range []string{"container", "gvisor"} {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
+	t.Run("gvisor-fork", func(t *testing.T) { testForkWithNetwork(t, c, in) })
 	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
 	t.Run("no-internet-project", func(t *testing.T) { testNoInternetProject(t, c) })
 }
@@ -641,5 +650,83 @@ func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sa
 	tc.Close()
 	if !strings.HasPrefix(string(got), "HTTP/1.0 200") {
 		t.Fatalf("through the tunnel: %.200q", got)
+	}
+}
+
+// heldServer keeps a random value in memory and serves it on 9000.
+const heldServer = `
+import http.server, random
+value = str(random.getrandbits(48)).encode()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(value)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("0.0.0.0", 9000), H).serve_forever()
+`
+
+// testForkWithNetwork: a gVisor sandbox that has used its network forks;
+// each copy has its own address, the source's policy, working egress,
+// the source's memory and its listening port reachable from outside.
+func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
+	ctx := ctxT(t)
+	src, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
+		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Stop(context.Background()) }) //nolint:errcheck // best effort
+	shell(t, src, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &")
+	deadline := time.Now().Add(30 * time.Second)
+	for probe(t, src, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A connection out first: Debian's runsc could not checkpoint after one.
+	expectProbe(t, "source before the fork", src, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
+	body := func(sb *client.Sandbox) string {
+		t.Helper()
+		resp, err := sb.PortClient().Get(sb.PortURL(9000))
+		if err != nil {
+			t.Fatalf("GET %s:9000: %v", sb.ID, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET %s:9000: %d %s", sb.ID, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	value := body(src)
+	resp, err := c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[string]bool{}
+	srcInfo, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: src.ID}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs[srcInfo.Msg.Sandbox.NetworkAddress] = true
+	for i, r := range resp.Msg.Results {
+		if r.Sandbox == nil {
+			t.Fatalf("copy %d: %s %s", i, r.ErrorCode, r.ErrorMessage)
+		}
+		cp := c.client.Sandbox(r.Sandbox.Id)
+		t.Cleanup(func() { cp.Stop(context.Background()) }) //nolint:errcheck // best effort
+		if a := r.Sandbox.NetworkAddress; a == "" || addrs[a] {
+			t.Fatalf("copy %d has address %q; taken: %v", i, a, addrs)
+		}
+		addrs[r.Sandbox.NetworkAddress] = true
+		if rs := r.Sandbox.Spec.GetNetwork().GetRules(); len(rs) != 1 || rs[0].Cidr != in.web+"/32" {
+			t.Fatalf("copy %d's policy: %v", i, r.Sandbox.Spec.GetNetwork())
+		}
+		expectProbe(t, fmt.Sprintf("copy %d", i), cp, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
+		if got := body(cp); got != value {
+			t.Fatalf("copy %d serves %q, the source served %q: memory not carried", i, got, value)
+		}
+	}
+	// The source runs on, with its network.
+	expectProbe(t, "source after the fork", src, [][2]string{{in.web + ":8080", "open"}})
+	if got := body(src); got != value {
+		t.Fatalf("the source serves %q after the fork, %q before", got, value)
 	}
 }

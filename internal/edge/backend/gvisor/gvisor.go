@@ -61,6 +61,7 @@ const Name = "gvisor"
 // Backend runs sandboxes with runsc.
 type Backend struct {
 	runsc    string
+	netRunsc string // the newer runsc for networked sandboxes (runtime.go); "" if none
 	root     string // runsc's state directory
 	platform string
 	log      *slog.Logger
@@ -79,12 +80,15 @@ type box struct {
 	// net: the sandbox runs with --network=sandbox in the edge's network
 	// namespace (Spec.NetNS); otherwise --network=none.
 	net bool
+	// modern: it runs on the newer runsc (runtime.go).
+	modern bool
 }
 
 type handleState struct {
 	Dir     string `json:"dir"`
 	RunscID string `json:"runsc_id"`
 	Net     bool   `json:"net,omitempty"`
+	Modern  bool   `json:"modern,omitempty"`
 }
 
 // newRunscID appends a generation to the sandbox id. Every runsc id of this
@@ -97,7 +101,7 @@ func newRunscID(id sandboxid.ID) string {
 }
 
 func (b *Backend) handle(id sandboxid.ID, bx *box) *backend.Handle {
-	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID, Net: bx.net})
+	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID, Net: bx.net, Modern: bx.modern})
 	return &backend.Handle{ID: id, Backend: Name, Version: 2, State: state}
 }
 
@@ -111,10 +115,12 @@ var (
 )
 
 // New returns a gvisor backend. Options: "runsc" (binary), "platform"
-// (ptrace, systrap or kvm where the release and host have them).
+// (ptrace, systrap or kvm where the release and host have them),
+// "runsc-network" (the newer runsc for sandboxes with a network).
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	b := &Backend{
 		runsc:    cfg.Options["runsc"],
+		netRunsc: cfg.Options["runsc-network"],
 		platform: cfg.Options["platform"],
 		root:     filepath.Join(cfg.StateDir, "runsc"),
 		log:      logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
@@ -132,9 +138,11 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 // Name returns "gvisor".
 func (b *Backend) Name() string { return Name }
 
-// Capabilities: pause and memory snapshots.
+// Capabilities: pause and memory snapshots; of networked sandboxes too
+// with the newer runsc.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true}
+	_, net := b.networked()
+	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: net}
 }
 
 // Probe checks runsc and the platform.
@@ -157,28 +165,21 @@ func (b *Backend) Probe(ctx context.Context) error {
 	if err != nil && bytes.Contains(out, []byte("unknown platform")) {
 		return errdefs.FailedPrecondition("gvisor backend: this runsc has no platform %q (ptrace is always there)", b.platform)
 	}
+	if b.netRunsc != "" {
+		if err := probeNetworked(ctx, b.netRunsc); err != nil {
+			b.log.Warn("the newer runsc is unusable: sandboxes with a network run on the other and cannot be snapshotted", logging.Error, err)
+			b.netRunsc = ""
+		} else if err := os.MkdirAll(b.root+"-net", 0o700); err != nil {
+			return err
+		}
+	}
 	return os.MkdirAll(b.root, 0o700)
 }
 
-// globalArgs are the flags every runsc call gets; restore must see the
-// same configuration as run and checkpoint. A sandbox with a network
-// (netns) uses the interface in the namespace the edge made.
-func (b *Backend) globalArgs(logFile string, netns bool) []string {
-	network := "--network=none"
-	if netns {
-		network = "--network=sandbox"
-	}
-	args := []string{"--root", b.root, "--platform=" + b.platform, network, "--overlay2=root:memory", "--host-uds=open"}
-	if logFile != "" {
-		args = append(args, "--log", logFile)
-	}
-	return args
-}
-
-// run runs runsc and returns its output; log is where runsc writes its
+// run runs runsc rt and returns its output; log is where runsc writes its
 // own errors (empty: none).
-func (b *Backend) run(ctx context.Context, logFile string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, b.runsc, append(b.globalArgs(logFile, false), args...)...)
+func (b *Backend) run(ctx context.Context, rt runtime, logFile string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, rt.bin, append(rt.args(logFile, false), args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		detail := string(bytes.TrimSpace(out))
@@ -195,14 +196,14 @@ func (b *Backend) run(ctx context.Context, logFile string, args ...string) ([]by
 // launch starts a runsc command that leaves a sandbox running (run or
 // restore): its stdio is /dev/null and it gets its own session, so the
 // sandbox outlives the edge and never writes into a broken pipe.
-func (b *Backend) launch(ctx context.Context, logFile string, netns bool, args ...string) error {
+func (b *Backend) launch(ctx context.Context, rt runtime, logFile string, netns bool, args ...string) error {
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}
 	defer null.Close()
-	argv := append([]string{b.runsc}, append(b.globalArgs(logFile, netns), args...)...)
-	if netns {
+	argv := append([]string{rt.bin}, append(rt.args(logFile, netns), args...)...)
+	if netns && !rt.modern {
 		// This runsc takes a namespace in which /proc/sys/net/core/rmem_default
 		// exists for the host's own and refuses it; on kernels since 6.x
 		// every namespace has that file. Hiding /proc/sys/net in a private
@@ -258,7 +259,8 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
 		return nil, err
 	}
-	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != ""}
+	_, modern := b.networked()
+	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != "", modern: modern && spec.NetNS != ""}
 	if err := writeSpec(spec.Dir, runtimeSpec(spec, cgroupsPath(bx.runscID))); err != nil {
 		rootfs.Unmount(filepath.Join(spec.Dir, "rootfs")) //nolint:errcheck // reporting the first error
 		return nil, err
@@ -289,7 +291,7 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	return b.launch(ctx, b.logFile(bx.dir), bx.net, "run", "--detach", "--bundle", bx.dir, bx.runscID)
+	return b.launch(ctx, b.rtOf(bx), b.logFile(bx.dir), bx.net, "run", "--detach", "--bundle", bx.dir, bx.runscID)
 }
 
 // Stop kills the sandbox (SIGTERM to its processes first).
@@ -305,7 +307,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 	if st.State == backend.StatePaused {
 		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
 	}
-	b.run(ctx, "", "kill", "--all", bx.runscID, "TERM") //nolint:errcheck // it may be gone
+	b.run(ctx, b.rtOf(bx), "", "kill", "--all", bx.runscID, "TERM") //nolint:errcheck // it may be gone
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		if st, err := b.Status(ctx, id); err != nil || st.State == backend.StateStopped {
@@ -313,7 +315,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if out, err := b.run(ctx, "", "kill", "--all", bx.runscID, "KILL"); err != nil && !notExist(out, err) {
+	if out, err := b.run(ctx, b.rtOf(bx), "", "kill", "--all", bx.runscID, "KILL"); err != nil && !notExist(out, err) {
 		return err
 	}
 	return nil
@@ -331,11 +333,11 @@ func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	b.mu.Unlock()
 	var errs []error
 	if bx != nil {
-		errs = append(errs, b.remove(ctx, *bx))
+		errs = append(errs, b.remove(ctx, *bx, b.rtOf(*bx)))
 	}
 	for _, rid := range b.generations(ctx, id) {
 		if bx == nil || rid != bx.runscID {
-			errs = append(errs, b.remove(ctx, box{runscID: rid}))
+			errs = append(errs, b.remove(ctx, box{runscID: rid}, b.runtimes()...))
 		}
 	}
 	return errors.Join(errs...)
@@ -352,9 +354,11 @@ func (b *Backend) generations(ctx context.Context, id sandboxid.ID) []string {
 			out = append(out, rid)
 		}
 	}
-	if list, err := b.run(ctx, "", "list", "-quiet"); err == nil {
-		for _, rid := range strings.Fields(string(list)) {
-			add(rid)
+	for _, rt := range b.runtimes() {
+		if list, err := b.run(ctx, rt, "", "list", "-quiet"); err == nil {
+			for _, rid := range strings.Fields(string(list)) {
+				add(rid)
+			}
 		}
 	}
 	for _, rid := range oci.CgroupsWithPrefix(string(id) + "-") {
@@ -363,13 +367,15 @@ func (b *Backend) generations(ctx context.Context, id sandboxid.ID) []string {
 	return out
 }
 
-// remove deletes one runsc container generation and its cgroups, and
-// unmounts the rootfs unless keepRootfs.
-func (b *Backend) remove(ctx context.Context, bx box) error {
+// remove deletes one runsc container generation (through each of rts that
+// may know it) and its cgroups, and unmounts its rootfs.
+func (b *Backend) remove(ctx context.Context, bx box, rts ...runtime) error {
 	var errs []error
 	oci.Thaw(bx.runscID) //nolint:errcheck // a frozen sandbox cannot be killed; it may not be frozen
-	if out, err := b.run(ctx, "", "delete", "--force", bx.runscID); err != nil && !notExist(out, err) {
-		errs = append(errs, err)
+	for _, rt := range rts {
+		if out, err := b.run(ctx, rt, "", "delete", "--force", bx.runscID); err != nil && !notExist(out, err) {
+			errs = append(errs, err)
+		}
 	}
 	if err := oci.KillAll(bx.runscID); err != nil {
 		errs = append(errs, err)
@@ -400,7 +406,7 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 	if oci.Frozen(bx.runscID) {
 		return backend.Status{ID: id, State: backend.StatePaused}, nil
 	}
-	out, err := b.run(ctx, "", "state", bx.runscID)
+	out, err := b.run(ctx, b.rtOf(bx), "", "state", bx.runscID)
 	if err != nil {
 		if notExist(out, err) {
 			return backend.Status{ID: id, State: backend.StateStopped}, nil
@@ -434,7 +440,10 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	if hs.RunscID == "" {
 		hs.RunscID = string(h.ID) // handles written before generations
 	}
-	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID, net: hs.Net})
+	if hs.Modern && b.netRunsc == "" {
+		return errdefs.FailedPrecondition("recover %s: it runs on the newer runsc (option runsc-network), which this edge is not given", h.ID)
+	}
+	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID, net: hs.Net, modern: hs.Modern})
 	st, err := b.Status(ctx, h.ID)
 	if err != nil {
 		return err
@@ -524,6 +533,6 @@ func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	_, err = b.run(ctx, "", "kill", bx.runscID, "CONT")
+	_, err = b.run(ctx, b.rtOf(bx), "", "kill", bx.runscID, "CONT")
 	return err
 }

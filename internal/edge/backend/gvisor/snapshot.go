@@ -87,9 +87,16 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	// checkpoint. The workload is stopped while it runs, so the quota is
 	// lifted; the checkpoint ends the sandbox and its cgroup with it.
 	oci.SetCPUQuota(bx.runscID, -1, 0) //nolint:errcheck // only slower with the quota kept
-	if _, err := b.run(ctx, b.logFile(dir), "checkpoint", "--image-path", memoryDir(ref), bx.runscID); err != nil {
+	if bx.net && !bx.modern {
+		return nil, errdefs.Unsupported("sandbox %s has a network and runs on Debian's runsc, which cannot checkpoint it", id)
+	}
+	rt := b.rtOf(bx)
+	if _, err := b.run(ctx, rt, b.logFile(dir), "checkpoint", "--image-path", memoryDir(ref), bx.runscID); err != nil {
 		// A failed checkpoint kills the sandbox in this runsc.
 		return &backend.SnapshotInfo{Stopped: true}, err
+	}
+	if rt.modern {
+		b.waitStopped(ctx, rt, bx.runscID)
 	}
 	tmpl, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
@@ -130,7 +137,13 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	// the background, under its old runsc id, after the restore.
 	old, lookupErr := b.get(spec.ID)
 	inPlace := lookupErr == nil
-	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID)}
+	// A networked snapshot was taken by the newer runsc, which restores it
+	// into spec's namespace (the copy's own NIC and address).
+	_, modern := b.networked()
+	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != "", modern: modern && spec.NetNS != ""}
+	if bx.net && !bx.modern {
+		return nil, errdefs.Unsupported("snapshot %s is of a sandbox with a network, which this node's runsc cannot restore", ref.ID)
+	}
 	target := filepath.Join(spec.Dir, "rootfs")
 	if mounted, _ := rootfs.IsMounted(target); !mounted {
 		if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
@@ -140,6 +153,8 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	fresh := runtimeSpec(spec, cgroupsPath(bx.runscID))
 	s.Root, s.Hostname, s.Mounts = fresh.Root, fresh.Hostname, fresh.Mounts
 	s.Linux.CgroupsPath, s.Linux.Resources = fresh.Linux.CgroupsPath, fresh.Linux.Resources
+	// The copy's own network namespace (the source's is its own).
+	s.Linux.Namespaces = fresh.Linux.Namespaces
 	// Like the checkpoint, the restore's decompression runs in the new
 	// sandbox's cgroup; it restores without a CPU quota and gets the
 	// request's limit once it is up.
@@ -159,10 +174,9 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err := writeSpec(spec.Dir, &s); err != nil {
 		return nil, err
 	}
-	// No restored sandbox has a network: Capabilities().SnapshotNetwork is
-	// false, so the edge never snapshots one that has.
-	if err := b.launch(ctx, b.logFile(spec.Dir), false, "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
-		b.remove(context.WithoutCancel(ctx), box{runscID: bx.runscID}) //nolint:errcheck // cleaning up a failed restore
+	rt := b.rtOf(*bx)
+	if err := b.launch(ctx, rt, b.logFile(spec.Dir), bx.net, "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
+		b.remove(context.WithoutCancel(ctx), box{runscID: bx.runscID}, rt) //nolint:errcheck // cleaning up a failed restore
 		if !inPlace {
 			rootfs.Unmount(target) //nolint:errcheck // reporting the restore's error
 		}
@@ -185,7 +199,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	}
 	if inPlace {
 		go func() {
-			if err := b.remove(context.Background(), box{runscID: old.runscID}); err != nil {
+			if err := b.remove(context.Background(), box{runscID: old.runscID}, b.rtOf(old)); err != nil {
 				b.log.Warn("delete the checkpointed generation", "runsc_id", old.runscID, logging.Error, err)
 			}
 		}()
