@@ -34,12 +34,19 @@ func main() {
 	store := flag.String("store", "", "image store with the image; empty skips create through the platform")
 	agent := flag.String("agent", "bin/aether", "aether binary")
 	img := flag.String("image", "root/busybox:latest", "image of the platform create measurement")
+	runscNet := flag.String("runsc-network", "bin/runsc-net", "the newer runsc, for fork with networking (empty skips it)")
 	flag.Parse()
 	var err error
 	if *inNode {
 		err = run(context.Background(), *reps, *dnsFor)
 		if err == nil && *store != "" {
 			err = benchPlatformCreate(context.Background(), *store, *agent, *img, *reps)
+		}
+		if err == nil && *store != "" && *runscNet != "" {
+			var abs string
+			if abs, err = filepath.Abs(*runscNet); err == nil {
+				err = benchForkNetwork(context.Background(), *store, *agent, abs, *img, max(*reps/3, 3))
+			}
 		}
 	} else {
 		err = inOwnNode(os.Args[1:])

@@ -186,10 +186,6 @@ func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began
 	if stopped {
 		sn, _ := snapshotter(sb.be)
 		bspec, err := e.recoverSpec(ctx, sb.rec)
-		if err == nil && sb.net != nil {
-			bspec.NetNS = sb.net.NetNS
-			err = e.net.Readdress(ctx, sb.net)
-		}
 		var h *backend.Handle
 		if err == nil {
 			h, err = sn.Restore(ctx, snap.ref(), bspec)

@@ -255,19 +255,6 @@ func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p Pol
 	return l, nil
 }
 
-// Readdress puts l's address and routes back on the namespace's
-// interface. A runtime that runs its own network stack (gVisor) takes them
-// off the kernel's interface when it starts; restoring in the same
-// namespace needs them there again.
-func (n *Network) Readdress(ctx context.Context, l *Link) error {
-	for _, cmd := range []string{"addr add " + l.Addr.String() + "/32 dev eth0", "link set eth0 up", "route add " + l.Gateway.String() + "/32 dev eth0", "route add default via " + l.Gateway.String()} {
-		if err := ip(ctx, nsName(l.Name), cmd); err != nil && !strings.Contains(err.Error(), "File exists") {
-			return fmt.Errorf("re-address %s: %w", l.Name, err)
-		}
-	}
-	return nil
-}
-
 // Forget removes name's namespace and veth when its attachment was never
 // recorded (an edge that crashed between Attach and saving the address):
 // the node's table, reloaded by Open, has nothing of it.

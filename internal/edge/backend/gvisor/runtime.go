@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"time"
 )
 
 // Two runsc releases [ours]. Debian's (2022-12) runs every sandbox
@@ -89,18 +88,4 @@ func probeNetworked(ctx context.Context, bin string) error {
 		}
 	}
 	return nil
-}
-
-// waitStopped waits until runsc reports the container stopped: the newer
-// runsc's checkpoint returns before the sandbox has written its image and
-// ended.
-func (b *Backend) waitStopped(ctx context.Context, rt runtime, runscID string) {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		out, err := b.run(ctx, rt, "", "state", runscID)
-		if err != nil || strings.Contains(string(out), `"status": "stopped"`) || strings.Contains(string(out), `"status":"stopped"`) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
