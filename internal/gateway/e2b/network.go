@@ -21,7 +21,8 @@ import (
 // holds 0.0.0.0/0, and lets allowOut (addresses, CIDRs, domains) through
 // either way; OpenDsec denies by default and allows what rules name. So:
 //   - a request with neither allow_internet_access nor network gets no
-//     network (loopback only: gVisor sandboxes with one cannot fork here);
+//     network (loopback only: a gVisor sandbox with one runs on the newer
+//     runsc, which E2B's suites have not been run against whole);
 //   - internet = allow_internet_access is not false and denyOut does not
 //     hold 0.0.0.0/0;
 //   - each allowOut entry is a rule for every protocol and port;
