@@ -2,9 +2,11 @@
 // sandbox [ours]. It is the backend that snapshots memory, and so forks.
 //
 // Choices forced by Debian's runsc (2022-12), measured on this kernel:
-//   - --network=none: the sandbox has its own netstack with loopback only;
-//     a sandbox with a NIC could not be checkpointed with any TCP connection
-//     and restored copies lost the NIC.
+//   - --network=none: a sandbox without a network has its own netstack
+//     with loopback only. One with a network (Spec.NetNS) runs with
+//     --network=sandbox on a newer runsc (runtime.go): with this one it
+//     could not be checkpointed after any TCP connection and restored
+//     copies lost the NIC.
 //   - --overlay2=root:memory: writes live in the sandbox's memory, so they
 //     are in the checkpoint image and each restored copy gets its own; the
 //     host rootfs stays read-only and shared.
