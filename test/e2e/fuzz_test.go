@@ -92,6 +92,7 @@ func FuzzGatewayRequests(f *testing.F) {
 	f.Add(uint8(6), []byte(`{"path":"/proc/self/status","depth":4294967295}`))
 	f.Add(uint8(7), []byte(`{"watcherId":"w../../x"}`))
 	f.Add(uint8(8), []byte(`{"count":0}`))
+	f.Add(uint8(9), []byte(`path=/etc/passwd&signature=v1_AAAA&signature_expiration=99999999999&username=root`))
 	c, gw, key := gatewayCluster(f)
 	sb := createE2B(f, gw, key, `{"templateID":"base"}`)
 	dir := f.TempDir()
@@ -99,7 +100,7 @@ func FuzzGatewayRequests(f *testing.F) {
 		ctl := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
 		envd := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken}
 		var r httpResult
-		switch which % 9 {
+		switch which % 10 {
 		case 0:
 			r = do(t, "POST", gw+"/v2/sandboxes", ctl, bytes.NewReader(body))
 			if r.status == 201 {
@@ -137,11 +138,27 @@ func FuzzGatewayRequests(f *testing.F) {
 			r = do(t, "POST", gw+"/filesystem.Filesystem/GetWatcherEvents", envd, bytes.NewReader(body))
 		case 8:
 			r = do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/refreshes", ctl, bytes.NewReader(body))
+		case 9:
+			// A signed file URL names no sandbox; a signature no sandbox's
+			// token makes is refused before anything is read.
+			q := strings.Map(func(r rune) rune {
+				if r <= ' ' || r == '#' || r == 0x7f {
+					return '_'
+				}
+				return r
+			}, string(body))
+			if _, err := url.Parse(gw + "/files?" + q); err != nil {
+				return
+			}
+			r = do(t, "GET", gw+"/files?"+q, nil, nil)
+			if r.status == 200 {
+				t.Fatalf("a signed URL no sandbox signed was served: %q", q)
+			}
 		}
 		if r.status >= 500 && r.status != 501 {
-			t.Fatalf("route %d with %q: %d %s", which%9, body, r.status, r.body)
+			t.Fatalf("route %d with %q: %d %s", which%10, body, r.status, r.body)
 		}
-		switch which % 9 {
+		switch which % 10 {
 		case 2, 3, 8:
 			// These may have set the shared sandbox's time to live to a
 			// second ({"timeout":1}): it would end under the next inputs,

@@ -729,4 +729,22 @@ func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 	if got := body(src); got != value {
 		t.Fatalf("the source serves %q after the fork, %q before", got, value)
 	}
+	// A snapshot restored later comes back the same way.
+	snap, err := c.client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := c.client.Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snap.Msg.Snapshot.Id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := c.client.Sandbox(restored.Msg.Sandbox.Id)
+	t.Cleanup(func() { rs.Stop(context.Background()) }) //nolint:errcheck // best effort
+	if a := restored.Msg.Sandbox.NetworkAddress; a == "" || addrs[a] {
+		t.Fatalf("the restored sandbox has address %q; taken: %v", a, addrs)
+	}
+	expectProbe(t, "restored", rs, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
+	if got := body(rs); got != value {
+		t.Fatalf("the restored sandbox serves %q, the source %q", got, value)
+	}
 }

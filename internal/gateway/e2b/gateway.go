@@ -131,6 +131,15 @@ func (g *Gateway) Handler() http.Handler {
 			writeError(w, err)
 			return
 		}
+		if r.Header.Get("E2b-Sandbox-Id") == "" && isSigned(r) {
+			// A signed file URL through E2B_SANDBOX_URL names no sandbox.
+			id, err := g.sandboxBySignature(r.Context(), r)
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			r.Header.Set("E2b-Sandbox-Id", id)
+		}
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			envd.ServeHTTP(w, r)
 			return

@@ -90,3 +90,17 @@ func TestSandboxHostsAreRecognised(t *testing.T) {
 		}
 	}
 }
+
+// The signature E2B's JS SDK makes (getSignature) for path
+// /home/user/a.txt, read, user "user", token "tok", expiry 1700000000,
+// computed with node's crypto.
+func TestSignatureIsEnvds(t *testing.T) {
+	if got := signatureFor("/home/user/a.txt", "read", "user", "tok", "1700000000"); got != wantSignature {
+		t.Fatalf("signature %s, want %s", got, wantSignature)
+	}
+	if signatureFor("/home/user/a.txt", "write", "user", "tok", "1700000000") == wantSignature {
+		t.Fatal("the operation is not signed")
+	}
+}
+
+const wantSignature = "v1_rjyaqcqTmWCotSjgdIM5sPngpduJ8ZZz/orD09SpFng"

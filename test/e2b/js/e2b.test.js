@@ -278,6 +278,21 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(await sb.isRunning(), false)
   })
 
+  it('serves signed file URLs for what they were signed for', async () => {
+    const sb = await create()
+    await sb.files.write('signed.txt', 'signed content')
+    const url = await sb.downloadUrl('signed.txt')
+    let r = await fetch(url)
+    assert.equal(r.status, 200)
+    assert.equal(await r.text(), 'signed content')
+    const form = new FormData()
+    form.append('file', new Blob(['uploaded content']), 'uploaded.txt')
+    r = await fetch(await sb.uploadUrl('uploaded.txt'), { method: 'POST', body: form })
+    assert.equal(r.status, 200)
+    assert.equal(await sb.files.read('uploaded.txt'), 'uploaded content')
+    assert.equal((await fetch(url.replace('signed.txt', 'uploaded.txt'))).status, 401)
+  })
+
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {

@@ -411,3 +411,20 @@ def test_a_shortened_timeout_is_honoured_on_time():
             sb.kill()
         except Exception:
             pass
+
+
+def test_signed_file_urls(sandbox: Sandbox):
+    """download_url/upload_url carry envd's signature instead of the token
+    (and, through E2B_SANDBOX_URL, no sandbox id): they work for the path,
+    operation and time they were signed for, and nothing else."""
+    sandbox.files.write("signed.txt", "signed content")
+    url = sandbox.download_url("signed.txt")
+    r = httpx.get(url, timeout=30)
+    assert r.status_code == 200 and r.text == "signed content", (r.status_code, r.text)
+    up = sandbox.upload_url("uploaded.txt")
+    r = httpx.post(up, files={"file": ("uploaded.txt", b"uploaded content")}, timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text)
+    assert sandbox.files.read("uploaded.txt") == "uploaded content"
+    assert httpx.get(url.replace("signed.txt", "uploaded.txt"), timeout=30).status_code == 401
+    assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=60), timeout=30).status_code == 200
+    assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=-60), timeout=30).status_code == 401
