@@ -51,7 +51,7 @@ func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Reque
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Edge.SnapshotSandbox(ctx, connect.NewRequest(&edgev1.SnapshotSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	resp, err := c.Edge.SnapshotSandbox(ctx, connect.NewRequest(&edgev1.SnapshotSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project, Name: req.Msg.Name}))
 	if err != nil {
 		return nil, err
 	}

@@ -238,7 +238,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := f.edge.Snapshot(ctx, sb.Id, "root/a")
+	snap, err := f.edge.Snapshot(ctx, sb.Id, "root/a", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	notFound("pause", err)
 	_, err = f.edge.Resume(ctx, sb.Id, other)
 	notFound("resume", err)
-	_, err = f.edge.Snapshot(ctx, sb.Id, other)
+	_, err = f.edge.Snapshot(ctx, sb.Id, other, "")
 	notFound("snapshot", err)
 	_, err = f.edge.Fork(ctx, sb.Id, other, 1, 0, nil)
 	notFound("fork", err)

@@ -93,7 +93,7 @@ func (s *server) ResumeSandbox(ctx context.Context, req *connect.Request[edgev1.
 }
 
 func (s *server) SnapshotSandbox(ctx context.Context, req *connect.Request[edgev1.SnapshotSandboxRequest]) (*connect.Response[edgev1.SnapshotSandboxResponse], error) {
-	snap, err := s.e.Snapshot(ctx, req.Msg.SandboxId, req.Msg.Scope)
+	snap, err := s.e.Snapshot(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name)
 	if err != nil {
 		return nil, err
 	}

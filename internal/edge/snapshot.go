@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,7 +44,8 @@ type snapshot struct {
 	CreatedAt     time.Time            `json:"created_at"`
 	SizeBytes     int64                `json:"size_bytes"`
 	// Ephemeral snapshots exist only for the length of a fork.
-	Ephemeral bool `json:"ephemeral,omitempty"`
+	Ephemeral bool   `json:"ephemeral,omitempty"`
+	Name      string `json:"name,omitempty"`
 
 	dir  string
 	spec *sandboxv1.SandboxSpec
@@ -57,7 +60,7 @@ func (s *snapshot) ref() backend.SnapshotRef { return backend.SnapshotRef{ID: s.
 
 func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
 	return &sandboxv1.Snapshot{
-		Id: string(s.ID), Project: s.Project, SourceSandboxId: string(s.SourceSandbox),
+		Id: string(s.ID), Project: s.Project, SourceSandboxId: string(s.SourceSandbox), Name: s.Name,
 		Spec: proto.Clone(s.spec).(*sandboxv1.SandboxSpec), CreatedAt: timestamppb.New(s.CreatedAt),
 		SizeBytes: s.SizeBytes, NodeId: string(node),
 	}
@@ -215,22 +218,56 @@ func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
 }
 
 // Snapshot snapshots a sandbox; it keeps running.
-func (e *Edge) Snapshot(ctx context.Context, id, scope string) (*sandboxv1.Snapshot, error) {
+func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1.Snapshot, error) {
+	if name != "" && (!snapshotNameRE.MatchString(name) || strings.HasPrefix(name, "snap-")) {
+		return nil, errdefs.InvalidArgument("name %q: 1 to 128 letters, digits, '.', '_' and '-', starting with a letter or digit, and not \"snap-...\" (snapshot ids look so)", clipName(name))
+	}
 	sb, err := e.lookup(id, scope)
 	if err != nil {
 		return nil, err
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	if name != "" && e.snapshotNamed(sb.rec.Project, name) != nil {
+		return nil, errdefs.AlreadyExists("snapshot name %q: project %s has a snapshot of that name on node %s", name, sb.rec.Project, e.node)
+	}
 	snap, began, stopped, err := e.checkpoint(ctx, sb, false)
 	if err != nil {
 		return nil, err
+	}
+	if name != "" {
+		snap.Name = name
+		if err := snap.save(); err != nil {
+			e.dropSnapshot(snap) //nolint:errcheck // reporting the save's error
+			return nil, err
+		}
 	}
 	if _, err := e.bringBack(ctx, sb, snap, began, stopped); err != nil {
 		e.dropSnapshot(snap) //nolint:errcheck // reporting the restore's error
 		return nil, err
 	}
 	return snap.proto(e.node), nil
+}
+
+var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func clipName(s string) string {
+	if len(s) > 140 {
+		return s[:140] + "..."
+	}
+	return s
+}
+
+// snapshotNamed is project's snapshot called name on this node, if any.
+func (e *Edge) snapshotNamed(project, name string) *snapshot {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.snapshots {
+		if s.Name == name && s.Project == project && !s.Ephemeral {
+			return s
+		}
+	}
+	return nil
 }
 
 func (e *Edge) lookupSnapshot(id, scope string) (*snapshot, error) {

@@ -25,7 +25,7 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := f.edge.Snapshot(ctx, src.Id, "root")
+	snap, err := f.edge.Snapshot(ctx, src.Id, "root", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestCallCutBySnapshotSaysSo(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := f.edge.Snapshot(ctx, src.Id, "root"); err != nil {
+	if _, err := f.edge.Snapshot(ctx, src.Id, "root", ""); err != nil {
 		t.Fatal(err)
 	}
 	err = <-done
@@ -195,7 +195,7 @@ func TestSnapshotThatStopsTheSourceLeavesItFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.fake.SetFailures(nil, errors.New("checkpoint: no space left"))
-	if _, err := f.edge.Snapshot(ctx, src.Id, "root"); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := f.edge.Snapshot(ctx, src.Id, "root", ""); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("snapshot: %v", err)
 	}
 	got, err := f.edge.Get(src.Id, "root")
@@ -207,5 +207,33 @@ func TestSnapshotThatStopsTheSourceLeavesItFailed(t *testing.T) {
 	}
 	if _, err := f.edge.Destroy(ctx, src.Id, "root"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A snapshot can be named: the name is checked, kept across a restart,
+// and unique in its project on the node.
+func TestNamedSnapshots(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	src, err := f.edge.Create(ctx, spec(), "root/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"-x", "snap-abc", "a b", strings.Repeat("n", 129)} {
+		if _, err := f.edge.Snapshot(ctx, src.Id, "root", bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("name %q: %v", bad, err)
+		}
+	}
+	snap, err := f.edge.Snapshot(ctx, src.Id, "root", "my-state.v1")
+	if err != nil || snap.Name != "my-state.v1" {
+		t.Fatalf("named snapshot: %v %v", snap, err)
+	}
+	if _, err := f.edge.Snapshot(ctx, src.Id, "root", "my-state.v1"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("a second snapshot of the same name: %v", err)
+	}
+	f.edge.Close()
+	e2 := f.open(t, smallCapacity())
+	if got := e2.ListSnapshots("root/a", ""); len(got) != 1 || got[0].Name != "my-state.v1" {
+		t.Fatalf("after a restart: %v", got)
 	}
 }

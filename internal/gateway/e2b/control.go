@@ -177,8 +177,20 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var sb *sandboxv1.Sandbox
+	snapID := ""
 	if strings.HasPrefix(req.TemplateID, "snap-") {
-		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: req.TemplateID, TimeoutSeconds: timeout, Metadata: md}))
+		snapID = req.TemplateID
+	} else if req.TemplateID != "" {
+		// A named snapshot is a template of that name.
+		id, err := g.snapshotByName(r.Context(), req.TemplateID)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		snapID = id
+	}
+	if snapID != "" {
+		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snapID, TimeoutSeconds: timeout, Metadata: md}))
 		if err != nil {
 			writeError(w, err)
 			return
@@ -562,20 +574,46 @@ func (g *Gateway) snapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if req.Name != nil && *req.Name != "" {
-		writeStatus(w, http.StatusBadRequest, "name: named snapshots are not supported; create sandboxes from the snapshotID")
-		return
-	}
 	if req.Mode != nil && *req.Mode != "full" {
 		writeStatus(w, http.StatusBadRequest, "mode "+strconv.Quote(*req.Mode)+": only \"full\" snapshots (memory and filesystem) are supported")
 		return
 	}
-	resp, err := g.sandbox.SnapshotSandbox(r.Context(), connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: r.PathValue("id")}))
+	name := ""
+	if req.Name != nil {
+		name = *req.Name
+	}
+	resp, err := g.sandbox.SnapshotSandbox(r.Context(), connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: r.PathValue("id"), Name: name}))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapshotJSON{SnapshotID: resp.Msg.Snapshot.Id, Names: []string{resp.Msg.Snapshot.Id}})
+	writeJSON(w, http.StatusCreated, toSnapshotJSON(resp.Msg.Snapshot))
+}
+
+// toSnapshotJSON names a snapshot by its name when it has one, and by
+// its id (both start sandboxes as a template id).
+func toSnapshotJSON(s *sandboxv1.Snapshot) snapshotJSON {
+	out := snapshotJSON{SnapshotID: s.Id, Names: []string{s.Id}}
+	if s.Name != "" {
+		out.Names = []string{s.Name, s.Id}
+	}
+	return out
+}
+
+// snapshotByName is the id of the caller's snapshot called name, or ""
+// when it has none (the template id then names an image).
+func (g *Gateway) snapshotByName(ctx context.Context, name string) (string, error) {
+	resp, err := g.sandbox.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
+	if err != nil {
+		return "", err
+	}
+	base, _, _ := strings.Cut(name, ":") // E2B names carry a tag ("my-state:latest")
+	for _, s := range resp.Msg.Snapshots {
+		if s.Name != "" && (s.Name == name || s.Name == base) {
+			return s.Id, nil
+		}
+	}
+	return "", nil
 }
 
 func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
@@ -586,7 +624,7 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []snapshotJSON{}
 	for _, s := range resp.Msg.Snapshots {
-		out = append(out, snapshotJSON{SnapshotID: s.Id, Names: []string{s.Id}})
+		out = append(out, toSnapshotJSON(s))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -596,8 +634,16 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !strings.HasPrefix(id, "snap-") {
-		notSupported("deleting templates")(w, r)
-		return
+		named, err := g.snapshotByName(r.Context(), id)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if named == "" {
+			notSupported("deleting templates")(w, r)
+			return
+		}
+		id = named
 	}
 	if _, err := g.sandbox.DeleteSnapshot(r.Context(), connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: id})); err != nil {
 		writeError(w, err)

@@ -293,6 +293,18 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal((await fetch(url.replace('signed.txt', 'uploaded.txt'))).status, 401)
   })
 
+  it('names snapshots and starts sandboxes by the name', async () => {
+    const sb = await create()
+    await sb.files.write('state.txt', 'kept')
+    const name = `state-${randomBytes(4).toString('hex')}`
+    const snap = await sb.createSnapshot({ name })
+    assert.ok(snap.names.includes(name), JSON.stringify(snap))
+    const fromName = await Sandbox.create(name, { timeoutMs: 120_000 })
+    made.push(fromName)
+    assert.equal(await fromName.files.read('state.txt'), 'kept')
+    assert.equal(await Sandbox.deleteSnapshot(name), true)
+  })
+
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {

@@ -428,3 +428,24 @@ def test_signed_file_urls(sandbox: Sandbox):
     assert httpx.get(url.replace("signed.txt", "uploaded.txt"), timeout=30).status_code == 401
     assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=60), timeout=30).status_code == 200
     assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=-60), timeout=30).status_code == 401
+
+
+def test_named_snapshots():
+    """create_snapshot(name=...) names a snapshot; it is listed with its
+    name, starts sandboxes by that name, and is deleted by it."""
+    sb = Sandbox.create(timeout=300)
+    try:
+        sb.files.write("state.txt", "kept")
+        name = f"state-{uuid.uuid4().hex[:8]}"
+        snap = sb.create_snapshot(name=name)
+        assert name in snap.names
+        listed = [s for s in sb.list_snapshots().next_items() if s.snapshot_id == snap.snapshot_id]
+        assert listed and name in listed[0].names
+        copy = Sandbox.create(name, timeout=120)
+        try:
+            assert copy.files.read("state.txt") == "kept"
+        finally:
+            copy.kill()
+        assert Sandbox.delete_snapshot(name) is True
+    finally:
+        sb.kill()

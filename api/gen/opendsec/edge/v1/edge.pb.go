@@ -705,6 +705,7 @@ type SnapshotSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Scope         string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -749,6 +750,13 @@ func (x *SnapshotSandboxRequest) GetSandboxId() string {
 func (x *SnapshotSandboxRequest) GetScope() string {
 	if x != nil {
 		return x.Scope
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -1759,11 +1767,12 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\"O\n" +
 	"\x15ResumeSandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"M\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"a\n" +
 	"\x16SnapshotSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
-	"\x05scope\x18\x02 \x01(\tR\x05scope\"T\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"T\n" +
 	"\x17SnapshotSandboxResponse\x129\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xa3\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1f\n" +

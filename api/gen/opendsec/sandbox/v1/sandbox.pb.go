@@ -1248,8 +1248,10 @@ type Snapshot struct {
 	Spec      *SandboxSpec           `protobuf:"bytes,4,opt,name=spec,proto3" json:"spec,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Bytes on disk: memory image plus writable-layer copy.
-	SizeBytes     int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	NodeId        string `protobuf:"bytes,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	SizeBytes int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	NodeId    string `protobuf:"bytes,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Name given at snapshot, unique in its project on its node (empty: none).
+	Name          string `protobuf:"bytes,8,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1333,9 +1335,20 @@ func (x *Snapshot) GetNodeId() string {
 	return ""
 }
 
+func (x *Snapshot) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type SnapshotSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Optional name: 1 to 128 letters, digits, '.', '_' and '-', starting
+	// with a letter or digit, not "snap-..."; unique in the project on the
+	// sandbox's node.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1373,6 +1386,13 @@ func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
 	if x != nil {
 		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -2121,7 +2141,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"O\n" +
 	"\x15ResumeSandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\x89\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\x9d\x02\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12*\n" +
@@ -2131,10 +2151,12 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x17\n" +
-	"\anode_id\x18\a \x01(\tR\x06nodeId\"7\n" +
+	"\anode_id\x18\a \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04name\x18\b \x01(\tR\x04name\"K\n" +
 	"\x16SnapshotSandboxRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"T\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"T\n" +
 	"\x17SnapshotSandboxResponse\x129\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xf6\x01\n" +
 	"\x16RestoreSnapshotRequest\x12\x1f\n" +
