@@ -55,12 +55,30 @@ func (e *Edge) prepareRunBase() (string, error) {
 			e.log.Warn("run base is a non-empty directory, not a mount: left as it is, so running sandboxes keep their sockets", "dir", base)
 		}
 	}
-	staged, err := stageAgent(e.cfg.AgentPath, base)
+	staged, err := stageAgentOrMakeRoom(e.cfg.AgentPath, base)
 	if err != nil {
 		return "", err
 	}
-	pruneStaged(base, filepath.Dir(staged))
+	pruneStaged(base, filepath.Dir(staged), stagedKeep)
 	return staged, nil
+}
+
+// stagedKeep is how long a staged agent version other than the running
+// one is kept (an edge of that version may be starting on this node).
+// Every rebuild of the agent stages a new one, ~10 MB of the 256 MB tmpfs:
+// kept for a day, a day of rebuilds filled it.
+const stagedKeep = time.Hour
+
+// stageAgentOrMakeRoom stages the agent; if the run base is full, it
+// removes every other staged version older than a minute and tries once
+// more.
+func stageAgentOrMakeRoom(agent, base string) (string, error) {
+	staged, err := stageAgent(agent, base)
+	if errors.Is(err, unix.ENOSPC) {
+		pruneStaged(base, "", time.Minute)
+		staged, err = stageAgent(agent, base)
+	}
+	return staged, err
 }
 
 // ensureAgentStaged stages the agent again if its staged copy is gone (an
@@ -70,7 +88,7 @@ func (e *Edge) ensureAgentStaged() error {
 	if fileExists(e.agentPath) {
 		return nil
 	}
-	staged, err := stageAgent(e.cfg.AgentPath, e.cfg.RunBase)
+	staged, err := stageAgentOrMakeRoom(e.cfg.AgentPath, e.cfg.RunBase)
 	if err != nil {
 		return fmt.Errorf("stage the agent again: %w", err)
 	}
@@ -82,13 +100,13 @@ func (e *Edge) ensureAgentStaged() error {
 	return nil
 }
 
-// pruneStaged removes agent versions staged more than a day ago, other
+// pruneStaged removes agent versions staged more than age ago, other
 // than keep. Sandboxes running one keep it (a bind mount holds the file,
 // not its name); an edge of another version on this node restages its own.
-func pruneStaged(base, keep string) {
+func pruneStaged(base, keep string, age time.Duration) {
 	dirs, _ := filepath.Glob(filepath.Join(base, "bin-*"))
 	for _, d := range dirs {
-		if fi, err := os.Stat(d); err == nil && d != keep && time.Since(fi.ModTime()) > 24*time.Hour {
+		if fi, err := os.Stat(d); err == nil && d != keep && time.Since(fi.ModTime()) > age {
 			os.RemoveAll(d) //nolint:errcheck // best effort
 		}
 	}
