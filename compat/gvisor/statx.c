@@ -52,3 +52,89 @@ int __fxstatat64(int ver, int dirfd, const char *path, struct stat *buf, int fla
 	REAL(fxstatat_fn, "__fxstatat64");
 	return real(ver, dirfd, path, buf, flags & ~AT_NO_AUTOMOUNT);
 }
+
+/*
+ * Debian's runsc has no /proc/sys/kernel/random/boot_id, which programs
+ * read to tell one boot from another (E2B's pause test among them). Opens
+ * of exactly that path read the sandbox's own boot id, which the edge
+ * makes with the sandbox and the backend mounts at /.dsec/boot_id.
+ */
+#include <stdarg.h>
+
+#define BOOT_ID "/proc/sys/kernel/random/boot_id"
+#define OUR_BOOT_ID "/.dsec/boot_id"
+
+static int same(const char *a, const char *b)
+{
+	if (!a)
+		return 0;
+	while (*a && *a == *b) {
+		a++;
+		b++;
+	}
+	return *a == *b;
+}
+
+static const char *redirect(const char *path)
+{
+	return same(path, BOOT_ID) ? OUR_BOOT_ID : path;
+}
+
+typedef int (*open_fn)(const char *, int, ...);
+typedef int (*openat_fn)(int, const char *, int, ...);
+typedef void *(*fopen_fn)(const char *, const char *);
+
+#define MODE_ARG(flags, mode) \
+	unsigned int mode = 0; \
+	if ((flags) & (O_CREAT | O_TMPFILE)) { \
+		va_list ap; \
+		va_start(ap, flags); \
+		mode = va_arg(ap, unsigned int); \
+		va_end(ap); \
+	}
+
+int open(const char *path, int flags, ...)
+{
+	REAL(open_fn, "open");
+	MODE_ARG(flags, mode);
+	return real(redirect(path), flags, mode);
+}
+
+int open64(const char *path, int flags, ...)
+{
+	REAL(open_fn, "open64");
+	if (!real) /* musl has no LFS64 names */
+		real = (open_fn)dlsym(RTLD_NEXT, "open");
+	MODE_ARG(flags, mode);
+	return real(redirect(path), flags, mode);
+}
+
+int openat(int dirfd, const char *path, int flags, ...)
+{
+	REAL(openat_fn, "openat");
+	MODE_ARG(flags, mode);
+	return real(dirfd, redirect(path), flags, mode);
+}
+
+int openat64(int dirfd, const char *path, int flags, ...)
+{
+	REAL(openat_fn, "openat64");
+	if (!real) /* musl has no LFS64 names */
+		real = (openat_fn)dlsym(RTLD_NEXT, "openat");
+	MODE_ARG(flags, mode);
+	return real(dirfd, redirect(path), flags, mode);
+}
+
+void *fopen(const char *path, const char *mode)
+{
+	REAL(fopen_fn, "fopen");
+	return real(redirect(path), mode);
+}
+
+void *fopen64(const char *path, const char *mode)
+{
+	REAL(fopen_fn, "fopen64");
+	if (!real) /* musl has no LFS64 names */
+		real = (fopen_fn)dlsym(RTLD_NEXT, "fopen");
+	return real(redirect(path), mode);
+}

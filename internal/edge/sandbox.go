@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -259,6 +260,14 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "resolv.conf"), []byte(e.resolvConfOf(rec)), 0o644); err != nil {
 		return nil, err
 	}
+	// The sandbox's boot id, for runtimes whose /proc has none (Debian's
+	// runsc: the gvisor backend mounts it where compat/gvisor reads it).
+	// Kept across edge restarts.
+	if bootID := filepath.Join(e.runDir(rec.ID), "boot_id"); !fileExists(bootID) {
+		if err := os.WriteFile(bootID, []byte(newUUID()+"\n"), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
@@ -513,4 +522,13 @@ type heartbeatState struct {
 	lastOK    atomic.Int64 // unix nanoseconds of the last answer
 	strikes   atomic.Int32 // unanswered in a row
 	continued atomic.Bool  // SIGCONT was sent since the last answer
+}
+
+// newUUID is a random (version 4) UUID, as the kernel's boot_id.
+func newUUID() string {
+	b := make([]byte, 16)
+	rand.Read(b) //nolint:errcheck // crypto/rand does not fail on Linux
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

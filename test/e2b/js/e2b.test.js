@@ -305,6 +305,15 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(await Sandbox.deleteSnapshot(name), true)
   })
 
+  it('has a boot id that a pause keeps', async () => {
+    const sb = await create()
+    const first = (await sb.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+    assert.match(first, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+    await sb.pause()
+    const again = await Sandbox.connect(sb.sandboxId)
+    assert.equal((await again.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim(), first)
+  })
+
   it('reaches an allowed host with allowInternetAccess and serves a page through getHost', async () => {
     const net = ownInternet()
     try {

@@ -449,3 +449,11 @@ def test_named_snapshots():
         assert Sandbox.delete_snapshot(name) is True
     finally:
         sb.kill()
+
+
+def test_boot_id_is_there_and_survives_a_pause(sandbox: Sandbox):
+    first = sandbox.commands.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    assert len(first) == 36 and first.count("-") == 4, first
+    sandbox.pause()
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.commands.run("python3 -c 'print(open(\"/proc/sys/kernel/random/boot_id\").read().strip())'").stdout.strip() == first

@@ -44,6 +44,11 @@ func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
 	if lib := filepath.Join(filepath.Dir(spec.AgentPath), compatLib); fileExists(lib) {
 		s.Mounts = append(s.Mounts, rspec.Mount{Destination: compatMount, Type: "bind", Source: lib, Options: []string{"rbind", "ro", "nodev"}})
 		s.Process.Env = append(s.Process.Env, "LD_PRELOAD="+compatMount)
+		// What the library reads for /proc/sys/kernel/random/boot_id (the
+		// run directory itself is root's alone).
+		if id := filepath.Join(spec.RunDir, "boot_id"); fileExists(id) {
+			s.Mounts = append(s.Mounts, rspec.Mount{Destination: bootIDMount, Type: "bind", Source: id, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
+		}
 	}
 	return s
 }
@@ -53,6 +58,7 @@ func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
 const (
 	compatLib   = "libdsec-compat.so"
 	compatMount = "/.dsec/libdsec-compat.so"
+	bootIDMount = "/.dsec/boot_id"
 )
 
 func fileExists(p string) bool {
