@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -96,15 +97,16 @@ func TestCallTimeout(t *testing.T) {
 		want     time.Duration
 		ok       bool
 	}{
-		"connect":          {"Connect-Timeout-Ms", "1500", 1500 * time.Millisecond, true},
-		"grpc seconds":     {"Grpc-Timeout", "5S", 5 * time.Second, true},
-		"grpc millis":      {"Grpc-Timeout", "100m", 100 * time.Millisecond, true},
-		"none":             {"X-Other", "1", 0, false},
-		"negative":         {"Connect-Timeout-Ms", "-5", 0, false},
-		"garbage":          {"Connect-Timeout-Ms", "soon", 0, false},
-		"bad unit":         {"Grpc-Timeout", "5x", 0, false},
-		"too long":         {"Grpc-Timeout", "1234567890S", 0, false},
-		"connect too long": {"Connect-Timeout-Ms", "99999999999", 0, false},
+		"connect":                    {"Connect-Timeout-Ms", "1500", 1500 * time.Millisecond, true},
+		"grpc seconds":               {"Grpc-Timeout", "5S", 5 * time.Second, true},
+		"grpc millis":                {"Grpc-Timeout", "100m", 100 * time.Millisecond, true},
+		"none":                       {"X-Other", "1", 0, false},
+		"negative":                   {"Connect-Timeout-Ms", "-5", 0, false},
+		"garbage":                    {"Connect-Timeout-Ms", "soon", 0, false},
+		"bad unit":                   {"Grpc-Timeout", "5x", 0, false},
+		"too long":                   {"Grpc-Timeout", "1234567890S", 0, false},
+		"connect too long":           {"Connect-Timeout-Ms", "99999999999", 0, false},
+		"grpc hours past a Duration": {"Grpc-Timeout", "8000000H", time.Duration(math.MaxInt64), true},
 	}
 	for name, c := range cases {
 		h := http.Header{}

@@ -1,6 +1,7 @@
 package rpcproxy
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -28,6 +29,11 @@ func CallTimeout(h http.Header) (time.Duration, bool) {
 	unit := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second, 'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}[v[len(v)-1]]
 	if unit == 0 {
 		return 0, false
+	}
+	// Eight digits of hours (gRPC allows them) overflow a Duration: such a
+	// deadline is as good as none, and stays positive.
+	if n > math.MaxInt64/int64(unit) {
+		return time.Duration(math.MaxInt64), true
 	}
 	return time.Duration(n) * unit, true
 }
