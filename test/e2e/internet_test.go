@@ -311,6 +311,65 @@ func TestSandboxNetwork(t *testing.T) {
 	t.Run("gvisor-fork", func(t *testing.T) { testForkWithNetwork(t, c, in) })
 	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
 	t.Run("no-internet-project", func(t *testing.T) { testNoInternetProject(t, c) })
+	t.Run("cli", func(t *testing.T) { testNetworkCLI(t, c, in) })
+}
+
+// testNetworkCLI: dsec run --allow, dsec network and dsec port-forward.
+func testNetworkCLI(t *testing.T, c *cluster, in *internet) {
+	bin := dsecBinary(t)
+	env := append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.key)
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("dsec %v: %v", args, err)
+		}
+		return string(out)
+	}
+	id := strings.TrimSpace(run("run", "--image", "root/py:3.11", "--allow", "tcp "+in.web+":8080"))
+	sb := c.client.Sandbox(id)
+	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
+	if out := run("network", id); !strings.Contains(out, "tcp "+in.web+"/32:8080") {
+		t.Fatalf("dsec network: %q", out)
+	}
+	if out := run("network", "--add", "tcp "+in.alt+":8080", id); !strings.Contains(out, "tcp "+in.alt+"/32:8080") {
+		t.Fatalf("dsec network --add: %q", out)
+	}
+	expectProbe(t, "after dsec network --add", sb, [][2]string{{in.alt + ":8080", "open"}, {in.alt + ":8081", "refused"}})
+
+	shell(t, sb, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &")
+	deadline := time.Now().Add(30 * time.Second)
+	for probe(t, sb, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := ln.Addr().String()
+	ln.Close()
+	pf := exec.Command(bin, "port-forward", "--listen", local, id, "9000")
+	pf.Env = env
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pf.Process.Kill(); pf.Wait() }) //nolint:errcheck // test cleanup
+	var resp *http.Response
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if resp, err = http.Get("http://" + local + "/"); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("GET through dsec port-forward: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "Directory listing") {
+		t.Fatalf("through dsec port-forward: %d %.200s", resp.StatusCode, body)
+	}
 }
 
 // testNoInternetProject: an operator switches the internet shorthand off
