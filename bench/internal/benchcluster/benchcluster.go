@@ -65,6 +65,9 @@ func Start(ctx context.Context, storeDir, agent string, be Backend, adjust func(
 
 // Close stops the cluster and removes the scratch directory.
 func (c *Cluster) Close() {
+	// Sandboxes outlive their edge by design; a bench that stopped on an
+	// error must not leave its own running.
+	c.Edge.DestroyAll(context.Background(), "root") //nolint:errcheck // best effort
 	c.Cluster.Close()
 	os.RemoveAll(c.Work) //nolint:errcheck // scratch
 }
