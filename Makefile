@@ -119,9 +119,7 @@ fuzz-smoke:
 
 FUZZTIME ?= 30s
 fuzz:
-	@for spec in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs grep -H '^func Fuzz' | sed -E 's#^\./(.*)/[^/]+_test.go:func (Fuzz[A-Za-z]+).*#\1:\2#'); do \
-		pkg=$${spec%%:*}; fn=$${spec##*:}; echo "== $$pkg $$fn"; \
-		go test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg || exit 1; done
+	@./scripts/fuzz.sh $(FUZZTIME)
 
 clean:
 	rm -rf bin $(CACHE)/gencheck
