@@ -65,7 +65,6 @@ type Agent struct {
 	sessions *chronus.Service
 	dialer   *agentlink.Dialer
 	started  time.Time
-	metrics  metricsHistory
 
 	// Wrap, if set before Run, wraps the handler (the fake backend uses it
 	// to hold requests while "paused").
@@ -137,7 +136,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.Wrap != nil {
 		a.dialer.Handler = a.Wrap(a.dialer.Handler)
 	}
-	go a.metrics.run(ctx)
 	a.dialer.Run(ctx)
 	a.sessions.Close()
 	a.procs.closeAll()

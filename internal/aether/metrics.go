@@ -30,25 +30,6 @@ func (s *agentService) Metrics(ctx context.Context, req *connect.Request[agentv1
 	if total2 > total1 {
 		out.CpuUsedPct = 100 * float64(busy2-busy1) / float64(total2-total1)
 	}
-	u := readUsage()
-	out.MemTotalBytes, out.MemUsedBytes, out.MemCacheBytes = u.MemTotalBytes, u.MemUsedBytes, u.MemCacheBytes
-	out.DiskTotalBytes, out.DiskUsedBytes = u.DiskTotalBytes, u.DiskUsedBytes
-	if req.Msg.History {
-		now := time.Now()
-		samples, stale := s.a.metrics.between(req.Msg.StartUnix, req.Msg.EndUnix, now)
-		if stale && (req.Msg.EndUnix == 0 || req.Msg.EndUnix >= now.Unix()) && req.Msg.StartUnix <= now.Unix() {
-			cur := currentSample(now)
-			cur.CpuUsedPct = out.CpuUsedPct
-			samples = append(samples, cur)
-		}
-		out.Samples = samples
-	}
-	return connect.NewResponse(out), nil
-}
-
-// readUsage reads memory and disk use now.
-func readUsage() *agentv1.MetricsResponse {
-	out := &agentv1.MetricsResponse{}
 	mi := meminfo()
 	out.MemTotalBytes = mi["MemTotal"]
 	out.MemUsedBytes = mi["MemTotal"] - mi["MemAvailable"]
@@ -64,7 +45,7 @@ func readUsage() *agentv1.MetricsResponse {
 		out.DiskTotalBytes = int64(st.Blocks) * st.Bsize
 		out.DiskUsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
 	}
-	return out
+	return connect.NewResponse(out), nil
 }
 
 func cpuTimes() (busy, total uint64) {

@@ -686,62 +686,13 @@ func (g *Gateway) sample(ctx context.Context, id string) (metricJSON, error) {
 	return m, nil
 }
 
-// metrics answers the samples the agent recorded between start and end
-// (unix seconds; E2B's get_metrics(start, end)): none for a range before
-// the sandbox existed, and a current one when the range reaches now.
 func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	var bounds [2]int64
-	for i, k := range []string{"start", "end"} {
-		if v := r.URL.Query().Get(k); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 {
-				writeStatus(w, http.StatusBadRequest, k+" "+strconv.Quote(clip(v))+": want unix seconds")
-				return
-			}
-			bounds[i] = n
-		}
-	}
-	start, end := bounds[0], bounds[1]
-	if start != 0 && end != 0 && end < start {
-		writeStatus(w, http.StatusBadRequest, "end is before start")
-		return
-	}
-	sb, err := g.getSandbox(r.Context(), id)
+	m, err := g.sample(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	cpus := int(sb.Spec.GetResources().GetCpuCores() + 0.999)
-	if end != 0 && end < sb.CreatedAt.AsTime().Unix() {
-		writeJSON(w, http.StatusOK, []metricJSON{})
-		return
-	}
-	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
-		// Asking the agent would resume it.
-		m, err := g.sample(r.Context(), id)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, []metricJSON{m})
-		return
-	}
-	resp, err := g.agent.Metrics(inSandbox(r.Context(), id), connect.NewRequest(&agentv1.MetricsRequest{History: true, StartUnix: start, EndUnix: end}))
-	if err != nil {
-		writeError(w, errdefs.FromConnect(err))
-		return
-	}
-	limit := sb.Spec.GetResources().GetMemoryMb() << 20
-	out := []metricJSON{}
-	for _, s := range resp.Msg.Samples {
-		at := time.Unix(s.TimestampUnix, 0).UTC()
-		out = append(out, metricJSON{
-			Timestamp: at.Format(time.RFC3339Nano), TimestampUnix: s.TimestampUnix, CPUCount: cpus, CPUUsedPct: s.CpuUsedPct,
-			MemUsed: s.MemUsedBytes, MemTotal: min(s.MemTotalBytes, limit), MemCache: s.MemCacheBytes, DiskUsed: s.DiskUsedBytes, DiskTotal: s.DiskTotalBytes,
-		})
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, []metricJSON{m})
 }
 
 func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {

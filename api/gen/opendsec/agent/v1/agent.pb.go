@@ -225,14 +225,7 @@ func (*SetIdentityResponse) Descriptor() ([]byte, []int) {
 }
 
 type MetricsRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// With history, samples holds what the agent recorded (one sample every
-	// 5 s, the last hour) from start_unix to end_unix (unix seconds, both
-	// included; 0: unbounded), with a current one when the newest is older
-	// than 5 s and the range reaches now.
-	History       bool  `protobuf:"varint,1,opt,name=history,proto3" json:"history,omitempty"`
-	StartUnix     int64 `protobuf:"varint,2,opt,name=start_unix,json=startUnix,proto3" json:"start_unix,omitempty"`
-	EndUnix       int64 `protobuf:"varint,3,opt,name=end_unix,json=endUnix,proto3" json:"end_unix,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -267,38 +260,16 @@ func (*MetricsRequest) Descriptor() ([]byte, []int) {
 	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *MetricsRequest) GetHistory() bool {
-	if x != nil {
-		return x.History
-	}
-	return false
-}
-
-func (x *MetricsRequest) GetStartUnix() int64 {
-	if x != nil {
-		return x.StartUnix
-	}
-	return 0
-}
-
-func (x *MetricsRequest) GetEndUnix() int64 {
-	if x != nil {
-		return x.EndUnix
-	}
-	return 0
-}
-
 type MetricsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// CPU busy time over a short sample, in percent of all CPUs seen.
-	CpuUsedPct     float64          `protobuf:"fixed64,1,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
-	CpuCount       uint32           `protobuf:"varint,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemUsedBytes   int64            `protobuf:"varint,3,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
-	MemTotalBytes  int64            `protobuf:"varint,4,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
-	MemCacheBytes  int64            `protobuf:"varint,5,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
-	DiskUsedBytes  int64            `protobuf:"varint,6,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
-	DiskTotalBytes int64            `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
-	Samples        []*MetricsSample `protobuf:"bytes,8,rep,name=samples,proto3" json:"samples,omitempty"`
+	CpuUsedPct     float64 `protobuf:"fixed64,1,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	CpuCount       uint32  `protobuf:"varint,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemUsedBytes   int64   `protobuf:"varint,3,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
+	MemTotalBytes  int64   `protobuf:"varint,4,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	MemCacheBytes  int64   `protobuf:"varint,5,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
+	DiskUsedBytes  int64   `protobuf:"varint,6,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	DiskTotalBytes int64   `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -382,106 +353,6 @@ func (x *MetricsResponse) GetDiskTotalBytes() int64 {
 	return 0
 }
 
-func (x *MetricsResponse) GetSamples() []*MetricsSample {
-	if x != nil {
-		return x.Samples
-	}
-	return nil
-}
-
-type MetricsSample struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TimestampUnix int64                  `protobuf:"varint,1,opt,name=timestamp_unix,json=timestampUnix,proto3" json:"timestamp_unix,omitempty"`
-	// CPU busy time since the sample before, in percent of all CPUs seen.
-	CpuUsedPct     float64 `protobuf:"fixed64,2,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
-	MemUsedBytes   int64   `protobuf:"varint,3,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
-	MemTotalBytes  int64   `protobuf:"varint,4,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
-	MemCacheBytes  int64   `protobuf:"varint,5,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
-	DiskUsedBytes  int64   `protobuf:"varint,6,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
-	DiskTotalBytes int64   `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
-}
-
-func (x *MetricsSample) Reset() {
-	*x = MetricsSample{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *MetricsSample) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*MetricsSample) ProtoMessage() {}
-
-func (x *MetricsSample) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use MetricsSample.ProtoReflect.Descriptor instead.
-func (*MetricsSample) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *MetricsSample) GetTimestampUnix() int64 {
-	if x != nil {
-		return x.TimestampUnix
-	}
-	return 0
-}
-
-func (x *MetricsSample) GetCpuUsedPct() float64 {
-	if x != nil {
-		return x.CpuUsedPct
-	}
-	return 0
-}
-
-func (x *MetricsSample) GetMemUsedBytes() int64 {
-	if x != nil {
-		return x.MemUsedBytes
-	}
-	return 0
-}
-
-func (x *MetricsSample) GetMemTotalBytes() int64 {
-	if x != nil {
-		return x.MemTotalBytes
-	}
-	return 0
-}
-
-func (x *MetricsSample) GetMemCacheBytes() int64 {
-	if x != nil {
-		return x.MemCacheBytes
-	}
-	return 0
-}
-
-func (x *MetricsSample) GetDiskUsedBytes() int64 {
-	if x != nil {
-		return x.DiskUsedBytes
-	}
-	return 0
-}
-
-func (x *MetricsSample) GetDiskTotalBytes() int64 {
-	if x != nil {
-		return x.DiskTotalBytes
-	}
-	return 0
-}
-
 var File_opendsec_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
@@ -498,26 +369,12 @@ const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"machine_id\x18\x02 \x01(\tR\tmachineId\x12\x18\n" +
 	"\aentropy\x18\x03 \x01(\fR\aentropy\"\x15\n" +
-	"\x13SetIdentityResponse\"d\n" +
-	"\x0eMetricsRequest\x12\x18\n" +
-	"\ahistory\x18\x01 \x01(\bR\ahistory\x12\x1d\n" +
-	"\n" +
-	"start_unix\x18\x02 \x01(\x03R\tstartUnix\x12\x19\n" +
-	"\bend_unix\x18\x03 \x01(\x03R\aendUnix\"\xd4\x02\n" +
+	"\x13SetIdentityResponse\"\x10\n" +
+	"\x0eMetricsRequest\"\x98\x02\n" +
 	"\x0fMetricsResponse\x12 \n" +
 	"\fcpu_used_pct\x18\x01 \x01(\x01R\n" +
 	"cpuUsedPct\x12\x1b\n" +
 	"\tcpu_count\x18\x02 \x01(\rR\bcpuCount\x12$\n" +
-	"\x0emem_used_bytes\x18\x03 \x01(\x03R\fmemUsedBytes\x12&\n" +
-	"\x0fmem_total_bytes\x18\x04 \x01(\x03R\rmemTotalBytes\x12&\n" +
-	"\x0fmem_cache_bytes\x18\x05 \x01(\x03R\rmemCacheBytes\x12&\n" +
-	"\x0fdisk_used_bytes\x18\x06 \x01(\x03R\rdiskUsedBytes\x12(\n" +
-	"\x10disk_total_bytes\x18\a \x01(\x03R\x0ediskTotalBytes\x12:\n" +
-	"\asamples\x18\b \x03(\v2 .opendsec.agent.v1.MetricsSampleR\asamples\"\xa0\x02\n" +
-	"\rMetricsSample\x12%\n" +
-	"\x0etimestamp_unix\x18\x01 \x01(\x03R\rtimestampUnix\x12 \n" +
-	"\fcpu_used_pct\x18\x02 \x01(\x01R\n" +
-	"cpuUsedPct\x12$\n" +
 	"\x0emem_used_bytes\x18\x03 \x01(\x03R\fmemUsedBytes\x12&\n" +
 	"\x0fmem_total_bytes\x18\x04 \x01(\x03R\rmemTotalBytes\x12&\n" +
 	"\x0fmem_cache_bytes\x18\x05 \x01(\x03R\rmemCacheBytes\x12&\n" +
@@ -540,7 +397,7 @@ func file_opendsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_opendsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_opendsec_agent_v1_agent_proto_goTypes = []any{
 	(*HealthRequest)(nil),       // 0: opendsec.agent.v1.HealthRequest
 	(*HealthResponse)(nil),      // 1: opendsec.agent.v1.HealthResponse
@@ -548,21 +405,19 @@ var file_opendsec_agent_v1_agent_proto_goTypes = []any{
 	(*SetIdentityResponse)(nil), // 3: opendsec.agent.v1.SetIdentityResponse
 	(*MetricsRequest)(nil),      // 4: opendsec.agent.v1.MetricsRequest
 	(*MetricsResponse)(nil),     // 5: opendsec.agent.v1.MetricsResponse
-	(*MetricsSample)(nil),       // 6: opendsec.agent.v1.MetricsSample
 }
 var file_opendsec_agent_v1_agent_proto_depIdxs = []int32{
-	6, // 0: opendsec.agent.v1.MetricsResponse.samples:type_name -> opendsec.agent.v1.MetricsSample
-	0, // 1: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
-	2, // 2: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
-	4, // 3: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
-	1, // 4: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
-	3, // 5: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
-	5, // 6: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	0, // 0: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
+	2, // 1: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
+	4, // 2: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
+	1, // 3: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
+	3, // 4: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
+	5, // 5: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
+	0, // [0:0] is the sub-list for extension type_name
+	0, // [0:0] is the sub-list for extension extendee
+	0, // [0:0] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_agent_v1_agent_proto_init() }
@@ -576,7 +431,7 @@ func file_opendsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_agent_proto_rawDesc), len(file_opendsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
