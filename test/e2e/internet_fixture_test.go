@@ -258,3 +258,15 @@ func at(s []string, i int) string {
 func rule(domain, cidr, proto string, ports ...string) *sandboxv1.NetworkRule {
 	return &sandboxv1.NetworkRule{Domain: domain, Cidr: cidr, Protocol: proto, Ports: ports}
 }
+
+// serveIn starts command (a server left in the background) in sb and
+// waits up to 30 s for something to listen on port there.
+func serveIn(t *testing.T, sb *client.Sandbox, command string, port int) {
+	t.Helper()
+	shell(t, sb, command)
+	for deadline := time.Now().Add(30 * time.Second); probe(t, sb, fmt.Sprintf("127.0.0.1:%d", port))[0] != "open"; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on port %d of %s after 30 s", port, sb.ID)
+		}
+	}
+}

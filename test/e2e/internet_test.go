@@ -97,11 +97,7 @@ func testNetworkCLI(t *testing.T, c *cluster, in *internet) {
 	}
 	expectProbe(t, "after dsec network --add", sb, [][2]string{{in.alt + ":8080", "open"}, {in.alt + ":8081", "refused"}})
 
-	shell(t, sb, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &")
-	deadline := time.Now().Add(30 * time.Second)
-	for probe(t, sb, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	serveIn(t, sb, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &", 9000)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -168,11 +164,7 @@ func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
 	t.Cleanup(func() { do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil) })
 	sb := c.client.Sandbox(made.SandboxID)
 	expectProbe(t, "e2b allowOut", sb, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}, {in.meta + ":80", "refused"}})
-	shell(t, sb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
-	deadline := time.Now().Add(30 * time.Second)
-	for probe(t, sb, "127.0.0.1:8000")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	serveIn(t, sb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &", 8000)
 	var body struct {
 		Domain string `json:"domain"`
 	}
@@ -202,11 +194,7 @@ func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
 	}
 	t.Cleanup(func() { do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil) })
 	psb := c.client.Sandbox(private.SandboxID)
-	shell(t, psb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
-	deadline = time.Now().Add(30 * time.Second)
-	for probe(t, psb, "127.0.0.1:8000")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	serveIn(t, psb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &", 8000)
 	phost := "8000-" + private.SandboxID + "." + body.Domain
 	if r := getHost(t, gw, phost, ""); r.status != 401 {
 		t.Fatalf("GET without the traffic token: %d %.200s", r.status, r.body)
@@ -327,12 +315,8 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	update(&sandboxv1.UpdateNetworkRequest{Internet: &v})
 	// Another sandbox, serving on a port, is closed to it too.
 	other := create(&sandboxv1.NetworkPolicy{})
-	shell(t, other, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &")
+	serveIn(t, other, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &", 9000)
 	otherAddr := get(other).NetworkAddress
-	deadline := time.Now().Add(30 * time.Second)
-	for probe(t, other, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
 	expectProbe(t, "internet", bare, [][2]string{
 		{in.web + ":8080", "refused"},
 		{in.meta + ":80", "refused"},
@@ -386,11 +370,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", 9001), H).serve_forever()
 func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sandbox) {
 	t.Helper()
 	ctx := ctxT(t)
-	shell(t, sb, "cat > /tmp/ws.py <<'EOF'\n"+wsEchoServer+"\nEOF\nnohup python3 /tmp/ws.py >/tmp/ws.log 2>&1 &")
-	deadline := time.Now().Add(30 * time.Second)
-	for probe(t, sb, "127.0.0.1:9001")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	serveIn(t, sb, "cat > /tmp/ws.py <<'EOF'\n"+wsEchoServer+"\nEOF\nnohup python3 /tmp/ws.py >/tmp/ws.log 2>&1 &", 9001)
 	get := func(hc *http.Client, url string) (int, string) {
 		t.Helper()
 		resp, err := hc.Get(url)
@@ -417,11 +397,7 @@ func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sa
 		t.Fatalf("GET of a port nothing listens on: %d %.200s", code, body)
 	}
 	// A public sandbox answers without a key.
-	shell(t, public, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &")
-	deadline = time.Now().Add(30 * time.Second)
-	for probe(t, public, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	serveIn(t, public, "nohup python3 -m http.server 9000 >/dev/null 2>&1 &", 9000)
 	if code, body := get(http.DefaultClient, public.PortURL(9000)); code != 200 || !strings.Contains(body, "Directory listing") {
 		t.Fatalf("GET of a public sandbox without a key: %d %.200s", code, body)
 	}
@@ -492,11 +468,7 @@ func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { src.Stop(context.Background()) }) //nolint:errcheck // best effort
-	shell(t, src, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &")
-	deadline := time.Now().Add(30 * time.Second)
-	for probe(t, src, "127.0.0.1:9000")[0] != "open" && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	serveIn(t, src, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &", 9000)
 	// A connection out first: Debian's runsc could not checkpoint after one.
 	expectProbe(t, "source before the fork", src, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
 	body := func(sb *client.Sandbox) string {
