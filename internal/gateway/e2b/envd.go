@@ -60,15 +60,15 @@ func (g *Gateway) envdMux(ports func(http.ResponseWriter, *http.Request, int, st
 			ports(w, r, n, id)
 			return
 		}
-		signed := false
-		if !g.validToken(id, r.Header.Get("X-Access-Token")) && isSigned(r) {
+		authed := g.validToken(id, r.Header.Get("X-Access-Token"))
+		if !authed && isSigned(r) {
 			if err := g.checkSignature(id, r); err != nil {
 				writeError(w, err)
 				return
 			}
-			signed = true
+			authed = true
 		}
-		if !signed && !g.validToken(id, r.Header.Get("X-Access-Token")) {
+		if !authed {
 			err := errdefs.Unauthenticated("sandbox %s: missing or wrong X-Access-Token (the envd access token from create or connect)", id)
 			if plain := r.URL.Path == "/files" || r.URL.Path == "/health"; !plain && ew.IsSupported(r) {
 				ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
