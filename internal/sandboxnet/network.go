@@ -255,9 +255,11 @@ func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p Pol
 	return l, nil
 }
 
-// Forget removes name's namespace and veth when its attachment was never
-// recorded (an edge that crashed between Attach and saving the address):
-// the node's table, reloaded by Open, has nothing of it.
+// Forget removes name's veth and namespace, a part already gone being no
+// error: the last steps of Detach, and alone the removal of a sandbox whose
+// attachment was never recorded (an edge that crashed between Attach and
+// saving the address), of which the node's table, reloaded by Open, has
+// nothing.
 func (n *Network) Forget(ctx context.Context, name string) error {
 	var errs []error
 	if err := ip(ctx, "", "link del "+n.ifName(name)); err != nil && !isGone(err) {
@@ -368,10 +370,7 @@ func (n *Network) Detach(ctx context.Context, l *Link, p Policy) error {
 	if err := nft(ctx, RemoveScript(n.node, l.Sandbox, p)); err != nil && !isGone(err) {
 		errs = append(errs, fmt.Errorf("remove the network policy of %s: %w", l.Name, err))
 	}
-	if err := ip(ctx, "", "link del "+l.HostIf); err != nil && !isGone(err) {
-		errs = append(errs, err)
-	}
-	if err := ip(ctx, "", "netns del "+nsName(l.Name)); err != nil && !isGone(err) {
+	if err := n.Forget(ctx, l.Name); err != nil {
 		errs = append(errs, err)
 	}
 	if err := forgetFlows(ctx, l.Addr, true); err != nil {
