@@ -36,7 +36,25 @@ type portKey struct{}
 // portCall is a port request's sandbox address and port.
 type portCall struct {
 	sandbox string
+	port    string
 	target  string // addr:port
+}
+
+// dialSandboxPort dials "SANDBOXID:PORT" at the sandbox's current address.
+func (e *Edge) dialSandboxPort(ctx context.Context, network, hostport string) (net.Conn, error) {
+	id, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.lookupAny(id)
+	if err != nil {
+		return nil, err
+	}
+	addr := sb.snapshot().NetworkAddress
+	if addr == "" {
+		return nil, errdefs.FailedPrecondition("sandbox %s has no network address", id)
+	}
+	return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, net.JoinHostPort(addr, port))
 }
 
 // PortProxy serves requests the apiserver marked with headers.SandboxPort.
@@ -44,14 +62,17 @@ func (e *Edge) PortProxy() http.Handler {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			call := pr.In.Context().Value(portKey{}).(portCall)
-			pr.SetURL(&url.URL{Scheme: "http", Host: call.target})
+			// The pool's key is the sandbox id, not its address: an
+			// address is given to a new sandbox once its owner is gone,
+			// and a kept connection to the old one would be reset.
+			pr.SetURL(&url.URL{Scheme: "http", Host: net.JoinHostPort(call.sandbox, call.port)})
 			pr.Out.Host = pr.In.Host // the sandbox's server sees the name it was called by
 			for _, h := range append(headers.Internal, headers.SandboxID) {
 				pr.Out.Header.Del(h)
 			}
 		},
 		Transport: &http.Transport{
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			DialContext:           e.dialSandboxPort,
 			MaxIdleConnsPerHost:   16,
 			IdleConnTimeout:       30 * time.Second,
 			ResponseHeaderTimeout: 0, // a long poll is the sandbox's business
@@ -108,7 +129,7 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	if _, err := e.ensureRunning(r.Context(), sb, true); err != nil {
 		return portCall{}, nil, err
 	}
-	return portCall{sandbox: id, target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port))}, sb.callEnded, nil
+	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port))}, sb.callEnded, nil
 }
 
 // lookupAny finds a sandbox by id alone, for public port requests.

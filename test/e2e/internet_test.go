@@ -324,6 +324,7 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 		{otherAddr + ":9000", "refused"},
 	})
 	testInbound(t, c, other, create(&sandboxv1.NetworkPolicy{AllowPublicTraffic: true}))
+	testAddressReuse(t, create, get)
 
 	// A request to a paused sandbox's port resumes it.
 	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: other.ID})); err != nil {
@@ -336,6 +337,68 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	resp.Body.Close()
 	if st := get(other).State; st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after a request to its port the sandbox is %v", st)
+	}
+}
+
+// keepAliveServer answers every POST with the sandbox's hostname (its id)
+// and keeps the connection open (HTTP/1.1).
+const keepAliveServer = `
+import http.server, socket
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = socket.gethostname().encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("0.0.0.0", 9000), H).serve_forever()
+`
+
+// testAddressReuse: a removed sandbox's address goes to a later one, and
+// the edge's kept connections to the removed one are not used for it (a
+// POST, which is not retried, got "connection reset by peer").
+func testAddressReuse(t *testing.T, create func(*sandboxv1.NetworkPolicy) *client.Sandbox, get func(*client.Sandbox) *sandboxv1.Sandbox) {
+	t.Helper()
+	post := func(sb *client.Sandbox) string {
+		t.Helper()
+		resp, err := sb.PortClient().Post(sb.PortURL(9000), "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("POST to %s's port 9000 (address %s): %d %.300s", sb.ID, get(sb).NetworkAddress, resp.StatusCode, body)
+		}
+		return string(body)
+	}
+	serve := "cat > /tmp/ka.py <<'EOF'\n" + keepAliveServer + "\nEOF\nnohup python3 /tmp/ka.py >/dev/null 2>&1 &"
+	old := create(&sandboxv1.NetworkPolicy{})
+	serveIn(t, old, serve, 9000)
+	if got := post(old); got != old.ID {
+		t.Fatalf("POST answered by %q, want %s", got, old.ID)
+	}
+	addr := get(old).NetworkAddress
+	if err := old.Stop(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Addresses are handed out lowest first: within a few creates one
+	// gets the freed address.
+	for i := 0; ; i++ {
+		sb := create(&sandboxv1.NetworkPolicy{})
+		if get(sb).NetworkAddress != addr {
+			if i == 8 {
+				t.Fatalf("no new sandbox got the freed address %s", addr)
+			}
+			continue
+		}
+		serveIn(t, sb, serve, 9000)
+		if got := post(sb); got != sb.ID {
+			t.Fatalf("POST to the new sandbox on %s answered by %q, want %s", addr, got, sb.ID)
+		}
+		return
 	}
 }
 
