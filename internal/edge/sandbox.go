@@ -324,7 +324,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
 		return err
 	}
-	return e.running(ctx, sb, false)
+	if err := e.running(ctx, sb, false); err != nil {
+		return err
+	}
+	return e.startService(ctx, sb, im.Config.Config.Labels)
 }
 
 // running waits for the agent, gives a restored copy its own identity (a
