@@ -24,6 +24,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	keyFile := fs.String("service-key-file", "", "file holding the gateway's API key, an ADMIN key of the root project (required)")
 	secretFile := fs.String("token-secret-file", "", "file holding the secret that signs envd access tokens; created if missing (required)")
 	baseImage := fs.String("base-image", "root/py:3.11", "the image E2B's template \"base\" names")
+	ciImage := fs.String("code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -42,7 +43,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	log := logging.New(*logFormat, 0)
 	gw, err := e2b.New(e2b.Config{
 		APIURL: *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
-		BaseImage: *baseImage, Backend: *backend, DefaultUser: *user,
+		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,
 	}, log)
 	if err != nil {
 		return err

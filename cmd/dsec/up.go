@@ -28,6 +28,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	logFormat := fs.String("log-format", "text", "text or json")
 	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
+	e2bCIImage := fs.String("e2b-code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
 	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: a /20 in 10.64.0.0/10 chosen by the node id)")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers (host:port) the sandboxes' DNS proxy asks (default: /etc/resolv.conf's)")
@@ -40,7 +41,7 @@ func cmdUp(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
-		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage}}
+		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}}
 	if *sandboxNet {
 		nc, err := networkConfig(*subnet, *dnsUpstream)
 		if err != nil {

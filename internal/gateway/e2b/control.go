@@ -148,6 +148,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if netp == nil && req.TemplateID == codeInterpreterTemplate {
+		// E2B's default: the internet allowed, ports public.
+		netp = &sandboxv1.NetworkPolicy{Internet: true, AllowPublicTraffic: true}
+	}
 	timeout := int64(defaultTimeout)
 	if req.Timeout != nil {
 		timeout = *req.Timeout

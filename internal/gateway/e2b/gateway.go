@@ -44,6 +44,10 @@ type Config struct {
 	TokenSecret []byte
 	// BaseImage is what the template "base" means.
 	BaseImage string
+	// CodeInterpreterImage is what the template "code-interpreter-v1" (E2B's
+	// Code Interpreter SDKs' default) means: an image whose service
+	// speaks their protocol on port 49999.
+	CodeInterpreterImage string
 	// Backend runs E2B sandboxes (gvisor: pause and fork work).
 	Backend string
 	// DefaultUser runs commands and owns files when the SDK names none.
@@ -82,6 +86,9 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	}
 	if cfg.BaseImage == "" {
 		cfg.BaseImage = "root/py:3.11"
+	}
+	if cfg.CodeInterpreterImage == "" {
+		cfg.CodeInterpreterImage = "root/code-interpreter:latest"
 	}
 	if cfg.Backend == "" {
 		cfg.Backend = "gvisor"

@@ -123,8 +123,13 @@ func userMetadata(md map[string]string) map[string]string {
 	return out
 }
 
+// codeInterpreterTemplate is the template E2B's Code Interpreter SDKs
+// create by default. Its server is reached on a port, so a sandbox of it
+// gets a network even when the create asks for none.
+const codeInterpreterTemplate = "code-interpreter-v1"
+
 // imageFor maps an E2B template id to our image name: "base" is the
-// configured base image; a name with a slash is one of our image names; any
+// configured base image, "code-interpreter-v1" the code interpreter's; a name with a slash is one of our image names; any
 // other name is root/<name>:latest.
 func (g *Gateway) imageFor(template string) (string, error) {
 	switch {
@@ -132,6 +137,8 @@ func (g *Gateway) imageFor(template string) (string, error) {
 		return "", errdefs.InvalidArgument("templateID: required")
 	case template == "base":
 		return g.cfg.BaseImage, nil
+	case template == codeInterpreterTemplate:
+		return g.cfg.CodeInterpreterImage, nil
 	case strings.Contains(template, "/"):
 		if _, err := image.ParseRef(template); err != nil {
 			return "", err

@@ -8,6 +8,8 @@ package baseimage
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,6 +28,11 @@ type Recipe struct {
 	Description string
 	build       func(ctx context.Context, o Options, root string) error
 	config      ocispec.ImageConfig
+	// base names the recipe whose image this one adds a layer to (built
+	// first, into the same store); the image keeps base's config and adds
+	// labels to it.
+	base   string
+	labels map[string]string
 }
 
 // Options configure a build.
@@ -53,6 +60,13 @@ var Recipes = map[string]Recipe{
 		build:       buildDebianPython,
 		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
 	},
+	"code-interpreter": {
+		Name:        "root/code-interpreter:latest",
+		Description: "root/py:3.11 + Jupyter (Python and bash kernels, numpy, matplotlib) and the server of E2B's Code Interpreter protocol on port 49999",
+		build:       buildCodeInterpreter,
+		base:        "py",
+		labels:      codeInterpreterLabels,
+	},
 }
 
 // Build runs recipe and stores the result as ref.
@@ -70,6 +84,9 @@ func Build(ctx context.Context, store *image.Store, recipe string, ref image.Ref
 		return nil, err
 	}
 	defer os.RemoveAll(work)
+	if r.base != "" {
+		return buildOnBase(ctx, store, r, ref, o, work)
+	}
 	root := filepath.Join(work, "rootfs")
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, err
@@ -82,6 +99,45 @@ func Build(ctx context.Context, store *image.Store, recipe string, ref image.Ref
 		return nil, err
 	}
 	return store.Commit(ref, nil, []image.Layer{layer}, r.config)
+}
+
+func buildOnBase(ctx context.Context, store *image.Store, r Recipe, ref image.Ref, o Options, work string) (*image.Image, error) {
+	baseRef, err := image.ParseRef(Recipes[r.base].Name)
+	if err != nil {
+		return nil, err
+	}
+	base, err := store.Resolve(baseRef)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("%s builds on %s, which is not in this store: run `dsec image build %s` into it first (%v)", r.Name, baseRef, r.base, err)
+	}
+	merged, upper, unmount, err := withBase(ctx, store, base, work, o)
+	if err != nil {
+		return nil, err
+	}
+	err = r.build(ctx, o, merged)
+	unmount()
+	if err != nil {
+		return nil, fmt.Errorf("build %s: %w", r.Name, err)
+	}
+	layer, err := store.PackDir(upper, true, o.Progress)
+	if err != nil {
+		return nil, err
+	}
+	cfg := base.Config.Config
+	cfg.Labels = map[string]string{}
+	for k, v := range base.Config.Config.Labels {
+		cfg.Labels[k] = v
+	}
+	for k, v := range r.labels {
+		cfg.Labels[k] = v
+	}
+	return store.Commit(ref, base, []image.Layer{layer}, cfg)
+}
+
+// digestOf is a short content hash, for cache markers.
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 func report(o Options, stage string, done, total int64) {

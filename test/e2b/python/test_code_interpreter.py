@@ -1,0 +1,113 @@
+"""E2B's Code Interpreter SDK (e2b-code-interpreter, pinned), unchanged,
+against the gateway: the template code-interpreter-v1 is OpenDsec's image
+root/code-interpreter, whose server speaks the SDK's protocol on port 49999."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, missing
+
+
+@pytest.fixture(scope="module")
+def ci():
+    images = Path(os.environ.get("DSEC_TEST_IMAGE_STORE", REPO / ".cache" / "images"))
+    if not (images / "refs" / "root" / "code-interpreter" / "latest").exists():
+        missing("root/code-interpreter is not built (make images)")
+    from e2b_code_interpreter import Sandbox
+
+    sb = Sandbox.create(timeout=600)
+    yield sb
+    try:
+        sb.kill()
+    except Exception:
+        pass
+
+
+def test_cells_share_state_and_stream_output(ci):
+    seen = []
+    first = ci.run_code("x = 41\nprint('hello')\nx + 1", on_stdout=lambda m: seen.append(m.line))
+    assert first.error is None
+    assert first.text == "42"
+    assert first.logs.stdout == ["hello\n"]
+    assert seen == ["hello\n"]
+    assert first.execution_count is not None and first.execution_count >= 1
+    second = ci.run_code("x * 2")
+    assert second.text == "82"
+    assert second.execution_count == first.execution_count + 1
+
+
+def test_matplotlib_chart_is_a_png(ci):
+    ex = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [3, 1, 2])\n"
+        "plt.title('t')\n"
+        "plt.show()"
+    )
+    assert ex.error is None, ex.error
+    pngs = [r.png for r in ex.results if r.png]
+    assert len(pngs) == 1
+    data = base64.b64decode(pngs[0])
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_exception_is_an_error_with_traceback(ci):
+    ex = ci.run_code("def f():\n    return 1 / 0\nf()")
+    assert ex.results == []
+    assert ex.error is not None
+    assert ex.error.name == "ZeroDivisionError"
+    assert ex.error.value == "division by zero"
+    # IPython's traceback, colours and all, as E2B answers it.
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", ex.error.traceback)
+    assert "return 1 / 0" in plain and "f()" in plain and plain.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_cell_that_never_ends_is_cut_by_its_timeout(ci):
+    from e2b import TimeoutException
+
+    ci.run_code("kept = 'still here'")
+    started = time.monotonic()
+    with pytest.raises(TimeoutException, match="Execution timed out"):
+        ci.run_code("import time\nwhile True:\n    time.sleep(0.1)", timeout=3)
+    assert time.monotonic() - started < 30
+    # The cell was interrupted, not left running: the kernel answers at
+    # once and kept its state.
+    started = time.monotonic()
+    after = ci.run_code("kept")
+    assert after.text == "'still here'"
+    assert time.monotonic() - started < 10
+
+
+def test_env_vars_hold_for_one_cell(ci):
+    assert ci.run_code("import os; os.environ.get('DSEC_CI_VAR')", envs={"DSEC_CI_VAR": "set"}).text == "'set'"
+    assert ci.run_code("import os; os.environ.get('DSEC_CI_VAR')").text is None
+
+
+def test_contexts_bash_list_restart_remove(ci):
+    from e2b import NotFoundException
+
+    ctx = ci.create_code_context(language="bash", cwd="/tmp")
+    assert ctx.language == "bash" and ctx.cwd == "/tmp"
+    out = ci.run_code("pwd; N=7", context=ctx)
+    assert out.logs.stdout == ["/tmp\n"]
+    assert ci.run_code("echo $((N * 6))", context=ctx).logs.stdout == ["42\n"]
+    assert ctx.id in [c.id for c in ci.list_code_contexts()]
+    ci.restart_code_context(ctx)
+    assert ci.run_code("echo N=$N", context=ctx).logs.stdout == ["N=\n"]
+    ci.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in ci.list_code_contexts()]
+    with pytest.raises(NotFoundException):
+        ci.run_code("echo gone", context=ctx)
+
+
+def test_language_without_a_kernel_is_a_clear_error(ci):
+    from e2b import SandboxException
+
+    with pytest.raises(SandboxException, match="language 'r': not available in this sandbox; available: bash, python"):
+        ci.run_code("1", language="r")
