@@ -62,6 +62,7 @@ type Agent struct {
 	log      *slog.Logger
 	spawner  *spawn.Spawner
 	procs    *processTable
+	watches  *watchSet // the file watchers, shared by the file and process services
 	sessions *chronus.Service
 	dialer   *agentlink.Dialer
 	started  time.Time
@@ -76,7 +77,8 @@ func New(cfg Config, log *slog.Logger) *Agent {
 	log = logging.OrDiscard(log)
 	users := sysuser.NewDB(cfg.Root)
 	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env}
-	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now()}
+	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now(), watches: &watchSet{}}
+	a.procs.watches = a.watches
 	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log}
 	return a
 }
@@ -89,7 +91,7 @@ func (a *Agent) Handler() http.Handler {
 	)
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewProcessServiceHandler(&processService{table: a.procs}, opts...))
-	mux.Handle(agentv1connect.NewFilesystemServiceHandler(&fileService{users: a.spawner.Users}, opts...))
+	mux.Handle(agentv1connect.NewFilesystemServiceHandler(&fileService{users: a.spawner.Users, watches: a.watches}, opts...))
 	mux.Handle(agentv1connect.NewSessionServiceHandler(a.sessions, opts...))
 	mux.Handle(agentv1connect.NewAgentServiceHandler(&agentService{a: a}, opts...))
 	return mux

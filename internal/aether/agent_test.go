@@ -426,6 +426,82 @@ func TestWatchDirAndMetrics(t *testing.T) {
 	}
 }
 
+// One write is one WRITE event, as with envd: an overwrite (truncate, then
+// write) too, and closing the file adds none.
+func TestWatchDirReportsAWriteOnce(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	stream, err := c.fs.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: dir}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || !stream.Msg().Started {
+		t.Fatalf("no start: %v", stream.Err())
+	}
+	f := filepath.Join(dir, "f")
+	events := func(last string) string {
+		t.Helper()
+		var got []string
+		for stream.Receive() {
+			ev := stream.Msg().Event
+			got = append(got, ev.Name+":"+strings.TrimPrefix(ev.Type.String(), "FILE_EVENT_TYPE_"))
+			if got[len(got)-1] == last {
+				return strings.Join(got, " ")
+			}
+		}
+		t.Fatalf("the watch ended after %v: %v", got, stream.Err())
+		return ""
+	}
+	os.WriteFile(f, []byte("first"), 0o644) //nolint:errcheck // checked by its events
+	if got, want := events("f:WRITE"), "f:CREATE f:WRITE"; got != want {
+		t.Fatalf("a new file: %q, want %q", got, want)
+	}
+	os.WriteFile(f, []byte("second, longer"), 0o644)    //nolint:errcheck // an overwrite
+	os.WriteFile(filepath.Join(dir, "end"), nil, 0o644) //nolint:errcheck // the last event
+	if got, want := events("end:CREATE"), "f:WRITE end:CREATE"; got != want {
+		t.Fatalf("an overwrite: %q, want %q (one WRITE)", got, want)
+	}
+}
+
+// include_entry: each event carries the entry as it was when sent; a
+// removal carries none.
+func TestWatchDirIncludesEntries(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	stream, err := c.fs.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: dir, IncludeEntry: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || !stream.Msg().Started {
+		t.Fatalf("no start: %v", stream.Err())
+	}
+	f := filepath.Join(dir, "f")
+	if _, err := c.fs.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: f, Data: []byte("12345")})); err != nil {
+		t.Fatal(err)
+	}
+	var write *agentv1.FileEvent
+	for write == nil && stream.Receive() {
+		if ev := stream.Msg().Event; ev.Type == agentv1.FileEventType_FILE_EVENT_TYPE_WRITE {
+			write = ev
+		}
+	}
+	if e := write.GetEntry(); e.GetPath() != f || e.GetSize() != 5 || e.GetType() != agentv1.FileType_FILE_TYPE_FILE {
+		t.Fatalf("the write's entry: %v", write)
+	}
+	os.Remove(f) //nolint:errcheck // checked by its event
+	for stream.Receive() {
+		if ev := stream.Msg().Event; ev.Type == agentv1.FileEventType_FILE_EVENT_TYPE_REMOVE {
+			if ev.Entry != nil {
+				t.Fatalf("a removal with an entry: %v", ev)
+			}
+			return
+		}
+	}
+	t.Fatalf("no removal: %v", stream.Err())
+}
+
 func TestWriteReplaceKeepsModeAndLeavesNoTemporaryFile(t *testing.T) {
 	c := startAgent(t)
 	ctx := ctxT(t)

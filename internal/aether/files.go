@@ -26,7 +26,8 @@ const MaxFileChunk = 16 << 20
 const maxListEntries = 100000
 
 type fileService struct {
-	users sysuser.DB
+	users   sysuser.DB
+	watches *watchSet
 }
 
 var _ agentv1connect.FilesystemServiceHandler = (*fileService)(nil)
@@ -190,6 +191,7 @@ func mkdirAllOwned(dir string, u sysuser.User) (created bool, err error) {
 }
 
 func (s *fileService) MakeDir(ctx context.Context, req *connect.Request[agentv1.MakeDirRequest]) (*connect.Response[agentv1.MakeDirResponse], error) {
+	defer s.watches.sync() // the events it caused are sent before it answers
 	p, err := resolvePath("path", req.Msg.Path)
 	if err != nil {
 		return nil, err
@@ -210,6 +212,7 @@ func (s *fileService) MakeDir(ctx context.Context, req *connect.Request[agentv1.
 }
 
 func (s *fileService) Remove(ctx context.Context, req *connect.Request[agentv1.RemoveRequest]) (*connect.Response[agentv1.RemoveResponse], error) {
+	defer s.watches.sync() // the events it caused are sent before it answers
 	p, err := resolvePath("path", req.Msg.Path)
 	if err != nil {
 		return nil, err
@@ -232,6 +235,7 @@ func (s *fileService) Remove(ctx context.Context, req *connect.Request[agentv1.R
 }
 
 func (s *fileService) Move(ctx context.Context, req *connect.Request[agentv1.MoveRequest]) (*connect.Response[agentv1.MoveResponse], error) {
+	defer s.watches.sync() // the events it caused are sent before it answers
 	src, err := resolvePath("source", req.Msg.Source)
 	if err != nil {
 		return nil, err
@@ -287,6 +291,7 @@ func (s *fileService) ReadFile(ctx context.Context, req *connect.Request[agentv1
 }
 
 func (s *fileService) WriteFile(ctx context.Context, req *connect.Request[agentv1.WriteFileRequest]) (*connect.Response[agentv1.WriteFileResponse], error) {
+	defer s.watches.sync() // the events it caused are sent before it answers
 	m := req.Msg
 	p, err := resolvePath("path", m.Path)
 	if err != nil {

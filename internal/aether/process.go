@@ -155,6 +155,7 @@ func exitedEvent(code, sig int32, timedOut bool, msg string) *agentv1.ProcessEve
 // processTable holds the processes started through ProcessService.
 type processTable struct {
 	spawner *spawn.Spawner
+	watches *watchSet // nil: none to wait for
 
 	mu    sync.Mutex
 	byPID map[int]*process    // guarded by mu
@@ -357,6 +358,9 @@ func (t *processTable) supervise(p *process, proc *os.Process, readers []readerS
 	}
 	<-pumped
 	p.closeStdin()
+	if t.watches != nil {
+		t.watches.sync() // what it wrote is seen by watchers before its exit is
+	}
 	code, sig, msg := exitStatus(state, werr)
 	ev := exitedEvent(code, sig, p.timedOut.Load(), msg)
 	p.mu.Lock()

@@ -174,10 +174,10 @@ func eventTypeOf(t agentv1.FileEventType) envdfs.EventType {
 
 // watch opens our WatchDir stream and waits for its start.
 func (s *fsService) watch(ctx context.Context, p string, recursive, entries, networkMounts bool) (*connect.ServerStreamForClient[agentv1.WatchDirResponse], error) {
-	if entries || networkMounts {
-		return nil, errdefs.ToConnect(errdefs.Unsupported("watch with include_entry or allow_network_mounts is not supported"))
+	if networkMounts {
+		return nil, errdefs.ToConnect(errdefs.Unsupported("watch with allow_network_mounts is not supported"))
 	}
-	in, err := s.g.files.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: resolve(callOf(ctx).user, p), Recursive: recursive}))
+	in, err := s.g.files.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: resolve(callOf(ctx).user, p), Recursive: recursive, IncludeEntry: entries}))
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +189,16 @@ func (s *fsService) watch(ctx context.Context, p string, recursive, entries, net
 		return nil, errdefs.ToConnect(errdefs.Unavailable("watch %s: the sandbox closed the watch", p))
 	}
 	return in, nil
+}
+
+// eventOf is an event as envd sends it, with the entry the agent read
+// when it sent the event (include_entry, envd 0.6.3).
+func (s *fsService) eventOf(ctx context.Context, ev *agentv1.FileEvent) *envdfs.FilesystemEvent {
+	out := &envdfs.FilesystemEvent{Name: ev.Name, Type: eventTypeOf(ev.Type)}
+	if ev.Entry != nil {
+		out.Entry = s.withTarget(ctx, ev.Entry)
+	}
+	return out
 }
 
 func (s *fsService) WatchDir(ctx context.Context, req *connect.Request[envdfs.WatchDirRequest], stream *connect.ServerStream[envdfs.WatchDirResponse]) error {
@@ -206,7 +216,7 @@ func (s *fsService) WatchDir(ctx context.Context, req *connect.Request[envdfs.Wa
 		if ev == nil {
 			continue
 		}
-		out := &envdfs.WatchDirResponse{Event: &envdfs.WatchDirResponse_Filesystem{Filesystem: &envdfs.FilesystemEvent{Name: ev.Name, Type: eventTypeOf(ev.Type)}}}
+		out := &envdfs.WatchDirResponse{Event: &envdfs.WatchDirResponse_Filesystem{Filesystem: s.eventOf(ctx, ev)}}
 		if err := stream.Send(out); err != nil {
 			return err
 		}
@@ -269,9 +279,10 @@ func (s *fsService) CreateWatcher(ctx context.Context, req *connect.Request[envd
 			if ev == nil {
 				continue
 			}
+			out := s.eventOf(wctx, ev)
 			w.mu.Lock()
 			if len(w.events) < maxBufferedEvents {
-				w.events = append(w.events, &envdfs.FilesystemEvent{Name: ev.Name, Type: eventTypeOf(ev.Type)})
+				w.events = append(w.events, out)
 			}
 			w.mu.Unlock()
 		}

@@ -59,10 +59,10 @@ type Config struct {
 }
 
 // EnvdVersion is the envd version the gateway reports. The SDKs turn
-// features on by it; 0.5.7 is default user, stdin, close-stdin and
-// octet-stream uploads, without file metadata or network-mount watches,
-// which the gateway does not implement.
-const EnvdVersion = "0.5.7"
+// features on by it; 0.6.3 is default user, stdin, close-stdin,
+// octet-stream uploads and watch events with entry info. File metadata
+// (0.6.2) is answered 501; watches on network mounts (0.6.4) stay off.
+const EnvdVersion = "0.6.3"
 
 // clientID is the constant E2B reports for every sandbox's client.
 const clientID = "opendsec"

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict'
 import { randomBytes, createHash, randomUUID } from 'node:crypto'
 import { after, afterEach, before, describe, test } from 'node:test'
 
-import { CommandExitError, FileType, NotFoundError, Sandbox } from 'e2b'
+import { CommandExitError, FileType, FilesystemEventType, NotFoundError, Sandbox } from 'e2b'
 
 import { execFileSync, spawn } from 'node:child_process'
 import { mkdtempSync, writeFileSync } from 'node:fs'
@@ -258,6 +258,31 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(flink.symlinkTarget, '/home/user/target.txt')
     await sb.files.remove('never-was-here')
     assert.equal(await Sandbox.kill('not-a-sandbox-id'), false)
+  })
+
+  it('watches: one WRITE per write, entries with includeEntry', async () => {
+    // Issue 13 items 7 and 11: an overwrite gave two WRITEs; includeEntry
+    // was refused for the envd version reported.
+    const sb = await create()
+    await sb.files.makeDir('w')
+    const events = []
+    let ended
+    const done = new Promise((resolve) => (ended = resolve))
+    const handle = await sb.files.watchDir('w', (e) => {
+      events.push(e)
+      if (e.name === 'end') ended()
+    }, { includeEntry: true })
+    await sb.files.write('w/a.txt', 'first')
+    await sb.files.write('w/a.txt', 'second, longer')
+    await sb.files.write('w/end', '')
+    await done
+    await handle.stop()
+    const a = events.filter((e) => e.name === 'a.txt')
+    assert.equal(a[0].type, FilesystemEventType.CREATE)
+    assert.equal(a.filter((e) => e.type === FilesystemEventType.WRITE).length, 2, JSON.stringify(a))
+    const last = a.filter((e) => e.type === FilesystemEventType.WRITE).pop()
+    assert.equal(last.entry?.path, '/home/user/w/a.txt')
+    assert.equal(last.entry?.type, FileType.FILE)
   })
 
   it('ends the stream of a command in a killed sandbox as E2B does', async () => {

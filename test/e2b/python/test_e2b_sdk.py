@@ -227,6 +227,39 @@ def test_watch_dir(sandbox: Sandbox):
     assert any(e.type == FilesystemEventType.REMOVE for e in events)
 
 
+def test_polling_watcher_sees_each_write_once_as_it_returns(sandbox: Sandbox):
+    # Issue 13 item 7: a polling (sync) watcher saw only CREATE right after
+    # a write returned, and an overwrite gave two WRITEs.
+    sandbox.files.make_dir("polled")
+    w = sandbox.files.watch_dir("polled")
+    sandbox.files.write("polled/a.txt", "first")
+    got = [(e.name, e.type) for e in w.get_new_events()]
+    assert [t for n, t in got if n == "a.txt"][:2] == [FilesystemEventType.CREATE, FilesystemEventType.WRITE], got
+    assert got.count(("a.txt", FilesystemEventType.WRITE)) == 1, got
+    sandbox.files.write("polled/a.txt", "second, longer")
+    assert [(e.name, e.type) for e in w.get_new_events()] == [("a.txt", FilesystemEventType.WRITE)]
+    # A command's writes are there once it has returned.
+    sandbox.commands.run("echo x >> polled/b.txt")
+    assert [(e.name, e.type) for e in w.get_new_events()] == [("b.txt", FilesystemEventType.CREATE), ("b.txt", FilesystemEventType.WRITE)]
+    w.stop()
+
+
+def test_watch_with_entry_info(sandbox: Sandbox):
+    # Issue 13 item 11: include_entry was refused (the SDK needs envd 0.6.3).
+    sandbox.files.make_dir("entries")
+    w = sandbox.files.watch_dir("entries", include_entry=True)
+    sandbox.files.write("entries/f.txt", "12345")
+    sandbox.files.remove("entries/f.txt")
+    events = w.get_new_events()
+    w.stop()
+    writes = [e for e in events if e.type == FilesystemEventType.WRITE]
+    assert writes and writes[0].entry is not None, events
+    assert writes[0].entry.name == "f.txt" and writes[0].entry.path == "/home/user/entries/f.txt"
+    assert writes[0].entry.type == FileType.FILE
+    removes = [e for e in events if e.type == FilesystemEventType.REMOVE]
+    assert removes and removes[0].entry is None, events
+
+
 def test_pty(sandbox: Sandbox):
     out = []
     t = sandbox.pty.create(PtySize(rows=24, cols=80))

@@ -1034,7 +1034,10 @@ type WatchDirRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// Watch subdirectories too, including ones created later.
-	Recursive     bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	Recursive bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	// Give each event the entry it names, read when the event is sent
+	// (none for a removal, or when the entry is gone by then).
+	IncludeEntry  bool `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1083,11 +1086,20 @@ func (x *WatchDirRequest) GetRecursive() bool {
 	return false
 }
 
+func (x *WatchDirRequest) GetIncludeEntry() bool {
+	if x != nil {
+		return x.IncludeEntry
+	}
+	return false
+}
+
 type FileEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Path relative to the watched directory.
-	Name          string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Type          FileEventType `protobuf:"varint,2,opt,name=type,proto3,enum=opendsec.agent.v1.FileEventType" json:"type,omitempty"`
+	Name string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type FileEventType `protobuf:"varint,2,opt,name=type,proto3,enum=opendsec.agent.v1.FileEventType" json:"type,omitempty"`
+	// With include_entry.
+	Entry         *EntryInfo `protobuf:"bytes,3,opt,name=entry,proto3" json:"entry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,6 +1146,13 @@ func (x *FileEvent) GetType() FileEventType {
 		return x.Type
 	}
 	return FileEventType_FILE_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *FileEvent) GetEntry() *EntryInfo {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
 }
 
 type WatchDirResponse struct {
@@ -1244,13 +1263,15 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x04perm\x18\x05 \x01(\rR\x04perm\x12\x12\n" +
 	"\x04user\x18\x06 \x01(\tR\x04user\"G\n" +
 	"\x11WriteFileResponse\x122\n" +
-	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"C\n" +
+	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"h\n" +
 	"\x0fWatchDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
-	"\trecursive\x18\x02 \x01(\bR\trecursive\"U\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\"\x89\x01\n" +
 	"\tFileEvent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
-	"\x04type\x18\x02 \x01(\x0e2 .opendsec.agent.v1.FileEventTypeR\x04type\"`\n" +
+	"\x04type\x18\x02 \x01(\x0e2 .opendsec.agent.v1.FileEventTypeR\x04type\x122\n" +
+	"\x05entry\x18\x03 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"`\n" +
 	"\x10WatchDirResponse\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x122\n" +
 	"\x05event\x18\x02 \x01(\v2\x1c.opendsec.agent.v1.FileEventR\x05event*~\n" +
@@ -1330,28 +1351,29 @@ var file_opendsec_agent_v1_filesystem_proto_depIdxs = []int32{
 	1,  // 6: opendsec.agent.v1.WriteFileRequest.mode:type_name -> opendsec.agent.v1.WriteMode
 	3,  // 7: opendsec.agent.v1.WriteFileResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
 	2,  // 8: opendsec.agent.v1.FileEvent.type:type_name -> opendsec.agent.v1.FileEventType
-	19, // 9: opendsec.agent.v1.WatchDirResponse.event:type_name -> opendsec.agent.v1.FileEvent
-	4,  // 10: opendsec.agent.v1.FilesystemService.Stat:input_type -> opendsec.agent.v1.StatRequest
-	6,  // 11: opendsec.agent.v1.FilesystemService.ListDir:input_type -> opendsec.agent.v1.ListDirRequest
-	8,  // 12: opendsec.agent.v1.FilesystemService.MakeDir:input_type -> opendsec.agent.v1.MakeDirRequest
-	10, // 13: opendsec.agent.v1.FilesystemService.Remove:input_type -> opendsec.agent.v1.RemoveRequest
-	12, // 14: opendsec.agent.v1.FilesystemService.Move:input_type -> opendsec.agent.v1.MoveRequest
-	14, // 15: opendsec.agent.v1.FilesystemService.ReadFile:input_type -> opendsec.agent.v1.ReadFileRequest
-	16, // 16: opendsec.agent.v1.FilesystemService.WriteFile:input_type -> opendsec.agent.v1.WriteFileRequest
-	18, // 17: opendsec.agent.v1.FilesystemService.WatchDir:input_type -> opendsec.agent.v1.WatchDirRequest
-	5,  // 18: opendsec.agent.v1.FilesystemService.Stat:output_type -> opendsec.agent.v1.StatResponse
-	7,  // 19: opendsec.agent.v1.FilesystemService.ListDir:output_type -> opendsec.agent.v1.ListDirResponse
-	9,  // 20: opendsec.agent.v1.FilesystemService.MakeDir:output_type -> opendsec.agent.v1.MakeDirResponse
-	11, // 21: opendsec.agent.v1.FilesystemService.Remove:output_type -> opendsec.agent.v1.RemoveResponse
-	13, // 22: opendsec.agent.v1.FilesystemService.Move:output_type -> opendsec.agent.v1.MoveResponse
-	15, // 23: opendsec.agent.v1.FilesystemService.ReadFile:output_type -> opendsec.agent.v1.ReadFileResponse
-	17, // 24: opendsec.agent.v1.FilesystemService.WriteFile:output_type -> opendsec.agent.v1.WriteFileResponse
-	20, // 25: opendsec.agent.v1.FilesystemService.WatchDir:output_type -> opendsec.agent.v1.WatchDirResponse
-	18, // [18:26] is the sub-list for method output_type
-	10, // [10:18] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	3,  // 9: opendsec.agent.v1.FileEvent.entry:type_name -> opendsec.agent.v1.EntryInfo
+	19, // 10: opendsec.agent.v1.WatchDirResponse.event:type_name -> opendsec.agent.v1.FileEvent
+	4,  // 11: opendsec.agent.v1.FilesystemService.Stat:input_type -> opendsec.agent.v1.StatRequest
+	6,  // 12: opendsec.agent.v1.FilesystemService.ListDir:input_type -> opendsec.agent.v1.ListDirRequest
+	8,  // 13: opendsec.agent.v1.FilesystemService.MakeDir:input_type -> opendsec.agent.v1.MakeDirRequest
+	10, // 14: opendsec.agent.v1.FilesystemService.Remove:input_type -> opendsec.agent.v1.RemoveRequest
+	12, // 15: opendsec.agent.v1.FilesystemService.Move:input_type -> opendsec.agent.v1.MoveRequest
+	14, // 16: opendsec.agent.v1.FilesystemService.ReadFile:input_type -> opendsec.agent.v1.ReadFileRequest
+	16, // 17: opendsec.agent.v1.FilesystemService.WriteFile:input_type -> opendsec.agent.v1.WriteFileRequest
+	18, // 18: opendsec.agent.v1.FilesystemService.WatchDir:input_type -> opendsec.agent.v1.WatchDirRequest
+	5,  // 19: opendsec.agent.v1.FilesystemService.Stat:output_type -> opendsec.agent.v1.StatResponse
+	7,  // 20: opendsec.agent.v1.FilesystemService.ListDir:output_type -> opendsec.agent.v1.ListDirResponse
+	9,  // 21: opendsec.agent.v1.FilesystemService.MakeDir:output_type -> opendsec.agent.v1.MakeDirResponse
+	11, // 22: opendsec.agent.v1.FilesystemService.Remove:output_type -> opendsec.agent.v1.RemoveResponse
+	13, // 23: opendsec.agent.v1.FilesystemService.Move:output_type -> opendsec.agent.v1.MoveResponse
+	15, // 24: opendsec.agent.v1.FilesystemService.ReadFile:output_type -> opendsec.agent.v1.ReadFileResponse
+	17, // 25: opendsec.agent.v1.FilesystemService.WriteFile:output_type -> opendsec.agent.v1.WriteFileResponse
+	20, // 26: opendsec.agent.v1.FilesystemService.WatchDir:output_type -> opendsec.agent.v1.WatchDirResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_agent_v1_filesystem_proto_init() }
