@@ -369,6 +369,18 @@ func (h *sandboxService) SetSandboxTimeout(ctx context.Context, req *connect.Req
 	return connect.NewResponse(&sandboxv1.SetSandboxTimeoutResponse{Sandbox: resp.Msg.Sandbox}), nil
 }
 
+func (h *sandboxService) GetSandboxMetrics(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxMetricsRequest]) (*connect.Response[sandboxv1.GetSandboxMetricsResponse], error) {
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.GetSandboxMetrics(ctx, connect.NewRequest(&edgev1.GetSandboxMetricsRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project, Start: req.Msg.Start, End: req.Msg.End}))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.GetSandboxMetricsResponse{Samples: resp.Msg.Samples}), nil
+}
+
 func (h *sandboxService) UpdateNetwork(ctx context.Context, req *connect.Request[sandboxv1.UpdateNetworkRequest]) (*connect.Response[sandboxv1.UpdateNetworkResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
 	if err != nil {

@@ -185,9 +185,10 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.loadSnapshots()
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.expireLoop()
 	go e.healthLoop()
+	go e.metricsLoop()
 	return e, nil
 }
 

@@ -64,6 +64,7 @@ type sandbox struct {
 	// started is when the sandbox last became running (unix nanoseconds).
 	started atomic.Int64
 	hb      heartbeatState
+	metrics metricsRing // its recorded use (metrics.go)
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
@@ -352,7 +353,11 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
 	e.wakeExpiry()
-	return sb.save()
+	if err := sb.save(); err != nil {
+		return err
+	}
+	e.recordMetrics(sb, time.Now()) // the first sample: its use from the start
+	return nil
 }
 
 func consoleTail(dir string) string {

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -74,6 +75,21 @@ func (s *server) SetSandboxTimeout(ctx context.Context, req *connect.Request[edg
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.SetSandboxTimeoutResponse{Sandbox: sb}), nil
+}
+
+func (s *server) GetSandboxMetrics(ctx context.Context, req *connect.Request[edgev1.GetSandboxMetricsRequest]) (*connect.Response[edgev1.GetSandboxMetricsResponse], error) {
+	var start, end time.Time
+	if req.Msg.Start != nil {
+		start = req.Msg.Start.AsTime()
+	}
+	if req.Msg.End != nil {
+		end = req.Msg.End.AsTime()
+	}
+	samples, err := s.e.Metrics(req.Msg.SandboxId, req.Msg.Scope, start, end)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.GetSandboxMetricsResponse{Samples: samples}), nil
 }
 
 func (s *server) PauseSandbox(ctx context.Context, req *connect.Request[edgev1.PauseSandboxRequest]) (*connect.Response[edgev1.PauseSandboxResponse], error) {

@@ -164,6 +164,21 @@ type HostThreads interface {
 	HostThreads(id sandboxid.ID) int
 }
 
+// UsageReader is implemented by backends that can read a sandbox's CPU
+// and memory use from the host (its cgroups) without entering or waking
+// it; the edge records it for metrics over time.
+type UsageReader interface {
+	Usage(id sandboxid.ID) (Usage, error)
+}
+
+// Usage is a sandbox's resource use as its cgroups count it.
+type Usage struct {
+	CPUNanos    uint64 // CPU time used since it started
+	MemoryBytes int64  // memory used, less page cache the kernel can drop at once
+	CacheBytes  int64  // page cache
+	LimitBytes  int64  // memory limit
+}
+
 // Continuer is implemented by backends that can send the sandbox's first
 // process (the agent) SIGCONT from outside, for a runtime that lets the
 // sandbox stop it (gVisor).

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
-	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -656,6 +656,9 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// metricsEvery is how often a node records a sandbox's use.
+const metricsEvery = 5 * time.Second
+
 type metricJSON struct {
 	Timestamp     string  `json:"timestamp"`
 	TimestampUnix int64   `json:"timestampUnix"`
@@ -668,35 +671,60 @@ type metricJSON struct {
 	DiskTotal     int64   `json:"diskTotal"`
 }
 
-// sample asks the sandbox's agent for its current use, after checking with
-// the caller's own key that the caller may see the sandbox.
-func (g *Gateway) sample(ctx context.Context, id string) (metricJSON, error) {
-	sb, err := g.getSandbox(ctx, id)
+// recorded answers the samples the sandbox's node recorded between start
+// and end (zero: unbounded), after checking with the caller's own key that
+// the caller may see the sandbox.
+func (g *Gateway) recorded(ctx context.Context, id string, start, end time.Time) ([]metricJSON, error) {
+	req := &sandboxv1.GetSandboxMetricsRequest{SandboxId: id}
+	if !start.IsZero() {
+		req.Start = timestamppb.New(start)
+	}
+	if !end.IsZero() {
+		req.End = timestamppb.New(end)
+	}
+	resp, err := g.sandbox.GetSandboxMetrics(ctx, connect.NewRequest(req))
 	if err != nil {
-		return metricJSON{}, err
+		return nil, errdefs.FromConnect(err)
 	}
-	now := time.Now().UTC()
-	m := metricJSON{Timestamp: now.Format(time.RFC3339Nano), TimestampUnix: now.Unix(), CPUCount: int(sb.Spec.GetResources().GetCpuCores() + 0.999)}
-	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
-		return m, nil // a sample would resume it
+	out := make([]metricJSON, 0, len(resp.Msg.Samples))
+	for _, s := range resp.Msg.Samples {
+		t := s.Time.AsTime().UTC()
+		out = append(out, metricJSON{
+			Timestamp: t.Format(time.RFC3339Nano), TimestampUnix: t.Unix(), CPUCount: int(s.CpuCount), CPUUsedPct: s.CpuUsedPct,
+			MemUsed: s.MemUsedBytes, MemTotal: s.MemTotalBytes, MemCache: s.MemCacheBytes, DiskUsed: s.DiskUsedBytes, DiskTotal: s.DiskTotalBytes,
+		})
 	}
-	resp, err := g.agent.Metrics(inSandbox(ctx, id), connect.NewRequest(&agentv1.MetricsRequest{}))
-	if err != nil {
-		return metricJSON{}, errdefs.FromConnect(err)
-	}
-	a := resp.Msg
-	m.CPUUsedPct, m.MemUsed, m.MemCache, m.DiskUsed, m.DiskTotal = a.CpuUsedPct, a.MemUsedBytes, a.MemCacheBytes, a.DiskUsedBytes, a.DiskTotalBytes
-	m.MemTotal = min(a.MemTotalBytes, sb.Spec.GetResources().GetMemoryMb()<<20)
-	return m, nil
+	return out, nil
 }
 
-func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
-	m, err := g.sample(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
+// unixParam reads a query parameter of Unix seconds; absent is zero.
+func unixParam(r *http.Request, name string) (time.Time, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return time.Time{}, nil
 	}
-	writeJSON(w, http.StatusOK, []metricJSON{m})
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > 1<<40 {
+		return time.Time{}, errdefs.InvalidArgument("%s %q: Unix seconds expected", name, clip(v))
+	}
+	return time.Unix(n, 0), nil
+}
+
+// metrics answers the samples in [start, end], as E2B does (none for a
+// range before the sandbox existed).
+func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request) {
+	start, err := unixParam(r, "start")
+	if err == nil {
+		var end time.Time
+		if end, err = unixParam(r, "end"); err == nil {
+			var out []metricJSON
+			if out, err = g.recorded(r.Context(), r.PathValue("id"), start, end); err == nil {
+				writeJSON(w, http.StatusOK, out)
+				return
+			}
+		}
+	}
+	writeError(w, err)
 }
 
 func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
@@ -705,9 +733,11 @@ func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusBadRequest, "sandbox_ids: 1 to 100 comma-separated ids")
 		return
 	}
+	// Each sandbox's latest sample.
 	out := map[string]metricJSON{}
+	since := time.Now().Add(-2 * metricsEvery)
 	for _, id := range ids {
-		m, err := g.sample(r.Context(), id)
+		ms, err := g.recorded(r.Context(), id, since, time.Time{})
 		if err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
 				continue
@@ -715,7 +745,9 @@ func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		out[id] = m
+		if len(ms) > 0 {
+			out[id] = ms[len(ms)-1]
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 }

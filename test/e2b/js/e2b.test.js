@@ -285,6 +285,19 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(last.entry?.type, FileType.FILE)
   })
 
+  it('answers the metrics of a time range', async () => {
+    // Issue 13 item 6: samples by range, recorded every 5 s from the start.
+    const sb = await create()
+    await sb.commands.run('sleep 6')
+    const all = await sb.getMetrics()
+    assert.ok(all.length >= 2, JSON.stringify(all))
+    for (let i = 1; i < all.length; i++) assert.ok(all[i].timestamp > all[i - 1].timestamp)
+    for (const m of all) assert.ok(m.cpuCount >= 1 && m.memUsed > 0 && m.memUsed <= m.memTotal)
+    const started = (await sb.getInfo()).startedAt
+    const before = await sb.getMetrics({ start: new Date(started.getTime() - 3_600_000), end: new Date(started.getTime() - 60_000) })
+    assert.deepEqual(before, [])
+  })
+
   it('ends the stream of a command in a killed sandbox as E2B does', async () => {
     const sb = await create()
     const handle = await sb.commands.run('while true; do echo tick; sleep 0.1; done', { background: true })

@@ -3,6 +3,7 @@ gateway: every call here is what an E2B user writes."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -100,9 +101,22 @@ def test_large_and_endless_output(sandbox: Sandbox):
 
 
 def test_metrics(sandbox: Sandbox):
+    # Issue 13 item 6: samples by time range, recorded every 5 s from the
+    # sandbox's start; none for a range before it existed.
+    sandbox.commands.run("python3 -c 'x = bytearray(64 << 20); import time; time.sleep(6)'")
     m = sandbox.get_metrics()
-    assert m, "no metrics sample"
-    assert m[-1].cpu_count >= 1 and 0 < m[-1].mem_used <= m[-1].mem_total and m[-1].disk_total > 0
+    assert len(m) >= 2, m
+    assert all(a.timestamp < b.timestamp for a, b in zip(m, m[1:])), m
+    assert all(s.cpu_count >= 1 and 0 < s.mem_used <= s.mem_total and s.disk_used <= s.disk_total for s in m), m
+    info = sandbox.get_info()
+    assert m[0].timestamp >= info.started_at.replace(microsecond=0), (m[0], info.started_at)
+    before = sandbox.get_metrics(start=info.started_at - datetime.timedelta(hours=1), end=info.started_at - datetime.timedelta(minutes=1))
+    assert before == []
+    # The API takes whole seconds.
+    lo, hi = m[-1].timestamp.replace(microsecond=0), m[-1].timestamp.replace(microsecond=0) + datetime.timedelta(seconds=1)
+    last = sandbox.get_metrics(start=lo, end=hi)
+    assert m[-1].timestamp in [s.timestamp for s in last] and all(lo <= s.timestamp <= hi for s in last), (last, lo, hi)
+    assert len(last) < len(m)
 
 
 def test_create_env_vars_and_metadata_listing():

@@ -163,6 +163,19 @@ func testLifecycle(t *testing.T, newBackend Factory, env Env) {
 	if got := strings.TrimSpace(sb.Sh(t, "echo hello from $DSEC_SANDBOX_ID")); got != "hello from "+string(sb.ID) {
 		t.Fatalf("echo = %q", got)
 	}
+	// A real runtime's use, read from the host, counts what the sandbox
+	// runs (the fake reports what its test sets).
+	if ur, ok := b.(backend.UsageReader); ok && env.Isolated {
+		before, err := ur.Usage(sb.ID)
+		if err != nil || before.MemoryBytes <= 0 || before.LimitBytes <= 0 {
+			t.Fatalf("usage: %+v, %v", before, err)
+		}
+		sb.Sh(t, "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done")
+		after, err := ur.Usage(sb.ID)
+		if err != nil || after.CPUNanos < before.CPUNanos+uint64(20*time.Millisecond) {
+			t.Fatalf("CPU use across a busy loop: %d ns, then %d ns (%v)", before.CPUNanos, after.CPUNanos, err)
+		}
+	}
 	if err := b.Stop(ctx, sb.ID, 2*time.Second); err != nil {
 		t.Fatalf("stop: %v", err)
 	}

@@ -188,6 +188,9 @@ func notExist(out []byte) bool {
 
 func cgroupsPath(id sandboxid.ID) string { return oci.CgroupsPath(string(id)) }
 
+// Usage reads the sandbox's cgroups.
+func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) { return oci.ReadUsage(string(id)) }
+
 // Create mounts the rootfs and writes the bundle; Start runs it.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
 	if spec.LayerDir == "" {

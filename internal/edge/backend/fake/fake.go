@@ -53,7 +53,28 @@ type Backend struct {
 	boxes    map[sandboxid.ID]*box // guarded by mu
 	restores int                   // guarded by mu
 	// Failures a test sets while sandboxes run (SetFailures).
-	failDestroy, failSnapshot error // guarded by mu
+	failDestroy, failSnapshot error                          // guarded by mu
+	usage                     map[sandboxid.ID]backend.Usage // guarded by mu; SetUsage
+}
+
+// SetUsage sets what Usage reports for id.
+func (b *Backend) SetUsage(id sandboxid.ID, u backend.Usage) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.usage == nil {
+		b.usage = map[sandboxid.ID]backend.Usage{}
+	}
+	b.usage[id] = u
+}
+
+// Usage reports what SetUsage set (zero until then).
+func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
+	if _, err := b.get(id); err != nil {
+		return backend.Usage{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.usage[id], nil
 }
 
 // SetFailures makes Destroy fail and leave the sandbox in place

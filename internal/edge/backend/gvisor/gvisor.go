@@ -528,6 +528,16 @@ func (b *Backend) HostThreads(id sandboxid.ID) int {
 	return oci.PidsCurrent(bx.runscID)
 }
 
+// Usage reads the sandbox's cgroups: the sentry's and gofer's CPU time and
+// memory, which hold everything the sandbox runs.
+func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
+	bx, err := b.get(id)
+	if err != nil {
+		return backend.Usage{}, err
+	}
+	return oci.ReadUsage(bx.runscID)
+}
+
 // Continue sends the sandbox's first process, the agent, SIGCONT: gVisor
 // lets root inside stop its PID 1, which Linux does not.
 func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {

@@ -14,6 +14,7 @@ import (
 	v1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -405,6 +406,118 @@ func (x *DestroySandboxResponse) GetSandbox() *v1.Sandbox {
 	return nil
 }
 
+type GetSandboxMetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Scope         string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	Start         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start,proto3" json:"start,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GetSandboxMetricsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *GetSandboxMetricsRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *GetSandboxMetricsRequest) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *GetSandboxMetricsRequest) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Samples       []*v1.MetricsSample    `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetSandboxMetricsResponse) GetSamples() []*v1.MetricsSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
 type SetSandboxTimeoutRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId      string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -416,7 +529,7 @@ type SetSandboxTimeoutRequest struct {
 
 func (x *SetSandboxTimeoutRequest) Reset() {
 	*x = SetSandboxTimeoutRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -428,7 +541,7 @@ func (x *SetSandboxTimeoutRequest) String() string {
 func (*SetSandboxTimeoutRequest) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -441,7 +554,7 @@ func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetSandboxTimeoutRequest) GetSandboxId() string {
@@ -474,7 +587,7 @@ type SetSandboxTimeoutResponse struct {
 
 func (x *SetSandboxTimeoutResponse) Reset() {
 	*x = SetSandboxTimeoutResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +599,7 @@ func (x *SetSandboxTimeoutResponse) String() string {
 func (*SetSandboxTimeoutResponse) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +612,7 @@ func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetSandboxTimeoutResponse) GetSandbox() *v1.Sandbox {
@@ -519,7 +632,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +644,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +657,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -570,7 +683,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +695,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +708,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *v1.Sandbox {
@@ -615,7 +728,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +740,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +753,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -666,7 +779,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +791,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +804,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *v1.Sandbox {
@@ -712,7 +825,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +837,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +850,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -770,7 +883,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +895,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +908,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *v1.Snapshot {
@@ -819,7 +932,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +944,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +957,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -891,7 +1004,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1016,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1029,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *v1.Sandbox {
@@ -939,7 +1052,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1064,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1077,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1013,7 +1126,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1138,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1151,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*v1.ForkResult {
@@ -1072,7 +1185,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1197,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1210,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListSnapshotsRequest) GetScope() string {
@@ -1123,7 +1236,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1248,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1261,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*v1.Snapshot {
@@ -1168,7 +1281,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1293,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1306,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1218,7 +1331,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1343,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1356,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
 }
 
 type GetNodeStatusRequest struct {
@@ -1254,7 +1367,7 @@ type GetNodeStatusRequest struct {
 
 func (x *GetNodeStatusRequest) Reset() {
 	*x = GetNodeStatusRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1379,7 @@ func (x *GetNodeStatusRequest) String() string {
 func (*GetNodeStatusRequest) ProtoMessage() {}
 
 func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1392,7 @@ func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 type BackendStatus struct {
@@ -1296,7 +1409,7 @@ type BackendStatus struct {
 
 func (x *BackendStatus) Reset() {
 	*x = BackendStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1421,7 @@ func (x *BackendStatus) String() string {
 func (*BackendStatus) ProtoMessage() {}
 
 func (x *BackendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1434,7 @@ func (x *BackendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStatus.ProtoReflect.Descriptor instead.
 func (*BackendStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BackendStatus) GetName() string {
@@ -1371,7 +1484,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1496,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1509,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Usage) GetSandboxes() int64 {
@@ -1432,7 +1545,7 @@ type GroupUsage struct {
 
 func (x *GroupUsage) Reset() {
 	*x = GroupUsage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1557,7 @@ func (x *GroupUsage) String() string {
 func (*GroupUsage) ProtoMessage() {}
 
 func (x *GroupUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1570,7 @@ func (x *GroupUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsage.ProtoReflect.Descriptor instead.
 func (*GroupUsage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GroupUsage) GetProject() string {
@@ -1506,7 +1619,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1631,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1644,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -1592,7 +1705,7 @@ type GetNodeStatusResponse struct {
 
 func (x *GetNodeStatusResponse) Reset() {
 	*x = GetNodeStatusResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1717,7 @@ func (x *GetNodeStatusResponse) String() string {
 func (*GetNodeStatusResponse) ProtoMessage() {}
 
 func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1730,7 @@ func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetNodeStatusResponse) GetStatus() *NodeStatus {
@@ -1637,7 +1750,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1762,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1775,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UpdateNetworkRequest) GetScope() string {
@@ -1688,7 +1801,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1813,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1826,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *v1.Sandbox {
@@ -1727,7 +1840,7 @@ var File_opendsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/edge/v1/edge.proto\x12\x10opendsec.edge.v1\x1a!opendsec/sandbox/v1/sandbox.proto\"f\n" +
+	"\x1bopendsec/edge/v1/edge.proto\x12\x10opendsec.edge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!opendsec/sandbox/v1/sandbox.proto\"f\n" +
 	"\x14CreateSandboxRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\"O\n" +
@@ -1748,7 +1861,15 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\"P\n" +
 	"\x16DestroySandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"x\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\xaf\x01\n" +
+	"\x18GetSandboxMetricsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\x120\n" +
+	"\x05start\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\"Y\n" +
+	"\x19GetSandboxMetricsResponse\x12<\n" +
+	"\asamples\x18\x01 \x03(\v2\".opendsec.sandbox.v1.MetricsSampleR\asamples\"x\n" +
 	"\x18SetSandboxTimeoutRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -1844,8 +1965,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2).opendsec.sandbox.v1.UpdateNetworkRequestR\x06update\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xf5\n" +
-	"\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xe3\v\n" +
 	"\vEdgeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.edge.v1.CreateSandboxRequest\x1a'.opendsec.edge.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -1853,7 +1973,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\rListSandboxes\x12&.opendsec.edge.v1.ListSandboxesRequest\x1a'.opendsec.edge.v1.ListSandboxesResponse\x12c\n" +
 	"\x0eDestroySandbox\x12'.opendsec.edge.v1.DestroySandboxRequest\x1a(.opendsec.edge.v1.DestroySandboxResponse\x12l\n" +
 	"\x11SetSandboxTimeout\x12*.opendsec.edge.v1.SetSandboxTimeoutRequest\x1a+.opendsec.edge.v1.SetSandboxTimeoutResponse\x12`\n" +
-	"\rUpdateNetwork\x12&.opendsec.edge.v1.UpdateNetworkRequest\x1a'.opendsec.edge.v1.UpdateNetworkResponse\x12]\n" +
+	"\rUpdateNetwork\x12&.opendsec.edge.v1.UpdateNetworkRequest\x1a'.opendsec.edge.v1.UpdateNetworkResponse\x12l\n" +
+	"\x11GetSandboxMetrics\x12*.opendsec.edge.v1.GetSandboxMetricsRequest\x1a+.opendsec.edge.v1.GetSandboxMetricsResponse\x12]\n" +
 	"\fPauseSandbox\x12%.opendsec.edge.v1.PauseSandboxRequest\x1a&.opendsec.edge.v1.PauseSandboxResponse\x12`\n" +
 	"\rResumeSandbox\x12&.opendsec.edge.v1.ResumeSandboxRequest\x1a'.opendsec.edge.v1.ResumeSandboxResponse\x12f\n" +
 	"\x0fSnapshotSandbox\x12(.opendsec.edge.v1.SnapshotSandboxRequest\x1a).opendsec.edge.v1.SnapshotSandboxResponse\x12f\n" +
@@ -1875,7 +1996,7 @@ func file_opendsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_opendsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),      // 0: opendsec.edge.v1.CreateSandboxRequest
 	(*CreateSandboxResponse)(nil),     // 1: opendsec.edge.v1.CreateSandboxResponse
@@ -1885,95 +2006,104 @@ var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*ListSandboxesResponse)(nil),     // 5: opendsec.edge.v1.ListSandboxesResponse
 	(*DestroySandboxRequest)(nil),     // 6: opendsec.edge.v1.DestroySandboxRequest
 	(*DestroySandboxResponse)(nil),    // 7: opendsec.edge.v1.DestroySandboxResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 8: opendsec.edge.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 9: opendsec.edge.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 10: opendsec.edge.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 11: opendsec.edge.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 12: opendsec.edge.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 13: opendsec.edge.v1.ResumeSandboxResponse
-	(*SnapshotSandboxRequest)(nil),    // 14: opendsec.edge.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 15: opendsec.edge.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 16: opendsec.edge.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 17: opendsec.edge.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 18: opendsec.edge.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 19: opendsec.edge.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 20: opendsec.edge.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 21: opendsec.edge.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 22: opendsec.edge.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 23: opendsec.edge.v1.DeleteSnapshotResponse
-	(*GetNodeStatusRequest)(nil),      // 24: opendsec.edge.v1.GetNodeStatusRequest
-	(*BackendStatus)(nil),             // 25: opendsec.edge.v1.BackendStatus
-	(*Usage)(nil),                     // 26: opendsec.edge.v1.Usage
-	(*GroupUsage)(nil),                // 27: opendsec.edge.v1.GroupUsage
-	(*NodeStatus)(nil),                // 28: opendsec.edge.v1.NodeStatus
-	(*GetNodeStatusResponse)(nil),     // 29: opendsec.edge.v1.GetNodeStatusResponse
-	(*UpdateNetworkRequest)(nil),      // 30: opendsec.edge.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 31: opendsec.edge.v1.UpdateNetworkResponse
-	nil,                               // 32: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 33: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	(*v1.SandboxSpec)(nil),            // 34: opendsec.sandbox.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                // 35: opendsec.sandbox.v1.Sandbox
-	(*v1.Snapshot)(nil),               // 36: opendsec.sandbox.v1.Snapshot
-	(*v1.ForkResult)(nil),             // 37: opendsec.sandbox.v1.ForkResult
-	(*v1.UpdateNetworkRequest)(nil),   // 38: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*GetSandboxMetricsRequest)(nil),  // 8: opendsec.edge.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 9: opendsec.edge.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 10: opendsec.edge.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 11: opendsec.edge.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 12: opendsec.edge.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 13: opendsec.edge.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 14: opendsec.edge.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 15: opendsec.edge.v1.ResumeSandboxResponse
+	(*SnapshotSandboxRequest)(nil),    // 16: opendsec.edge.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 17: opendsec.edge.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 18: opendsec.edge.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 19: opendsec.edge.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 20: opendsec.edge.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 21: opendsec.edge.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 22: opendsec.edge.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 23: opendsec.edge.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 24: opendsec.edge.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 25: opendsec.edge.v1.DeleteSnapshotResponse
+	(*GetNodeStatusRequest)(nil),      // 26: opendsec.edge.v1.GetNodeStatusRequest
+	(*BackendStatus)(nil),             // 27: opendsec.edge.v1.BackendStatus
+	(*Usage)(nil),                     // 28: opendsec.edge.v1.Usage
+	(*GroupUsage)(nil),                // 29: opendsec.edge.v1.GroupUsage
+	(*NodeStatus)(nil),                // 30: opendsec.edge.v1.NodeStatus
+	(*GetNodeStatusResponse)(nil),     // 31: opendsec.edge.v1.GetNodeStatusResponse
+	(*UpdateNetworkRequest)(nil),      // 32: opendsec.edge.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 33: opendsec.edge.v1.UpdateNetworkResponse
+	nil,                               // 34: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 35: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	(*v1.SandboxSpec)(nil),            // 36: opendsec.sandbox.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                // 37: opendsec.sandbox.v1.Sandbox
+	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
+	(*v1.MetricsSample)(nil),          // 39: opendsec.sandbox.v1.MetricsSample
+	(*v1.Snapshot)(nil),               // 40: opendsec.sandbox.v1.Snapshot
+	(*v1.ForkResult)(nil),             // 41: opendsec.sandbox.v1.ForkResult
+	(*v1.UpdateNetworkRequest)(nil),   // 42: opendsec.sandbox.v1.UpdateNetworkRequest
 }
 var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
-	34, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	35, // 1: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	35, // 2: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	35, // 3: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	35, // 4: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	35, // 5: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	35, // 6: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	35, // 7: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	36, // 8: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	32, // 9: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	35, // 10: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	33, // 11: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	37, // 12: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	36, // 13: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	26, // 14: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
-	26, // 15: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
-	26, // 16: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
-	25, // 17: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
-	27, // 18: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	26, // 19: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
-	28, // 20: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	38, // 21: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
-	35, // 22: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	0,  // 23: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
-	2,  // 24: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
-	4,  // 25: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
-	6,  // 26: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
-	8,  // 27: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	30, // 28: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
-	10, // 29: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
-	12, // 30: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
-	14, // 31: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	16, // 32: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	18, // 33: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	20, // 34: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	22, // 35: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	24, // 36: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	1,  // 37: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	3,  // 38: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	5,  // 39: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	7,  // 40: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	9,  // 41: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	31, // 42: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
-	11, // 43: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	13, // 44: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	15, // 45: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	17, // 46: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	19, // 47: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	21, // 48: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	23, // 49: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	29, // 50: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	37, // [37:51] is the sub-list for method output_type
-	23, // [23:37] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	36, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	37, // 1: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	37, // 2: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	37, // 3: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	37, // 4: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	38, // 5: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	38, // 6: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	39, // 7: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	37, // 8: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	37, // 9: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	37, // 10: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	40, // 11: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	34, // 12: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	37, // 13: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	35, // 14: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	41, // 15: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	40, // 16: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	28, // 17: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
+	28, // 18: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
+	28, // 19: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
+	27, // 20: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
+	29, // 21: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
+	28, // 22: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	30, // 23: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	42, // 24: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
+	37, // 25: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	0,  // 26: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
+	2,  // 27: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
+	4,  // 28: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
+	6,  // 29: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
+	10, // 30: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
+	32, // 31: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
+	8,  // 32: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
+	12, // 33: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
+	14, // 34: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
+	16, // 35: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	18, // 36: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	20, // 37: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	22, // 38: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	24, // 39: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	26, // 40: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	1,  // 41: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	3,  // 42: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	5,  // 43: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	7,  // 44: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	11, // 45: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	33, // 46: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
+	9,  // 47: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
+	13, // 48: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	15, // 49: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	17, // 50: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	19, // 51: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	21, // 52: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	23, // 53: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	25, // 54: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	31, // 55: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	41, // [41:56] is the sub-list for method output_type
+	26, // [26:41] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_edge_v1_edge_proto_init() }
@@ -1987,7 +2117,7 @@ func file_opendsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_edge_v1_edge_proto_rawDesc), len(file_opendsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

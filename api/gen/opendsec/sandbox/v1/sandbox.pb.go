@@ -965,6 +965,218 @@ func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
+type GetSandboxMetricsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Samples from this time on; unset: from the oldest kept.
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	// Samples up to this time; unset: now.
+	End           *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetSandboxMetricsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *GetSandboxMetricsRequest) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *GetSandboxMetricsRequest) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+// MetricsSample is one recorded sample of a sandbox's use.
+type MetricsSample struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// The sandbox's CPU cores (its limit, rounded up).
+	CpuCount uint32 `protobuf:"varint,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	// CPU used since the sample before, as a percentage of cpu_count cores.
+	CpuUsedPct float64 `protobuf:"fixed64,3,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	// Memory used less page cache the kernel can drop at once; the limit.
+	MemUsedBytes  int64 `protobuf:"varint,4,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
+	MemTotalBytes int64 `protobuf:"varint,5,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	MemCacheBytes int64 `protobuf:"varint,6,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
+	// The writable layer's use and size, where the backend gives it one
+	// (container); 0 where writes live in memory (gvisor).
+	DiskUsedBytes  int64 `protobuf:"varint,7,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	DiskTotalBytes int64 `protobuf:"varint,8,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MetricsSample) Reset() {
+	*x = MetricsSample{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsSample) ProtoMessage() {}
+
+func (x *MetricsSample) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsSample.ProtoReflect.Descriptor instead.
+func (*MetricsSample) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *MetricsSample) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *MetricsSample) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetMemUsedBytes() int64 {
+	if x != nil {
+		return x.MemUsedBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetMemTotalBytes() int64 {
+	if x != nil {
+		return x.MemTotalBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetMemCacheBytes() int64 {
+	if x != nil {
+		return x.MemCacheBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetDiskUsedBytes() int64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *MetricsSample) GetDiskTotalBytes() int64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Samples       []*MetricsSample       `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetSandboxMetricsResponse) GetSamples() []*MetricsSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
 type SetSandboxTimeoutRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -976,7 +1188,7 @@ type SetSandboxTimeoutRequest struct {
 
 func (x *SetSandboxTimeoutRequest) Reset() {
 	*x = SetSandboxTimeoutRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1200,7 @@ func (x *SetSandboxTimeoutRequest) String() string {
 func (*SetSandboxTimeoutRequest) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1213,7 @@ func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetSandboxTimeoutRequest) GetSandboxId() string {
@@ -1027,7 +1239,7 @@ type SetSandboxTimeoutResponse struct {
 
 func (x *SetSandboxTimeoutResponse) Reset() {
 	*x = SetSandboxTimeoutResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1251,7 @@ func (x *SetSandboxTimeoutResponse) String() string {
 func (*SetSandboxTimeoutResponse) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1264,7 @@ func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetSandboxTimeoutResponse) GetSandbox() *Sandbox {
@@ -1071,7 +1283,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1295,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1308,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -1115,7 +1327,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1339,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1352,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1159,7 +1371,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1383,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1396,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -1203,7 +1415,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1427,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1440,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1258,7 +1470,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1482,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1495,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1355,7 +1567,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1579,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1592,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -1406,7 +1618,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1630,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1643,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -1454,7 +1666,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1678,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1691,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -1512,7 +1724,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1736,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1749,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -1562,7 +1774,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1786,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1799,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1631,7 +1843,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1855,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1868,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1695,7 +1907,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1919,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1932,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*ForkResult {
@@ -1754,7 +1966,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1978,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1991,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -1798,7 +2010,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +2022,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +2035,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -1842,7 +2054,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +2066,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +2079,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1885,7 +2097,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2109,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2122,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 type UpdateNetworkRequest struct {
@@ -1933,7 +2145,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2157,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2170,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -2012,7 +2224,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2236,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2249,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
@@ -2125,7 +2337,24 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x12StopSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x15\n" +
-	"\x13StopSandboxResponse\"b\n" +
+	"\x13StopSandboxResponse\"\x99\x01\n" +
+	"\x18GetSandboxMetricsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\"\xc6\x02\n" +
+	"\rMetricsSample\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1b\n" +
+	"\tcpu_count\x18\x02 \x01(\rR\bcpuCount\x12 \n" +
+	"\fcpu_used_pct\x18\x03 \x01(\x01R\n" +
+	"cpuUsedPct\x12$\n" +
+	"\x0emem_used_bytes\x18\x04 \x01(\x03R\fmemUsedBytes\x12&\n" +
+	"\x0fmem_total_bytes\x18\x05 \x01(\x03R\rmemTotalBytes\x12&\n" +
+	"\x0fmem_cache_bytes\x18\x06 \x01(\x03R\rmemCacheBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\a \x01(\x03R\rdiskUsedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\b \x01(\x03R\x0ediskTotalBytes\"Y\n" +
+	"\x19GetSandboxMetricsResponse\x12<\n" +
+	"\asamples\x18\x01 \x03(\v2\".opendsec.sandbox.v1.MetricsSampleR\asamples\"b\n" +
 	"\x18SetSandboxTimeoutRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
@@ -2215,8 +2444,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x05\x12\x18\n" +
-	"\x14SANDBOX_STATE_FAILED\x10\x062\xdb\n" +
-	"\n" +
+	"\x14SANDBOX_STATE_FAILED\x10\x062\xcf\v\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).opendsec.sandbox.v1.CreateSandboxRequest\x1a*.opendsec.sandbox.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -2231,7 +2459,8 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\vForkSandbox\x12'.opendsec.sandbox.v1.ForkSandboxRequest\x1a(.opendsec.sandbox.v1.ForkSandboxResponse\x12f\n" +
 	"\rListSnapshots\x12).opendsec.sandbox.v1.ListSnapshotsRequest\x1a*.opendsec.sandbox.v1.ListSnapshotsResponse\x12i\n" +
 	"\x0eDeleteSnapshot\x12*.opendsec.sandbox.v1.DeleteSnapshotRequest\x1a+.opendsec.sandbox.v1.DeleteSnapshotResponse\x12f\n" +
-	"\rUpdateNetwork\x12).opendsec.sandbox.v1.UpdateNetworkRequest\x1a*.opendsec.sandbox.v1.UpdateNetworkResponseBDZBgithub.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1;sandboxv1b\x06proto3"
+	"\rUpdateNetwork\x12).opendsec.sandbox.v1.UpdateNetworkRequest\x1a*.opendsec.sandbox.v1.UpdateNetworkResponse\x12r\n" +
+	"\x11GetSandboxMetrics\x12-.opendsec.sandbox.v1.GetSandboxMetricsRequest\x1a..opendsec.sandbox.v1.GetSandboxMetricsResponseBDZBgithub.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1;sandboxv1b\x06proto3"
 
 var (
 	file_opendsec_sandbox_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2246,7 +2475,7 @@ func file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.sandbox.v1.SandboxState
 	(*Resources)(nil),                 // 1: opendsec.sandbox.v1.Resources
@@ -2262,96 +2491,105 @@ var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*ListSandboxesResponse)(nil),     // 11: opendsec.sandbox.v1.ListSandboxesResponse
 	(*StopSandboxRequest)(nil),        // 12: opendsec.sandbox.v1.StopSandboxRequest
 	(*StopSandboxResponse)(nil),       // 13: opendsec.sandbox.v1.StopSandboxResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 14: opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 15: opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 16: opendsec.sandbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 17: opendsec.sandbox.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 18: opendsec.sandbox.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 19: opendsec.sandbox.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),                  // 20: opendsec.sandbox.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),    // 21: opendsec.sandbox.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 22: opendsec.sandbox.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 23: opendsec.sandbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 24: opendsec.sandbox.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 25: opendsec.sandbox.v1.ForkSandboxRequest
-	(*ForkResult)(nil),                // 26: opendsec.sandbox.v1.ForkResult
-	(*ForkSandboxResponse)(nil),       // 27: opendsec.sandbox.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 28: opendsec.sandbox.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 29: opendsec.sandbox.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 30: opendsec.sandbox.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 31: opendsec.sandbox.v1.DeleteSnapshotResponse
-	(*UpdateNetworkRequest)(nil),      // 32: opendsec.sandbox.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 33: opendsec.sandbox.v1.UpdateNetworkResponse
-	nil,                               // 34: opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	nil,                               // 35: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	nil,                               // 36: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	nil,                               // 37: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 38: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 39: google.protobuf.Timestamp
+	(*GetSandboxMetricsRequest)(nil),  // 14: opendsec.sandbox.v1.GetSandboxMetricsRequest
+	(*MetricsSample)(nil),             // 15: opendsec.sandbox.v1.MetricsSample
+	(*GetSandboxMetricsResponse)(nil), // 16: opendsec.sandbox.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 17: opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 18: opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 19: opendsec.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 20: opendsec.sandbox.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 21: opendsec.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 22: opendsec.sandbox.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),                  // 23: opendsec.sandbox.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),    // 24: opendsec.sandbox.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 25: opendsec.sandbox.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 26: opendsec.sandbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 27: opendsec.sandbox.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 28: opendsec.sandbox.v1.ForkSandboxRequest
+	(*ForkResult)(nil),                // 29: opendsec.sandbox.v1.ForkResult
+	(*ForkSandboxResponse)(nil),       // 30: opendsec.sandbox.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 31: opendsec.sandbox.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 32: opendsec.sandbox.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 33: opendsec.sandbox.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 34: opendsec.sandbox.v1.DeleteSnapshotResponse
+	(*UpdateNetworkRequest)(nil),      // 35: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 36: opendsec.sandbox.v1.UpdateNetworkResponse
+	nil,                               // 37: opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	nil,                               // 38: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	nil,                               // 39: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	nil,                               // 40: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 41: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	1,  // 0: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
-	34, // 1: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	35, // 2: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	37, // 1: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	38, // 2: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
 	3,  // 3: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
 	4,  // 4: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
 	2,  // 5: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	0,  // 6: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	39, // 7: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	39, // 8: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	42, // 7: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	42, // 8: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	5,  // 10: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	5,  // 11: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	36, // 12: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	39, // 12: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
 	0,  // 13: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
 	5,  // 14: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	5,  // 15: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	5,  // 16: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	5,  // 17: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	2,  // 18: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	39, // 19: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	20, // 20: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	37, // 21: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	5,  // 22: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	38, // 23: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	5,  // 24: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	26, // 25: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	20, // 26: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	4,  // 27: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	4,  // 28: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	4,  // 29: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	5,  // 30: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	6,  // 31: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	8,  // 32: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	10, // 33: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	12, // 34: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	14, // 35: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	16, // 36: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	18, // 37: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	21, // 38: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	23, // 39: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	25, // 40: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	28, // 41: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	30, // 42: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	32, // 43: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	7,  // 44: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	9,  // 45: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	11, // 46: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	13, // 47: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	15, // 48: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	17, // 49: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	19, // 50: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	22, // 51: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	24, // 52: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	27, // 53: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	29, // 54: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	31, // 55: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	33, // 56: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	44, // [44:57] is the sub-list for method output_type
-	31, // [31:44] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	42, // 15: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	42, // 16: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	42, // 17: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	15, // 18: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	5,  // 19: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	5,  // 20: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	5,  // 21: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	2,  // 22: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	42, // 23: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	23, // 24: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	40, // 25: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	5,  // 26: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	41, // 27: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	5,  // 28: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	29, // 29: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	23, // 30: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	4,  // 31: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	4,  // 32: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	4,  // 33: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	5,  // 34: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	6,  // 35: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	8,  // 36: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	10, // 37: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	12, // 38: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	17, // 39: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	19, // 40: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	21, // 41: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	24, // 42: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	26, // 43: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	28, // 44: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	31, // 45: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	33, // 46: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	35, // 47: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	14, // 48: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	7,  // 49: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	9,  // 50: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	11, // 51: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	13, // 52: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	18, // 53: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	20, // 54: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	22, // 55: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	25, // 56: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	27, // 57: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	30, // 58: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	32, // 59: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	34, // 60: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	36, // 61: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	16, // 62: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	49, // [49:63] is the sub-list for method output_type
+	35, // [35:49] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
@@ -2359,14 +2597,14 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 	if File_opendsec_sandbox_v1_sandbox_proto != nil {
 		return
 	}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_sandbox_v1_sandbox_proto_rawDesc), len(file_opendsec_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   38,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -53,6 +53,9 @@ const (
 	// EdgeServiceUpdateNetworkProcedure is the fully-qualified name of the EdgeService's UpdateNetwork
 	// RPC.
 	EdgeServiceUpdateNetworkProcedure = "/opendsec.edge.v1.EdgeService/UpdateNetwork"
+	// EdgeServiceGetSandboxMetricsProcedure is the fully-qualified name of the EdgeService's
+	// GetSandboxMetrics RPC.
+	EdgeServiceGetSandboxMetricsProcedure = "/opendsec.edge.v1.EdgeService/GetSandboxMetrics"
 	// EdgeServicePauseSandboxProcedure is the fully-qualified name of the EdgeService's PauseSandbox
 	// RPC.
 	EdgeServicePauseSandboxProcedure = "/opendsec.edge.v1.EdgeService/PauseSandbox"
@@ -90,6 +93,7 @@ type EdgeServiceClient interface {
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
 	SetSandboxTimeout(context.Context, *connect.Request[v1.SetSandboxTimeoutRequest]) (*connect.Response[v1.SetSandboxTimeoutResponse], error)
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
@@ -146,6 +150,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+EdgeServiceUpdateNetworkProcedure,
 			connect.WithSchema(edgeServiceMethods.ByName("UpdateNetwork")),
+			connect.WithClientOptions(opts...),
+		),
+		getSandboxMetrics: connect.NewClient[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse](
+			httpClient,
+			baseURL+EdgeServiceGetSandboxMetricsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("GetSandboxMetrics")),
 			connect.WithClientOptions(opts...),
 		),
 		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
@@ -207,6 +217,7 @@ type edgeServiceClient struct {
 	destroySandbox    *connect.Client[v1.DestroySandboxRequest, v1.DestroySandboxResponse]
 	setSandboxTimeout *connect.Client[v1.SetSandboxTimeoutRequest, v1.SetSandboxTimeoutResponse]
 	updateNetwork     *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
+	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
 	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
 	resumeSandbox     *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
@@ -245,6 +256,11 @@ func (c *edgeServiceClient) SetSandboxTimeout(ctx context.Context, req *connect.
 // UpdateNetwork calls opendsec.edge.v1.EdgeService.UpdateNetwork.
 func (c *edgeServiceClient) UpdateNetwork(ctx context.Context, req *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
 	return c.updateNetwork.CallUnary(ctx, req)
+}
+
+// GetSandboxMetrics calls opendsec.edge.v1.EdgeService.GetSandboxMetrics.
+func (c *edgeServiceClient) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return c.getSandboxMetrics.CallUnary(ctx, req)
 }
 
 // PauseSandbox calls opendsec.edge.v1.EdgeService.PauseSandbox.
@@ -299,6 +315,7 @@ type EdgeServiceHandler interface {
 	DestroySandbox(context.Context, *connect.Request[v1.DestroySandboxRequest]) (*connect.Response[v1.DestroySandboxResponse], error)
 	SetSandboxTimeout(context.Context, *connect.Request[v1.SetSandboxTimeoutRequest]) (*connect.Response[v1.SetSandboxTimeoutResponse], error)
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
@@ -351,6 +368,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		EdgeServiceUpdateNetworkProcedure,
 		svc.UpdateNetwork,
 		connect.WithSchema(edgeServiceMethods.ByName("UpdateNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceGetSandboxMetricsHandler := connect.NewUnaryHandler(
+		EdgeServiceGetSandboxMetricsProcedure,
+		svc.GetSandboxMetrics,
+		connect.WithSchema(edgeServiceMethods.ByName("GetSandboxMetrics")),
 		connect.WithHandlerOptions(opts...),
 	)
 	edgeServicePauseSandboxHandler := connect.NewUnaryHandler(
@@ -415,6 +438,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceSetSandboxTimeoutHandler.ServeHTTP(w, r)
 		case EdgeServiceUpdateNetworkProcedure:
 			edgeServiceUpdateNetworkHandler.ServeHTTP(w, r)
+		case EdgeServiceGetSandboxMetricsProcedure:
+			edgeServiceGetSandboxMetricsHandler.ServeHTTP(w, r)
 		case EdgeServicePauseSandboxProcedure:
 			edgeServicePauseSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceResumeSandboxProcedure:
@@ -462,6 +487,10 @@ func (UnimplementedEdgeServiceHandler) SetSandboxTimeout(context.Context, *conne
 
 func (UnimplementedEdgeServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.UpdateNetwork is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.GetSandboxMetrics is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {

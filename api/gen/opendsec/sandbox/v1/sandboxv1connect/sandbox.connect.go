@@ -76,6 +76,9 @@ const (
 	// SandboxServiceUpdateNetworkProcedure is the fully-qualified name of the SandboxService's
 	// UpdateNetwork RPC.
 	SandboxServiceUpdateNetworkProcedure = "/opendsec.sandbox.v1.SandboxService/UpdateNetwork"
+	// SandboxServiceGetSandboxMetricsProcedure is the fully-qualified name of the SandboxService's
+	// GetSandboxMetrics RPC.
+	SandboxServiceGetSandboxMetricsProcedure = "/opendsec.sandbox.v1.SandboxService/GetSandboxMetrics"
 )
 
 // SandboxServiceClient is a client for the opendsec.sandbox.v1.SandboxService service.
@@ -111,6 +114,9 @@ type SandboxServiceClient interface {
 	// added, removed or the whole list replaced, in one step. New
 	// connections follow the new policy within a second.
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	// The sandbox's resource use as its node recorded it (every 5 s, the
+	// last hour), oldest first; paused sandboxes are not woken.
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the opendsec.sandbox.v1.SandboxService service.
@@ -202,6 +208,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
 			connect.WithClientOptions(opts...),
 		),
+		getSandboxMetrics: connect.NewClient[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse](
+			httpClient,
+			baseURL+SandboxServiceGetSandboxMetricsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -220,6 +232,7 @@ type sandboxServiceClient struct {
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
 	deleteSnapshot    *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
 	updateNetwork     *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
+	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
 }
 
 // CreateSandbox calls opendsec.sandbox.v1.SandboxService.CreateSandbox.
@@ -287,6 +300,11 @@ func (c *sandboxServiceClient) UpdateNetwork(ctx context.Context, req *connect.R
 	return c.updateNetwork.CallUnary(ctx, req)
 }
 
+// GetSandboxMetrics calls opendsec.sandbox.v1.SandboxService.GetSandboxMetrics.
+func (c *sandboxServiceClient) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return c.getSandboxMetrics.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the opendsec.sandbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox places, admits and starts a sandbox. It returns once the
@@ -320,6 +338,9 @@ type SandboxServiceHandler interface {
 	// added, removed or the whole list replaced, in one step. New
 	// connections follow the new policy within a second.
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	// The sandbox's resource use as its node recorded it (every 5 s, the
+	// last hour), oldest first; paused sandboxes are not woken.
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -407,6 +428,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceGetSandboxMetricsHandler := connect.NewUnaryHandler(
+		SandboxServiceGetSandboxMetricsProcedure,
+		svc.GetSandboxMetrics,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.sandbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -435,6 +462,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteSnapshotHandler.ServeHTTP(w, r)
 		case SandboxServiceUpdateNetworkProcedure:
 			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
+		case SandboxServiceGetSandboxMetricsProcedure:
+			sandboxServiceGetSandboxMetricsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -494,4 +523,8 @@ func (UnimplementedSandboxServiceHandler) DeleteSnapshot(context.Context, *conne
 
 func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.UpdateNetwork is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.GetSandboxMetrics is not implemented"))
 }

@@ -1,0 +1,129 @@
+package edge
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// Metrics over time [ours; E2B answers the samples of a time range]. Every
+// metricsEvery the edge reads each sandbox's use from the host (its
+// cgroups, through backend.UsageReader; its writable layer's file system):
+// nothing enters the sandbox, so a paused one stays paused and a busy one
+// is not slowed. The last metricsKept samples are kept in memory; an edge
+// restart starts them afresh.
+
+const (
+	metricsEvery = 5 * time.Second
+	metricsKept  = 720 // an hour
+)
+
+// metricsRing is one sandbox's recorded samples.
+type metricsRing struct {
+	mu       sync.Mutex
+	samples  []*sandboxv1.MetricsSample // guarded by mu; oldest first
+	lastCPU  uint64                     // guarded by mu; CPU nanoseconds at the last sample
+	lastAt   time.Time                  // guarded by mu
+	layerDir string                     // guarded by mu; the writable layer, once known
+}
+
+func (e *Edge) metricsLoop() {
+	defer e.wg.Done()
+	tick := time.NewTicker(metricsEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-tick.C:
+			for _, sb := range e.all() {
+				e.recordMetrics(sb, now)
+			}
+		}
+	}
+}
+
+// recordMetrics takes one sample of sb, if its backend can read its use
+// and it is running or paused.
+func (e *Edge) recordMetrics(sb *sandbox, now time.Time) {
+	ur, ok := sb.be.(backend.UsageReader)
+	if !ok {
+		return
+	}
+	view := sb.snapshot()
+	if st := view.GetState(); st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		return
+	}
+	u, err := ur.Usage(sb.id)
+	if err != nil {
+		return // gone, or going: nothing to record
+	}
+	r := &sb.metrics
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.layerDir == "" && sb.mu.TryLock() { // a busy sandbox's layer is learned at the next sample
+		r.layerDir = sb.rec.LayerDir
+		sb.mu.Unlock()
+	}
+	res := view.GetSpec().GetResources()
+	cores := math.Ceil(float64(res.GetCpuCores()))
+	if cores < 1 {
+		cores = 1
+	}
+	s := &sandboxv1.MetricsSample{
+		Time: timestamppb.New(now), CpuCount: uint32(cores),
+		MemUsedBytes: u.MemoryBytes, MemTotalBytes: u.LimitBytes, MemCacheBytes: u.CacheBytes,
+	}
+	if limit := res.GetMemoryMb() << 20; limit > 0 && (s.MemTotalBytes == 0 || limit < s.MemTotalBytes) {
+		s.MemTotalBytes = limit
+	}
+	if !r.lastAt.IsZero() && u.CPUNanos >= r.lastCPU {
+		if dt := now.Sub(r.lastAt); dt > 0 {
+			s.CpuUsedPct = min(100, 100*float64(u.CPUNanos-r.lastCPU)/(float64(dt.Nanoseconds())*cores))
+		}
+	}
+	r.lastCPU, r.lastAt = u.CPUNanos, now
+	if r.layerDir != "" {
+		var st unix.Statfs_t
+		if unix.Statfs(r.layerDir, &st) == nil {
+			s.DiskTotalBytes = int64(st.Blocks) * st.Bsize
+			s.DiskUsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+		}
+	}
+	if len(r.samples) == metricsKept {
+		copy(r.samples, r.samples[1:])
+		r.samples = r.samples[:metricsKept-1]
+	}
+	r.samples = append(r.samples, s)
+}
+
+// Metrics returns sb's recorded samples between start and end (zero:
+// unbounded), oldest first.
+func (e *Edge) Metrics(id, scope string, start, end time.Time) ([]*sandboxv1.MetricsSample, error) {
+	if !start.IsZero() && !end.IsZero() && end.Before(start) {
+		return nil, errdefs.InvalidArgument("end %s is before start %s", end.Format(time.RFC3339), start.Format(time.RFC3339))
+	}
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	r := &sb.metrics
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*sandboxv1.MetricsSample
+	for _, s := range r.samples {
+		t := s.Time.AsTime()
+		if (!start.IsZero() && t.Before(start)) || (!end.IsZero() && t.After(end)) {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

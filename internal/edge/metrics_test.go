@@ -1,0 +1,68 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// The recorder: a sample when the sandbox starts, CPU as a share of its
+// cores since the sample before, memory capped at its limit, the samples
+// of a range, at most metricsKept, and none for another project.
+func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	created, err := f.edge.Create(context.Background(), spec(), "root/team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := f.edge.lookup(created.Id, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := f.edge.Metrics(created.Id, "root/team", time.Time{}, time.Time{})
+	if err != nil || len(first) != 1 || first[0].CpuUsedPct != 0 || first[0].CpuCount != 1 {
+		t.Fatalf("right after the create: %v, %v; want one sample", first, err)
+	}
+	t0 := first[0].Time.AsTime()
+	f.fake.SetUsage(sb.id, backend.Usage{CPUNanos: uint64(500 * time.Millisecond), MemoryBytes: 1 << 40, LimitBytes: 1 << 50})
+	f.edge.recordMetrics(sb, t0.Add(time.Second))
+	f.fake.SetUsage(sb.id, backend.Usage{CPUNanos: uint64(600 * time.Millisecond), MemoryBytes: 1 << 20})
+	f.edge.recordMetrics(sb, t0.Add(2*time.Second))
+	all, _ := f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
+	if len(all) != 3 {
+		t.Fatalf("%d samples, want 3", len(all))
+	}
+	if got := all[1].CpuUsedPct; got < 49.9 || got > 50.1 {
+		t.Fatalf("CPU over the second second: %.2f%%, want 50%%", got)
+	}
+	if got := all[2].CpuUsedPct; got < 9.9 || got > 10.1 {
+		t.Fatalf("CPU over the third second: %.2f%%, want 10%%", got)
+	}
+	if all[1].MemTotalBytes != 256<<20 || all[1].MemUsedBytes != 1<<40 {
+		t.Fatalf("memory: used %d of %d, want the limit of 256 MiB as the total", all[1].MemUsedBytes, all[1].MemTotalBytes)
+	}
+	mid, _ := f.edge.Metrics(created.Id, "root", t0.Add(500*time.Millisecond), t0.Add(1500*time.Millisecond))
+	if len(mid) != 1 || !mid[0].Time.AsTime().Equal(t0.Add(time.Second)) {
+		t.Fatalf("the middle second: %v", mid)
+	}
+	if before, _ := f.edge.Metrics(created.Id, "root", t0.Add(-time.Hour), t0.Add(-time.Minute)); len(before) != 0 {
+		t.Fatalf("a range before the sandbox existed: %v", before)
+	}
+	if _, err := f.edge.Metrics(created.Id, "root", t0, t0.Add(-time.Second)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("end before start: %v", err)
+	}
+	if _, err := f.edge.Metrics(created.Id, "root/other", time.Time{}, time.Time{}); !errdefs.IsNotFound(err) {
+		t.Fatalf("another project: %v", err)
+	}
+	for i := 0; i < metricsKept+5; i++ {
+		f.edge.recordMetrics(sb, t0.Add(time.Duration(3+i)*time.Second))
+	}
+	all, _ = f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
+	if len(all) != metricsKept || !all[len(all)-1].Time.AsTime().Equal(t0.Add(time.Duration(metricsKept+7)*time.Second)) {
+		t.Fatalf("after many: %d samples, last at %v", len(all), all[len(all)-1].Time.AsTime())
+	}
+}
