@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -140,7 +141,35 @@ func run(ctx context.Context, storeDir, agent string, creates, n int) error {
 		e2bWrite = append(e2bWrite, time.Since(t0))
 	}
 
-	fmt.Printf("E2B gateway vs native API (gvisor, %s, %d creates, %d execs and writes, %s)\n\n", image, creates, n, time.Now().Format(time.RFC3339))
+	// A login shell's first prompt in a PTY, idle and with the node's two
+	// cores kept busy (E2B's PTY tests give it about 300 ms).
+	var nativePty, e2bPty, nativePtyLoaded, e2bPtyLoaded []time.Duration
+	for _, loaded := range []bool{false, true} {
+		stop := func() {}
+		if loaded {
+			stop = busyHost(2)
+		}
+		for i := 0; i < n; i++ {
+			d, err := nativePrompt(ctx, sb)
+			if err != nil {
+				stop()
+				return err
+			}
+			e, err := e2bPrompt(ctx, envd)
+			if err != nil {
+				stop()
+				return err
+			}
+			if loaded {
+				nativePtyLoaded, e2bPtyLoaded = append(nativePtyLoaded, d), append(e2bPtyLoaded, e)
+			} else {
+				nativePty, e2bPty = append(nativePty, d), append(e2bPty, e)
+			}
+		}
+		stop()
+	}
+
+	fmt.Printf("E2B gateway vs native API (gvisor, %s, %d creates, %d execs, writes and PTYs, %s)\n\n", image, creates, n, time.Now().Format(time.RFC3339))
 	fmt.Printf("%-22s %11s %11s %11s %11s   %s\n", "measurement", "native p50", "native p99", "e2b p50", "e2b p99", "overhead (p50)")
 	row := func(name string, nat, gw []time.Duration, decimals int) {
 		fmt.Printf("%-22s %11s %11s %11s %11s   e2b/native = %.2fx\n", name,
@@ -151,8 +180,11 @@ func run(ctx context.Context, storeDir, agent string, creates, n int) error {
 	row("create", nativeCreate, e2bCreate, 0)
 	row("exec round trip", nativeExec, e2bExec, 2)
 	row("write 1 MiB file", nativeWrite, e2bWrite, 2)
+	row("PTY first prompt", nativePty, e2bPty, 1)
+	row("  2 cores busy", nativePtyLoaded, e2bPtyLoaded, 1)
 	fmt.Println("\nexec: /bin/true, native ProcessService.Run vs envd process.Start streamed to its end event;")
 	fmt.Println("write: native WriteFile vs POST /files (octet-stream; written in place in 4 MiB agent writes, as envd does).")
+	fmt.Println("PTY: bash -i -l as user in a 24x80 PTY, from the start call to the prompt's \"$ \"; busy: two host processes spinning.")
 	return nil
 }
 
@@ -249,4 +281,83 @@ func (g *gatewayClient) upload(sb sandboxJSON, path string, data []byte) error {
 	req.Header.Set("Content-Type", "application/octet-stream")
 	_, err := g.do(req, http.StatusOK)
 	return err
+}
+
+// busyHost keeps n host processes spinning until the returned function.
+func busyHost(n int) func() {
+	var cmds []*exec.Cmd
+	for i := 0; i < n; i++ {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		if c.Start() == nil {
+			cmds = append(cmds, c)
+		}
+	}
+	return func() {
+		for _, c := range cmds {
+			c.Process.Kill() //nolint:errcheck // waited for below
+			c.Wait()         //nolint:errcheck // killed
+		}
+	}
+}
+
+// promptSeen is how a login shell's prompt ends.
+var promptSeen = []byte("$ ")
+
+// nativePrompt starts a login shell in a PTY through our API and times
+// its prompt; it then exits it.
+func nativePrompt(ctx context.Context, sb *client.Sandbox) (time.Duration, error) {
+	t0 := time.Now()
+	stream, err := sb.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{
+		Args: []string{"/bin/bash", "-i", "-l"}, User: "user", Pty: &agentv1.PtySize{Rows: 24, Cols: 80},
+	}}))
+	if err != nil {
+		return 0, err
+	}
+	defer stream.Close()
+	var out []byte
+	var pid uint32
+	for stream.Receive() {
+		ev := stream.Msg().Event
+		if st := ev.GetStarted(); st != nil {
+			pid = st.Pid
+		}
+		out = append(out, ev.GetOutput().GetData()...)
+		if bytes.Contains(out, promptSeen) {
+			d := time.Since(t0)
+			_, err := sb.Process.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Pid{Pid: pid}}, Data: []byte("exit\n")}))
+			return d, err
+		}
+	}
+	return 0, fmt.Errorf("native PTY: no prompt in %q: %v", out, stream.Err())
+}
+
+// e2bPrompt does the same through envd's protocol, as the SDKs' pty.create.
+func e2bPrompt(ctx context.Context, envd envdprocessconnect.ProcessClient) (time.Duration, error) {
+	t0 := time.Now()
+	stream, err := envd.Start(ctx, connect.NewRequest(&envdprocess.StartRequest{
+		Process: &envdprocess.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"}},
+		Pty:     &envdprocess.PTY{Size: &envdprocess.PTY_Size{Rows: 24, Cols: 80}},
+	}))
+	if err != nil {
+		return 0, err
+	}
+	defer stream.Close()
+	var out []byte
+	var pid uint32
+	for stream.Receive() {
+		ev := stream.Msg().Event
+		if st := ev.GetStart(); st != nil {
+			pid = st.Pid
+		}
+		out = append(out, ev.GetData().GetPty()...)
+		if bytes.Contains(out, promptSeen) {
+			d := time.Since(t0)
+			_, err := envd.SendInput(ctx, connect.NewRequest(&envdprocess.SendInputRequest{
+				Process: &envdprocess.ProcessSelector{Selector: &envdprocess.ProcessSelector_Pid{Pid: pid}},
+				Input:   &envdprocess.ProcessInput{Input: &envdprocess.ProcessInput_Pty{Pty: []byte("exit\n")}},
+			}))
+			return d, err
+		}
+	}
+	return 0, fmt.Errorf("e2b PTY: no prompt in %q: %v", out, stream.Err())
 }
