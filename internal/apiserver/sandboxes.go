@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -146,12 +145,12 @@ func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request
 		return nil, err
 	}
 	sb, err := s.place(ctx, proj, placement.Request{Backend: spec.Backend, CPUCores: spec.Resources.CpuCores, MemoryMB: spec.Resources.MemoryMb, Count: 1},
-		func(ctx context.Context, c *edgeclient.Conn) (*sandboxv1.Sandbox, error) {
+		func(ctx context.Context, c *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error) {
 			resp, err := c.Edge.CreateSandbox(ctx, connect.NewRequest(&edgev1.CreateSandboxRequest{Spec: spec, Project: proj}))
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			return resp.Msg.Sandbox, nil
+			return resp.Msg.Sandbox, resp.Msg.Usage, nil
 		})
 	if err != nil {
 		return nil, err
@@ -175,13 +174,9 @@ func (s *Server) checkImage(name, proj string) error {
 // place checks the quota, ranks nodes and runs create on them in order
 // until one admits: an edge's ResourceExhausted or Unavailable answer moves
 // on to the next node [paper: the edge has the final say].
-func (s *Server) place(ctx context.Context, proj string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, error)) (*sandboxv1.Sandbox, error) {
+func (s *Server) place(ctx context.Context, proj string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error)) (*sandboxv1.Sandbox, error) {
 	view := s.watcher.View()
-	polled := map[string]time.Time{}
-	for _, n := range view.Nodes {
-		polled[n.ID] = n.PolledAt
-	}
-	byNode, pending := s.inflight.overlay(polled)
+	byNode, pending := s.inflight.overlay(marksOf(view))
 	need := placement.Resources{Sandboxes: r.Count, CPUCores: r.CPUCores * float64(r.Count), MemoryMB: r.MemoryMB * r.Count}
 	if err := s.checkQuota(proj, need, pending); err != nil {
 		return nil, err
@@ -199,8 +194,8 @@ func (s *Server) place(ctx context.Context, proj string, r placement.Request, cr
 		}
 		nv, _ := view.Node(node)
 		id := s.inflight.add(node, proj, need)
-		sb, err := create(ctx, s.edges.Get(nv.Addr))
-		s.inflight.finish(id, err == nil)
+		sb, stamp, err := create(ctx, s.edges.Get(nv.Addr))
+		s.inflight.finish(id, err == nil, stamp)
 		if err == nil {
 			return sb, nil
 		}

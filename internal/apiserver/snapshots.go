@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -31,19 +30,14 @@ func (s *Server) snapshotEdge(id string) (*edgeclient.Conn, error) {
 
 // reserve checks the quota for n sandboxes of r in project and counts them
 // in flight on node until the edge reports them; done says how it went.
-func (s *Server) reserve(node, project string, r *sandboxv1.Resources, n int64) (done func(ok bool), err error) {
-	view := s.watcher.View()
-	polled := map[string]time.Time{}
-	for _, nv := range view.Nodes {
-		polled[nv.ID] = nv.PolledAt
-	}
-	_, pending := s.inflight.overlay(polled)
+func (s *Server) reserve(node, project string, r *sandboxv1.Resources, n int64) (done func(ok bool, stamp *edgev1.UsageStamp), err error) {
+	_, pending := s.inflight.overlay(marksOf(s.watcher.View()))
 	need := placement.Resources{Sandboxes: n, CPUCores: r.GetCpuCores() * float64(n), MemoryMB: r.GetMemoryMb() * n}
 	if err := s.checkQuota(project, need, pending); err != nil {
 		return nil, err
 	}
 	id := s.inflight.add(node, project, need)
-	return func(ok bool) { s.inflight.finish(id, ok) }, nil
+	return func(ok bool, stamp *edgev1.UsageStamp) { s.inflight.finish(id, ok, stamp) }, nil
 }
 
 func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Request[sandboxv1.SnapshotSandboxRequest]) (*connect.Response[sandboxv1.SnapshotSandboxResponse], error) {
@@ -85,7 +79,11 @@ func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Reque
 	resp, err := c.Edge.RestoreSnapshot(ctx, connect.NewRequest(&edgev1.RestoreSnapshotRequest{
 		SnapshotId: m.SnapshotId, Scope: scope, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata,
 	}))
-	done(err == nil)
+	if err != nil {
+		done(false, nil)
+		return nil, err
+	}
+	done(true, resp.Msg.Usage)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +112,11 @@ func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[s
 	resp, err := c.Edge.ForkSandbox(ctx, connect.NewRequest(&edgev1.ForkSandboxRequest{
 		SandboxId: m.SandboxId, Scope: scope, Count: m.Count, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata,
 	}))
-	done(err == nil)
+	if err != nil {
+		done(false, nil)
+		return nil, err
+	}
+	done(true, resp.Msg.Usage)
 	if err != nil {
 		return nil, err
 	}

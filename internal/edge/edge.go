@@ -96,6 +96,12 @@ type Edge struct {
 	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
 	allocated usage                              // guarded by mu
 	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
+	// usageSeq counts changes of what Status counts (admissions and
+	// removals); usageEpoch names this run of the edge. Apiservers drop a
+	// placement they count themselves once a status stamped at or after
+	// its admission shows it (usage.go).
+	usageSeq   uint64 // guarded by mu
+	usageEpoch string
 
 	expiryWake chan struct{} // a deadline changed (wakeExpiry)
 	stop       chan struct{}
@@ -147,7 +153,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		store: deps.Store, cache: cache,
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
-		stop: make(chan struct{}), expiryWake: make(chan struct{}, 1),
+		stop: make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
 	}
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)

@@ -66,3 +66,25 @@ func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
 		t.Fatalf("after many: %d samples, last at %v", len(all), all[len(all)-1].Time.AsTime())
 	}
 }
+
+// A status is stamped with the last usage change it includes: at or after
+// a sandbox's admission once it counts it, later again once it is gone.
+func TestStatusIsStampedWithTheChangesItIncludes(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	before := f.edge.Status().Usage
+	created, err := f.edge.Create(context.Background(), spec(), "root/team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := f.edge.AdmissionStamp(created.Id)
+	st := f.edge.Status()
+	if admitted.Epoch != before.Epoch || admitted.Seq <= before.Seq || st.Usage.Seq < admitted.Seq || st.Allocated.Sandboxes != 1 {
+		t.Fatalf("before %v, admitted %v, status %v with %d sandboxes", before, admitted, st.Usage, st.Allocated.Sandboxes)
+	}
+	if _, err := f.edge.Destroy(context.Background(), created.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if after := f.edge.Status(); after.Usage.Seq <= st.Usage.Seq || after.Allocated.Sandboxes != 0 {
+		t.Fatalf("after the removal: %v with %d sandboxes", after.Usage, after.Allocated.Sandboxes)
+	}
+}

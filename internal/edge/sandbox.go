@@ -15,6 +15,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
@@ -65,6 +66,9 @@ type sandbox struct {
 	started atomic.Int64
 	hb      heartbeatState
 	metrics metricsRing // its recorded use (metrics.go)
+	// admitSeq is the usage change that counted it (Edge.usageSeq); set
+	// once, under the edge's mu, before anyone else sees the sandbox.
+	admitSeq uint64
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
@@ -172,6 +176,8 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
 	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
 	e.boxes[rec.ID] = sb
+	e.usageSeq++
+	sb.admitSeq = e.usageSeq
 	return sb, nil
 }
 
@@ -182,6 +188,7 @@ func (e *Edge) forget(sb *sandbox) {
 	defer e.mu.Unlock()
 	if e.boxes[sb.id] == sb {
 		delete(e.boxes, sb.id)
+		e.usageSeq++
 	}
 }
 
@@ -196,6 +203,7 @@ func (e *Edge) release(sb *sandbox) {
 	defer e.mu.Unlock()
 	e.allocated.add(r.CpuCores, r.MemoryMb, -1)
 	e.diskMB -= e.diskOf(sb.be, r)
+	e.usageSeq++ // a failed sandbox that holds nothing is no longer counted
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its
@@ -470,13 +478,33 @@ func (e *Edge) DestroyAll(ctx context.Context, scope string) (int, error) {
 }
 
 func (e *Edge) all() []*sandbox {
+	out, _ := e.allStamped()
+	return out
+}
+
+// allStamped is all() and the usage change it reflects, read together.
+func (e *Edge) allStamped() ([]*sandbox, *edgev1.UsageStamp) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := make([]*sandbox, 0, len(e.boxes))
 	for _, sb := range e.boxes {
 		out = append(out, sb)
 	}
-	return out
+	return out, &edgev1.UsageStamp{Epoch: e.usageEpoch, Seq: e.usageSeq}
+}
+
+// AdmissionStamp is the usage change that counted the last admitted of
+// ids (ids no longer here are skipped).
+func (e *Edge) AdmissionStamp(ids ...string) *edgev1.UsageStamp {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := &edgev1.UsageStamp{Epoch: e.usageEpoch}
+	for _, id := range ids {
+		if sb, ok := e.boxes[sandboxid.ID(id)]; ok && sb.admitSeq > st.Seq {
+			st.Seq = sb.admitSeq
+		}
+	}
+	return st
 }
 
 // Get describes a sandbox.

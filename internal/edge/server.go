@@ -46,7 +46,7 @@ func (s *server) CreateSandbox(ctx context.Context, req *connect.Request[edgev1.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&edgev1.CreateSandboxResponse{Sandbox: sb}), nil
+	return connect.NewResponse(&edgev1.CreateSandboxResponse{Sandbox: sb, Usage: s.e.AdmissionStamp(sb.Id)}), nil
 }
 
 func (s *server) GetSandbox(ctx context.Context, req *connect.Request[edgev1.GetSandboxRequest]) (*connect.Response[edgev1.GetSandboxResponse], error) {
@@ -122,7 +122,7 @@ func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&edgev1.RestoreSnapshotResponse{Sandbox: sb}), nil
+	return connect.NewResponse(&edgev1.RestoreSnapshotResponse{Sandbox: sb, Usage: s.e.AdmissionStamp(sb.Id)}), nil
 }
 
 func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.ForkSandboxRequest]) (*connect.Response[edgev1.ForkSandboxResponse], error) {
@@ -143,6 +143,13 @@ func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.Fo
 		}
 		out.Results = append(out.Results, res)
 	}
+	var ids []string
+	for _, r := range fo.Results {
+		if r.Sandbox != nil {
+			ids = append(ids, r.Sandbox.Id)
+		}
+	}
+	out.Usage = s.e.AdmissionStamp(ids...)
 	return connect.NewResponse(out), nil
 }
 

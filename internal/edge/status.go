@@ -29,7 +29,9 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	sort.Slice(st.Backends, func(i, j int) bool { return st.Backends[i].Name < st.Backends[j].Name })
 	type key struct{ project, task, backend string }
 	groups := map[key]*usage{}
-	for _, sb := range e.all() {
+	boxes, stamp := e.allStamped()
+	st.Usage = stamp
+	for _, sb := range boxes {
 		v := sb.snapshot()
 		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED && sb.released.Load() {
 			continue // holds nothing: not counted against node or quota

@@ -12,6 +12,7 @@ import (
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/embed"
 )
 
 // project makes path (its parent must exist) with quota and returns a
@@ -140,4 +141,26 @@ func TestForkCountsAgainstQuota(t *testing.T) {
 		t.Fatalf("create past the quota after a fork: %v", err)
 	}
 	_ = context.Background
+}
+
+// Creates one after another up to the quota all succeed, however the
+// watcher's polls fall: each create here takes longer than a poll interval,
+// so a poll always starts between the edge's admission and its answer.
+// Such a poll counts the sandbox, and the apiserver counted it too until the
+// next one: the third of three creates against a quota of three was refused.
+func TestSequentialCreatesFillTheQuota(t *testing.T) {
+	c := startClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.Backends["fake"] = map[string]string{"create_delay": "1200ms"}
+	}, "fake")
+	cl := c.project(t, "root", "seq", &iamv1.Quota{MaxSandboxes: 3})
+	ctx := ctxT(t)
+	for i := 1; i <= 3; i++ {
+		if _, err := cl.Create(ctx, sized(0.1, 64)()); err != nil {
+			t.Fatalf("create %d of 3: %v", i, err)
+		}
+	}
+	_, err := cl.Create(ctx, sized(0.1, 64)())
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a fourth create: %v, want the quota's refusal", err)
+	}
 }

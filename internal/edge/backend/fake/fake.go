@@ -130,9 +130,18 @@ var (
 	_ backend.Continuer   = (*Backend)(nil)
 )
 
-// New returns a fake backend.
+// New returns a fake backend. Option "create_delay" (a Go duration) sets
+// Knobs.CreateDelay, for tests that run it through a whole cluster.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
-	return &Backend{boxes: map[sandboxid.ID]*box{}}, nil
+	b := &Backend{boxes: map[sandboxid.ID]*box{}}
+	if v := cfg.Options["create_delay"]; v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("fake backend: create_delay %q: %w", v, err)
+		}
+		b.Knobs.CreateDelay = d
+	}
+	return b, nil
 }
 
 // Name returns "fake".

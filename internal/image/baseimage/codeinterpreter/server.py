@@ -207,6 +207,14 @@ def env_code(language, env_vars):
             after.append('if [ -n "$_dsec_had_%d" ]; then export %s="$_dsec_old_%d"; else unset %s; fi; unset _dsec_had_%d _dsec_old_%d'
                          % (i, k, i, k, i, i))
         return "\n".join(before), "\n".join(after)
+    if language == "javascript":
+        values = json.dumps(env_vars)
+        return (
+            "globalThis.__dsecSaved = {}; for (const [k, v] of Object.entries(%s)) "
+            "{ __dsecSaved[k] = process.env[k]; process.env[k] = v }" % values,
+            "for (const [k, v] of Object.entries(globalThis.__dsecSaved)) "
+            "{ if (v === undefined) delete process.env[k]; else process.env[k] = v }; delete globalThis.__dsecSaved",
+        )
     raise HTTPError(400, "env_vars: not supported for language %r" % language)
 
 

@@ -1,0 +1,103 @@
+// OpenDsec's JavaScript runner [ours], driven by jskernel.py: it reads one
+// JSON line per cell ({"code": ...}) on stdin and answers on the file
+// descriptor $DSEC_JS_MESSAGE_FD (default 3), one JSON
+// line per message: {"type": "stream", "name": "stdout"|"stderr", "text"},
+// {"type": "result", "text"}, {"type": "error", "ename", "evalue",
+// "traceback"}, then {"type": "done"}. Cells run in this process's global
+// scope, so what one defines the next sees; SIGINT stops a running cell and
+// keeps that scope. Node's standard library only.
+'use strict'
+
+const fs = require('fs')
+const readline = require('readline')
+const util = require('util')
+const vm = require('vm')
+
+const out = fs.createWriteStream(null, { fd: Number(process.env.DSEC_JS_MESSAGE_FD || 3) })
+delete process.env.DSEC_JS_MESSAGE_FD
+const send = (msg) => out.write(JSON.stringify(msg) + '\n')
+
+// What the cell prints is sent in order with its other messages.
+for (const name of ['stdout', 'stderr']) {
+  process[name].write = (chunk, encoding, cb) => {
+    send({ type: 'stream', name, text: typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8') })
+    if (typeof encoding === 'function') encoding()
+    else if (typeof cb === 'function') cb()
+    return true
+  }
+}
+globalThis.require = require
+globalThis.module = module
+
+// An error thrown later (a timer's, a promise nobody awaited) is printed,
+// not fatal: the scope outlives it.
+const report = (err) => send({ type: 'stream', name: 'stderr', text: ((err && err.stack) || String(err)) + '\n' })
+process.on('uncaughtException', report)
+process.on('unhandledRejection', report)
+
+// SIGINT while no cell runs is ignored; while one runs, breakOnSigint
+// turns it into an error inside the cell.
+process.on('SIGINT', () => {})
+
+// A traceback shows the cell's frames, not the runner's.
+const ownFrame = /node:vm|node:internal|jsrunner\.js/
+
+function errorMessage(err) {
+  if (err instanceof Error) {
+    const lines = (err.stack || String(err)).split('\n').filter((l) => !ownFrame.test(l))
+    return { type: 'error', ename: err.name || 'Error', evalue: err.message || String(err), traceback: lines }
+  }
+  return { type: 'error', ename: 'Error', evalue: util.inspect(err), traceback: ['Uncaught ' + util.inspect(err)] }
+}
+
+const statementStart = /^((const|let|var|function|class|if|for|while|do|switch|try|return|throw|import|export|break|continue)\b|[}{)\]])/
+
+function withReturn(code) {
+  const lines = code.replace(/\s+$/, '').split('\n')
+  const last = lines[lines.length - 1].trim()
+  if (last && !statementStart.test(last) && !last.endsWith('{') && !last.startsWith('//')) {
+    lines[lines.length - 1] = 'return (' + last.replace(/;$/, '') + ')'
+  }
+  return lines.join('\n')
+}
+
+async function runCell(code) {
+  let value
+  try {
+    value = vm.runInThisContext(code, { filename: 'cell', breakOnSigint: true })
+  } catch (err) {
+    // `await` at the top level: the cell runs as the body of an async
+    // function (its declarations are its own; assign to globalThis to keep
+    // one), and a last line that is an expression is what it answers.
+    if (err instanceof SyntaxError && /await/.test(err.message)) {
+      value = vm.runInThisContext('(async () => {\n' + withReturn(code) + '\n})()', { filename: 'cell', breakOnSigint: true })
+    } else {
+      throw err
+    }
+  }
+  if (value && typeof value.then === 'function') value = await value
+  return value
+}
+
+const lines = readline.createInterface({ input: process.stdin, terminal: false })
+let queue = Promise.resolve()
+lines.on('line', (line) => {
+  queue = queue.then(async () => {
+    let code
+    try {
+      code = JSON.parse(line).code
+    } catch (err) {
+      send(errorMessage(err))
+      send({ type: 'done' })
+      return
+    }
+    try {
+      const value = await runCell(code)
+      if (value !== undefined) send({ type: 'result', text: typeof value === 'string' ? util.inspect(value) : util.inspect(value, { depth: 4 }) })
+    } catch (err) {
+      send(errorMessage(err))
+    }
+    send({ type: 'done' })
+  })
+})
+lines.on('close', () => process.exit(0))
