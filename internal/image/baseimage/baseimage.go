@@ -62,7 +62,7 @@ var Recipes = map[string]Recipe{
 	},
 	"code-interpreter": {
 		Name:        "root/code-interpreter:latest",
-		Description: "root/py:3.11 + Jupyter (Python and bash kernels, numpy, matplotlib) and the server of E2B's Code Interpreter protocol on port 49999",
+		Description: "root/py:3.11 + Jupyter (Python, bash and JavaScript/Node.js kernels, numpy, matplotlib) and the server of E2B's Code Interpreter protocol on port 49999",
 		build:       buildCodeInterpreter,
 		base:        "py",
 		labels:      codeInterpreterLabels,

@@ -16,7 +16,7 @@ import (
 )
 
 // root/code-interpreter [ours]: root/py:3.11 plus Jupyter's Python and bash
-// kernels and the server of E2B's Code Interpreter protocol
+// kernels, our JavaScript kernel on Debian's Node.js, and the server of E2B's Code Interpreter protocol
 // (codeinterpreter/server.py), which the image's start label runs on port
 // 49999 when a sandbox starts. The wheels are downloaded once into the
 // cache directory; later builds install from there offline.
@@ -26,6 +26,21 @@ var codeInterpreterServer []byte
 
 //go:embed codeinterpreter/requirements.txt
 var codeInterpreterRequirements []byte
+
+//go:embed codeinterpreter/jskernel.py
+var codeInterpreterJSKernel []byte
+
+//go:embed codeinterpreter/jsrunner.js
+var codeInterpreterJSRunner []byte
+
+// codeInterpreterDebianPackages are installed with apt (Node.js for the
+// JavaScript kernel); their .debs and apt's lists are kept in the cache.
+var codeInterpreterDebianPackages = []string{"nodejs"}
+
+// jsKernelSpec is Jupyter's kernel.json of the JavaScript kernel.
+const jsKernelSpec = `{"argv": ["python3", "/opt/opendsec/code-interpreter/jskernel.py", "-f", "{connection_file}"],
+ "display_name": "JavaScript (Node.js)", "language": "javascript", "interrupt_mode": "message"}
+`
 
 // Where server.py lives in the image, and the labels that start it.
 const (
@@ -42,6 +57,9 @@ var codeInterpreterLabels = map[string]string{
 
 // wheelDir keeps the downloaded wheels; complete marks a finished download.
 func wheelDir(cacheDir string) string { return filepath.Join(cacheDir, "wheels", "code-interpreter") }
+
+// aptCacheDir keeps apt's lists and downloaded .debs.
+func aptCacheDir(cacheDir string) string { return filepath.Join(cacheDir, "apt", "code-interpreter") }
 
 func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 	if o.CacheDir == "" {
@@ -61,7 +79,13 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 	}
 	// The download runs in the image (its Python picks the wheels) with the
 	// host's name servers, certificate authorities and proxy settings.
-	undo, err := bindForChroot(root, map[string]string{wheels: "tmp/wheels", "/dev": "dev", "/proc": "proc",
+	apt := aptCacheDir(o.CacheDir)
+	for _, d := range []string{"archives/partial", "lists/partial"} {
+		if err := os.MkdirAll(filepath.Join(apt, d), 0o755); err != nil {
+			return err
+		}
+	}
+	undo, err := bindForChroot(root, map[string]string{wheels: "tmp/wheels", apt: "tmp/apt", "/dev": "dev", "/proc": "proc",
 		"/etc/resolv.conf": "etc/resolv.conf", hostCABundle: "tmp/host-ca.crt"})
 	defer undo()
 	if err != nil {
@@ -82,6 +106,21 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 			return err
 		}
 	}
+	// apt with its lists and archives in the cache: a later build installs
+	// from there without the network.
+	aptGet := append([]string{"env", "DEBIAN_FRONTEND=noninteractive"}, hostNetworkEnv()...)
+	aptGet = append(aptGet, "apt-get", "-q", "-o", "Dir::State::Lists=/tmp/apt/lists", "-o", "Dir::Cache::Archives=/tmp/apt/archives",
+		"-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root")
+	if ents, _ := os.ReadDir(filepath.Join(apt, "lists")); len(ents) <= 1 { // only partial/
+		report(o, "downloading Debian's package lists", 0, 0)
+		if err := chroot(ctx, root, "", append(aptGet, "update")...); err != nil {
+			return err
+		}
+	}
+	report(o, "installing Node.js (Debian)", 0, 0)
+	if err := chroot(ctx, root, "", append(append(aptGet, "install", "-y", "--no-install-recommends"), codeInterpreterDebianPackages...)...); err != nil {
+		return err
+	}
 	report(o, "installing Jupyter kernels", 0, 0)
 	steps := []struct {
 		user string
@@ -99,14 +138,21 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 		}
 	}
 	undo()
-	server := filepath.Join(root, CodeInterpreterServerPath)
-	if err := os.MkdirAll(filepath.Dir(server), 0o755); err != nil {
-		return err
+	files := map[string][]byte{
+		CodeInterpreterServerPath: codeInterpreterServer,
+		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jskernel.py"): codeInterpreterJSKernel,
+		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jsrunner.js"): codeInterpreterJSRunner,
+		"/usr/local/share/jupyter/kernels/javascript/kernel.json":             []byte(jsKernelSpec),
 	}
-	if err := os.WriteFile(server, codeInterpreterServer, 0o644); err != nil {
-		return err
+	for p, data := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(root, p), data, 0o644); err != nil {
+			return err
+		}
 	}
-	for _, p := range []string{"tmp/requirements.txt", "tmp/wheels", "tmp/host-ca.crt", "root/.cache"} {
+	for _, p := range []string{"tmp/requirements.txt", "tmp/wheels", "tmp/apt", "tmp/host-ca.crt", "root/.cache", "var/log/apt", "var/cache/apt/pkgcache.bin", "var/cache/apt/srcpkgcache.bin"} {
 		os.RemoveAll(filepath.Join(root, p)) //nolint:errcheck // leftovers only cost space
 	}
 	return nil

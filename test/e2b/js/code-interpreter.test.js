@@ -81,6 +81,16 @@ describe('E2B Code Interpreter JavaScript SDK through the OpenDsec gateway', () 
     assert.ok(Date.now() - started < 10_000, 'the interrupted cell still held the kernel')
   })
 
+  it('runs JavaScript cells that share state', async () => {
+    const first = await sb.runCode('const base = 40\nconsole.log("from node")\nbase + 2', { language: 'js' })
+    assert.equal(first.error, undefined)
+    assert.equal(first.text, '42')
+    assert.deepEqual(first.logs.stdout, ['from node\n'])
+    assert.equal((await sb.runCode('base * 2', { language: 'js' })).text, '80')
+    const err = (await sb.runCode('null.x', { language: 'js' })).error
+    assert.equal(err.name, 'TypeError')
+  })
+
   it('a bash context keeps its own state', async () => {
     const ctx = await sb.createCodeContext({ language: 'bash' })
     assert.equal(ctx.language, 'bash')

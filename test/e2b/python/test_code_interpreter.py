@@ -106,8 +106,20 @@ def test_contexts_bash_list_restart_remove(ci):
         ci.run_code("echo gone", context=ctx)
 
 
+def test_javascript_cells_share_state(ci):
+    first = ci.run_code("const base = 40\nconsole.log('from node')\nbase + 2", language="js")
+    assert first.error is None, first.error
+    assert first.text == "42" and first.logs.stdout == ["from node\n"]
+    assert ci.run_code("base * 2", language="javascript").text == "80"
+    awaited = ci.run_code("await new Promise((r) => setTimeout(() => r(base + 1), 10))", language="js")
+    assert awaited.text == "41"
+    err = ci.run_code("null.x", language="js").error
+    assert err is not None and err.name == "TypeError" and "null" in err.value
+    assert ci.run_code("process.env.DSEC_CI_JS", language="js", envs={"DSEC_CI_JS": "on"}).text == "'on'"
+
+
 def test_language_without_a_kernel_is_a_clear_error(ci):
     from e2b import SandboxException
 
-    with pytest.raises(SandboxException, match="language 'r': not available in this sandbox; available: bash, python"):
+    with pytest.raises(SandboxException, match="language 'r': not available in this sandbox; available: bash, javascript, python"):
         ci.run_code("1", language="r")

@@ -1,8 +1,9 @@
 """OpenDsec's JavaScript kernel for Jupyter [ours]: a wrapper kernel that
 runs cells in a Node.js process (jsrunner.js, next to this file), whose
-global scope holds the cells' state. An interrupt is passed on to Node,
-which stops the running cell and keeps that scope; if Node dies, the next
-cell starts a new one (state lost, and said so)."""
+global scope holds the cells' state. An interrupt (a message: kernel.json
+says interrupt_mode "message") is passed to Node as SIGINT, and Node stops
+the running cell and keeps that scope; if Node dies, the next cell starts a new one (state lost, and said
+so)."""
 
 import json
 import os
@@ -28,6 +29,7 @@ class JavaScriptKernel(Kernel):
         super().__init__(**kwargs)
         self.node = None
         self.buf = b""
+        self.cells = 0
 
     def start_node(self):
         r, w = os.pipe()
@@ -39,26 +41,39 @@ class JavaScriptKernel(Kernel):
         self.out = r
         self.buf = b""
 
-    def messages(self):
-        """Yields the runner's messages for one cell, up to its "done"."""
-        while True:
-            while b"\n" in self.buf:
-                line, self.buf = self.buf.split(b"\n", 1)
-                msg = json.loads(line)
-                if msg.get("type") == "done":
-                    return
-                yield msg
-            try:
-                ready, _, _ = select.select([self.out], [], [], 0.1)
-            except KeyboardInterrupt:
-                self.node.send_signal(signal.SIGINT)
-                continue
+    def next_message(self):
+        """The runner's next message; EOFError once it has ended."""
+        while b"\n" not in self.buf:
+            ready, _, _ = select.select([self.out], [], [], 0.1)
             if not ready:
                 continue
             chunk = os.read(self.out, 65536)
             if not chunk:
                 raise EOFError("node exited")
             self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    async def interrupt_request(self, stream, ident, parent):
+        """Jupyter's interrupt, as a message (kernel.json's interrupt_mode):
+        only Node gets SIGINT, and stops the running cell itself; this
+        process reads on until the cell says it is done. (A SIGINT to the
+        kernel's process group would also raise KeyboardInterrupt here,
+        wherever ipykernel happened to be, and lose the cell's end.)"""
+        content = {"status": "ok"}
+        if self.node is not None and self.node.poll() is None:
+            self.node.send_signal(signal.SIGINT)
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+    def messages(self, cell):
+        """Yields the messages of cell up to its "done"."""
+        while True:
+            msg = self.next_message()
+            if msg.get("id") != cell:
+                continue  # what an earlier, interrupted cell sent late
+            if msg.get("type") == "done":
+                return
+            yield msg
 
     async def do_execute(self, code, silent, store_history=True, user_expressions=None, allow_stdin=False, **kwargs):
         lost = ""
@@ -68,11 +83,12 @@ class JavaScriptKernel(Kernel):
             self.start_node()
         if lost and not silent:
             self.send_response(self.iopub_socket, "stream", {"name": "stderr", "text": lost})
-        self.node.stdin.write((json.dumps({"code": code}) + "\n").encode())
+        self.cells += 1
+        self.node.stdin.write((json.dumps({"id": self.cells, "code": code}) + "\n").encode())
         self.node.stdin.flush()
         error = None
         try:
-            for msg in self.messages():
+            for msg in self.messages(self.cells):
                 kind = msg.get("type")
                 if kind == "stream" and not silent:
                     self.send_response(self.iopub_socket, "stream", {"name": msg["name"], "text": msg["text"]})

@@ -15,7 +15,8 @@ const vm = require('vm')
 
 const out = fs.createWriteStream(null, { fd: Number(process.env.DSEC_JS_MESSAGE_FD || 3) })
 delete process.env.DSEC_JS_MESSAGE_FD
-const send = (msg) => out.write(JSON.stringify(msg) + '\n')
+let current = null // the id of the cell running, or that ran last
+const send = (msg) => out.write(JSON.stringify({ ...msg, id: current }) + '\n')
 
 // What the cell prints is sent in order with its other messages.
 for (const name of ['stdout', 'stderr']) {
@@ -83,16 +84,18 @@ const lines = readline.createInterface({ input: process.stdin, terminal: false }
 let queue = Promise.resolve()
 lines.on('line', (line) => {
   queue = queue.then(async () => {
-    let code
+    let cell
     try {
-      code = JSON.parse(line).code
+      cell = JSON.parse(line)
     } catch (err) {
       send(errorMessage(err))
-      send({ type: 'done' })
       return
     }
+    // Every message of the cell names it: what an interrupted cell sends
+    // late is not taken for the next one's.
+    current = cell.id
     try {
-      const value = await runCell(code)
+      const value = await runCell(String(cell.code))
       if (value !== undefined) send({ type: 'result', text: typeof value === 'string' ? util.inspect(value) : util.inspect(value, { depth: 4 }) })
     } catch (err) {
       send(errorMessage(err))

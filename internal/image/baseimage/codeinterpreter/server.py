@@ -322,10 +322,15 @@ class Handler(BaseHTTPRequestHandler):
             raise HTTPError(400, "env_vars: an object of variable names to string values is expected")
         ctx = CONTEXTS.get(context_id) if context_id else CONTEXTS.default(language)
 
+        # One execution per connection, as E2B's SDKs expect: a client that
+        # goes away closes its connection, and no later request is sent on
+        # one whose cell may still be ending.
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
         self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
         self.end_headers()
+        self.close_connection = True
         with ctx.lock:
             try:
                 self.run_cell(ctx, code, env_vars)
@@ -339,8 +344,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def run_silent(self, ctx, code):
+        """Runs code that prints nothing; returns why it failed, or None."""
         msg_id = ctx.kc.execute(code, silent=True, store_history=False, allow_stdin=False)
-        self.wait_reply(ctx, msg_id, interruptible=False)
+        reply = self.wait_reply(ctx, msg_id, interruptible=False)
+        if reply is None:
+            return "the kernel died"
+        content = reply["content"]
+        if content.get("status") != "ok":
+            return "%s: %s %s" % (content.get("status"), content.get("ename", ""), content.get("evalue", ""))
+        return None
 
     def wait_reply(self, ctx, msg_id, interruptible):
         while True:
@@ -357,7 +369,10 @@ class Handler(BaseHTTPRequestHandler):
         restore = None
         if env_vars:
             setup, restore = env_code(ctx.language, env_vars)
-            self.run_silent(ctx, setup)
+            why = self.run_silent(ctx, setup)
+            if why is not None:
+                self.emit({"type": "error", "name": "EnvVarsError", "value": "env_vars could not be set (%s)" % why, "traceback": ""})
+                return
         try:
             self.stream_cell(ctx, code)
         finally:
