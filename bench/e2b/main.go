@@ -303,6 +303,25 @@ func busyHost(n int) func() {
 // promptSeen is how a login shell's prompt ends.
 var promptSeen = []byte("$ ")
 
+// untilPrompt reads a PTY's events with next (its output and, once, the
+// shell's pid) until the prompt shows; it answers when that was after t0.
+func untilPrompt(t0 time.Time, next func() (data []byte, pid uint32, ok bool)) (time.Duration, uint32, []byte, bool) {
+	var out []byte
+	var shell uint32
+	for {
+		data, pid, ok := next()
+		if !ok {
+			return 0, shell, out, false
+		}
+		if pid != 0 {
+			shell = pid
+		}
+		if out = append(out, data...); bytes.Contains(out, promptSeen) {
+			return time.Since(t0), shell, out, true
+		}
+	}
+}
+
 // nativePrompt starts a login shell in a PTY through our API and times
 // its prompt; it then exits it.
 func nativePrompt(ctx context.Context, sb *client.Sandbox) (time.Duration, error) {
@@ -314,21 +333,20 @@ func nativePrompt(ctx context.Context, sb *client.Sandbox) (time.Duration, error
 		return 0, err
 	}
 	defer stream.Close()
-	var out []byte
-	var pid uint32
-	for stream.Receive() {
+	d, pid, out, ok := untilPrompt(t0, func() ([]byte, uint32, bool) {
+		if !stream.Receive() {
+			return nil, 0, false
+		}
 		ev := stream.Msg().Event
-		if st := ev.GetStarted(); st != nil {
-			pid = st.Pid
-		}
-		out = append(out, ev.GetOutput().GetData()...)
-		if bytes.Contains(out, promptSeen) {
-			d := time.Since(t0)
-			_, err := sb.Process.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Pid{Pid: pid}}, Data: []byte("exit\n")}))
-			return d, err
-		}
+		return ev.GetOutput().GetData(), ev.GetStarted().GetPid(), true
+	})
+	if !ok {
+		return 0, fmt.Errorf("native PTY: no prompt in %q: %v", out, stream.Err())
 	}
-	return 0, fmt.Errorf("native PTY: no prompt in %q: %v", out, stream.Err())
+	_, err = sb.Process.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{
+		Process: &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Pid{Pid: pid}}, Data: []byte("exit\n"),
+	}))
+	return d, err
 }
 
 // e2bPrompt does the same through envd's protocol, as the SDKs' pty.create.
@@ -342,22 +360,19 @@ func e2bPrompt(ctx context.Context, envd envdprocessconnect.ProcessClient) (time
 		return 0, err
 	}
 	defer stream.Close()
-	var out []byte
-	var pid uint32
-	for stream.Receive() {
+	d, pid, out, ok := untilPrompt(t0, func() ([]byte, uint32, bool) {
+		if !stream.Receive() {
+			return nil, 0, false
+		}
 		ev := stream.Msg().Event
-		if st := ev.GetStart(); st != nil {
-			pid = st.Pid
-		}
-		out = append(out, ev.GetData().GetPty()...)
-		if bytes.Contains(out, promptSeen) {
-			d := time.Since(t0)
-			_, err := envd.SendInput(ctx, connect.NewRequest(&envdprocess.SendInputRequest{
-				Process: &envdprocess.ProcessSelector{Selector: &envdprocess.ProcessSelector_Pid{Pid: pid}},
-				Input:   &envdprocess.ProcessInput{Input: &envdprocess.ProcessInput_Pty{Pty: []byte("exit\n")}},
-			}))
-			return d, err
-		}
+		return ev.GetData().GetPty(), ev.GetStart().GetPid(), true
+	})
+	if !ok {
+		return 0, fmt.Errorf("e2b PTY: no prompt in %q: %v", out, stream.Err())
 	}
-	return 0, fmt.Errorf("e2b PTY: no prompt in %q: %v", out, stream.Err())
+	_, err = envd.SendInput(ctx, connect.NewRequest(&envdprocess.SendInputRequest{
+		Process: &envdprocess.ProcessSelector{Selector: &envdprocess.ProcessSelector_Pid{Pid: pid}},
+		Input:   &envdprocess.ProcessInput{Input: &envdprocess.ProcessInput_Pty{Pty: []byte("exit\n")}},
+	}))
+	return d, err
 }

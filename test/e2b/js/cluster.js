@@ -1,6 +1,7 @@
 // Starts `bin/dsec up` for the suite (unless E2B_API_URL is set) and points
 // E2B's SDK at its gateway with the three variables a user would change.
 import { spawn, spawnSync } from 'node:child_process'
+import { test } from 'node:test'
 import { existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -85,4 +86,20 @@ export async function start() {
       else rmSync(state, { recursive: true, force: true })
     },
   }
+}
+
+// guardedTest returns the suite's `it`: a test skipped while state.cluster
+// says why it could not start, and marking state.failed when it fails (the
+// cluster's state is then kept for a look).
+export function guardedTest(state) {
+  return (name, fn) =>
+    test(name, async (t) => {
+      if (state.cluster.skip) return t.skip(state.cluster.skip)
+      try {
+        await fn(t)
+      } catch (e) {
+        state.failed = true
+        throw e
+      }
+    })
 }

@@ -5,43 +5,33 @@ import assert from 'node:assert/strict'
 import { existsSync } from 'node:fs'
 import { join, resolve, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { after, before, describe, test } from 'node:test'
+import { after, before, describe } from 'node:test'
 
 import { Sandbox } from '@e2b/code-interpreter'
 
-import { start } from './cluster.js'
+import { guardedTest, start } from './cluster.js'
 
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
 
 describe('E2B Code Interpreter JavaScript SDK through the OpenDsec gateway', () => {
-  let cluster
+  const state = { cluster: null, failed: false }
   let sb
-  let failed = false
   before(async () => {
     const images = process.env.DSEC_TEST_IMAGE_STORE || join(repo, '.cache', 'images')
     if (!existsSync(join(images, 'refs', 'root', 'code-interpreter', 'latest'))) {
       const reason = 'root/code-interpreter is not built (make images)'
       if (process.env.DSEC_TEST_STRICT === '1') throw new Error(`${reason} (DSEC_TEST_STRICT=1: missing images fail the run)`)
-      cluster = { skip: reason }
+      state.cluster = { skip: reason }
       return
     }
-    cluster = await start()
-    if (!cluster.skip) sb = await Sandbox.create({ timeoutMs: 600_000 })
+    state.cluster = await start()
+    if (!state.cluster.skip) sb = await Sandbox.create({ timeoutMs: 600_000 })
   })
   after(async () => {
     await sb?.kill().catch(() => {})
-    if (cluster?.stop) await cluster.stop({ keepState: failed })
+    if (state.cluster?.stop) await state.cluster.stop({ keepState: state.failed })
   })
-  const it = (name, fn) =>
-    test(name, async (t) => {
-      if (cluster.skip) return t.skip(cluster.skip)
-      try {
-        await fn(t)
-      } catch (e) {
-        failed = true
-        throw e
-      }
-    })
+  const it = guardedTest(state)
 
   it('cells share state and stream output', async () => {
     const seen = []

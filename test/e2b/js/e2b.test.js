@@ -2,7 +2,7 @@
 // gateway: every call here is what an E2B user writes.
 import assert from 'node:assert/strict'
 import { randomBytes, createHash, randomUUID } from 'node:crypto'
-import { after, afterEach, before, describe, test } from 'node:test'
+import { after, afterEach, before, describe } from 'node:test'
 
 import { CommandExitError, FileType, FilesystemEventType, NotFoundError, Sandbox } from 'e2b'
 
@@ -13,7 +13,7 @@ import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
-import { start } from './cluster.js'
+import { guardedTest, start } from './cluster.js'
 
 // A Python server holding a random value and a hit counter in memory.
 const heldState = `
@@ -47,7 +47,7 @@ async function query(sb, path = '/') {
   return JSON.parse((await sb.commands.run(`curl -s 127.0.0.1:8000${path}`)).stdout)
 }
 
-let cluster
+const state = { cluster: null, failed: false }
 const made = []
 
 async function create(opts = {}) {
@@ -58,27 +58,17 @@ async function create(opts = {}) {
 
 describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
   before(async () => {
-    cluster = await start()
+    state.cluster = await start()
   })
-  let failed = false
   after(async () => {
-    if (cluster?.stop) await cluster.stop({ keepState: failed })
+    if (state.cluster?.stop) await state.cluster.stop({ keepState: state.failed })
   })
   afterEach(async () => {
     while (made.length) {
       await made.pop().kill().catch(() => {})
     }
   })
-  const it = (name, fn) =>
-    test(name, async (t) => {
-      if (cluster.skip) return t.skip(cluster.skip)
-      try {
-        await fn(t)
-      } catch (e) {
-        failed = true
-        throw e
-      }
-    })
+  const it = guardedTest(state)
 
   it('runs commands: stdout, stderr, exit code, env, cwd, user', async () => {
     const sb = await create({ envs: { FROM_CREATE: 'yes' } })
