@@ -87,8 +87,10 @@ test test-go test-python test-e2b: export DSEC_TEST_STRICT := $(DSEC_TEST_STRICT
 test-go:
 	go test $(GO_TEST_FLAGS) ./...
 
+# The suites start clusters of their own: settings of a running one in the
+# caller's environment (client.env sourced) must not redirect them.
 test-python: build images venv
-	DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(VENV)/bin/python -m pytest -q sdk/python/tests
+	env -u DSEC_API_URL -u DSEC_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(VENV)/bin/python -m pytest -q sdk/python/tests
 
 # E2B's Python and JavaScript SDKs, unchanged, against the gateway of a
 # dsec up each suite starts.
