@@ -28,10 +28,28 @@ const (
 // metricsRing is one sandbox's recorded samples.
 type metricsRing struct {
 	mu       sync.Mutex
-	samples  []*sandboxv1.MetricsSample // guarded by mu; oldest first
-	lastCPU  uint64                     // guarded by mu; CPU nanoseconds at the last sample
-	lastAt   time.Time                  // guarded by mu
-	layerDir string                     // guarded by mu; the writable layer, once known
+	samples  []sample  // guarded by mu; oldest first
+	lastCPU  uint64    // guarded by mu; CPU nanoseconds at the last sample
+	lastAt   time.Time // guarded by mu
+	layerDir string    // guarded by mu; the writable layer, once known
+}
+
+// sample is one recorded sample, kept small (56 bytes: an hour of them is
+// 40 KB a sandbox); proto turns it into the API's form.
+type sample struct {
+	at                   int64 // unix nanoseconds
+	mem, memTotal, cache int64
+	disk, diskTotal      int64
+	cpuPct               float32
+	cores                uint32
+}
+
+func (s sample) proto() *sandboxv1.MetricsSample {
+	return &sandboxv1.MetricsSample{
+		Time: timestamppb.New(time.Unix(0, s.at)), CpuCount: s.cores, CpuUsedPct: float64(s.cpuPct),
+		MemUsedBytes: s.mem, MemTotalBytes: s.memTotal, MemCacheBytes: s.cache,
+		DiskUsedBytes: s.disk, DiskTotalBytes: s.diskTotal,
+	}
 }
 
 func (e *Edge) metricsLoop() {
@@ -77,24 +95,21 @@ func (e *Edge) recordMetrics(sb *sandbox, now time.Time) {
 	if cores < 1 {
 		cores = 1
 	}
-	s := &sandboxv1.MetricsSample{
-		Time: timestamppb.New(now), CpuCount: uint32(cores),
-		MemUsedBytes: u.MemoryBytes, MemTotalBytes: u.LimitBytes, MemCacheBytes: u.CacheBytes,
-	}
-	if limit := res.GetMemoryMb() << 20; limit > 0 && (s.MemTotalBytes == 0 || limit < s.MemTotalBytes) {
-		s.MemTotalBytes = limit
+	s := sample{at: now.UnixNano(), cores: uint32(cores), mem: u.MemoryBytes, memTotal: u.LimitBytes, cache: u.CacheBytes}
+	if limit := res.GetMemoryMb() << 20; limit > 0 && (s.memTotal == 0 || limit < s.memTotal) {
+		s.memTotal = limit
 	}
 	if !r.lastAt.IsZero() && u.CPUNanos >= r.lastCPU {
 		if dt := now.Sub(r.lastAt); dt > 0 {
-			s.CpuUsedPct = min(100, 100*float64(u.CPUNanos-r.lastCPU)/(float64(dt.Nanoseconds())*cores))
+			s.cpuPct = float32(min(100, 100*float64(u.CPUNanos-r.lastCPU)/(float64(dt.Nanoseconds())*cores)))
 		}
 	}
 	r.lastCPU, r.lastAt = u.CPUNanos, now
 	if r.layerDir != "" {
 		var st unix.Statfs_t
 		if unix.Statfs(r.layerDir, &st) == nil {
-			s.DiskTotalBytes = int64(st.Blocks) * st.Bsize
-			s.DiskUsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+			s.diskTotal = int64(st.Blocks) * st.Bsize
+			s.disk = int64(st.Blocks-st.Bfree) * st.Bsize
 		}
 	}
 	if len(r.samples) == metricsKept {
@@ -119,11 +134,11 @@ func (e *Edge) Metrics(id, scope string, start, end time.Time) ([]*sandboxv1.Met
 	defer r.mu.Unlock()
 	var out []*sandboxv1.MetricsSample
 	for _, s := range r.samples {
-		t := s.Time.AsTime()
+		t := time.Unix(0, s.at)
 		if (!start.IsZero() && t.Before(start)) || (!end.IsZero() && t.After(end)) {
 			continue
 		}
-		out = append(out, s)
+		out = append(out, s.proto())
 	}
 	return out, nil
 }
