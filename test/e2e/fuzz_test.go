@@ -31,6 +31,7 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.agent.v1.FilesystemService/ReadFile",
 		"/opendsec.agent.v1.SessionService/RunInSession",
 		"/opendsec.sandbox.v1.SandboxService/UpdateNetwork",
+		"/opendsec.sandbox.v1.SandboxService/GetSandboxMetrics",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -45,6 +46,8 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(9), []byte(`{"sessionId":"nope","command":"true"}`))
 	f.Add(uint8(10), []byte(`{"add":[{"domain":"*.*.example.org","ports":["0","70000","5-1"]}],"remove":[{"cidr":"::1/128"}],"internet":true}`))
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","network":{"rules":[{"domain":"a..b"},{"cidr":"10.0.0.0/33","protocol":"icmp"},{}]}}}`))
+	f.Add(uint8(11), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","start":"2030-01-01T00:00:00Z","end":"1970-01-01T00:00:00Z"}`))
+	f.Add(uint8(11), []byte(`{"start":"0001-01-01T00:00:00Z","end":"9999-12-31T23:59:59.999999999Z"}`))
 	c := startCluster(f, "fake")
 	sb, err := c.client.Create(ctxTB(f), fakeSpec())
 	if err != nil {
