@@ -135,19 +135,17 @@ func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.Fo
 	if fo.SourceErr != nil {
 		out.SourceError = fo.SourceErr.Error()
 	}
+	var ids []string // the copies made, for the stamp
 	for _, r := range fo.Results {
 		res := &sandboxv1.ForkResult{Sandbox: r.Sandbox}
 		if r.Err != nil {
 			ce := errdefs.ToConnect(r.Err).(*connect.Error)
 			res.ErrorCode, res.ErrorMessage = ce.Code().String(), ce.Message()
 		}
-		out.Results = append(out.Results, res)
-	}
-	var ids []string
-	for _, r := range fo.Results {
 		if r.Sandbox != nil {
 			ids = append(ids, r.Sandbox.Id)
 		}
+		out.Results = append(out.Results, res)
 	}
 	out.Usage = s.e.AdmissionStamp(ids...)
 	return connect.NewResponse(out), nil

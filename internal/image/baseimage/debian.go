@@ -129,12 +129,12 @@ func debootstrap(ctx context.Context, o Options, stage string, args ...string) e
 // finishDebian adds the unprivileged user and trims caches.
 func finishDebian(ctx context.Context, root string) error {
 	steps := [][]string{
-		{"chroot", root, "useradd", "--create-home", "--uid", "1000", "--shell", "/bin/bash", "--groups", "sudo", "user"},
-		{"chroot", root, "apt-get", "clean"},
+		{"useradd", "--create-home", "--uid", "1000", "--shell", "/bin/bash", "--groups", "sudo", "user"},
+		{"apt-get", "clean"},
 	}
 	for _, s := range steps {
-		if out, err := exec.CommandContext(ctx, s[0], s[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("%s: %w: %s", strings.Join(s[2:], " "), err, out)
+		if err := chroot(ctx, root, "", s...); err != nil {
+			return err
 		}
 	}
 	sudoers := filepath.Join(root, "etc/sudoers.d/user")
