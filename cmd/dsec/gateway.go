@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -28,6 +29,8 @@ func cmdGateway(ctx context.Context, args []string) error {
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
 	logFormat := fs.String("log-format", "text", "text or json")
+	var logLevel slog.Level
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	fs.Parse(args)
 	if *apiURL == "" || *keyFile == "" || *secretFile == "" {
 		return errors.New("gateway: --api-url (or DSEC_API_URL), --service-key-file and --token-secret-file are required")
@@ -40,7 +43,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("gateway: token secret: %w", err)
 	}
-	log := logging.New(*logFormat, 0)
+	log := logging.New(*logFormat, logLevel)
 	gw, err := e2b.New(e2b.Config{
 		APIURL: *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
 		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,

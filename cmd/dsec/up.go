@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -26,6 +27,8 @@ func cmdUp(ctx context.Context, args []string) error {
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
 	logFormat := fs.String("log-format", "text", "text or json")
+	var logLevel slog.Level
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
 	e2bCIImage := fs.String("e2b-code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
@@ -54,7 +57,7 @@ func cmdUp(ctx context.Context, args []string) error {
 			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform, "runsc-network": findRunscNet(*runscNet)}
 		}
 	}
-	log := logging.New(*logFormat, 0)
+	log := logging.New(*logFormat, logLevel)
 	c, err := embed.Start(ctx, cfg, registry(), log)
 	if err != nil {
 		return err
