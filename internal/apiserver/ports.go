@@ -11,6 +11,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/rpcproxy"
 )
 
 // PortPath is the route to a port inside a sandbox:
@@ -78,6 +79,7 @@ func (s *Server) portProxy() http.Handler {
 			return
 		}
 		rt.edge = c
+		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
 	})
 }

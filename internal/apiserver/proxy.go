@@ -72,6 +72,7 @@ func (s *Server) agentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
+		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, route{edge: c, scope: p.Project})))
 	})
 }

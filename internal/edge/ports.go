@@ -95,6 +95,7 @@ func (e *Edge) PortProxy() http.Handler {
 			e.tunnel(w, r, call)
 			return
 		}
+		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portKey{}, call)))
 	})
 }

@@ -102,6 +102,7 @@ func (e *Edge) AgentProxy() http.Handler {
 			ctx, cancel = context.WithTimeout(ctx, d)
 			defer cancel()
 		}
+		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

@@ -176,6 +176,9 @@ func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
 	if r := getHost(t, gw, host, ""); r.status != 200 || !strings.Contains(string(r.body), "Directory listing") {
 		t.Fatalf("GET through the sandbox host %s: %d %.200s", host, r.status, r.body)
 	}
+	// A request body still streaming when the answer began (gateway too).
+	serveIn(t, sb, serveEarlyAnswerCmd("8001"), 8001)
+	postAfterAnswer(t, testHTTP, gw+"/", "8001-"+made.SandboxID+"."+body.Domain)
 	// The egress settings replaced at runtime (E2B's updateNetwork).
 	if r := do(t, "PUT", gw+"/sandboxes/"+made.SandboxID+"/network", ctl, strings.NewReader(fmt.Sprintf(`{"denyOut":["0.0.0.0/0"],"allowOut":[%q]}`, in.alt))); r.status != 204 {
 		t.Fatalf("update network: %d %s", r.status, r.body)
@@ -448,6 +451,9 @@ func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sa
 	if code, body := get(sb.PortClient(), sb.PortURL(9000)); code != 200 || !strings.Contains(body, "Directory listing") {
 		t.Fatalf("GET through the apiserver with the key: %d %.200s", code, body)
 	}
+	// A request body still streaming when the answer began (apiserver, edge).
+	serveIn(t, sb, serveEarlyAnswerCmd("9002"), 9002)
+	postAfterAnswer(t, sb.PortClient(), sb.PortURL(9002), "")
 	if code, body := get(http.DefaultClient, sb.PortURL(9000)); code != http.StatusUnauthorized || !strings.Contains(body, "API key") {
 		t.Fatalf("GET without a key: %d %.200s", code, body)
 	}

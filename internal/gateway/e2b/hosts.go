@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/rpcproxy"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -115,6 +116,7 @@ func (g *Gateway) portProxy() func(w http.ResponseWriter, r *http.Request, port 
 			}
 			sh.key = true
 		}
+		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hostKey{}, sh)))
 	}
 }
