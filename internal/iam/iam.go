@@ -1,7 +1,7 @@
 // Package iam is identity and access: projects, quotas and API keys,
 // replicated with hashicorp/raft over mutual TLS, with the log in bbolt
 // [paper: nested projects and delegation; ours: Raft]. Reads come from the
-// local replica; writes go through the leader.
+// local replica; writes go to the leader, from whichever replica gets them.
 package iam
 
 import (
@@ -38,6 +38,9 @@ type Config struct {
 	NodeID string
 	// Bind is the Raft listen address (host:port); port 0 picks one.
 	Bind string
+	// Advertise is the address other replicas dial (default: the
+	// listener's).
+	Advertise string
 	// ServerTLS and ClientTLS secure Raft traffic between replicas.
 	ServerTLS, ClientTLS *tls.Config
 	// Bootstrap starts a new cluster with this replica as its only voter
@@ -45,15 +48,20 @@ type Config struct {
 	Bootstrap bool
 	// SingleNode tunes timeouts for a one-replica cluster (dsec up).
 	SingleNode bool
+	// SnapshotThreshold is how many log entries since the last snapshot
+	// make the next one (and compact the log); 0 is Raft's 8192.
+	SnapshotThreshold uint64
 }
 
 // Service is one IAM replica.
 type Service struct {
-	raft  *raft.Raft
-	fsm   *fsm.FSM
-	store *boltstore.Store
-	trans *raft.NetworkTransport
-	log   *slog.Logger
+	id        string
+	raft      *raft.Raft
+	fsm       *fsm.FSM
+	store     *boltstore.Store
+	trans     *raft.NetworkTransport
+	clientTLS *tls.Config
+	log       *slog.Logger
 }
 
 // Principal is an authenticated caller.
@@ -87,11 +95,23 @@ func Open(cfg Config, log *slog.Logger) (*Service, error) {
 		store.Close()
 		return nil, fmt.Errorf("iam: raft listen %s: %w", cfg.Bind, err)
 	}
-	layer := &tlsLayer{ln: tls.NewListener(ln, cfg.ServerTLS), client: cfg.ClientTLS}
+	layer := newTLSLayer(ln, cfg.ServerTLS, cfg.ClientTLS)
+	if cfg.Advertise != "" {
+		if layer.advertise, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+			ln.Close()
+			store.Close()
+			return nil, fmt.Errorf("iam: advertise %s: %w", cfg.Advertise, err)
+		}
+	}
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hlog})
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = hlog
+	if cfg.SnapshotThreshold > 0 {
+		rc.SnapshotThreshold = cfg.SnapshotThreshold
+		rc.TrailingLogs = cfg.SnapshotThreshold
+		rc.SnapshotInterval = time.Second
+	}
 	if cfg.SingleNode {
 		rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 	}
@@ -102,7 +122,9 @@ func Open(cfg Config, log *slog.Logger) (*Service, error) {
 		store.Close()
 		return nil, err
 	}
-	s := &Service{raft: r, fsm: f, store: store, trans: trans, log: log}
+	s := &Service{id: cfg.NodeID, raft: r, fsm: f, store: store, trans: trans, clientTLS: cfg.ClientTLS, log: log}
+	layer.serve = s.serveRequest
+	go layer.run()
 	if cfg.Bootstrap {
 		has, err := raft.HasExistingState(store, store, snaps)
 		if err != nil {
@@ -148,27 +170,40 @@ func (s *Service) WaitLeader(ctx context.Context) error {
 	}
 }
 
-// AddVoter adds a replica (call on the leader).
+// AddVoter adds a replica, through whichever replica this is.
 func (s *Service) AddVoter(id, addr string) error {
-	return s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return s.Join(ctx, Member{ID: id, Addr: addr, Voter: true})
 }
 
+// apply replicates a command: here on the leader, or sent to it.
 func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error {
-	if s.raft.State() != raft.Leader {
-		_, id := s.raft.LeaderWithID()
-		return errdefs.Unavailable("iam: this replica is not the leader (leader: %q); send writes there", id)
-	}
 	data, err := fsm.Encode(t, body)
 	if err != nil {
 		return err
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+	}
+	_, err = s.toLeader(ctx, opApply, data)
+	return err
+}
+
+// applyHere replicates an encoded command from the leader.
+func (s *Service) applyHere(ctx context.Context, data []byte) error {
 	timeout := 10 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
 	fut := s.raft.Apply(data, timeout)
 	if err := fut.Error(); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: replicate")
+		if errors.Is(err, raft.ErrNotLeader) {
+			return errNotLeader // not in the log: the sender tries the new leader
+		}
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: replicate (the change may or may not have been made)")
 	}
 	if resp, ok := fut.Response().(error); ok && resp != nil {
 		return resp

@@ -2,12 +2,15 @@ package iam
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/iam/fsm"
@@ -74,7 +77,7 @@ func TestSingleNodeBootstrapAuthAndRestart(t *testing.T) {
 	}
 }
 
-func TestThreeReplicasSurviveLeaderLoss(t *testing.T) {
+func TestThreeReplicasForwardWritesAndSurviveLeaderLoss(t *testing.T) {
 	dir := t.TempDir()
 	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
 	nodes := []*Service{open(t, ca, dir, "iam-1", true, false)}
@@ -83,8 +86,9 @@ func TestThreeReplicasSurviveLeaderLoss(t *testing.T) {
 	}
 	for i := 2; i <= 3; i++ {
 		n := open(t, ca, dir, fmt.Sprintf("iam-%d", i), false, false)
-		if err := nodes[0].AddVoter(fmt.Sprintf("iam-%d", i), n.Addr()); err != nil {
-			t.Fatal(err)
+		// iam-3 joins through iam-2, a follower: the join reaches the leader.
+		if err := nodes[len(nodes)-1].Join(ctx(t), Member{ID: fmt.Sprintf("iam-%d", i), Addr: n.Addr(), Voter: true}); err != nil {
+			t.Fatalf("join iam-%d: %v", i, err)
 		}
 		nodes = append(nodes, n)
 	}
@@ -95,32 +99,127 @@ func TestThreeReplicasSurviveLeaderLoss(t *testing.T) {
 			}
 		}
 	}()
-	if _, err := nodes[0].CreateProject(ctx(t), "root", "a", fsm.Quota{}); err != nil {
-		t.Fatal(err)
+	// A write sent to a follower is made by the leader, and every replica sees it.
+	if nodes[1].raft.State() == raft.Leader {
+		t.Fatal("iam-2 leads; the test wants a follower")
 	}
-	waitFor(t, func() bool { _, ok := nodes[2].State().Project("root/a"); return ok })
-	// A follower refuses writes and says who leads.
-	if _, err := nodes[1].CreateProject(ctx(t), "root", "b", fsm.Quota{}); !errors.Is(err, errdefs.ErrUnavailable) {
-		t.Fatalf("write on follower: %v", err)
+	if _, err := nodes[1].CreateProject(ctx(t), "root", "via-follower", fsm.Quota{CPUCores: 2}); err != nil {
+		t.Fatalf("write on a follower: %v", err)
 	}
+	for _, n := range nodes {
+		waitFor(t, func() bool { _, ok := n.State().Project("root/via-follower"); return ok })
+	}
+	// An error from the leader's state machine comes back classed.
+	if _, err := nodes[2].CreateProject(ctx(t), "root", "via-follower", fsm.Quota{}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("duplicate project through a follower: %v, want AlreadyExists", err)
+	}
+	st := nodes[2].Status()
+	if st.LeaderID != "iam-1" || st.State != "Follower" || len(st.Members) != 3 || st.Term == 0 || st.AppliedIndex == 0 {
+		t.Fatalf("status of iam-3: %+v", st)
+	}
+	// The status of another replica, asked over its port.
+	remote, err := RemoteStatus(ctx(t), nodes[0].Addr(), tlsConfigs(t, ca, "asker").ClientTLS)
+	if err != nil || remote.ID != "iam-1" || remote.State != "Leader" {
+		t.Fatalf("remote status of iam-1: %+v, %v", remote, err)
+	}
+
 	nodes[0].Close()
 	nodes[0] = nil
-	var leader *Service
-	waitFor(t, func() bool {
-		for _, n := range nodes[1:] {
-			if n.raft.State().String() == "Leader" {
-				leader = n
-				return true
-			}
+	// Writes go on through whichever replica gets them once a new leader is elected.
+	for i, n := range nodes[1:] {
+		if _, err := n.CreateProject(ctx(t), "root", fmt.Sprintf("after-failover-%d", i), fsm.Quota{}); err != nil {
+			t.Fatalf("write on iam-%d after the leader died: %v", i+2, err)
 		}
-		return false
-	})
-	if _, err := leader.CreateProject(ctx(t), "root", "after-failover", fsm.Quota{}); err != nil {
-		t.Fatalf("write after failover: %v", err)
 	}
+	// The dead replica is removed through a follower; the other two go on.
+	var follower *Service
 	for _, n := range nodes[1:] {
-		n := n
-		waitFor(t, func() bool { _, ok := n.State().Project("root/after-failover"); return ok })
+		if n.raft.State() != raft.Leader {
+			follower = n
+		}
+	}
+	if err := follower.Remove(ctx(t), "iam-1"); err != nil {
+		t.Fatalf("remove iam-1: %v", err)
+	}
+	if err := follower.Remove(ctx(t), "iam-9"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("remove an unknown replica: %v, want NotFound", err)
+	}
+	waitFor(t, func() bool { return len(follower.Status().Members) == 2 })
+	for _, n := range nodes[1:] {
+		for i := range 2 {
+			waitFor(t, func() bool { _, ok := n.State().Project(fmt.Sprintf("root/after-failover-%d", i)); return ok })
+		}
+	}
+}
+
+// TestSnapshotsCompactTheLog: past the threshold a replica snapshots its
+// state and drops the log before it; a restart restores from the snapshot.
+func TestSnapshotsCompactTheLog(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	cfg := tlsConfigs(t, ca, "iam-1")
+	cfg.Dir, cfg.NodeID, cfg.Bind, cfg.Bootstrap, cfg.SingleNode, cfg.SnapshotThreshold = filepath.Join(dir, "iam-1"), "iam-1", "127.0.0.1:0", true, true, 16
+	s, err := Open(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EnsureRoot(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 60 {
+		if _, err := s.CreateProject(ctx(t), "root", fmt.Sprintf("p%d", i), fsm.Quota{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return s.Status().LastSnapshotIndex > 16 })
+	first, err := s.store.FirstIndex()
+	if err != nil || first <= 1 {
+		t.Fatalf("log not compacted: first index %d, %v", first, err)
+	}
+	s.Close()
+	s, err = Open(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.WaitLeader(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 60 {
+		if _, ok := s.State().Project(fmt.Sprintf("root/p%d", i)); !ok {
+			t.Fatalf("root/p%d lost across a restart from a snapshot", i)
+		}
+	}
+}
+
+// TestRaftPortRefusesStrangers: a certificate of another CA, or of the
+// cluster's CA with another role, is refused; no certificate at all too.
+func TestRaftPortRefusesStrangers(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	s := open(t, ca, dir, "iam-1", true, true)
+	defer s.Close()
+	if err := s.WaitLeader(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := pki.LoadOrCreateCA(filepath.Join(dir, "other-pki"))
+	foreign, _ := other.Issue("iam-x", pki.RoleIAM, nil)
+	edgeCert, _ := ca.Issue("edge-x", pki.RoleEdge, nil)
+	foreignTLS := other.ClientConfig(foreign)
+	foreignTLS.RootCAs = ca.Pool // it trusts us; we must not trust it
+	for name, cfg := range map[string]*tls.Config{
+		"another CA":     foreignTLS,
+		"role edge":      ca.ClientConfig(edgeCert),
+		"no certificate": {RootCAs: ca.Pool},
+	} {
+		// Refused in the handshake: a TLS alert, or a broken pipe when
+		// the server has closed before the request is written.
+		if st, err := RemoteStatus(ctx(t), s.Addr(), cfg); err == nil {
+			t.Errorf("%s: the raft port answered: %+v", name, st)
+		}
+	}
+	if _, err := RemoteStatus(ctx(t), s.Addr(), tlsConfigs(t, ca, "iam-2").ClientTLS); err != nil {
+		t.Fatalf("a replica's certificate: %v", err)
 	}
 }
 

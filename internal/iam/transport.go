@@ -1,30 +1,116 @@
 package iam
 
 import (
+	"bufio"
 	"crypto/tls"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 )
 
-// tlsLayer is Raft's stream layer over mutual TLS.
+// One port per replica [ours]. The Raft port, over mutual TLS, carries
+// Raft's own connections and the replicas' requests to each other
+// (forwarded writes, joins, status): a Raft connection's first byte is an
+// RPC type (0-4), a request's is requestMagic. tlsLayer reads that byte
+// and hands Raft only its own connections.
+
+// requestMagic opens a replica-to-replica request connection.
+const requestMagic byte = 0xd5
+
+// tlsLayer is Raft's stream layer over mutual TLS, sharing the port with
+// replica requests.
 type tlsLayer struct {
-	ln     net.Listener
-	client *tls.Config
+	ln        net.Listener
+	client    *tls.Config
+	advertise net.Addr                      // if set, what Addr reports
+	serve     func(net.Conn, *bufio.Reader) // a request connection
+	raftIn    chan net.Conn
+	closed    chan struct{}
+	closeMu   sync.Once
 }
 
 var _ raft.StreamLayer = (*tlsLayer)(nil)
 
-func (l *tlsLayer) Accept() (net.Conn, error) { return l.ln.Accept() }
-func (l *tlsLayer) Close() error              { return l.ln.Close() }
-func (l *tlsLayer) Addr() net.Addr            { return l.ln.Addr() }
+func newTLSLayer(ln net.Listener, server, client *tls.Config) *tlsLayer {
+	return &tlsLayer{ln: tls.NewListener(ln, server), client: client, raftIn: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+// run accepts connections until the listener closes; serve must be set.
+func (l *tlsLayer) run() {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			l.Close()
+			return
+		}
+		go l.sort(c)
+	}
+}
+
+// sort reads a connection's first byte (the TLS handshake with it, both
+// within 10 s) and routes it.
+func (l *tlsLayer) sort(c net.Conn) {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a failed read below says it
+	br := bufio.NewReader(c)
+	first, err := br.Peek(1)
+	if err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{}) //nolint:errcheck // as above
+	if first[0] == requestMagic {
+		br.Discard(1) //nolint:errcheck // peeked
+		l.serve(c, br)
+		return
+	}
+	select {
+	case l.raftIn <- &peekedConn{Conn: c, r: br}:
+	case <-l.closed:
+		c.Close()
+	}
+}
+
+func (l *tlsLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.raftIn:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *tlsLayer) Close() error {
+	l.closeMu.Do(func() { close(l.closed) })
+	return l.ln.Close()
+}
+
+func (l *tlsLayer) Addr() net.Addr {
+	if l.advertise != nil {
+		return l.advertise
+	}
+	return l.ln.Addr()
+}
 
 func (l *tlsLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return dialTLS(string(addr), l.client, timeout)
+}
+
+// dialTLS dials a replica's port over mutual TLS.
+func dialTLS(addr string, client *tls.Config, timeout time.Duration) (net.Conn, error) {
 	d := &net.Dialer{Timeout: timeout}
-	cfg := l.client.Clone()
-	if host, _, err := net.SplitHostPort(string(addr)); err == nil && cfg.ServerName == "" {
+	cfg := client.Clone()
+	if host, _, err := net.SplitHostPort(addr); err == nil && cfg.ServerName == "" {
 		cfg.ServerName = host
 	}
-	return tls.DialWithDialer(d, "tcp", string(addr), cfg)
+	return tls.DialWithDialer(d, "tcp", addr, cfg)
 }
+
+// peekedConn is a connection whose first bytes were read into r.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
