@@ -19,6 +19,8 @@ Cluster:
   up        run every component in one process (apiserver, watcher, IAM, edge,
             and the E2B-compatible gateway)
   gateway   run the E2B-compatible gateway alone, in front of an apiserver
+  iam       run an IAM replica; iam status | join | remove
+  ca        init | issue: the cluster's certificate authority
 
 Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   run       create a sandbox, optionally run a command in it
@@ -77,6 +79,10 @@ func main() {
 		err = cmdKey(ctx, args)
 	case "gateway":
 		err = cmdGateway(ctx, args)
+	case "iam":
+		err = cmdIAM(ctx, args)
+	case "ca":
+		err = cmdCA(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

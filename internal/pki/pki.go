@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -31,6 +32,9 @@ const (
 	RoleIAM       = "iam"
 	RoleGateway   = "gateway"
 )
+
+// Roles is every role, for messages and checks.
+var Roles = []string{RoleAPIServer, RoleWatcher, RoleEdge, RoleIAM, RoleGateway}
 
 // CA is a loaded authority.
 type CA struct {
@@ -84,10 +88,29 @@ func (ca *CA) CertFile() string { return filepath.Join(ca.dir, "ca.crt") }
 // client use, reusing one issued before. hosts are the DNS names and IPs a
 // server answers on.
 func (ca *CA) Issue(name, role string, hosts []string) (tls.Certificate, error) {
-	certPath, keyPath := filepath.Join(ca.dir, name+".crt"), filepath.Join(ca.dir, name+".key")
-	if cert, key, err := readPair(certPath, keyPath); err == nil && cert.NotAfter.After(time.Now().Add(24*time.Hour)) && coversHosts(cert, hosts) {
+	certPath, keyPath := ca.PairFiles(name)
+	if cert, key, err := readPair(certPath, keyPath); err == nil && cert.NotAfter.After(time.Now().Add(24*time.Hour)) && coversHosts(cert, hosts) &&
+		slices.Contains(cert.Subject.OrganizationalUnit, role) {
 		return tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}, nil
 	}
+	return ca.Renew(name, role, hosts)
+}
+
+// PairFiles are where the certificate and key of name are kept.
+func (ca *CA) PairFiles(name string) (certFile, keyFile string) {
+	return filepath.Join(ca.dir, name+".crt"), filepath.Join(ca.dir, name+".key")
+}
+
+// Renew issues a new certificate for name with role, replacing any
+// earlier one (rotation: components holding an Identity pick it up).
+func (ca *CA) Renew(name, role string, hosts []string) (tls.Certificate, error) {
+	if !slices.Contains(Roles, role) {
+		return tls.Certificate{}, fmt.Errorf("role %q: want one of %v", role, Roles)
+	}
+	if name == "" || name == "ca" || strings.ContainsAny(name, "/\\") || strings.HasPrefix(name, ".") {
+		return tls.Certificate{}, fmt.Errorf("name %q: want a plain file name other than \"ca\"", name)
+	}
+	certPath, keyPath := ca.PairFiles(name)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
@@ -136,15 +159,8 @@ func (ca *CA) ServerConfig(cert tls.Certificate, roles ...string) *tls.Config {
 		ClientCAs:    ca.Pool,
 		// HTTP/1.1 for requests to sandboxes' ports that upgrade (WebSocket,
 		// port tunnels); every RPC uses h2.
-		NextProtos: []string{"h2", "http/1.1"},
-		VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
-			for _, chain := range chains {
-				if len(chain) > 0 && slices.ContainsFunc(chain[0].Subject.OrganizationalUnit, func(ou string) bool { return slices.Contains(roles, ou) }) {
-					return nil
-				}
-			}
-			return fmt.Errorf("pki: client certificate has none of the roles %v", roles)
-		},
+		NextProtos:            []string{"h2", "http/1.1"},
+		VerifyPeerCertificate: requireRole(roles),
 	}
 }
 
@@ -168,10 +184,20 @@ func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) erro
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+	if err := writeAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
 		return err
 	}
-	return os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	return writeAtomic(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+}
+
+// writeAtomic replaces path whole: a component re-reading it (Identity)
+// sees the old file or the new one, never half of one.
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func readPair(certPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey, error) {

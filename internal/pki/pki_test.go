@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"testing"
+	"time"
 )
 
 func TestMutualTLSChecksRoles(t *testing.T) {
@@ -61,4 +62,96 @@ func TestMutualTLSChecksRoles(t *testing.T) {
 		}
 	}
 	var _ net.Listener = ln
+}
+
+// TestIdentityRotatesWithoutRestart: a server and a client reading their
+// files (dsec ca issue) pick up a renewed certificate on the next
+// handshake, and still refuse a wrong role or another CA.
+func TestIdentityRotatesWithoutRestart(t *testing.T) {
+	recheckEvery = 0
+	t.Cleanup(func() { recheckEvery = time.Second })
+	dir := t.TempDir()
+	ca, _ := LoadOrCreateCA(dir)
+	if _, err := ca.Issue("edge-1", RoleEdge, []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Issue("api-1", RoleAPIServer, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Issue("gw-1", RoleGateway, nil); err != nil {
+		t.Fatal(err)
+	}
+	load := func(name string) *Identity {
+		crt, key := ca.PairFiles(name)
+		id, err := LoadIdentity(ca.CertFile(), crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	server, client := load("edge-1"), load("api-1")
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", server.ServerConfig(RoleAPIServer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if c.(*tls.Conn).Handshake() == nil {
+					c.Write([]byte("k")) //nolint:errcheck
+				}
+			}()
+		}
+	}()
+	// serverSerial handshakes as id and returns the server's serial.
+	serverSerial := func(id *Identity) (string, error) {
+		c, err := tls.Dial("tcp", ln.Addr().String(), id.ClientConfig())
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			return "", err
+		}
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.String(), nil
+	}
+	first, err := serverSerial(client)
+	if err != nil {
+		t.Fatalf("first handshake: %v", err)
+	}
+	if _, err := ca.Renew("edge-1", RoleEdge, []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Renew("api-1", RoleAPIServer, nil); err != nil {
+		t.Fatal(err)
+	}
+	second, err := serverSerial(client)
+	if err != nil || second == first {
+		t.Fatalf("after rotation: serial %s (was %s), %v", second, first, err)
+	}
+	if _, err := serverSerial(load("gw-1")); err == nil {
+		t.Fatal("a gateway certificate was accepted where only apiservers may connect")
+	}
+	other, _ := LoadOrCreateCA(t.TempDir())
+	other.Issue("api-x", RoleAPIServer, nil) //nolint:errcheck
+	crt, key := other.PairFiles("api-x")
+	if _, err := LoadIdentity(ca.CertFile(), crt, key); err == nil {
+		t.Fatal("LoadIdentity took a certificate the bundle's CA did not sign")
+	}
+	foreign, err := LoadIdentity(other.CertFile(), crt, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serverSerial(foreign); err == nil {
+		t.Fatal("a certificate of another CA was accepted")
+	}
+	if _, err := ca.Renew("x", "admin", nil); err == nil {
+		t.Fatal("Renew took an unknown role")
+	}
 }

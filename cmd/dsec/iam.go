@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/pki"
+)
+
+const iamUsage = `usage:
+  dsec iam --id ID --dir DIR --bind HOST:PORT (--bootstrap | --join HOST:PORT,...) TLS flags
+      run an IAM replica
+  dsec iam status --peer HOST:PORT TLS flags     the leader, term and indexes a replica sees
+  dsec iam join --peer HOST:PORT --id ID --addr HOST:PORT [--nonvoter] TLS flags
+  dsec iam remove --peer HOST:PORT --id ID TLS flags
+TLS flags: --ca FILE --cert FILE --key FILE (from dsec ca issue --role iam)`
+
+// cmdIAM runs an IAM replica or asks one about its cluster.
+func cmdIAM(ctx context.Context, args []string) error {
+	verb := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		verb, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("iam "+verb, flag.ExitOnError)
+	fs.Usage = func() { fmt.Fprintln(os.Stderr, iamUsage); fs.PrintDefaults() }
+	caFile := fs.String("ca", "", "CA bundle the replicas trust")
+	certFile := fs.String("cert", "", "this replica's (or the asker's) certificate")
+	keyFile := fs.String("key", "", "its key")
+	switch verb {
+	case "":
+		return serveIAM(ctx, fs, args, caFile, certFile, keyFile)
+	case "status", "join", "remove":
+	default:
+		return fmt.Errorf("iam: unknown verb %q\n%s", verb, iamUsage)
+	}
+	peer := fs.String("peer", "", "a replica's address (host:port)")
+	id := fs.String("id", "", "replica id (join, remove)")
+	addr := fs.String("addr", "", "the joining replica's address (join)")
+	nonvoter := fs.Bool("nonvoter", false, "join as a non-voting replica (join)")
+	asJSON := fs.Bool("json", false, "print the status as JSON (status)")
+	fs.Parse(args)
+	if *peer == "" {
+		return fmt.Errorf("iam %s: --peer: required (a replica's host:port)", verb)
+	}
+	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	if err != nil {
+		return fmt.Errorf("iam %s: %w", verb, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	switch verb {
+	case "join":
+		if *id == "" || *addr == "" {
+			return fmt.Errorf("iam join: --id and --addr: required")
+		}
+		return iam.RemoteJoin(ctx, *peer, ident.ClientConfig(), iam.Member{ID: *id, Addr: *addr, Voter: !*nonvoter})
+	case "remove":
+		if *id == "" {
+			return fmt.Errorf("iam remove: --id: required")
+		}
+		return iam.RemoteRemove(ctx, *peer, ident.ClientConfig(), *id)
+	}
+	st, err := iam.RemoteStatus(ctx, *peer, ident.ClientConfig())
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(st)
+	}
+	fmt.Printf("replica %s: %s, term %d, last log index %d, commit index %d, applied index %d, last snapshot index %d\n",
+		st.ID, st.State, st.Term, st.LastLogIndex, st.CommitIndex, st.AppliedIndex, st.LastSnapshotIndex)
+	fmt.Printf("leader: %s (%s)\n", st.LeaderID, st.LeaderAddr)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tADDRESS\tVOTER")
+	for _, m := range st.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%v\n", m.ID, m.Addr, m.Voter)
+	}
+	return tw.Flush()
+}
+
+func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, caFile, certFile, keyFile *string) error {
+	id := fs.String("id", "", "this replica's id, unique in the cluster")
+	dir := fs.String("dir", "", "state directory (Raft log, snapshots)")
+	bind := fs.String("bind", "127.0.0.1:7400", "address to listen on for Raft and replica requests")
+	advertise := fs.String("advertise", "", "address the other replicas reach this one at (default: --bind)")
+	bootstrap := fs.Bool("bootstrap", false, "start a new cluster with this replica (first start only)")
+	join := fs.String("join", "", "comma-separated addresses of replicas of an existing cluster to join")
+	logFormat := fs.String("log-format", "text", "text or json")
+	var logLevel slog.Level
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	fs.Parse(args)
+	if *id == "" || *dir == "" {
+		return fmt.Errorf("iam: --id and --dir: required\n%s", iamUsage)
+	}
+	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	if err != nil {
+		return fmt.Errorf("iam: %w", err)
+	}
+	if role := ident.Role(); role != pki.RoleIAM {
+		return fmt.Errorf("iam: --cert has role %q; a replica needs one issued with --role iam", role)
+	}
+	cfg := iam.ServeConfig{Config: iam.Config{
+		Dir: *dir, NodeID: *id, Bind: *bind, Advertise: *advertise, Bootstrap: *bootstrap,
+		ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig(),
+	}}
+	for _, a := range strings.Split(*join, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Join = append(cfg.Join, a)
+		}
+	}
+	return iam.Serve(ctx, cfg, logging.New(*logFormat, logLevel))
+}
+
+// loadIdentity reads the TLS flags every daemon takes.
+func loadIdentity(caFile, certFile, keyFile string) (*pki.Identity, error) {
+	if caFile == "" || certFile == "" || keyFile == "" {
+		return nil, fmt.Errorf("--ca, --cert and --key: required (make them with dsec ca init and dsec ca issue)")
+	}
+	return pki.LoadIdentity(caFile, certFile, keyFile)
+}
