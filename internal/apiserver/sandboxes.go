@@ -15,7 +15,6 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
-	"github.com/opendsec/opendsec/internal/iam/fsm"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/placement"
@@ -75,40 +74,6 @@ func (s *Server) sandboxEdge(id string) (*edgeclient.Conn, error) {
 		return nil, err
 	}
 	return s.edgeFor(node)
-}
-
-// checkQuota verifies that adding req keeps project and every ancestor
-// within its quota, counting this apiserver's in-flight placements.
-func (s *Server) checkQuota(proj string, req placement.Resources, pending []inflightEntry) error {
-	view := s.watcher.View()
-	state := s.iam.State()
-	for _, p := range project.Ancestry(proj) {
-		pr, ok := state.Project(p)
-		if !ok {
-			return errdefs.NotFound("project %q: no such project", p)
-		}
-		q := pr.Quota
-		if q == (fsm.Quota{}) {
-			continue
-		}
-		used := view.ProjectUsage(p)
-		for _, e := range pending {
-			if project.Within(e.project, p) {
-				used.Sandboxes += e.res.Sandboxes
-				used.CPUCores += e.res.CPUCores
-				used.MemoryMB += e.res.MemoryMB
-			}
-		}
-		switch {
-		case q.MaxSandboxes > 0 && used.Sandboxes+req.Sandboxes > q.MaxSandboxes:
-			return errdefs.ResourceExhausted("quota of project %s: %d of %d sandboxes in use", p, used.Sandboxes, q.MaxSandboxes)
-		case q.CPUCores > 0 && used.CPUCores+req.CPUCores > q.CPUCores+1e-9:
-			return errdefs.ResourceExhausted("quota of project %s: %g of %g cpu cores in use, %g asked", p, used.CPUCores, q.CPUCores, req.CPUCores)
-		case q.MemoryMB > 0 && used.MemoryMB+req.MemoryMB > q.MemoryMB:
-			return errdefs.ResourceExhausted("quota of project %s: %d of %d MiB in use, %d asked", p, used.MemoryMB, q.MemoryMB, req.MemoryMB)
-		}
-	}
-	return nil
 }
 
 // checkInternet refuses the internet shorthand in a project subtree whose
@@ -175,12 +140,15 @@ func (s *Server) checkImage(name, proj string) error {
 // until one admits: an edge's ResourceExhausted or Unavailable answer moves
 // on to the next node [paper: the edge has the final say].
 func (s *Server) place(ctx context.Context, proj string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error)) (*sandboxv1.Sandbox, error) {
-	view := s.watcher.View()
-	byNode, pending := s.inflight.overlay(marksOf(view))
 	need := placement.Resources{Sandboxes: r.Count, CPUCores: r.CPUCores * float64(r.Count), MemoryMB: r.MemoryMB * r.Count}
-	if err := s.checkQuota(proj, need, pending); err != nil {
+	rsv, err := s.holdQuota(ctx, proj, need)
+	if err != nil {
 		return nil, err
 	}
+	var made []string
+	defer func() { s.settleQuota(rsv, made) }()
+	view := s.watcher.View()
+	byNode, _ := s.inflight.overlay(marksOf(view))
 	s.rngMu.Lock()
 	ranked, err := placement.Place(view.Placement(), byNode, r, s.cfg.K, s.rng)
 	s.rngMu.Unlock()
@@ -197,6 +165,7 @@ func (s *Server) place(ctx context.Context, proj string, r placement.Request, cr
 		sb, stamp, err := create(ctx, s.edges.Get(nv.Addr))
 		s.inflight.finish(id, err == nil, stamp)
 		if err == nil {
+			made = []string{sb.Id}
 			return sb, nil
 		}
 		err = errdefs.FromConnect(err)
@@ -348,6 +317,7 @@ func (h *sandboxService) StopSandbox(ctx context.Context, req *connect.Request[s
 	if sb := resp.Msg.Sandbox; sb != nil {
 		r := sb.Spec.GetResources()
 		h.s.inflight.released(sb.NodeId, sb.Project, placement.Resources{Sandboxes: 1, CPUCores: r.GetCpuCores(), MemoryMB: r.GetMemoryMb()})
+		h.s.releaseQuota(req.Msg.SandboxId)
 	}
 	return connect.NewResponse(&sandboxv1.StopSandboxResponse{}), nil
 }

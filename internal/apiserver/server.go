@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -56,10 +57,9 @@ type Server struct {
 	log      *slog.Logger
 	inflight *inflight
 
-	// admitMu makes a quota check and the in-flight entry that counts its
-	// sandboxes one step: without it, two creates could both see room for
-	// the last slot. Lock order: admitMu, then rngMu, then inflight's.
-	admitMu sync.Mutex
+	// missingSince is when each node the quota ledger names was first
+	// missing from the view; only the reconciler (Run) touches it.
+	missingSince map[string]time.Time
 
 	rngMu sync.Mutex
 	rng   *rand.Rand // guarded by rngMu
@@ -75,7 +75,7 @@ func New(cfg Config, deps Deps) *Server {
 	}
 	return &Server{
 		cfg: cfg, iam: deps.IAM, watcher: deps.Watcher, edges: deps.Edges, images: deps.Images,
-		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(),
+		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(), missingSince: map[string]time.Time{},
 		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }

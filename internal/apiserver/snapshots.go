@@ -28,16 +28,20 @@ func (s *Server) snapshotEdge(id string) (*edgeclient.Conn, error) {
 	return s.edgeFor(node)
 }
 
-// reserve checks the quota for n sandboxes of r in project and counts them
-// in flight on node until the edge reports them; done says how it went.
-func (s *Server) reserve(node, project string, r *sandboxv1.Resources, n int64) (done func(ok bool, stamp *edgev1.UsageStamp), err error) {
-	_, pending := s.inflight.overlay(marksOf(s.watcher.View()))
+// reserve holds the quota for n sandboxes of r in project (the ledger in
+// IAM) and counts them in flight on node until the edge reports them;
+// done binds the reservation to the sandboxes made, or releases it.
+func (s *Server) reserve(ctx context.Context, node, project string, r *sandboxv1.Resources, n int64) (done func(made []string, stamp *edgev1.UsageStamp), err error) {
 	need := placement.Resources{Sandboxes: n, CPUCores: r.GetCpuCores() * float64(n), MemoryMB: r.GetMemoryMb() * n}
-	if err := s.checkQuota(project, need, pending); err != nil {
+	rsv, err := s.holdQuota(ctx, project, need)
+	if err != nil {
 		return nil, err
 	}
 	id := s.inflight.add(node, project, need)
-	return func(ok bool, stamp *edgev1.UsageStamp) { s.inflight.finish(id, ok, stamp) }, nil
+	return func(made []string, stamp *edgev1.UsageStamp) {
+		s.inflight.finish(id, len(made) > 0, stamp)
+		s.settleQuota(rsv, made)
+	}, nil
 }
 
 func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Request[sandboxv1.SnapshotSandboxRequest]) (*connect.Response[sandboxv1.SnapshotSandboxResponse], error) {
@@ -72,7 +76,7 @@ func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Reque
 	if snap == nil {
 		return nil, errdefs.NotFound("snapshot %s: no such snapshot", m.SnapshotId)
 	}
-	done, err := h.s.reserve(snap.NodeId, snap.Project, snap.Spec.GetResources(), 1)
+	done, err := h.s.reserve(ctx, snap.NodeId, snap.Project, snap.Spec.GetResources(), 1)
 	if err != nil {
 		return nil, err
 	}
@@ -80,10 +84,10 @@ func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Reque
 		SnapshotId: m.SnapshotId, Scope: scope, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata,
 	}))
 	if err != nil {
-		done(false, nil)
+		done(nil, nil)
 		return nil, err
 	}
-	done(true, resp.Msg.Usage)
+	done([]string{resp.Msg.Sandbox.GetId()}, resp.Msg.Usage)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +109,7 @@ func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[s
 		return nil, err
 	}
 	sb := src.Msg.Sandbox
-	done, err := h.s.reserve(sb.NodeId, sb.Project, sb.Spec.GetResources(), int64(m.Count))
+	done, err := h.s.reserve(ctx, sb.NodeId, sb.Project, sb.Spec.GetResources(), int64(m.Count))
 	if err != nil {
 		return nil, err
 	}
@@ -113,10 +117,16 @@ func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[s
 		SandboxId: m.SandboxId, Scope: scope, Count: m.Count, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata,
 	}))
 	if err != nil {
-		done(false, nil)
+		done(nil, nil)
 		return nil, err
 	}
-	done(true, resp.Msg.Usage)
+	var made []string
+	for _, r := range resp.Msg.Results {
+		if r.Sandbox != nil {
+			made = append(made, r.Sandbox.Id)
+		}
+	}
+	done(made, resp.Msg.Usage)
 	if err != nil {
 		return nil, err
 	}

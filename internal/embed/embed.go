@@ -56,6 +56,11 @@ type Config struct {
 	// Gateway sets the gateway's base image, backend and default user;
 	// its URL, key and secret are the cluster's.
 	Gateway e2b.Config
+	// APIServers is how many apiservers run (default 1). Each one after
+	// the first listens on its own loopback port and reads IAM from its
+	// own non-voting replica, whose writes (quota reservations included)
+	// go to the leader over the Raft port, as in a cluster of machines.
+	APIServers int
 }
 
 // DefaultListen is where `dsec up` serves clients.
@@ -67,6 +72,8 @@ const DefaultGatewayListen = "127.0.0.1:7071"
 // Cluster is a running all-in-one cluster.
 type Cluster struct {
 	APIURL string
+	// APIURLs are every apiserver's URL, APIURL first.
+	APIURLs []string
 	// GatewayURL is the E2B-compatible gateway, when one runs.
 	GatewayURL string
 	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY (and
@@ -80,6 +87,7 @@ type Cluster struct {
 	cancel  context.CancelFunc
 	servers []*http.Server
 	gateway *e2b.Gateway
+	readers []*iam.Service // the other apiservers' IAM replicas
 }
 
 // Start brings every component up and returns once the API answers.
@@ -175,6 +183,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	go w.Run(runCtx)
 
 	api := apiserver.New(apiserver.Config{}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
+	go api.Run(runCtx)
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -185,6 +194,12 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	apiSrv := &http.Server{Handler: api.Handler(), Protocols: &protos, ReadHeaderTimeout: 10 * time.Second}
 	c.serve(apiSrv, func() error { return apiSrv.Serve(apiLn) })
 	c.APIURL = "http://" + apiLn.Addr().String()
+	c.APIURLs = []string{c.APIURL}
+	for i := 2; i <= cfg.APIServers; i++ {
+		if err := c.startAPIServer(ctx, runCtx, i, cfg, ca, w, pool, store, &protos); err != nil {
+			return nil, fmt.Errorf("apiserver %d: %w", i, err)
+		}
+	}
 
 	if cfg.GatewayListen != "" {
 		if err := c.startGateway(ctx, cfg); err != nil {
@@ -263,6 +278,9 @@ func (c *Cluster) Close() {
 	}
 	if c.Edge != nil {
 		c.Edge.Close()
+	}
+	for _, r := range c.readers {
+		r.Close()
 	}
 	if c.IAM != nil {
 		c.IAM.Close()

@@ -164,3 +164,80 @@ func TestSequentialCreatesFillTheQuota(t *testing.T) {
 		t.Fatalf("a fourth create: %v, want the quota's refusal", err)
 	}
 }
+
+// TestQuotaAcrossTwoAPIServers: 200 creates at once, half through each of
+// two apiservers (the second reads IAM from its own non-voting replica and
+// sends its reservations to the leader), against a quota of 50: exactly 50
+// are made, and every other one is refused naming the project and limit.
+func TestQuotaAcrossTwoAPIServers(t *testing.T) {
+	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
+	if len(c.APIURLs) != 2 {
+		t.Fatalf("apiservers: %v", c.APIURLs)
+	}
+	ctx := ctxT(t)
+	if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: "fifty", Quota: &iamv1.Quota{MaxSandboxes: 50}})); err != nil {
+		t.Fatal(err)
+	}
+	key, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/fifty", Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []*client.Client
+	for _, u := range c.APIURLs {
+		cl, err := client.New(u, key.Msg.Secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The second apiserver's replica learns of the key within moments.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err = cl.IAM.WhoAmI(ctx, connect.NewRequest(&iamv1.WhoAmIRequest{})); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+		clients = append(clients, cl)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	made, refused := 0, 0
+	start := make(chan struct{})
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := clients[i%2].Create(ctx, sized(0.1, 64)())
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				made++
+			case connect.CodeOf(err) == connect.CodeResourceExhausted && strings.Contains(err.Error(), "quota of project root/fifty") && strings.Contains(err.Error(), "of 50 sandboxes"):
+				refused++
+			default:
+				t.Errorf("create: %v", err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if made != 50 || refused != 150 {
+		t.Fatalf("200 creates through 2 apiservers against a quota of 50: %d made, %d refused", made, refused)
+	}
+	// A removal through either apiserver gives its room back at once.
+	list, err := clients[1].Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.Sandboxes) != 50 {
+		t.Fatalf("list through the second apiserver: %v, %v", list, err)
+	}
+	if err := clients[1].Sandbox(list.Msg.Sandboxes[0].Id).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := clients[0].Create(ctx, sized(0.1, 64)()); err != nil {
+		t.Fatalf("a create after one removal: %v", err)
+	}
+	if _, err := clients[0].Create(ctx, sized(0.1, 64)()); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a create past the quota again: %v", err)
+	}
+}

@@ -112,16 +112,18 @@ func Encode(t CommandType, body any) ([]byte, error) {
 // FSM is the state; it implements raft.FSM.
 type FSM struct {
 	mu       sync.RWMutex
-	projects map[string]*Project // guarded by mu
-	keys     map[string]*Key     // guarded by mu
-	byHash   map[string]string   // guarded by mu: hash -> key id
+	projects map[string]*Project  // guarded by mu
+	keys     map[string]*Key      // guarded by mu
+	byHash   map[string]string    // guarded by mu: hash -> key id
+	entries  map[string]*Entry    // guarded by mu: the quota ledger by id
+	usage    map[string]Resources // guarded by mu: the ledger's sum per subtree
 }
 
 var _ raft.FSM = (*FSM)(nil)
 
 // New returns an empty state.
 func New() *FSM {
-	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}}
+	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]Resources{}}
 }
 
 // Apply applies one committed entry. It returns nil or an error value (the
@@ -142,6 +144,8 @@ func (f *FSM) ApplyCommand(data []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch t &^ IgnoreUnknown {
+	case CmdReserve &^ IgnoreUnknown, CmdBind &^ IgnoreUnknown, CmdRelease &^ IgnoreUnknown:
+		return f.applyLedger(t|IgnoreUnknown, body)
 	case CmdCreateProject:
 		var c CreateProject
 		if err := json.Unmarshal(body, &c); err != nil {
@@ -392,6 +396,7 @@ func (f *FSM) Empty() bool {
 type snapshotData struct {
 	Projects []*Project `json:"projects"`
 	Keys     []*Key     `json:"keys"`
+	Ledger   []*Entry   `json:"ledger,omitempty"`
 }
 
 // Snapshot captures the state.
@@ -407,6 +412,11 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		kk := *k
 		d.Keys = append(d.Keys, &kk)
 	}
+	for _, e := range f.entries {
+		ee := *e
+		d.Ledger = append(d.Ledger, &ee)
+	}
+	sort.Slice(d.Ledger, func(i, j int) bool { return d.Ledger[i].ID < d.Ledger[j].ID })
 	sort.Slice(d.Projects, func(i, j int) bool { return d.Projects[i].Path < d.Projects[j].Path })
 	sort.Slice(d.Keys, func(i, j int) bool { return d.Keys[i].ID < d.Keys[j].ID })
 	return &fsmSnapshot{d}, nil
@@ -422,6 +432,10 @@ func (f *FSM) Restore(r io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.projects, f.keys, f.byHash = map[string]*Project{}, map[string]*Key{}, map[string]string{}
+	f.entries, f.usage = map[string]*Entry{}, map[string]Resources{}
+	for _, e := range d.Ledger {
+		f.addEntry(*e)
+	}
 	for _, p := range d.Projects {
 		f.projects[p.Path] = p
 	}

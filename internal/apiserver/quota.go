@@ -1,0 +1,145 @@
+package apiserver
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/internal/iam/fsm"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/placement"
+	"github.com/opendsec/opendsec/internal/project"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/watcher"
+)
+
+// Quotas [ours]: every create first reserves its resources in IAM's
+// replicated ledger (iam/fsm/ledger.go), which Raft orders, so creates
+// through any number of apiservers can never pass a quota together. The
+// reservation is bound to the sandboxes made, or released when none was;
+// a removal through an apiserver releases its entry; the reconciler below
+// releases entries whose sandbox vanished otherwise.
+
+// holdQuota reserves need in proj's quota.
+func (s *Server) holdQuota(ctx context.Context, proj string, need placement.Resources) (string, error) {
+	return s.iam.Reserve(ctx, proj, fsm.Resources{Sandboxes: need.Sandboxes, CPUCores: need.CPUCores, MemoryMB: need.MemoryMB})
+}
+
+// settleQuota binds reservation rsv to the sandboxes made, or releases it
+// when none was. It runs whatever became of the caller's request.
+func (s *Server) settleQuota(rsv string, made []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var err error
+	if len(made) == 0 {
+		err = s.iam.Release(ctx, rsv)
+	} else {
+		err = s.iam.Bind(ctx, rsv, made)
+	}
+	if err != nil {
+		// The reservation lapses by itself (iam.ReservationTTL); a
+		// sandbox left unbound is not counted until then.
+		s.log.Warn("quota reservation not settled", "reservation", rsv, "sandboxes", made, logging.Error, err)
+	}
+}
+
+// releaseQuota gives back a removed sandbox's entry.
+func (s *Server) releaseQuota(sandboxID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.iam.Release(ctx, sandboxID); err != nil {
+		s.log.Warn("quota entry of a removed sandbox not released; the reconciler will", logging.SandboxID, sandboxID, logging.Error, err)
+	}
+}
+
+// ReconcileEvery is how often an apiserver compares the ledger with the
+// sandboxes the edges hold.
+const ReconcileEvery = 2 * time.Second
+
+// reconcileMargin covers clock skew between the apiserver that bound an
+// entry and this one: an entry bound later than a listing began, less
+// this, may be missing from that listing and is kept.
+const reconcileMargin = 2 * time.Second
+
+// lostAfter is how long the entries of a node missing from the watcher's
+// view are kept (a node is in the view while it is configured, answering
+// or not, so only an edge taken out of the cluster leaves it).
+const lostAfter = 5 * time.Minute
+
+// lost reports whether node has been missing from every view for
+// lostAfter; only the reconciler calls it.
+func (s *Server) lost(view *watcher.View, node string, now time.Time) bool {
+	if _, ok := view.Node(node); ok || len(view.Nodes) == 0 {
+		delete(s.missingSince, node)
+		return false
+	}
+	since, ok := s.missingSince[node]
+	if !ok {
+		s.missingSince[node] = now
+		return false
+	}
+	return now.Sub(since) > lostAfter
+}
+
+// Run reconciles the quota ledger until ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	t := time.NewTicker(ReconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.reconcileQuota(ctx)
+		}
+	}
+}
+
+// reconcileQuota releases the entries of sandboxes that are gone: their
+// node answered a listing begun after the entry was bound and did not
+// name them, or their node has left the watcher's view (an edge removed
+// for good). A node that does not answer keeps its entries: its sandboxes
+// may well be running.
+func (s *Server) reconcileQuota(ctx context.Context) {
+	began := time.Now()
+	view := s.watcher.View()
+	live := map[string]map[string]bool{} // node -> sandbox ids, for nodes that answered
+	for _, n := range view.Healthy() {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := s.edges.Get(n.Addr).Edge.ListSandboxes(lctx, connect.NewRequest(&edgev1.ListSandboxesRequest{Scope: project.Root}))
+		cancel()
+		if err != nil {
+			continue
+		}
+		ids := map[string]bool{}
+		for _, sb := range resp.Msg.Sandboxes {
+			ids[sb.Id] = true
+		}
+		live[n.ID] = ids
+	}
+	var gone []string
+	for _, e := range s.iam.State().Entries() {
+		if strings.HasPrefix(e.ID, "rsv-") || !e.At.Before(began.Add(-reconcileMargin)) {
+			continue
+		}
+		_, node, err := sandboxid.Parse(e.ID)
+		if err != nil {
+			continue
+		}
+		ids, answered := live[string(node)]
+		if (answered && !ids[e.ID]) || s.lost(view, string(node), began) {
+			gone = append(gone, e.ID)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	if err := s.iam.Release(ctx, gone...); err != nil {
+		s.log.Warn("quota reconcile: release failed", "sandboxes", len(gone), logging.Error, err)
+		return
+	}
+	s.log.Info("quota reconcile: released the entries of vanished sandboxes", "sandboxes", len(gone))
+}

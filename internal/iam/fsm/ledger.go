@@ -1,0 +1,193 @@
+package fsm
+
+import (
+	"encoding/json"
+	"sort"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/project"
+)
+
+// The quota ledger [ours]. Every sandbox counts against its project's
+// quota through an entry in the replicated state, made before any edge is
+// asked: Raft orders all reservations, so concurrent creates through any
+// number of apiservers can never pass a quota together. An entry is first
+// a reservation (its id "rsv-..."), then bound to the sandboxes the create
+// made (one entry per sandbox id, the reservation's resources shared out),
+// then released when the sandbox is removed. A reservation that is never
+// bound (its apiserver died mid-create) lapses at Expires; an entry whose
+// sandbox vanished without a removal through an apiserver (it expired on
+// its edge, or the edge was lost) is released by the apiservers'
+// reconciler. All times travel in the commands: Apply stays deterministic.
+
+// Resources is what an entry holds.
+type Resources struct {
+	Sandboxes int64   `json:"sandboxes"`
+	CPUCores  float64 `json:"cpu_cores"`
+	MemoryMB  int64   `json:"memory_mb"`
+}
+
+func (r Resources) add(o Resources, sign int64) Resources {
+	return Resources{Sandboxes: r.Sandboxes + sign*o.Sandboxes, CPUCores: r.CPUCores + float64(sign)*o.CPUCores, MemoryMB: r.MemoryMB + sign*o.MemoryMB}
+}
+
+// Entry is a ledger entry: a reservation or a sandbox.
+type Entry struct {
+	ID      string    `json:"id"`
+	Project string    `json:"project"`
+	Res     Resources `json:"res"`
+	At      time.Time `json:"at"`               // reserved, or bound
+	Expires time.Time `json:"expires,omitzero"` // a reservation's lapse
+}
+
+// Ledger commands. IgnoreUnknown: a replica from before the ledger skips them.
+const (
+	CmdReserve = 6 | IgnoreUnknown
+	CmdBind    = 7 | IgnoreUnknown
+	CmdRelease = 8 | IgnoreUnknown
+)
+
+// Reserve asks for Entry.Res in Entry.Project; refused with
+// ResourceExhausted naming the project and the limit when it does not fit.
+type Reserve struct {
+	Entry Entry `json:"entry"`
+}
+
+// Bind turns reservation ID into one entry per sandbox in SandboxIDs,
+// each with an equal share; a share not bound (fewer copies made than
+// reserved) is given back.
+type Bind struct {
+	ID         string    `json:"id"`
+	SandboxIDs []string  `json:"sandbox_ids"`
+	At         time.Time `json:"at"`
+}
+
+// Release removes entries (reservation or sandbox ids); unknown ids are
+// ignored, so a release can be repeated.
+type Release struct {
+	IDs []string `json:"ids"`
+}
+
+func (f *FSM) applyLedger(t CommandType, body []byte) error {
+	switch t {
+	case CmdReserve:
+		var c Reserve
+		if err := json.Unmarshal(body, &c); err != nil {
+			return err
+		}
+		return f.reserve(c.Entry)
+	case CmdBind:
+		var c Bind
+		if err := json.Unmarshal(body, &c); err != nil {
+			return err
+		}
+		return f.bind(c)
+	case CmdRelease:
+		var c Release
+		if err := json.Unmarshal(body, &c); err != nil {
+			return err
+		}
+		for _, id := range c.IDs {
+			f.dropEntry(id)
+		}
+		return nil
+	}
+	return errdefs.InvalidArgument("iam: command %d is not a ledger command", t)
+}
+
+func (f *FSM) reserve(e Entry) error {
+	if e.ID == "" || e.Res.Sandboxes < 0 || e.Res.CPUCores < 0 || e.Res.MemoryMB < 0 {
+		return errdefs.InvalidArgument("reservation: want an id and resources that are not negative")
+	}
+	if _, ok := f.entries[e.ID]; ok {
+		return errdefs.AlreadyExists("reservation %s: already made", e.ID)
+	}
+	if _, ok := f.projects[e.Project]; !ok {
+		return errdefs.NotFound("project %q: no such project", e.Project)
+	}
+	// Reservations whose apiserver never bound them lapse.
+	for id, old := range f.entries {
+		if !old.Expires.IsZero() && old.Expires.Before(e.At) {
+			f.dropEntry(id)
+		}
+	}
+	for _, p := range project.Ancestry(e.Project) {
+		pr, ok := f.projects[p]
+		if !ok {
+			continue
+		}
+		q, used := pr.Quota, f.usage[p]
+		switch {
+		case q.MaxSandboxes > 0 && used.Sandboxes+e.Res.Sandboxes > q.MaxSandboxes:
+			return errdefs.ResourceExhausted("quota of project %s: %d of %d sandboxes in use, %d asked", p, used.Sandboxes, q.MaxSandboxes, e.Res.Sandboxes)
+		case q.CPUCores > 0 && used.CPUCores+e.Res.CPUCores > q.CPUCores+1e-9:
+			return errdefs.ResourceExhausted("quota of project %s: %g of %g cpu cores in use, %g asked", p, used.CPUCores, q.CPUCores, e.Res.CPUCores)
+		case q.MemoryMB > 0 && used.MemoryMB+e.Res.MemoryMB > q.MemoryMB:
+			return errdefs.ResourceExhausted("quota of project %s: %d of %d MiB in use, %d asked", p, used.MemoryMB, q.MemoryMB, e.Res.MemoryMB)
+		}
+	}
+	f.addEntry(e)
+	return nil
+}
+
+func (f *FSM) bind(c Bind) error {
+	r, ok := f.entries[c.ID]
+	if !ok {
+		return errdefs.NotFound("reservation %s: none (it lapsed or was released)", c.ID)
+	}
+	f.dropEntry(c.ID)
+	n := int64(len(c.SandboxIDs))
+	if n == 0 {
+		return nil
+	}
+	per := Resources{Sandboxes: 1, CPUCores: r.Res.CPUCores / float64(max(r.Res.Sandboxes, 1)), MemoryMB: r.Res.MemoryMB / max(r.Res.Sandboxes, 1)}
+	for _, id := range c.SandboxIDs {
+		if _, dup := f.entries[id]; !dup && id != "" {
+			f.addEntry(Entry{ID: id, Project: r.Project, Res: per, At: c.At})
+		}
+	}
+	return nil
+}
+
+func (f *FSM) addEntry(e Entry) {
+	f.entries[e.ID] = &e
+	for _, p := range project.Ancestry(e.Project) {
+		f.usage[p] = f.usage[p].add(e.Res, 1)
+	}
+}
+
+func (f *FSM) dropEntry(id string) {
+	e, ok := f.entries[id]
+	if !ok {
+		return
+	}
+	delete(f.entries, id)
+	for _, p := range project.Ancestry(e.Project) {
+		u := f.usage[p].add(e.Res, -1)
+		if u == (Resources{}) || u.Sandboxes <= 0 && u.MemoryMB <= 0 && u.CPUCores < 1e-9 {
+			delete(f.usage, p)
+			continue
+		}
+		f.usage[p] = u
+	}
+}
+
+// Usage is what the ledger counts in path's subtree.
+func (f *FSM) Usage(path string) Resources {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.usage[path]
+}
+
+// Entries returns the ledger, reservations and sandboxes, by id.
+func (f *FSM) Entries() []Entry {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]Entry, 0, len(f.entries))
+	for _, e := range f.entries {
+		out = append(out, *e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}

@@ -1,0 +1,37 @@
+package iam
+
+import (
+	"context"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/iam/fsm"
+)
+
+// ReservationTTL is how long a reservation waits to be bound to the
+// sandboxes its create made before it lapses (its apiserver died).
+const ReservationTTL = 10 * time.Minute
+
+// Reserve holds res in project's quota (and its ancestors') for a create
+// about to be tried, and returns the reservation's id. It is refused with
+// ResourceExhausted, naming the project and the limit, when it does not fit.
+func (s *Service) Reserve(ctx context.Context, project string, res fsm.Resources) (string, error) {
+	now := time.Now().UTC()
+	id := "rsv-" + randomHex(12)
+	err := s.apply(ctx, fsm.CmdReserve, fsm.Reserve{Entry: fsm.Entry{ID: id, Project: project, Res: res, At: now, Expires: now.Add(ReservationTTL)}})
+	return id, err
+}
+
+// Bind gives reservation id to the sandboxes its create made; a share not
+// used is given back.
+func (s *Service) Bind(ctx context.Context, id string, sandboxIDs []string) error {
+	return s.apply(ctx, fsm.CmdBind, fsm.Bind{ID: id, SandboxIDs: sandboxIDs, At: time.Now().UTC()})
+}
+
+// Release gives back reservations or sandboxes' entries; unknown ids are
+// ignored.
+func (s *Service) Release(ctx context.Context, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return s.apply(ctx, fsm.CmdRelease, fsm.Release{IDs: ids})
+}
