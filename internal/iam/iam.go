@@ -194,6 +194,9 @@ func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error 
 
 // applyHere replicates an encoded command from the leader.
 func (s *Service) applyHere(ctx context.Context, data []byte) error {
+	if err := fsm.Check(data); err != nil {
+		return err
+	}
 	timeout := 10 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)

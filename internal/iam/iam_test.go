@@ -1,10 +1,13 @@
 package iam
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -233,4 +236,47 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatal("condition not met within 20s")
+}
+
+// FuzzReplicaRequest sends arbitrary bytes, as a replica with a valid
+// certificate could, to a replica's request handler: nothing may panic,
+// and the replica must still apply a good write afterwards.
+func FuzzReplicaRequest(f *testing.F) {
+	dir := f.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	cert, _ := ca.Issue("iam-1", pki.RoleIAM, []string{"127.0.0.1"})
+	s, err := Open(Config{Dir: filepath.Join(dir, "iam-1"), NodeID: "iam-1", Bind: "127.0.0.1:0", Bootstrap: true, SingleNode: true,
+		ServerTLS: ca.ServerConfig(cert, pki.RoleIAM), ClientTLS: ca.ClientConfig(cert)}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.EnsureRoot(context.Background()); err != nil {
+		f.Fatal(err)
+	}
+	frame := func(op byte, payload string) []byte {
+		var b bytes.Buffer
+		writeFrame(&b, op, []byte(payload)) //nolint:errcheck // a buffer
+		return b.Bytes()
+	}
+	f.Add(frame(byte(opStatus), ""))
+	f.Add(frame(byte(opApply), "\x01{\"parent\":\"root\",\"name\":\"x\"}"))
+	f.Add(frame(byte(opApply), "\x7f{}"))
+	f.Add(frame(byte(opApply), "\x86{\"entry\":{\"id\":\"rsv-1\",\"project\":\"root\",\"res\":{\"sandboxes\":1}}}"))
+	f.Add(frame(byte(opJoin), "{\"id\":\"\"}"))
+	f.Add(frame(byte(opRemove), "nobody"))
+	f.Add(frame(byte(opApply|opNoForward), "\x05{\"id\":\"key-x\"}"))
+	f.Add([]byte{1, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		client, server := net.Pipe()
+		done := make(chan struct{})
+		go func() { defer close(done); s.serveRequest(server, bufio.NewReader(server)) }()
+		client.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck // a pipe
+		client.Write(data)                                  //nolint:errcheck // the handler may stop reading
+		client.Close()
+		<-done
+	})
+	if _, err := s.CreateProject(context.Background(), "root", "after-fuzz", fsm.Quota{}); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+		f.Fatalf("a write after the fuzzing: %v", err)
+	}
 }

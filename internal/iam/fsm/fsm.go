@@ -109,6 +109,43 @@ func Encode(t CommandType, body any) ([]byte, error) {
 	return append([]byte{byte(t)}, data...), nil
 }
 
+// Check reports whether data is a command this FSM can apply: a known
+// type (or one an older replica may skip) with a body of its shape. The
+// leader checks a command before it enters the log, since Apply must not
+// fail on a committed entry in a way that differs between replicas, and
+// panics on an unknown type.
+func Check(data []byte) error {
+	if len(data) == 0 {
+		return errdefs.InvalidArgument("iam: empty command")
+	}
+	t, body := CommandType(data[0]), data[1:]
+	var v any
+	switch t &^ IgnoreUnknown {
+	case CmdCreateProject:
+		v = &CreateProject{}
+	case CmdSetQuota:
+		v = &SetQuota{}
+	case CmdDeleteProject:
+		v = &DeleteProject{}
+	case CmdCreateKey:
+		v = &CreateKey{}
+	case CmdRevokeKey:
+		v = &RevokeKey{}
+	case CmdReserve &^ IgnoreUnknown:
+		v = &Reserve{}
+	case CmdBind &^ IgnoreUnknown:
+		v = &Bind{}
+	case CmdRelease &^ IgnoreUnknown:
+		v = &Release{}
+	default:
+		return errdefs.InvalidArgument("iam: unknown command type %d", t)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return errdefs.InvalidArgument("iam: command type %d: %v", t, err)
+	}
+	return nil
+}
+
 // FSM is the state; it implements raft.FSM.
 type FSM struct {
 	mu       sync.RWMutex
