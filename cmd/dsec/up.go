@@ -21,6 +21,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	stateDir := fs.String("state-dir", "", "directory for all state (required)")
 	listen := fs.String("listen", embed.DefaultListen, "client API address")
 	backends := fs.String("backends", "container,gvisor", "comma-separated backends to enable (container, gvisor)")
+	edges := fs.Int("edges", 1, "how many edges to run, each its own node (a one-machine cluster)")
 	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
 	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them")
 	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)")
@@ -44,7 +45,10 @@ func cmdUp(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
-		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}}
+		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges}
+	if *edges < 1 || *edges > 64 {
+		return fmt.Errorf("up: --edges %d: want 1 to 64", *edges)
+	}
 	if *sandboxNet {
 		nc, err := networkConfig(*subnet, *dnsUpstream)
 		if err != nil {
@@ -64,7 +68,11 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	defer c.Close()
 	usable, unusable := c.Edge.BackendNames()
-	log.Info("opendsec is up", "api", c.APIURL, "e2b_gateway", c.GatewayURL, "client_env", c.ClientEnv, "node", c.Edge.Node(), "backends", usable, "unavailable", unusable)
+	var nodes []string
+	for _, e := range c.Edges {
+		nodes = append(nodes, string(e.Node()))
+	}
+	log.Info("opendsec is up", "api", c.APIURL, "e2b_gateway", c.GatewayURL, "client_env", c.ClientEnv, "nodes", nodes, "backends", usable, "unavailable", unusable)
 	fmt.Fprintf(os.Stderr, "\nOpenDsec is up at %s. In another shell:\n  . %s\n  dsec run --image root/busybox:latest -- echo hello\n\n", c.APIURL, c.ClientEnv)
 	<-ctx.Done()
 	log.Info("shutting down; sandboxes keep running and are re-attached by the next dsec up")

@@ -56,6 +56,17 @@ type Config struct {
 	// Gateway sets the gateway's base image, backend and default user;
 	// its URL, key and secret are the cluster's.
 	Gateway e2b.Config
+	// Edges is how many edges run (default 1), each with its own node id,
+	// state directory (StateDir/edge, then StateDir/edge-2, ...) and
+	// listener: a cluster of several nodes on one machine.
+	Edges int
+	// EdgeCapacity, if set, gives edge i (from 1) its own capacity.
+	EdgeCapacity func(i int) edge.Capacity
+	// WatchInterval is the watcher's poll interval (default 1 s).
+	WatchInterval time.Duration
+	// PlacementK is the apiservers' power-of-k sample (default the
+	// apiserver's).
+	PlacementK int
 	// APIServers is how many apiservers run (default 1). Each one after
 	// the first listens on its own loopback port and reads IAM from its
 	// own non-voting replica, whose writes (quota reservations included)
@@ -79,9 +90,13 @@ type Cluster struct {
 	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY (and
 	// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY with a gateway).
 	ClientEnv string
-	Edge      *edge.Edge
-	IAM       *iam.Service
-	Images    *image.Store
+	// Edge is the first of Edges.
+	Edge   *edge.Edge
+	Edges  []*edge.Edge
+	IAM    *iam.Service
+	Images *image.Store
+	// Watcher is the apiservers' view of the edges (Poll refreshes it).
+	Watcher *watcher.Watcher
 
 	log     *slog.Logger
 	cancel  context.CancelFunc
@@ -140,34 +155,17 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		return nil, err
 	}
 
-	// Edge with the enabled backends, served over mutual TLS.
-	var backends []backend.Backend
-	for name, opts := range cfg.Backends {
-		f, ok := reg.Lookup(name)
-		if !ok {
-			return nil, fmt.Errorf("backend %q: not built into this binary (have %s)", name, strings.Join(reg.Names(), ", "))
-		}
-		b, err := f(ctx, backend.Config{StateDir: filepath.Join(cfg.StateDir, "edge", "backends", name), Log: log, Options: opts})
+	// Edges with the enabled backends, each served over mutual TLS.
+	var edgeAddrs []string
+	for i := 1; i <= max(cfg.Edges, 1); i++ {
+		e, addr, err := c.startEdge(ctx, i, cfg, reg, ca, store)
 		if err != nil {
-			return nil, fmt.Errorf("backend %s: %w", name, err)
+			return nil, fmt.Errorf("edge %d: %w", i, err)
 		}
-		backends = append(backends, b)
+		c.Edges = append(c.Edges, e)
+		edgeAddrs = append(edgeAddrs, addr)
 	}
-	c.Edge, err = edge.New(ctx, edge.Config{StateDir: filepath.Join(cfg.StateDir, "edge"), AgentPath: cfg.AgentPath, Capacity: cfg.Capacity, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: cfg.Network},
-		edge.Deps{Store: store, Backends: backends, Log: log.With(logging.Component, "edge")})
-	if err != nil {
-		return nil, err
-	}
-	edgeCert, err := ca.Issue("edge-"+string(c.Edge.Node()), pki.RoleEdge, []string{"127.0.0.1", "localhost"})
-	if err != nil {
-		return nil, err
-	}
-	edgeLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	edgeSrv := &http.Server{Handler: c.Edge.Handler(), TLSConfig: ca.ServerConfig(edgeCert, pki.RoleAPIServer, pki.RoleWatcher), ReadHeaderTimeout: 10 * time.Second}
-	c.serve(edgeSrv, func() error { return edgeSrv.ServeTLS(edgeLn, "", "") })
+	c.Edge = c.Edges[0]
 
 	// Watcher and apiserver share one mTLS pool to the edge.
 	apiCert, err := ca.Issue("apiserver", pki.RoleAPIServer, nil)
@@ -175,14 +173,15 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		return nil, err
 	}
 	pool := edgeclient.NewPool(ca.ClientConfig(apiCert))
-	w := watcher.New(watcher.Config{Edges: []string{edgeLn.Addr().String()}}, pool, log)
+	w := watcher.New(watcher.Config{Edges: edgeAddrs, Interval: cfg.WatchInterval}, pool, log)
 	w.Poll(ctx)
-	if len(w.View().Healthy()) == 0 {
-		return nil, errors.New("embedded edge did not answer the watcher")
+	if n := len(w.View().Healthy()); n != len(edgeAddrs) {
+		return nil, fmt.Errorf("%d of %d embedded edges answered the watcher", n, len(edgeAddrs))
 	}
+	c.Watcher = w
 	go w.Run(runCtx)
 
-	api := apiserver.New(apiserver.Config{}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
 	go api.Run(runCtx)
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -276,8 +275,8 @@ func (c *Cluster) Close() {
 	if c.gateway != nil {
 		c.gateway.Close()
 	}
-	if c.Edge != nil {
-		c.Edge.Close()
+	for _, e := range c.Edges {
+		e.Close()
 	}
 	for _, r := range c.readers {
 		r.Close()

@@ -1,0 +1,69 @@
+package embed
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/pki"
+)
+
+// startEdge runs edge number i (from 1) and returns it with its address.
+// The first keeps StateDir/edge, as a one-edge cluster always had.
+func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend.Registry, ca *pki.CA, store *image.Store) (*edge.Edge, string, error) {
+	dir := filepath.Join(cfg.StateDir, "edge")
+	if i > 1 {
+		dir = fmt.Sprintf("%s-%d", dir, i)
+	}
+	var backends []backend.Backend
+	for name, opts := range cfg.Backends {
+		f, ok := reg.Lookup(name)
+		if !ok {
+			return nil, "", fmt.Errorf("backend %q: not built into this binary (have %s)", name, strings.Join(reg.Names(), ", "))
+		}
+		b, err := f(ctx, backend.Config{StateDir: filepath.Join(dir, "backends", name), Log: c.log, Options: opts})
+		if err != nil {
+			return nil, "", fmt.Errorf("backend %s: %w", name, err)
+		}
+		backends = append(backends, b)
+	}
+	capacity := cfg.Capacity
+	if cfg.EdgeCapacity != nil {
+		capacity = cfg.EdgeCapacity(i)
+	}
+	network := cfg.Network
+	if network != nil && i > 1 {
+		// A subnet given for the node fits one edge; the others take the
+		// one their node id chooses.
+		n := *network
+		n.Subnet = netip.Prefix{}
+		network = &n
+	}
+	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: network},
+		edge.Deps{Store: store, Backends: backends, Log: c.log.With(logging.Component, "edge")})
+	if err != nil {
+		return nil, "", err
+	}
+	cert, err := ca.Issue("edge-"+string(e.Node()), pki.RoleEdge, []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		e.Close()
+		return nil, "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.Close()
+		return nil, "", err
+	}
+	srv := &http.Server{Handler: e.Handler(), TLSConfig: ca.ServerConfig(cert, pki.RoleAPIServer, pki.RoleWatcher), ReadHeaderTimeout: 10 * time.Second}
+	c.serve(srv, func() error { return srv.ServeTLS(ln, "", "") })
+	return e, ln.Addr().String(), nil
+}

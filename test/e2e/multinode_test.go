@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// TestPlacementAcrossEdges runs 3 edges and 2 apiservers on the container
+// backend: sandboxes spread over the edges, every call finds its sandbox
+// by id through either apiserver, and an edge that refuses a create
+// (full, though the view says it has room) sends the apiserver on to the
+// next node.
+func TestPlacementAcrossEdges(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "crun")
+	c := startClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.Edges, cfg.APIServers, cfg.PlacementK = 3, 2, 3
+		// Polls only when the test asks: the view is as stale as it wants.
+		cfg.WatchInterval = time.Hour
+		// Edge 1 looks the least loaded (the most CPU and memory) but
+		// holds 4 sandboxes at most: ranked first until it is full.
+		cfg.EdgeCapacity = func(i int) edge.Capacity {
+			capacity := cfg.Capacity
+			if i == 1 {
+				capacity.CPUCores, capacity.MemoryMB, capacity.MaxSandboxes = 64, 65536, 4
+			}
+			return capacity
+		}
+	}, "container")
+	ctx := ctxT(t)
+	if len(c.Edges) != 3 || len(c.APIURLs) != 2 {
+		t.Fatalf("edges %d, apiservers %v", len(c.Edges), c.APIURLs)
+	}
+	full := string(c.Edges[0].Node())
+	var apis []*client.Client
+	for _, u := range c.APIURLs {
+		cl, err := client.New(u, c.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apis = append(apis, cl)
+	}
+	spec := func() *sandboxv1.SandboxSpec {
+		return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}}
+	}
+
+	// Spread: 12 creates, alternating apiservers.
+	perNode := map[string]int{}
+	var made []*client.Sandbox
+	for i := range 12 {
+		sb, err := apis[i%2].Create(ctx, spec())
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		_, node, err := sandboxid.Parse(sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		perNode[string(node)]++
+		made = append(made, sb)
+	}
+	if len(perNode) != 3 || perNode[full] != 4 {
+		t.Fatalf("12 sandboxes over 3 edges (the first holds 4): %v", perNode)
+	}
+	// Every call routes by id, through the other apiserver than made it.
+	for i, sb := range made {
+		other := apis[(i+1)%2].Sandbox(sb.ID)
+		res, err := other.Shell(ctx, "echo $((6*7)) from $(hostname)")
+		if err != nil || !strings.HasPrefix(string(res.GetStdout()), "42 from ") {
+			t.Fatalf("exec in %s through the other apiserver: %+v, %v", sb.ID, res, err)
+		}
+		got, err := apis[(i+1)%2].Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+		_, node, _ := sandboxid.Parse(sb.ID)
+		if err != nil || got.Msg.Sandbox.NodeId != string(node) {
+			t.Fatalf("get %s: %v, %v", sb.ID, got, err)
+		}
+	}
+	for _, sb := range made {
+		if err := sb.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Watcher.Poll(ctx)
+
+	// Fill edge 1 behind the apiservers' backs: their view still shows it
+	// empty and the least loaded, so each ranks it first; it refuses, and
+	// the create lands on the next node.
+	for i := range 4 {
+		s := spec()
+		if err := sandboxspec.Normalize(s, sandboxspec.DefaultLimits(), []string{"container"}); err != nil {
+			t.Fatal(err)
+		}
+		sb, err := c.Edges[0].Create(ctx, s, "root")
+		if err != nil {
+			t.Fatalf("filling edge 1 (%d): %v", i, err)
+		}
+		t.Cleanup(func() { c.client.Sandbox(sb.Id).Stop(ctxT(t)) }) //nolint:errcheck // best effort
+	}
+	for i, api := range apis {
+		sb, err := api.Create(ctx, spec())
+		if err != nil {
+			t.Fatalf("create through apiserver %d with edge 1 full: %v", i+1, err)
+		}
+		if _, node, _ := sandboxid.Parse(sb.ID); string(node) == full {
+			t.Fatalf("apiserver %d placed %s on the full edge", i+1, sb.ID)
+		}
+		sb.Stop(ctx) //nolint:errcheck // checked above
+	}
+}
