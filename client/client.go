@@ -17,7 +17,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -40,17 +39,19 @@ type Client struct {
 	Images    imagev1connect.ImageServiceClient
 }
 
-// New returns a client for the apiserver at url using API key key.
+// New returns a client for the apiserver at url, or the apiservers at a
+// comma-separated list of URLs (it fails over between them), using API key
+// key.
 func New(rawURL, key string) (*Client, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("client: API URL %q: want http://host:port or https://host:port", rawURL)
+	endpoints, err := parseEndpoints(rawURL)
+	if err != nil {
+		return nil, err
 	}
 	if key == "" {
 		return nil, errors.New("client: no API key (set DSEC_API_KEY)")
 	}
-	base := strings.TrimRight(rawURL, "/")
-	hc := &http.Client{Transport: authTransport{key: key, next: transportFor(u.Scheme)}}
+	base := endpoints[0].String()
+	hc := &http.Client{Transport: authTransport{key: key, next: &failover{endpoints: endpoints, next: transportFor(endpoints[0].Scheme)}}}
 	return &Client{
 		URL: base, key: key, http: hc,
 		Sandboxes: sandboxv1connect.NewSandboxServiceClient(hc, base),
@@ -129,7 +130,11 @@ func (c *Client) Sandbox(id string) *Sandbox {
 
 // Create starts a sandbox and returns its handle once its agent answers.
 func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sandbox, error) {
-	resp, err := c.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec}))
+	req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec})
+	// The same key on a retry (another apiserver, after a broken
+	// connection) answers with the sandbox the first attempt made.
+	req.Header().Set(IdempotencyHeader, newIdempotencyKey())
+	resp, err := c.Sandboxes.CreateSandbox(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -76,7 +76,7 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	one := fsm.Resources{Sandboxes: 1, CPUCores: 0.1, MemoryMB: 64}
 	cycle := func(s *iam.Service, i int) (time.Duration, error) {
 		start := time.Now()
-		rsv, err := s.Reserve(ctx, "root", one)
+		rsv, err := s.Reserve(ctx, "root", one, "")
 		if err != nil {
 			return 0, err
 		}

@@ -2,12 +2,15 @@ package apiserver
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/iam/fsm"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/placement"
@@ -23,9 +26,56 @@ import (
 // a removal through an apiserver releases its entry; the reconciler below
 // releases entries whose sandbox vanished otherwise.
 
-// holdQuota reserves need in proj's quota.
-func (s *Server) holdQuota(ctx context.Context, proj string, need placement.Resources) (string, error) {
-	return s.iam.Reserve(ctx, proj, fsm.Resources{Sandboxes: need.Sandboxes, CPUCores: need.CPUCores, MemoryMB: need.MemoryMB})
+// holdQuota reserves need in proj's quota, under a create's idempotency
+// key if it has one.
+func (s *Server) holdQuota(ctx context.Context, proj string, need placement.Resources, key string) (string, error) {
+	return s.iam.Reserve(ctx, proj, fsm.Resources{Sandboxes: need.Sandboxes, CPUCores: need.CPUCores, MemoryMB: need.MemoryMB}, key)
+}
+
+// maxIdempotencyKey bounds the Idempotency-Key header.
+const maxIdempotencyKey = 128
+
+// idempotencyKey reads a create's Idempotency-Key header.
+func idempotencyKey(h http.Header) (string, error) {
+	k := h.Get("Idempotency-Key")
+	if len(k) > maxIdempotencyKey {
+		return "", errdefs.InvalidArgument("Idempotency-Key: %d bytes, at most %d", len(k), maxIdempotencyKey)
+	}
+	for _, r := range k {
+		if r < 0x21 || r > 0x7e {
+			return "", errdefs.InvalidArgument("Idempotency-Key: printable ASCII without spaces only")
+		}
+	}
+	return k, nil
+}
+
+// replay answers a create retried with the idempotency key of an earlier
+// one in proj: once that one made its sandbox, with that sandbox; while it
+// runs, after waiting for it. ok is false when no create holds the key (it
+// never ran, or failed and gave it back): then this one goes ahead.
+func (s *Server) replay(ctx context.Context, proj, key string) (sb *sandboxv1.Sandbox, ok bool, err error) {
+	for {
+		e, found := s.iam.State().EntryByKey(proj, key)
+		switch {
+		case !found:
+			return nil, false, nil
+		case !strings.HasPrefix(e.ID, "rsv-"):
+			c, err := s.sandboxEdge(e.ID)
+			if err != nil {
+				return nil, true, err
+			}
+			resp, err := c.Edge.GetSandbox(ctx, connect.NewRequest(&edgev1.GetSandboxRequest{SandboxId: e.ID, Scope: proj}))
+			if err != nil {
+				return nil, true, err
+			}
+			return resp.Msg.Sandbox, true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, true, errdefs.Unavailable("idempotency key %q: the create that holds it is still running; retry", key)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // settleQuota binds reservation rsv to the sandboxes made, or releases it

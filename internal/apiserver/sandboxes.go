@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -109,7 +110,11 @@ func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request
 	if err := s.checkInternet(proj, spec.GetNetwork().GetInternet()); err != nil {
 		return nil, err
 	}
-	sb, err := s.place(ctx, proj, placement.Request{Backend: spec.Backend, CPUCores: spec.Resources.CpuCores, MemoryMB: spec.Resources.MemoryMb, Count: 1},
+	key, err := idempotencyKey(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	sb, err := s.place(ctx, proj, key, placement.Request{Backend: spec.Backend, CPUCores: spec.Resources.CpuCores, MemoryMB: spec.Resources.MemoryMb, Count: 1},
 		func(ctx context.Context, c *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error) {
 			resp, err := c.Edge.CreateSandbox(ctx, connect.NewRequest(&edgev1.CreateSandboxRequest{Spec: spec, Project: proj}))
 			if err != nil {
@@ -139,11 +144,26 @@ func (s *Server) checkImage(name, proj string) error {
 // place checks the quota, ranks nodes and runs create on them in order
 // until one admits: an edge's ResourceExhausted or Unavailable answer moves
 // on to the next node [paper: the edge has the final say].
-func (s *Server) place(ctx context.Context, proj string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error)) (*sandboxv1.Sandbox, error) {
+func (s *Server) place(ctx context.Context, proj, key string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error)) (*sandboxv1.Sandbox, error) {
 	need := placement.Resources{Sandboxes: r.Count, CPUCores: r.CPUCores * float64(r.Count), MemoryMB: r.MemoryMB * r.Count}
-	rsv, err := s.holdQuota(ctx, proj, need)
-	if err != nil {
-		return nil, err
+	var rsv string
+	for try := 0; ; try++ {
+		if key != "" {
+			if sb, ok, err := s.replay(ctx, proj, key); ok {
+				return sb, err
+			}
+		}
+		var err error
+		rsv, err = s.holdQuota(ctx, proj, need, key)
+		if err == nil {
+			break
+		}
+		// Another create with the key got there first: replay it once this
+		// replica has seen it.
+		if !errors.Is(err, errdefs.ErrAlreadyExists) || key == "" || try == 20 {
+			return nil, err
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	var made []string
 	defer func() { s.settleQuota(rsv, made) }()

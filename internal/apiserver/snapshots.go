@@ -33,7 +33,7 @@ func (s *Server) snapshotEdge(id string) (*edgeclient.Conn, error) {
 // done binds the reservation to the sandboxes made, or releases it.
 func (s *Server) reserve(ctx context.Context, node, project string, r *sandboxv1.Resources, n int64) (done func(made []string, stamp *edgev1.UsageStamp), err error) {
 	need := placement.Resources{Sandboxes: n, CPUCores: r.GetCpuCores() * float64(n), MemoryMB: r.GetMemoryMb() * n}
-	rsv, err := s.holdQuota(ctx, project, need)
+	rsv, err := s.holdQuota(ctx, project, need, "")
 	if err != nil {
 		return nil, err
 	}

@@ -13,11 +13,13 @@ const ReservationTTL = 10 * time.Minute
 
 // Reserve holds res in project's quota (and its ancestors') for a create
 // about to be tried, and returns the reservation's id. It is refused with
-// ResourceExhausted, naming the project and the limit, when it does not fit.
-func (s *Service) Reserve(ctx context.Context, project string, res fsm.Resources) (string, error) {
+// ResourceExhausted, naming the project and the limit, when it does not fit,
+// and with AlreadyExists when key (a create's idempotency key; "" for
+// none) is in use in project.
+func (s *Service) Reserve(ctx context.Context, project string, res fsm.Resources, key string) (string, error) {
 	now := time.Now().UTC()
 	id := "rsv-" + randomHex(12)
-	err := s.apply(ctx, fsm.CmdReserve, fsm.Reserve{Entry: fsm.Entry{ID: id, Project: project, Res: res, At: now, Expires: now.Add(ReservationTTL)}})
+	err := s.apply(ctx, fsm.CmdReserve, fsm.Reserve{Entry: fsm.Entry{ID: id, Project: project, Res: res, At: now, Expires: now.Add(ReservationTTL), Key: key}})
 	return id, err
 }
 

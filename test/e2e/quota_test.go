@@ -241,3 +241,68 @@ func TestQuotaAcrossTwoAPIServers(t *testing.T) {
 		t.Fatalf("a create past the quota again: %v", err)
 	}
 }
+
+// TestIdempotentCreatesAcrossAPIServers: creates with the same
+// idempotency key, through either apiserver, at once or one after
+// another, make one sandbox and all answer with it.
+func TestIdempotentCreatesAcrossAPIServers(t *testing.T) {
+	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
+	ctx := ctxT(t)
+	var apis []*client.Client
+	for _, u := range c.APIURLs {
+		cl, err := client.New(u, c.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apis = append(apis, cl)
+	}
+	create := func(cl *client.Client, key string) (string, error) {
+		req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: sized(0.1, 64)()})
+		req.Header().Set(client.IdempotencyHeader, key)
+		resp, err := cl.Sandboxes.CreateSandbox(ctx, req)
+		if err != nil {
+			return "", err
+		}
+		return resp.Msg.Sandbox.Id, nil
+	}
+	first, err := create(apis[0], "key-one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		again, err := create(apis[1], "key-one")
+		if err == nil && again == first {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the same key through the other apiserver: %s, %v; want %s", again, err, first)
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	ids := map[string]int{}
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := create(apis[i%2], "key-two")
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("create %d with key-two: %v", i, err)
+			}
+			ids[id]++
+		}()
+	}
+	wg.Wait()
+	if len(ids) != 1 {
+		t.Fatalf("10 creates with one key made %d sandboxes: %v", len(ids), ids)
+	}
+	list, err := apis[0].Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.Sandboxes) != 2 {
+		t.Fatalf("sandboxes: %v, %v; want 2", list, err)
+	}
+	if _, err := create(apis[0], "bad key"); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("a key with a space: %v", err)
+	}
+}

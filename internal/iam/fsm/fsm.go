@@ -154,13 +154,14 @@ type FSM struct {
 	byHash   map[string]string    // guarded by mu: hash -> key id
 	entries  map[string]*Entry    // guarded by mu: the quota ledger by id
 	usage    map[string]Resources // guarded by mu: the ledger's sum per subtree
+	byKey    map[string]string    // guarded by mu: project+idempotency key -> entry id
 }
 
 var _ raft.FSM = (*FSM)(nil)
 
 // New returns an empty state.
 func New() *FSM {
-	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]Resources{}}
+	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]Resources{}, byKey: map[string]string{}}
 }
 
 // Apply applies one committed entry. It returns nil or an error value (the
@@ -469,7 +470,7 @@ func (f *FSM) Restore(r io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.projects, f.keys, f.byHash = map[string]*Project{}, map[string]*Key{}, map[string]string{}
-	f.entries, f.usage = map[string]*Entry{}, map[string]Resources{}
+	f.entries, f.usage, f.byKey = map[string]*Entry{}, map[string]Resources{}, map[string]string{}
 	for _, e := range d.Ledger {
 		f.addEntry(*e)
 	}

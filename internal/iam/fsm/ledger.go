@@ -39,6 +39,9 @@ type Entry struct {
 	Res     Resources `json:"res"`
 	At      time.Time `json:"at"`               // reserved, or bound
 	Expires time.Time `json:"expires,omitzero"` // a reservation's lapse
+	// Key is the create's idempotency key, unique in its project while the
+	// entry lasts: a retried create finds the sandbox the first one made.
+	Key string `json:"key,omitempty"`
 }
 
 // Ledger commands. IgnoreUnknown: a replica from before the ledger skips them.
@@ -103,6 +106,9 @@ func (f *FSM) reserve(e Entry) error {
 	if _, ok := f.entries[e.ID]; ok {
 		return errdefs.AlreadyExists("reservation %s: already made", e.ID)
 	}
+	if id, ok := f.byKey[keyOf(e.Project, e.Key)]; ok && e.Key != "" {
+		return errdefs.AlreadyExists("idempotency key %q: already used in project %s (by %s)", e.Key, e.Project, id)
+	}
 	if _, ok := f.projects[e.Project]; !ok {
 		return errdefs.NotFound("project %q: no such project", e.Project)
 	}
@@ -142,16 +148,26 @@ func (f *FSM) bind(c Bind) error {
 		return nil
 	}
 	per := Resources{Sandboxes: 1, CPUCores: r.Res.CPUCores / float64(max(r.Res.Sandboxes, 1)), MemoryMB: r.Res.MemoryMB / max(r.Res.Sandboxes, 1)}
+	key := ""
+	if n == 1 {
+		key = r.Key // a create's; a fork's copies have none
+	}
 	for _, id := range c.SandboxIDs {
 		if _, dup := f.entries[id]; !dup && id != "" {
-			f.addEntry(Entry{ID: id, Project: r.Project, Res: per, At: c.At})
+			f.addEntry(Entry{ID: id, Project: r.Project, Res: per, At: c.At, Key: key})
 		}
 	}
 	return nil
 }
 
+// keyOf indexes an idempotency key within its project.
+func keyOf(project, key string) string { return project + "\x00" + key }
+
 func (f *FSM) addEntry(e Entry) {
 	f.entries[e.ID] = &e
+	if e.Key != "" {
+		f.byKey[keyOf(e.Project, e.Key)] = e.ID
+	}
 	for _, p := range project.Ancestry(e.Project) {
 		f.usage[p] = f.usage[p].add(e.Res, 1)
 	}
@@ -163,6 +179,9 @@ func (f *FSM) dropEntry(id string) {
 		return
 	}
 	delete(f.entries, id)
+	if k := keyOf(e.Project, e.Key); e.Key != "" && f.byKey[k] == id {
+		delete(f.byKey, k)
+	}
 	for _, p := range project.Ancestry(e.Project) {
 		u := f.usage[p].add(e.Res, -1)
 		if u == (Resources{}) || u.Sandboxes <= 0 && u.MemoryMB <= 0 && u.CPUCores < 1e-9 {
@@ -178,6 +197,17 @@ func (f *FSM) Usage(path string) Resources {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.usage[path]
+}
+
+// EntryByKey finds the entry a create with idempotency key made in
+// project: a reservation while the create runs, then its sandbox.
+func (f *FSM) EntryByKey(project, key string) (Entry, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if id, ok := f.byKey[keyOf(project, key)]; ok && key != "" {
+		return *f.entries[id], true
+	}
+	return Entry{}, false
 }
 
 // Entries returns the ledger, reservations and sandboxes, by id.

@@ -3,13 +3,19 @@
 Unary calls POST a JSON body; server-streaming calls POST one enveloped
 message (1 flag byte, 4 length bytes, JSON) and read enveloped messages until
 the end-of-stream envelope (flag 0x02), which carries an error if any.
+
+Apiservers are interchangeable: given several base URLs, a call goes to the
+one that last answered and moves on to the next when it could not be sent
+(the connection was refused or timed out), or, for a call that is safe to
+repeat (reads, and creates carrying an Idempotency-Key), when the connection
+broke before the answer.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any, AsyncIterator, Dict, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 import httpx
 
@@ -52,12 +58,47 @@ def _error(status: int, body: bytes) -> DSecError:
         return error_from_code(_STATUS_CODES.get(status, "unknown"), text or f"HTTP {status}")
 
 
-class ConnectClient:
-    """Calls Connect methods under a base URL."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
-    def __init__(self, http: httpx.AsyncClient, base_url: str) -> None:
+
+def parse_urls(raw: str) -> List[str]:
+    """Reads one URL or a comma-separated list; all share scheme and path."""
+    urls = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("empty")
+    first = httpx.URL(urls[0])
+    for u in urls:
+        p = httpx.URL(u)
+        if p.scheme not in ("http", "https") or not p.host:
+            raise ValueError(f"{u!r}: want http://host:port or https://host:port")
+        if p.scheme != first.scheme or p.path != first.path:
+            raise ValueError(f"{urls[0]!r} and {u!r}: all must have the same scheme and path")
+    return urls
+
+
+class Endpoints:
+    """The apiservers' base URLs and the one that last answered."""
+
+    def __init__(self, urls: List[str]) -> None:
+        self.urls = urls
+        self.current = 0
+
+    def order(self) -> List[int]:
+        n = len(self.urls)
+        return [(self.current + i) % n for i in range(n)]
+
+
+def _safe_to_repeat(method: str, headers: Dict[str, str]) -> bool:
+    name = method.rsplit("/", 1)[-1]
+    return IDEMPOTENCY_HEADER in headers or name.startswith(("Get", "List")) or name == "WhoAmI"
+
+
+class ConnectClient:
+    """Calls Connect methods under one or several interchangeable base URLs."""
+
+    def __init__(self, http: httpx.AsyncClient, endpoints: "Endpoints | str") -> None:
         self._http = http
-        self._base = base_url.rstrip("/")
+        self._ends = endpoints if isinstance(endpoints, Endpoints) else Endpoints([endpoints.rstrip("/")])
 
     async def unary(
         self,
@@ -71,12 +112,23 @@ class ConnectClient:
         h = _headers(timeout, headers)
         h["Content-Type"] = "application/json"
         http_timeout = None if timeout is None else timeout + 10
-        try:
-            resp = await self._http.post(
-                f"{self._base}/{method}", content=json.dumps(request), headers=h, timeout=http_timeout
-            )
-        except httpx.TransportError as e:
-            raise error_from_code("unavailable", f"{method}: {e}") from e
+        body = json.dumps(request)
+        last: Optional[Exception] = None
+        for i in self._ends.order():
+            try:
+                resp = await self._http.post(f"{self._ends.urls[i]}/{method}", content=body, headers=h, timeout=http_timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                last = e  # never sent: the next apiserver
+                continue
+            except httpx.TransportError as e:
+                if not _safe_to_repeat(method, h):
+                    raise error_from_code("unavailable", f"{method}: {e}") from e
+                last = e
+                continue
+            self._ends.current = i
+            break
+        else:
+            raise error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {last}") from last
         if resp.status_code != 200:
             raise _error(resp.status_code, resp.content)
         return resp.json() if resp.content else {}
@@ -94,29 +146,38 @@ class ConnectClient:
         h["Content-Type"] = "application/connect+json"
         payload = json.dumps(request).encode()
         body = struct.pack(">BI", 0, len(payload)) + payload
-        try:
-            async with self._http.stream(
-                "POST", f"{self._base}/{method}", content=body, headers=h, timeout=httpx.Timeout(None, connect=10)
-            ) as resp:
-                if resp.status_code != 200:
-                    raise _error(resp.status_code, await resp.aread())
-                buf = b""
-                async for chunk in resp.aiter_bytes():
-                    buf += chunk
-                    while len(buf) >= 5:
-                        flags, size = struct.unpack(">BI", buf[:5])
-                        if len(buf) < 5 + size:
-                            break
-                        msg, buf = buf[5 : 5 + size], buf[5 + size :]
-                        if flags & _COMPRESSED:
-                            raise error_from_code("internal", "compressed stream message not supported")
-                        data = json.loads(msg) if msg else {}
-                        if flags & _END_STREAM:
-                            err = data.get("error")
-                            if err:
-                                raise error_from_code(err.get("code", "unknown"), err.get("message", ""))
-                            return
-                        yield data
-        except httpx.TransportError as e:
-            raise error_from_code("unavailable", f"{method}: {e}") from e
+        last: Optional[Exception] = None
+        for i in self._ends.order():  # a stream moves on only while it cannot connect
+            try:
+                async with self._http.stream(
+                    "POST", f"{self._ends.urls[i]}/{method}", content=body, headers=h, timeout=httpx.Timeout(None, connect=10)
+                ) as resp:
+                    self._ends.current = i
+                    if resp.status_code != 200:
+                        raise _error(resp.status_code, await resp.aread())
+                    buf = b""
+                    async for chunk in resp.aiter_bytes():
+                        buf += chunk
+                        while len(buf) >= 5:
+                            flags, size = struct.unpack(">BI", buf[:5])
+                            if len(buf) < 5 + size:
+                                break
+                            msg, buf = buf[5 : 5 + size], buf[5 + size :]
+                            if flags & _COMPRESSED:
+                                raise error_from_code("internal", "compressed stream message not supported")
+                            data = json.loads(msg) if msg else {}
+                            if flags & _END_STREAM:
+                                err = data.get("error")
+                                if err:
+                                    raise error_from_code(err.get("code", "unknown"), err.get("message", ""))
+                                return
+                            yield data
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                last = e  # nothing was sent or yielded: the next apiserver
+                continue
+            except httpx.TransportError as e:
+                raise error_from_code("unavailable", f"{method}: {e}") from e
+            break
+        else:
+            raise error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {last}") from last
         raise error_from_code("unavailable", f"{method}: stream ended without an end-of-stream message")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Dict, List, Optional
 
 import httpx
 
-from ._connect import ConnectClient
+from ._connect import IDEMPOTENCY_HEADER, ConnectClient, Endpoints, parse_urls
 from .errors import AuthenticationError, InvalidArgumentError
 from .models import DSecRunArgs, SandboxInfo, SnapshotInfo
 from .sandbox import Sandbox
@@ -18,15 +19,24 @@ _SB = "opendsec.sandbox.v1.SandboxService/"
 class DSecClient:
     """A connection to an OpenDsec apiserver.
 
-    Reads ``DSEC_API_URL`` and ``DSEC_API_KEY`` unless given. Use it as an
-    async context manager, or call :meth:`close`.
+    Reads ``DSEC_API_URL`` and ``DSEC_API_KEY`` unless given. The URL may be
+    a comma-separated list of interchangeable apiservers: calls go to the one
+    that last answered and fail over to the others; creates carry an
+    idempotency key, so one retried on another apiserver makes no second
+    sandbox. Use it as an async context manager, or call :meth:`close`.
     """
 
     def __init__(self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100) -> None:
-        self.api_url = (api_url or os.environ.get("DSEC_API_URL", "")).rstrip("/")
+        raw = api_url or os.environ.get("DSEC_API_URL", "")
         key = api_key or os.environ.get("DSEC_API_KEY", "")
-        if not self.api_url:
+        if not raw.strip(" ,"):
             raise InvalidArgumentError("no API URL: pass api_url or set DSEC_API_URL (source the client.env that dsec up wrote)")
+        try:
+            self.api_urls = parse_urls(raw)
+        except ValueError as e:
+            raise InvalidArgumentError(f"API URL: {e}") from None
+        self.api_url = self.api_urls[0]
+        self._endpoints = Endpoints(self.api_urls)
         if not key:
             raise AuthenticationError("no API key: pass api_key or set DSEC_API_KEY")
         self._http = httpx.AsyncClient(
@@ -34,7 +44,7 @@ class DSecClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             timeout=httpx.Timeout(120, connect=10),
         )
-        self._conn = ConnectClient(self._http, self.api_url)
+        self._conn = ConnectClient(self._http, self._endpoints)
 
     async def __aenter__(self) -> "DSecClient":
         return self
@@ -45,8 +55,10 @@ class DSecClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, req: Dict[str, Any], timeout: Optional[float] = 120) -> Dict[str, Any]:
-        return await self._conn.unary(method, req, timeout=timeout)
+    async def _call(
+        self, method: str, req: Dict[str, Any], timeout: Optional[float] = 120, headers: Optional[Dict[str, str]] = None
+    ) -> Dict[str, Any]:
+        return await self._conn.unary(method, req, timeout=timeout, headers=headers)
 
     async def run_sandbox(self, args: Optional[DSecRunArgs] = None) -> Sandbox:
         """Creates a sandbox and returns once its agent answers."""
@@ -54,7 +66,7 @@ class DSecClient:
         req: Dict[str, Any] = {"spec": args.to_spec()}
         if args.project:
             req["project"] = args.project
-        r = await self._call(_SB + "CreateSandbox", req, timeout=300)
+        r = await self._call(_SB + "CreateSandbox", req, timeout=300, headers={IDEMPOTENCY_HEADER: uuid.uuid4().hex})
         return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:

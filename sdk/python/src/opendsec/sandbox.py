@@ -280,7 +280,7 @@ class Sandbox:
         self.info = info
         self.id = info.id
         self.files = Files(self)
-        self._conn = ConnectClient(client._http, client.api_url)
+        self._conn = ConnectClient(client._http, client._endpoints)
         self._headers = {"Dsec-Sandbox-Id": self.id}
 
     def __repr__(self) -> str:

@@ -1,0 +1,102 @@
+"""Apiservers are interchangeable: the client fails over between the URLs it
+is given, repeats only what is safe to repeat, and sends each create with an
+idempotency key. Against stub apiservers on loopback; no cluster needed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator, List, Tuple
+
+import pytest
+
+from opendsec import DSecClient
+from opendsec.errors import DSecError, InvalidArgumentError
+
+
+class _Stub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: List[Tuple[str, str]] = []  # (method, idempotency key)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        method = self.path.rsplit("/", 1)[-1]
+        _Stub.seen.append((method, self.headers.get("Idempotency-Key", "")))
+        body = json.dumps({"sandbox": {"id": "n1-sb", "state": "SANDBOX_STATE_RUNNING"}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def good() -> Iterator[str]:
+    _Stub.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _dead() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def broken() -> Iterator[str]:
+    """Accepts a connection, reads the request, closes without answering."""
+    ln = socket.socket()
+    ln.bind(("127.0.0.1", 0))
+    ln.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = ln.accept()
+            except OSError:
+                return
+            c.recv(65536)
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{ln.getsockname()[1]}"
+    ln.close()
+
+
+async def test_fails_over_when_an_apiserver_is_down(good: str) -> None:
+    async with DSecClient(f"{_dead()},{good}", "key") as c:
+        sb = await c.get_sandbox("n1-sb")
+        assert sb.id == "n1-sb"
+        await c.run_sandbox()
+    assert [m for m, _ in _Stub.seen] == ["GetSandbox", "CreateSandbox"]
+
+
+async def test_repeats_creates_with_their_key_but_not_stops(good: str, broken: str) -> None:
+    async with DSecClient(f"{broken},{good}", "key") as c:
+        sb = await c.run_sandbox()
+        assert sb.id == "n1-sb"
+        ((method, key),) = _Stub.seen
+        assert method == "CreateSandbox" and len(key) == 32
+    _Stub.seen = []
+    async with DSecClient(f"{broken},{good}", "key") as c:
+        with pytest.raises(DSecError):
+            await c._call("opendsec.sandbox.v1.SandboxService/StopSandbox", {"sandboxId": "n1-sb"})
+    assert _Stub.seen == [], "a stop whose connection broke was sent again elsewhere"
+
+
+def test_url_lists_are_checked() -> None:
+    for bad in ["ftp://a", "http://a,https://b", "http://a/x,http://b/y"]:
+        with pytest.raises(InvalidArgumentError):
+            DSecClient(bad, "key")
+    c = DSecClient(" http://a:1/ , http://b:2 ", "key")
+    assert c.api_urls == ["http://a:1", "http://b:2"] and c.api_url == "http://a:1"
