@@ -94,6 +94,7 @@ func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, caFile, cert
 	advertise := fs.String("advertise", "", "address the other replicas reach this one at (default: --bind)")
 	bootstrap := fs.Bool("bootstrap", false, "start a new cluster with this replica (first start only)")
 	join := fs.String("join", "", "comma-separated addresses of replicas of an existing cluster to join")
+	adminKey := fs.String("admin-key-file", "", "with --bootstrap: where to write the root project's first admin key")
 	logFormat := fs.String("log-format", "text", "text or json")
 	var logLevel slog.Level
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
@@ -110,13 +111,9 @@ func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, caFile, cert
 	}
 	cfg := iam.ServeConfig{Config: iam.Config{
 		Dir: *dir, NodeID: *id, Bind: *bind, Advertise: *advertise, Bootstrap: *bootstrap,
-		ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig(),
-	}}
-	for _, a := range strings.Split(*join, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			cfg.Join = append(cfg.Join, a)
-		}
-	}
+		// Apiservers hold non-voting replicas: they join, and send writes.
+		ServerTLS: ident.ServerConfig(pki.RoleIAM, pki.RoleAPIServer), ClientTLS: ident.ClientConfig(),
+	}, Join: splitList(*join), AdminKeyFile: *adminKey}
 	return iam.Serve(ctx, cfg, logging.New(*logFormat, logLevel))
 }
 

@@ -20,6 +20,8 @@ Cluster:
             and the E2B-compatible gateway)
   gateway   run the E2B-compatible gateway alone, in front of an apiserver
   iam       run an IAM replica; iam status | join | remove
+  edge      run an edge (one node) alone
+  apiserver run an apiserver alone (with its own IAM read replica and view of the edges)
   ca        init | issue: the cluster's certificate authority
 
 Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
@@ -81,6 +83,10 @@ func main() {
 		err = cmdGateway(ctx, args)
 	case "iam":
 		err = cmdIAM(ctx, args)
+	case "edge":
+		err = cmdEdge(ctx, args)
+	case "apiserver":
+		err = cmdAPIServer(ctx, args)
 	case "ca":
 		err = cmdCA(args)
 	case "help", "-h", "--help":

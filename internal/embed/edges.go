@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge"
@@ -24,17 +23,9 @@ func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend
 	if i > 1 {
 		dir = fmt.Sprintf("%s-%d", dir, i)
 	}
-	var backends []backend.Backend
-	for name, opts := range cfg.Backends {
-		f, ok := reg.Lookup(name)
-		if !ok {
-			return nil, "", fmt.Errorf("backend %q: not built into this binary (have %s)", name, strings.Join(reg.Names(), ", "))
-		}
-		b, err := f(ctx, backend.Config{StateDir: filepath.Join(dir, "backends", name), Log: c.log, Options: opts})
-		if err != nil {
-			return nil, "", fmt.Errorf("backend %s: %w", name, err)
-		}
-		backends = append(backends, b)
+	backends, err := reg.Open(ctx, cfg.Backends, filepath.Join(dir, "backends"), c.log)
+	if err != nil {
+		return nil, "", err
 	}
 	capacity := cfg.Capacity
 	if cfg.EdgeCapacity != nil {

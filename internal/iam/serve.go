@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -16,6 +17,9 @@ type ServeConfig struct {
 	// Join lists replicas of an existing cluster; a replica with no state
 	// asks them, one after another, to add it as a voter.
 	Join []string
+	// AdminKeyFile receives the root project's first admin key when
+	// Bootstrap makes it.
+	AdminKeyFile string
 	// Ready, if set, is called once the replica is in a cluster with a
 	// leader.
 	Ready func(*Service)
@@ -31,10 +35,8 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		return err
 	}
 	defer s.Close()
-	if len(cfg.Join) > 0 && !s.isMember(cfg.NodeID) {
-		if err := s.joinVia(ctx, cfg.Join); err != nil {
-			return err
-		}
+	if err := s.JoinVia(ctx, cfg.Join, true); err != nil {
+		return err
 	}
 	wait, cancel := context.WithTimeout(ctx, 60*time.Second)
 	err = s.WaitLeader(wait)
@@ -43,8 +45,14 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		return err
 	}
 	if cfg.Bootstrap {
-		if _, err := s.EnsureRoot(ctx); err != nil {
+		secret, err := s.EnsureRoot(ctx)
+		if err != nil {
 			return err
+		}
+		if secret != "" && cfg.AdminKeyFile != "" {
+			if err := os.WriteFile(cfg.AdminKeyFile, []byte(secret+"\n"), 0o600); err != nil {
+				return fmt.Errorf("iam: admin key: %w", err)
+			}
 		}
 	}
 	st := s.Status()
@@ -56,16 +64,21 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 	return nil
 }
 
-// joinVia asks each address in turn to add this replica, going round
-// again (replicas of a new cluster start together) for up to a minute.
-func (s *Service) joinVia(ctx context.Context, addrs []string) error {
+// JoinVia asks each address in turn to add this replica (a voter, or a
+// non-voting reader such as an apiserver's), going round again (replicas of
+// a new cluster start together) for up to a minute. A replica that is a
+// member already, or has no addresses to ask, does nothing.
+func (s *Service) JoinVia(ctx context.Context, addrs []string, voter bool) error {
+	if len(addrs) == 0 || s.isMember(s.id) {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for {
 		var errs []error
 		for _, a := range addrs {
 			c, cancel := context.WithTimeout(ctx, 20*time.Second)
-			err := RemoteJoin(c, a, s.clientTLS, Member{ID: s.id, Addr: s.Addr(), Voter: true})
+			err := RemoteJoin(c, a, s.clientTLS, Member{ID: s.id, Addr: s.Addr(), Voter: voter})
 			cancel()
 			if err == nil {
 				return nil
@@ -76,6 +89,22 @@ func (s *Service) joinVia(ctx context.Context, addrs []string) error {
 		case <-ctx.Done():
 			return errdefs.Wrap(errdefs.ErrUnavailable, errors.Join(errs...), "iam: join (tried for a minute)")
 		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// CatchUp waits until this replica knows a leader and has applied every
+// entry it knows to be committed.
+func (s *Service) CatchUp(ctx context.Context) error {
+	for {
+		st := s.Status()
+		if st.LeaderID != "" && st.CommitIndex > 0 && st.AppliedIndex >= st.CommitIndex {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "iam: replica did not catch up (status %+v)", st)
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -270,4 +271,22 @@ func (r *Registry) Names() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// Open makes the backends named in opts (name → options), each with its
+// state under stateDir/NAME.
+func (r *Registry) Open(ctx context.Context, opts map[string]map[string]string, stateDir string, log *slog.Logger) ([]Backend, error) {
+	var out []Backend
+	for name, o := range opts {
+		f, ok := r.Lookup(name)
+		if !ok {
+			return nil, fmt.Errorf("backend %q: not built into this binary (have %s)", name, strings.Join(r.Names(), ", "))
+		}
+		b, err := f(ctx, Config{StateDir: filepath.Join(stateDir, name), Log: log, Options: o})
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: %w", name, err)
+		}
+		out = append(out, b)
+	}
+	return out, nil
 }

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+
+	"github.com/opendsec/opendsec/internal/apiserver"
+	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/pki"
+)
+
+// cmdAPIServer runs an apiserver alone. Any number run side by side:
+// clients list them all in DSEC_API_URL.
+func cmdAPIServer(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("apiserver", flag.ExitOnError)
+	id := fs.String("id", "", "this apiserver's id, unique in the cluster (names its IAM replica)")
+	stateDir := fs.String("state-dir", "", "directory of its IAM replica (a cache: it is rebuilt from the voters)")
+	listen := fs.String("listen", "127.0.0.1:7070", "client API address")
+	edges := fs.String("edges", "", "comma-separated edge addresses (host:port)")
+	iamPeers := fs.String("iam", "", "comma-separated IAM replica addresses to join through")
+	iamBind := fs.String("iam-bind", "127.0.0.1:0", "address of its IAM replica's port (the leader dials it)")
+	images := fs.String("image-store", "", "the shared image store directory (required)")
+	caFile := fs.String("ca", "", "CA bundle")
+	certFile := fs.String("cert", "", "this apiserver's certificate (dsec ca issue --role apiserver)")
+	keyFile := fs.String("key", "", "its key")
+	logFormat := fs.String("log-format", "text", "text or json")
+	var logLevel slog.Level
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	fs.Parse(args)
+	if *id == "" || *stateDir == "" || *edges == "" || *iamPeers == "" || *images == "" {
+		return fmt.Errorf("apiserver: --id, --state-dir, --edges, --iam and --image-store: required")
+	}
+	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	if err != nil {
+		return fmt.Errorf("apiserver: %w", err)
+	}
+	if role := ident.Role(); role != pki.RoleAPIServer {
+		return fmt.Errorf("apiserver: --cert has role %q; an apiserver needs one issued with --role apiserver", role)
+	}
+	cfg := apiserver.ServeConfig{
+		Listen: *listen, Edges: splitList(*edges), EdgeTLS: ident.ClientConfig(), IAMPeers: splitList(*iamPeers), ImageStore: *images,
+		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind,
+			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
+	}
+	return apiserver.Serve(ctx, cfg, logging.New(*logFormat, logLevel).With(logging.Component, "apiserver"))
+}
+
+// splitList splits a comma-separated flag, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

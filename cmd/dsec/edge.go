@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/pki"
+)
+
+// cmdEdge runs an edge alone: the daemon of one node.
+func cmdEdge(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("edge", flag.ExitOnError)
+	stateDir := fs.String("state-dir", "", "the node's state directory (required)")
+	listen := fs.String("listen", "127.0.0.1:7080", "address the apiservers and watchers reach")
+	images := fs.String("image-store", "", "the shared image store directory (required)")
+	backends := fs.String("backends", "container,gvisor", "comma-separated backends to enable")
+	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
+	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform")
+	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network (\"none\" for none)")
+	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec)")
+	runBase := fs.String("run-base", "", "directory of the agents' sockets (default /run/opendsec)")
+	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
+	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: chosen by the node id)")
+	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers the sandboxes' DNS proxy asks")
+	caFile := fs.String("ca", "", "CA bundle")
+	certFile := fs.String("cert", "", "this edge's certificate (dsec ca issue --role edge)")
+	keyFile := fs.String("key", "", "its key")
+	logFormat := fs.String("log-format", "text", "text or json")
+	var logLevel slog.Level
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	fs.Parse(args)
+	if *stateDir == "" || *images == "" {
+		return fmt.Errorf("edge: --state-dir and --image-store: required")
+	}
+	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	if err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	if role := ident.Role(); role != pki.RoleEdge {
+		return fmt.Errorf("edge: --cert has role %q; an edge needs one issued with --role edge", role)
+	}
+	agentPath, err := findAgent(*agent)
+	if err != nil {
+		return err
+	}
+	log := logging.New(*logFormat, logLevel)
+	store, err := image.OpenStore(*images)
+	if err != nil {
+		return err
+	}
+	opts := map[string]map[string]string{}
+	for _, b := range strings.Split(*backends, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			opts[b] = map[string]string{"runtime": *runtime, "platform": *platform, "runsc-network": findRunscNet(*runscNet)}
+		}
+	}
+	bs, err := registry().Open(ctx, opts, filepath.Join(*stateDir, "backends"), log)
+	if err != nil {
+		return err
+	}
+	cfg := edge.ServeConfig{
+		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase},
+		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher),
+	}
+	if *sandboxNet {
+		if cfg.Network, err = networkConfig(*subnet, *dnsUpstream); err != nil {
+			return err
+		}
+	}
+	return edge.Serve(ctx, cfg, edge.Deps{Store: store, Backends: bs, Log: log.With(logging.Component, "edge")})
+}

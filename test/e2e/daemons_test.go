@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/image/baseimage"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// daemons runs dsec processes for a test and shows their logs if it fails.
+type daemons struct {
+	t     *testing.T
+	bin   string
+	dir   string
+	procs map[string]*exec.Cmd
+	args  map[string][]string
+}
+
+func newDaemons(t *testing.T, dir string) *daemons {
+	d := &daemons{t: t, bin: dsecBinary(t), dir: dir, procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
+	t.Cleanup(func() {
+		for name := range d.procs {
+			d.stop(name)
+		}
+		if t.Failed() {
+			for name := range d.args {
+				log, _ := os.ReadFile(filepath.Join(dir, name+".log"))
+				t.Logf("%s log:\n%s", name, log)
+			}
+		}
+	})
+	return d
+}
+
+// start runs `dsec args...` as name, logging to DIR/name.log.
+func (d *daemons) start(name string, args ...string) {
+	d.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(d.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(d.bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.procs[name], d.args[name] = cmd, args
+}
+
+// kill sends SIGKILL to name and reaps it.
+func (d *daemons) kill(name string) {
+	if p := d.procs[name]; p != nil {
+		p.Process.Kill() //nolint:errcheck // may be gone
+		p.Wait()         //nolint:errcheck // killed
+		delete(d.procs, name)
+	}
+}
+
+// stop ends name as an operator would (SIGTERM: an edge then removes its
+// warm layers; its sandboxes stay), with SIGKILL after 20 s.
+func (d *daemons) stop(name string) {
+	p := d.procs[name]
+	if p == nil {
+		return
+	}
+	p.Process.Signal(syscall.SIGTERM) //nolint:errcheck // may be gone
+	done := make(chan struct{})
+	go func() { p.Wait(); close(done) }() //nolint:errcheck // ended
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		p.Process.Kill() //nolint:errcheck // may be gone
+		<-done
+	}
+	delete(d.procs, name)
+}
+
+// restart starts name again with the same arguments.
+func (d *daemons) restart(name string) { d.start(name, d.args[name]...) }
+
+// TestDaemonsSurviveKill9 runs a cluster of separate processes on the
+// container backend (one IAM replica, two edges, two apiservers, all with
+// certificates from dsec ca), kills an apiserver with SIGKILL while a
+// client that lists both keeps creating and running commands (it fails
+// over: no call fails), then kills an edge and starts it again: its
+// sandboxes are re-attached and answer, and the listing sees them all.
+func TestDaemonsSurviveKill9(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "crun")
+	testutil.RequireBinary(t, "busybox")
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	storeDir := filepath.Join(dir, "images")
+	store, err := image.OpenStore(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := image.ParseRef("root/busybox:latest")
+	if _, err := baseimage.Build(context.Background(), store, "busybox", ref, baseimage.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	d := newDaemons(t, dir)
+	pkiDir := filepath.Join(dir, "pki")
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(d.bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("dsec %v: %v\n%s", args, err, out)
+		}
+	}
+	run("ca", "init", "--dir", pkiDir)
+	roles := map[string]string{"iam-1": "iam", "edge-1": "edge", "edge-2": "edge", "api-1": "apiserver", "api-2": "apiserver"}
+	for name, role := range roles {
+		run("ca", "issue", "--dir", pkiDir, "--role", role, "--host", "127.0.0.1", name)
+	}
+	tlsFlags := func(name string) []string {
+		return []string{"--ca", filepath.Join(pkiDir, "ca.crt"), "--cert", filepath.Join(pkiDir, name+".crt"), "--key", filepath.Join(pkiDir, name+".key")}
+	}
+	iamAddr, e1, e2, a1, a2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	keyFile := filepath.Join(dir, "admin.key")
+	d.start("iam-1", append([]string{"iam", "--id", "iam-1", "--dir", filepath.Join(dir, "iam-1"), "--bind", iamAddr, "--bootstrap", "--admin-key-file", keyFile}, tlsFlags("iam-1")...)...)
+	for name, addr := range map[string]string{"edge-1": e1, "edge-2": e2} {
+		d.start(name, append([]string{"edge", "--state-dir", filepath.Join(dir, name), "--listen", addr, "--image-store", storeDir,
+			"--backends", "container", "--agent", testutil.AgentBinary(t), "--sandbox-network=false"}, tlsFlags(name)...)...)
+	}
+	for name, addr := range map[string]string{"api-1": a1, "api-2": a2} {
+		d.start(name, append([]string{"apiserver", "--id", name, "--state-dir", filepath.Join(dir, name), "--listen", addr,
+			"--edges", e1 + "," + e2, "--iam", iamAddr, "--image-store", storeDir}, tlsFlags(name)...)...)
+	}
+	var key []byte
+	for deadline := time.Now().Add(30 * time.Second); len(key) == 0; time.Sleep(100 * time.Millisecond) {
+		if key, _ = os.ReadFile(keyFile); len(key) == 0 && time.Now().After(deadline) {
+			t.Fatal("the bootstrap replica wrote no admin key")
+		}
+	}
+	cl, err := client.New("http://"+a1+",http://"+a2, strings.TrimSpace(string(key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both apiservers up, each with both edges in its view.
+	for _, a := range []string{a1, a2} {
+		one, _ := client.New("http://"+a, strings.TrimSpace(string(key)))
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			_, err := one.IAM.WhoAmI(ctx, connect.NewRequest(&iamv1.WhoAmIRequest{}))
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("apiserver %s: %v", a, err)
+			}
+		}
+	}
+	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}}
+	var made []*client.Sandbox
+	t.Cleanup(func() {
+		for _, sb := range made {
+			sb.Stop(ctxT(t)) //nolint:errcheck // best effort
+		}
+	})
+	create := func(n int) {
+		t.Helper()
+		for range n {
+			sb, err := cl.Create(ctx, spec)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			made = append(made, sb)
+		}
+	}
+	execAll := func(what string) {
+		t.Helper()
+		for _, sb := range made {
+			r, err := sb.Shell(ctx, "echo alive")
+			if err != nil || strings.TrimSpace(string(r.GetStdout())) != "alive" {
+				t.Fatalf("%s: exec in %s: %v, %v", what, sb.ID, r, err)
+			}
+		}
+	}
+	create(6)
+	nodes := map[string]int{}
+	for _, sb := range made {
+		_, node, _ := sandboxid.Parse(sb.ID)
+		nodes[string(node)]++
+	}
+	if len(nodes) != 2 {
+		t.Fatalf("6 sandboxes over 2 edges: %v", nodes)
+	}
+
+	// kill -9 of the apiserver the client uses: it goes on with the other.
+	d.kill("api-1")
+	create(4)
+	execAll("after kill -9 of an apiserver")
+
+	// kill -9 of an edge: its sandboxes keep running; started again, it
+	// re-attaches them, and the apiservers' view and listing see them.
+	d.kill("edge-1")
+	d.restart("edge-1")
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		list, err := cl.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+		if err == nil && len(list.Msg.Sandboxes) == len(made) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listing after the edge restarted: %v, %v; want %d sandboxes", list, err, len(made))
+		}
+	}
+	execAll("after kill -9 and restart of an edge")
+}
