@@ -15,8 +15,10 @@ import (
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/image/baseimage"
+	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -91,15 +93,27 @@ func (d *daemons) stop(name string) {
 	delete(d.procs, name)
 }
 
+// mustIdentity loads the certificate dsec ca issued to name.
+func mustIdentity(t *testing.T, pkiDir, name string) *pki.Identity {
+	t.Helper()
+	id, err := pki.LoadIdentity(filepath.Join(pkiDir, "ca.crt"), filepath.Join(pkiDir, name+".crt"), filepath.Join(pkiDir, name+".key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // restart starts name again with the same arguments.
 func (d *daemons) restart(name string) { d.start(name, d.args[name]...) }
 
 // TestDaemonsSurviveKill9 runs a cluster of separate processes on the
-// container backend (one IAM replica, two edges, two apiservers, all with
-// certificates from dsec ca), kills an apiserver with SIGKILL while a
-// client that lists both keeps creating and running commands (it fails
-// over: no call fails), then kills an edge and starts it again: its
-// sandboxes are re-attached and answer, and the listing sees them all.
+// container backend (three IAM replicas, two edges, two apiservers, all
+// with certificates from dsec ca). SIGKILL of the IAM leader, then of an
+// apiserver, while a client that lists both apiservers keeps creating
+// (each create reserves quota through IAM) and running commands: no call
+// fails, and a project made before the kill is still there. Then SIGKILL
+// of an edge and a restart: its sandboxes are re-attached and answer, and
+// the listing sees them all.
 func TestDaemonsSurviveKill9(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "crun")
@@ -124,23 +138,28 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 		}
 	}
 	run("ca", "init", "--dir", pkiDir)
-	roles := map[string]string{"iam-1": "iam", "edge-1": "edge", "edge-2": "edge", "api-1": "apiserver", "api-2": "apiserver"}
+	roles := map[string]string{"iam-1": "iam", "iam-2": "iam", "iam-3": "iam", "edge-1": "edge", "edge-2": "edge", "api-1": "apiserver", "api-2": "apiserver"}
 	for name, role := range roles {
 		run("ca", "issue", "--dir", pkiDir, "--role", role, "--host", "127.0.0.1", name)
 	}
 	tlsFlags := func(name string) []string {
 		return []string{"--ca", filepath.Join(pkiDir, "ca.crt"), "--cert", filepath.Join(pkiDir, name+".crt"), "--key", filepath.Join(pkiDir, name+".key")}
 	}
-	iamAddr, e1, e2, a1, a2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	iamAddrs := map[string]string{"iam-1": freeAddr(t), "iam-2": freeAddr(t), "iam-3": freeAddr(t)}
+	e1, e2, a1, a2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	keyFile := filepath.Join(dir, "admin.key")
-	d.start("iam-1", append([]string{"iam", "--id", "iam-1", "--dir", filepath.Join(dir, "iam-1"), "--bind", iamAddr, "--bootstrap", "--admin-key-file", keyFile}, tlsFlags("iam-1")...)...)
+	d.start("iam-1", append([]string{"iam", "--id", "iam-1", "--dir", filepath.Join(dir, "iam-1"), "--bind", iamAddrs["iam-1"], "--bootstrap", "--admin-key-file", keyFile}, tlsFlags("iam-1")...)...)
+	for _, id := range []string{"iam-2", "iam-3"} {
+		d.start(id, append([]string{"iam", "--id", id, "--dir", filepath.Join(dir, id), "--bind", iamAddrs[id], "--join", iamAddrs["iam-1"]}, tlsFlags(id)...)...)
+	}
+	allIAM := iamAddrs["iam-1"] + "," + iamAddrs["iam-2"] + "," + iamAddrs["iam-3"]
 	for name, addr := range map[string]string{"edge-1": e1, "edge-2": e2} {
 		d.start(name, append([]string{"edge", "--state-dir", filepath.Join(dir, name), "--listen", addr, "--image-store", storeDir,
 			"--backends", "container", "--agent", testutil.AgentBinary(t), "--sandbox-network=false"}, tlsFlags(name)...)...)
 	}
 	for name, addr := range map[string]string{"api-1": a1, "api-2": a2} {
 		d.start(name, append([]string{"apiserver", "--id", name, "--state-dir", filepath.Join(dir, name), "--listen", addr,
-			"--edges", e1 + "," + e2, "--iam", iamAddr, "--image-store", storeDir}, tlsFlags(name)...)...)
+			"--edges", e1 + "," + e2, "--iam", allIAM, "--image-store", storeDir}, tlsFlags(name)...)...)
 	}
 	var key []byte
 	for deadline := time.Now().Add(30 * time.Second); len(key) == 0; time.Sleep(100 * time.Millisecond) {
@@ -200,6 +219,22 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	if len(nodes) != 2 {
 		t.Fatalf("6 sandboxes over 2 edges: %v", nodes)
 	}
+
+	// kill -9 of the IAM leader: writes (each create's quota reservation)
+	// wait for the new leader; nothing acknowledged is lost.
+	if _, err := cl.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: "before-kill"})); err != nil {
+		t.Fatal(err)
+	}
+	st, err := iam.RemoteStatus(ctx, iamAddrs["iam-2"], mustIdentity(t, pkiDir, "iam-2").ClientConfig())
+	if err != nil || st.LeaderID == "" {
+		t.Fatalf("IAM status: %+v, %v", st, err)
+	}
+	d.kill(st.LeaderID)
+	create(2)
+	if _, err := cl.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root/before-kill"})); err != nil {
+		t.Fatalf("a project made before the IAM leader died: %v", err)
+	}
+	execAll("after kill -9 of the IAM leader")
 
 	// kill -9 of the apiserver the client uses: it goes on with the other.
 	d.kill("api-1")
