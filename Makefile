@@ -125,6 +125,7 @@ bench: build images
 	go run ./bench/e2b --store $(CACHE)/images
 	go run ./bench/network --store $(CACHE)/images
 	go run ./bench/quota --store $(CACHE)/images
+	go run ./bench/placement
 
 # Every fuzzer briefly, in make test: a property and the code it checks that
 # disagree show within seconds (FuzzParseRef once failed in 9 s).
