@@ -24,6 +24,8 @@ func cmdEdge(ctx context.Context, args []string) error {
 	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
 	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform")
 	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network (\"none\" for none)")
+	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
+	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec)")
 	runBase := fs.String("run-base", "", "directory of the agents' sockets (default /run/opendsec)")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
@@ -66,7 +68,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := edge.ServeConfig{
-		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase},
+		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver},
 		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher),
 	}
 	if *sandboxNet {

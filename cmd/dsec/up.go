@@ -25,6 +25,8 @@ func cmdUp(ctx context.Context, args []string) error {
 	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
 	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them")
 	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)")
+	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
+	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -45,7 +47,8 @@ func cmdUp(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
-		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges}
+		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges,
+		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver}
 	if *edges < 1 || *edges > 64 {
 		return fmt.Errorf("up: --edges %d: want 1 to 64", *edges)
 	}

@@ -24,16 +24,30 @@ type Capacity struct {
 	HostMemoryMB int64
 }
 
-// Overcommit factors applied to the host by DefaultCapacity.
+// Default overcommit factors: the sum of the sandboxes' CPU limits may be
+// 8 times the cores (most agent sandboxes idle most of the time), the sum
+// of their memory limits 1.5 times the memory. A node sets its own
+// (Config.CPUOvercommit, dsec edge --cpu-overcommit): a dense node of small
+// sandboxes (0.1 core each) needs 50 or more to hold 1,000 on 2 cores.
 const (
-	cpuOvercommit    = 8
-	memoryOvercommit = 1.5
-	reservedMemoryMB = 512
+	DefaultCPUOvercommit    = 8
+	DefaultMemoryOvercommit = 1.5
+	reservedMemoryMB        = 512
 )
 
 // DefaultCapacity reads the host: all cores and memory, minus a reserve for
-// the node itself, with overcommit for the totals.
-func DefaultCapacity() Capacity {
+// the node itself, with the default overcommit for the totals.
+func DefaultCapacity() Capacity { return HostCapacity(DefaultCPUOvercommit, DefaultMemoryOvercommit) }
+
+// HostCapacity reads the host, with the given overcommit factors for the
+// totals (0: the default).
+func HostCapacity(cpuOvercommit, memoryOvercommit float64) Capacity {
+	if cpuOvercommit <= 0 {
+		cpuOvercommit = DefaultCPUOvercommit
+	}
+	if memoryOvercommit <= 0 {
+		memoryOvercommit = DefaultMemoryOvercommit
+	}
 	cores := float64(runtime.NumCPU())
 	mem := hostMemoryMB() - reservedMemoryMB
 	if mem < 256 {

@@ -38,8 +38,13 @@ type Config struct {
 	StateDir string
 	// AgentPath is the static aether binary put into every sandbox.
 	AgentPath string
-	Capacity  Capacity
-	Limits    sandboxspec.Limits
+	// Capacity is what the edge admits; zero reads the host, with
+	// CPUOvercommit and MemoryOvercommit (0: DefaultCPUOvercommit,
+	// DefaultMemoryOvercommit) for the totals.
+	Capacity         Capacity
+	CPUOvercommit    float64
+	MemoryOvercommit float64
+	Limits           sandboxspec.Limits
 	// AgentTimeout bounds the wait for a new sandbox's agent.
 	AgentTimeout time.Duration
 	// RunBase holds each sandbox's agent socket directory. Unix socket paths
@@ -119,7 +124,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: agent binary: %w", err)
 	}
 	if cfg.Capacity.HostCPUCores == 0 {
-		cfg.Capacity = DefaultCapacity()
+		cfg.Capacity = HostCapacity(cfg.CPUOvercommit, cfg.MemoryOvercommit)
 	}
 	if cfg.Limits.MaxCPUCores == 0 {
 		cfg.Limits = sandboxspec.DefaultLimits()

@@ -39,7 +39,7 @@ func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend
 		n.Subnet = netip.Prefix{}
 		network = &n
 	}
-	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: network},
+	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, CPUOvercommit: cfg.CPUOvercommit, MemoryOvercommit: cfg.MemoryOvercommit, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: network},
 		edge.Deps{Store: store, Backends: backends, Log: c.log.With(logging.Component, "edge")})
 	if err != nil {
 		return nil, "", err

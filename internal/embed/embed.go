@@ -40,8 +40,11 @@ type Config struct {
 	AgentPath string
 	// Backends to enable, with their options.
 	Backends map[string]map[string]string
-	// Capacity overrides the edge's capacity (zero: the host's).
-	Capacity edge.Capacity
+	// Capacity overrides the edge's capacity (zero: the host's, with
+	// CPUOvercommit and MemoryOvercommit; 0 for the defaults).
+	Capacity         edge.Capacity
+	CPUOvercommit    float64
+	MemoryOvercommit float64
 	// RunBase is the edge's short directory for agent sockets.
 	RunBase string
 	// WarmLayers is how many empty writable layers the edge keeps ready

@@ -1,0 +1,221 @@
+// Command density bursts many small container sandboxes (0.1 core, 64 MiB
+// each) onto one edge of this machine, with the CPU overcommit a dense
+// node needs, and reports failures, creates per second and host memory per
+// sandbox (MemAvailable before and after, over the count), side by side
+// with the same burst of bare `crun run` containers (busybox sleeping, no
+// agent) for the raw runtime's rate and memory. Needs root, crun and
+// `make images`.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/bench/internal/benchcluster"
+	"github.com/opendsec/opendsec/bench/internal/benchstat"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/embed"
+)
+
+func main() {
+	store := flag.String("store", ".cache/images", "image store with the image")
+	img := flag.String("image", "root/busybox:latest", "image to run")
+	n := flag.Int("n", 1000, "sandboxes in the burst")
+	raw := flag.Int("raw", 200, "bare crun containers in the raw burst (0: skip)")
+	par := flag.Int("parallel", 16, "creates in flight at once")
+	over := flag.Float64("cpu-overcommit", 64, "the edge's CPU overcommit")
+	memOver := flag.Float64("memory-overcommit", 3, "the edge's memory overcommit")
+	agent := flag.String("agent", "bin/aether", "aether binary")
+	flag.Parse()
+	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, memOver float64, agent string) error {
+	be := benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}
+	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
+		cfg.Capacity = edge.HostCapacity(over, memOver)
+		cfg.Capacity.MaxSandboxes = int64(n) + 16
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
+	if err != nil {
+		return err
+	}
+	spec := func() *sandboxv1.SandboxSpec {
+		return &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}
+	}
+	warm, err := cl.Create(ctx, spec()) // unpack the image's layers once
+	if err != nil {
+		return err
+	}
+	warm.Stop(ctx) //nolint:errcheck // a warm-up
+	before := memAvailableMB()
+	var failed atomic.Int64
+	var mu sync.Mutex
+	var made []*client.Sandbox
+	var firstErr error
+	start := time.Now()
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			sb, err := cl.Create(ctx, spec())
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed.Add(1)
+				if firstErr == nil {
+					firstErr = fmt.Errorf("create %d: %w", i, err)
+				}
+				return
+			}
+			made = append(made, sb)
+			if len(made)%100 == 0 {
+				fmt.Fprintf(os.Stderr, "\r%d/%d sandboxes", len(made), n)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	time.Sleep(2 * time.Second) // let the agents settle
+	after := memAvailableMB()
+	fmt.Fprintln(os.Stderr)
+	ours := len(made)
+	var stopWG sync.WaitGroup
+	for _, sb := range made {
+		stopWG.Add(1)
+		sem <- struct{}{}
+		go func() { defer stopWG.Done(); defer func() { <-sem }(); sb.Stop(ctx) }() //nolint:errcheck // cleanup
+	}
+	stopWG.Wait()
+
+	var rawRate, rawMem float64
+	if raw > 0 {
+		rawRate, rawMem, err = bareBurst(ctx, c.Work, raw, par)
+		if err != nil {
+			return err
+		}
+	}
+	host, _ := os.Hostname()
+	fmt.Printf("density: %d container sandboxes (0.1 core, 64 MiB, 64 MiB disk) onto one edge, %d at a time, overcommit cpu %g, memory %g (machine %s)\n", n, par, over, memOver, host)
+	fmt.Printf("%-40s %10s %12s %16s\n", "", "made", "creates/s", "host MiB/sandbox")
+	fmt.Printf("%-40s %10d %12.1f %16.1f\n", "ours (crun + agent, full path)", ours, float64(ours)/took.Seconds(), float64(before-after)/float64(max(ours, 1)))
+	if raw > 0 {
+		mem := fmt.Sprintf("%16.1f", rawMem)
+		if rawMem < 0.5 {
+			mem = fmt.Sprintf("%16s", "<0.5 (noise)")
+		}
+		fmt.Printf("%-40s %10d %12.1f %s\n", "bare crun run (busybox sleep)", raw, rawRate, mem)
+		fmt.Printf("ratio ours/bare: creates/s %.2fx\n", float64(ours)/took.Seconds()/rawRate)
+	}
+	fmt.Printf("failures: %d", failed.Load())
+	if firstErr != nil {
+		fmt.Printf(" (first: %v)", firstErr)
+	}
+	fmt.Println()
+	return nil
+}
+
+// bareBurst runs n busybox containers with crun, par at a time, and
+// returns containers per second and host MiB per container.
+func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, error) {
+	root := filepath.Join(work, "raw")
+	bundle := filepath.Join(root, "bundle")
+	if err := os.MkdirAll(filepath.Join(bundle, "rootfs", "bin"), 0o755); err != nil {
+		return 0, 0, err
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return 0, 0, err
+	}
+	if out, err := exec.Command("cp", bb, filepath.Join(bundle, "rootfs", "bin", "busybox")).CombinedOutput(); err != nil {
+		return 0, 0, fmt.Errorf("%v: %s", err, out)
+	}
+	os.Symlink("busybox", filepath.Join(bundle, "rootfs", "bin", "sleep")) //nolint:errcheck // exists on a rerun
+	os.Remove(filepath.Join(bundle, "config.json"))                        //nolint:errcheck // a rerun's
+	if out, err := exec.Command("crun", "spec", "-b", bundle).CombinedOutput(); err != nil {
+		return 0, 0, fmt.Errorf("crun spec: %v: %s", err, out)
+	}
+	cfgPath := filepath.Join(bundle, "config.json")
+	data, _ := os.ReadFile(cfgPath)
+	conf := strings.Replace(string(data), `"sh"`, `"sleep", "3600"`, 1)
+	conf = strings.Replace(conf, `"terminal": true`, `"terminal": false`, 1)
+	conf = strings.Replace(conf, `"readonly": true`, `"readonly": false`, 1)
+	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
+		return 0, 0, err
+	}
+	state := filepath.Join(root, "state")
+	before := memAvailableMB()
+	start := time.Now()
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var runErr error
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			id := "dsec-density-" + strconv.Itoa(i)
+			// No pipes: the detached container would hold them open.
+			if err := exec.CommandContext(ctx, "crun", "--root", state, "run", "-d", "-b", bundle, id).Run(); err != nil {
+				errOnce.Do(func() { runErr = fmt.Errorf("crun run %s: %v", id, err) })
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	time.Sleep(2 * time.Second)
+	after := memAvailableMB()
+	for i := range n {
+		exec.Command("crun", "--root", state, "delete", "-f", "dsec-density-"+strconv.Itoa(i)).Run() //nolint:errcheck // cleanup
+	}
+	if runErr != nil {
+		return 0, 0, runErr
+	}
+	return float64(n) / took.Seconds(), float64(before-after) / float64(n), nil
+}
+
+// memAvailableMB is the host's MemAvailable, with clean caches dropped
+// first so that the page cache does not blur the difference.
+func memAvailableMB() int64 {
+	exec.Command("sync").Run()                                     //nolint:errcheck // best effort
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o644) //nolint:errcheck // best effort
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb >> 10
+		}
+	}
+	return 0
+}
