@@ -38,6 +38,8 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   image     ls | import | rm | build | export
   whoami    show the API key's project and role
   key       create | ls | revoke API keys (--format e2b for E2B's SDKs)
+  project   create | ls | quota | rm projects; ls shows usage against quota
+  nodes     the edges: health, allocation against capacity, backends (root admin)
 
 Run "dsec <command> -h" for the flags of a command.
 `
@@ -79,6 +81,10 @@ func main() {
 		err = cmdWhoami(ctx, args)
 	case "key":
 		err = cmdKey(ctx, args)
+	case "project":
+		err = cmdProject(ctx, args)
+	case "nodes":
+		err = cmdNodes(ctx, args)
 	case "gateway":
 		err = cmdGateway(ctx, args)
 	case "iam":

@@ -22,10 +22,10 @@ func keyProto(k fsm.Key) *iamv1.APIKey {
 	return &iamv1.APIKey{Id: k.ID, Project: k.Project, Name: k.Name, Role: iamv1.Role(k.Role), CreatedAt: timestamppb.New(k.CreatedAt)}
 }
 
-func projectProto(p fsm.Project) *iamv1.Project {
+func projectProto(p fsm.Project, u fsm.Resources) *iamv1.Project {
 	return &iamv1.Project{Path: p.Path, CreatedAt: timestamppb.New(p.CreatedAt), Quota: &iamv1.Quota{
 		MaxSandboxes: p.Quota.MaxSandboxes, CpuCores: p.Quota.CPUCores, MemoryMb: p.Quota.MemoryMB, NoInternet: p.Quota.NoInternet,
-	}}
+	}, Usage: &iamv1.Usage{Sandboxes: u.Sandboxes, CpuCores: u.CPUCores, MemoryMb: u.MemoryMB}}
 }
 
 func quotaFrom(q *iamv1.Quota) fsm.Quota {
@@ -63,7 +63,7 @@ func (h *iamService) CreateProject(ctx context.Context, req *connect.Request[iam
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&iamv1.CreateProjectResponse{Project: projectProto(p)}), nil
+	return connect.NewResponse(&iamv1.CreateProjectResponse{Project: projectProto(p, h.s.iam.State().Usage(p.Path))}), nil
 }
 
 func (h *iamService) GetProject(ctx context.Context, req *connect.Request[iamv1.GetProjectRequest]) (*connect.Response[iamv1.GetProjectResponse], error) {
@@ -75,7 +75,7 @@ func (h *iamService) GetProject(ctx context.Context, req *connect.Request[iamv1.
 	if !ok {
 		return nil, errdefs.NotFound("project %q: no such project", path)
 	}
-	return connect.NewResponse(&iamv1.GetProjectResponse{Project: projectProto(p)}), nil
+	return connect.NewResponse(&iamv1.GetProjectResponse{Project: projectProto(p, h.s.iam.State().Usage(p.Path))}), nil
 }
 
 func (h *iamService) ListProjects(ctx context.Context, req *connect.Request[iamv1.ListProjectsRequest]) (*connect.Response[iamv1.ListProjectsResponse], error) {
@@ -85,7 +85,7 @@ func (h *iamService) ListProjects(ctx context.Context, req *connect.Request[iamv
 	}
 	out := &iamv1.ListProjectsResponse{}
 	for _, p := range h.s.iam.State().Subtree(path) {
-		out.Projects = append(out.Projects, projectProto(p))
+		out.Projects = append(out.Projects, projectProto(p, h.s.iam.State().Usage(p.Path)))
 	}
 	return connect.NewResponse(out), nil
 }
@@ -103,7 +103,7 @@ func (h *iamService) SetQuota(ctx context.Context, req *connect.Request[iamv1.Se
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&iamv1.SetQuotaResponse{Project: projectProto(pr)}), nil
+	return connect.NewResponse(&iamv1.SetQuotaResponse{Project: projectProto(pr, h.s.iam.State().Usage(pr.Path))}), nil
 }
 
 func (h *iamService) DeleteProject(ctx context.Context, req *connect.Request[iamv1.DeleteProjectRequest]) (*connect.Response[iamv1.DeleteProjectResponse], error) {

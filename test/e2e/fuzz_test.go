@@ -32,6 +32,7 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.agent.v1.SessionService/RunInSession",
 		"/opendsec.sandbox.v1.SandboxService/UpdateNetwork",
 		"/opendsec.sandbox.v1.SandboxService/GetSandboxMetrics",
+		"/opendsec.sandbox.v1.SandboxService/ListNodes",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))

@@ -332,6 +332,9 @@ func (f *FSM) deleteProject(c DeleteProject) error {
 			return errdefs.FailedPrecondition("project %q has API key %q; revoke it first", c.Path, k.ID)
 		}
 	}
+	if u := f.usage[c.Path]; u.Sandboxes > 0 {
+		return errdefs.FailedPrecondition("project %q still holds %d sandboxes (or creates in progress); stop them first", c.Path, u.Sandboxes)
+	}
 	delete(f.projects, c.Path)
 	return nil
 }

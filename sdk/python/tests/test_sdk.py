@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,25 @@ async def test_disk_limit(client, py_image):
         assert "No space left on device" in r.stdout, r.stdout
     finally:
         await sb.stop()
+
+
+async def test_projects_quotas_and_nodes(client):
+    """Projects and quotas from the SDK, usage against quota, and the nodes."""
+    from opendsec.errors import InvalidArgumentError as BadArg
+
+    name = f"root/sdk-{uuid.uuid4().hex[:8]}"
+    p = await client.create_project(name, max_sandboxes=3, cpu_cores=2)
+    assert (p.path, p.max_sandboxes, p.cpu_cores, p.used_sandboxes) == (name, 3, 2.0, 0)
+    p = await client.set_quota(name, max_sandboxes=5)
+    assert p.max_sandboxes == 5 and p.cpu_cores == 0
+    assert name in [q.path for q in await client.list_projects()]
+    root = [q for q in await client.list_projects("root") if q.path == "root"][0]
+    assert root.used_sandboxes >= 0
+    with pytest.raises(BadArg):
+        await client.create_project("nameonly")
+    await client.delete_project(name)
+    assert name not in [q.path for q in await client.list_projects()]
+    nodes = await client.list_nodes()
+    assert nodes and all(n.healthy for n in nodes)
+    assert any(why == "" for n in nodes for why in n.backends.values())
+    assert nodes[0].capacity_sandboxes > 0

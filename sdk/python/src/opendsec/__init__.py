@@ -18,7 +18,7 @@ from .errors import (
     UnavailableError,
     UnsupportedError,
 )
-from .models import CommandResult, DSecRunArgs, EntryInfo, Network, OutputChunk, ProcessInfo, SandboxInfo, SnapshotInfo
+from .models import CommandResult, DSecRunArgs, EntryInfo, Network, NodeInfo, OutputChunk, ProcessInfo, ProjectInfo, SandboxInfo, SnapshotInfo
 from .sandbox import Files, Process, Sandbox, Session
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "DSecError",
     "DSecRunArgs",
     "Network",
+    "NodeInfo",
     "EntryInfo",
     "FailedPreconditionError",
     "Files",
@@ -38,6 +39,7 @@ __all__ = [
     "PermissionDeniedError",
     "Process",
     "ProcessInfo",
+    "ProjectInfo",
     "ResourceExhaustedError",
     "Sandbox",
     "SandboxInfo",

@@ -10,10 +10,11 @@ import httpx
 
 from ._connect import IDEMPOTENCY_HEADER, ConnectClient, Endpoints, parse_urls
 from .errors import AuthenticationError, InvalidArgumentError
-from .models import DSecRunArgs, SandboxInfo, SnapshotInfo
+from .models import DSecRunArgs, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo
 from .sandbox import Sandbox
 
 _SB = "opendsec.sandbox.v1.SandboxService/"
+_IAM = "opendsec.iam.v1.IAMService/"
 
 
 class DSecClient:
@@ -105,3 +106,36 @@ class DSecClient:
         """Deletes a snapshot and frees its storage."""
         sid = snapshot if isinstance(snapshot, str) else snapshot.id
         await self._call(_SB + "DeleteSnapshot", {"snapshotId": sid})
+
+    # Projects and quotas (ADMIN keys, in their own subtree).
+
+    async def create_project(
+        self, path: str, *, max_sandboxes: int = 0, cpu_cores: float = 0, memory_mb: int = 0, no_internet: bool = False
+    ) -> ProjectInfo:
+        """Creates PARENT/NAME with a quota (0: no limit of its own)."""
+        parent, _, name = path.rpartition("/")
+        if not parent or not name:
+            raise InvalidArgumentError(f"project {path!r}: want PARENT/NAME, e.g. root/team-a")
+        quota = {"maxSandboxes": str(max_sandboxes), "cpuCores": cpu_cores, "memoryMb": str(memory_mb), "noInternet": no_internet}
+        r = await self._call(_IAM + "CreateProject", {"parent": parent, "name": name, "quota": quota})
+        return ProjectInfo.from_json(r["project"])
+
+    async def list_projects(self, path: str = "") -> List[ProjectInfo]:
+        """The project subtree at path (default: the key's), with usage against quota."""
+        r = await self._call(_IAM + "ListProjects", {"path": path})
+        return [ProjectInfo.from_json(p) for p in r.get("projects", [])]
+
+    async def set_quota(self, path: str, *, max_sandboxes: int = 0, cpu_cores: float = 0, memory_mb: int = 0, no_internet: bool = False) -> ProjectInfo:
+        """Replaces a project's quota."""
+        quota = {"maxSandboxes": str(max_sandboxes), "cpuCores": cpu_cores, "memoryMb": str(memory_mb), "noInternet": no_internet}
+        r = await self._call(_IAM + "SetQuota", {"path": path, "quota": quota})
+        return ProjectInfo.from_json(r["project"])
+
+    async def delete_project(self, path: str) -> None:
+        """Deletes a leaf project that has no keys and no sandboxes."""
+        await self._call(_IAM + "DeleteProject", {"path": path})
+
+    async def list_nodes(self) -> List[NodeInfo]:
+        """The edges: health, allocation against capacity, backends (root ADMIN key)."""
+        r = await self._call(_SB + "ListNodes", {})
+        return [NodeInfo.from_json(n) for n in r.get("nodes", [])]

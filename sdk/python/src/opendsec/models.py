@@ -302,3 +302,67 @@ class SnapshotInfo:
             size_bytes=int(d.get("sizeBytes", 0)),
             created_at=_time(d.get("createdAt")),
         )
+
+
+@dataclass
+class ProjectInfo:
+    """A project, its quota (0: no limit of its own) and what its subtree
+    holds against it now (sandboxes and creates in progress)."""
+
+    path: str
+    max_sandboxes: int
+    cpu_cores: float
+    memory_mb: int
+    no_internet: bool
+    used_sandboxes: int
+    used_cpu_cores: float
+    used_memory_mb: int
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ProjectInfo":
+        q, u = d.get("quota", {}), d.get("usage", {})
+        return cls(
+            path=d["path"],
+            max_sandboxes=int(q.get("maxSandboxes", 0)),
+            cpu_cores=float(q.get("cpuCores", 0)),
+            memory_mb=int(q.get("memoryMb", 0)),
+            no_internet=bool(q.get("noInternet", False)),
+            used_sandboxes=int(u.get("sandboxes", 0)),
+            used_cpu_cores=float(u.get("cpuCores", 0)),
+            used_memory_mb=int(u.get("memoryMb", 0)),
+        )
+
+
+@dataclass
+class NodeInfo:
+    """An edge as the apiserver's watcher last saw it."""
+
+    id: str
+    address: str
+    healthy: bool
+    error: str
+    capacity_sandboxes: int
+    capacity_cpu_cores: float
+    capacity_memory_mb: int
+    allocated_sandboxes: int
+    allocated_cpu_cores: float
+    allocated_memory_mb: int
+    backends: Dict[str, str]
+    """Backend name -> "" when usable, else why not."""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "NodeInfo":
+        c, a = d.get("capacity", {}), d.get("allocated", {})
+        return cls(
+            id=d["id"],
+            address=d.get("address", ""),
+            healthy=bool(d.get("healthy", False)),
+            error=d.get("error", ""),
+            capacity_sandboxes=int(c.get("sandboxes", 0)),
+            capacity_cpu_cores=float(c.get("cpuCores", 0)),
+            capacity_memory_mb=int(c.get("memoryMb", 0)),
+            allocated_sandboxes=int(a.get("sandboxes", 0)),
+            allocated_cpu_cores=float(a.get("cpuCores", 0)),
+            allocated_memory_mb=int(a.get("memoryMb", 0)),
+            backends=dict(d.get("backends", {})),
+        )

@@ -200,9 +200,12 @@ func (x *Quota) GetNoInternet() bool {
 type Project struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Full path, e.g. "root/team-a".
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Quota         *Quota                 `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Path      string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Quota     *Quota                 `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// What the project's subtree holds against quotas now: its sandboxes and
+	// reservations of creates in progress, from IAM's quota ledger.
+	Usage         *Usage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +261,73 @@ func (x *Project) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Project) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+type Usage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     int64                  `protobuf:"varint,1,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	CpuCores      float64                `protobuf:"fixed64,2,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb      int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Usage) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *Usage) GetCpuCores() float64 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *Usage) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
 type APIKey struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -271,7 +341,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[2]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +353,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[2]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +366,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *APIKey) GetId() string {
@@ -342,7 +412,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[3]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +424,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[3]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +437,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{4}
 }
 
 type WhoAmIResponse struct {
@@ -379,7 +449,7 @@ type WhoAmIResponse struct {
 
 func (x *WhoAmIResponse) Reset() {
 	*x = WhoAmIResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[4]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +461,7 @@ func (x *WhoAmIResponse) String() string {
 func (*WhoAmIResponse) ProtoMessage() {}
 
 func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[4]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +474,7 @@ func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
 func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WhoAmIResponse) GetKey() *APIKey {
@@ -427,7 +497,7 @@ type CreateProjectRequest struct {
 
 func (x *CreateProjectRequest) Reset() {
 	*x = CreateProjectRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[5]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +509,7 @@ func (x *CreateProjectRequest) String() string {
 func (*CreateProjectRequest) ProtoMessage() {}
 
 func (x *CreateProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[5]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +522,7 @@ func (x *CreateProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateProjectRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateProjectRequest) GetParent() string {
@@ -485,7 +555,7 @@ type CreateProjectResponse struct {
 
 func (x *CreateProjectResponse) Reset() {
 	*x = CreateProjectResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[6]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +567,7 @@ func (x *CreateProjectResponse) String() string {
 func (*CreateProjectResponse) ProtoMessage() {}
 
 func (x *CreateProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[6]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +580,7 @@ func (x *CreateProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateProjectResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateProjectResponse) GetProject() *Project {
@@ -529,7 +599,7 @@ type GetProjectRequest struct {
 
 func (x *GetProjectRequest) Reset() {
 	*x = GetProjectRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[7]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +611,7 @@ func (x *GetProjectRequest) String() string {
 func (*GetProjectRequest) ProtoMessage() {}
 
 func (x *GetProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[7]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +624,7 @@ func (x *GetProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProjectRequest.ProtoReflect.Descriptor instead.
 func (*GetProjectRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetProjectRequest) GetPath() string {
@@ -573,7 +643,7 @@ type GetProjectResponse struct {
 
 func (x *GetProjectResponse) Reset() {
 	*x = GetProjectResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[8]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +655,7 @@ func (x *GetProjectResponse) String() string {
 func (*GetProjectResponse) ProtoMessage() {}
 
 func (x *GetProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[8]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +668,7 @@ func (x *GetProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProjectResponse.ProtoReflect.Descriptor instead.
 func (*GetProjectResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetProjectResponse) GetProject() *Project {
@@ -618,7 +688,7 @@ type ListProjectsRequest struct {
 
 func (x *ListProjectsRequest) Reset() {
 	*x = ListProjectsRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[9]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +700,7 @@ func (x *ListProjectsRequest) String() string {
 func (*ListProjectsRequest) ProtoMessage() {}
 
 func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[9]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +713,7 @@ func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListProjectsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListProjectsRequest) GetPath() string {
@@ -662,7 +732,7 @@ type ListProjectsResponse struct {
 
 func (x *ListProjectsResponse) Reset() {
 	*x = ListProjectsResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[10]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +744,7 @@ func (x *ListProjectsResponse) String() string {
 func (*ListProjectsResponse) ProtoMessage() {}
 
 func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[10]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +757,7 @@ func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListProjectsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListProjectsResponse) GetProjects() []*Project {
@@ -707,7 +777,7 @@ type SetQuotaRequest struct {
 
 func (x *SetQuotaRequest) Reset() {
 	*x = SetQuotaRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[11]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +789,7 @@ func (x *SetQuotaRequest) String() string {
 func (*SetQuotaRequest) ProtoMessage() {}
 
 func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[11]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +802,7 @@ func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetQuotaRequest) GetPath() string {
@@ -758,7 +828,7 @@ type SetQuotaResponse struct {
 
 func (x *SetQuotaResponse) Reset() {
 	*x = SetQuotaResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[12]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +840,7 @@ func (x *SetQuotaResponse) String() string {
 func (*SetQuotaResponse) ProtoMessage() {}
 
 func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[12]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +853,7 @@ func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetQuotaResponse) GetProject() *Project {
@@ -802,7 +872,7 @@ type DeleteProjectRequest struct {
 
 func (x *DeleteProjectRequest) Reset() {
 	*x = DeleteProjectRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[13]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +884,7 @@ func (x *DeleteProjectRequest) String() string {
 func (*DeleteProjectRequest) ProtoMessage() {}
 
 func (x *DeleteProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[13]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +897,7 @@ func (x *DeleteProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProjectRequest.ProtoReflect.Descriptor instead.
 func (*DeleteProjectRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteProjectRequest) GetPath() string {
@@ -845,7 +915,7 @@ type DeleteProjectResponse struct {
 
 func (x *DeleteProjectResponse) Reset() {
 	*x = DeleteProjectResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[14]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +927,7 @@ func (x *DeleteProjectResponse) String() string {
 func (*DeleteProjectResponse) ProtoMessage() {}
 
 func (x *DeleteProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[14]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +940,7 @@ func (x *DeleteProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProjectResponse.ProtoReflect.Descriptor instead.
 func (*DeleteProjectResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{15}
 }
 
 type CreateAPIKeyRequest struct {
@@ -885,7 +955,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[15]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +967,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[15]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +980,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateAPIKeyRequest) GetProject() string {
@@ -952,7 +1022,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[16]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1034,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[16]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1047,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1003,7 +1073,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[17]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1085,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[17]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1098,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListAPIKeysRequest) GetProject() string {
@@ -1047,7 +1117,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[18]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1129,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[18]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1142,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1091,7 +1161,7 @@ type RevokeAPIKeyRequest struct {
 
 func (x *RevokeAPIKeyRequest) Reset() {
 	*x = RevokeAPIKeyRequest{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[19]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1173,7 @@ func (x *RevokeAPIKeyRequest) String() string {
 func (*RevokeAPIKeyRequest) ProtoMessage() {}
 
 func (x *RevokeAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[19]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1186,7 @@ func (x *RevokeAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RevokeAPIKeyRequest) GetId() string {
@@ -1134,7 +1204,7 @@ type RevokeAPIKeyResponse struct {
 
 func (x *RevokeAPIKeyResponse) Reset() {
 	*x = RevokeAPIKeyResponse{}
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[20]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1216,7 @@ func (x *RevokeAPIKeyResponse) String() string {
 func (*RevokeAPIKeyResponse) ProtoMessage() {}
 
 func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[20]
+	mi := &file_opendsec_iam_v1_iam_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1229,7 @@ func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_iam_v1_iam_proto_rawDescGZIP(), []int{21}
 }
 
 var File_opendsec_iam_v1_iam_proto protoreflect.FileDescriptor
@@ -1172,12 +1242,17 @@ const file_opendsec_iam_v1_iam_proto_rawDesc = "" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
 	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\x12\x1f\n" +
 	"\vno_internet\x18\x04 \x01(\bR\n" +
-	"noInternet\"\x86\x01\n" +
+	"noInternet\"\xb4\x01\n" +
 	"\aProject\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12,\n" +
 	"\x05quota\x18\x02 \x01(\v2\x16.opendsec.iam.v1.QuotaR\x05quota\x129\n" +
 	"\n" +
-	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xac\x01\n" +
+	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n" +
+	"\x05usage\x18\x04 \x01(\v2\x16.opendsec.iam.v1.UsageR\x05usage\"_\n" +
+	"\x05Usage\x12\x1c\n" +
+	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
+	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xac\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -1259,72 +1334,74 @@ func file_opendsec_iam_v1_iam_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_iam_v1_iam_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_iam_v1_iam_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_opendsec_iam_v1_iam_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_opendsec_iam_v1_iam_proto_goTypes = []any{
 	(Role)(0),                     // 0: opendsec.iam.v1.Role
 	(KeyFormat)(0),                // 1: opendsec.iam.v1.KeyFormat
 	(*Quota)(nil),                 // 2: opendsec.iam.v1.Quota
 	(*Project)(nil),               // 3: opendsec.iam.v1.Project
-	(*APIKey)(nil),                // 4: opendsec.iam.v1.APIKey
-	(*WhoAmIRequest)(nil),         // 5: opendsec.iam.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),        // 6: opendsec.iam.v1.WhoAmIResponse
-	(*CreateProjectRequest)(nil),  // 7: opendsec.iam.v1.CreateProjectRequest
-	(*CreateProjectResponse)(nil), // 8: opendsec.iam.v1.CreateProjectResponse
-	(*GetProjectRequest)(nil),     // 9: opendsec.iam.v1.GetProjectRequest
-	(*GetProjectResponse)(nil),    // 10: opendsec.iam.v1.GetProjectResponse
-	(*ListProjectsRequest)(nil),   // 11: opendsec.iam.v1.ListProjectsRequest
-	(*ListProjectsResponse)(nil),  // 12: opendsec.iam.v1.ListProjectsResponse
-	(*SetQuotaRequest)(nil),       // 13: opendsec.iam.v1.SetQuotaRequest
-	(*SetQuotaResponse)(nil),      // 14: opendsec.iam.v1.SetQuotaResponse
-	(*DeleteProjectRequest)(nil),  // 15: opendsec.iam.v1.DeleteProjectRequest
-	(*DeleteProjectResponse)(nil), // 16: opendsec.iam.v1.DeleteProjectResponse
-	(*CreateAPIKeyRequest)(nil),   // 17: opendsec.iam.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),  // 18: opendsec.iam.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),    // 19: opendsec.iam.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),   // 20: opendsec.iam.v1.ListAPIKeysResponse
-	(*RevokeAPIKeyRequest)(nil),   // 21: opendsec.iam.v1.RevokeAPIKeyRequest
-	(*RevokeAPIKeyResponse)(nil),  // 22: opendsec.iam.v1.RevokeAPIKeyResponse
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*Usage)(nil),                 // 4: opendsec.iam.v1.Usage
+	(*APIKey)(nil),                // 5: opendsec.iam.v1.APIKey
+	(*WhoAmIRequest)(nil),         // 6: opendsec.iam.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),        // 7: opendsec.iam.v1.WhoAmIResponse
+	(*CreateProjectRequest)(nil),  // 8: opendsec.iam.v1.CreateProjectRequest
+	(*CreateProjectResponse)(nil), // 9: opendsec.iam.v1.CreateProjectResponse
+	(*GetProjectRequest)(nil),     // 10: opendsec.iam.v1.GetProjectRequest
+	(*GetProjectResponse)(nil),    // 11: opendsec.iam.v1.GetProjectResponse
+	(*ListProjectsRequest)(nil),   // 12: opendsec.iam.v1.ListProjectsRequest
+	(*ListProjectsResponse)(nil),  // 13: opendsec.iam.v1.ListProjectsResponse
+	(*SetQuotaRequest)(nil),       // 14: opendsec.iam.v1.SetQuotaRequest
+	(*SetQuotaResponse)(nil),      // 15: opendsec.iam.v1.SetQuotaResponse
+	(*DeleteProjectRequest)(nil),  // 16: opendsec.iam.v1.DeleteProjectRequest
+	(*DeleteProjectResponse)(nil), // 17: opendsec.iam.v1.DeleteProjectResponse
+	(*CreateAPIKeyRequest)(nil),   // 18: opendsec.iam.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),  // 19: opendsec.iam.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),    // 20: opendsec.iam.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),   // 21: opendsec.iam.v1.ListAPIKeysResponse
+	(*RevokeAPIKeyRequest)(nil),   // 22: opendsec.iam.v1.RevokeAPIKeyRequest
+	(*RevokeAPIKeyResponse)(nil),  // 23: opendsec.iam.v1.RevokeAPIKeyResponse
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
 }
 var file_opendsec_iam_v1_iam_proto_depIdxs = []int32{
 	2,  // 0: opendsec.iam.v1.Project.quota:type_name -> opendsec.iam.v1.Quota
-	23, // 1: opendsec.iam.v1.Project.created_at:type_name -> google.protobuf.Timestamp
-	0,  // 2: opendsec.iam.v1.APIKey.role:type_name -> opendsec.iam.v1.Role
-	23, // 3: opendsec.iam.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	4,  // 4: opendsec.iam.v1.WhoAmIResponse.key:type_name -> opendsec.iam.v1.APIKey
-	2,  // 5: opendsec.iam.v1.CreateProjectRequest.quota:type_name -> opendsec.iam.v1.Quota
-	3,  // 6: opendsec.iam.v1.CreateProjectResponse.project:type_name -> opendsec.iam.v1.Project
-	3,  // 7: opendsec.iam.v1.GetProjectResponse.project:type_name -> opendsec.iam.v1.Project
-	3,  // 8: opendsec.iam.v1.ListProjectsResponse.projects:type_name -> opendsec.iam.v1.Project
-	2,  // 9: opendsec.iam.v1.SetQuotaRequest.quota:type_name -> opendsec.iam.v1.Quota
-	3,  // 10: opendsec.iam.v1.SetQuotaResponse.project:type_name -> opendsec.iam.v1.Project
-	0,  // 11: opendsec.iam.v1.CreateAPIKeyRequest.role:type_name -> opendsec.iam.v1.Role
-	1,  // 12: opendsec.iam.v1.CreateAPIKeyRequest.format:type_name -> opendsec.iam.v1.KeyFormat
-	4,  // 13: opendsec.iam.v1.CreateAPIKeyResponse.key:type_name -> opendsec.iam.v1.APIKey
-	4,  // 14: opendsec.iam.v1.ListAPIKeysResponse.keys:type_name -> opendsec.iam.v1.APIKey
-	5,  // 15: opendsec.iam.v1.IAMService.WhoAmI:input_type -> opendsec.iam.v1.WhoAmIRequest
-	7,  // 16: opendsec.iam.v1.IAMService.CreateProject:input_type -> opendsec.iam.v1.CreateProjectRequest
-	9,  // 17: opendsec.iam.v1.IAMService.GetProject:input_type -> opendsec.iam.v1.GetProjectRequest
-	11, // 18: opendsec.iam.v1.IAMService.ListProjects:input_type -> opendsec.iam.v1.ListProjectsRequest
-	13, // 19: opendsec.iam.v1.IAMService.SetQuota:input_type -> opendsec.iam.v1.SetQuotaRequest
-	15, // 20: opendsec.iam.v1.IAMService.DeleteProject:input_type -> opendsec.iam.v1.DeleteProjectRequest
-	17, // 21: opendsec.iam.v1.IAMService.CreateAPIKey:input_type -> opendsec.iam.v1.CreateAPIKeyRequest
-	19, // 22: opendsec.iam.v1.IAMService.ListAPIKeys:input_type -> opendsec.iam.v1.ListAPIKeysRequest
-	21, // 23: opendsec.iam.v1.IAMService.RevokeAPIKey:input_type -> opendsec.iam.v1.RevokeAPIKeyRequest
-	6,  // 24: opendsec.iam.v1.IAMService.WhoAmI:output_type -> opendsec.iam.v1.WhoAmIResponse
-	8,  // 25: opendsec.iam.v1.IAMService.CreateProject:output_type -> opendsec.iam.v1.CreateProjectResponse
-	10, // 26: opendsec.iam.v1.IAMService.GetProject:output_type -> opendsec.iam.v1.GetProjectResponse
-	12, // 27: opendsec.iam.v1.IAMService.ListProjects:output_type -> opendsec.iam.v1.ListProjectsResponse
-	14, // 28: opendsec.iam.v1.IAMService.SetQuota:output_type -> opendsec.iam.v1.SetQuotaResponse
-	16, // 29: opendsec.iam.v1.IAMService.DeleteProject:output_type -> opendsec.iam.v1.DeleteProjectResponse
-	18, // 30: opendsec.iam.v1.IAMService.CreateAPIKey:output_type -> opendsec.iam.v1.CreateAPIKeyResponse
-	20, // 31: opendsec.iam.v1.IAMService.ListAPIKeys:output_type -> opendsec.iam.v1.ListAPIKeysResponse
-	22, // 32: opendsec.iam.v1.IAMService.RevokeAPIKey:output_type -> opendsec.iam.v1.RevokeAPIKeyResponse
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	24, // 1: opendsec.iam.v1.Project.created_at:type_name -> google.protobuf.Timestamp
+	4,  // 2: opendsec.iam.v1.Project.usage:type_name -> opendsec.iam.v1.Usage
+	0,  // 3: opendsec.iam.v1.APIKey.role:type_name -> opendsec.iam.v1.Role
+	24, // 4: opendsec.iam.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	5,  // 5: opendsec.iam.v1.WhoAmIResponse.key:type_name -> opendsec.iam.v1.APIKey
+	2,  // 6: opendsec.iam.v1.CreateProjectRequest.quota:type_name -> opendsec.iam.v1.Quota
+	3,  // 7: opendsec.iam.v1.CreateProjectResponse.project:type_name -> opendsec.iam.v1.Project
+	3,  // 8: opendsec.iam.v1.GetProjectResponse.project:type_name -> opendsec.iam.v1.Project
+	3,  // 9: opendsec.iam.v1.ListProjectsResponse.projects:type_name -> opendsec.iam.v1.Project
+	2,  // 10: opendsec.iam.v1.SetQuotaRequest.quota:type_name -> opendsec.iam.v1.Quota
+	3,  // 11: opendsec.iam.v1.SetQuotaResponse.project:type_name -> opendsec.iam.v1.Project
+	0,  // 12: opendsec.iam.v1.CreateAPIKeyRequest.role:type_name -> opendsec.iam.v1.Role
+	1,  // 13: opendsec.iam.v1.CreateAPIKeyRequest.format:type_name -> opendsec.iam.v1.KeyFormat
+	5,  // 14: opendsec.iam.v1.CreateAPIKeyResponse.key:type_name -> opendsec.iam.v1.APIKey
+	5,  // 15: opendsec.iam.v1.ListAPIKeysResponse.keys:type_name -> opendsec.iam.v1.APIKey
+	6,  // 16: opendsec.iam.v1.IAMService.WhoAmI:input_type -> opendsec.iam.v1.WhoAmIRequest
+	8,  // 17: opendsec.iam.v1.IAMService.CreateProject:input_type -> opendsec.iam.v1.CreateProjectRequest
+	10, // 18: opendsec.iam.v1.IAMService.GetProject:input_type -> opendsec.iam.v1.GetProjectRequest
+	12, // 19: opendsec.iam.v1.IAMService.ListProjects:input_type -> opendsec.iam.v1.ListProjectsRequest
+	14, // 20: opendsec.iam.v1.IAMService.SetQuota:input_type -> opendsec.iam.v1.SetQuotaRequest
+	16, // 21: opendsec.iam.v1.IAMService.DeleteProject:input_type -> opendsec.iam.v1.DeleteProjectRequest
+	18, // 22: opendsec.iam.v1.IAMService.CreateAPIKey:input_type -> opendsec.iam.v1.CreateAPIKeyRequest
+	20, // 23: opendsec.iam.v1.IAMService.ListAPIKeys:input_type -> opendsec.iam.v1.ListAPIKeysRequest
+	22, // 24: opendsec.iam.v1.IAMService.RevokeAPIKey:input_type -> opendsec.iam.v1.RevokeAPIKeyRequest
+	7,  // 25: opendsec.iam.v1.IAMService.WhoAmI:output_type -> opendsec.iam.v1.WhoAmIResponse
+	9,  // 26: opendsec.iam.v1.IAMService.CreateProject:output_type -> opendsec.iam.v1.CreateProjectResponse
+	11, // 27: opendsec.iam.v1.IAMService.GetProject:output_type -> opendsec.iam.v1.GetProjectResponse
+	13, // 28: opendsec.iam.v1.IAMService.ListProjects:output_type -> opendsec.iam.v1.ListProjectsResponse
+	15, // 29: opendsec.iam.v1.IAMService.SetQuota:output_type -> opendsec.iam.v1.SetQuotaResponse
+	17, // 30: opendsec.iam.v1.IAMService.DeleteProject:output_type -> opendsec.iam.v1.DeleteProjectResponse
+	19, // 31: opendsec.iam.v1.IAMService.CreateAPIKey:output_type -> opendsec.iam.v1.CreateAPIKeyResponse
+	21, // 32: opendsec.iam.v1.IAMService.ListAPIKeys:output_type -> opendsec.iam.v1.ListAPIKeysResponse
+	23, // 33: opendsec.iam.v1.IAMService.RevokeAPIKey:output_type -> opendsec.iam.v1.RevokeAPIKeyResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_iam_v1_iam_proto_init() }
@@ -1338,7 +1415,7 @@ func file_opendsec_iam_v1_iam_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_iam_v1_iam_proto_rawDesc), len(file_opendsec_iam_v1_iam_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -88,6 +88,248 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+type NodeAmount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     int64                  `protobuf:"varint,1,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	CpuCores      float64                `protobuf:"fixed64,2,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb      int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeAmount) Reset() {
+	*x = NodeAmount{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeAmount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeAmount) ProtoMessage() {}
+
+func (x *NodeAmount) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeAmount.ProtoReflect.Descriptor instead.
+func (*NodeAmount) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NodeAmount) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *NodeAmount) GetCpuCores() float64 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *NodeAmount) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+type Node struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Healthy bool                   `protobuf:"varint,3,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Why the last poll failed, when it did.
+	Error     string      `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Capacity  *NodeAmount `protobuf:"bytes,5,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Allocated *NodeAmount `protobuf:"bytes,6,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	// Backend name -> "" when usable, else why not.
+	Backends      map[string]string      `protobuf:"bytes,7,rep,name=backends,proto3" json:"backends,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	PolledAt      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=polled_at,json=polledAt,proto3" json:"polled_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Node) Reset() {
+	*x = Node{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Node) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Node) ProtoMessage() {}
+
+func (x *Node) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Node.ProtoReflect.Descriptor instead.
+func (*Node) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Node) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Node) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Node) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *Node) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Node) GetCapacity() *NodeAmount {
+	if x != nil {
+		return x.Capacity
+	}
+	return nil
+}
+
+func (x *Node) GetAllocated() *NodeAmount {
+	if x != nil {
+		return x.Allocated
+	}
+	return nil
+}
+
+func (x *Node) GetBackends() map[string]string {
+	if x != nil {
+		return x.Backends
+	}
+	return nil
+}
+
+func (x *Node) GetPolledAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PolledAt
+	}
+	return nil
+}
+
+type ListNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListNodesResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // Resources are the limits a sandbox runs under. Zero means the server default.
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -110,7 +352,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[0]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -122,7 +364,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[0]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -135,7 +377,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Resources) GetCpuCores() float64 {
@@ -198,7 +440,7 @@ type SandboxSpec struct {
 
 func (x *SandboxSpec) Reset() {
 	*x = SandboxSpec{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +452,7 @@ func (x *SandboxSpec) String() string {
 func (*SandboxSpec) ProtoMessage() {}
 
 func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[1]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +465,7 @@ func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSpec.ProtoReflect.Descriptor instead.
 func (*SandboxSpec) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SandboxSpec) GetBackend() string {
@@ -302,7 +544,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +556,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +569,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NetworkPolicy) GetInternet() bool {
@@ -370,7 +612,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +624,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +637,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NetworkRule) GetDomain() string {
@@ -452,7 +694,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +706,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +719,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Sandbox) GetId() string {
@@ -569,7 +811,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +823,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +836,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateSandboxRequest) GetSpec() *SandboxSpec {
@@ -620,7 +862,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +874,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +887,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -664,7 +906,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +918,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +931,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -708,7 +950,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +962,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +975,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -763,7 +1005,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +1017,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +1030,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSandboxesRequest) GetProject() string {
@@ -843,7 +1085,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +1097,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +1110,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -894,7 +1136,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1148,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1161,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StopSandboxRequest) GetSandboxId() string {
@@ -937,7 +1179,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1191,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1204,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 type GetSandboxMetricsRequest struct {
@@ -978,7 +1220,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1232,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1245,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -1049,7 +1291,7 @@ type MetricsSample struct {
 
 func (x *MetricsSample) Reset() {
 	*x = MetricsSample{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1303,7 @@ func (x *MetricsSample) String() string {
 func (*MetricsSample) ProtoMessage() {}
 
 func (x *MetricsSample) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1316,7 @@ func (x *MetricsSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsSample.ProtoReflect.Descriptor instead.
 func (*MetricsSample) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MetricsSample) GetTime() *timestamppb.Timestamp {
@@ -1142,7 +1384,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1396,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1409,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetSandboxMetricsResponse) GetSamples() []*MetricsSample {
@@ -1188,7 +1430,7 @@ type SetSandboxTimeoutRequest struct {
 
 func (x *SetSandboxTimeoutRequest) Reset() {
 	*x = SetSandboxTimeoutRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1442,7 @@ func (x *SetSandboxTimeoutRequest) String() string {
 func (*SetSandboxTimeoutRequest) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1455,7 @@ func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetSandboxTimeoutRequest) GetSandboxId() string {
@@ -1239,7 +1481,7 @@ type SetSandboxTimeoutResponse struct {
 
 func (x *SetSandboxTimeoutResponse) Reset() {
 	*x = SetSandboxTimeoutResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1493,7 @@ func (x *SetSandboxTimeoutResponse) String() string {
 func (*SetSandboxTimeoutResponse) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1506,7 @@ func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetSandboxTimeoutResponse) GetSandbox() *Sandbox {
@@ -1283,7 +1525,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1537,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1550,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -1327,7 +1569,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1581,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1594,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1371,7 +1613,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1625,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1638,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -1415,7 +1657,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1669,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1682,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1470,7 +1712,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1724,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1737,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1567,7 +1809,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +1821,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1834,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -1618,7 +1860,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1872,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1885,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -1666,7 +1908,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1920,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1933,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -1724,7 +1966,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1978,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1991,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -1774,7 +2016,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +2028,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +2041,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1843,7 +2085,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2097,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2110,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1907,7 +2149,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1919,7 +2161,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1932,7 +2174,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*ForkResult {
@@ -1966,7 +2208,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2220,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2233,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -2010,7 +2252,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2264,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2277,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2054,7 +2296,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2308,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2321,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2097,7 +2339,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2351,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2364,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 type UpdateNetworkRequest struct {
@@ -2145,7 +2387,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2399,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2412,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -2224,7 +2466,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2478,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2491,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
@@ -2263,7 +2505,27 @@ var File_opendsec_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!opendsec/sandbox/v1/sandbox.proto\x12\x13opendsec.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x01\n" +
+	"!opendsec/sandbox/v1/sandbox.proto\x12\x13opendsec.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x10ListNodesRequest\"d\n" +
+	"\n" +
+	"NodeAmount\x12\x1c\n" +
+	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
+	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\x97\x03\n" +
+	"\x04Node\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12;\n" +
+	"\bcapacity\x18\x05 \x01(\v2\x1f.opendsec.sandbox.v1.NodeAmountR\bcapacity\x12=\n" +
+	"\tallocated\x18\x06 \x01(\v2\x1f.opendsec.sandbox.v1.NodeAmountR\tallocated\x12C\n" +
+	"\bbackends\x18\a \x03(\v2'.opendsec.sandbox.v1.Node.BackendsEntryR\bbackends\x127\n" +
+	"\tpolled_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bpolledAt\x1a;\n" +
+	"\rBackendsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x11ListNodesResponse\x12/\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.opendsec.sandbox.v1.NodeR\x05nodes\"\x91\x01\n" +
 	"\tResources\x12\x1b\n" +
 	"\tcpu_cores\x18\x01 \x01(\x01R\bcpuCores\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x12\n" +
@@ -2444,7 +2706,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x05\x12\x18\n" +
-	"\x14SANDBOX_STATE_FAILED\x10\x062\xcf\v\n" +
+	"\x14SANDBOX_STATE_FAILED\x10\x062\xab\f\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).opendsec.sandbox.v1.CreateSandboxRequest\x1a*.opendsec.sandbox.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -2460,7 +2722,8 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\rListSnapshots\x12).opendsec.sandbox.v1.ListSnapshotsRequest\x1a*.opendsec.sandbox.v1.ListSnapshotsResponse\x12i\n" +
 	"\x0eDeleteSnapshot\x12*.opendsec.sandbox.v1.DeleteSnapshotRequest\x1a+.opendsec.sandbox.v1.DeleteSnapshotResponse\x12f\n" +
 	"\rUpdateNetwork\x12).opendsec.sandbox.v1.UpdateNetworkRequest\x1a*.opendsec.sandbox.v1.UpdateNetworkResponse\x12r\n" +
-	"\x11GetSandboxMetrics\x12-.opendsec.sandbox.v1.GetSandboxMetricsRequest\x1a..opendsec.sandbox.v1.GetSandboxMetricsResponseBDZBgithub.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1;sandboxv1b\x06proto3"
+	"\x11GetSandboxMetrics\x12-.opendsec.sandbox.v1.GetSandboxMetricsRequest\x1a..opendsec.sandbox.v1.GetSandboxMetricsResponse\x12Z\n" +
+	"\tListNodes\x12%.opendsec.sandbox.v1.ListNodesRequest\x1a&.opendsec.sandbox.v1.ListNodesResponseBDZBgithub.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1;sandboxv1b\x06proto3"
 
 var (
 	file_opendsec_sandbox_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2475,121 +2738,133 @@ func file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.sandbox.v1.SandboxState
-	(*Resources)(nil),                 // 1: opendsec.sandbox.v1.Resources
-	(*SandboxSpec)(nil),               // 2: opendsec.sandbox.v1.SandboxSpec
-	(*NetworkPolicy)(nil),             // 3: opendsec.sandbox.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 4: opendsec.sandbox.v1.NetworkRule
-	(*Sandbox)(nil),                   // 5: opendsec.sandbox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),      // 6: opendsec.sandbox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 7: opendsec.sandbox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 8: opendsec.sandbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 9: opendsec.sandbox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 10: opendsec.sandbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 11: opendsec.sandbox.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),        // 12: opendsec.sandbox.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),       // 13: opendsec.sandbox.v1.StopSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 14: opendsec.sandbox.v1.GetSandboxMetricsRequest
-	(*MetricsSample)(nil),             // 15: opendsec.sandbox.v1.MetricsSample
-	(*GetSandboxMetricsResponse)(nil), // 16: opendsec.sandbox.v1.GetSandboxMetricsResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 17: opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 18: opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 19: opendsec.sandbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 20: opendsec.sandbox.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 21: opendsec.sandbox.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 22: opendsec.sandbox.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),                  // 23: opendsec.sandbox.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),    // 24: opendsec.sandbox.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 25: opendsec.sandbox.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 26: opendsec.sandbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 27: opendsec.sandbox.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 28: opendsec.sandbox.v1.ForkSandboxRequest
-	(*ForkResult)(nil),                // 29: opendsec.sandbox.v1.ForkResult
-	(*ForkSandboxResponse)(nil),       // 30: opendsec.sandbox.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 31: opendsec.sandbox.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 32: opendsec.sandbox.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 33: opendsec.sandbox.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 34: opendsec.sandbox.v1.DeleteSnapshotResponse
-	(*UpdateNetworkRequest)(nil),      // 35: opendsec.sandbox.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 36: opendsec.sandbox.v1.UpdateNetworkResponse
-	nil,                               // 37: opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	nil,                               // 38: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	nil,                               // 39: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	nil,                               // 40: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 41: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*ListNodesRequest)(nil),          // 1: opendsec.sandbox.v1.ListNodesRequest
+	(*NodeAmount)(nil),                // 2: opendsec.sandbox.v1.NodeAmount
+	(*Node)(nil),                      // 3: opendsec.sandbox.v1.Node
+	(*ListNodesResponse)(nil),         // 4: opendsec.sandbox.v1.ListNodesResponse
+	(*Resources)(nil),                 // 5: opendsec.sandbox.v1.Resources
+	(*SandboxSpec)(nil),               // 6: opendsec.sandbox.v1.SandboxSpec
+	(*NetworkPolicy)(nil),             // 7: opendsec.sandbox.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 8: opendsec.sandbox.v1.NetworkRule
+	(*Sandbox)(nil),                   // 9: opendsec.sandbox.v1.Sandbox
+	(*CreateSandboxRequest)(nil),      // 10: opendsec.sandbox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 11: opendsec.sandbox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 12: opendsec.sandbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 13: opendsec.sandbox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 14: opendsec.sandbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 15: opendsec.sandbox.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),        // 16: opendsec.sandbox.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),       // 17: opendsec.sandbox.v1.StopSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 18: opendsec.sandbox.v1.GetSandboxMetricsRequest
+	(*MetricsSample)(nil),             // 19: opendsec.sandbox.v1.MetricsSample
+	(*GetSandboxMetricsResponse)(nil), // 20: opendsec.sandbox.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 21: opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 22: opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 23: opendsec.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 24: opendsec.sandbox.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 25: opendsec.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 26: opendsec.sandbox.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),                  // 27: opendsec.sandbox.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),    // 28: opendsec.sandbox.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 29: opendsec.sandbox.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 30: opendsec.sandbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 31: opendsec.sandbox.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 32: opendsec.sandbox.v1.ForkSandboxRequest
+	(*ForkResult)(nil),                // 33: opendsec.sandbox.v1.ForkResult
+	(*ForkSandboxResponse)(nil),       // 34: opendsec.sandbox.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 35: opendsec.sandbox.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 36: opendsec.sandbox.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 37: opendsec.sandbox.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 38: opendsec.sandbox.v1.DeleteSnapshotResponse
+	(*UpdateNetworkRequest)(nil),      // 39: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 40: opendsec.sandbox.v1.UpdateNetworkResponse
+	nil,                               // 41: opendsec.sandbox.v1.Node.BackendsEntry
+	nil,                               // 42: opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	nil,                               // 43: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	nil,                               // 44: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	nil,                               // 45: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 46: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 47: google.protobuf.Timestamp
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	1,  // 0: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
-	37, // 1: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	38, // 2: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	3,  // 3: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
-	4,  // 4: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	2,  // 5: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	0,  // 6: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	42, // 7: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	42, // 8: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 9: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	5,  // 10: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	5,  // 11: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	39, // 12: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	0,  // 13: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
-	5,  // 14: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	42, // 15: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	42, // 16: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	42, // 17: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
-	15, // 18: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	5,  // 19: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	5,  // 20: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	5,  // 21: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	2,  // 22: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	42, // 23: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	23, // 24: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	40, // 25: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	5,  // 26: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	41, // 27: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	5,  // 28: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	29, // 29: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	23, // 30: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	4,  // 31: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	4,  // 32: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	4,  // 33: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	5,  // 34: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	6,  // 35: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	8,  // 36: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	10, // 37: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	12, // 38: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	17, // 39: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	19, // 40: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	21, // 41: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	24, // 42: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	26, // 43: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	28, // 44: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	31, // 45: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	33, // 46: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	35, // 47: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	14, // 48: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	7,  // 49: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	9,  // 50: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	11, // 51: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	13, // 52: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	18, // 53: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	20, // 54: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	22, // 55: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	25, // 56: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	27, // 57: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	30, // 58: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	32, // 59: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	34, // 60: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	36, // 61: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	16, // 62: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	49, // [49:63] is the sub-list for method output_type
-	35, // [35:49] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	2,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
+	2,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
+	41, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
+	47, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
+	3,  // 4: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
+	5,  // 5: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
+	42, // 6: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	43, // 7: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	7,  // 8: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
+	8,  // 9: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	6,  // 10: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	0,  // 11: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
+	47, // 12: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	47, // 13: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 14: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	9,  // 15: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	9,  // 16: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 17: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	0,  // 18: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
+	9,  // 19: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	47, // 20: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	47, // 21: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	47, // 22: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	19, // 23: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	9,  // 24: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	9,  // 25: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	9,  // 26: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	6,  // 27: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	47, // 28: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	27, // 29: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	45, // 30: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	9,  // 31: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	46, // 32: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	9,  // 33: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	33, // 34: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	27, // 35: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	8,  // 36: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	8,  // 37: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	8,  // 38: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	9,  // 39: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	10, // 40: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	12, // 41: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	14, // 42: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	16, // 43: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	21, // 44: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	23, // 45: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	25, // 46: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	28, // 47: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	30, // 48: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	32, // 49: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	35, // 50: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	37, // 51: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	39, // 52: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	18, // 53: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	1,  // 54: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	11, // 55: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	13, // 56: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	15, // 57: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	17, // 58: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	22, // 59: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	24, // 60: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	26, // 61: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	29, // 62: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	31, // 63: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	34, // 64: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	36, // 65: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	38, // 66: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	40, // 67: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	20, // 68: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	4,  // 69: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	55, // [55:70] is the sub-list for method output_type
+	40, // [40:55] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
@@ -2597,14 +2872,14 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 	if File_opendsec_sandbox_v1_sandbox_proto != nil {
 		return
 	}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_sandbox_v1_sandbox_proto_rawDesc), len(file_opendsec_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   41,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -79,6 +79,9 @@ const (
 	// SandboxServiceGetSandboxMetricsProcedure is the fully-qualified name of the SandboxService's
 	// GetSandboxMetrics RPC.
 	SandboxServiceGetSandboxMetricsProcedure = "/opendsec.sandbox.v1.SandboxService/GetSandboxMetrics"
+	// SandboxServiceListNodesProcedure is the fully-qualified name of the SandboxService's ListNodes
+	// RPC.
+	SandboxServiceListNodesProcedure = "/opendsec.sandbox.v1.SandboxService/ListNodes"
 )
 
 // SandboxServiceClient is a client for the opendsec.sandbox.v1.SandboxService service.
@@ -117,6 +120,9 @@ type SandboxServiceClient interface {
 	// The sandbox's resource use as its node recorded it (every 5 s, the
 	// last hour), oldest first; paused sandboxes are not woken.
 	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// The edges as this apiserver's watcher last saw them: health, capacity,
+	// allocation and backends. Needs an ADMIN key of the root project.
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the opendsec.sandbox.v1.SandboxService service.
@@ -214,6 +220,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
 			connect.WithClientOptions(opts...),
 		),
+		listNodes: connect.NewClient[v1.ListNodesRequest, v1.ListNodesResponse](
+			httpClient,
+			baseURL+SandboxServiceListNodesProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListNodes")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -233,6 +245,7 @@ type sandboxServiceClient struct {
 	deleteSnapshot    *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
 	updateNetwork     *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
 	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
+	listNodes         *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
 }
 
 // CreateSandbox calls opendsec.sandbox.v1.SandboxService.CreateSandbox.
@@ -305,6 +318,11 @@ func (c *sandboxServiceClient) GetSandboxMetrics(ctx context.Context, req *conne
 	return c.getSandboxMetrics.CallUnary(ctx, req)
 }
 
+// ListNodes calls opendsec.sandbox.v1.SandboxService.ListNodes.
+func (c *sandboxServiceClient) ListNodes(ctx context.Context, req *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return c.listNodes.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the opendsec.sandbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox places, admits and starts a sandbox. It returns once the
@@ -341,6 +359,9 @@ type SandboxServiceHandler interface {
 	// The sandbox's resource use as its node recorded it (every 5 s, the
 	// last hour), oldest first; paused sandboxes are not woken.
 	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// The edges as this apiserver's watcher last saw them: health, capacity,
+	// allocation and backends. Needs an ADMIN key of the root project.
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -434,6 +455,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceListNodesHandler := connect.NewUnaryHandler(
+		SandboxServiceListNodesProcedure,
+		svc.ListNodes,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListNodes")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.sandbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -464,6 +491,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		case SandboxServiceGetSandboxMetricsProcedure:
 			sandboxServiceGetSandboxMetricsHandler.ServeHTTP(w, r)
+		case SandboxServiceListNodesProcedure:
+			sandboxServiceListNodesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -527,4 +556,8 @@ func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.GetSandboxMetrics is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.ListNodes is not implemented"))
 }

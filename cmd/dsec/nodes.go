@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+)
+
+// cmdNodes lists the edges: health, allocation against capacity, backends.
+func cmdNodes(ctx context.Context, _ []string) error {
+	c, err := client.FromEnv()
+	if err != nil {
+		return err
+	}
+	r, err := c.Sandboxes.ListNodes(ctx, connect.NewRequest(&sandboxv1.ListNodesRequest{}))
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADDRESS\tHEALTH\tSANDBOXES\tCPU CORES\tMEMORY MIB\tBACKENDS")
+	for _, n := range r.Msg.Nodes {
+		health := "healthy"
+		if !n.Healthy {
+			health = "unreachable: " + n.Error
+		}
+		var bs []string
+		for name, why := range n.Backends {
+			if why != "" {
+				name += " (unavailable: " + why + ")"
+			}
+			bs = append(bs, name)
+		}
+		sort.Strings(bs)
+		a, cp := n.GetAllocated(), n.GetCapacity()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%g/%g\t%d/%d\t%s\n", n.Id, n.Address, health,
+			a.GetSandboxes(), cp.GetSandboxes(), a.GetCpuCores(), cp.GetCpuCores(), a.GetMemoryMb(), cp.GetMemoryMb(), strings.Join(bs, ", "))
+	}
+	return tw.Flush()
+}

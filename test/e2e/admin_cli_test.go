@@ -1,0 +1,83 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/embed"
+)
+
+// TestProjectAndNodesCLI: dsec project creates, lists (usage against
+// quota, counted from the quota ledger), changes and removes projects;
+// dsec nodes shows every edge of a two-edge cluster; a member key may not
+// list nodes.
+func TestProjectAndNodesCLI(t *testing.T) {
+	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.Edges = 2 }, "fake")
+	bin := dsecBinary(t)
+	run := func(key string, args ...string) (string, error) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+key)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	row := func(out, project string) string {
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == project {
+				return strings.Join(f, " ")
+			}
+		}
+		return ""
+	}
+	out, err := run(c.key, "project", "create", "root/cli", "--max-sandboxes", "2", "--cpu", "1")
+	if err != nil || row(out, "root/cli") != "root/cli 0/2 0/1 0/- allowed" {
+		t.Fatalf("project create: %v\n%s", err, out)
+	}
+	key, err := c.client.IAM.CreateAPIKey(ctxT(t), connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/cli", Name: "m", Role: iamv1.Role_ROLE_MEMBER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	member, _ := client.New(c.APIURL, key.Msg.Secret)
+	sb, err := member.Create(ctxT(t), sized(0.5, 128)())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(c.key, "project", "ls")
+	if err != nil || row(out, "root/cli") != "root/cli 1/2 0.5/1 128/- allowed" || !strings.Contains(row(out, "root"), "root 1/-") {
+		t.Fatalf("project ls with one sandbox: %v\n%s", err, out)
+	}
+	out, err = run(c.key, "project", "quota", "root/cli", "--max-sandboxes", "5", "--no-internet")
+	if err != nil || row(out, "root/cli") != "root/cli 1/5 0.5/- 128/- no" {
+		t.Fatalf("project quota: %v\n%s", err, out)
+	}
+	if out, err := run(c.key, "project", "create", "cli"); err == nil || !strings.Contains(out, "PARENT/NAME") {
+		t.Fatalf("project create without a parent: %v\n%s", err, out)
+	}
+	out, err = run(c.key, "nodes")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err != nil || len(lines) != 3 || !strings.Contains(lines[1], "healthy") || !strings.Contains(lines[2], "healthy") || !strings.Contains(out, "fake") {
+		t.Fatalf("nodes: %v\n%s", err, out)
+	}
+	if out, err := run(key.Msg.Secret, "nodes"); err == nil || !strings.Contains(out, "ADMIN") {
+		t.Fatalf("nodes with a member key: %v\n%s", err, out)
+	}
+	// Stopped, the sandbox leaves the usage; then the project can go.
+	if err := sb.Stop(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.IAM.RevokeAPIKey(ctxT(t), connect.NewRequest(&iamv1.RevokeAPIKeyRequest{Id: key.Msg.Key.Id})); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(c.key, "project", "rm", "root/cli"); err != nil {
+		t.Fatalf("project rm: %v\n%s", err, out)
+	}
+	if out, _ := run(c.key, "project", "ls"); row(out, "root/cli") != "" {
+		t.Fatalf("root/cli still listed:\n%s", out)
+	}
+}
