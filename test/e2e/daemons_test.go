@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,6 +185,43 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 			}
 		}
 	}
+	// Every component port takes only the cluster CA's certificates of
+	// the roles that call it.
+	other := filepath.Join(dir, "other-pki")
+	run("ca", "init", "--dir", other)
+	run("ca", "issue", "--dir", other, "--role", "apiserver", "--host", "127.0.0.1", "api-x")
+	if _, err := pki.LoadIdentity(filepath.Join(pkiDir, "ca.crt"), filepath.Join(other, "api-x.crt"), filepath.Join(other, "api-x.key")); err == nil {
+		t.Fatal("an identity whose certificate another CA signed was loaded")
+	}
+	foreignTLS := func() *tls.Config {
+		cert, err := tls.LoadX509KeyPair(filepath.Join(other, "api-x.crt"), filepath.Join(other, "api-x.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := mustIdentity(t, pkiDir, "api-1").ClientConfig()
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+		return cfg
+	}()
+	refused := func(port, who string, cfg *tls.Config) {
+		t.Helper()
+		c, err := tls.Dial("tcp", port, cfg)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck // a test
+			_, err = c.Read(make([]byte, 1))               // TLS 1.3 reports a refused client certificate here
+			c.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "tls") {
+			t.Errorf("%s at %s: not refused in the handshake (%v)", who, port, err)
+		}
+	}
+	for _, port := range []string{e1, e2} {
+		refused(port, "an IAM certificate at an edge", mustIdentity(t, pkiDir, "iam-1").ClientConfig())
+		refused(port, "an edge certificate at an edge", mustIdentity(t, pkiDir, "edge-2").ClientConfig())
+		refused(port, "an apiserver certificate of another CA at an edge", foreignTLS)
+	}
+	refused(iamAddrs["iam-2"], "an edge certificate at an IAM replica", mustIdentity(t, pkiDir, "edge-1").ClientConfig())
+	refused(iamAddrs["iam-2"], "another CA's certificate at an IAM replica", foreignTLS)
+
 	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}}
 	var made []*client.Sandbox
 	t.Cleanup(func() {
