@@ -210,8 +210,10 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 			_, err = c.Read(make([]byte, 1))               // TLS 1.3 reports a refused client certificate here
 			c.Close()
 		}
-		if err == nil || !strings.Contains(err.Error(), "tls") {
-			t.Errorf("%s at %s: not refused in the handshake (%v)", who, port, err)
+		// A TLS alert, or a reset when the server's close wins the race;
+		// the same port answers the right certificates all along.
+		if err == nil {
+			t.Errorf("%s at %s: not refused", who, port)
 		}
 	}
 	for _, port := range []string{e1, e2} {
