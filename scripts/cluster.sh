@@ -1,0 +1,149 @@
+#!/bin/sh
+# A cluster of separate processes on this machine, for trying and testing
+# what runs across machines: 3 IAM replicas, 2 apiservers (each with its
+# own view of the edges) and 3 edges, each edge in a network namespace of
+# its own with its own address, all with certificates of a CA made here.
+#
+#   scripts/cluster.sh up DIR [--backends container,gvisor] [--image-store DIR]
+#   . DIR/client.env      # DSEC_API_URL lists both apiservers
+#   scripts/cluster.sh down DIR
+#
+# down stops every process (SIGTERM, then SIGKILL), removes every sandbox
+# first, deletes the namespaces and links, and leaves DIR holding only logs.
+# Needs root, iproute2, and bin/dsec and bin/aether (make build).
+set -eu
+
+usage() { echo "usage: $0 up|down DIR [--backends LIST] [--image-store DIR]" >&2; exit 2; }
+[ $# -ge 2 ] || usage
+verb=$1 dir=$2
+shift 2
+backends=container
+images=""
+while [ $# -gt 0 ]; do
+	case $1 in
+	--backends) backends=$2; shift 2 ;;
+	--image-store) images=$2; shift 2 ;;
+	*) usage ;;
+	esac
+done
+repo=$(cd "$(dirname "$0")/.." && pwd)
+dsec=$repo/bin/dsec
+edges="1 2 3"
+
+# Addresses: edge i lives in namespace dsec-edge-i at 10.251.i.2, its link's
+# host end is 10.251.i.1. IAM replicas and apiservers listen on loopback.
+ns() { echo "dsec-edge-$1"; }
+edge_addr() { echo "10.251.$1.2"; }
+
+pidfile() { echo "$dir/run/$1.pid"; }
+
+start() { # name, args...
+	name=$1
+	shift
+	"$@" >>"$dir/log/$name.log" 2>&1 &
+	echo $! >"$(pidfile "$name")"
+}
+
+stop() { # name
+	f=$(pidfile "$1")
+	[ -f "$f" ] || return 0
+	pid=$(cat "$f")
+	if kill -TERM "$pid" 2>/dev/null; then
+		i=0
+		while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	rm -f "$f"
+}
+
+wait_for() { # what, command...
+	what=$1
+	shift
+	i=0
+	until "$@" >/dev/null 2>&1; do
+		i=$((i + 1))
+		if [ $i -gt 300 ]; then
+			echo "cluster: $what did not come up; see $dir/log" >&2
+			exit 1
+		fi
+		sleep 0.2
+	done
+}
+
+up() {
+	[ -x "$dsec" ] && [ -x "$repo/bin/aether" ] || { echo "cluster: build first (make build)" >&2; exit 1; }
+	mkdir -p "$dir/log" "$dir/run"
+	dir=$(cd "$dir" && pwd)
+	[ -n "$images" ] || images=$repo/.cache/images
+	pki=$dir/pki
+	[ -f "$pki/ca.crt" ] || "$dsec" ca init --dir "$pki" >/dev/null
+	tls() { echo "--ca $pki/ca.crt --cert $pki/$1.crt --key $pki/$1.key"; }
+	for i in 1 2 3; do "$dsec" ca issue --dir "$pki" --role iam --host 127.0.0.1 "iam-$i" >/dev/null; done
+	for i in 1 2; do "$dsec" ca issue --dir "$pki" --role apiserver --host 127.0.0.1 "api-$i" >/dev/null; done
+	for i in $edges; do "$dsec" ca issue --dir "$pki" --role edge --host "$(edge_addr "$i")" "edge-$i" >/dev/null; done
+
+	# IAM: iam-1 starts the cluster, the others join it.
+	start iam-1 "$dsec" iam --id iam-1 --dir "$dir/iam-1" --bind 127.0.0.1:27401 --bootstrap \
+		--admin-key-file "$dir/admin.key" $(tls iam-1)
+	for i in 2 3; do
+		start "iam-$i" "$dsec" iam --id "iam-$i" --dir "$dir/iam-$i" --bind "127.0.0.1:2740$i" \
+			--join 127.0.0.1:27401 $(tls "iam-$i")
+	done
+	wait_for "IAM" test -s "$dir/admin.key"
+
+	# Edges, each in its namespace.
+	edge_list=""
+	for i in $edges; do
+		n=$(ns "$i")
+		ip netns add "$n" 2>/dev/null || true
+		ip link add "dsec-e$i" type veth peer name eth0 netns "$n" 2>/dev/null || true
+		ip addr replace "10.251.$i.1/30" dev "dsec-e$i"
+		ip link set "dsec-e$i" up
+		ip -n "$n" addr replace "$(edge_addr "$i")/30" dev eth0
+		ip -n "$n" link set eth0 up
+		ip -n "$n" link set lo up
+		ip -n "$n" route replace default via "10.251.$i.1"
+		# nsenter, not ip netns exec: that remounts /sys, hiding the cgroup mounts
+		# crun needs.
+		start "edge-$i" nsenter --net="/var/run/netns/$n" "$dsec" edge --state-dir "$dir/edge-$i" --listen "$(edge_addr "$i"):7080" \
+			--image-store "$images" --backends "$backends" --agent "$repo/bin/aether" --sandbox-network=false $(tls "edge-$i")
+		edge_list="$edge_list${edge_list:+,}$(edge_addr "$i"):7080"
+	done
+
+	urls=""
+	for i in 1 2; do
+		start "api-$i" "$dsec" apiserver --id "api-$i" --state-dir "$dir/api-$i" --listen "127.0.0.1:2707$i" \
+			--edges "$edge_list" --iam 127.0.0.1:27401,127.0.0.1:27402,127.0.0.1:27403 --iam-bind "127.0.0.1:2741$i" \
+			--image-store "$images" $(tls "api-$i")
+		urls="$urls${urls:+,}http://127.0.0.1:2707$i"
+	done
+	key=$(cat "$dir/admin.key")
+	for i in 1 2; do
+		wait_for "apiserver api-$i" env DSEC_API_URL="http://127.0.0.1:2707$i" DSEC_API_KEY="$key" "$dsec" whoami
+	done
+	printf '# written by scripts/cluster.sh\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n' "$urls" "$key" >"$dir/client.env"
+	echo "cluster up: . $dir/client.env   (apiservers $urls; edges $edge_list; logs in $dir/log)"
+}
+
+down() {
+	[ -d "$dir" ] || exit 0
+	dir=$(cd "$dir" && pwd)
+	if [ -f "$dir/client.env" ]; then
+		# shellcheck disable=SC1091
+		(. "$dir/client.env" && "$dsec" stop --all >/dev/null 2>&1) || echo "cluster: could not remove every sandbox" >&2
+	fi
+	for name in api-1 api-2 edge-1 edge-2 edge-3 iam-3 iam-2 iam-1; do stop "$name"; done
+	for i in $edges; do
+		ip link del "dsec-e$i" 2>/dev/null || true
+		ip netns del "$(ns "$i")" 2>/dev/null || true
+	done
+	rm -rf "$dir/iam-1" "$dir/iam-2" "$dir/iam-3" "$dir/api-1" "$dir/api-2" "$dir/edge-1" "$dir/edge-2" "$dir/edge-3" \
+		"$dir/pki" "$dir/run" "$dir/client.env" "$dir/admin.key"
+	echo "cluster down: logs kept in $dir/log"
+}
+
+case $verb in
+up) up ;;
+down) down ;;
+*) usage ;;
+esac

@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/image/baseimage"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// TestClusterScript runs scripts/cluster.sh: 3 IAM replicas, 2 apiservers
+// and 3 edges, each edge in its own network namespace. Sandboxes spread
+// over the 3 edges, each answers through either apiserver, and `down`
+// leaves no process, namespace, link or mount behind.
+func TestClusterScript(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "crun")
+	testutil.RequireBinary(t, "nsenter")
+	repo := testutil.RepoRoot(t)
+	for _, b := range []string{"bin/dsec", "bin/aether"} {
+		if _, err := os.Stat(filepath.Join(repo, b)); err != nil {
+			testutil.Missing(t, "%s is not built (make build)", b)
+		}
+	}
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "images")
+	store, err := image.OpenStore(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := image.ParseRef("root/busybox:latest")
+	if _, err := baseimage.Build(context.Background(), store, "busybox", ref, baseimage.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(repo, "scripts", "cluster.sh")
+	state := filepath.Join(dir, "cluster")
+	down := func() {
+		if out, err := exec.Command(script, "down", state).CombinedOutput(); err != nil {
+			t.Errorf("cluster.sh down: %v\n%s", err, out)
+		}
+	}
+	if out, err := exec.Command(script, "up", state, "--image-store", storeDir).CombinedOutput(); err != nil {
+		down()
+		t.Fatalf("cluster.sh up: %v\n%s", err, out)
+	}
+	downed := false
+	t.Cleanup(func() {
+		if !downed {
+			down()
+		}
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(state, "log", "*.log"))
+			for _, l := range logs {
+				data, _ := os.ReadFile(l)
+				t.Logf("%s:\n%s", filepath.Base(l), data)
+			}
+		}
+	})
+	env, err := os.ReadFile(filepath.Join(state, "client.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, key := envValueOf(string(env), "DSEC_API_URL"), envValueOf(string(env), "DSEC_API_KEY")
+	if strings.Count(url, ",") != 1 {
+		t.Fatalf("client.env names %q, want two apiservers", url)
+	}
+	cl, err := client.New(url, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	nodes := map[string]bool{}
+	var made []*client.Sandbox
+	for range 9 {
+		sb, err := cl.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}})
+		if err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		made = append(made, sb)
+		_, node, _ := sandboxid.Parse(sb.ID)
+		nodes[string(node)] = true
+	}
+	if len(nodes) != 3 {
+		t.Fatalf("9 sandboxes on %d of 3 edges", len(nodes))
+	}
+	for i, u := range strings.Split(url, ",") {
+		one, _ := client.New(u, key)
+		for _, sb := range made[i*4 : i*4+4] {
+			r, err := one.Sandbox(sb.ID).Shell(ctx, "hostname")
+			if err != nil || strings.TrimSpace(string(r.GetStdout())) != sb.ID {
+				t.Fatalf("hostname in %s through %s: %v, %v", sb.ID, u, r, err)
+			}
+		}
+	}
+	downed = true
+	down()
+	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), "dsec-edge-") {
+		t.Errorf("namespaces left: %s", out)
+	}
+	if out, _ := exec.Command("ip", "link").Output(); strings.Contains(string(out), "dsec-e1") {
+		t.Errorf("links left: %s", out)
+	}
+	if mounts, _ := os.ReadFile("/proc/mounts"); strings.Contains(string(mounts), state) {
+		t.Errorf("mounts left under %s", state)
+	}
+	if out, _ := exec.Command("pgrep", "-f", state).Output(); len(out) > 0 {
+		t.Errorf("processes left: %s", out)
+	}
+}
+
+// envValueOf reads NAME from "export NAME=value" lines.
+func envValueOf(content, name string) string {
+	for _, line := range strings.Split(content, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export "+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
