@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,8 +9,6 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/image"
-	"github.com/opendsec/opendsec/internal/image/baseimage"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -31,15 +28,7 @@ func TestClusterScript(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	storeDir := filepath.Join(dir, "images")
-	store, err := image.OpenStore(storeDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, _ := image.ParseRef("root/busybox:latest")
-	if _, err := baseimage.Build(context.Background(), store, "busybox", ref, baseimage.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	storeDir := busyboxStore(t, dir)
 	script := filepath.Join(repo, "scripts", "cluster.sh")
 	state := filepath.Join(dir, "cluster")
 	down := func() {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"crypto/tls"
 	"os"
 	"os/exec"
@@ -17,8 +16,6 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/iam"
-	"github.com/opendsec/opendsec/internal/image"
-	"github.com/opendsec/opendsec/internal/image/baseimage"
 	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
@@ -121,15 +118,7 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	testutil.RequireBinary(t, "busybox")
 	dir := t.TempDir()
 	ctx := ctxT(t)
-	storeDir := filepath.Join(dir, "images")
-	store, err := image.OpenStore(storeDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, _ := image.ParseRef("root/busybox:latest")
-	if _, err := baseimage.Build(context.Background(), store, "busybox", ref, baseimage.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	storeDir := busyboxStore(t, dir)
 	d := newDaemons(t, dir)
 	pkiDir := filepath.Join(dir, "pki")
 	run := func(args ...string) {

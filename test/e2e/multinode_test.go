@@ -43,14 +43,7 @@ func TestPlacementAcrossEdges(t *testing.T) {
 		t.Fatalf("edges %d, apiservers %v", len(c.Edges), c.APIURLs)
 	}
 	full := string(c.Edges[0].Node())
-	var apis []*client.Client
-	for _, u := range c.APIURLs {
-		cl, err := client.New(u, c.key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		apis = append(apis, cl)
-	}
+	apis := apiClients(t, c, c.key)
 	spec := func() *sandboxv1.SandboxSpec {
 		return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}}
 	}

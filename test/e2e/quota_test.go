@@ -248,14 +248,7 @@ func TestQuotaAcrossTwoAPIServers(t *testing.T) {
 func TestIdempotentCreatesAcrossAPIServers(t *testing.T) {
 	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
 	ctx := ctxT(t)
-	var apis []*client.Client
-	for _, u := range c.APIURLs {
-		cl, err := client.New(u, c.key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		apis = append(apis, cl)
-	}
+	apis := apiClients(t, c, c.key)
 	create := func(cl *client.Client, key string) (string, error) {
 		req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: sized(0.1, 64)()})
 		req.Header().Set(client.IdempotencyHeader, key)
