@@ -49,8 +49,8 @@ stop() { # name
 	[ -f "$f" ] || return 0
 	pid=$(cat "$f")
 	if kill -TERM "$pid" 2>/dev/null; then
-		i=0
-		while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+		waited=0
+		while kill -0 "$pid" 2>/dev/null && [ $waited -lt 100 ]; do sleep 0.2; waited=$((waited + 1)); done
 		kill -KILL "$pid" 2>/dev/null || true
 	fi
 	rm -f "$f"
@@ -59,15 +59,20 @@ stop() { # name
 wait_for() { # what, command...
 	what=$1
 	shift
-	i=0
+	tries=0 # sh has no local variables: not i, which callers loop over
 	until "$@" >/dev/null 2>&1; do
-		i=$((i + 1))
-		if [ $i -gt 300 ]; then
+		tries=$((tries + 1))
+		if [ $tries -gt 300 ]; then
 			echo "cluster: $what did not come up; see $dir/log" >&2
 			exit 1
 		fi
 		sleep 0.2
 	done
+}
+
+all_healthy() { # url, key: the apiserver sees every edge healthy
+	n=$(DSEC_API_URL=$1 DSEC_API_KEY=$2 "$dsec" nodes | grep -c " healthy ")
+	[ "$n" -eq 3 ]
 }
 
 up() {
@@ -120,6 +125,7 @@ up() {
 	key=$(cat "$dir/admin.key")
 	for i in 1 2; do
 		wait_for "apiserver api-$i" env DSEC_API_URL="http://127.0.0.1:2707$i" DSEC_API_KEY="$key" "$dsec" whoami
+		wait_for "every edge in api-$i's view" all_healthy "http://127.0.0.1:2707$i" "$key"
 	done
 	printf '# written by scripts/cluster.sh\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n' "$urls" "$key" >"$dir/client.env"
 	echo "cluster up: . $dir/client.env   (apiservers $urls; edges $edge_list; logs in $dir/log)"
