@@ -1,10 +1,12 @@
 package client
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -63,19 +65,28 @@ func (f *failover) RoundTrip(r *http.Request) (*http.Response, error) {
 	f.mu.Lock()
 	start := f.cur
 	f.mu.Unlock()
+	// A body that can be sent again (a unary call's) is read once, and
+	// each attempt gets its own reader: an attempt that failed may still
+	// be reading the one it was given.
+	var payload []byte
+	if len(f.endpoints) > 1 && r.GetBody != nil && r.Body != nil && r.Body != http.NoBody {
+		data, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		payload = data
+	}
 	var last error
 	for i := range f.endpoints {
 		idx := (start + i) % len(f.endpoints)
 		req := r.Clone(r.Context())
-		if i > 0 && r.Body != nil && r.Body != http.NoBody {
-			if r.GetBody == nil {
-				return nil, last
-			}
-			body, err := r.GetBody()
-			if err != nil {
-				return nil, last
-			}
-			req.Body = body
+		switch {
+		case payload != nil:
+			req.Body = io.NopCloser(bytes.NewReader(payload))
+			req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload)), nil }
+		case i > 0 && r.Body != nil && r.Body != http.NoBody:
+			return nil, last // a stream's body cannot be sent twice
 		}
 		req.URL.Scheme, req.URL.Host, req.Host = f.endpoints[idx].Scheme, f.endpoints[idx].Host, ""
 		resp, err := f.next.RoundTrip(req)

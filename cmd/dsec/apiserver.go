@@ -23,7 +23,8 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:7070", "client API address")
 	edges := fs.String("edges", "", "comma-separated edge addresses (host:port)")
 	iamPeers := fs.String("iam", "", "comma-separated IAM replica addresses to join through")
-	iamBind := fs.String("iam-bind", "127.0.0.1:0", "address of its IAM replica's port (the leader dials it)")
+	iamBind := fs.String("iam-bind", "127.0.0.1:0", "address of its IAM replica's port (the leader dials it; a restart on a new port joins again)")
+	iamAdvertise := fs.String("iam-advertise", "", "the address IAM replicas dial for it (default: --iam-bind's)")
 	images := fs.String("image-store", "", "the shared image store directory (required)")
 	caFile := fs.String("ca", "", "CA bundle")
 	certFile := fs.String("cert", "", "this apiserver's certificate (dsec ca issue --role apiserver)")
@@ -44,7 +45,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	}
 	cfg := apiserver.ServeConfig{
 		Listen: *listen, Edges: splitList(*edges), EdgeTLS: ident.ClientConfig(), IAMPeers: splitList(*iamPeers), ImageStore: *images,
-		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind,
+		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind, Advertise: *iamAdvertise,
 			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
 	}
 	return apiserver.Serve(ctx, cfg, logging.New(*logFormat, logLevel).With(logging.Component, "apiserver"))

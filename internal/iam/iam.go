@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -177,7 +178,9 @@ func (s *Service) AddVoter(id, addr string) error {
 	return s.Join(ctx, Member{ID: id, Addr: addr, Voter: true})
 }
 
-// apply replicates a command: here on the leader, or sent to it.
+// apply replicates a command: here on the leader, or sent to it. It
+// returns once this replica has applied it too, so a read that follows
+// sees the write (an apiserver's non-voting replica lags the leader).
 func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error {
 	data, err := fsm.Encode(t, body)
 	if err != nil {
@@ -188,14 +191,26 @@ func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error 
 		ctx, cancel = context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
 	}
-	_, err = s.toLeader(ctx, opApply, data)
-	return err
+	out, err := s.toLeader(ctx, opApply, data)
+	if err != nil || len(out) != 8 {
+		return err
+	}
+	idx := binary.BigEndian.Uint64(out)
+	for s.raft.AppliedIndex() < idx {
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "iam: the change was made, but this replica has not caught up with it yet")
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
-// applyHere replicates an encoded command from the leader.
-func (s *Service) applyHere(ctx context.Context, data []byte) error {
+// applyHere replicates an encoded command from the leader and returns its
+// log index.
+func (s *Service) applyHere(ctx context.Context, data []byte) (uint64, error) {
 	if err := fsm.Check(data); err != nil {
-		return err
+		return 0, err
 	}
 	timeout := 10 * time.Second
 	if d, ok := ctx.Deadline(); ok {
@@ -204,14 +219,14 @@ func (s *Service) applyHere(ctx context.Context, data []byte) error {
 	fut := s.raft.Apply(data, timeout)
 	if err := fut.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) {
-			return errNotLeader // not in the log: the sender tries the new leader
+			return 0, errNotLeader // not in the log: the sender tries the new leader
 		}
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: replicate (the change may or may not have been made)")
+		return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: replicate (the change may or may not have been made)")
 	}
 	if resp, ok := fut.Response().(error); ok && resp != nil {
-		return resp
+		return 0, resp
 	}
-	return nil
+	return fut.Index(), nil
 }
 
 // KeyPrefix starts every API key secret of our own format.

@@ -25,7 +25,7 @@ func tlsConfigs(t *testing.T, ca *pki.CA, name string) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Config{ServerTLS: ca.ServerConfig(cert, pki.RoleIAM), ClientTLS: ca.ClientConfig(cert)}
+	return Config{ServerTLS: ca.ServerConfig(cert, pki.RoleIAM, pki.RoleAPIServer), ClientTLS: ca.ClientConfig(cert)}
 }
 
 func open(t *testing.T, ca *pki.CA, dir, id string, bootstrap, single bool) *Service {
@@ -278,5 +278,44 @@ func FuzzReplicaRequest(f *testing.F) {
 	})
 	if _, err := s.CreateProject(context.Background(), "root", "after-fuzz", fsm.Quota{}); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
 		f.Fatalf("a write after the fuzzing: %v", err)
+	}
+}
+
+// TestNonVoterReadsItsWritesAndCannotChangeVoters: an apiserver's
+// non-voting replica sees its own writes at once (it waits for the
+// leader's index), and its certificate may join as a non-voter but not
+// add voters or remove replicas.
+func TestNonVoterReadsItsWritesAndCannotChangeVoters(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	leader := open(t, ca, dir, "iam-1", true, false)
+	defer leader.Close()
+	if _, err := leader.EnsureRoot(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	apiCert, _ := ca.Issue("api-1", pki.RoleAPIServer, []string{"127.0.0.1"})
+	reader, err := Open(Config{Dir: filepath.Join(dir, "api-1"), NodeID: "api-1", Bind: "127.0.0.1:0",
+		ServerTLS: ca.ServerConfig(apiCert, pki.RoleIAM), ClientTLS: ca.ClientConfig(apiCert)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	// The leader accepts apiserver certificates (as dsec iam does).
+	leaderPort := leader.Addr()
+	apiTLS := ca.ClientConfig(apiCert)
+	if err := RemoteJoin(ctx(t), leaderPort, apiTLS, Member{ID: "api-1", Addr: reader.Addr(), Voter: true}); err == nil {
+		t.Fatal("an apiserver certificate added a voter")
+	}
+	if err := RemoteRemove(ctx(t), leaderPort, apiTLS, "iam-1"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Fatalf("an apiserver certificate removing a replica: %v", err)
+	}
+	if err := reader.JoinVia(ctx(t), []string{leaderPort}, false); err != nil {
+		t.Fatalf("non-voter join: %v", err)
+	}
+	for i := range 20 {
+		p, err := reader.CreateProject(ctx(t), "root", fmt.Sprintf("r%d", i), fsm.Quota{MaxSandboxes: 3})
+		if err != nil || p.Path != fmt.Sprintf("root/r%d", i) || p.Quota.MaxSandboxes != 3 {
+			t.Fatalf("create through the non-voter, read at once: %+v, %v", p, err)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/pki"
 )
 
 // Replica requests [ours]. A write reaches the leader from any replica:
@@ -83,7 +84,11 @@ func (s *Service) serveRequest(c net.Conn, br *bufio.Reader) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out, err := s.handle(ctx, op, payload)
+	var out []byte
+	err = allowed(peerRole(c), op, payload)
+	if err == nil {
+		out, err = s.handle(ctx, op, payload)
+	}
 	code := codeOK
 	switch {
 	case errors.Is(err, errNotLeader):
@@ -92,6 +97,37 @@ func (s *Service) serveRequest(c net.Conn, br *bufio.Reader) {
 		code, out = byte(errdefs.Code(err)), []byte(err.Error())
 	}
 	writeFrame(c, code, out) //nolint:errcheck // the sender went away
+}
+
+// peerRole is the role in the certificate the peer of c presented.
+func peerRole(c net.Conn) string {
+	tc, ok := c.(*tls.Conn)
+	if !ok {
+		return ""
+	}
+	if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 && len(certs[0].Subject.OrganizationalUnit) > 0 {
+		return certs[0].Subject.OrganizationalUnit[0]
+	}
+	return ""
+}
+
+// allowed checks a request against the sender's role: IAM replicas may
+// ask anything; apiservers (which hold non-voting replicas) may write,
+// ask for status and join as non-voters, but not change the voters.
+func allowed(role string, op requestOp, payload []byte) error {
+	if role == pki.RoleIAM {
+		return nil
+	}
+	switch op &^ opNoForward {
+	case opApply, opStatus:
+		return nil
+	case opJoin:
+		var m Member
+		if json.Unmarshal(payload, &m) == nil && !m.Voter {
+			return nil
+		}
+	}
+	return errdefs.PermissionDenied("iam: a %q certificate may not change the voting replicas", role)
 }
 
 // handle runs a request here, or on the leader for a write.
@@ -107,7 +143,11 @@ func (s *Service) handle(ctx context.Context, op requestOp, payload []byte) ([]b
 	}
 	switch op &^ opNoForward {
 	case opApply:
-		return nil, s.applyHere(ctx, payload)
+		idx, err := s.applyHere(ctx, payload)
+		if err != nil {
+			return nil, err
+		}
+		return binary.BigEndian.AppendUint64(nil, idx), nil
 	case opJoin:
 		var m Member
 		if err := json.Unmarshal(payload, &m); err != nil || m.ID == "" || m.Addr == "" {
@@ -156,11 +196,18 @@ func (s *Service) toLeader(ctx context.Context, op requestOp, payload []byte) ([
 	}
 }
 
+// notSentError is a request that never left: the connection (TCP and TLS)
+// could not be made.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
 // retryable reports whether a request surely did not run: the leader
 // could not be reached, or the replica asked was not the leader.
 func retryable(err error) bool {
-	var ne *net.OpError
-	return errors.Is(err, errNotLeader) || (errors.As(err, &ne) && ne.Op == "dial")
+	var ns *notSentError
+	return errors.Is(err, errNotLeader) || errors.As(err, &ns)
 }
 
 // sendRequest sends one request to the replica at addr.
@@ -169,9 +216,11 @@ func sendRequest(ctx context.Context, addr string, client *tls.Config, op reques
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
-	c, err := dialTLS(addr, client, timeout)
+	// A dial gets 2 s: a leader that died answers nothing, and the new one
+	// is usually known a second later.
+	c, err := dialTLS(addr, client, min(timeout, 2*time.Second))
 	if err != nil {
-		return nil, err
+		return nil, &notSentError{err}
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout)) //nolint:errcheck // a failed read or write says it
@@ -226,8 +275,10 @@ func raftErr(err error, what string) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost):
+	case errors.Is(err, raft.ErrNotLeader):
 		return errNotLeader
+	case errors.Is(err, raft.ErrLeadershipLost):
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: %s: the leader changed; the change may or may not have been made", what)
 	}
 	return errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: %s", what)
 }
@@ -235,6 +286,16 @@ func raftErr(err error, what string) error {
 func (s *Service) isMember(id string) bool {
 	for _, m := range s.members() {
 		if m.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// isMemberAt reports whether replica id is in the configuration at addr.
+func (s *Service) isMemberAt(id, addr string) bool {
+	for _, m := range s.members() {
+		if m.ID == id && m.Addr == addr {
 			return true
 		}
 	}

@@ -69,8 +69,8 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 // a new cluster start together) for up to a minute. A replica that is a
 // member already, or has no addresses to ask, does nothing.
 func (s *Service) JoinVia(ctx context.Context, addrs []string, voter bool) error {
-	if len(addrs) == 0 || s.isMember(s.id) {
-		return nil
+	if len(addrs) == 0 || s.isMemberAt(s.id, s.Addr()) {
+		return nil // a member at another address (a new port) joins again
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

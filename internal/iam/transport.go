@@ -3,6 +3,7 @@ package iam
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -38,13 +39,26 @@ func newTLSLayer(ln net.Listener, server, client *tls.Config) *tlsLayer {
 }
 
 // run accepts connections until the listener closes; serve must be set.
+// Other errors (out of file descriptors) are waited out, as Raft's own
+// accept loop does.
 func (l *tlsLayer) run() {
+	backoff := 5 * time.Millisecond
 	for {
 		c, err := l.ln.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			l.Close()
 			return
 		}
+		if err != nil {
+			select {
+			case <-l.closed:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
 		go l.sort(c)
 	}
 }
