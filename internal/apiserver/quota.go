@@ -55,7 +55,7 @@ func idempotencyKey(h http.Header) (string, error) {
 // never ran, or failed and gave it back): then this one goes ahead.
 func (s *Server) replay(ctx context.Context, proj, key string) (sb *sandboxv1.Sandbox, ok bool, err error) {
 	for {
-		e, found := s.iam.State().EntryByKey(proj, key)
+		e, found := s.iam.State().EntryByKey(proj, key, time.Now())
 		switch {
 		case !found:
 			return nil, false, nil
@@ -114,15 +114,21 @@ const ReconcileEvery = 2 * time.Second
 // this, may be missing from that listing and is kept.
 const reconcileMargin = 2 * time.Second
 
-// lostAfter is how long the entries of a node missing from the watcher's
-// view are kept (a node is in the view while it is configured, answering
-// or not, so only an edge taken out of the cluster leaves it).
+// lostAfter is how long a node the watcher knows may go unanswered before
+// its sandboxes' entries are released (the edge is lost). A node absent
+// from the view (never reached by this apiserver) is never judged lost;
+// if a lost node comes back, its running sandboxes are adopted again.
 const lostAfter = 5 * time.Minute
 
-// lost reports whether node has been missing from every view for
+// adoptAfter is how old a running sandbox without an entry must be before
+// the reconciler counts it: its create's bind comes well within it.
+const adoptAfter = 30 * time.Second
+
+// lost reports whether node has been unreachable in every view for
 // lostAfter; only the reconciler calls it.
 func (s *Server) lost(view *watcher.View, node string, now time.Time) bool {
-	if _, ok := view.Node(node); ok || len(view.Nodes) == 0 {
+	n, ok := view.Node(node)
+	if !ok || n.Healthy {
 		delete(s.missingSince, node)
 		return false
 	}
@@ -150,12 +156,17 @@ func (s *Server) Run(ctx context.Context) {
 
 // reconcileQuota releases the entries of sandboxes that are gone: their
 // node answered a listing begun after the entry was bound and did not
-// name them, or their node has left the watcher's view (an edge removed
-// for good). A node that does not answer keeps its entries: its sandboxes
-// may well be running.
+// name them, or their node has not answered for lostAfter. A node that
+// does not answer keeps its entries meanwhile: its sandboxes may well be
+// running. Running sandboxes without an entry are adopted.
 func (s *Server) reconcileQuota(ctx context.Context) {
 	began := time.Now()
 	view := s.watcher.View()
+	counted := map[string]bool{}
+	for _, e := range s.iam.State().Entries() {
+		counted[e.ID] = true
+	}
+	var adopt []fsm.Entry
 	live := map[string]map[string]bool{} // node -> sandbox ids, for nodes that answered
 	for _, n := range view.Healthy() {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -167,6 +178,11 @@ func (s *Server) reconcileQuota(ctx context.Context) {
 		ids := map[string]bool{}
 		for _, sb := range resp.Msg.Sandboxes {
 			ids[sb.Id] = true
+			if !counted[sb.Id] && sb.CreatedAt != nil && sb.CreatedAt.AsTime().Before(began.Add(-adoptAfter)) {
+				r := sb.Spec.GetResources()
+				adopt = append(adopt, fsm.Entry{ID: sb.Id, Project: sb.Project, At: began,
+					Res: fsm.Resources{Sandboxes: 1, CPUCores: r.GetCpuCores(), MemoryMB: r.GetMemoryMb()}})
+			}
 		}
 		live[n.ID] = ids
 	}
@@ -182,6 +198,13 @@ func (s *Server) reconcileQuota(ctx context.Context) {
 		ids, answered := live[string(node)]
 		if (answered && !ids[e.ID]) || s.lost(view, string(node), began) {
 			gone = append(gone, e.ID)
+		}
+	}
+	if len(adopt) > 0 {
+		if err := s.iam.Adopt(ctx, adopt); err != nil {
+			s.log.Warn("quota reconcile: adopt failed", "sandboxes", len(adopt), logging.Error, err)
+		} else {
+			s.log.Info("quota reconcile: counted running sandboxes that had no entry", "sandboxes", len(adopt))
 		}
 	}
 	if len(gone) == 0 {

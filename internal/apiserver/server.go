@@ -57,8 +57,8 @@ type Server struct {
 	log      *slog.Logger
 	inflight *inflight
 
-	// missingSince is when each node the quota ledger names was first
-	// missing from the view; only the reconciler (Run) touches it.
+	// missingSince is when each node of the view was first seen
+	// unreachable; only the reconciler (Run) touches it.
 	missingSince map[string]time.Time
 
 	rngMu sync.Mutex

@@ -37,3 +37,11 @@ func (s *Service) Release(ctx context.Context, ids ...string) error {
 	}
 	return s.apply(ctx, fsm.CmdRelease, fsm.Release{IDs: ids})
 }
+
+// Adopt counts running sandboxes that have no entry (see fsm.Adopt).
+func (s *Service) Adopt(ctx context.Context, entries []fsm.Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	return s.apply(ctx, fsm.CmdAdopt, fsm.Adopt{Entries: entries})
+}

@@ -137,6 +137,8 @@ func Check(data []byte) error {
 		v = &Bind{}
 	case CmdRelease &^ IgnoreUnknown:
 		v = &Release{}
+	case CmdAdopt &^ IgnoreUnknown:
+		v = &Adopt{}
 	default:
 		return errdefs.InvalidArgument("iam: unknown command type %d", t)
 	}
@@ -149,19 +151,19 @@ func Check(data []byte) error {
 // FSM is the state; it implements raft.FSM.
 type FSM struct {
 	mu       sync.RWMutex
-	projects map[string]*Project  // guarded by mu
-	keys     map[string]*Key      // guarded by mu
-	byHash   map[string]string    // guarded by mu: hash -> key id
-	entries  map[string]*Entry    // guarded by mu: the quota ledger by id
-	usage    map[string]Resources // guarded by mu: the ledger's sum per subtree
-	byKey    map[string]string    // guarded by mu: project+idempotency key -> entry id
+	projects map[string]*Project // guarded by mu
+	keys     map[string]*Key     // guarded by mu
+	byHash   map[string]string   // guarded by mu: hash -> key id
+	entries  map[string]*Entry   // guarded by mu: the quota ledger by id
+	usage    map[string]sum      // guarded by mu: the ledger's sum per subtree
+	byKey    map[string]string   // guarded by mu: project+idempotency key -> entry id
 }
 
 var _ raft.FSM = (*FSM)(nil)
 
 // New returns an empty state.
 func New() *FSM {
-	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]Resources{}, byKey: map[string]string{}}
+	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]sum{}, byKey: map[string]string{}}
 }
 
 // Apply applies one committed entry. It returns nil or an error value (the
@@ -182,7 +184,7 @@ func (f *FSM) ApplyCommand(data []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch t &^ IgnoreUnknown {
-	case CmdReserve &^ IgnoreUnknown, CmdBind &^ IgnoreUnknown, CmdRelease &^ IgnoreUnknown:
+	case CmdReserve &^ IgnoreUnknown, CmdBind &^ IgnoreUnknown, CmdRelease &^ IgnoreUnknown, CmdAdopt &^ IgnoreUnknown:
 		return f.applyLedger(t|IgnoreUnknown, body)
 	case CmdCreateProject:
 		var c CreateProject
@@ -332,8 +334,8 @@ func (f *FSM) deleteProject(c DeleteProject) error {
 			return errdefs.FailedPrecondition("project %q has API key %q; revoke it first", c.Path, k.ID)
 		}
 	}
-	if u := f.usage[c.Path]; u.Sandboxes > 0 {
-		return errdefs.FailedPrecondition("project %q still holds %d sandboxes (or creates in progress); stop them first", c.Path, u.Sandboxes)
+	if u := f.usage[c.Path]; u.sandboxes > 0 {
+		return errdefs.FailedPrecondition("project %q still holds %d sandboxes (or creates in progress); stop them first", c.Path, u.sandboxes)
 	}
 	delete(f.projects, c.Path)
 	return nil
@@ -473,7 +475,7 @@ func (f *FSM) Restore(r io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.projects, f.keys, f.byHash = map[string]*Project{}, map[string]*Key{}, map[string]string{}
-	f.entries, f.usage, f.byKey = map[string]*Entry{}, map[string]Resources{}, map[string]string{}
+	f.entries, f.usage, f.byKey = map[string]*Entry{}, map[string]sum{}, map[string]string{}
 	for _, e := range d.Ledger {
 		f.addEntry(*e)
 	}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/json"
+	"math"
 	"sort"
 	"time"
 
@@ -28,8 +29,19 @@ type Resources struct {
 	MemoryMB  int64   `json:"memory_mb"`
 }
 
-func (r Resources) add(o Resources, sign int64) Resources {
-	return Resources{Sandboxes: r.Sandboxes + sign*o.Sandboxes, CPUCores: r.CPUCores + float64(sign)*o.CPUCores, MemoryMB: r.MemoryMB + sign*o.MemoryMB}
+// sum is a subtree's usage in integers (CPU in millicores), so that the
+// order entries come and go in cannot change it in the last bits: every
+// replica must admit or refuse a reservation at the limit alike.
+type sum struct{ sandboxes, milliCPU, memoryMB int64 }
+
+func milli(cores float64) int64 { return int64(math.Round(cores * 1000)) }
+
+func (u sum) add(r Resources, sign int64) sum {
+	return sum{u.sandboxes + sign*r.Sandboxes, u.milliCPU + sign*milli(r.CPUCores), u.memoryMB + sign*r.MemoryMB}
+}
+
+func (u sum) resources() Resources {
+	return Resources{Sandboxes: u.sandboxes, CPUCores: float64(u.milliCPU) / 1000, MemoryMB: u.memoryMB}
 }
 
 // Entry is a ledger entry: a reservation or a sandbox.
@@ -49,7 +61,15 @@ const (
 	CmdReserve = 6 | IgnoreUnknown
 	CmdBind    = 7 | IgnoreUnknown
 	CmdRelease = 8 | IgnoreUnknown
+	CmdAdopt   = 9 | IgnoreUnknown
 )
+
+// Adopt counts sandboxes that run without an entry: made by a create whose
+// apiserver died before binding, or from before the ledger. Entries that
+// exist already are left alone; no quota is checked (they run already).
+type Adopt struct {
+	Entries []Entry `json:"entries"`
+}
 
 // Reserve asks for Entry.Res in Entry.Project; refused with
 // ResourceExhausted naming the project and the limit when it does not fit.
@@ -95,6 +115,18 @@ func (f *FSM) applyLedger(t CommandType, body []byte) error {
 			f.dropEntry(id)
 		}
 		return nil
+	case CmdAdopt:
+		var c Adopt
+		if err := json.Unmarshal(body, &c); err != nil {
+			return err
+		}
+		for _, e := range c.Entries {
+			if _, ok := f.entries[e.ID]; !ok && e.ID != "" && e.Res.Sandboxes >= 0 && e.Res.CPUCores >= 0 && e.Res.MemoryMB >= 0 {
+				e.Expires, e.Key = time.Time{}, ""
+				f.addEntry(e)
+			}
+		}
+		return nil
 	}
 	return errdefs.InvalidArgument("iam: command %d is not a ledger command", t)
 }
@@ -102,6 +134,13 @@ func (f *FSM) applyLedger(t CommandType, body []byte) error {
 func (f *FSM) reserve(e Entry) error {
 	if e.ID == "" || e.Res.Sandboxes < 0 || e.Res.CPUCores < 0 || e.Res.MemoryMB < 0 {
 		return errdefs.InvalidArgument("reservation: want an id and resources that are not negative")
+	}
+	// Reservations whose apiserver never bound them lapse first: a key
+	// they held is free again.
+	for id, old := range f.entries {
+		if !old.Expires.IsZero() && old.Expires.Before(e.At) {
+			f.dropEntry(id)
+		}
 	}
 	if _, ok := f.entries[e.ID]; ok {
 		return errdefs.AlreadyExists("reservation %s: already made", e.ID)
@@ -112,12 +151,6 @@ func (f *FSM) reserve(e Entry) error {
 	if _, ok := f.projects[e.Project]; !ok {
 		return errdefs.NotFound("project %q: no such project", e.Project)
 	}
-	// Reservations whose apiserver never bound them lapse.
-	for id, old := range f.entries {
-		if !old.Expires.IsZero() && old.Expires.Before(e.At) {
-			f.dropEntry(id)
-		}
-	}
 	for _, p := range project.Ancestry(e.Project) {
 		pr, ok := f.projects[p]
 		if !ok {
@@ -125,12 +158,12 @@ func (f *FSM) reserve(e Entry) error {
 		}
 		q, used := pr.Quota, f.usage[p]
 		switch {
-		case q.MaxSandboxes > 0 && used.Sandboxes+e.Res.Sandboxes > q.MaxSandboxes:
-			return errdefs.ResourceExhausted("quota of project %s: %d of %d sandboxes in use, %d asked", p, used.Sandboxes, q.MaxSandboxes, e.Res.Sandboxes)
-		case q.CPUCores > 0 && used.CPUCores+e.Res.CPUCores > q.CPUCores+1e-9:
-			return errdefs.ResourceExhausted("quota of project %s: %g of %g cpu cores in use, %g asked", p, used.CPUCores, q.CPUCores, e.Res.CPUCores)
-		case q.MemoryMB > 0 && used.MemoryMB+e.Res.MemoryMB > q.MemoryMB:
-			return errdefs.ResourceExhausted("quota of project %s: %d of %d MiB in use, %d asked", p, used.MemoryMB, q.MemoryMB, e.Res.MemoryMB)
+		case q.MaxSandboxes > 0 && used.sandboxes+e.Res.Sandboxes > q.MaxSandboxes:
+			return errdefs.ResourceExhausted("quota of project %s: %d of %d sandboxes in use, %d asked", p, used.sandboxes, q.MaxSandboxes, e.Res.Sandboxes)
+		case q.CPUCores > 0 && used.milliCPU+milli(e.Res.CPUCores) > milli(q.CPUCores):
+			return errdefs.ResourceExhausted("quota of project %s: %g of %g cpu cores in use, %g asked", p, used.resources().CPUCores, q.CPUCores, e.Res.CPUCores)
+		case q.MemoryMB > 0 && used.memoryMB+e.Res.MemoryMB > q.MemoryMB:
+			return errdefs.ResourceExhausted("quota of project %s: %d of %d MiB in use, %d asked", p, used.memoryMB, q.MemoryMB, e.Res.MemoryMB)
 		}
 	}
 	f.addEntry(e)
@@ -184,7 +217,7 @@ func (f *FSM) dropEntry(id string) {
 	}
 	for _, p := range project.Ancestry(e.Project) {
 		u := f.usage[p].add(e.Res, -1)
-		if u == (Resources{}) || u.Sandboxes <= 0 && u.MemoryMB <= 0 && u.CPUCores < 1e-9 {
+		if u == (sum{}) {
 			delete(f.usage, p)
 			continue
 		}
@@ -196,16 +229,20 @@ func (f *FSM) dropEntry(id string) {
 func (f *FSM) Usage(path string) Resources {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return f.usage[path]
+	return f.usage[path].resources()
 }
 
 // EntryByKey finds the entry a create with idempotency key made in
-// project: a reservation while the create runs, then its sandbox.
-func (f *FSM) EntryByKey(project, key string) (Entry, bool) {
+// project: a reservation while the create runs, then its sandbox. A
+// reservation past its lapse at now counts as none.
+func (f *FSM) EntryByKey(project, key string, now time.Time) (Entry, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if id, ok := f.byKey[keyOf(project, key)]; ok && key != "" {
-		return *f.entries[id], true
+		e := f.entries[id]
+		if e.Expires.IsZero() || !e.Expires.Before(now) {
+			return *e, true
+		}
 	}
 	return Entry{}, false
 }

@@ -78,3 +78,30 @@ func TestLedgerHoldsTheQuota(t *testing.T) {
 		t.Fatalf("restored ledger: %+v %v, want %+v", u, g.Entries(), f.Usage("root/team"))
 	}
 }
+
+// TestAdoptCountsUncountedSandboxes: a running sandbox with no entry is
+// counted once, and adopting it again, or one that has an entry, changes
+// nothing.
+func TestAdoptCountsUncountedSandboxes(t *testing.T) {
+	f := New()
+	at := time.Unix(1000, 0)
+	if err := apply(t, f, CmdCreateProject, CreateProject{Name: "root", At: at}); err != nil {
+		t.Fatal(err)
+	}
+	one := Resources{Sandboxes: 1, CPUCores: 0.1, MemoryMB: 64}
+	if err := apply(t, f, CmdReserve, Reserve{Entry: Entry{ID: "rsv-1", Project: "root", Res: one, At: at}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(t, f, CmdBind, Bind{ID: "rsv-1", SandboxIDs: []string{"n1-a"}, At: at}); err != nil {
+		t.Fatal(err)
+	}
+	adopt := Adopt{Entries: []Entry{{ID: "n1-a", Project: "root", Res: one}, {ID: "n1-b", Project: "root", Res: one}}}
+	for range 2 {
+		if err := apply(t, f, CmdAdopt, adopt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := f.Usage("root"); u.Sandboxes != 2 || u.CPUCores != 0.2 {
+		t.Fatalf("usage after adopting one uncounted sandbox twice: %+v", u)
+	}
+}
