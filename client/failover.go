@@ -113,11 +113,16 @@ func notSent(err error) bool {
 	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)
 }
 
-// brokenConn reports a connection that broke under a request.
+// brokenConn reports a connection that broke under a request. HTTP/2's
+// transport says so in words: "client conn could not be established" when
+// the server closed before its first SETTINGS (the request may have been
+// written by then), "client connection lost" later.
 func brokenConn(err error) bool {
 	var op *net.OpError
+	msg := err.Error()
 	return errors.As(err, &op) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "connection reset")
+		strings.Contains(msg, "EOF") || strings.Contains(msg, "connection reset") ||
+		strings.Contains(msg, "http2: client conn could not be established") || strings.Contains(msg, "http2: client connection lost")
 }
 
 // safeToRepeat reports a request whose second arrival changes nothing.
