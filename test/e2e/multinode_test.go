@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge"
@@ -109,5 +110,62 @@ func TestPlacementAcrossEdges(t *testing.T) {
 			t.Fatalf("apiserver %d placed %s on the full edge", i+1, sb.ID)
 		}
 		sb.Stop(ctx) //nolint:errcheck // checked above
+	}
+}
+
+// TestGvisorAcrossEdges: gVisor sandboxes on a cluster of 3 edges and 2
+// apiservers spread over the edges, answer through either apiserver, and a
+// fork through the other apiserver makes copies (on the source's edge)
+// that carry the source's running process and in-memory files.
+func TestGvisorAcrossEdges(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc")
+	testutil.RequireBinary(t, "busybox")
+	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.Edges, cfg.APIServers = 3, 2 }, "gvisor", "container")
+	ctx := ctxT(t)
+	apis := apiClients(t, c, c.key)
+	nodes := map[string]int{}
+	var made []*client.Sandbox
+	for i := range 6 {
+		sb, err := apis[i%2].Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.25, MemoryMb: 256}})
+		if err != nil {
+			t.Fatalf("gvisor create %d: %v", i, err)
+		}
+		made = append(made, sb)
+		_, node, _ := sandboxid.Parse(sb.ID)
+		nodes[string(node)]++
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("6 gvisor sandboxes on %d edge(s): %v", len(nodes), nodes)
+	}
+	src := made[0]
+	shell(t, src, "echo kept-in-memory > /tmp/state")
+	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "1000"}, Tag: "held"}})); err != nil {
+		t.Fatal(err)
+	}
+	if r := shell(t, src, "ps -o args | grep -c '^sleep 1000'"); string(r.GetStdout()) != "1\n" {
+		t.Fatalf("the source's process: %q", r.GetStdout())
+	}
+	resp, err := apis[1].Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
+	if err != nil {
+		t.Fatalf("fork through the second apiserver: %v", err)
+	}
+	_, srcNode, _ := sandboxid.Parse(src.ID)
+	for _, res := range resp.Msg.Results {
+		if res.Sandbox == nil {
+			t.Fatalf("fork copy failed: %s %s", res.ErrorCode, res.ErrorMessage)
+		}
+		cp := apis[0].Sandbox(res.Sandbox.Id)
+		if _, node, _ := sandboxid.Parse(cp.ID); node != srcNode {
+			t.Fatalf("copy %s not on the source's edge %s", cp.ID, srcNode)
+		}
+		r, err := cp.Shell(ctx, "cat /tmp/state; ps -o args | grep -c '^sleep 1000'")
+		if err != nil || string(r.GetStdout()) != "kept-in-memory\n1\n" {
+			t.Fatalf("copy %s: %q, %v", cp.ID, r.GetStdout(), err)
+		}
+		cp.Stop(ctx) //nolint:errcheck // checked enough
+	}
+	for _, sb := range made {
+		sb.Stop(ctx) //nolint:errcheck // cleanup
 	}
 }
