@@ -110,9 +110,9 @@ func (h *iamService) DeleteProject(ctx context.Context, req *connect.Request[iam
 	if err := admin(principalFrom(ctx), req.Msg.Path); err != nil {
 		return nil, err
 	}
-	if u := h.s.watcher.View().ProjectUsage(req.Msg.Path); u.Sandboxes > 0 {
-		return nil, errdefs.FailedPrecondition("project %q still has %d sandboxes", req.Msg.Path, u.Sandboxes)
-	}
+	// IAM refuses a project that still holds sandboxes, from the quota
+	// ledger: exact, and released as soon as a sandbox is removed (the
+	// watcher's view lagged a stop by up to a poll).
 	if err := h.s.iam.DeleteProject(ctx, req.Msg.Path); err != nil {
 		return nil, err
 	}
