@@ -61,7 +61,7 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		return err
 	}
 	wait, cancel := context.WithTimeout(ctx, time.Minute)
-	err = rep.CatchUp(wait)
+	err = rep.CatchUp(wait, 0)
 	cancel()
 	if err != nil {
 		return err

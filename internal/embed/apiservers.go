@@ -36,7 +36,11 @@ func (c *Cluster) startAPIServer(ctx, runCtx context.Context, i int, cfg Config,
 	if err := c.IAM.Join(ctx, iam.Member{ID: id, Addr: rep.Addr()}); err != nil {
 		return err
 	}
-	if err := catchUp(ctx, rep, c.IAM); err != nil {
+	// Caught up with what the leader had committed when it joined.
+	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = rep.CatchUp(wait, c.IAM.Status().CommitIndex)
+	cancel()
+	if err != nil {
 		return err
 	}
 	api := apiserver.New(apiserver.Config{}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id)})
@@ -48,20 +52,5 @@ func (c *Cluster) startAPIServer(ctx, runCtx context.Context, i int, cfg Config,
 	srv := &http.Server{Handler: api.Handler(), Protocols: protos, ReadHeaderTimeout: 10 * time.Second}
 	c.serve(srv, func() error { return srv.Serve(ln) })
 	c.APIURLs = append(c.APIURLs, "http://"+ln.Addr().String())
-	return nil
-}
-
-// catchUp waits until rep has applied what leader had committed.
-func catchUp(ctx context.Context, rep, leader *iam.Service) error {
-	want := leader.Status().CommitIndex
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for rep.Status().AppliedIndex < want {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("iam replica did not catch up to index %d: %w", want, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 	return nil
 }

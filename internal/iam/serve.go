@@ -94,16 +94,17 @@ func (s *Service) JoinVia(ctx context.Context, addrs []string, voter bool) error
 }
 
 // CatchUp waits until this replica knows a leader and has applied every
-// entry it knows to be committed.
-func (s *Service) CatchUp(ctx context.Context) error {
+// entry it knows to be committed, and at least index (a commit index the
+// caller learned elsewhere, such as the leader's own; 0 for none).
+func (s *Service) CatchUp(ctx context.Context, index uint64) error {
 	for {
 		st := s.Status()
-		if st.LeaderID != "" && st.CommitIndex > 0 && st.AppliedIndex >= st.CommitIndex {
+		if st.LeaderID != "" && st.CommitIndex > 0 && st.AppliedIndex >= max(st.CommitIndex, index) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "iam: replica did not catch up (status %+v)", st)
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "iam: replica did not catch up to index %d (status %+v)", index, st)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
