@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"strings"
 
@@ -26,29 +25,22 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	iamBind := fs.String("iam-bind", "127.0.0.1:0", "address of its IAM replica's port (the leader dials it; a restart on a new port joins again)")
 	iamAdvertise := fs.String("iam-advertise", "", "the address IAM replicas dial for it (default: --iam-bind's)")
 	images := fs.String("image-store", "", "the shared image store directory (required)")
-	caFile := fs.String("ca", "", "CA bundle")
-	certFile := fs.String("cert", "", "this apiserver's certificate (dsec ca issue --role apiserver)")
-	keyFile := fs.String("key", "", "its key")
-	logFormat := fs.String("log-format", "text", "text or json")
-	var logLevel slog.Level
-	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	tf := addTLSFlags(fs, "this apiserver's certificate (dsec ca issue --role apiserver)")
+	lf := addLogFlags(fs)
 	fs.Parse(args)
 	if *id == "" || *stateDir == "" || *edges == "" || *iamPeers == "" || *images == "" {
 		return fmt.Errorf("apiserver: --id, --state-dir, --edges, --iam and --image-store: required")
 	}
-	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	ident, err := tf.identity(pki.RoleAPIServer)
 	if err != nil {
 		return fmt.Errorf("apiserver: %w", err)
-	}
-	if role := ident.Role(); role != pki.RoleAPIServer {
-		return fmt.Errorf("apiserver: --cert has role %q; an apiserver needs one issued with --role apiserver", role)
 	}
 	cfg := apiserver.ServeConfig{
 		Listen: *listen, Edges: splitList(*edges), EdgeTLS: ident.ClientConfig(), IAMPeers: splitList(*iamPeers), ImageStore: *images,
 		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind, Advertise: *iamAdvertise,
 			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
 	}
-	return apiserver.Serve(ctx, cfg, logging.New(*logFormat, logLevel).With(logging.Component, "apiserver"))
+	return apiserver.Serve(ctx, cfg, lf.logger().With(logging.Component, "apiserver"))
 }
 
 // splitList splits a comma-separated flag, dropping empty items.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"strings"
 
@@ -31,28 +30,21 @@ func cmdEdge(ctx context.Context, args []string) error {
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
 	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: chosen by the node id)")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers the sandboxes' DNS proxy asks")
-	caFile := fs.String("ca", "", "CA bundle")
-	certFile := fs.String("cert", "", "this edge's certificate (dsec ca issue --role edge)")
-	keyFile := fs.String("key", "", "its key")
-	logFormat := fs.String("log-format", "text", "text or json")
-	var logLevel slog.Level
-	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	tf := addTLSFlags(fs, "this edge's certificate (dsec ca issue --role edge)")
+	lf := addLogFlags(fs)
 	fs.Parse(args)
 	if *stateDir == "" || *images == "" {
 		return fmt.Errorf("edge: --state-dir and --image-store: required")
 	}
-	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	ident, err := tf.identity(pki.RoleEdge)
 	if err != nil {
 		return fmt.Errorf("edge: %w", err)
-	}
-	if role := ident.Role(); role != pki.RoleEdge {
-		return fmt.Errorf("edge: --cert has role %q; an edge needs one issued with --role edge", role)
 	}
 	agentPath, err := findAgent(*agent)
 	if err != nil {
 		return err
 	}
-	log := logging.New(*logFormat, logLevel)
+	log := lf.logger()
 	store, err := image.OpenStore(*images)
 	if err != nil {
 		return err

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
-	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // cmdGateway runs the E2B-compatible gateway alone, in front of any
@@ -28,9 +26,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	ciImage := fs.String("code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
-	logFormat := fs.String("log-format", "text", "text or json")
-	var logLevel slog.Level
-	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	lf := addLogFlags(fs)
 	fs.Parse(args)
 	if *apiURL == "" || *keyFile == "" || *secretFile == "" {
 		return errors.New("gateway: --api-url (or DSEC_API_URL), --service-key-file and --token-secret-file are required")
@@ -43,7 +39,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("gateway: token secret: %w", err)
 	}
-	log := logging.New(*logFormat, logLevel)
+	log := lf.logger()
 	gw, err := e2b.New(e2b.Config{
 		APIURL: *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
 		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,

@@ -5,14 +5,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/iam"
-	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/pki"
 )
 
@@ -32,12 +30,10 @@ func cmdIAM(ctx context.Context, args []string) error {
 	}
 	fs := flag.NewFlagSet("iam "+verb, flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(os.Stderr, iamUsage); fs.PrintDefaults() }
-	caFile := fs.String("ca", "", "CA bundle the replicas trust")
-	certFile := fs.String("cert", "", "this replica's (or the asker's) certificate")
-	keyFile := fs.String("key", "", "its key")
+	tf := addTLSFlags(fs, "this replica's (or the asker's) certificate")
 	switch verb {
 	case "":
-		return serveIAM(ctx, fs, args, caFile, certFile, keyFile)
+		return serveIAM(ctx, fs, args, tf)
 	case "status", "join", "remove":
 	default:
 		return fmt.Errorf("iam: unknown verb %q\n%s", verb, iamUsage)
@@ -51,7 +47,7 @@ func cmdIAM(ctx context.Context, args []string) error {
 	if *peer == "" {
 		return fmt.Errorf("iam %s: --peer: required (a replica's host:port)", verb)
 	}
-	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	ident, err := tf.identity("")
 	if err != nil {
 		return fmt.Errorf("iam %s: %w", verb, err)
 	}
@@ -87,7 +83,7 @@ func cmdIAM(ctx context.Context, args []string) error {
 	return tw.Flush()
 }
 
-func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, caFile, certFile, keyFile *string) error {
+func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, tf *tlsFlags) error {
 	id := fs.String("id", "", "this replica's id, unique in the cluster")
 	dir := fs.String("dir", "", "state directory (Raft log, snapshots)")
 	bind := fs.String("bind", "127.0.0.1:7400", "address to listen on for Raft and replica requests")
@@ -95,32 +91,19 @@ func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, caFile, cert
 	bootstrap := fs.Bool("bootstrap", false, "start a new cluster with this replica (first start only)")
 	join := fs.String("join", "", "comma-separated addresses of replicas of an existing cluster to join")
 	adminKey := fs.String("admin-key-file", "", "with --bootstrap: where to write the root project's first admin key")
-	logFormat := fs.String("log-format", "text", "text or json")
-	var logLevel slog.Level
-	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	lf := addLogFlags(fs)
 	fs.Parse(args)
 	if *id == "" || *dir == "" {
 		return fmt.Errorf("iam: --id and --dir: required\n%s", iamUsage)
 	}
-	ident, err := loadIdentity(*caFile, *certFile, *keyFile)
+	ident, err := tf.identity(pki.RoleIAM)
 	if err != nil {
 		return fmt.Errorf("iam: %w", err)
-	}
-	if role := ident.Role(); role != pki.RoleIAM {
-		return fmt.Errorf("iam: --cert has role %q; a replica needs one issued with --role iam", role)
 	}
 	cfg := iam.ServeConfig{Config: iam.Config{
 		Dir: *dir, NodeID: *id, Bind: *bind, Advertise: *advertise, Bootstrap: *bootstrap,
 		// Apiservers hold non-voting replicas: they join, and send writes.
 		ServerTLS: ident.ServerConfig(pki.RoleIAM, pki.RoleAPIServer), ClientTLS: ident.ClientConfig(),
 	}, Join: splitList(*join), AdminKeyFile: *adminKey}
-	return iam.Serve(ctx, cfg, logging.New(*logFormat, logLevel))
-}
-
-// loadIdentity reads the TLS flags every daemon takes.
-func loadIdentity(caFile, certFile, keyFile string) (*pki.Identity, error) {
-	if caFile == "" || certFile == "" || keyFile == "" {
-		return nil, fmt.Errorf("--ca, --cert and --key: required (make them with dsec ca init and dsec ca issue)")
-	}
-	return pki.LoadIdentity(caFile, certFile, keyFile)
+	return iam.Serve(ctx, cfg, lf.logger())
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
-	"github.com/opendsec/opendsec/internal/logging"
 )
 
 func cmdUp(ctx context.Context, args []string) error {
@@ -29,9 +27,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
-	logFormat := fs.String("log-format", "text", "text or json")
-	var logLevel slog.Level
-	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	lf := addLogFlags(fs)
 	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
 	e2bCIImage := fs.String("e2b-code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
@@ -64,7 +60,7 @@ func cmdUp(ctx context.Context, args []string) error {
 			cfg.Backends[b] = map[string]string{"runtime": *runtime, "platform": *platform, "runsc-network": findRunscNet(*runscNet)}
 		}
 	}
-	log := logging.New(*logFormat, logLevel)
+	log := lf.logger()
 	c, err := embed.Start(ctx, cfg, registry(), log)
 	if err != nil {
 		return err
