@@ -196,7 +196,7 @@ func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error 
 		return err
 	}
 	idx := binary.BigEndian.Uint64(out)
-	for s.raft.AppliedIndex() < idx {
+	for !s.holds(idx) {
 		select {
 		case <-ctx.Done():
 			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "iam: the change was made, but this replica has not caught up with it yet")
@@ -204,6 +204,33 @@ func (s *Service) apply(ctx context.Context, t fsm.CommandType, body any) error 
 		}
 	}
 	return nil
+}
+
+// holds reports whether this replica's state includes log index idx.
+// Raft's AppliedIndex moves when entries are handed to the FSM, before
+// they are applied; the FSM records the last command it applied. Entries
+// after that one that are not commands (configuration changes, a new
+// leader's no-op) change no state, and a snapshot restored past it
+// (raft restores before it moves AppliedIndex) holds everything up to its
+// index.
+func (s *Service) holds(idx uint64) bool {
+	from := s.fsm.Applied()
+	if from >= idx {
+		return true
+	}
+	if s.raft.AppliedIndex() < idx {
+		return false
+	}
+	if snap := s.Status().LastSnapshotIndex; snap > from {
+		from = snap
+	}
+	for i := from + 1; i <= idx; i++ {
+		var l raft.Log
+		if err := s.store.GetLog(i, &l); err != nil || l.Type == raft.LogCommand {
+			return false
+		}
+	}
+	return true
 }
 
 // applyHere replicates an encoded command from the leader and returns its

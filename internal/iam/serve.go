@@ -99,7 +99,7 @@ func (s *Service) JoinVia(ctx context.Context, addrs []string, voter bool) error
 func (s *Service) CatchUp(ctx context.Context, index uint64) error {
 	for {
 		st := s.Status()
-		if st.LeaderID != "" && st.CommitIndex > 0 && st.AppliedIndex >= max(st.CommitIndex, index) {
+		if st.LeaderID != "" && st.CommitIndex > 0 && s.holds(max(st.CommitIndex, index)) {
 			return nil
 		}
 		select {

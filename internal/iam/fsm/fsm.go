@@ -12,6 +12,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -150,6 +151,11 @@ func Check(data []byte) error {
 
 // FSM is the state; it implements raft.FSM.
 type FSM struct {
+	// applied is the index of the last log entry applied here. Raft's own
+	// AppliedIndex moves when entries are handed to the FSM, before they
+	// are applied, so a read at that index can miss them.
+	applied atomic.Uint64
+
 	mu       sync.RWMutex
 	projects map[string]*Project // guarded by mu
 	keys     map[string]*Key     // guarded by mu
@@ -169,11 +175,16 @@ func New() *FSM {
 // Apply applies one committed entry. It returns nil or an error value (the
 // caller reads it from the future's Response).
 func (f *FSM) Apply(l *raft.Log) any {
+	defer f.applied.Store(l.Index)
 	if l.Type != raft.LogCommand {
 		return nil
 	}
 	return f.ApplyCommand(l.Data)
 }
+
+// Applied is the index of the last log entry applied (not counting a
+// snapshot restored since).
+func (f *FSM) Applied() uint64 { return f.applied.Load() }
 
 // ApplyCommand applies an encoded command (also used by tests directly).
 func (f *FSM) ApplyCommand(data []byte) error {
