@@ -97,6 +97,9 @@ up() {
 	wait_for "IAM" test -s "$dir/admin.key"
 
 	# Edges, each in its namespace.
+	# Edges pull snapshots from each other (cross-node fork and restore):
+	# their namespaces reach one another through this host.
+	sysctl -qw net.ipv4.ip_forward=1
 	edge_list=""
 	for i in $edges; do
 		n=$(ns "$i")

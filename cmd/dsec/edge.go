@@ -60,8 +60,9 @@ func cmdEdge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := edge.ServeConfig{
-		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver},
-		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher),
+		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, PeerTLS: ident.ClientConfig()},
+		// Other edges pull exported snapshots (cross-node fork and restore).
+		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher, pki.RoleEdge),
 	}
 	if *sandboxNet {
 		if cfg.Network, err = networkConfig(*subnet, *dnsUpstream); err != nil {

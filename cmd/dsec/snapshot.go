@@ -19,15 +19,20 @@ func cmdFork(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("fork", flag.ExitOnError)
 	n := fs.Int("n", 1, "number of copies (1 to 100)")
 	timeout := fs.Int64("timeout", 0, "time to live of the copies in seconds (0: the source's)")
+	spread := fs.Bool("spread", false, "place each copy on the less loaded of sampled nodes (default: the source's node while it has room)")
 	fs.Parse(args)
 	if fs.NArg() != 1 {
-		return fmt.Errorf("fork: usage: dsec fork [-n N] SANDBOX_ID")
+		return fmt.Errorf("fork: usage: dsec fork [-n N] [--spread] SANDBOX_ID")
+	}
+	placement := sandboxv1.ForkPlacement_FORK_PLACEMENT_UNSPECIFIED
+	if *spread {
+		placement = sandboxv1.ForkPlacement_FORK_PLACEMENT_SPREAD
 	}
 	c, err := client.FromEnv()
 	if err != nil {
 		return err
 	}
-	resp, err := c.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: fs.Arg(0), Count: int32(*n), TimeoutSeconds: *timeout}))
+	resp, err := c.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: fs.Arg(0), Count: int32(*n), TimeoutSeconds: *timeout, Placement: placement}))
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,12 @@ package edge
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -65,6 +67,10 @@ type Config struct {
 	// Network turns on sandbox networking (network.go); nil: sandboxes
 	// have loopback only and a create that asks for a network fails.
 	Network *NetworkConfig
+	// PeerTLS is the client side of mutual TLS to other edges (this edge's
+	// certificate), for pulling their snapshots (export.go); nil: copies of
+	// other nodes' snapshots cannot start here.
+	PeerTLS *tls.Config
 }
 
 // Deps are the edge's collaborators.
@@ -99,6 +105,10 @@ type Edge struct {
 	mu        sync.Mutex
 	boxes     map[sandboxid.ID]*sandbox          // guarded by mu
 	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
+	exports   map[string]*export                 // guarded by mu; by token
+	pulled    map[sandboxid.SnapshotID]*pulled   // guarded by mu
+	pulls     map[sandboxid.SnapshotID]*pull     // guarded by mu
+	peers     *http.Client                       // pulls from other edges; nil without PeerTLS
 	allocated usage                              // guarded by mu
 	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
 	// usageSeq counts changes of what Status counts (admissions and
@@ -137,7 +147,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if cfg.RunBase == "" {
 		cfg.RunBase = "/run/opendsec"
 	}
-	for _, d := range []string{"sandboxes", "snapshots", "cache"} {
+	for _, d := range []string{"sandboxes", "snapshots", "pulled", "cache"} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, err
 		}
@@ -158,7 +168,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		store: deps.Store, cache: cache,
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
-		stop: make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
+		exports: map[string]*export{}, pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{},
+		peers: peerClient(cfg.PeerTLS),
+		stop:  make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
 	}
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
@@ -196,7 +208,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.loadSnapshots()
-	e.wg.Add(3)
+	e.wg.Add(4)
+	go e.transferLoop()
 	go e.expireLoop()
 	go e.healthLoop()
 	go e.metricsLoop()

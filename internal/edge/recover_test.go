@@ -211,7 +211,7 @@ func TestTimeToLiveAcrossRestartPauseAndFork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := f.edge.Fork(ctx, src.Id, "root", 1, 2, nil)
+	out, err := f.edge.Fork(ctx, src.Id, "root", ForkRequest{Count: 1, Timeout: 2})
 	if err != nil || out.Results[0].Err != nil {
 		t.Fatalf("fork: %v %+v", err, out)
 	}
@@ -257,11 +257,11 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	notFound("resume", err)
 	_, err = f.edge.Snapshot(ctx, sb.Id, other, "")
 	notFound("snapshot", err)
-	_, err = f.edge.Fork(ctx, sb.Id, other, 1, 0, nil)
+	_, err = f.edge.Fork(ctx, sb.Id, other, ForkRequest{Count: 1, Timeout: 0})
 	notFound("fork", err)
 	_, err = f.edge.SetTimeout(sb.Id, other, 60)
 	notFound("set timeout", err)
-	_, err = f.edge.Restore(ctx, snap.Id, other, "", 0, nil)
+	_, err = f.edge.Restore(ctx, snap.Id, other, "", 0, nil, nil)
 	notFound("restore", err)
 	notFound("delete snapshot", f.edge.DeleteSnapshot(snap.Id, other))
 	_, err = f.edge.Destroy(ctx, sb.Id, other)
@@ -276,7 +276,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 		t.Errorf("root/b lists %d snapshots", len(l))
 	}
 	// A parent's scope reaches it; a restore cannot move it out of scope.
-	_, err = f.edge.Restore(ctx, snap.Id, "root/a", "root/b", 0, nil)
+	_, err = f.edge.Restore(ctx, snap.Id, "root/a", "root/b", 0, nil, nil)
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("restore of root/a's snapshot into root/b: %v, want permission denied", err)
 	}

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -12,16 +13,27 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/rpcopts"
+	"github.com/opendsec/opendsec/internal/snapxfer"
 )
 
-// Handler serves EdgeService and the agent proxy. It must be served over
-// mutual TLS that admits only the apiserver and the watcher.
+// Handler serves EdgeService, the agent proxy and exported snapshots. It
+// must be served over mutual TLS that admits the apiserver, the watcher and
+// other edges; an edge's certificate reaches only exported snapshots.
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
-	proxy, ports := e.AgentProxy(), e.PortProxy()
+	proxy, ports, snaps := e.AgentProxy(), e.PortProxy(), e.SnapshotHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, snapxfer.Prefix) {
+			snaps.ServeHTTP(w, r)
+			return
+		}
+		if r.TLS != nil && !pki.PeerHasRole(r.TLS, pki.RoleAPIServer, pki.RoleWatcher) {
+			errdefs.WriteHTTP(w, errdefs.PermissionDenied("path %q: this certificate's role may only pull exported snapshots (%s)", clipName(r.URL.Path), snapxfer.Prefix))
+			return
+		}
 		if r.Header.Get(headers.SandboxPort) != "" {
 			ports.ServeHTTP(w, r)
 			return
@@ -118,7 +130,7 @@ func (s *server) SnapshotSandbox(ctx context.Context, req *connect.Request[edgev
 
 func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev1.RestoreSnapshotRequest]) (*connect.Response[edgev1.RestoreSnapshotResponse], error) {
 	m := req.Msg
-	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, m.TimeoutSeconds, m.Metadata)
+	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, m.TimeoutSeconds, m.Metadata, m.Source)
 	if err != nil {
 		return nil, err
 	}
@@ -127,11 +139,14 @@ func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev
 
 func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.ForkSandboxRequest]) (*connect.Response[edgev1.ForkSandboxResponse], error) {
 	m := req.Msg
-	fo, err := s.e.Fork(ctx, m.SandboxId, m.Scope, int(m.Count), m.TimeoutSeconds, m.Metadata)
+	fo, err := s.e.Fork(ctx, m.SandboxId, m.Scope, ForkRequest{Count: int(m.Count), Timeout: m.TimeoutSeconds, Metadata: m.Metadata, Export: m.Export})
 	if err != nil {
 		return nil, err
 	}
-	out := &edgev1.ForkSandboxResponse{SourcePauseUs: fo.SourcePaused.Microseconds()}
+	out := &edgev1.ForkSandboxResponse{SourcePauseUs: fo.SourcePaused.Microseconds(), Export: fo.Export}
+	if fo.ExportErr != nil {
+		out.ExportError = fo.ExportErr.Error()
+	}
 	if fo.SourceErr != nil {
 		out.SourceError = fo.SourceErr.Error()
 	}
@@ -160,6 +175,21 @@ func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[edgev1
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.DeleteSnapshotResponse{}), nil
+}
+
+func (s *server) ExportSnapshot(ctx context.Context, req *connect.Request[edgev1.ExportSnapshotRequest]) (*connect.Response[edgev1.ExportSnapshotResponse], error) {
+	x, err := s.e.Export(req.Msg.SnapshotId, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ExportSnapshotResponse{Export: x}), nil
+}
+
+func (s *server) ReleaseExport(ctx context.Context, req *connect.Request[edgev1.ReleaseExportRequest]) (*connect.Response[edgev1.ReleaseExportResponse], error) {
+	if err := s.e.ReleaseExport(req.Msg.SnapshotId, req.Msg.Token); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ReleaseExportResponse{}), nil
 }
 
 func (s *server) GetNodeStatus(ctx context.Context, req *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {

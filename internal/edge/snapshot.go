@@ -23,6 +23,7 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -78,6 +79,12 @@ func (s *snapshot) save() error {
 	return os.Rename(tmp, filepath.Join(s.dir, snapshotFile))
 }
 
+// parseSpec reads the spec the snapshot's JSON carries.
+func (s *snapshot) parseSpec() error {
+	s.spec = &sandboxv1.SandboxSpec{}
+	return protojson.Unmarshal(s.Spec, s.spec)
+}
+
 // loadSnapshots finds the snapshots a previous run left; the ephemeral
 // ones of an interrupted fork, and half-written ones, are deleted.
 func (e *Edge) loadSnapshots() {
@@ -91,8 +98,7 @@ func (e *Edge) loadSnapshots() {
 			err = json.Unmarshal(data, &s)
 		}
 		if err == nil {
-			s.spec = &sandboxv1.SandboxSpec{}
-			err = protojson.Unmarshal(s.Spec, s.spec)
+			err = s.parseSpec()
 		}
 		if err != nil || s.Ephemeral {
 			e.log.Info("removing leftover snapshot directory", "dir", dir)
@@ -430,10 +436,28 @@ func (e *Edge) freshIdentity(ctx context.Context, sb *sandbox) error {
 	return nil
 }
 
-// Restore starts a new sandbox from a snapshot.
-func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, timeout int64, metadata map[string]string) (*sandboxv1.Sandbox, error) {
-	snap, err := e.lookupSnapshot(snapID, scope)
+// Restore starts a new sandbox from a snapshot: one of this node's, or,
+// with src, one another node exported, pulled from there first.
+func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, timeout int64, metadata map[string]string, src *edgev1.SnapshotSource) (*sandboxv1.Sandbox, error) {
+	var snap *snapshot
+	sid, node, err := sandboxid.ParseSnapshot(snapID)
 	if err != nil {
+		return nil, err
+	}
+	if node != e.node && src != nil {
+		if src.Addr == "" || src.Token == "" {
+			return nil, errdefs.InvalidArgument("source: the holder's addr and the export's token are both required")
+		}
+		s, release, err := e.pulledSnapshot(ctx, sid, src)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		if !inScope(s.Project, scope) {
+			return nil, errdefs.NotFound("snapshot %s: no such snapshot", snapID)
+		}
+		snap = s
+	} else if snap, err = e.lookupSnapshot(snapID, scope); err != nil {
 		return nil, err
 	}
 	if project == "" {
@@ -466,13 +490,28 @@ type ForkOutcome struct {
 	SourcePaused time.Duration
 	// SourceErr is set when the source could not be brought back.
 	SourceErr error
+	// Export lets other edges pull the fork's snapshot (ForkRequest.Export);
+	// ExportErr says why there is none (the copies here stand).
+	Export    *edgev1.SnapshotExport
+	ExportErr error
+}
+
+// ForkRequest is what a fork makes.
+type ForkRequest struct {
+	Count    int
+	Timeout  int64             // copies' time to live; 0: the source's
+	Metadata map[string]string // copies' metadata; empty: the source's
+	// Export keeps the snapshot for other edges to pull (their copies), until
+	// ReleaseExport or the lease ends; Count may then be 0.
+	Export bool
 }
 
 // Fork captures a running sandbox, brings it back, and starts count copies
 // of it. Each copy's outcome is reported; a failed copy leaves nothing.
-func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout int64, metadata map[string]string) (*ForkOutcome, error) {
-	if count < 1 || count > MaxForkCount {
-		return nil, errdefs.InvalidArgument("count %d: want 1 to %d", count, MaxForkCount)
+func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*ForkOutcome, error) {
+	count, timeout, metadata := req.Count, req.Timeout, req.Metadata
+	if count < 0 || count > MaxForkCount || count == 0 && !req.Export {
+		return nil, errdefs.InvalidArgument("count %d: want 1 to %d (0 only with export)", count, MaxForkCount)
 	}
 	if len(metadata) > 0 {
 		if err := sandboxspec.CheckMetadata(metadata); err != nil {
@@ -498,7 +537,23 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout in
 		sb.mu.Unlock()
 		return nil, err
 	}
+	var export *edgev1.SnapshotExport
+	var exportErr error
+	exported := make(chan struct{})
+	if req.Export {
+		// Hashed for the manifest while the copies here start.
+		go func() {
+			defer close(exported)
+			export, exportErr = e.openExport(snap)
+		}()
+	} else {
+		close(exported)
+	}
 	defer func() {
+		<-exported
+		if export != nil {
+			return // deleted when the export is released or lapses
+		}
 		if err := e.dropSnapshot(snap); err != nil {
 			e.log.Error("drop fork snapshot", logging.Error, err)
 		}
@@ -525,6 +580,10 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout in
 	}
 	wg.Wait()
 	<-srcDone
+	<-exported
+	if exportErr != nil {
+		e.log.Error("export fork snapshot", logging.SandboxID, sb.id, logging.Error, exportErr)
+	}
 	ok := 0
 	for _, r := range results {
 		if r.Err == nil {
@@ -532,5 +591,5 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, count int, timeout in
 		}
 	}
 	e.log.Info("fork done", logging.SandboxID, sb.id, "copies", ok, "failed", count-ok, "source_paused", paused.Round(time.Millisecond))
-	return &ForkOutcome{Results: results, SourcePaused: paused, SourceErr: srcErr}, nil
+	return &ForkOutcome{Results: results, SourcePaused: paused, SourceErr: srcErr, Export: export, ExportErr: exportErr}, nil
 }

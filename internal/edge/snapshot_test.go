@@ -38,7 +38,7 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if got := f.edge.ListSnapshots("root/b", ""); len(got) != 0 {
 		t.Fatalf("another project sees the snapshot: %v", got)
 	}
-	restored, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, map[string]string{"k": "v"})
+	restored, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, map[string]string{"k": "v"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("snapshot storage not freed: %v", err)
 	}
-	if _, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, nil); !errdefs.IsNotFound(err) {
+	if _, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, nil, nil); !errdefs.IsNotFound(err) {
 		t.Fatalf("restore of a deleted snapshot: %v", err)
 	}
 }
@@ -67,7 +67,7 @@ func TestForkReportsEachCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fo, err := f.edge.Fork(ctx, src.Id, "root", 4, 0, nil)
+	fo, err := f.edge.Fork(ctx, src.Id, "root", ForkRequest{Count: 4, Timeout: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +99,10 @@ func TestForkReportsEachCopy(t *testing.T) {
 	if _, err := echo(t, agentClient(t, f.edge, src.Id, "root")); err != nil {
 		t.Fatalf("source after fork: %v", err)
 	}
-	if _, err := f.edge.Fork(ctx, src.Id, "root", 0, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := f.edge.Fork(ctx, src.Id, "root", ForkRequest{Count: 0, Timeout: 0}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("count 0: %v", err)
 	}
-	if _, err := f.edge.Fork(ctx, src.Id, "root", 101, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := f.edge.Fork(ctx, src.Id, "root", ForkRequest{Count: 101, Timeout: 0}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("count 101: %v", err)
 	}
 }
@@ -115,7 +115,7 @@ func TestForkFailureOfOneCopyLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.fake.Knobs.FailRestoreAfter = 2
-	fo, err := f.edge.Fork(ctx, src.Id, "root", 3, 0, nil)
+	fo, err := f.edge.Fork(ctx, src.Id, "root", ForkRequest{Count: 3, Timeout: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,14 +39,15 @@ func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend
 		n.Subnet = netip.Prefix{}
 		network = &n
 	}
-	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, CPUOvercommit: cfg.CPUOvercommit, MemoryOvercommit: cfg.MemoryOvercommit, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: network},
-		edge.Deps{Store: store, Backends: backends, Log: c.log.With(logging.Component, "edge")})
+	// The certificate serves the edge's port and pulls other edges'
+	// snapshots.
+	cert, err := ca.Issue(fmt.Sprintf("edge-%d", i), pki.RoleEdge, []string{"127.0.0.1", "localhost"})
 	if err != nil {
 		return nil, "", err
 	}
-	cert, err := ca.Issue("edge-"+string(e.Node()), pki.RoleEdge, []string{"127.0.0.1", "localhost"})
+	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, CPUOvercommit: cfg.CPUOvercommit, MemoryOvercommit: cfg.MemoryOvercommit, RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Network: network, PeerTLS: ca.ClientConfig(cert)},
+		edge.Deps{Store: store, Backends: backends, Log: c.log.With(logging.Component, "edge")})
 	if err != nil {
-		e.Close()
 		return nil, "", err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -54,7 +55,7 @@ func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend
 		e.Close()
 		return nil, "", err
 	}
-	srv := &http.Server{Handler: e.Handler(), TLSConfig: ca.ServerConfig(cert, pki.RoleAPIServer, pki.RoleWatcher), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: e.Handler(), TLSConfig: ca.ServerConfig(cert, pki.RoleAPIServer, pki.RoleWatcher, pki.RoleEdge), ReadHeaderTimeout: 10 * time.Second}
 	c.serve(srv, func() error { return srv.ServeTLS(ln, "", "") })
 	return e, ln.Addr().String(), nil
 }

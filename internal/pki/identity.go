@@ -161,6 +161,17 @@ func (id *Identity) ClientConfig() *tls.Config {
 	}
 }
 
+// PeerHasRole reports whether the verified client certificate of a
+// connection has one of roles.
+func PeerHasRole(cs *tls.ConnectionState, roles ...string) bool {
+	for _, chain := range cs.VerifiedChains {
+		if len(chain) > 0 && slices.ContainsFunc(chain[0].Subject.OrganizationalUnit, func(ou string) bool { return slices.Contains(roles, ou) }) {
+			return true
+		}
+	}
+	return false
+}
+
 func requireRole(roles []string) func([][]byte, [][]*x509.Certificate) error {
 	return func(_ [][]byte, chains [][]*x509.Certificate) error {
 		for _, chain := range chains {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"crypto/tls"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,8 +208,27 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	}
 	for _, port := range []string{e1, e2} {
 		refused(port, "an IAM certificate at an edge", mustIdentity(t, pkiDir, "iam-1").ClientConfig())
-		refused(port, "an edge certificate at an edge", mustIdentity(t, pkiDir, "edge-2").ClientConfig())
 		refused(port, "an apiserver certificate of another CA at an edge", foreignTLS)
+		// Another edge's certificate connects (edges pull exported
+		// snapshots from each other) and reaches nothing else: not the
+		// edge's API, not a snapshot without its export's token.
+		peer := &http.Client{Transport: &http.Transport{TLSClientConfig: mustIdentity(t, pkiDir, "edge-2").ClientConfig(), ForceAttemptHTTP2: true}}
+		for _, path := range []string{"/opendsec.edge.v1.EdgeService/ListSandboxes", "/opendsec.agent.v1.ProcessService/Start", "/dsec-snapshots/snap-x/manifest"} {
+			method := http.MethodPost
+			if strings.HasPrefix(path, "/dsec-snapshots/") {
+				method = http.MethodGet
+			}
+			req, _ := http.NewRequest(method, "https://"+port+path, strings.NewReader("{}"))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := peer.Do(req)
+			if err != nil {
+				t.Fatalf("an edge certificate at an edge, %s: %v", path, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden {
+				t.Errorf("an edge certificate at an edge, %s %s: HTTP %d, want 403", method, path, resp.StatusCode)
+			}
+		}
 	}
 	refused(iamAddrs["iam-2"], "an edge certificate at an IAM replica", mustIdentity(t, pkiDir, "edge-1").ClientConfig())
 	refused(iamAddrs["iam-2"], "another CA's certificate at an IAM replica", foreignTLS)

@@ -445,26 +445,35 @@ class Sandbox:
         r = await self._sandbox("SnapshotSandbox", {"sandboxId": self.id})
         return SnapshotInfo.from_json(r["snapshot"])
 
-    async def fork(self, count: int = 1, *, timeout_seconds: int = 0, metadata: Optional[Dict[str, str]] = None) -> List["Sandbox"]:
+    async def fork(self, count: int = 1, *, timeout_seconds: int = 0, metadata: Optional[Dict[str, str]] = None, spread: bool = False) -> List["Sandbox"]:
         """Makes ``count`` copies that carry this sandbox's memory,
         processes and open ports, each with its own files, network, id and
-        identity. Raises if any copy failed; the copies that did start are
-        stopped first. Use :meth:`fork_results` for per-copy outcomes."""
-        results = await self.fork_results(count, timeout_seconds=timeout_seconds, metadata=metadata)
+        identity. Copies run on this sandbox's node while it has room, the
+        rest on other nodes (which pull the snapshot from this one);
+        ``spread=True`` places every copy on the less loaded of sampled
+        nodes instead. Raises if any copy failed; the copies that did start
+        are stopped first. Use :meth:`fork_results` for per-copy outcomes."""
+        results = await self.fork_results(count, timeout_seconds=timeout_seconds, metadata=metadata, spread=spread)
         failed = [r for r in results if isinstance(r, DSecError)]
         if failed:
             await asyncio.gather(*(r.stop() for r in results if isinstance(r, Sandbox)), return_exceptions=True)
             raise failed[0]
         return [r for r in results if isinstance(r, Sandbox)]
 
-    async def fork_results(self, count: int = 1, *, timeout_seconds: int = 0, metadata: Optional[Dict[str, str]] = None) -> List[Union["Sandbox", DSecError]]:
+    async def fork_results(self, count: int = 1, *, timeout_seconds: int = 0, metadata: Optional[Dict[str, str]] = None, spread: bool = False) -> List[Union["Sandbox", DSecError]]:
         """Like :meth:`fork`, but returns one entry per copy: a Sandbox, or
         the error that copy met."""
         from .errors import error_from_code
 
         r = await self._sandbox(
             "ForkSandbox",
-            {"sandboxId": self.id, "count": count, "timeoutSeconds": str(timeout_seconds), "metadata": metadata or {}},
+            {
+                "sandboxId": self.id,
+                "count": count,
+                "timeoutSeconds": str(timeout_seconds),
+                "metadata": metadata or {},
+                "placement": "FORK_PLACEMENT_SPREAD" if spread else "FORK_PLACEMENT_UNSPECIFIED",
+            },
             timeout=300,
         )
         if r.get("sourceError"):

@@ -990,8 +990,11 @@ type RestoreSnapshotRequest struct {
 	Project        string            `protobuf:"bytes,3,opt,name=project,proto3" json:"project,omitempty"`
 	TimeoutSeconds int64             `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	Metadata       map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set when another node holds the snapshot: this edge pulls it from there
+	// first (once for concurrent restores of the same snapshot).
+	Source        *SnapshotSource `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreSnapshotRequest) Reset() {
@@ -1059,6 +1062,321 @@ func (x *RestoreSnapshotRequest) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *RestoreSnapshotRequest) GetSource() *SnapshotSource {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+// SnapshotSource is where an exported snapshot can be pulled from.
+type SnapshotSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The holder edge's address (host:port), as the apiserver reaches it.
+	Addr string `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	// The export's token.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSource) Reset() {
+	*x = SnapshotSource{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSource) ProtoMessage() {}
+
+func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
+func (*SnapshotSource) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SnapshotSource) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+// SnapshotExport lets other edges pull a snapshot from its holder.
+type SnapshotExport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Token         string                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotExport) Reset() {
+	*x = SnapshotExport{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotExport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotExport) ProtoMessage() {}
+
+func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotExport.ProtoReflect.Descriptor instead.
+func (*SnapshotExport) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SnapshotExport) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotExport) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *SnapshotExport) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *SnapshotExport) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+type ExportSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Scope         string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSnapshotRequest) Reset() {
+	*x = ExportSnapshotRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSnapshotRequest) ProtoMessage() {}
+
+func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ExportSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *ExportSnapshotRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+type ExportSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Export        *SnapshotExport        `protobuf:"bytes,1,opt,name=export,proto3" json:"export,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSnapshotResponse) Reset() {
+	*x = ExportSnapshotResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSnapshotResponse) ProtoMessage() {}
+
+func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ExportSnapshotResponse) GetExport() *SnapshotExport {
+	if x != nil {
+		return x.Export
+	}
+	return nil
+}
+
+type ReleaseExportRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Token         string                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseExportRequest) Reset() {
+	*x = ReleaseExportRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseExportRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseExportRequest) ProtoMessage() {}
+
+func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseExportRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseExportRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReleaseExportRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *ReleaseExportRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type ReleaseExportResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseExportResponse) Reset() {
+	*x = ReleaseExportResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseExportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseExportResponse) ProtoMessage() {}
+
+func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseExportResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseExportResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+}
+
 type RestoreSnapshotResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *v1.Sandbox            `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -1069,7 +1387,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1399,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1412,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *v1.Sandbox {
@@ -1118,13 +1436,16 @@ type ForkSandboxRequest struct {
 	Count          int32                  `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
 	TimeoutSeconds int64                  `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	Metadata       map[string]string      `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Keep the fork's snapshot for other edges to pull (copies placed on
+	// other nodes); count may then be 0.
+	Export        bool `protobuf:"varint,6,opt,name=export,proto3" json:"export,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1457,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1470,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1187,20 +1508,31 @@ func (x *ForkSandboxRequest) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *ForkSandboxRequest) GetExport() bool {
+	if x != nil {
+		return x.Export
+	}
+	return false
+}
+
 type ForkSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*v1.ForkResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	SourcePauseUs int64                  `protobuf:"varint,2,opt,name=source_pause_us,json=sourcePauseUs,proto3" json:"source_pause_us,omitempty"`
 	SourceError   string                 `protobuf:"bytes,3,opt,name=source_error,json=sourceError,proto3" json:"source_error,omitempty"`
 	// The last change that counted a copy.
-	Usage         *UsageStamp `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	Usage *UsageStamp `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	// Set when export was asked and the snapshot was taken.
+	Export *SnapshotExport `protobuf:"bytes,5,opt,name=export,proto3" json:"export,omitempty"`
+	// Why export was asked and there is none.
+	ExportError   string `protobuf:"bytes,6,opt,name=export_error,json=exportError,proto3" json:"export_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1544,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1557,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*v1.ForkResult {
@@ -1256,6 +1588,20 @@ func (x *ForkSandboxResponse) GetUsage() *UsageStamp {
 	return nil
 }
 
+func (x *ForkSandboxResponse) GetExport() *SnapshotExport {
+	if x != nil {
+		return x.Export
+	}
+	return nil
+}
+
+func (x *ForkSandboxResponse) GetExportError() string {
+	if x != nil {
+		return x.ExportError
+	}
+	return ""
+}
+
 type ListSnapshotsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
@@ -1266,7 +1612,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1624,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1637,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListSnapshotsRequest) GetScope() string {
@@ -1317,7 +1663,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1675,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1688,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*v1.Snapshot {
@@ -1362,7 +1708,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1720,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1733,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1412,7 +1758,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1770,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1783,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
 }
 
 type GetNodeStatusRequest struct {
@@ -1448,7 +1794,7 @@ type GetNodeStatusRequest struct {
 
 func (x *GetNodeStatusRequest) Reset() {
 	*x = GetNodeStatusRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1806,7 @@ func (x *GetNodeStatusRequest) String() string {
 func (*GetNodeStatusRequest) ProtoMessage() {}
 
 func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1819,7 @@ func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
 }
 
 type BackendStatus struct {
@@ -1490,7 +1836,7 @@ type BackendStatus struct {
 
 func (x *BackendStatus) Reset() {
 	*x = BackendStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1848,7 @@ func (x *BackendStatus) String() string {
 func (*BackendStatus) ProtoMessage() {}
 
 func (x *BackendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1861,7 @@ func (x *BackendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStatus.ProtoReflect.Descriptor instead.
 func (*BackendStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BackendStatus) GetName() string {
@@ -1565,7 +1911,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1923,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1936,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Usage) GetSandboxes() int64 {
@@ -1626,7 +1972,7 @@ type GroupUsage struct {
 
 func (x *GroupUsage) Reset() {
 	*x = GroupUsage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1984,7 @@ func (x *GroupUsage) String() string {
 func (*GroupUsage) ProtoMessage() {}
 
 func (x *GroupUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1997,7 @@ func (x *GroupUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsage.ProtoReflect.Descriptor instead.
 func (*GroupUsage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GroupUsage) GetProject() string {
@@ -1702,7 +2048,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1714,7 +2060,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1727,7 +2073,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -1795,7 +2141,7 @@ type GetNodeStatusResponse struct {
 
 func (x *GetNodeStatusResponse) Reset() {
 	*x = GetNodeStatusResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +2153,7 @@ func (x *GetNodeStatusResponse) String() string {
 func (*GetNodeStatusResponse) ProtoMessage() {}
 
 func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +2166,7 @@ func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetNodeStatusResponse) GetStatus() *NodeStatus {
@@ -1840,7 +2186,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +2198,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2211,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UpdateNetworkRequest) GetScope() string {
@@ -1891,7 +2237,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2249,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2262,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *v1.Sandbox {
@@ -1990,35 +2336,61 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"T\n" +
 	"\x17SnapshotSandboxResponse\x129\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xa3\x02\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xdd\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x18\n" +
 	"\aproject\x18\x03 \x01(\tR\aproject\x12'\n" +
 	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x12R\n" +
-	"\bmetadata\x18\x05 \x03(\v26.opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x05 \x03(\v26.opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntryR\bmetadata\x128\n" +
+	"\x06source\x18\x06 \x01(\v2 .opendsec.edge.v1.SnapshotSourceR\x06source\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\x0eSnapshotSource\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"\xa1\x01\n" +
+	"\x0eSnapshotExport\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"N\n" +
+	"\x15ExportSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x14\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\"R\n" +
+	"\x16ExportSnapshotResponse\x128\n" +
+	"\x06export\x18\x01 \x01(\v2 .opendsec.edge.v1.SnapshotExportR\x06export\"M\n" +
+	"\x14ReleaseExportRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"\x17\n" +
+	"\x15ReleaseExportResponse\"\x85\x01\n" +
 	"\x17RestoreSnapshotResponse\x126\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\x122\n" +
-	"\x05usage\x18\x02 \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\"\x95\x02\n" +
+	"\x05usage\x18\x02 \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\"\xad\x02\n" +
 	"\x12ForkSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\x05R\x05count\x12'\n" +
 	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x12N\n" +
-	"\bmetadata\x18\x05 \x03(\v22.opendsec.edge.v1.ForkSandboxRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x05 \x03(\v22.opendsec.edge.v1.ForkSandboxRequest.MetadataEntryR\bmetadata\x12\x16\n" +
+	"\x06export\x18\x06 \x01(\bR\x06export\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x02\n" +
 	"\x13ForkSandboxResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.opendsec.sandbox.v1.ForkResultR\aresults\x12&\n" +
 	"\x0fsource_pause_us\x18\x02 \x01(\x03R\rsourcePauseUs\x12!\n" +
 	"\fsource_error\x18\x03 \x01(\tR\vsourceError\x122\n" +
-	"\x05usage\x18\x04 \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\"K\n" +
+	"\x05usage\x18\x04 \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\x128\n" +
+	"\x06export\x18\x05 \x01(\v2 .opendsec.edge.v1.SnapshotExportR\x06export\x12!\n" +
+	"\fexport_error\x18\x06 \x01(\tR\vexportError\"K\n" +
 	"\x14ListSnapshotsRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x1d\n" +
 	"\n" +
@@ -2063,7 +2435,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2).opendsec.sandbox.v1.UpdateNetworkRequestR\x06update\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xe3\v\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xaa\r\n" +
 	"\vEdgeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.edge.v1.CreateSandboxRequest\x1a'.opendsec.edge.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -2079,7 +2451,9 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x0fRestoreSnapshot\x12(.opendsec.edge.v1.RestoreSnapshotRequest\x1a).opendsec.edge.v1.RestoreSnapshotResponse\x12Z\n" +
 	"\vForkSandbox\x12$.opendsec.edge.v1.ForkSandboxRequest\x1a%.opendsec.edge.v1.ForkSandboxResponse\x12`\n" +
 	"\rListSnapshots\x12&.opendsec.edge.v1.ListSnapshotsRequest\x1a'.opendsec.edge.v1.ListSnapshotsResponse\x12c\n" +
-	"\x0eDeleteSnapshot\x12'.opendsec.edge.v1.DeleteSnapshotRequest\x1a(.opendsec.edge.v1.DeleteSnapshotResponse\x12`\n" +
+	"\x0eDeleteSnapshot\x12'.opendsec.edge.v1.DeleteSnapshotRequest\x1a(.opendsec.edge.v1.DeleteSnapshotResponse\x12c\n" +
+	"\x0eExportSnapshot\x12'.opendsec.edge.v1.ExportSnapshotRequest\x1a(.opendsec.edge.v1.ExportSnapshotResponse\x12`\n" +
+	"\rReleaseExport\x12&.opendsec.edge.v1.ReleaseExportRequest\x1a'.opendsec.edge.v1.ReleaseExportResponse\x12`\n" +
 	"\rGetNodeStatus\x12&.opendsec.edge.v1.GetNodeStatusRequest\x1a'.opendsec.edge.v1.GetNodeStatusResponseB>Z<github.com/opendsec/opendsec/api/gen/opendsec/edge/v1;edgev1b\x06proto3"
 
 var (
@@ -2094,7 +2468,7 @@ func file_opendsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_opendsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),      // 0: opendsec.edge.v1.CreateSandboxRequest
 	(*CreateSandboxResponse)(nil),     // 1: opendsec.edge.v1.CreateSandboxResponse
@@ -2116,97 +2490,111 @@ var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*SnapshotSandboxRequest)(nil),    // 17: opendsec.edge.v1.SnapshotSandboxRequest
 	(*SnapshotSandboxResponse)(nil),   // 18: opendsec.edge.v1.SnapshotSandboxResponse
 	(*RestoreSnapshotRequest)(nil),    // 19: opendsec.edge.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 20: opendsec.edge.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 21: opendsec.edge.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 22: opendsec.edge.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 23: opendsec.edge.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 24: opendsec.edge.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 25: opendsec.edge.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 26: opendsec.edge.v1.DeleteSnapshotResponse
-	(*GetNodeStatusRequest)(nil),      // 27: opendsec.edge.v1.GetNodeStatusRequest
-	(*BackendStatus)(nil),             // 28: opendsec.edge.v1.BackendStatus
-	(*Usage)(nil),                     // 29: opendsec.edge.v1.Usage
-	(*GroupUsage)(nil),                // 30: opendsec.edge.v1.GroupUsage
-	(*NodeStatus)(nil),                // 31: opendsec.edge.v1.NodeStatus
-	(*GetNodeStatusResponse)(nil),     // 32: opendsec.edge.v1.GetNodeStatusResponse
-	(*UpdateNetworkRequest)(nil),      // 33: opendsec.edge.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 34: opendsec.edge.v1.UpdateNetworkResponse
-	nil,                               // 35: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 36: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	(*v1.SandboxSpec)(nil),            // 37: opendsec.sandbox.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                // 38: opendsec.sandbox.v1.Sandbox
-	(*timestamppb.Timestamp)(nil),     // 39: google.protobuf.Timestamp
-	(*v1.MetricsSample)(nil),          // 40: opendsec.sandbox.v1.MetricsSample
-	(*v1.Snapshot)(nil),               // 41: opendsec.sandbox.v1.Snapshot
-	(*v1.ForkResult)(nil),             // 42: opendsec.sandbox.v1.ForkResult
-	(*v1.UpdateNetworkRequest)(nil),   // 43: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*SnapshotSource)(nil),            // 20: opendsec.edge.v1.SnapshotSource
+	(*SnapshotExport)(nil),            // 21: opendsec.edge.v1.SnapshotExport
+	(*ExportSnapshotRequest)(nil),     // 22: opendsec.edge.v1.ExportSnapshotRequest
+	(*ExportSnapshotResponse)(nil),    // 23: opendsec.edge.v1.ExportSnapshotResponse
+	(*ReleaseExportRequest)(nil),      // 24: opendsec.edge.v1.ReleaseExportRequest
+	(*ReleaseExportResponse)(nil),     // 25: opendsec.edge.v1.ReleaseExportResponse
+	(*RestoreSnapshotResponse)(nil),   // 26: opendsec.edge.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 27: opendsec.edge.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 28: opendsec.edge.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 29: opendsec.edge.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 30: opendsec.edge.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 31: opendsec.edge.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 32: opendsec.edge.v1.DeleteSnapshotResponse
+	(*GetNodeStatusRequest)(nil),      // 33: opendsec.edge.v1.GetNodeStatusRequest
+	(*BackendStatus)(nil),             // 34: opendsec.edge.v1.BackendStatus
+	(*Usage)(nil),                     // 35: opendsec.edge.v1.Usage
+	(*GroupUsage)(nil),                // 36: opendsec.edge.v1.GroupUsage
+	(*NodeStatus)(nil),                // 37: opendsec.edge.v1.NodeStatus
+	(*GetNodeStatusResponse)(nil),     // 38: opendsec.edge.v1.GetNodeStatusResponse
+	(*UpdateNetworkRequest)(nil),      // 39: opendsec.edge.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 40: opendsec.edge.v1.UpdateNetworkResponse
+	nil,                               // 41: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 42: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	(*v1.SandboxSpec)(nil),            // 43: opendsec.sandbox.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                // 44: opendsec.sandbox.v1.Sandbox
+	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
+	(*v1.MetricsSample)(nil),          // 46: opendsec.sandbox.v1.MetricsSample
+	(*v1.Snapshot)(nil),               // 47: opendsec.sandbox.v1.Snapshot
+	(*v1.ForkResult)(nil),             // 48: opendsec.sandbox.v1.ForkResult
+	(*v1.UpdateNetworkRequest)(nil),   // 49: opendsec.sandbox.v1.UpdateNetworkRequest
 }
 var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
-	37, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	38, // 1: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	43, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	44, // 1: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	2,  // 2: opendsec.edge.v1.CreateSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	38, // 3: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	38, // 4: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	38, // 5: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	39, // 6: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	39, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	40, // 8: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	38, // 9: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	38, // 10: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	38, // 11: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	41, // 12: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	35, // 13: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	38, // 14: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	2,  // 15: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	36, // 16: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	42, // 17: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	2,  // 18: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	41, // 19: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	29, // 20: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
-	29, // 21: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
-	29, // 22: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
-	28, // 23: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
-	30, // 24: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	29, // 25: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
-	2,  // 26: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
-	31, // 27: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	43, // 28: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
-	38, // 29: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	0,  // 30: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
-	3,  // 31: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
-	5,  // 32: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
-	7,  // 33: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
-	11, // 34: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	33, // 35: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
-	9,  // 36: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
-	13, // 37: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
-	15, // 38: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
-	17, // 39: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	19, // 40: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	21, // 41: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	23, // 42: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	25, // 43: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	27, // 44: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	1,  // 45: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	4,  // 46: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	6,  // 47: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	8,  // 48: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	12, // 49: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	34, // 50: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
-	10, // 51: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
-	14, // 52: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	16, // 53: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	18, // 54: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	20, // 55: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	22, // 56: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	24, // 57: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	26, // 58: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	32, // 59: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	45, // [45:60] is the sub-list for method output_type
-	30, // [30:45] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	44, // 3: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 4: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 5: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	45, // 6: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	45, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	46, // 8: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	44, // 9: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 10: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 11: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	47, // 12: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	41, // 13: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	20, // 14: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
+	45, // 15: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 16: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	44, // 17: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	2,  // 18: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	42, // 19: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	48, // 20: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	2,  // 21: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	21, // 22: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	47, // 23: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	35, // 24: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
+	35, // 25: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
+	35, // 26: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
+	34, // 27: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
+	36, // 28: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
+	35, // 29: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	2,  // 30: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
+	37, // 31: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	49, // 32: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
+	44, // 33: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	0,  // 34: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
+	3,  // 35: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
+	5,  // 36: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
+	7,  // 37: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
+	11, // 38: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
+	39, // 39: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
+	9,  // 40: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
+	13, // 41: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
+	15, // 42: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
+	17, // 43: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	19, // 44: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	27, // 45: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	29, // 46: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	31, // 47: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	22, // 48: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
+	24, // 49: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
+	33, // 50: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	1,  // 51: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	4,  // 52: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	6,  // 53: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	8,  // 54: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	12, // 55: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	40, // 56: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
+	10, // 57: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
+	14, // 58: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	16, // 59: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	18, // 60: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	26, // 61: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	28, // 62: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	30, // 63: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	32, // 64: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	23, // 65: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
+	25, // 66: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
+	38, // 67: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	51, // [51:68] is the sub-list for method output_type
+	34, // [34:51] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_edge_v1_edge_proto_init() }
@@ -2220,7 +2608,7 @@ func file_opendsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_edge_v1_edge_proto_rawDesc), len(file_opendsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -88,6 +88,57 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
+// ForkPlacement chooses the nodes of a fork's copies.
+type ForkPlacement int32
+
+const (
+	// The source's node while it has room (copies there share its snapshot),
+	// the rest on other nodes, which pull the snapshot from the source's.
+	ForkPlacement_FORK_PLACEMENT_UNSPECIFIED ForkPlacement = 0
+	// Each copy on the less loaded of k sampled nodes, the source's included:
+	// spreads the copies' CPU over the cluster, at the cost of pulls.
+	ForkPlacement_FORK_PLACEMENT_SPREAD ForkPlacement = 1
+)
+
+// Enum value maps for ForkPlacement.
+var (
+	ForkPlacement_name = map[int32]string{
+		0: "FORK_PLACEMENT_UNSPECIFIED",
+		1: "FORK_PLACEMENT_SPREAD",
+	}
+	ForkPlacement_value = map[string]int32{
+		"FORK_PLACEMENT_UNSPECIFIED": 0,
+		"FORK_PLACEMENT_SPREAD":      1,
+	}
+)
+
+func (x ForkPlacement) Enum() *ForkPlacement {
+	p := new(ForkPlacement)
+	*p = x
+	return p
+}
+
+func (x ForkPlacement) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ForkPlacement) Descriptor() protoreflect.EnumDescriptor {
+	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (ForkPlacement) Type() protoreflect.EnumType {
+	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x ForkPlacement) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ForkPlacement.Descriptor instead.
+func (ForkPlacement) EnumDescriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2009,7 +2060,9 @@ type ForkSandboxRequest struct {
 	// Time to live of the copies; 0 = the source's.
 	TimeoutSeconds int64 `protobuf:"varint,3,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	// Metadata of the copies; empty = the source's.
-	Metadata      map[string]string `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Which nodes run the copies.
+	Placement     ForkPlacement `protobuf:"varint,5,opt,name=placement,proto3,enum=opendsec.sandbox.v1.ForkPlacement" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2070,6 +2123,13 @@ func (x *ForkSandboxRequest) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *ForkSandboxRequest) GetPlacement() ForkPlacement {
+	if x != nil {
+		return x.Placement
+	}
+	return ForkPlacement_FORK_PLACEMENT_UNSPECIFIED
 }
 
 // ForkResult is the outcome for one copy: a sandbox or an error, never both.
@@ -2659,13 +2719,14 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
 	"\x17RestoreSnapshotResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\x82\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\xc4\x02\n" +
 	"\x12ForkSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12'\n" +
 	"\x0ftimeout_seconds\x18\x03 \x01(\x03R\x0etimeoutSeconds\x12Q\n" +
-	"\bmetadata\x18\x04 \x03(\v25.opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x04 \x03(\v25.opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntryR\bmetadata\x12@\n" +
+	"\tplacement\x18\x05 \x01(\x0e2\".opendsec.sandbox.v1.ForkPlacementR\tplacement\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
@@ -2706,7 +2767,10 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x05\x12\x18\n" +
-	"\x14SANDBOX_STATE_FAILED\x10\x062\xab\f\n" +
+	"\x14SANDBOX_STATE_FAILED\x10\x06*J\n" +
+	"\rForkPlacement\x12\x1e\n" +
+	"\x1aFORK_PLACEMENT_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15FORK_PLACEMENT_SPREAD\x10\x012\xab\f\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).opendsec.sandbox.v1.CreateSandboxRequest\x1a*.opendsec.sandbox.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -2737,134 +2801,136 @@ func file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_opendsec_sandbox_v1_sandbox_proto_rawDescData
 }
 
-var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: opendsec.sandbox.v1.SandboxState
-	(*ListNodesRequest)(nil),          // 1: opendsec.sandbox.v1.ListNodesRequest
-	(*NodeAmount)(nil),                // 2: opendsec.sandbox.v1.NodeAmount
-	(*Node)(nil),                      // 3: opendsec.sandbox.v1.Node
-	(*ListNodesResponse)(nil),         // 4: opendsec.sandbox.v1.ListNodesResponse
-	(*Resources)(nil),                 // 5: opendsec.sandbox.v1.Resources
-	(*SandboxSpec)(nil),               // 6: opendsec.sandbox.v1.SandboxSpec
-	(*NetworkPolicy)(nil),             // 7: opendsec.sandbox.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 8: opendsec.sandbox.v1.NetworkRule
-	(*Sandbox)(nil),                   // 9: opendsec.sandbox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),      // 10: opendsec.sandbox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 11: opendsec.sandbox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 12: opendsec.sandbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 13: opendsec.sandbox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 14: opendsec.sandbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 15: opendsec.sandbox.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),        // 16: opendsec.sandbox.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),       // 17: opendsec.sandbox.v1.StopSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 18: opendsec.sandbox.v1.GetSandboxMetricsRequest
-	(*MetricsSample)(nil),             // 19: opendsec.sandbox.v1.MetricsSample
-	(*GetSandboxMetricsResponse)(nil), // 20: opendsec.sandbox.v1.GetSandboxMetricsResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 21: opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 22: opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 23: opendsec.sandbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 24: opendsec.sandbox.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 25: opendsec.sandbox.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 26: opendsec.sandbox.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),                  // 27: opendsec.sandbox.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),    // 28: opendsec.sandbox.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 29: opendsec.sandbox.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 30: opendsec.sandbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 31: opendsec.sandbox.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 32: opendsec.sandbox.v1.ForkSandboxRequest
-	(*ForkResult)(nil),                // 33: opendsec.sandbox.v1.ForkResult
-	(*ForkSandboxResponse)(nil),       // 34: opendsec.sandbox.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 35: opendsec.sandbox.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 36: opendsec.sandbox.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 37: opendsec.sandbox.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 38: opendsec.sandbox.v1.DeleteSnapshotResponse
-	(*UpdateNetworkRequest)(nil),      // 39: opendsec.sandbox.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 40: opendsec.sandbox.v1.UpdateNetworkResponse
-	nil,                               // 41: opendsec.sandbox.v1.Node.BackendsEntry
-	nil,                               // 42: opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	nil,                               // 43: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	nil,                               // 44: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	nil,                               // 45: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 46: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 47: google.protobuf.Timestamp
+	(ForkPlacement)(0),                // 1: opendsec.sandbox.v1.ForkPlacement
+	(*ListNodesRequest)(nil),          // 2: opendsec.sandbox.v1.ListNodesRequest
+	(*NodeAmount)(nil),                // 3: opendsec.sandbox.v1.NodeAmount
+	(*Node)(nil),                      // 4: opendsec.sandbox.v1.Node
+	(*ListNodesResponse)(nil),         // 5: opendsec.sandbox.v1.ListNodesResponse
+	(*Resources)(nil),                 // 6: opendsec.sandbox.v1.Resources
+	(*SandboxSpec)(nil),               // 7: opendsec.sandbox.v1.SandboxSpec
+	(*NetworkPolicy)(nil),             // 8: opendsec.sandbox.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 9: opendsec.sandbox.v1.NetworkRule
+	(*Sandbox)(nil),                   // 10: opendsec.sandbox.v1.Sandbox
+	(*CreateSandboxRequest)(nil),      // 11: opendsec.sandbox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 12: opendsec.sandbox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 13: opendsec.sandbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 14: opendsec.sandbox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 15: opendsec.sandbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 16: opendsec.sandbox.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),        // 17: opendsec.sandbox.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),       // 18: opendsec.sandbox.v1.StopSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 19: opendsec.sandbox.v1.GetSandboxMetricsRequest
+	(*MetricsSample)(nil),             // 20: opendsec.sandbox.v1.MetricsSample
+	(*GetSandboxMetricsResponse)(nil), // 21: opendsec.sandbox.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 22: opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 23: opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 24: opendsec.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 25: opendsec.sandbox.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 26: opendsec.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 27: opendsec.sandbox.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),                  // 28: opendsec.sandbox.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),    // 29: opendsec.sandbox.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 30: opendsec.sandbox.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 31: opendsec.sandbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 32: opendsec.sandbox.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 33: opendsec.sandbox.v1.ForkSandboxRequest
+	(*ForkResult)(nil),                // 34: opendsec.sandbox.v1.ForkResult
+	(*ForkSandboxResponse)(nil),       // 35: opendsec.sandbox.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 36: opendsec.sandbox.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 37: opendsec.sandbox.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 38: opendsec.sandbox.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 39: opendsec.sandbox.v1.DeleteSnapshotResponse
+	(*UpdateNetworkRequest)(nil),      // 40: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 41: opendsec.sandbox.v1.UpdateNetworkResponse
+	nil,                               // 42: opendsec.sandbox.v1.Node.BackendsEntry
+	nil,                               // 43: opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	nil,                               // 44: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	nil,                               // 45: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	nil,                               // 46: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 47: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 48: google.protobuf.Timestamp
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	2,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
-	2,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
-	41, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
-	47, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
-	3,  // 4: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
-	5,  // 5: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
-	42, // 6: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	43, // 7: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	7,  // 8: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
-	8,  // 9: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	6,  // 10: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	3,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
+	3,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
+	42, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
+	48, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
+	4,  // 4: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
+	6,  // 5: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
+	43, // 6: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	44, // 7: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	8,  // 8: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
+	9,  // 9: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	7,  // 10: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	0,  // 11: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	47, // 12: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	47, // 13: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 14: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	9,  // 15: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	9,  // 16: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 17: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	48, // 12: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	48, // 13: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	7,  // 14: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	10, // 15: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	10, // 16: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	45, // 17: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
 	0,  // 18: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
-	9,  // 19: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	47, // 20: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	47, // 21: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	47, // 22: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
-	19, // 23: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	9,  // 24: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	9,  // 25: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	9,  // 26: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	6,  // 27: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	47, // 28: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	27, // 29: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	45, // 30: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	9,  // 31: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	46, // 32: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	9,  // 33: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	33, // 34: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	27, // 35: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	8,  // 36: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	8,  // 37: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	8,  // 38: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	9,  // 39: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	10, // 40: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	12, // 41: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	14, // 42: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	16, // 43: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	21, // 44: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	23, // 45: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	25, // 46: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	28, // 47: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	30, // 48: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	32, // 49: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	35, // 50: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	37, // 51: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	39, // 52: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	18, // 53: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	1,  // 54: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
-	11, // 55: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	13, // 56: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	15, // 57: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	17, // 58: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	22, // 59: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	24, // 60: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	26, // 61: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	29, // 62: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	31, // 63: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	34, // 64: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	36, // 65: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	38, // 66: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	40, // 67: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	20, // 68: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	4,  // 69: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
-	55, // [55:70] is the sub-list for method output_type
-	40, // [40:55] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	10, // 19: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	48, // 20: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	48, // 21: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	48, // 22: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	20, // 23: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	10, // 24: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	10, // 25: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	10, // 26: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	7,  // 27: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	48, // 28: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	28, // 29: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	46, // 30: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	10, // 31: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	47, // 32: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	1,  // 33: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
+	10, // 34: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	34, // 35: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	28, // 36: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	9,  // 37: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	9,  // 38: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	9,  // 39: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	10, // 40: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	11, // 41: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	13, // 42: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	15, // 43: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	17, // 44: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	22, // 45: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	24, // 46: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	26, // 47: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	29, // 48: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	31, // 49: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	33, // 50: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	36, // 51: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	38, // 52: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	40, // 53: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	19, // 54: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	2,  // 55: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	12, // 56: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	14, // 57: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	16, // 58: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	18, // 59: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	23, // 60: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	25, // 61: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	27, // 62: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	30, // 63: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	32, // 64: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	35, // 65: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	37, // 66: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	39, // 67: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	41, // 68: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	21, // 69: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	5,  // 70: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	56, // [56:71] is the sub-list for method output_type
+	41, // [41:56] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
@@ -2878,7 +2944,7 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_sandbox_v1_sandbox_proto_rawDesc), len(file_opendsec_sandbox_v1_sandbox_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -76,6 +76,12 @@ const (
 	// EdgeServiceDeleteSnapshotProcedure is the fully-qualified name of the EdgeService's
 	// DeleteSnapshot RPC.
 	EdgeServiceDeleteSnapshotProcedure = "/opendsec.edge.v1.EdgeService/DeleteSnapshot"
+	// EdgeServiceExportSnapshotProcedure is the fully-qualified name of the EdgeService's
+	// ExportSnapshot RPC.
+	EdgeServiceExportSnapshotProcedure = "/opendsec.edge.v1.EdgeService/ExportSnapshot"
+	// EdgeServiceReleaseExportProcedure is the fully-qualified name of the EdgeService's ReleaseExport
+	// RPC.
+	EdgeServiceReleaseExportProcedure = "/opendsec.edge.v1.EdgeService/ReleaseExport"
 	// EdgeServiceGetNodeStatusProcedure is the fully-qualified name of the EdgeService's GetNodeStatus
 	// RPC.
 	EdgeServiceGetNodeStatusProcedure = "/opendsec.edge.v1.EdgeService/GetNodeStatus"
@@ -101,6 +107,11 @@ type EdgeServiceClient interface {
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
+	// ExportSnapshot lets other edges pull a snapshot of this node (for a
+	// restore there) until the export is released or its lease ends.
+	ExportSnapshot(context.Context, *connect.Request[v1.ExportSnapshotRequest]) (*connect.Response[v1.ExportSnapshotResponse], error)
+	// ReleaseExport ends an export; a fork's snapshot is deleted with it.
+	ReleaseExport(context.Context, *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error)
 	// GetNodeStatus reports health, capacity and what runs here, for the watcher.
 	GetNodeStatus(context.Context, *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error)
 }
@@ -200,6 +211,18 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("DeleteSnapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		exportSnapshot: connect.NewClient[v1.ExportSnapshotRequest, v1.ExportSnapshotResponse](
+			httpClient,
+			baseURL+EdgeServiceExportSnapshotProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ExportSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		releaseExport: connect.NewClient[v1.ReleaseExportRequest, v1.ReleaseExportResponse](
+			httpClient,
+			baseURL+EdgeServiceReleaseExportProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ReleaseExport")),
+			connect.WithClientOptions(opts...),
+		),
 		getNodeStatus: connect.NewClient[v1.GetNodeStatusRequest, v1.GetNodeStatusResponse](
 			httpClient,
 			baseURL+EdgeServiceGetNodeStatusProcedure,
@@ -225,6 +248,8 @@ type edgeServiceClient struct {
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
 	deleteSnapshot    *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
+	exportSnapshot    *connect.Client[v1.ExportSnapshotRequest, v1.ExportSnapshotResponse]
+	releaseExport     *connect.Client[v1.ReleaseExportRequest, v1.ReleaseExportResponse]
 	getNodeStatus     *connect.Client[v1.GetNodeStatusRequest, v1.GetNodeStatusResponse]
 }
 
@@ -298,6 +323,16 @@ func (c *edgeServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Req
 	return c.deleteSnapshot.CallUnary(ctx, req)
 }
 
+// ExportSnapshot calls opendsec.edge.v1.EdgeService.ExportSnapshot.
+func (c *edgeServiceClient) ExportSnapshot(ctx context.Context, req *connect.Request[v1.ExportSnapshotRequest]) (*connect.Response[v1.ExportSnapshotResponse], error) {
+	return c.exportSnapshot.CallUnary(ctx, req)
+}
+
+// ReleaseExport calls opendsec.edge.v1.EdgeService.ReleaseExport.
+func (c *edgeServiceClient) ReleaseExport(ctx context.Context, req *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error) {
+	return c.releaseExport.CallUnary(ctx, req)
+}
+
 // GetNodeStatus calls opendsec.edge.v1.EdgeService.GetNodeStatus.
 func (c *edgeServiceClient) GetNodeStatus(ctx context.Context, req *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error) {
 	return c.getNodeStatus.CallUnary(ctx, req)
@@ -323,6 +358,11 @@ type EdgeServiceHandler interface {
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
+	// ExportSnapshot lets other edges pull a snapshot of this node (for a
+	// restore there) until the export is released or its lease ends.
+	ExportSnapshot(context.Context, *connect.Request[v1.ExportSnapshotRequest]) (*connect.Response[v1.ExportSnapshotResponse], error)
+	// ReleaseExport ends an export; a fork's snapshot is deleted with it.
+	ReleaseExport(context.Context, *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error)
 	// GetNodeStatus reports health, capacity and what runs here, for the watcher.
 	GetNodeStatus(context.Context, *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error)
 }
@@ -418,6 +458,18 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("DeleteSnapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceExportSnapshotHandler := connect.NewUnaryHandler(
+		EdgeServiceExportSnapshotProcedure,
+		svc.ExportSnapshot,
+		connect.WithSchema(edgeServiceMethods.ByName("ExportSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceReleaseExportHandler := connect.NewUnaryHandler(
+		EdgeServiceReleaseExportProcedure,
+		svc.ReleaseExport,
+		connect.WithSchema(edgeServiceMethods.ByName("ReleaseExport")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceGetNodeStatusHandler := connect.NewUnaryHandler(
 		EdgeServiceGetNodeStatusProcedure,
 		svc.GetNodeStatus,
@@ -454,6 +506,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceListSnapshotsHandler.ServeHTTP(w, r)
 		case EdgeServiceDeleteSnapshotProcedure:
 			edgeServiceDeleteSnapshotHandler.ServeHTTP(w, r)
+		case EdgeServiceExportSnapshotProcedure:
+			edgeServiceExportSnapshotHandler.ServeHTTP(w, r)
+		case EdgeServiceReleaseExportProcedure:
+			edgeServiceReleaseExportHandler.ServeHTTP(w, r)
 		case EdgeServiceGetNodeStatusProcedure:
 			edgeServiceGetNodeStatusHandler.ServeHTTP(w, r)
 		default:
@@ -519,6 +575,14 @@ func (UnimplementedEdgeServiceHandler) ListSnapshots(context.Context, *connect.R
 
 func (UnimplementedEdgeServiceHandler) DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.DeleteSnapshot is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ExportSnapshot(context.Context, *connect.Request[v1.ExportSnapshotRequest]) (*connect.Response[v1.ExportSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.ExportSnapshot is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ReleaseExport(context.Context, *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.ReleaseExport is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) GetNodeStatus(context.Context, *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error) {

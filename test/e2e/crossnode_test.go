@@ -1,0 +1,148 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// TestForkAcrossEdges: on 3 gVisor edges, the source's edge has room for
+// the source alone, so a fork of 8 places every copy on the other two
+// edges, which pull the snapshot from the source's edge; every copy
+// carries the source's process memory (a Python server's random value,
+// pid, request count and imported module, a shell's variable), its files,
+// and an identity of its own. A named snapshot restores on another edge
+// the same way.
+func TestForkAcrossEdges(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc")
+	c := startClusterWith(t, pyStore(t), func(cfg *embed.Config) {
+		cfg.Edges, cfg.APIServers = 3, 2
+		cfg.EdgeCapacity = func(i int) edge.Capacity {
+			capacity := cfg.Capacity
+			if i == 1 {
+				capacity.MaxSandboxes = 1
+			}
+			return capacity
+		}
+	}, "gvisor", "container")
+	ctx := ctxT(t)
+	apis := apiClients(t, c, c.key)
+	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 256}}
+	// The source goes straight to edge 1, the one with room for one.
+	made, err := c.Edges[0].Create(ctx, spec, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := apis[0].Sandbox(made.Id)
+	t.Cleanup(func() { src.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
+	srcNode := c.Edges[0].Node()
+	for path, body := range map[string]string{"/root/server.py": heldState, "/root/heavy.py": heavyModule} {
+		if _, err := src.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: path, Data: []byte(body)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/server.py"}, Tag: "server"}})); err != nil {
+		t.Fatal(err)
+	}
+	shell(t, src, "for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1")
+	sess, err := src.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := src.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "SECRET=$RANDOM$RANDOM$RANDOM"})); err != nil || r.Msg.ExitCode != 0 {
+		t.Fatalf("session: %v %v", r, err)
+	}
+	secret := strings.TrimSpace(string(runIn(t, src, sess.Msg.Session.Id, "echo $SECRET")))
+	srcMachineID := strings.TrimSpace(string(shell(t, src, "cat /etc/machine-id").Stdout))
+	shell(t, src, "echo from-source > /root/before-fork")
+	before := query(t, src, "/")
+
+	// Through the second apiserver, as any call may go.
+	resp, err := apis[1].Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 8}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copies []*client.Sandbox
+	perNode := map[sandboxid.NodeID]int{}
+	for i, r := range resp.Msg.Results {
+		if r.Sandbox == nil {
+			t.Fatalf("copy %d failed: %s: %s", i, r.ErrorCode, r.ErrorMessage)
+		}
+		_, node, _ := sandboxid.Parse(r.Sandbox.Id)
+		perNode[node]++
+		cp := apis[i%2].Sandbox(r.Sandbox.Id)
+		copies = append(copies, cp)
+		t.Cleanup(func() { cp.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
+	}
+	t.Logf("fork of 8 across edges: copies per node %v, source paused %d us", perNode, resp.Msg.SourcePauseUs)
+	if len(copies) != 8 || perNode[srcNode] != 0 || len(perNode) != 2 {
+		t.Fatalf("8 copies with the source's edge full: %v (source on %s)", perNode, srcNode)
+	}
+	ids := map[string]bool{srcMachineID: true}
+	for i, cp := range append([]*client.Sandbox{src}, copies...) {
+		st := query(t, cp, "/")
+		if st.Value != before.Value || st.Pid != before.Pid || st.Heavy != before.Heavy || st.Hits != before.Hits+1 {
+			t.Fatalf("sandbox %d (%s): server state %+v, before the fork %+v", i, cp.ID, st, before)
+		}
+		if got := strings.TrimSpace(string(runIn(t, cp, sess.Msg.Session.Id, "echo $SECRET"))); got != secret {
+			t.Fatalf("sandbox %d: the shell's variable reads %q, want %q", i, got, secret)
+		}
+		if got := string(shell(t, cp, "cat /root/before-fork; cat /root/imports").Stdout); got != "from-source\nx" {
+			t.Fatalf("sandbox %d: files read %q", i, got)
+		}
+		if i > 0 {
+			id := strings.TrimSpace(string(shell(t, cp, "cat /etc/machine-id").Stdout))
+			if id == "" || ids[id] {
+				t.Fatalf("copy %d: machine id %q repeats the source's or a sibling's", i, id)
+			}
+			ids[id] = true
+		}
+	}
+	// Nothing of the fork's transfer is left on the source's edge.
+	snaps, err := apis[0].Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snaps.Msg.Snapshots) != 0 {
+		t.Fatalf("snapshots after the fork: %v", snaps.Msg.Snapshots)
+	}
+
+	// A named snapshot of the source restores on another edge (its own is
+	// full), with the memory it had.
+	query(t, src, "/set/4242")
+	snap, err := apis[0].Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID, Name: "across"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := apis[1].Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snap.Msg.Snapshot.Id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := apis[0].Sandbox(rr.Msg.Sandbox.Id)
+	t.Cleanup(func() { restored.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
+	if _, node, _ := sandboxid.Parse(restored.ID); node == srcNode {
+		t.Fatalf("restore with the holder full ran on the holder %s", node)
+	}
+	if st := query(t, restored, "/"); st.Value != 4242 || st.Pid != before.Pid {
+		t.Fatalf("restored on another edge: %+v", st)
+	}
+}
+
+func runIn(t *testing.T, sb *client.Sandbox, session, cmd string) []byte {
+	t.Helper()
+	r, err := sb.Sessions.RunInSession(ctxT(t), connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: session, Command: cmd}))
+	if err != nil {
+		t.Fatalf("%s: %s: %v", sb.ID, cmd, err)
+	}
+	return r.Msg.Stdout
+}
