@@ -1,8 +1,9 @@
 #!/bin/sh
 # A cluster of separate processes on this machine, for trying and testing
-# what runs across machines: 3 IAM replicas, 2 apiservers (each with its
-# own view of the edges) and 3 edges, each edge in a network namespace of
-# its own with its own address, all with certificates of a CA made here.
+# what runs across machines: 3 IAM replicas, a watcher, 2 apiservers
+# (reading the edges' state from the watcher) and 3 edges, each edge in a
+# network namespace of its own with its own address, all with certificates
+# of a CA made here.
 #
 #   scripts/cluster.sh up DIR [--backends container,gvisor] [--image-store DIR]
 #   . DIR/client.env      # DSEC_API_URL lists both apiservers
@@ -85,6 +86,7 @@ up() {
 	tls() { echo "--ca $pki/ca.crt --cert $pki/$1.crt --key $pki/$1.key"; }
 	for i in 1 2 3; do "$dsec" ca issue --dir "$pki" --role iam --host 127.0.0.1 "iam-$i" >/dev/null; done
 	for i in 1 2; do "$dsec" ca issue --dir "$pki" --role apiserver --host 127.0.0.1 "api-$i" >/dev/null; done
+	"$dsec" ca issue --dir "$pki" --role watcher --host 127.0.0.1 watcher >/dev/null
 	for i in $edges; do "$dsec" ca issue --dir "$pki" --role edge --host "$(edge_addr "$i")" "edge-$i" >/dev/null; done
 
 	# IAM: iam-1 starts the cluster, the others join it.
@@ -118,11 +120,15 @@ up() {
 		edge_list="$edge_list${edge_list:+,}$(edge_addr "$i"):7080"
 	done
 
+	# The watcher polls the edges for the apiservers (which poll them
+	# themselves while it does not answer).
+	start watcher "$dsec" watcher --listen 127.0.0.1:27090 --edges "$edge_list" $(tls watcher)
+
 	urls=""
 	for i in 1 2; do
 		start "api-$i" "$dsec" apiserver --id "api-$i" --state-dir "$dir/api-$i" --listen "127.0.0.1:2707$i" \
 			--edges "$edge_list" --iam 127.0.0.1:27401,127.0.0.1:27402,127.0.0.1:27403 --iam-bind "127.0.0.1:2741$i" \
-			--image-store "$images" $(tls "api-$i")
+			--image-store "$images" --watcher 127.0.0.1:27090 $(tls "api-$i")
 		urls="$urls${urls:+,}http://127.0.0.1:2707$i"
 	done
 	key=$(cat "$dir/admin.key")
@@ -141,7 +147,7 @@ down() {
 		# shellcheck disable=SC1091
 		(. "$dir/client.env" && "$dsec" stop --all >/dev/null 2>&1) || echo "cluster: could not remove every sandbox" >&2
 	fi
-	for name in api-1 api-2 edge-1 edge-2 edge-3 iam-3 iam-2 iam-1; do stop "$name"; done
+	for name in api-1 api-2 watcher edge-1 edge-2 edge-3 iam-3 iam-2 iam-1; do stop "$name"; done
 	for i in $edges; do
 		ip link del "dsec-e$i" 2>/dev/null || true
 		ip netns del "$(ns "$i")" 2>/dev/null || true

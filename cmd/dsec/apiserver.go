@@ -25,6 +25,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	iamBind := fs.String("iam-bind", "127.0.0.1:0", "address of its IAM replica's port (the leader dials it; a restart on a new port joins again)")
 	iamAdvertise := fs.String("iam-advertise", "", "the address IAM replicas dial for it (default: --iam-bind's)")
 	images := fs.String("image-store", "", "the shared image store directory (required)")
+	watchers := fs.String("watcher", "", "comma-separated watcher daemons to read the edges' state from (default: poll the edges here)")
 	tf := addTLSFlags(fs, "this apiserver's certificate (dsec ca issue --role apiserver)")
 	lf := addLogFlags(fs)
 	fs.Parse(args)
@@ -37,6 +38,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	}
 	cfg := apiserver.ServeConfig{
 		Listen: *listen, Edges: splitList(*edges), EdgeTLS: ident.ClientConfig(), IAMPeers: splitList(*iamPeers), ImageStore: *images,
+		Watchers: splitList(*watchers),
 		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind, Advertise: *iamAdvertise,
 			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
 	}

@@ -22,6 +22,7 @@ Cluster:
   iam       run an IAM replica; iam status | join | remove
   edge      run an edge (one node) alone
   apiserver run an apiserver alone (with its own IAM read replica and view of the edges)
+  watcher   run a watcher alone: polls the edges, serves their state to apiservers
   ca        init | issue: the cluster's certificate authority
 
 Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
@@ -93,6 +94,8 @@ func main() {
 		err = cmdEdge(ctx, args)
 	case "apiserver":
 		err = cmdAPIServer(ctx, args)
+	case "watcher":
+		err = cmdWatcher(ctx, args)
 	case "ca":
 		err = cmdCA(args)
 	case "help", "-h", "--help":

@@ -38,6 +38,11 @@ type ServeConfig struct {
 	ImageStore string
 	// WatchInterval is the watcher's poll interval (default 1 s).
 	WatchInterval time.Duration
+	// Watchers are watcher daemons to read the view from (over EdgeTLS's
+	// certificate); empty: this apiserver polls the edges itself. With
+	// watchers it still polls the edges when none has answered for 3
+	// intervals.
+	Watchers []string
 	// Ready, if set, is called with the API's URL.
 	Ready func(url string)
 }
@@ -69,8 +74,16 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 	pool := edgeclient.NewPool(cfg.EdgeTLS)
 	w := watcher.New(watcher.Config{Edges: cfg.Edges, Interval: cfg.WatchInterval}, pool, log)
 	w.Poll(ctx)
-	go w.Run(ctx)
-	s := New(cfg.Config, Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: log})
+	var view watcher.Source = w
+	if len(cfg.Watchers) > 0 {
+		r := watcher.NewRemote(watcher.RemoteConfig{Watchers: cfg.Watchers, TLS: cfg.EdgeTLS, Local: w, Interval: cfg.WatchInterval}, log)
+		r.Fetch(ctx)
+		go r.Run(ctx)
+		view = r
+	} else {
+		go w.Run(ctx)
+	}
+	s := New(cfg.Config, Deps{IAM: rep, Watcher: view, Edges: pool, Images: store, Log: log})
 	go s.Run(ctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -95,7 +108,7 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		served <- srv.Serve(ln)
 	}()
 	url := scheme + "://" + ln.Addr().String()
-	log.Info("apiserver up", "url", url, "edges", len(cfg.Edges), "healthy", len(w.View().Healthy()), "iam_replica", rep.Addr())
+	log.Info("apiserver up", "url", url, "edges", len(cfg.Edges), "healthy", len(view.View().Healthy()), "watchers", cfg.Watchers, "iam_replica", rep.Addr())
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}

@@ -41,7 +41,7 @@ type Config struct {
 // Deps are the apiserver's collaborators.
 type Deps struct {
 	IAM     *iam.Service
-	Watcher *watcher.Watcher
+	Watcher watcher.Source
 	Edges   *edgeclient.Pool
 	Images  *image.Store
 	Log     *slog.Logger
@@ -51,7 +51,7 @@ type Deps struct {
 type Server struct {
 	cfg      Config
 	iam      *iam.Service
-	watcher  *watcher.Watcher
+	watcher  watcher.Source
 	edges    *edgeclient.Pool
 	images   *image.Store
 	log      *slog.Logger

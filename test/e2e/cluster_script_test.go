@@ -7,20 +7,25 @@ import (
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
-// TestClusterScript runs scripts/cluster.sh: 3 IAM replicas, 2 apiservers
-// and 3 edges, each edge in its own network namespace. Sandboxes spread
-// over the 3 edges, each answers through either apiserver, and `down`
-// leaves no process, namespace, link or mount behind.
+// TestClusterScript runs scripts/cluster.sh: 3 IAM replicas, a watcher, 2
+// apiservers and 3 edges, each edge in its own network namespace.
+// Sandboxes spread over the 3 edges, each answers through either
+// apiserver, a gVisor fork's copies on other edges carry its memory, and
+// `down` leaves no process, namespace, link or mount behind.
 func TestClusterScript(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "crun")
 	testutil.RequireBinary(t, "nsenter")
+	testutil.RequireBinary(t, "runsc")
 	repo := testutil.RepoRoot(t)
 	for _, b := range []string{"bin/dsec", "bin/aether"} {
 		if _, err := os.Stat(filepath.Join(repo, b)); err != nil {
@@ -36,7 +41,12 @@ func TestClusterScript(t *testing.T) {
 			t.Errorf("cluster.sh down: %v\n%s", err, out)
 		}
 	}
-	if out, err := exec.Command(script, "up", state, "--image-store", storeDir).CombinedOutput(); err != nil {
+	if out, err := exec.Command(script, "up", state, "--image-store", storeDir, "--backends", "container,gvisor").CombinedOutput(); err != nil {
+		logs, _ := filepath.Glob(filepath.Join(state, "log", "*.log"))
+		for _, l := range logs {
+			data, _ := os.ReadFile(l)
+			t.Logf("%s:\n%s", filepath.Base(l), data)
+		}
 		down()
 		t.Fatalf("cluster.sh up: %v\n%s", err, out)
 	}
@@ -89,6 +99,7 @@ func TestClusterScript(t *testing.T) {
 			}
 		}
 	}
+	forkAcrossNamespaces(t, cl)
 	downed = true
 	down()
 	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), "dsec-edge-") {
@@ -113,4 +124,42 @@ func envValueOf(content, name string) string {
 		}
 	}
 	return ""
+}
+
+// forkAcrossNamespaces forks a gVisor sandbox with its copies spread: the
+// source's edge is the most loaded, so copies go to edges in other
+// namespaces, which pull the snapshot from the source's edge at its
+// namespace's address, and carry its memory.
+func forkAcrossNamespaces(t *testing.T, cl *client.Client) {
+	ctx := ctxT(t)
+	src, err := cl.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.25, MemoryMb: 256}})
+	if err != nil {
+		t.Fatalf("gvisor create: %v", err)
+	}
+	defer src.Stop(ctx) //nolint:errcheck // down removes it too
+	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "X=held-$$; echo $X > /tmp/x; exec sleep 1000"}, Tag: "held"}})); err != nil {
+		t.Fatal(err)
+	}
+	want := shell(t, src, "for i in 1 2 3 4 5; do [ -s /tmp/x ] && break; sleep 0.2; done; cat /tmp/x; pidof sleep").Stdout
+	resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2, Placement: sandboxv1.ForkPlacement_FORK_PLACEMENT_SPREAD}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, srcNode, _ := sandboxid.Parse(src.ID)
+	remote := 0
+	for _, r := range resp.Msg.Results {
+		if r.Sandbox == nil {
+			t.Fatalf("copy: %s %s", r.ErrorCode, r.ErrorMessage)
+		}
+		if _, node, _ := sandboxid.Parse(r.Sandbox.Id); node != srcNode {
+			remote++
+		}
+		got := shell(t, cl.Sandbox(r.Sandbox.Id), "cat /tmp/x; pidof sleep").Stdout
+		if string(got) != string(want) {
+			t.Fatalf("copy %s reads %q, the source %q", r.Sandbox.Id, got, want)
+		}
+	}
+	if remote == 0 {
+		t.Fatalf("spread fork from the most loaded edge placed no copy on another edge")
+	}
 }
