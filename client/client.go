@@ -130,11 +130,26 @@ func (c *Client) Sandbox(id string) *Sandbox {
 
 // Create starts a sandbox and returns its handle once its agent answers.
 func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sandbox, error) {
-	req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec})
-	// The same key on a retry (another apiserver, after a broken
-	// connection) answers with the sandbox the first attempt made.
-	req.Header().Set(IdempotencyHeader, newIdempotencyKey())
-	resp, err := c.Sandboxes.CreateSandbox(ctx, req)
+	// The same key on every attempt: a retry (on another apiserver, after
+	// a broken connection or an Unavailable answer) answers with the
+	// sandbox an earlier attempt made, or makes one if none did.
+	key := newIdempotencyKey()
+	var resp *connect.Response[sandboxv1.CreateSandboxResponse]
+	var err error
+	deadline := time.Now().Add(createRetry)
+	for pause := 200 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
+		req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec})
+		req.Header().Set(IdempotencyHeader, key)
+		resp, err = c.Sandboxes.CreateSandbox(ctx, req)
+		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable || time.Now().Add(pause).After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +157,10 @@ func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sand
 	sb.Info = resp.Msg.Sandbox
 	return sb, nil
 }
+
+// createRetry is how long Create tries again while apiservers answer
+// Unavailable.
+const createRetry = time.Minute
 
 // Stop stops and removes the sandbox.
 func (s *Sandbox) Stop(ctx context.Context) error {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -25,6 +26,8 @@ type apiserverStub struct {
 	mu    sync.Mutex
 	keys  []string
 	stops int
+	// busy answers this many creates Unavailable first.
+	busy int
 }
 
 func (s *apiserverStub) WhoAmI(context.Context, *connect.Request[iamv1.WhoAmIRequest]) (*connect.Response[iamv1.WhoAmIResponse], error) {
@@ -34,7 +37,11 @@ func (s *apiserverStub) WhoAmI(context.Context, *connect.Request[iamv1.WhoAmIReq
 func (s *apiserverStub) CreateSandbox(_ context.Context, r *connect.Request[sandboxv1.CreateSandboxRequest]) (*connect.Response[sandboxv1.CreateSandboxResponse], error) {
 	s.mu.Lock()
 	s.keys = append(s.keys, r.Header().Get(IdempotencyHeader))
+	busy := len(s.keys) <= s.busy
 	s.mu.Unlock()
+	if busy {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("its sandbox is still being made; retry"))
+	}
 	return connect.NewResponse(&sandboxv1.CreateSandboxResponse{Sandbox: &sandboxv1.Sandbox{Id: "n1-sb"}}), nil
 }
 
@@ -144,5 +151,23 @@ func TestEndpointList(t *testing.T) {
 	c, err := New(" http://a:1/ , http://b:2 ", "k")
 	if err != nil || c.URL != "http://a:1" {
 		t.Fatalf("New with two URLs: %v, %v", c, err)
+	}
+}
+
+// TestCreateRetriesUnavailableWithItsKey: an apiserver that answers a
+// create Unavailable (one taking over a dead apiserver's create) gets it
+// again, with the same key, until it answers.
+func TestCreateRetriesUnavailableWithItsKey(t *testing.T) {
+	stub := &apiserverStub{busy: 2}
+	c, err := New(serveStub(t, stub), "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(context.Background(), &sandboxv1.SandboxSpec{})
+	if err != nil || sb.ID != "n1-sb" {
+		t.Fatalf("create: %v, %v", sb, err)
+	}
+	if len(stub.keys) != 3 || stub.keys[0] == "" || stub.keys[0] != stub.keys[1] || stub.keys[1] != stub.keys[2] {
+		t.Fatalf("keys sent: %q, want the same key 3 times", stub.keys)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -70,10 +71,78 @@ func (s *Server) replay(ctx context.Context, proj, key string) (sb *sandboxv1.Sa
 			}
 			return resp.Msg.Sandbox, true, nil
 		}
+		// A reservation: its create is running, on this apiserver or
+		// another, or its apiserver died with it.
+		if s.iam.HolderGone(e.Holder) {
+			sb, done, err := s.takeOver(ctx, proj, e)
+			if done || err != nil {
+				return sb, true, err
+			}
+			continue // released: the caller reserves afresh
+		}
 		select {
 		case <-ctx.Done():
 			return nil, true, errdefs.Unavailable("idempotency key %q: the create that holds it is still running; retry", key)
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// takeOver settles the reservation of a create whose apiserver died, for
+// its client's retry [ours]. Every edge is fenced (no later create for the
+// reservation is admitted) and asked what it made for it: a sandbox made
+// is bound to the reservation and answered; one still being made is
+// waited for; none made anywhere releases the reservation (done false),
+// and the retry makes its own. An edge that cannot be asked leaves it
+// undecided: Unavailable, retry.
+func (s *Server) takeOver(ctx context.Context, proj string, e fsm.Entry) (*sandboxv1.Sandbox, bool, error) {
+	for {
+		nodes := s.watcher.View().Nodes
+		var (
+			mu      sync.Mutex
+			wg      sync.WaitGroup
+			found   []*sandboxv1.Sandbox
+			unasked []string
+		)
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := s.edges.Get(n.Addr).Edge.FenceReservation(ctx, connect.NewRequest(&edgev1.FenceReservationRequest{Reservation: e.ID}))
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					unasked = append(unasked, n.ID)
+					return
+				}
+				found = append(found, resp.Msg.Sandboxes...)
+			}()
+		}
+		wg.Wait()
+		creating := false
+		for _, sb := range found {
+			switch sb.State {
+			case sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
+				s.log.Info("took over the create of a departed apiserver: its sandbox stands", "reservation", e.ID, logging.SandboxID, sb.Id)
+				if err := s.iam.Bind(ctx, e.ID, []string{sb.Id}); err != nil {
+					return nil, true, err
+				}
+				return sb, true, nil
+			case sandboxv1.SandboxState_SANDBOX_STATE_CREATING:
+				creating = true
+			}
+		}
+		switch {
+		case len(unasked) > 0:
+			return nil, true, errdefs.Unavailable("idempotency key %q: its create's apiserver is gone and nodes %v cannot be asked what it made; retry", e.Key, unasked)
+		case !creating:
+			s.log.Info("took over the create of a departed apiserver: it made nothing", "reservation", e.ID)
+			return nil, false, s.iam.Release(ctx, e.ID)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, true, errdefs.Unavailable("idempotency key %q: its sandbox is still being made; retry", e.Key)
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

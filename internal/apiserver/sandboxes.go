@@ -115,8 +115,8 @@ func (h *sandboxService) CreateSandbox(ctx context.Context, req *connect.Request
 		return nil, err
 	}
 	sb, err := s.place(ctx, proj, key, placement.Request{Backend: spec.Backend, CPUCores: spec.Resources.CpuCores, MemoryMB: spec.Resources.MemoryMb, Count: 1},
-		func(ctx context.Context, c *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error) {
-			resp, err := c.Edge.CreateSandbox(ctx, connect.NewRequest(&edgev1.CreateSandboxRequest{Spec: spec, Project: proj}))
+		func(ctx context.Context, c *edgeclient.Conn, rsv string) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error) {
+			resp, err := c.Edge.CreateSandbox(ctx, connect.NewRequest(&edgev1.CreateSandboxRequest{Spec: spec, Project: proj, Reservation: rsv}))
 			if err != nil {
 				return nil, nil, err
 			}
@@ -144,7 +144,7 @@ func (s *Server) checkImage(name, proj string) error {
 // place checks the quota, ranks nodes and runs create on them in order
 // until one admits: an edge's ResourceExhausted or Unavailable answer moves
 // on to the next node [paper: the edge has the final say].
-func (s *Server) place(ctx context.Context, proj, key string, r placement.Request, create func(context.Context, *edgeclient.Conn) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error)) (*sandboxv1.Sandbox, error) {
+func (s *Server) place(ctx context.Context, proj, key string, r placement.Request, create func(context.Context, *edgeclient.Conn, string) (*sandboxv1.Sandbox, *edgev1.UsageStamp, error)) (*sandboxv1.Sandbox, error) {
 	need := placement.Resources{Sandboxes: r.Count, CPUCores: r.CPUCores * float64(r.Count), MemoryMB: r.MemoryMB * r.Count}
 	var rsv string
 	for try := 0; ; try++ {
@@ -182,7 +182,7 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 		}
 		nv, _ := view.Node(node)
 		id := s.inflight.add(node, proj, need)
-		sb, stamp, err := create(ctx, s.edges.Get(nv.Addr))
+		sb, stamp, err := create(ctx, s.edges.Get(nv.Addr), rsv)
 		s.inflight.finish(id, err == nil, stamp)
 		if err == nil {
 			made = []string{sb.Id}

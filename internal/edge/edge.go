@@ -108,6 +108,7 @@ type Edge struct {
 	exports   map[string]*export                 // guarded by mu; by token
 	pulled    map[sandboxid.SnapshotID]*pulled   // guarded by mu
 	pulls     map[sandboxid.SnapshotID]*pull     // guarded by mu
+	fenced    map[string]time.Time               // guarded by mu; reservations taken over, when
 	peers     *http.Client                       // pulls from other edges; nil without PeerTLS
 	allocated usage                              // guarded by mu
 	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
@@ -169,8 +170,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
 		exports: map[string]*export{}, pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{},
-		peers: peerClient(cfg.PeerTLS),
-		stop:  make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
+		fenced: map[string]time.Time{},
+		peers:  peerClient(cfg.PeerTLS),
+		stop:   make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
 	}
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)

@@ -38,6 +38,8 @@ type record struct {
 	PausedTask bool `json:"paused_task,omitempty"`
 	// NetAddr is the sandbox's address on the node's sandbox network.
 	NetAddr string `json:"net_addr,omitempty"`
+	// Reservation is the apiserver's quota reservation the create settles.
+	Reservation string `json:"reservation,omitempty"`
 
 	spec *sandboxv1.SandboxSpec // decoded Spec
 }

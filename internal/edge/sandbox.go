@@ -126,6 +126,12 @@ func (e *Edge) resolveImage(name, proj string) (*image.Image, error) {
 // Create admits, prepares and starts a sandbox, and returns once its agent
 // is connected. On any failure nothing of it is left behind.
 func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project string) (*sandboxv1.Sandbox, error) {
+	return e.CreateFor(ctx, spec, project, "")
+}
+
+// CreateFor is Create for an apiserver's quota reservation, which the
+// sandbox records (FenceReservation finds it by it).
+func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, project, reservation string) (*sandboxv1.Sandbox, error) {
 	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.knownBackends()); err != nil {
 		return nil, err
 	}
@@ -141,7 +147,7 @@ func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project 
 		return nil, err
 	}
 	now := time.Now()
-	rec := &record{ID: sandboxid.New(e.node), Project: project, State: stateCreating, CreatedAt: now, ImageDigest: im.Digest.String()}
+	rec := &record{ID: sandboxid.New(e.node), Project: project, State: stateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation}
 	if err := rec.setSpec(spec); err != nil {
 		return nil, err
 	}
@@ -165,6 +171,9 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 	r := rec.spec.Resources
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if _, fenced := e.fenced[rec.Reservation]; fenced && rec.Reservation != "" {
+		return nil, errdefs.FailedPrecondition("reservation %s: another apiserver took its create over (the client retried there)", rec.Reservation)
+	}
 	if err := e.cfg.Capacity.admit(string(e.node), e.allocated, r.CpuCores, r.MemoryMb, 1); err != nil {
 		return nil, err
 	}
@@ -567,4 +576,37 @@ func newUUID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// fenceKept is how long a fenced reservation is remembered: longer than
+// any create that could still be on its way here.
+const fenceKept = time.Hour
+
+// Fence refuses any later create for reservation and returns the
+// sandboxes made, or being made, for it. The fence is kept in memory for
+// fenceKept (a restarted edge forgets it).
+func (e *Edge) Fence(reservation string) ([]*sandboxv1.Sandbox, error) {
+	if reservation == "" {
+		return nil, errdefs.InvalidArgument("reservation: empty")
+	}
+	var boxes []*sandbox
+	e.mu.Lock()
+	now := time.Now()
+	for r, at := range e.fenced {
+		if now.Sub(at) > fenceKept {
+			delete(e.fenced, r)
+		}
+	}
+	e.fenced[reservation] = now
+	for _, sb := range e.boxes {
+		if sb.rec.Reservation == reservation { // set before the box is admitted, never after
+			boxes = append(boxes, sb)
+		}
+	}
+	e.mu.Unlock()
+	out := make([]*sandboxv1.Sandbox, 0, len(boxes))
+	for _, sb := range boxes {
+		out = append(out, sb.snapshot())
+	}
+	return out, nil
 }

@@ -54,7 +54,7 @@ type server struct {
 var _ edgev1connect.EdgeServiceHandler = (*server)(nil)
 
 func (s *server) CreateSandbox(ctx context.Context, req *connect.Request[edgev1.CreateSandboxRequest]) (*connect.Response[edgev1.CreateSandboxResponse], error) {
-	sb, err := s.e.Create(ctx, req.Msg.Spec, req.Msg.Project)
+	sb, err := s.e.CreateFor(ctx, req.Msg.Spec, req.Msg.Project, req.Msg.Reservation)
 	if err != nil {
 		return nil, err
 	}
@@ -190,6 +190,14 @@ func (s *server) ReleaseExport(ctx context.Context, req *connect.Request[edgev1.
 		return nil, err
 	}
 	return connect.NewResponse(&edgev1.ReleaseExportResponse{}), nil
+}
+
+func (s *server) FenceReservation(ctx context.Context, req *connect.Request[edgev1.FenceReservationRequest]) (*connect.Response[edgev1.FenceReservationResponse], error) {
+	out, err := s.e.Fence(req.Msg.Reservation)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.FenceReservationResponse{Sandboxes: out}), nil
 }
 
 func (s *server) GetNodeStatus(ctx context.Context, req *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {

@@ -56,13 +56,16 @@ type Config struct {
 
 // Service is one IAM replica.
 type Service struct {
-	id        string
-	raft      *raft.Raft
-	fsm       *fsm.FSM
-	store     *boltstore.Store
-	trans     *raft.NetworkTransport
-	clientTLS *tls.Config
-	log       *slog.Logger
+	id string
+	// incarnation names this run of the replica: a reservation it holds
+	// is known dead once another run of the same id reads it.
+	incarnation string
+	raft        *raft.Raft
+	fsm         *fsm.FSM
+	store       *boltstore.Store
+	trans       *raft.NetworkTransport
+	clientTLS   *tls.Config
+	log         *slog.Logger
 }
 
 // Principal is an authenticated caller.
@@ -123,7 +126,7 @@ func Open(cfg Config, log *slog.Logger) (*Service, error) {
 		store.Close()
 		return nil, err
 	}
-	s := &Service{id: cfg.NodeID, raft: r, fsm: f, store: store, trans: trans, clientTLS: cfg.ClientTLS, log: log}
+	s := &Service{id: cfg.NodeID, incarnation: randomHex(6), raft: r, fsm: f, store: store, trans: trans, clientTLS: cfg.ClientTLS, log: log}
 	layer.serve = s.serveRequest
 	go layer.run()
 	if cfg.Bootstrap {

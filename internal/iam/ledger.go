@@ -2,6 +2,10 @@ package iam
 
 import (
 	"context"
+	"errors"
+	"net"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/iam/fsm"
@@ -19,8 +23,34 @@ const ReservationTTL = 10 * time.Minute
 func (s *Service) Reserve(ctx context.Context, project string, res fsm.Resources, key string) (string, error) {
 	now := time.Now().UTC()
 	id := "rsv-" + randomHex(12)
-	err := s.apply(ctx, fsm.CmdReserve, fsm.Reserve{Entry: fsm.Entry{ID: id, Project: project, Res: res, At: now, Expires: now.Add(ReservationTTL), Key: key}})
+	err := s.apply(ctx, fsm.CmdReserve, fsm.Reserve{Entry: fsm.Entry{ID: id, Project: project, Res: res, At: now, Expires: now.Add(ReservationTTL), Key: key, Holder: s.id + "/" + s.incarnation}})
 	return id, err
+}
+
+// HolderGone reports whether the replica that made a reservation is gone:
+// an earlier run of this replica, a replica no longer in the cluster, or
+// one whose port refuses connections. A holder that cannot be told gone
+// is taken as alive.
+func (s *Service) HolderGone(holder string) bool {
+	id, inc, ok := strings.Cut(holder, "/")
+	if !ok {
+		return false
+	}
+	if id == s.id {
+		return inc != s.incarnation
+	}
+	for _, m := range s.members() {
+		if m.ID != id {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", m.Addr, time.Second)
+		if err != nil {
+			return errors.Is(err, syscall.ECONNREFUSED)
+		}
+		c.Close()
+		return false
+	}
+	return true
 }
 
 // Bind gives reservation id to the sandboxes its create made; a share not

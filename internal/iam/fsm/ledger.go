@@ -54,6 +54,10 @@ type Entry struct {
 	// Key is the create's idempotency key, unique in its project while the
 	// entry lasts: a retried create finds the sandbox the first one made.
 	Key string `json:"key,omitempty"`
+	// Holder is the replica (an apiserver's) that made a reservation, as
+	// "ID/INCARNATION": another apiserver takes the key over when the
+	// holder is gone (apiserver/quota.go).
+	Holder string `json:"holder,omitempty"`
 }
 
 // Ledger commands. IgnoreUnknown: a replica from before the ledger skips them.

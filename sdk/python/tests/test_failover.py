@@ -100,3 +100,35 @@ def test_url_lists_are_checked() -> None:
             DSecClient(bad, "key")
     c = DSecClient(" http://a:1/ , http://b:2 ", "key")
     assert c.api_urls == ["http://a:1", "http://b:2"] and c.api_url == "http://a:1"
+
+
+class _Busy(_Stub):
+    """Answers the first two creates Unavailable (as an apiserver taking over
+    a dead one's create may), then like _Stub."""
+
+    def do_POST(self) -> None:
+        if sum(1 for m, _ in _Stub.seen if m == "CreateSandbox") < 2:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
+            body = json.dumps({"code": "unavailable", "message": "its sandbox is still being made; retry"}).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_POST()
+
+
+async def test_create_retries_unavailable_with_its_key() -> None:
+    _Stub.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        async with DSecClient(f"http://127.0.0.1:{srv.server_address[1]}", "key") as c:
+            sb = await c.run_sandbox()
+    finally:
+        srv.shutdown()
+    assert sb.id == "n1-sb"
+    keys = {k for m, k in _Stub.seen if m == "CreateSandbox"}
+    assert len(_Stub.seen) == 3 and len(keys) == 1 and len(keys.pop()) == 32, _Stub.seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from typing import Any, Dict, List, Optional
@@ -9,11 +10,14 @@ from typing import Any, Dict, List, Optional
 import httpx
 
 from ._connect import IDEMPOTENCY_HEADER, ConnectClient, Endpoints, parse_urls
-from .errors import AuthenticationError, InvalidArgumentError
+from .errors import AuthenticationError, InvalidArgumentError, UnavailableError
 from .models import DSecRunArgs, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo
 from .sandbox import Sandbox
 
 _SB = "opendsec.sandbox.v1.SandboxService/"
+# How long a create keeps trying (with its idempotency key) while
+# apiservers answer Unavailable.
+_CREATE_RETRY_SECONDS = 60
 _IAM = "opendsec.iam.v1.IAMService/"
 
 
@@ -67,8 +71,20 @@ class DSecClient:
         req: Dict[str, Any] = {"spec": args.to_spec()}
         if args.project:
             req["project"] = args.project
-        r = await self._call(_SB + "CreateSandbox", req, timeout=300, headers={IDEMPOTENCY_HEADER: uuid.uuid4().hex})
-        return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
+        # One key for every attempt: an attempt whose apiserver died answers,
+        # on the next one, with the sandbox it made or makes a new one.
+        key = uuid.uuid4().hex
+        deadline = asyncio.get_running_loop().time() + _CREATE_RETRY_SECONDS
+        pause = 0.2
+        while True:
+            try:
+                r = await self._call(_SB + "CreateSandbox", req, timeout=300, headers={IDEMPOTENCY_HEADER: key})
+                return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
+            except UnavailableError:
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:
         """Returns a handle on an existing sandbox."""

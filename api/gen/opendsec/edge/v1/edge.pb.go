@@ -31,7 +31,10 @@ type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *v1.SandboxSpec        `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	// Owning project path (already authorised by the apiserver).
-	Project       string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Project string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	// The quota reservation the create settles, recorded with the sandbox so
+	// another apiserver can take the create over (FenceReservation).
+	Reservation   string `protobuf:"bytes,3,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -80,6 +83,102 @@ func (x *CreateSandboxRequest) GetProject() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+type FenceReservationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reservation   string                 `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceReservationRequest) Reset() {
+	*x = FenceReservationRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceReservationRequest) ProtoMessage() {}
+
+func (x *FenceReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceReservationRequest.ProtoReflect.Descriptor instead.
+func (*FenceReservationRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FenceReservationRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+type FenceReservationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sandboxes made (or being made) for the reservation on this node.
+	Sandboxes     []*v1.Sandbox `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceReservationResponse) Reset() {
+	*x = FenceReservationResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceReservationResponse) ProtoMessage() {}
+
+func (x *FenceReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceReservationResponse.ProtoReflect.Descriptor instead.
+func (*FenceReservationResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *FenceReservationResponse) GetSandboxes() []*v1.Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
 type CreateSandboxResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox *v1.Sandbox            `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -91,7 +190,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[1]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -103,7 +202,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[1]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -116,7 +215,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *v1.Sandbox {
@@ -146,7 +245,7 @@ type UsageStamp struct {
 
 func (x *UsageStamp) Reset() {
 	*x = UsageStamp{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -158,7 +257,7 @@ func (x *UsageStamp) String() string {
 func (*UsageStamp) ProtoMessage() {}
 
 func (x *UsageStamp) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[2]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -171,7 +270,7 @@ func (x *UsageStamp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageStamp.ProtoReflect.Descriptor instead.
 func (*UsageStamp) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *UsageStamp) GetEpoch() string {
@@ -199,7 +298,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[3]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -211,7 +310,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[3]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -224,7 +323,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -250,7 +349,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[4]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +361,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[4]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +374,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *v1.Sandbox {
@@ -294,7 +393,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +405,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[5]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +418,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListSandboxesRequest) GetScope() string {
@@ -338,7 +437,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +449,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[6]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +462,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*v1.Sandbox {
@@ -383,7 +482,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +494,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[7]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +507,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DestroySandboxRequest) GetSandboxId() string {
@@ -435,7 +534,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +546,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[8]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +559,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DestroySandboxResponse) GetSandbox() *v1.Sandbox {
@@ -482,7 +581,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +593,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +606,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -547,7 +646,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +658,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[10]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +671,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetSandboxMetricsResponse) GetSamples() []*v1.MetricsSample {
@@ -593,7 +692,7 @@ type SetSandboxTimeoutRequest struct {
 
 func (x *SetSandboxTimeoutRequest) Reset() {
 	*x = SetSandboxTimeoutRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +704,7 @@ func (x *SetSandboxTimeoutRequest) String() string {
 func (*SetSandboxTimeoutRequest) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +717,7 @@ func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetSandboxTimeoutRequest) GetSandboxId() string {
@@ -651,7 +750,7 @@ type SetSandboxTimeoutResponse struct {
 
 func (x *SetSandboxTimeoutResponse) Reset() {
 	*x = SetSandboxTimeoutResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +762,7 @@ func (x *SetSandboxTimeoutResponse) String() string {
 func (*SetSandboxTimeoutResponse) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +775,7 @@ func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetSandboxTimeoutResponse) GetSandbox() *v1.Sandbox {
@@ -696,7 +795,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +807,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +820,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -747,7 +846,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +858,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +871,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *v1.Sandbox {
@@ -792,7 +891,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +903,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +916,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -843,7 +942,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +954,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[16]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +967,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *v1.Sandbox {
@@ -889,7 +988,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1000,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[17]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1013,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -947,7 +1046,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1058,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[18]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1071,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *v1.Snapshot {
@@ -999,7 +1098,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1110,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[19]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1123,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -1082,7 +1181,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1193,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[20]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1206,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotSource) GetAddr() string {
@@ -1137,7 +1236,7 @@ type SnapshotExport struct {
 
 func (x *SnapshotExport) Reset() {
 	*x = SnapshotExport{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1248,7 @@ func (x *SnapshotExport) String() string {
 func (*SnapshotExport) ProtoMessage() {}
 
 func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[21]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1261,7 @@ func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExport.ProtoReflect.Descriptor instead.
 func (*SnapshotExport) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotExport) GetSnapshotId() string {
@@ -1203,7 +1302,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1314,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[22]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1327,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -1254,7 +1353,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1365,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1378,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExportSnapshotResponse) GetExport() *SnapshotExport {
@@ -1299,7 +1398,7 @@ type ReleaseExportRequest struct {
 
 func (x *ReleaseExportRequest) Reset() {
 	*x = ReleaseExportRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1410,7 @@ func (x *ReleaseExportRequest) String() string {
 func (*ReleaseExportRequest) ProtoMessage() {}
 
 func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1423,7 @@ func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseExportRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReleaseExportRequest) GetSnapshotId() string {
@@ -1349,7 +1448,7 @@ type ReleaseExportResponse struct {
 
 func (x *ReleaseExportResponse) Reset() {
 	*x = ReleaseExportResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1460,7 @@ func (x *ReleaseExportResponse) String() string {
 func (*ReleaseExportResponse) ProtoMessage() {}
 
 func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1473,7 @@ func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseExportResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
 }
 
 type RestoreSnapshotResponse struct {
@@ -1387,7 +1486,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1498,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1511,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *v1.Sandbox {
@@ -1445,7 +1544,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1556,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1569,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1532,7 +1631,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1643,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1656,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*v1.ForkResult {
@@ -1612,7 +1711,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1723,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1736,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSnapshotsRequest) GetScope() string {
@@ -1663,7 +1762,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1774,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1787,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*v1.Snapshot {
@@ -1708,7 +1807,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1819,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1832,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1758,7 +1857,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1869,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1882,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
 }
 
 type GetNodeStatusRequest struct {
@@ -1794,7 +1893,7 @@ type GetNodeStatusRequest struct {
 
 func (x *GetNodeStatusRequest) Reset() {
 	*x = GetNodeStatusRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1905,7 @@ func (x *GetNodeStatusRequest) String() string {
 func (*GetNodeStatusRequest) ProtoMessage() {}
 
 func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1918,7 @@ func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
 }
 
 type BackendStatus struct {
@@ -1836,7 +1935,7 @@ type BackendStatus struct {
 
 func (x *BackendStatus) Reset() {
 	*x = BackendStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +1947,7 @@ func (x *BackendStatus) String() string {
 func (*BackendStatus) ProtoMessage() {}
 
 func (x *BackendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +1960,7 @@ func (x *BackendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStatus.ProtoReflect.Descriptor instead.
 func (*BackendStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BackendStatus) GetName() string {
@@ -1911,7 +2010,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +2022,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +2035,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Usage) GetSandboxes() int64 {
@@ -1972,7 +2071,7 @@ type GroupUsage struct {
 
 func (x *GroupUsage) Reset() {
 	*x = GroupUsage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +2083,7 @@ func (x *GroupUsage) String() string {
 func (*GroupUsage) ProtoMessage() {}
 
 func (x *GroupUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2096,7 @@ func (x *GroupUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsage.ProtoReflect.Descriptor instead.
 func (*GroupUsage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GroupUsage) GetProject() string {
@@ -2048,7 +2147,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2159,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2172,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -2141,7 +2240,7 @@ type GetNodeStatusResponse struct {
 
 func (x *GetNodeStatusResponse) Reset() {
 	*x = GetNodeStatusResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2252,7 @@ func (x *GetNodeStatusResponse) String() string {
 func (*GetNodeStatusResponse) ProtoMessage() {}
 
 func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2265,7 @@ func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetNodeStatusResponse) GetStatus() *NodeStatus {
@@ -2186,7 +2285,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2297,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2310,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UpdateNetworkRequest) GetScope() string {
@@ -2237,7 +2336,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2348,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2361,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *v1.Sandbox {
@@ -2276,10 +2375,15 @@ var File_opendsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/edge/v1/edge.proto\x12\x10opendsec.edge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!opendsec/sandbox/v1/sandbox.proto\"f\n" +
+	"\x1bopendsec/edge/v1/edge.proto\x12\x10opendsec.edge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!opendsec/sandbox/v1/sandbox.proto\"\x88\x01\n" +
 	"\x14CreateSandboxRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
-	"\aproject\x18\x02 \x01(\tR\aproject\"\x83\x01\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12 \n" +
+	"\vreservation\x18\x03 \x01(\tR\vreservation\";\n" +
+	"\x17FenceReservationRequest\x12 \n" +
+	"\vreservation\x18\x01 \x01(\tR\vreservation\"V\n" +
+	"\x18FenceReservationResponse\x12:\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x1c.opendsec.sandbox.v1.SandboxR\tsandboxes\"\x83\x01\n" +
 	"\x15CreateSandboxResponse\x126\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\x122\n" +
 	"\x05usage\x18\x02 \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\"4\n" +
@@ -2435,7 +2539,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2).opendsec.sandbox.v1.UpdateNetworkRequestR\x06update\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xaa\r\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\x95\x0e\n" +
 	"\vEdgeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.edge.v1.CreateSandboxRequest\x1a'.opendsec.edge.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -2453,7 +2557,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\rListSnapshots\x12&.opendsec.edge.v1.ListSnapshotsRequest\x1a'.opendsec.edge.v1.ListSnapshotsResponse\x12c\n" +
 	"\x0eDeleteSnapshot\x12'.opendsec.edge.v1.DeleteSnapshotRequest\x1a(.opendsec.edge.v1.DeleteSnapshotResponse\x12c\n" +
 	"\x0eExportSnapshot\x12'.opendsec.edge.v1.ExportSnapshotRequest\x1a(.opendsec.edge.v1.ExportSnapshotResponse\x12`\n" +
-	"\rReleaseExport\x12&.opendsec.edge.v1.ReleaseExportRequest\x1a'.opendsec.edge.v1.ReleaseExportResponse\x12`\n" +
+	"\rReleaseExport\x12&.opendsec.edge.v1.ReleaseExportRequest\x1a'.opendsec.edge.v1.ReleaseExportResponse\x12i\n" +
+	"\x10FenceReservation\x12).opendsec.edge.v1.FenceReservationRequest\x1a*.opendsec.edge.v1.FenceReservationResponse\x12`\n" +
 	"\rGetNodeStatus\x12&.opendsec.edge.v1.GetNodeStatusRequest\x1a'.opendsec.edge.v1.GetNodeStatusResponseB>Z<github.com/opendsec/opendsec/api/gen/opendsec/edge/v1;edgev1b\x06proto3"
 
 var (
@@ -2468,133 +2573,138 @@ func file_opendsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_opendsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),      // 0: opendsec.edge.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 1: opendsec.edge.v1.CreateSandboxResponse
-	(*UsageStamp)(nil),                // 2: opendsec.edge.v1.UsageStamp
-	(*GetSandboxRequest)(nil),         // 3: opendsec.edge.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 4: opendsec.edge.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 5: opendsec.edge.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 6: opendsec.edge.v1.ListSandboxesResponse
-	(*DestroySandboxRequest)(nil),     // 7: opendsec.edge.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),    // 8: opendsec.edge.v1.DestroySandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 9: opendsec.edge.v1.GetSandboxMetricsRequest
-	(*GetSandboxMetricsResponse)(nil), // 10: opendsec.edge.v1.GetSandboxMetricsResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 11: opendsec.edge.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 12: opendsec.edge.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 13: opendsec.edge.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 14: opendsec.edge.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 15: opendsec.edge.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 16: opendsec.edge.v1.ResumeSandboxResponse
-	(*SnapshotSandboxRequest)(nil),    // 17: opendsec.edge.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 18: opendsec.edge.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 19: opendsec.edge.v1.RestoreSnapshotRequest
-	(*SnapshotSource)(nil),            // 20: opendsec.edge.v1.SnapshotSource
-	(*SnapshotExport)(nil),            // 21: opendsec.edge.v1.SnapshotExport
-	(*ExportSnapshotRequest)(nil),     // 22: opendsec.edge.v1.ExportSnapshotRequest
-	(*ExportSnapshotResponse)(nil),    // 23: opendsec.edge.v1.ExportSnapshotResponse
-	(*ReleaseExportRequest)(nil),      // 24: opendsec.edge.v1.ReleaseExportRequest
-	(*ReleaseExportResponse)(nil),     // 25: opendsec.edge.v1.ReleaseExportResponse
-	(*RestoreSnapshotResponse)(nil),   // 26: opendsec.edge.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 27: opendsec.edge.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 28: opendsec.edge.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 29: opendsec.edge.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 30: opendsec.edge.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 31: opendsec.edge.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 32: opendsec.edge.v1.DeleteSnapshotResponse
-	(*GetNodeStatusRequest)(nil),      // 33: opendsec.edge.v1.GetNodeStatusRequest
-	(*BackendStatus)(nil),             // 34: opendsec.edge.v1.BackendStatus
-	(*Usage)(nil),                     // 35: opendsec.edge.v1.Usage
-	(*GroupUsage)(nil),                // 36: opendsec.edge.v1.GroupUsage
-	(*NodeStatus)(nil),                // 37: opendsec.edge.v1.NodeStatus
-	(*GetNodeStatusResponse)(nil),     // 38: opendsec.edge.v1.GetNodeStatusResponse
-	(*UpdateNetworkRequest)(nil),      // 39: opendsec.edge.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 40: opendsec.edge.v1.UpdateNetworkResponse
-	nil,                               // 41: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 42: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	(*v1.SandboxSpec)(nil),            // 43: opendsec.sandbox.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                // 44: opendsec.sandbox.v1.Sandbox
-	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
-	(*v1.MetricsSample)(nil),          // 46: opendsec.sandbox.v1.MetricsSample
-	(*v1.Snapshot)(nil),               // 47: opendsec.sandbox.v1.Snapshot
-	(*v1.ForkResult)(nil),             // 48: opendsec.sandbox.v1.ForkResult
-	(*v1.UpdateNetworkRequest)(nil),   // 49: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*FenceReservationRequest)(nil),   // 1: opendsec.edge.v1.FenceReservationRequest
+	(*FenceReservationResponse)(nil),  // 2: opendsec.edge.v1.FenceReservationResponse
+	(*CreateSandboxResponse)(nil),     // 3: opendsec.edge.v1.CreateSandboxResponse
+	(*UsageStamp)(nil),                // 4: opendsec.edge.v1.UsageStamp
+	(*GetSandboxRequest)(nil),         // 5: opendsec.edge.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 6: opendsec.edge.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 7: opendsec.edge.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 8: opendsec.edge.v1.ListSandboxesResponse
+	(*DestroySandboxRequest)(nil),     // 9: opendsec.edge.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),    // 10: opendsec.edge.v1.DestroySandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 11: opendsec.edge.v1.GetSandboxMetricsRequest
+	(*GetSandboxMetricsResponse)(nil), // 12: opendsec.edge.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 13: opendsec.edge.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 14: opendsec.edge.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 15: opendsec.edge.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 16: opendsec.edge.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 17: opendsec.edge.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 18: opendsec.edge.v1.ResumeSandboxResponse
+	(*SnapshotSandboxRequest)(nil),    // 19: opendsec.edge.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 20: opendsec.edge.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 21: opendsec.edge.v1.RestoreSnapshotRequest
+	(*SnapshotSource)(nil),            // 22: opendsec.edge.v1.SnapshotSource
+	(*SnapshotExport)(nil),            // 23: opendsec.edge.v1.SnapshotExport
+	(*ExportSnapshotRequest)(nil),     // 24: opendsec.edge.v1.ExportSnapshotRequest
+	(*ExportSnapshotResponse)(nil),    // 25: opendsec.edge.v1.ExportSnapshotResponse
+	(*ReleaseExportRequest)(nil),      // 26: opendsec.edge.v1.ReleaseExportRequest
+	(*ReleaseExportResponse)(nil),     // 27: opendsec.edge.v1.ReleaseExportResponse
+	(*RestoreSnapshotResponse)(nil),   // 28: opendsec.edge.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 29: opendsec.edge.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 30: opendsec.edge.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 31: opendsec.edge.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 32: opendsec.edge.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 33: opendsec.edge.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 34: opendsec.edge.v1.DeleteSnapshotResponse
+	(*GetNodeStatusRequest)(nil),      // 35: opendsec.edge.v1.GetNodeStatusRequest
+	(*BackendStatus)(nil),             // 36: opendsec.edge.v1.BackendStatus
+	(*Usage)(nil),                     // 37: opendsec.edge.v1.Usage
+	(*GroupUsage)(nil),                // 38: opendsec.edge.v1.GroupUsage
+	(*NodeStatus)(nil),                // 39: opendsec.edge.v1.NodeStatus
+	(*GetNodeStatusResponse)(nil),     // 40: opendsec.edge.v1.GetNodeStatusResponse
+	(*UpdateNetworkRequest)(nil),      // 41: opendsec.edge.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 42: opendsec.edge.v1.UpdateNetworkResponse
+	nil,                               // 43: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 44: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	(*v1.SandboxSpec)(nil),            // 45: opendsec.sandbox.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                // 46: opendsec.sandbox.v1.Sandbox
+	(*timestamppb.Timestamp)(nil),     // 47: google.protobuf.Timestamp
+	(*v1.MetricsSample)(nil),          // 48: opendsec.sandbox.v1.MetricsSample
+	(*v1.Snapshot)(nil),               // 49: opendsec.sandbox.v1.Snapshot
+	(*v1.ForkResult)(nil),             // 50: opendsec.sandbox.v1.ForkResult
+	(*v1.UpdateNetworkRequest)(nil),   // 51: opendsec.sandbox.v1.UpdateNetworkRequest
 }
 var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
-	43, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	44, // 1: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	2,  // 2: opendsec.edge.v1.CreateSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	44, // 3: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 4: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 5: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	45, // 6: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	45, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	46, // 8: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	44, // 9: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 10: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 11: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	47, // 12: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	41, // 13: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	20, // 14: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
-	45, // 15: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 16: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	44, // 17: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	2,  // 18: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	42, // 19: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	48, // 20: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	2,  // 21: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	21, // 22: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	47, // 23: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	35, // 24: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
-	35, // 25: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
-	35, // 26: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
-	34, // 27: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
-	36, // 28: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	35, // 29: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
-	2,  // 30: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
-	37, // 31: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	49, // 32: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
-	44, // 33: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	0,  // 34: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
-	3,  // 35: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
-	5,  // 36: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
-	7,  // 37: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
-	11, // 38: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	39, // 39: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
-	9,  // 40: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
-	13, // 41: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
-	15, // 42: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
-	17, // 43: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	19, // 44: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	27, // 45: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	29, // 46: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	31, // 47: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	22, // 48: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
-	24, // 49: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
-	33, // 50: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	1,  // 51: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	4,  // 52: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	6,  // 53: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	8,  // 54: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	12, // 55: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	40, // 56: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
-	10, // 57: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
-	14, // 58: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	16, // 59: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	18, // 60: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	26, // 61: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	28, // 62: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	30, // 63: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	32, // 64: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	23, // 65: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
-	25, // 66: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
-	38, // 67: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	51, // [51:68] is the sub-list for method output_type
-	34, // [34:51] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	45, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	46, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	46, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	4,  // 3: opendsec.edge.v1.CreateSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	46, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	46, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	46, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	47, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	47, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	48, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	46, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	46, // 11: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	46, // 12: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	49, // 13: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	43, // 14: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	22, // 15: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
+	47, // 16: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 17: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	46, // 18: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	4,  // 19: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	44, // 20: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	50, // 21: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	4,  // 22: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	23, // 23: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	49, // 24: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	37, // 25: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
+	37, // 26: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
+	37, // 27: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
+	36, // 28: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
+	38, // 29: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
+	37, // 30: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	4,  // 31: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
+	39, // 32: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	51, // 33: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
+	46, // 34: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	0,  // 35: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
+	5,  // 36: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
+	7,  // 37: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
+	9,  // 38: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
+	13, // 39: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
+	41, // 40: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
+	11, // 41: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
+	15, // 42: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
+	17, // 43: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
+	19, // 44: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	21, // 45: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	29, // 46: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	31, // 47: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	33, // 48: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	24, // 49: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
+	26, // 50: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
+	1,  // 51: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
+	35, // 52: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	3,  // 53: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	6,  // 54: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	8,  // 55: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	10, // 56: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	14, // 57: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	42, // 58: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
+	12, // 59: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
+	16, // 60: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	18, // 61: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	20, // 62: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	28, // 63: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	30, // 64: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	32, // 65: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	34, // 66: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	25, // 67: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
+	27, // 68: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
+	2,  // 69: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
+	40, // 70: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	53, // [53:71] is the sub-list for method output_type
+	35, // [35:53] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_edge_v1_edge_proto_init() }
@@ -2608,7 +2718,7 @@ func file_opendsec_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_edge_v1_edge_proto_rawDesc), len(file_opendsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   43,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -82,6 +82,9 @@ const (
 	// EdgeServiceReleaseExportProcedure is the fully-qualified name of the EdgeService's ReleaseExport
 	// RPC.
 	EdgeServiceReleaseExportProcedure = "/opendsec.edge.v1.EdgeService/ReleaseExport"
+	// EdgeServiceFenceReservationProcedure is the fully-qualified name of the EdgeService's
+	// FenceReservation RPC.
+	EdgeServiceFenceReservationProcedure = "/opendsec.edge.v1.EdgeService/FenceReservation"
 	// EdgeServiceGetNodeStatusProcedure is the fully-qualified name of the EdgeService's GetNodeStatus
 	// RPC.
 	EdgeServiceGetNodeStatusProcedure = "/opendsec.edge.v1.EdgeService/GetNodeStatus"
@@ -112,6 +115,10 @@ type EdgeServiceClient interface {
 	ExportSnapshot(context.Context, *connect.Request[v1.ExportSnapshotRequest]) (*connect.Response[v1.ExportSnapshotResponse], error)
 	// ReleaseExport ends an export; a fork's snapshot is deleted with it.
 	ReleaseExport(context.Context, *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error)
+	// FenceReservation refuses any later create for a reservation and lists
+	// the sandboxes made for it: an apiserver taking over the create of one
+	// that died learns whether that create reached this node.
+	FenceReservation(context.Context, *connect.Request[v1.FenceReservationRequest]) (*connect.Response[v1.FenceReservationResponse], error)
 	// GetNodeStatus reports health, capacity and what runs here, for the watcher.
 	GetNodeStatus(context.Context, *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error)
 }
@@ -223,6 +230,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("ReleaseExport")),
 			connect.WithClientOptions(opts...),
 		),
+		fenceReservation: connect.NewClient[v1.FenceReservationRequest, v1.FenceReservationResponse](
+			httpClient,
+			baseURL+EdgeServiceFenceReservationProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("FenceReservation")),
+			connect.WithClientOptions(opts...),
+		),
 		getNodeStatus: connect.NewClient[v1.GetNodeStatusRequest, v1.GetNodeStatusResponse](
 			httpClient,
 			baseURL+EdgeServiceGetNodeStatusProcedure,
@@ -250,6 +263,7 @@ type edgeServiceClient struct {
 	deleteSnapshot    *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
 	exportSnapshot    *connect.Client[v1.ExportSnapshotRequest, v1.ExportSnapshotResponse]
 	releaseExport     *connect.Client[v1.ReleaseExportRequest, v1.ReleaseExportResponse]
+	fenceReservation  *connect.Client[v1.FenceReservationRequest, v1.FenceReservationResponse]
 	getNodeStatus     *connect.Client[v1.GetNodeStatusRequest, v1.GetNodeStatusResponse]
 }
 
@@ -333,6 +347,11 @@ func (c *edgeServiceClient) ReleaseExport(ctx context.Context, req *connect.Requ
 	return c.releaseExport.CallUnary(ctx, req)
 }
 
+// FenceReservation calls opendsec.edge.v1.EdgeService.FenceReservation.
+func (c *edgeServiceClient) FenceReservation(ctx context.Context, req *connect.Request[v1.FenceReservationRequest]) (*connect.Response[v1.FenceReservationResponse], error) {
+	return c.fenceReservation.CallUnary(ctx, req)
+}
+
 // GetNodeStatus calls opendsec.edge.v1.EdgeService.GetNodeStatus.
 func (c *edgeServiceClient) GetNodeStatus(ctx context.Context, req *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error) {
 	return c.getNodeStatus.CallUnary(ctx, req)
@@ -363,6 +382,10 @@ type EdgeServiceHandler interface {
 	ExportSnapshot(context.Context, *connect.Request[v1.ExportSnapshotRequest]) (*connect.Response[v1.ExportSnapshotResponse], error)
 	// ReleaseExport ends an export; a fork's snapshot is deleted with it.
 	ReleaseExport(context.Context, *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error)
+	// FenceReservation refuses any later create for a reservation and lists
+	// the sandboxes made for it: an apiserver taking over the create of one
+	// that died learns whether that create reached this node.
+	FenceReservation(context.Context, *connect.Request[v1.FenceReservationRequest]) (*connect.Response[v1.FenceReservationResponse], error)
 	// GetNodeStatus reports health, capacity and what runs here, for the watcher.
 	GetNodeStatus(context.Context, *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error)
 }
@@ -470,6 +493,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("ReleaseExport")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceFenceReservationHandler := connect.NewUnaryHandler(
+		EdgeServiceFenceReservationProcedure,
+		svc.FenceReservation,
+		connect.WithSchema(edgeServiceMethods.ByName("FenceReservation")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceGetNodeStatusHandler := connect.NewUnaryHandler(
 		EdgeServiceGetNodeStatusProcedure,
 		svc.GetNodeStatus,
@@ -510,6 +539,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceExportSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceReleaseExportProcedure:
 			edgeServiceReleaseExportHandler.ServeHTTP(w, r)
+		case EdgeServiceFenceReservationProcedure:
+			edgeServiceFenceReservationHandler.ServeHTTP(w, r)
 		case EdgeServiceGetNodeStatusProcedure:
 			edgeServiceGetNodeStatusHandler.ServeHTTP(w, r)
 		default:
@@ -583,6 +614,10 @@ func (UnimplementedEdgeServiceHandler) ExportSnapshot(context.Context, *connect.
 
 func (UnimplementedEdgeServiceHandler) ReleaseExport(context.Context, *connect.Request[v1.ReleaseExportRequest]) (*connect.Response[v1.ReleaseExportResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.ReleaseExport is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) FenceReservation(context.Context, *connect.Request[v1.FenceReservationRequest]) (*connect.Response[v1.FenceReservationResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.FenceReservation is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) GetNodeStatus(context.Context, *connect.Request[v1.GetNodeStatusRequest]) (*connect.Response[v1.GetNodeStatusResponse], error) {
