@@ -295,6 +295,13 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	if _, err := cl.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: "before-kill"})); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := cl.IAM.SetQuota(ctx, connect.NewRequest(&iamv1.SetQuotaRequest{Path: "root/before-kill", Quota: &iamv1.Quota{MaxSandboxes: 7}})); err != nil {
+		t.Fatal(err)
+	}
+	keyResp, err := cl.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/before-kill", Name: "kept"}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	st, err := iam.RemoteStatus(ctx, iamAddrs["iam-2"], mustIdentity(t, pkiDir, "iam-2").ClientConfig())
 	if err != nil || st.LeaderID == "" {
 		t.Fatalf("IAM status: %+v, %v", st, err)
@@ -324,8 +331,17 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 		execAll("after " + what)
 	}
 	phase("kill -9 of the IAM leader", false, func() { d.kill(st.LeaderID) })
-	if _, err := cl.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root/before-kill"})); err != nil {
-		t.Fatalf("a project made before the IAM leader died: %v", err)
+	// The project, its quota and its key, made before the leader died.
+	p, err := cl.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root/before-kill"}))
+	if err != nil || p.Msg.Project.Quota.GetMaxSandboxes() != 7 {
+		t.Fatalf("a project and quota made before the IAM leader died: %v, %v", p, err)
+	}
+	kept, err := client.New("http://"+a1+",http://"+a2, keyResp.Msg.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if who, err := kept.IAM.WhoAmI(ctx, connect.NewRequest(&iamv1.WhoAmIRequest{})); err != nil || who.Msg.Key.GetProject() != "root/before-kill" {
+		t.Fatalf("a key made before the IAM leader died: %v, %v", who, err)
 	}
 	// The client goes on with the other apiserver. Commands in flight
 	// through the one that died fail with the connection (at most one per
@@ -438,7 +454,11 @@ func cutInFlight(err error) bool {
 	return strings.HasPrefix(msg, "exec in ") && strings.Contains(msg, "unexpected EOF")
 }
 
-// load creates sandboxes (8 per goroutine at most) and runs commands in
+// gvisorSpec is the load's gVisor sandbox.
+var gvisorSpec = &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 128}}
+
+// load creates sandboxes (8 per goroutine at most, the first 2 of one
+// goroutine on gVisor) and runs commands in
 // them and in the sandboxes made before it from 3 goroutines until stop, which lets each finish the
 // call it is in (a create cut short could leave a sandbox nobody counts).
 type load struct {
@@ -465,8 +485,12 @@ func startLoad(ctx context.Context, cl *client.Client, spec *sandboxv1.SandboxSp
 				// A create every other round, 8 at most each: the rest of
 				// the time, execs.
 				if i%2 == 0 && len(mine) < 8 {
+					s := spec
+					if w == 0 && len(mine) < 2 {
+						s = gvisorSpec // both backends under load
+					}
 					cctx, cancel := context.WithTimeout(ctx, time.Minute)
-					sb, err := cl.Create(cctx, spec)
+					sb, err := cl.Create(cctx, s)
 					cancel()
 					if err != nil {
 						l.add(func(r *loadResult) { r.errs = append(r.errs, fmt.Errorf("create: %w", err)) })
