@@ -410,8 +410,27 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 
 	// kill -9 of an edge: its sandboxes keep running; started again, it
 	// re-attaches them, and the apiservers' view and listing see them.
+	// A load runs from the kill through the restart: creates go to the
+	// other edge (the dead one refuses connections), commands run in the
+	// other edge's sandboxes; none fails.
+	edge1, _ := os.ReadFile(filepath.Join(dir, "edge-1", "node-id"))
+	var onEdge2 []*client.Sandbox
+	for _, sb := range made {
+		if _, node, _ := sandboxid.Parse(sb.ID); string(node) != strings.TrimSpace(string(edge1)) {
+			onEdge2 = append(onEdge2, sb)
+		}
+	}
 	d.kill("edge-1")
+	l := startLoad(ctx, cl, spec, onEdge2)
+	time.Sleep(3 * time.Second)
 	d.restart("edge-1")
+	time.Sleep(2 * time.Second)
+	res := l.stop()
+	made = append(made, res.made...)
+	t.Logf("kill -9 and restart of an edge: load of %d creates and %d execs", res.creates, res.execs)
+	if len(res.errs) > 0 || res.creates < 3 {
+		t.Fatalf("load during kill -9 of an edge: %d creates, errors %v", res.creates, res.errs)
+	}
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
 		list, err := cl.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 		if err == nil && len(list.Msg.Sandboxes) == len(made) {
