@@ -1,7 +1,7 @@
-// Command crossfork measures a fork of 8 copies (gvisor, a prepared Python
-// process) whose copies run on the source's own node against one whose
-// copies run on two other nodes, which first pull the snapshot from the
-// source's edge over mutual TLS, in one run on one 3-edge cluster: edge 1
+// Command crossfork measures a fork of 8 copies (gvisor, a Python process
+// prepared as bench/fork prepares it) whose copies run on the source's own
+// node against one whose copies run on two other nodes, which first pull
+// the snapshot from the source's edge over mutual TLS, in one run on one 3-edge cluster: edge 1
 // has room for one sandbox (the cross-node source), edge 2 for many (the
 // same-node source). It prints the total, the source's interruption and
 // per-copy time to first exec; bench/fork has bare runsc's checkpoint and
@@ -19,29 +19,16 @@ import (
 
 	"connectrpc.com/connect"
 
-	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
+	"github.com/opendsec/opendsec/bench/internal/pyprep"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
-
-// prep imports modules and holds ~10 MB of state, then serves.
-const prep = `
-import asyncio, decimal, email.parser, fractions, http.server, json, sqlite3, statistics, xml.dom.minidom, random
-state = [random.random() for _ in range(200000)]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(json.dumps({"n": len(state)}).encode())
-    def log_message(self, *a): pass
-http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
-`
-
-const waitReady = "for i in $(seq 400); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.02; done; exit 1"
 
 func main() {
 	store := flag.String("store", ".cache/images", "image store with root/py:3.11")
@@ -88,14 +75,8 @@ func run(ctx context.Context, storeDir, agent string, n, reps int) error {
 		}
 		src := cl.Sandbox(made.Id)
 		defer src.Stop(ctx) //nolint:errcheck // cleanup
-		if _, err := src.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/prep.py", Data: []byte(prep)})); err != nil {
+		if err := pyprep.Run(ctx, src); err != nil {
 			return result{}, err
-		}
-		if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/prep.py"}, Tag: "prep"}})); err != nil {
-			return result{}, err
-		}
-		if r, err := src.Shell(ctx, waitReady); err != nil || r.ExitCode != 0 {
-			return result{}, fmt.Errorf("preparation did not come up: %v %v", r, err)
 		}
 		t0 := time.Now()
 		resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: int32(n)}))

@@ -27,26 +27,12 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
+	"github.com/opendsec/opendsec/bench/internal/pyprep"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/image"
 )
-
-// prep is the preparation a rollout does before it forks: import modules,
-// build some state, listen on a port.
-const prep = `
-import asyncio, argparse, decimal, email.parser, fractions, hashlib, http.server, json, logging
-import sqlite3, ssl, statistics, unittest, urllib.request, xml.dom.minidom, random
-state = [random.random() for _ in range(200000)]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(json.dumps({"n": len(state)}).encode())
-    def log_message(self, *a): pass
-http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
-`
-
-const waitReady = "for i in $(seq 400); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.02; done; exit 1"
 
 func main() {
 	store := flag.String("store", ".cache/images", "image store with root/py:3.11")
@@ -86,14 +72,8 @@ func run(ctx context.Context, storeDir, agent, countList string, reps int) error
 		if err != nil {
 			return nil, 0, err
 		}
-		if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/prep.py", Data: []byte(prep)})); err != nil {
+		if err := pyprep.Run(ctx, sb); err != nil {
 			return nil, 0, err
-		}
-		if _, err := sb.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/prep.py"}, Tag: "prep"}})); err != nil {
-			return nil, 0, err
-		}
-		if r, err := sb.Shell(ctx, waitReady); err != nil || r.ExitCode != 0 {
-			return nil, 0, fmt.Errorf("preparation did not come up: %v %v", r, err)
 		}
 		return sb, time.Since(t0), nil
 	}
@@ -223,7 +203,7 @@ func bareFork(ctx context.Context, work, storeDir string, n, rep int, r *row) er
 	}
 	optDir := filepath.Join(work, "opt")
 	os.MkdirAll(optDir, 0o755)
-	os.WriteFile(filepath.Join(optDir, "prep.py"), []byte(prep), 0o644)
+	os.WriteFile(filepath.Join(optDir, "prep.py"), []byte(pyprep.Script), 0o644)
 	bundle := func(id string, args []string) (string, error) {
 		dir := filepath.Join(work, id)
 		if err := rootfs.Mount(layers, rootfs.LayoutIn(dir)); err != nil {
@@ -263,7 +243,7 @@ func bareFork(ctx context.Context, work, storeDir string, n, rep int, r *row) er
 	if err := start(runsc("run", "--detach", "--bundle", dir, srcID)); err != nil {
 		return fmt.Errorf("runsc run: %w", err)
 	}
-	if out, err := runsc("exec", srcID, "sh", "-c", waitReady).CombinedOutput(); err != nil {
+	if out, err := runsc("exec", srcID, "sh", "-c", pyprep.WaitReady).CombinedOutput(); err != nil {
 		return fmt.Errorf("bare preparation: %v %s", err, out)
 	}
 	img := filepath.Join(work, fmt.Sprintf("img-%d-%d", n, rep))

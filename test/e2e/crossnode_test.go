@@ -46,15 +46,7 @@ func TestForkAcrossEdges(t *testing.T) {
 	src := apis[0].Sandbox(made.Id)
 	t.Cleanup(func() { src.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
 	srcNode := c.Edges[0].Node()
-	for path, body := range map[string]string{"/root/server.py": heldState, "/root/heavy.py": heavyModule} {
-		if _, err := src.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: path, Data: []byte(body)})); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/server.py"}, Tag: "server"}})); err != nil {
-		t.Fatal(err)
-	}
-	shell(t, src, "for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1")
+	startHeldState(t, src)
 	sess, err := src.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
 	if err != nil {
 		t.Fatal(err)

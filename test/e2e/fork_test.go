@@ -60,6 +60,22 @@ func query(t *testing.T, sb *client.Sandbox, path string) serverState {
 	return st
 }
 
+// startHeldState starts the heldState server in sb and waits until it
+// answers.
+func startHeldState(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	ctx := ctxT(t)
+	for path, body := range map[string]string{"/root/server.py": heldState, "/root/heavy.py": heavyModule} {
+		if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: path, Data: []byte(body)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := sb.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/server.py"}, Tag: "server"}})); err != nil {
+		t.Fatal(err)
+	}
+	shell(t, sb, "for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1")
+}
+
 func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 	c := gvisorPyCluster(t)
 	ctx := ctxT(t)
@@ -67,15 +83,7 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, body := range map[string]string{"/root/server.py": heldState, "/root/heavy.py": heavyModule} {
-		if _, err := src.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: path, Data: []byte(body)})); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/server.py"}, Tag: "server"}})); err != nil {
-		t.Fatal(err)
-	}
-	shell(t, src, "for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1")
+	startHeldState(t, src)
 	// A persistent shell with state in a variable, too.
 	sess, err := src.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
 	if err != nil {
