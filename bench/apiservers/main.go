@@ -1,10 +1,12 @@
 // Command apiservers measures creates per second on the container backend
 // through one apiserver and through two (the second reading IAM from its
 // own non-voting replica, its quota reservations going to the leader over
-// the Raft port), in one process with one edge, in one run; the raw
-// runtime's rate for the same burst is bench/density's bare `crun run`
-// line. The sandboxes are stopped after each burst. Needs root, crun and
-// `make images`.
+// the Raft port), in one process with one edge (dsec up), and through two
+// apiservers of a cluster of separate processes (3 IAM replicas, a
+// watcher, one edge: bin/dsec daemons), in one run; the raw runtime's rate
+// for the same burst is bench/density's bare `crun run` line. The
+// sandboxes are stopped after each burst. Needs root, crun, `make build`
+// and `make images`.
 package main
 
 import (
@@ -30,14 +32,15 @@ func main() {
 	n := flag.Int("n", 200, "creates per burst")
 	par := flag.Int("parallel", 16, "creates in flight at once")
 	agent := flag.String("agent", "bin/aether", "aether binary")
+	dsec := flag.String("dsec", "bin/dsec", "dsec binary, for the cluster of processes")
 	flag.Parse()
-	if err := run(context.Background(), *store, *img, *n, *par, *agent); err != nil {
+	if err := run(context.Background(), *store, *img, *n, *par, *agent, *dsec); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, storeDir, imgName string, n, par int, agent string) error {
+func run(ctx context.Context, storeDir, imgName string, n, par int, agent, dsec string) error {
 	host, _ := os.Hostname()
 	fmt.Printf("creates per second, %d container sandboxes (0.1 core, 64 MiB), %d in flight (machine %s)\n", n, par, host)
 	var rates []float64
@@ -49,7 +52,19 @@ func run(ctx context.Context, storeDir, imgName string, n, par int, agent string
 		rates = append(rates, rate)
 		fmt.Printf("%-46s %8.1f creates/s   p50 %s\n", fmt.Sprintf("through %d apiserver(s)", apis), rate, benchstat.Ms(p50, 1))
 	}
-	fmt.Printf("ratio 2 apiservers / 1: %.2fx (one edge on 2 cores bounds both)\n", rates[1]/rates[0])
+	// The same through separate processes: 3 IAM replicas, a watcher, one
+	// edge and 2 apiservers, each a dsec daemon.
+	d, err := startDaemons(ctx, dsec, agent, storeDir, 2)
+	if err != nil {
+		return err
+	}
+	rate, p50, err := measure(ctx, d.urls, d.key, imgName, n, par)
+	d.stop()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%-46s %8.1f creates/s   p50 %s\n", "through 2 apiserver daemons (cluster processes)", rate, benchstat.Ms(p50, 1))
+	fmt.Printf("ratio 2 apiservers / 1: %.2fx; daemons / one process (dsec up): %.2fx (one edge on 2 cores bounds all)\n", rates[1]/rates[0], rate/rates[0])
 	return nil
 }
 
@@ -64,9 +79,14 @@ func burst(ctx context.Context, storeDir, imgName, agent string, n, par, apis in
 		return 0, 0, err
 	}
 	defer c.Close()
-	key := benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY")
+	return measure(ctx, c.APIURLs, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"), imgName, n, par)
+}
+
+// measure runs n creates, par at once, spread over the apiservers at urls,
+// and stops the sandboxes.
+func measure(ctx context.Context, urls []string, key, imgName string, n, par int) (float64, time.Duration, error) {
 	var clients []*client.Client
-	for _, u := range c.APIURLs {
+	for _, u := range urls {
 		cl, err := client.New(u, key)
 		if err != nil {
 			return 0, 0, err
@@ -117,7 +137,7 @@ func burst(ctx context.Context, storeDir, imgName, agent string, n, par, apis in
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return 0, 0, fmt.Errorf("%d apiserver(s): %w", apis, firstErr)
+		return 0, 0, fmt.Errorf("%d apiserver(s): %w", len(urls), firstErr)
 	}
 	return float64(len(made)) / took.Seconds(), benchstat.Pct(times, 50), nil
 }
