@@ -35,7 +35,7 @@ type copyPlan struct {
 func (s *Server) planCopies(holder string, r *sandboxv1.Resources, backend string, count int64, spread bool) (copyPlan, error) {
 	req := placement.Request{Backend: backend, CPUCores: r.GetCpuCores(), MemoryMB: r.GetMemoryMb(), Count: 1}
 	view := s.watcher.View()
-	byNode, _ := s.inflight.overlay(marksOf(view))
+	byNode := s.inflight.overlay(marksOf(view))
 	s.rngMu.Lock()
 	shares, err := placement.SplitFork(view.Placement(), byNode, holder, req, count, spread, s.cfg.K, s.rng)
 	s.rngMu.Unlock()

@@ -103,10 +103,10 @@ func (f *inflight) finish(id uint64, ok bool, stamp *edgev1.UsageStamp) {
 // Nor is waiting for a later poll exact: one that started between the
 // admission and the answer counts the sandbox too, and a create right after
 // was refused its quota for up to a second, which the stamp ends.)
-func (f *inflight) overlay(marks map[string]nodeMark) (byNode map[string]placement.Resources, pending []inflightEntry) {
+func (f *inflight) overlay(marks map[string]nodeMark) map[string]placement.Resources {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	byNode = map[string]placement.Resources{}
+	byNode := map[string]placement.Resources{}
 	for id, e := range f.entries {
 		m := marks[e.node]
 		if e.done && (covers(m.usage, e.stamp) || m.polledAt.After(e.doneAt) || time.Since(e.doneAt) > time.Minute) {
@@ -118,7 +118,6 @@ func (f *inflight) overlay(marks map[string]nodeMark) (byNode map[string]placeme
 		r.CPUCores += e.res.CPUCores
 		r.MemoryMB += e.res.MemoryMB
 		byNode[e.node] = r
-		pending = append(pending, *e)
 	}
-	return byNode, pending
+	return byNode
 }

@@ -168,7 +168,7 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 	var made []string
 	defer func() { s.settleQuota(rsv, made) }()
 	view := s.watcher.View()
-	byNode, _ := s.inflight.overlay(marksOf(view))
+	byNode := s.inflight.overlay(marksOf(view))
 	s.rngMu.Lock()
 	ranked, err := placement.Place(view.Placement(), byNode, r, s.cfg.K, s.rng)
 	s.rngMu.Unlock()

@@ -18,7 +18,6 @@ import (
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/placement"
-	"github.com/opendsec/opendsec/internal/project"
 )
 
 // Config configures a watcher.
@@ -76,24 +75,6 @@ func res(u *edgev1.Usage) placement.Resources {
 		return placement.Resources{}
 	}
 	return placement.Resources{Sandboxes: u.Sandboxes, CPUCores: u.CpuCores, MemoryMB: u.MemoryMb}
-}
-
-// ProjectUsage sums what project and its descendants hold on every node.
-func (v *View) ProjectUsage(proj string) placement.Resources {
-	var r placement.Resources
-	for _, n := range v.Nodes {
-		if n.Status == nil {
-			continue
-		}
-		for _, g := range n.Status.Groups {
-			if project.Within(g.Project, proj) {
-				r.Sandboxes += g.Usage.Sandboxes
-				r.CPUCores += g.Usage.CpuCores
-				r.MemoryMB += g.Usage.MemoryMb
-			}
-		}
-	}
-	return r
 }
 
 // Healthy lists healthy nodes.
