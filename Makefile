@@ -23,11 +23,13 @@ all: build
 deps:
 	./scripts/install-deps.sh
 	./scripts/build-runsc.sh $(CACHE)/bin/runsc-net
+	./scripts/guest-kernel.sh $(CACHE)/guest
 
 build:
 	go build -trimpath -o bin/dsec ./cmd/dsec
 	@if [ -x $(CACHE)/bin/runsc-net ]; then ln -sf $(CACHE)/bin/runsc-net bin/runsc-net; fi
 	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/aether ./cmd/aether
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/dsec-vminit ./cmd/dsec-vminit
 	$(COMPAT_CC) -o bin/libdsec-compat.so compat/gvisor/statx.c
 
 # Base images, built offline-capably: the Debian packages are kept in

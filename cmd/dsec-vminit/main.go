@@ -1,0 +1,115 @@
+// Command dsec-vminit is PID 1 of a microvm sandbox's guest (static, from
+// the initramfs). So far it does what the node's probe boot needs: mount
+// the kernel's file systems, load the virtio modules the initramfs carries
+// (with their parameters from the kernel command line, as modprobe would),
+// find the agent's virtio-serial port by name, say it is up there and on
+// the console, and power the guest off.
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Marker is what a probe boot prints once userspace runs and the agent's
+// port answers.
+const Marker = "DSEC-VMINIT-UP"
+
+// agentPort is the virtio-serial port name the host gives the agent.
+const agentPort = "dsec.agent"
+
+func main() {
+	began := time.Now()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
+	}
+	fmt.Printf("%s after %s in userspace\n", Marker, time.Since(began).Round(time.Millisecond))
+	unix.Sync()
+	unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF) //nolint:errcheck // the guest ends either way
+}
+
+func run() error {
+	for _, m := range []struct{ src, dst, fstype string }{
+		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
+	} {
+		os.MkdirAll(m.dst, 0o755)
+		if err := unix.Mount(m.src, m.dst, m.fstype, 0, ""); err != nil && err != unix.EBUSY {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	if err := loadModules("/lib/modules", string(cmdline)); err != nil {
+		return err
+	}
+	port, err := findPort(agentPort, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(port, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = fmt.Fprintf(f, "%s\n", Marker)
+	return err
+}
+
+// loadModules loads DIR's modules in the order DIR/order names them,
+// passing each the "name.param=value" words of cmdline.
+func loadModules(dir, cmdline string) error {
+	order, err := os.ReadFile(filepath.Join(dir, "order"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, name := range strings.Fields(string(order)) {
+		f, err := os.Open(filepath.Join(dir, name+".ko"))
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), moduleParams(name, cmdline), 0)
+		f.Close()
+		if err != nil && err != unix.EEXIST {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// moduleParams collects "module.param=value" words for module.
+func moduleParams(module, cmdline string) string {
+	var out []string
+	for _, w := range strings.Fields(cmdline) {
+		if p, ok := strings.CutPrefix(w, module+"."); ok && strings.Contains(p, "=") {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// findPort waits for the virtio-serial port called name and returns its
+// device path.
+func findPort(name string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		ports, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		sort.Strings(ports)
+		for _, p := range ports {
+			if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == name {
+				return "/dev/" + filepath.Base(filepath.Dir(p)), nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port named %s (ports: %v)", name, ports)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,39 @@
+// Package microvm is the backend that runs each sandbox in a virtual
+// machine of its own [ours: the paper's fork-with-memory figures come from
+// such VMs]. A Driver is the hypervisor seam: QEMU's microvm machine
+// (TCG, or KVM where a probe boot succeeds) and, later, Firecracker.
+//
+// Built so far: the guest kernel from Debian's packages
+// (scripts/guest-kernel.sh), the guest's init (cmd/dsec-vminit), the
+// initramfs writer and the QEMU driver's probe boot, which decides the
+// accelerator from a boot that reaches userspace and the agent's
+// virtio-serial port, never from "/dev/kvm opens". Sandboxes do not run on
+// it yet: the backend is not registered.
+package microvm
+
+import (
+	"context"
+	"time"
+)
+
+// Driver is a hypervisor.
+type Driver interface {
+	Name() string
+	// Probe boots a tiny guest to its init's marker, in scratch directory
+	// dir, and says with which accelerator and how fast; an error says why
+	// no guest boots here.
+	Probe(ctx context.Context, dir string) (*ProbeResult, error)
+}
+
+// ProbeResult is how a probe boot went.
+type ProbeResult struct {
+	Driver string
+	// Accel is the accelerator that booted the guest ("kvm", "tcg").
+	Accel string
+	// Boot is the time from the hypervisor's start to the marker on the
+	// agent's port.
+	Boot time.Duration
+	// Skipped says why a faster accelerator was not used (e.g. "kvm: the
+	// probe guest did not boot: ...").
+	Skipped []string
+}
