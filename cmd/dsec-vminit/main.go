@@ -1,9 +1,10 @@
 // Command dsec-vminit is PID 1 of a microvm sandbox's guest (static, from
-// the initramfs). So far it does what the node's probe boot needs: mount
-// the kernel's file systems, load the virtio modules the initramfs carries
-// (with their parameters from the kernel command line, as modprobe would),
-// find the agent's virtio-serial port by name, say it is up there and on
-// the console, and power the guest off.
+// the initramfs): it mounts the kernel's file systems, loads the virtio
+// modules the initramfs carries (with their parameters from the kernel
+// command line, as modprobe would) and finds the agent's virtio-serial
+// port by name. With the agent in the initramfs (/aether) it then becomes
+// the agent, which serves the edge on that port; without, it writes its
+// marker there and powers the guest off (the node's probe boot).
 package main
 
 import (
@@ -24,10 +25,19 @@ const Marker = "DSEC-VMINIT-UP"
 // agentPort is the virtio-serial port name the host gives the agent.
 const agentPort = "dsec.agent"
 
+// agentBinary, when the initramfs carries it, is started in place of
+// this init once the modules are loaded: the guest's PID 1 from then on.
+const agentBinary = "/aether"
+
 func main() {
 	began := time.Now()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
+	}
+	if _, err := os.Stat(agentBinary); err == nil {
+		fmt.Printf("%s after %s in userspace; starting the agent\n", Marker, time.Since(began).Round(time.Millisecond))
+		err := unix.Exec(agentBinary, []string{agentBinary, "-edge-socket", "virtio-port:" + agentPort}, []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"})
+		fmt.Fprintln(os.Stderr, "dsec-vminit: start the agent:", err)
 	}
 	fmt.Printf("%s after %s in userspace\n", Marker, time.Since(began).Round(time.Millisecond))
 	unix.Sync()
@@ -50,6 +60,9 @@ func run() error {
 	port, err := findPort(agentPort, 5*time.Second)
 	if err != nil {
 		return err
+	}
+	if _, err := os.Stat(agentBinary); err == nil {
+		return nil // the agent's link speaks first on the port
 	}
 	f, err := os.OpenFile(port, os.O_WRONLY, 0)
 	if err != nil {

@@ -43,7 +43,7 @@ func (d *Dialer) Run(ctx context.Context) {
 	delay := fastRetry
 	downSince := time.Now()
 	for ctx.Err() == nil {
-		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", d.Path)
+		conn, err := dial(ctx, d.Path)
 		if err != nil {
 			if time.Since(downSince) > fastRetryFor {
 				delay = slowRetry
@@ -63,9 +63,19 @@ func (d *Dialer) Run(ctx context.Context) {
 		if d.OnConnect != nil {
 			d.OnConnect()
 		}
+		began := time.Now()
 		serveConn(ctx, conn, d.Handler)
 		log.Debug("edge connection closed", "path", d.Path)
 		delay, downSince = fastRetry, time.Now()
+		// A virtio-serial port opens whether or not the host is connected,
+		// and then reads as ended at once: wait before opening it again.
+		if _, port := conn.(*portConn); port && time.Since(began) < 50*time.Millisecond {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 	}
 }
 

@@ -5,10 +5,13 @@
 //
 // Built so far: the guest kernel from Debian's packages
 // (scripts/guest-kernel.sh), the guest's init (cmd/dsec-vminit), the
-// initramfs writer and the QEMU driver's probe boot, which decides the
+// initramfs writer, the QEMU driver's probe boot, which decides the
 // accelerator from a boot that reaches userspace and the agent's
-// virtio-serial port, never from "/dev/kvm opens". Sandboxes do not run on
-// it yet: the backend is not registered.
+// virtio-serial port (never from "/dev/kvm opens"), and the agent in the
+// guest serving the edge's link over that port (QEMU joins the port to the
+// link's Unix socket; agentlink.VirtioPrefix). Not yet: the image's root
+// disk and writable layer, the Backend itself (not registered: no sandbox
+// runs on it), pause, snapshots, fork, Firecracker.
 package microvm
 
 import (

@@ -3,13 +3,20 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -85,6 +92,21 @@ func TestInitramfsHasFilesParentsAndConsole(t *testing.T) {
 // its marker to the agent's virtio-serial port. On this machine KVM opens
 // but does not boot a stock kernel: the probe says so and uses TCG.
 func TestQEMUProbeBoot(t *testing.T) {
+	q := testQEMU(t)
+	res, err := q.Probe(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("probe: %s with %s in %v; not used: %v", res.Driver, res.Accel, res.Boot, res.Skipped)
+	if res.Accel != "tcg" && res.Accel != "kvm" || res.Boot <= 0 {
+		t.Fatalf("probe result %+v", res)
+	}
+}
+
+// testQEMU is the QEMU driver with the guest kernel make deps fetched and
+// a freshly built guest init.
+func testQEMU(t *testing.T) *QEMU {
+	t.Helper()
 	qemu := testutil.RequireBinary(t, "qemu-system-x86_64")
 	guest := filepath.Join(testutil.RepoRoot(t), ".cache", "guest")
 	if _, err := os.Stat(filepath.Join(guest, "vmlinux")); err != nil {
@@ -97,13 +119,74 @@ func TestQEMUProbeBoot(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build dsec-vminit: %v\n%s", err, out)
 	}
-	q := &QEMU{Binary: qemu, Kernel: filepath.Join(guest, "vmlinux"), Init: init, Modules: filepath.Join(guest, "modules")}
-	res, err := q.Probe(context.Background(), t.TempDir())
+	return &QEMU{Binary: qemu, Kernel: filepath.Join(guest, "vmlinux"), Init: init, Modules: filepath.Join(guest, "modules")}
+}
+
+// TestAgentAnswersInsideTheVM boots a guest whose init hands over to the
+// agent (aether), with QEMU joining the agent's virtio-serial port to an
+// edge link's Unix socket: a command runs in the guest through the same
+// link and HTTP/2 API as in a container, on the guest's own kernel.
+func TestAgentAnswersInsideTheVM(t *testing.T) {
+	q := testQEMU(t)
+	busybox := testutil.RequireBinary(t, "busybox")
+	dir := t.TempDir()
+	var extra []InitFile
+	for p, src := range map[string]string{"/aether": testutil.AgentBinary(t), "/bin/busybox": busybox} {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		extra = append(extra, InitFile{Path: p, Mode: 0o755, Data: data})
+	}
+	initrd := filepath.Join(dir, "guest.cpio")
+	if err := q.WriteInitramfs(initrd, extra); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "edge.sock")
+	link, err := agentlink.Listen(sock, testutil.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("probe: %s with %s in %v; not used: %v", res.Driver, res.Accel, res.Boot, res.Skipped)
-	if res.Accel != "tcg" && res.Accel != "kvm" || res.Boot <= 0 {
-		t.Fatalf("probe result %+v", res)
+	defer link.Close()
+	cmd := exec.Command(q.Binary, q.Args(Guest{MemoryMB: 256, Initrd: initrd, Console: filepath.Join(dir, "console.log"),
+		AgentChardev: "socket,id=agent,path=" + sock + ",server=off,reconnect=1"})...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
+	defer func() {
+		cmd.Process.Kill() //nolint:errcheck // the test's guest
+		cmd.Wait()         //nolint:errcheck // killed
+		if t.Failed() {
+			console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
+			t.Logf("console:\n%s", console)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	began := time.Now()
+	// The link has a connection as soon as QEMU joins the port to it; the
+	// agent answers once the guest has booted.
+	if err := link.WaitReady(ctx); err != nil {
+		t.Fatalf("QEMU did not reach the link: %v", err)
+	}
+	proc := agentv1connect.NewProcessServiceClient(&http.Client{Transport: link}, "http://agent")
+	run := func(args ...string) string {
+		t.Helper()
+		resp, err := proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: args}}))
+		if err != nil || resp.Msg.ExitCode != 0 {
+			t.Fatalf("run %v: %v, %v", args, resp, err)
+		}
+		return strings.TrimSpace(string(resp.Msg.Stdout))
+	}
+	if got := run("/bin/busybox", "echo", "hi from the guest"); got != "hi from the guest" {
+		t.Fatalf("echo: %q", got)
+	}
+	firstExec := time.Since(began)
+	// The guest's own kernel, not the host's.
+	release, _ := os.ReadFile(filepath.Join(testutil.RepoRoot(t), ".cache", "guest", "release"))
+	host, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	if got := run("/bin/busybox", "uname", "-r"); got != strings.TrimSpace(string(release)) || got == strings.TrimSpace(string(host)) {
+		t.Fatalf("uname -r in the guest: %q (guest kernel %q, host %q)", got, release, host)
+	}
+	t.Logf("QEMU start to the first exec's answer: %v", firstExec)
 }

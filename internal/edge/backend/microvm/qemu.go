@@ -64,12 +64,15 @@ func (q *QEMU) Probe(ctx context.Context, dir string) (*ProbeResult, error) {
 }
 
 // writeInitramfs packs the init and the modules the kernel needs.
-func (q *QEMU) writeInitramfs(dst string) error {
+func (q *QEMU) writeInitramfs(dst string) error { return q.WriteInitramfs(dst, nil) }
+
+// WriteInitramfs packs the init, the modules the kernel needs and extra.
+func (q *QEMU) WriteInitramfs(dst string, extra []InitFile) error {
 	init, err := os.ReadFile(q.Init)
 	if err != nil {
 		return fmt.Errorf("qemu: the guest init: %w", err)
 	}
-	files := []InitFile{{Path: "/init", Mode: 0o755, Data: init}}
+	files := append([]InitFile{{Path: "/init", Mode: 0o755, Data: init}}, extra...)
 	var order []string
 	for _, m := range ModuleOrder {
 		data, err := os.ReadFile(filepath.Join(q.Modules, m+".ko"))
@@ -90,6 +93,36 @@ func (q *QEMU) writeInitramfs(dst string) error {
 	return os.WriteFile(dst, buf.Bytes(), 0o644)
 }
 
+// Guest is what one QEMU guest is started with.
+type Guest struct {
+	Accel, CPU   string // "tcg" and "max" when empty
+	MemoryMB     int
+	Initrd       string
+	Console      string // the serial console's log file
+	AgentChardev string // QEMU -chardev for the agent's port (id=agent)
+}
+
+// Args is the QEMU command line of g.
+func (q *QEMU) Args(g Guest) []string {
+	if g.Accel == "" {
+		g.Accel = "tcg"
+	}
+	if g.CPU == "" {
+		g.CPU = "max"
+	}
+	return []string{
+		"-M", "microvm,pit=on,pic=on,rtc=on", "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", KernelArgs(),
+		"-serial", "file:" + g.Console,
+		"-device", "virtio-serial-device", "-chardev", g.AgentChardev,
+		"-device", "virtserialport,chardev=agent,name=" + AgentPort,
+	}
+}
+
+// AgentPort is the name of the agent's virtio-serial port.
+const AgentPort = "dsec.agent"
+
 // boot runs one probe guest and returns the time to the init's marker on
 // the agent's port.
 func (q *QEMU) boot(ctx context.Context, dir, initrd, accel string) (time.Duration, error) {
@@ -103,13 +136,7 @@ func (q *QEMU) boot(ctx context.Context, dir, initrd, accel string) (time.Durati
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeouts[accel])
 	defer cancel()
-	cmd := exec.CommandContext(ctx, q.Binary,
-		"-M", "microvm,pit=on,pic=on,rtc=on", "-accel", accel, "-cpu", cpu, "-m", "128", "-smp", "1",
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", q.Kernel, "-initrd", initrd, "-append", KernelArgs(),
-		"-serial", "file:"+console,
-		"-device", "virtio-serial-device", "-chardev", "file,id=agent,path="+agentOut,
-		"-device", "virtserialport,chardev=agent,name=dsec.agent")
+	cmd := exec.CommandContext(ctx, q.Binary, q.Args(Guest{Accel: accel, CPU: cpu, MemoryMB: 128, Initrd: initrd, Console: console, AgentChardev: "file,id=agent,path=" + agentOut})...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	began := time.Now()
