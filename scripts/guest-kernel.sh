@@ -10,7 +10,8 @@ set -eu
 dir=${1:-.cache/guest}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-if [ -s "$dir/vmlinux" ] && [ -s "$dir/release" ]; then
+mods="virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay"
+if [ -s "$dir/vmlinux" ] && [ -s "$dir/release" ] && [ "$(cat "$dir/modules.list" 2>/dev/null)" = "$mods" ]; then
 	exit 0
 fi
 pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -1)
@@ -37,11 +38,12 @@ if ! head -c 4 "$work/vmlinux" | grep -q ELF; then
 	exit 1
 fi
 mkdir -p "$dir/modules"
-for m in virtio_ring virtio virtio_mmio virtio_console virtio_blk; do
+for m in $mods; do
 	f=$(find "$work/root/lib/modules/$release" -name "$m.ko*" | head -1)
 	[ -n "$f" ] || continue # built into this kernel
 	cp "$f" "$dir/modules/"
 done
 mv "$work/vmlinux" "$dir/vmlinux"
 echo "$release" > "$dir/release"
+echo "$mods" > "$dir/modules.list"
 echo "guest kernel $release in $dir"

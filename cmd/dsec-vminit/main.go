@@ -35,8 +35,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
 	}
 	if _, err := os.Stat(agentBinary); err == nil {
+		agent := agentBinary
+		if root, rw := diskBySerial(rootSerial), diskBySerial(writableSerial); root != "" && rw != "" {
+			if err := switchRoot(root, rw); err != nil {
+				fmt.Fprintln(os.Stderr, "dsec-vminit: the image's root:", err)
+			} else {
+				agent = "/.dsec/aether"
+			}
+		}
 		fmt.Printf("%s after %s in userspace; starting the agent\n", Marker, time.Since(began).Round(time.Millisecond))
-		err := unix.Exec(agentBinary, []string{agentBinary, "-edge-socket", "virtio-port:" + agentPort}, []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"})
+		err := unix.Exec(agent, []string{agent, "-edge-socket", "virtio-port:" + agentPort}, []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
 		fmt.Fprintln(os.Stderr, "dsec-vminit: start the agent:", err)
 	}
 	fmt.Printf("%s after %s in userspace\n", Marker, time.Since(began).Round(time.Millisecond))
@@ -71,6 +79,74 @@ func run() error {
 	defer f.Close()
 	_, err = fmt.Fprintf(f, "%s\n", Marker)
 	return err
+}
+
+// Disk serials (microvm.RootSerial, microvm.WritableSerial).
+const (
+	rootSerial     = "dsec-root"
+	writableSerial = "dsec-rw"
+)
+
+// diskBySerial is the block device whose virtio serial is serial, or "".
+func diskBySerial(serial string) string {
+	disks, _ := filepath.Glob("/sys/block/vd*/serial")
+	for _, p := range disks {
+		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == serial {
+			return "/dev/" + filepath.Base(filepath.Dir(p))
+		}
+	}
+	return ""
+}
+
+// switchRoot makes the image's root disk (read-only) under an overlay
+// whose upper layer is on the writable disk the root, with the agent on a
+// tmpfs at /.dsec, and moves this init there.
+func switchRoot(rootDev, rwDev string) error {
+	for _, m := range []struct{ src, dst, fstype, data string }{
+		{rootDev, "/mnt/lower", "ext4", ""}, {rwDev, "/mnt/rw", "ext4", ""},
+	} {
+		os.MkdirAll(m.dst, 0o755)
+		flags := uintptr(0)
+		if m.dst == "/mnt/lower" {
+			flags = unix.MS_RDONLY
+		}
+		if err := unix.Mount(m.src, m.dst, m.fstype, flags, m.data); err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.src, m.dst, err)
+		}
+	}
+	for _, d := range []string{"/mnt/rw/upper", "/mnt/rw/work", "/newroot"} {
+		os.MkdirAll(d, 0o755)
+	}
+	if err := unix.Mount("overlay", "/newroot", "overlay", 0, "lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work"); err != nil {
+		return fmt.Errorf("mount the overlay: %w", err)
+	}
+	os.MkdirAll("/newroot/.dsec", 0o755)
+	if err := unix.Mount("tmpfs", "/newroot/.dsec", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return err
+	}
+	agent, err := os.ReadFile(agentBinary)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile("/newroot/.dsec/aether", agent, 0o755); err != nil {
+		return err
+	}
+	for _, d := range []string{"/proc", "/sys", "/dev"} {
+		os.MkdirAll("/newroot"+d, 0o755)
+		if err := unix.Mount(d, "/newroot"+d, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s: %w", d, err)
+		}
+	}
+	if err := unix.Chdir("/newroot"); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the new root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	return unix.Chdir("/")
 }
 
 // loadModules loads DIR's modules in the order DIR/order names them,

@@ -9,9 +9,11 @@
 // accelerator from a boot that reaches userspace and the agent's
 // virtio-serial port (never from "/dev/kvm opens"), and the agent in the
 // guest serving the edge's link over that port (QEMU joins the port to the
-// link's Unix socket; agentlink.VirtioPrefix). Not yet: the image's root
-// disk and writable layer, the Backend itself (not registered: no sandbox
-// runs on it), pause, snapshots, fork, Firecracker.
+// link's Unix socket; agentlink.VirtioPrefix), and the guest's root: the
+// image's tree as a read-only ext4 disk (shared) under an overlay whose
+// upper layer is the sandbox's own sparse ext4 disk, which bounds what it
+// writes. Not yet: the Backend itself (not registered: no sandbox runs on
+// it), the per-image root cache, pause, snapshots, fork, Firecracker.
 package microvm
 
 import (

@@ -190,3 +190,86 @@ func TestAgentAnswersInsideTheVM(t *testing.T) {
 	}
 	t.Logf("QEMU start to the first exec's answer: %v", firstExec)
 }
+
+// TestAgentRunsOnTheImagesRootDisk: the guest's root is a read-only ext4
+// image of a tree (an image's layers) under an overlay whose upper layer
+// is the sandbox's own writable disk; the agent runs there, a command
+// writes a file, the root image stays as built, and the writable disk
+// bounds what can be written.
+func TestAgentRunsOnTheImagesRootDisk(t *testing.T) {
+	q := testQEMU(t)
+	busybox := testutil.RequireBinary(t, "busybox")
+	testutil.RequireBinary(t, "mkfs.ext4")
+	dir := t.TempDir()
+	tree := filepath.Join(dir, "tree")
+	for _, d := range []string{"bin", "etc", "root", "tmp"} {
+		os.MkdirAll(filepath.Join(tree, d), 0o755)
+	}
+	data, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(tree, "bin", "busybox"), data, 0o755)
+	for _, applet := range []string{"sh", "cat", "echo", "mount", "dd", "df"} {
+		os.Symlink("busybox", filepath.Join(tree, "bin", applet))
+	}
+	os.WriteFile(filepath.Join(tree, "etc", "from-image"), []byte("layer\n"), 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rootImg, rw := filepath.Join(dir, "root.ext4"), filepath.Join(dir, "rw.ext4")
+	if err := BuildRootImage(ctx, tree, rootImg); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewWritableDisk(ctx, rw, 64); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(rootImg)
+	agent, _ := os.ReadFile(testutil.AgentBinary(t))
+	initrd := filepath.Join(dir, "guest.cpio")
+	if err := q.WriteInitramfs(initrd, []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}}); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "edge.sock")
+	link, err := agentlink.Listen(sock, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	cmd := exec.Command(q.Binary, q.Args(Guest{MemoryMB: 256, Initrd: initrd, Console: filepath.Join(dir, "console.log"),
+		AgentChardev: "socket,id=agent,path=" + sock + ",server=off,reconnect=1", RootDisk: rootImg, WritableDisk: rw})...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill() //nolint:errcheck // the test's guest
+		cmd.Wait()         //nolint:errcheck // killed
+		if t.Failed() {
+			console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
+			t.Logf("console:\n%s", console)
+		}
+	}()
+	proc := agentv1connect.NewProcessServiceClient(&http.Client{Transport: link}, "http://agent")
+	sh := func(line string) (string, int32) {
+		t.Helper()
+		resp, err := proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"/bin/sh", "-c", line}}}))
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		return strings.TrimSpace(string(resp.Msg.Stdout)), resp.Msg.ExitCode
+	}
+	if got, _ := sh("cat /etc/from-image; echo written > /root/f; cat /root/f; echo changed > /etc/from-image"); got != "layer\nwritten" {
+		t.Fatalf("files: %q", got)
+	}
+	if got, _ := sh("cat /proc/mounts"); !strings.Contains(got, "overlay / overlay rw,relatime,lowerdir=/mnt/lower,upperdir=/mnt/rw/upper") {
+		t.Fatalf("the root is not the image under an overlay:\n%s", got)
+	}
+	// The writable disk bounds what is written: 64 MiB.
+	if _, code := sh("dd if=/dev/zero of=/root/big bs=1M count=100 2>/dev/null"); code == 0 {
+		t.Fatal("100 MiB written on a 64 MiB writable disk")
+	}
+	cmd.Process.Kill() //nolint:errcheck // done with the guest
+	cmd.Wait()         //nolint:errcheck // killed
+	if after, _ := os.ReadFile(rootImg); !bytes.Equal(before, after) {
+		t.Fatal("the shared root image changed")
+	}
+}

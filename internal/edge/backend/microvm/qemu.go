@@ -18,7 +18,7 @@ const VMInitMarker = "DSEC-VMINIT-UP"
 
 // ModuleOrder is the order the guest loads the virtio modules the guest
 // kernel has as modules (virtio_ring first, or "Unknown symbol").
-var ModuleOrder = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk"}
+var ModuleOrder = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "overlay"}
 
 // QEMU runs guests on QEMU's microvm machine.
 type QEMU struct {
@@ -100,6 +100,9 @@ type Guest struct {
 	Initrd       string
 	Console      string // the serial console's log file
 	AgentChardev string // QEMU -chardev for the agent's port (id=agent)
+	// RootDisk (read-only, shared) and WritableDisk (the sandbox's own)
+	// are raw ext4 images; without them the guest runs from its initramfs.
+	RootDisk, WritableDisk string
 }
 
 // Args is the QEMU command line of g.
@@ -110,7 +113,7 @@ func (q *QEMU) Args(g Guest) []string {
 	if g.CPU == "" {
 		g.CPU = "max"
 	}
-	return []string{
+	args := []string{
 		"-M", "microvm,pit=on,pic=on,rtc=on", "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", KernelArgs(),
@@ -118,6 +121,14 @@ func (q *QEMU) Args(g Guest) []string {
 		"-device", "virtio-serial-device", "-chardev", g.AgentChardev,
 		"-device", "virtserialport,chardev=agent,name=" + AgentPort,
 	}
+	if g.RootDisk != "" && g.WritableDisk != "" {
+		args = append(args,
+			"-drive", "id=root,file="+g.RootDisk+",format=raw,if=none,readonly=on",
+			"-device", "virtio-blk-device,drive=root,serial="+RootSerial,
+			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
+			"-device", "virtio-blk-device,drive=rw,serial="+WritableSerial)
+	}
+	return args
 }
 
 // AgentPort is the name of the agent's virtio-serial port.
