@@ -35,6 +35,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
 	}
 	if _, err := os.Stat(agentBinary); err == nil {
+		cfg, err := readConfig()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
+		}
 		agent := agentBinary
 		if root, rw := diskBySerial(rootSerial), diskBySerial(writableSerial); root != "" && rw != "" {
 			if err := switchRoot(root, rw); err != nil {
@@ -43,8 +47,15 @@ func main() {
 				agent = "/.dsec/aether"
 			}
 		}
+		if err := cfg.apply(); err != nil {
+			fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
+		}
 		fmt.Printf("%s after %s in userspace; starting the agent\n", Marker, time.Since(began).Round(time.Millisecond))
-		err := unix.Exec(agent, []string{agent, "-edge-socket", "virtio-port:" + agentPort}, []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+		args := []string{agent, "-edge-socket", "virtio-port:" + agentPort, "-sync-clock"}
+		if cfg.MachineID != "" {
+			args = append(args, "-machine-id", cfg.MachineID)
+		}
+		err = unix.Exec(agent, args, cfg.environ())
 		fmt.Fprintln(os.Stderr, "dsec-vminit: start the agent:", err)
 	}
 	fmt.Printf("%s after %s in userspace\n", Marker, time.Since(began).Round(time.Millisecond))

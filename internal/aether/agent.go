@@ -54,6 +54,9 @@ type Config struct {
 	// SudoDir, if set, is where the agent serves the sudo broker
 	// (internal/sudo), for runtimes that ignore setuid.
 	SudoDir string
+	// SyncClock steps the sandbox's clock to the node's that each request
+	// carries (clock.go): for a VM, whose clock stops while it is paused.
+	SyncClock bool
 }
 
 // Agent serves one sandbox.
@@ -135,6 +138,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	a.dialer.Handler = a.Handler()
+	if a.cfg.SyncClock {
+		a.dialer.Handler = syncClock(a.dialer.Handler, a.log)
+	}
 	if a.Wrap != nil {
 		a.dialer.Handler = a.Wrap(a.dialer.Handler)
 	}

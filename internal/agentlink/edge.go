@@ -8,11 +8,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -233,6 +235,10 @@ func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The node's clock rides on every request (headers.HostTime); it
+	// replaces whatever a caller put there.
+	req = req.Clone(req.Context())
+	req.Header.Set(headers.HostTime, strconv.FormatInt(time.Now().UnixNano(), 10))
 	return ac.cc.RoundTrip(req)
 }
 

@@ -24,11 +24,15 @@ const (
 	// that carried no credentials: only a sandbox that allows public
 	// traffic answers it.
 	Public = "Dsec-Public"
+	// HostTime is the node's clock (Unix nanoseconds) on every request the
+	// edge sends an agent: an agent whose clock stops when its sandbox is
+	// paused (a VM's) steps its clock to it.
+	HostTime = "Dsec-Host-Time"
 )
 
 // Internal are the headers only the apiserver may set: it removes them
 // from every incoming request.
-var Internal = []string{Scope, SandboxPort, Public}
+var Internal = []string{Scope, SandboxPort, Public, HostTime}
 
 // IsAgentPath reports whether an HTTP path is an agent RPC.
 func IsAgentPath(p string) bool { return strings.HasPrefix(p, AgentPathPrefix) }

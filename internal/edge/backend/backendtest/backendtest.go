@@ -5,6 +5,7 @@ package backendtest
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -230,6 +231,14 @@ func testPause(t *testing.T, newBackend Factory, env Env) {
 	if env.Isolated {
 		before = sb.WaitProbe(t, probe, 3)
 	}
+	// A VM's whole kernel stops with it, its clocks too: from inside, a
+	// pause leaves no gap; its uptime falls behind the node's instead.
+	vm := b.Capabilities().Isolation == "microvm"
+	var upBefore float64
+	var hostBefore time.Time
+	if vm {
+		upBefore, hostBefore = sb.uptime(t), time.Now()
+	}
 	if err := p.Pause(ctx, sb.ID); err != nil {
 		t.Fatalf("pause: %v", err)
 	}
@@ -252,6 +261,25 @@ func testPause(t *testing.T, newBackend Factory, env Env) {
 	if got := sb.Sh(t, "cat $"+TmpVar+"/marker"); got != "before\n" {
 		t.Fatalf("after resume: %q", got)
 	}
+	if vm {
+		hostDelta := time.Since(hostBefore)
+		guestDelta := time.Duration((sb.uptime(t) - upBefore) * float64(time.Second))
+		if hostDelta-guestDelta < frozenFor-300*time.Millisecond {
+			t.Fatalf("the guest ran while paused: its uptime moved %v while the node's clock moved %v over a pause of %v", guestDelta, hostDelta, frozenFor)
+		}
+		// Its wall clock is the node's again (the agent steps it): a file's
+		// time, in nanoseconds, against the node's around the call.
+		sent := time.Now()
+		out := strings.TrimSpace(sb.Sh(t, "f=$"+TmpVar+"/clock; touch $f; stat -c %y $f"))
+		guest, err := time.Parse("2006-01-02 15:04:05.999999999 -0700", out)
+		if err != nil {
+			t.Fatalf("the guest's time %q: %v", out, err)
+		}
+		if guest.Before(sent.Add(-300*time.Millisecond)) || guest.After(time.Now().Add(300*time.Millisecond)) {
+			t.Fatalf("the guest's clock reads %v after a resume; the node's was %v to %v", guest, sent, time.Now())
+		}
+		return
+	}
 	if env.Isolated {
 		// The loop ran again, and the time it was frozen shows as a gap: in
 		// the first round it finishes after the resume, so wait for a round
@@ -262,6 +290,16 @@ func testPause(t *testing.T, newBackend Factory, env Env) {
 			t.Fatalf("processes kept running while paused: the longest gap between rounds is %v over a pause of %v", after.LongGap, frozenFor)
 		}
 	}
+}
+
+// uptime is the sandbox kernel's /proc/uptime in seconds.
+func (sb *Sandbox) uptime(t *testing.T) float64 {
+	t.Helper()
+	var up float64
+	if _, err := fmt.Sscan(sb.Sh(t, "cat /proc/uptime"), &up); err != nil {
+		t.Fatalf("uptime: %v", err)
+	}
+	return up
 }
 
 func testRecover(t *testing.T, newBackend Factory, env Env) {
@@ -338,9 +376,10 @@ func testIsolation(t *testing.T, newBackend Factory, env Env) {
 			t.Fatalf("a write reached the shared layer %s", l)
 		}
 	}
-	// Its own PID namespace: the agent and this command's few processes,
-	// not the host's hundreds.
-	n, err := strconv.Atoi(strings.TrimSpace(a.Sh(t, "ls /proc | grep -c '^[0-9]'")))
+	// Its own PID namespace (or kernel): the agent and this command's few
+	// processes, not the host's hundreds. Kernel threads (a VM's own, with
+	// an empty command line) do not count.
+	n, err := strconv.Atoi(strings.TrimSpace(a.Sh(t, `n=0; for p in /proc/[0-9]*; do c=$(tr -d '\0' < $p/cmdline 2>/dev/null); [ -n "$c" ] && n=$((n+1)); done; echo $n`)))
 	if err != nil || n < 2 || n > 20 {
 		t.Fatalf("%d processes visible (%v); want the sandbox's own few", n, err)
 	}

@@ -12,8 +12,13 @@
 // link's Unix socket; agentlink.VirtioPrefix), and the guest's root: the
 // image's tree as a read-only ext4 disk (shared) under an overlay whose
 // upper layer is the sandbox's own sparse ext4 disk, which bounds what it
-// writes. Not yet: the Backend itself (not registered: no sandbox runs on
-// it), the per-image root cache, pause, snapshots, fork, Firecracker.
+// writes, and the Backend (backend.go): QEMU daemonized per sandbox (it
+// outlives the edge and dials the edge's new socket after a restart),
+// root images built once per image, pause (QMP stop/cont), with the
+// guest's clock stepped to the node's by the agent after a resume
+// (headers.HostTime). It passes the conformance suite under TCG. Not yet:
+// registration in cmd/dsec and the edge's end-to-end paths, CPU limits
+// (a cgroup for QEMU), memory snapshots and fork, Firecracker.
 package microvm
 
 import (

@@ -17,6 +17,8 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -272,4 +274,28 @@ func TestAgentRunsOnTheImagesRootDisk(t *testing.T) {
 	if after, _ := os.ReadFile(rootImg); !bytes.Equal(before, after) {
 		t.Fatal("the shared root image changed")
 	}
+}
+
+// factory makes the backend as cmd/dsec would, on the guest kernel make
+// deps fetched.
+func factory(q *QEMU) backendtest.Factory {
+	return func(t *testing.T, stateDir string) backend.Backend {
+		b, err := New(context.Background(), backend.Config{StateDir: stateDir, Log: testutil.Logger(t), Options: map[string]string{
+			"qemu": q.Binary, "guest": filepath.Dir(q.Kernel), "init": q.Init,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Probe(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+}
+
+func TestConformance(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	q := testQEMU(t)
+	backendtest.Run(t, factory(q), backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true})
 }

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// configPath is the sandbox's settings in the initramfs, written by the
+// microvm backend (microvm.GuestConfig).
+const configPath = "/dsec/config.json"
+
+// config is what a sandbox's guest is set up with before the agent runs.
+type config struct {
+	Hostname   string   `json:"hostname"`
+	Env        []string `json:"env"`
+	MachineID  string   `json:"machine_id,omitempty"`
+	Hosts      string   `json:"hosts,omitempty"`
+	ResolvConf string   `json:"resolv_conf,omitempty"`
+}
+
+func readConfig() (*config, error) {
+	var c config
+	data, err := os.ReadFile(configPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return &c, nil
+	}
+	if err != nil {
+		return &c, err
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return &c, fmt.Errorf("%s: %w", configPath, err)
+	}
+	return &c, nil
+}
+
+// apply sets the hostname and writes /etc/hosts and /etc/resolv.conf in
+// the (new) root.
+func (c *config) apply() error {
+	var errs []error
+	if c.Hostname != "" {
+		errs = append(errs, unix.Sethostname([]byte(c.Hostname)))
+	}
+	os.MkdirAll("/etc", 0o755)
+	if c.Hosts != "" {
+		errs = append(errs, os.WriteFile("/etc/hosts", []byte(c.Hosts), 0o644))
+	}
+	if c.ResolvConf != "" {
+		errs = append(errs, os.WriteFile("/etc/resolv.conf", []byte(c.ResolvConf), 0o644))
+	}
+	return errors.Join(errs...)
+}
+
+// environ is the agent's environment: the sandbox's, with a PATH.
+func (c *config) environ() []string {
+	for _, kv := range c.Env {
+		if len(kv) > 5 && kv[:5] == "PATH=" {
+			return c.Env
+		}
+	}
+	return append(c.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+}

@@ -1,0 +1,415 @@
+package microvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Name is the backend's name.
+const Name = "microvm"
+
+// Backend runs each sandbox in a QEMU microvm guest.
+//
+// Lock order: mu guards boxes and roots; it is never held over QEMU, mkfs
+// or QMP calls.
+type Backend struct {
+	cfg  backend.Config
+	log  *slog.Logger
+	qemu *QEMU
+
+	probeOnce sync.Once
+	probe     *ProbeResult
+	probeErr  error
+
+	mu    sync.Mutex
+	boxes map[sandboxid.ID]*box  // guarded by mu
+	roots map[string]*sync.Mutex // guarded by mu: a lock per root image being made
+}
+
+// box is one sandbox's guest.
+type box struct {
+	Dir string `json:"dir"` // the guest's files: disks, initramfs, sockets
+}
+
+func (b box) pidFile() string { return filepath.Join(b.Dir, "qemu.pid") }
+func (b box) qmpSock() string { return filepath.Join(b.Dir, "qmp.sock") }
+
+// New makes the backend. Options: "qemu" (the binary), "guest" (the
+// directory scripts/guest-kernel.sh filled), "init" (dsec-vminit).
+func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	o := cfg.Options
+	q := &QEMU{Binary: o["qemu"], Kernel: filepath.Join(o["guest"], "vmlinux"), Modules: filepath.Join(o["guest"], "modules"), Init: o["init"]}
+	if q.Binary == "" {
+		q.Binary = "qemu-system-x86_64"
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "roots"), 0o700); err != nil {
+		return nil, err
+	}
+	return &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
+		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}, nil
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return Name }
+
+// Capabilities implements backend.Backend.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Isolation: "microvm", Pause: true, SnapshotUnavailable: "memory snapshots of microvm sandboxes are not built yet"}
+}
+
+// Probe implements backend.Backend: the parts are there and a probe guest
+// boots (once per process; its result is logged).
+func (b *Backend) Probe(ctx context.Context) error {
+	b.probeOnce.Do(func() {
+		for what, p := range map[string]string{"the guest kernel (scripts/guest-kernel.sh)": b.qemu.Kernel, "the guest init (dsec-vminit)": b.qemu.Init} {
+			if _, err := os.Stat(p); err != nil {
+				b.probeErr = fmt.Errorf("%s: %w", what, err)
+				return
+			}
+		}
+		if _, err := exec.LookPath(b.qemu.Binary); err != nil {
+			b.probeErr = fmt.Errorf("QEMU: %w (Debian's qemu-system-x86)", err)
+			return
+		}
+		if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+			b.probeErr = fmt.Errorf("mkfs.ext4: %w (Debian's e2fsprogs)", err)
+			return
+		}
+		dir, err := os.MkdirTemp(b.cfg.StateDir, "probe-")
+		if err != nil {
+			b.probeErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		b.probe, b.probeErr = b.qemu.Probe(ctx, dir)
+		if b.probeErr == nil {
+			b.log.Info("microvm probe boot", "driver", b.probe.Driver, "accel", b.probe.Accel, "boot", b.probe.Boot.Round(time.Millisecond), "not_used", b.probe.Skipped)
+		}
+	})
+	return b.probeErr
+}
+
+// Accel is the accelerator the probe chose ("" before a successful Probe).
+func (b *Backend) Accel() string {
+	if b.probe == nil {
+		return ""
+	}
+	return b.probe.Accel
+}
+
+// rootImage returns the read-only root disk of the image whose layers
+// are given, making it once per node.
+func (b *Backend) rootImage(ctx context.Context, layers []string) (string, error) {
+	sum := sha256.Sum256([]byte(strings.Join(layers, "\n")))
+	key := hex.EncodeToString(sum[:16])
+	out := filepath.Join(b.cfg.StateDir, "roots", key+".ext4")
+	b.mu.Lock()
+	l := b.roots[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		b.roots[key] = l
+	}
+	b.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	tree := layers[0]
+	if len(layers) > 1 {
+		mnt, err := os.MkdirTemp(b.cfg.StateDir, "merge-")
+		if err != nil {
+			return "", err
+		}
+		defer os.Remove(mnt)
+		lower := make([]string, len(layers))
+		for i, d := range layers {
+			lower[len(layers)-1-i] = d // overlayfs wants the top layer first
+		}
+		if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
+			return "", fmt.Errorf("merge the image's layers: %w", err)
+		}
+		defer unix.Unmount(mnt, unix.MNT_DETACH) //nolint:errcheck // a read-only view
+		tree = mnt
+	}
+	began := time.Now()
+	if err := BuildRootImage(ctx, tree, out); err != nil {
+		return "", err
+	}
+	b.log.Info("root image built", "image", key, "took", time.Since(began).Round(time.Millisecond))
+	return out, nil
+}
+
+// GuestConfig is the sandbox's settings the guest's init applies
+// (cmd/dsec-vminit reads it from /dsec/config.json).
+type GuestConfig struct {
+	Hostname   string   `json:"hostname"`
+	Env        []string `json:"env"`
+	MachineID  string   `json:"machine_id,omitempty"`
+	Hosts      string   `json:"hosts,omitempty"`
+	ResolvConf string   `json:"resolv_conf,omitempty"`
+}
+
+// Create implements backend.Backend: the root disk (shared), the
+// sandbox's writable disk and its initramfs with its settings.
+func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
+	if spec.NetNS != "" {
+		return nil, errdefs.Unsupported("microvm sandboxes have no network yet (loopback only); create one without a network policy")
+	}
+	if len(spec.Layers) == 0 {
+		return nil, errdefs.InvalidArgument("microvm: the image has no layers")
+	}
+	bx := &box{Dir: filepath.Join(spec.Dir, "vm")}
+	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	root, err := b.rootImage(ctx, spec.Layers)
+	if err != nil {
+		return nil, err
+	}
+	disk := spec.DiskMB
+	if disk <= 0 {
+		disk = 1024
+	}
+	if err := NewWritableDisk(ctx, filepath.Join(bx.Dir, "rw.ext4"), disk); err != nil {
+		return nil, err
+	}
+	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, MachineID: spec.MachineID}
+	if spec.HostsFile != "" {
+		data, _ := os.ReadFile(spec.HostsFile)
+		gc.Hosts = string(data)
+	}
+	if spec.ResolvConf != "" {
+		data, _ := os.ReadFile(spec.ResolvConf)
+		gc.ResolvConf = string(data)
+	}
+	cfgJSON, _ := json.Marshal(gc)
+	agent, err := os.ReadFile(spec.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.qemu.WriteInitramfs(filepath.Join(bx.Dir, "initrd.cpio"), []InitFile{
+		{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfgJSON},
+	}); err != nil {
+		return nil, err
+	}
+	// The root disk is linked into the guest's directory (on another file
+	// system, used where it is).
+	rootDisk := filepath.Join(bx.Dir, "root.ext4")
+	if err := os.Link(root, rootDisk); err != nil {
+		rootDisk = root
+	}
+	guest := Guest{
+		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), Initrd: filepath.Join(bx.Dir, "initrd.cpio"),
+		Console: filepath.Join(bx.Dir, "console.log"), RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
+		AgentChardev: "socket,id=agent,path=" + filepath.Join(spec.RunDir, "edge.sock") + ",server=off,reconnect=1",
+	}
+	if guest.Accel == "kvm" {
+		guest.CPU = "host"
+	}
+	args := append(b.qemu.Args(guest), "-smp", strconv.Itoa(int(math.Max(1, math.Ceil(spec.CPUCores)))),
+		"-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
+	if err := os.WriteFile(filepath.Join(bx.Dir, "qemu.args"), []byte(strings.Join(args, "\n")), 0o600); err != nil {
+		return nil, err
+	}
+	state, _ := json.Marshal(bx)
+	b.mu.Lock()
+	b.boxes[spec.ID] = bx
+	b.mu.Unlock()
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
+
+func (b *Backend) get(id sandboxid.ID) (*box, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bx, ok := b.boxes[id]
+	if !ok {
+		return nil, errdefs.NotFound("microvm: no sandbox %s", id)
+	}
+	return bx, nil
+}
+
+// Start implements backend.Backend: QEMU daemonizes, so the guest outlives
+// the edge; it dials the edge's socket for the agent's port and dials
+// again after an edge restart.
+func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(filepath.Join(bx.Dir, "qemu.args"))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, b.qemu.Binary, strings.Split(string(data), "\n")...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// pid is the guest's QEMU process, if it runs.
+func (bx *box) started() string { return filepath.Join(bx.Dir, "started") }
+
+func (bx *box) pid() (int, bool) {
+	data, err := os.ReadFile(bx.pidFile())
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(cmdline), bx.Dir) {
+		return 0, false // gone, or the pid was reused
+	}
+	return pid, true
+}
+
+// Status implements backend.Backend.
+func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, error) {
+	bx, err := b.get(id)
+	if err != nil {
+		return backend.Status{ID: id, State: backend.StateUnknown}, err
+	}
+	pid, ok := bx.pid()
+	if !ok {
+		// QEMU removes its pid file when it ends: a marker says it ran.
+		if _, err := os.Stat(bx.started()); errors.Is(err, os.ErrNotExist) {
+			return backend.Status{ID: id, State: backend.StateCreated}, nil
+		}
+		return backend.Status{ID: id, State: backend.StateStopped}, nil
+	}
+	st := backend.Status{ID: id, State: backend.StateRunning, Pid: pid}
+	if out, err := qmp(ctx, bx.qmpSock(), "query-status", nil); err == nil {
+		var s struct {
+			Running bool   `json:"running"`
+			Status  string `json:"status"`
+		}
+		if json.Unmarshal(out, &s) == nil && !s.Running && s.Status == "paused" {
+			st.State = backend.StatePaused
+		}
+	}
+	return st, nil
+}
+
+// Stop implements backend.Backend: QEMU quits at SIGTERM; SIGKILL after
+// grace.
+func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	return bx.kill(grace)
+}
+
+func (bx *box) kill(grace time.Duration) error {
+	pid, ok := bx.pid()
+	if !ok {
+		return nil
+	}
+	syscall.Kill(pid, syscall.SIGTERM) //nolint:errcheck // may be gone
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		if _, ok := bx.pid(); !ok {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // may be gone
+	for range 500 {
+		if _, ok := bx.pid(); !ok {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("microvm: QEMU %d did not end", pid)
+}
+
+// Destroy implements backend.Backend: the guest ends and its files go
+// (the root image stays for the image's other sandboxes).
+func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
+	b.mu.Lock()
+	bx, ok := b.boxes[id]
+	b.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := bx.kill(time.Second); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(bx.Dir); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.boxes, id)
+	b.mu.Unlock()
+	return nil
+}
+
+// Recover implements backend.Backend: a guest that runs is taken back as
+// is (QEMU dials the edge's new socket by itself).
+func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.Spec) error {
+	var bx box
+	if err := json.Unmarshal(h.State, &bx); err != nil || bx.Dir == "" {
+		return fmt.Errorf("microvm: sandbox %s: unreadable handle: %v", h.ID, err)
+	}
+	b.mu.Lock()
+	b.boxes[h.ID] = &bx
+	b.mu.Unlock()
+	if _, ok := bx.pid(); !ok {
+		return errdefs.Unavailable("microvm: sandbox %s: its QEMU is gone", h.ID)
+	}
+	return nil
+}
+
+// Pause implements backend.Pauser: the guest's vCPUs stop (QMP stop).
+func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	_, err = qmp(ctx, bx.qmpSock(), "stop", nil)
+	return err
+}
+
+// Resume implements backend.Pauser.
+func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	_, err = qmp(ctx, bx.qmpSock(), "cont", nil)
+	return err
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Pauser  = (*Backend)(nil)
+)
