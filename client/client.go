@@ -130,9 +130,10 @@ func (c *Client) Sandbox(id string) *Sandbox {
 
 // Create starts a sandbox and returns its handle once its agent answers.
 func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sandbox, error) {
-	// The same key on every attempt: a retry (on another apiserver, after
-	// a broken connection or an Unavailable answer) answers with the
-	// sandbox an earlier attempt made, or makes one if none did.
+	// The same key on every attempt: a retry (after a broken connection,
+	// or an answer marked retryable, such as a key being taken over from
+	// an apiserver that died) answers with the sandbox an earlier attempt
+	// made, or makes one if none did.
 	key := newIdempotencyKey()
 	var resp *connect.Response[sandboxv1.CreateSandboxResponse]
 	var err error
@@ -141,7 +142,7 @@ func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sand
 		req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec})
 		req.Header().Set(IdempotencyHeader, key)
 		resp, err = c.Sandboxes.CreateSandbox(ctx, req)
-		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable || time.Now().Add(pause).After(deadline) {
+		if err == nil || !retryable(err) || time.Now().Add(pause).After(deadline) {
 			break
 		}
 		select {
@@ -158,9 +159,26 @@ func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sand
 	return sb, nil
 }
 
-// createRetry is how long Create tries again while apiservers answer
-// Unavailable.
+// createRetry is how long Create tries again while it gets retryable
+// answers.
 const createRetry = time.Minute
+
+// retryHeader marks a server's error as worth sending the same request
+// again for (internal/errdefs.RetryHeader).
+const retryHeader = "Dsec-Retry"
+
+// retryable reports an error the server marked so, or one that never came
+// from a server (the connection failed).
+func retryable(err error) bool {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return false
+	}
+	if !connect.IsWireError(ce) {
+		return ce.Code() == connect.CodeUnavailable
+	}
+	return ce.Meta().Get(retryHeader) == "1"
+}
 
 // Stop stops and removes the sandbox.
 func (s *Sandbox) Stop(ctx context.Context) error {

@@ -26,8 +26,10 @@ type apiserverStub struct {
 	mu    sync.Mutex
 	keys  []string
 	stops int
-	// busy answers this many creates Unavailable first.
-	busy int
+	// busy answers this many creates Unavailable, marked retryable, first;
+	// unready answers every create Unavailable, unmarked.
+	busy    int
+	unready bool
 }
 
 func (s *apiserverStub) WhoAmI(context.Context, *connect.Request[iamv1.WhoAmIRequest]) (*connect.Response[iamv1.WhoAmIResponse], error) {
@@ -40,7 +42,12 @@ func (s *apiserverStub) CreateSandbox(_ context.Context, r *connect.Request[sand
 	busy := len(s.keys) <= s.busy
 	s.mu.Unlock()
 	if busy {
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New("its sandbox is still being made; retry"))
+		ce := connect.NewError(connect.CodeUnavailable, errors.New("its sandbox is still being made; retry"))
+		ce.Meta().Set("Dsec-Retry", "1")
+		return nil, ce
+	}
+	if s.unready {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("service did not become ready within 1s"))
 	}
 	return connect.NewResponse(&sandboxv1.CreateSandboxResponse{Sandbox: &sandboxv1.Sandbox{Id: "n1-sb"}}), nil
 }
@@ -169,5 +176,21 @@ func TestCreateRetriesUnavailableWithItsKey(t *testing.T) {
 	}
 	if len(stub.keys) != 3 || stub.keys[0] == "" || stub.keys[0] != stub.keys[1] || stub.keys[1] != stub.keys[2] {
 		t.Fatalf("keys sent: %q, want the same key 3 times", stub.keys)
+	}
+}
+
+// TestCreateDoesNotRetryWhatTheServerDidNotMark: Unavailable for a create
+// that failed for good (a service that never got ready) is answered once.
+func TestCreateDoesNotRetryWhatTheServerDidNotMark(t *testing.T) {
+	stub := &apiserverStub{unready: true}
+	c, err := New(serveStub(t, stub), "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(context.Background(), &sandboxv1.SandboxSpec{}); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("create: %v", err)
+	}
+	if len(stub.keys) != 1 {
+		t.Fatalf("%d attempts, want 1", len(stub.keys))
 	}
 }

@@ -82,7 +82,7 @@ func (s *Server) replay(ctx context.Context, proj, key string) (sb *sandboxv1.Sa
 		}
 		select {
 		case <-ctx.Done():
-			return nil, true, errdefs.Unavailable("idempotency key %q: the create that holds it is still running; retry", key)
+			return nil, true, errdefs.Retry(errdefs.Unavailable("idempotency key %q: the create that holds it is still running; retry", key))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -134,14 +134,14 @@ func (s *Server) takeOver(ctx context.Context, proj string, e fsm.Entry) (*sandb
 		}
 		switch {
 		case len(unasked) > 0:
-			return nil, true, errdefs.Unavailable("idempotency key %q: its create's apiserver is gone and nodes %v cannot be asked what it made; retry", e.Key, unasked)
+			return nil, true, errdefs.Retry(errdefs.Unavailable("idempotency key %q: its create's apiserver is gone and nodes %v cannot be asked what it made; retry", e.Key, unasked))
 		case !creating:
 			s.log.Info("took over the create of a departed apiserver: it made nothing", "reservation", e.ID)
 			return nil, false, s.iam.Release(ctx, e.ID)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, true, errdefs.Unavailable("idempotency key %q: its sandbox is still being made; retry", e.Key)
+			return nil, true, errdefs.Retry(errdefs.Unavailable("idempotency key %q: its sandbox is still being made; retry", e.Key))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -47,3 +47,14 @@ func TestHTTPStatusOfEveryClass(t *testing.T) {
 		t.Fatal("mapping differs from Connect's")
 	}
 }
+
+func TestRetryMarksTheConnectError(t *testing.T) {
+	marked := ToConnect(Retry(Unavailable("key held; retry"))).(*connect.Error)
+	if marked.Code() != connect.CodeUnavailable || marked.Meta().Get(RetryHeader) != "1" {
+		t.Fatalf("marked: %v %v", marked.Code(), marked.Meta())
+	}
+	plain := ToConnect(Unavailable("never ready")).(*connect.Error)
+	if plain.Meta().Get(RetryHeader) != "" {
+		t.Fatalf("unmarked error carries %v", plain.Meta())
+	}
+}

@@ -49,6 +49,20 @@ func Code(err error) connect.Code {
 	return connect.CodeInternal
 }
 
+// RetryHeader ("1") on an error's metadata says the same request, sent
+// again as it is, may succeed (e.g. a create whose idempotency key is
+// being taken over): clients retry it; other errors of the same code,
+// such as a service that never got ready, they do not.
+const RetryHeader = "Dsec-Retry"
+
+// retry marks an error as worth sending the request again for.
+type retry struct{ error }
+
+func (r retry) Unwrap() error { return r.error }
+
+// Retry marks err so ToConnect sets RetryHeader.
+func Retry(err error) error { return retry{err} }
+
 // ToConnect turns err into a *connect.Error with its class's code. A Connect
 // error passes through unchanged so codes survive proxying.
 func ToConnect(err error) error {
@@ -59,7 +73,12 @@ func ToConnect(err error) error {
 	if errors.As(err, &ce) && !hasClass(err) {
 		return ce
 	}
-	return connect.NewError(Code(err), errors.New(err.Error()))
+	out := connect.NewError(Code(err), errors.New(err.Error()))
+	var r retry
+	if errors.As(err, &r) {
+		out.Meta().Set(RetryHeader, "1")
+	}
+	return out
 }
 
 // FromConnect turns an error returned by a Connect client back into a classed

@@ -103,8 +103,8 @@ def test_url_lists_are_checked() -> None:
 
 
 class _Busy(_Stub):
-    """Answers the first two creates Unavailable (as an apiserver taking over
-    a dead one's create may), then like _Stub."""
+    """Answers the first two creates Unavailable, marked retryable (as an
+    apiserver taking over a dead one's create does), then like _Stub."""
 
     def do_POST(self) -> None:
         if sum(1 for m, _ in _Stub.seen if m == "CreateSandbox") < 2:
@@ -112,6 +112,7 @@ class _Busy(_Stub):
             _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
             body = json.dumps({"code": "unavailable", "message": "its sandbox is still being made; retry"}).encode()
             self.send_response(503)
+            self.send_header("Dsec-Retry", "1")
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -132,3 +133,31 @@ async def test_create_retries_unavailable_with_its_key() -> None:
     assert sb.id == "n1-sb"
     keys = {k for m, k in _Stub.seen if m == "CreateSandbox"}
     assert len(_Stub.seen) == 3 and len(keys) == 1 and len(keys.pop()) == 32, _Stub.seen
+
+
+class _Unready(_Stub):
+    """Answers every create Unavailable, unmarked (a service that never got
+    ready)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
+        body = json.dumps({"code": "unavailable", "message": "did not become ready within 1s"}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+async def test_create_does_not_retry_what_the_server_did_not_mark() -> None:
+    _Stub.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Unready)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        async with DSecClient(f"http://127.0.0.1:{srv.server_address[1]}", "key") as c:
+            with pytest.raises(DSecError) as e:
+                await c.run_sandbox()
+    finally:
+        srv.shutdown()
+    assert e.value.code == "unavailable" and len(_Stub.seen) == 1, _Stub.seen

@@ -128,9 +128,13 @@ class ConnectClient:
             self._ends.current = i
             break
         else:
-            raise error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {last}") from last
+            err = error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {last}")
+            err.retryable = True
+            raise err from last
         if resp.status_code != 200:
-            raise _error(resp.status_code, resp.content)
+            err = _error(resp.status_code, resp.content)
+            err.retryable = resp.headers.get("dsec-retry") == "1"
+            raise err
         return resp.json() if resp.content else {}
 
     async def server_stream(

@@ -80,8 +80,8 @@ class DSecClient:
             try:
                 r = await self._call(_SB + "CreateSandbox", req, timeout=300, headers={IDEMPOTENCY_HEADER: key})
                 return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
-            except UnavailableError:
-                if asyncio.get_running_loop().time() + pause > deadline:
+            except UnavailableError as e:
+                if not e.retryable or asyncio.get_running_loop().time() + pause > deadline:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)

@@ -11,6 +11,10 @@ class DSecError(Exception):
     allowed."""
 
     code = "unknown"
+    #: True when the same request may be sent again as it is: the server
+    #: said so (its Dsec-Retry header), or the connection failed before any
+    #: answer.
+    retryable = False
 
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)
