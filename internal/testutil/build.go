@@ -62,3 +62,44 @@ type buildError struct {
 }
 
 func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+var (
+	vminitOnce sync.Once
+	vminitPath string
+	vminitErr  error
+)
+
+// VMInitBinary builds cmd/dsec-vminit (the microvm guest's init, static)
+// once per test process and returns its path.
+func VMInitBinary(t testing.TB) string {
+	t.Helper()
+	vminitOnce.Do(func() {
+		dir, err := ProcessDir("vminit")
+		if err != nil {
+			vminitErr = err
+			return
+		}
+		vminitPath = filepath.Join(dir, "dsec-vminit")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", vminitPath, "./cmd/dsec-vminit")
+		cmd.Dir = RepoRoot(t)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			vminitErr = &buildError{strings.TrimSpace(string(out)), err}
+		}
+	})
+	if vminitErr != nil {
+		t.Fatalf("build dsec-vminit: %v", vminitErr)
+	}
+	return vminitPath
+}
+
+// GuestKernelDir is the microvm guest kernel make deps fetched
+// (scripts/guest-kernel.sh); it skips (fails when strict) without one.
+func GuestKernelDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(RepoRoot(t), ".cache", "guest")
+	if _, err := os.Stat(filepath.Join(dir, "vmlinux")); err != nil {
+		Missing(t, "no microvm guest kernel in %s (make deps runs scripts/guest-kernel.sh): %v", dir, err)
+	}
+	return dir
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
+	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/image/baseimage"
@@ -40,6 +41,7 @@ func registry() *backend.Registry {
 	r.Register(fake.Name, fake.New)
 	r.Register(container.Name, container.New)
 	r.Register(gvisor.Name, gvisor.New)
+	r.Register(microvm.Name, microvm.New)
 	return r
 }
 

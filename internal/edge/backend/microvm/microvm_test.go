@@ -110,18 +110,8 @@ func TestQEMUProbeBoot(t *testing.T) {
 func testQEMU(t *testing.T) *QEMU {
 	t.Helper()
 	qemu := testutil.RequireBinary(t, "qemu-system-x86_64")
-	guest := filepath.Join(testutil.RepoRoot(t), ".cache", "guest")
-	if _, err := os.Stat(filepath.Join(guest, "vmlinux")); err != nil {
-		testutil.Missing(t, "no guest kernel in %s (make deps runs scripts/guest-kernel.sh): %v", guest, err)
-	}
-	init := filepath.Join(t.TempDir(), "dsec-vminit")
-	build := exec.Command("go", "build", "-trimpath", "-o", init, "./cmd/dsec-vminit")
-	build.Dir = testutil.RepoRoot(t)
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build dsec-vminit: %v\n%s", err, out)
-	}
-	return &QEMU{Binary: qemu, Kernel: filepath.Join(guest, "vmlinux"), Init: init, Modules: filepath.Join(guest, "modules")}
+	guest := testutil.GuestKernelDir(t)
+	return &QEMU{Binary: qemu, Kernel: filepath.Join(guest, "vmlinux"), Init: testutil.VMInitBinary(t), Modules: filepath.Join(guest, "modules")}
 }
 
 // TestAgentAnswersInsideTheVM boots a guest whose init hands over to the
