@@ -131,6 +131,7 @@ bench: build images
 	go run ./bench/density --store $(CACHE)/images
 	go run ./bench/apiservers --store $(CACHE)/images
 	go run ./bench/crossfork --store $(CACHE)/images
+	go run ./bench/microvm --store $(CACHE)/images
 
 # Every fuzzer briefly, in make test: a property and the code it checks that
 # disagree show within seconds (FuzzParseRef once failed in 9 s).

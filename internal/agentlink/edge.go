@@ -229,6 +229,29 @@ func (l *Link) WaitReady(ctx context.Context) error {
 	return err
 }
 
+// WaitServing returns once the agent has answered a request: for a link
+// whose connection is made before the agent runs (a VM's serial port,
+// which its hypervisor connects at start), where WaitReady says nothing.
+func (l *Link) WaitServing(ctx context.Context) error {
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/dsec-serving", nil)
+		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := l.RoundTrip(req.WithContext(try))
+		cancel()
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "agent not serving")
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // RoundTrip sends req to the agent.
 func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 	ac, err := l.current(req.Context())

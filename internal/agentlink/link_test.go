@@ -91,3 +91,47 @@ func TestServeConnClosesTheConnectionWhenStoppedAtOnce(t *testing.T) {
 		edgeEnd.Close()
 	}
 }
+
+// TestWaitServingWaitsForTheAgentNotTheConnection: a VM's hypervisor
+// connects the link at start; the agent serves on that connection only
+// once the guest has booted. WaitReady returns at the connection,
+// WaitServing at the agent's first answer; every request carries the
+// node's clock.
+func TestWaitServingWaitsForTheAgentNotTheConnection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.sock")
+	link, err := Listen(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	conn, err := net.Dial("unix", path) // the hypervisor
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := link.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const boot = 300 * time.Millisecond
+	hostTime := make(chan string, 1)
+	go func() {
+		time.Sleep(boot) // the guest boots
+		serveConn(ctx, conn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case hostTime <- r.Header.Get("Dsec-Host-Time"):
+			default:
+			}
+		}))
+	}()
+	began := time.Now()
+	if err := link.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took < boot-50*time.Millisecond {
+		t.Fatalf("WaitServing returned after %v, before the agent served (%v)", took, boot)
+	}
+	if v := <-hostTime; v == "" {
+		t.Fatal("no Dsec-Host-Time on a request through the link")
+	}
+}

@@ -354,7 +354,11 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
 	defer cancel()
-	if err := sb.link.WaitReady(wait); err != nil {
+	ready := sb.link.WaitReady
+	if sb.be.Capabilities().LinkBeforeAgent {
+		ready = sb.link.WaitServing
+	}
+	if err := ready(wait); err != nil {
 		detail := consoleTail(sb.dir)
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -35,6 +35,11 @@ type Capabilities struct {
 	// then gets Spec.LayerDir, a directory the edge has limited to the
 	// sandbox's disk_mb. Otherwise the backend bounds the layer itself.
 	DiskLayer bool
+	// LinkBeforeAgent means the agent's link is connected before the agent
+	// runs (a VM's serial port, which the hypervisor joins to the edge's
+	// socket at start): the edge waits for the agent to answer, not for a
+	// connection.
+	LinkBeforeAgent bool
 }
 
 // Resources are the limits a sandbox runs under.

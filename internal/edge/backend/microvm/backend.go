@@ -75,7 +75,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities implements backend.Backend.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "microvm", Pause: true, SnapshotUnavailable: "memory snapshots of microvm sandboxes are not built yet"}
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, SnapshotUnavailable: "memory snapshots of microvm sandboxes are not built yet"}
 }
 
 // Probe implements backend.Backend: the parts are there and a probe guest
