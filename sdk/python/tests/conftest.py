@@ -66,7 +66,7 @@ def dsec_env(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
     state = Path(tempfile.mkdtemp(prefix="dsec-sdk-test-"))
     log = open(state / "dsec.log", "w")
     proc = subprocess.Popen(
-        [str(dsec), "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{_free_port()}", "--e2b-listen", "", "--image-store", str(images)],
+        [str(dsec), "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{_free_port()}", "--e2b-listen", "", "--image-store", str(images), "--backends", "container,gvisor,microvm"],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
