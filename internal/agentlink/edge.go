@@ -213,6 +213,13 @@ func (l *Link) current(ctx context.Context) (*agentConn, error) {
 		if cur != nil && cur.alive() {
 			return cur, nil
 		}
+		if cur != nil {
+			// Its HTTP/2 session failed while the connection stands (a VM's
+			// agent still in the session of a host before a snapshot answers
+			// a new host's preface with GOAWAY): close it, so the peer
+			// connects afresh (QEMU dials again).
+			l.drop(cur)
+		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
@@ -221,6 +228,16 @@ func (l *Link) current(ctx context.Context) (*agentConn, error) {
 			// Re-check cur: a connection ended by a GOAWAY has no event.
 		}
 	}
+}
+
+// drop closes ac and forgets it if it is the current connection.
+func (l *Link) drop(ac *agentConn) {
+	l.mu.Lock()
+	if l.cur == ac {
+		l.cur = nil
+	}
+	l.mu.Unlock()
+	ac.close()
 }
 
 // WaitReady returns once the agent is connected.
@@ -234,8 +251,12 @@ func (l *Link) WaitReady(ctx context.Context) error {
 // which its hypervisor connects at start), where WaitReady says nothing.
 func (l *Link) WaitServing(ctx context.Context) error {
 	for {
+		ac, err := l.current(ctx)
+		if err != nil {
+			return err
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/dsec-serving", nil)
-		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		try, cancel := context.WithTimeout(ctx, time.Second)
 		resp, err := l.RoundTrip(req.WithContext(try))
 		cancel()
 		if err == nil {
@@ -244,6 +265,13 @@ func (l *Link) WaitServing(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "agent not serving")
+		}
+		if try.Err() != nil {
+			// No answer on a standing connection: the agent may be stuck in
+			// a session from before a snapshot, waiting for the rest of a
+			// frame. Drop the connection, so the peer connects afresh and
+			// the agent sees its host go and come back.
+			l.drop(ac)
 		}
 		select {
 		case <-ctx.Done():

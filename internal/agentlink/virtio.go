@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,10 +46,29 @@ func findVirtioPort(name string) (string, error) {
 	return "", fmt.Errorf("no virtio-serial port named %q", name)
 }
 
-// portConn is a virtio-serial port as a net.Conn.
+// portConn is a virtio-serial port as a net.Conn. Once a read found the
+// host gone, writes are dropped: the port buffers what the guest writes
+// while no host is connected and would hand it to the next one, whose
+// HTTP/2 session it would break (a closing session's GOAWAY, first).
 type portConn struct {
 	*os.File
 	name string
+	gone atomic.Bool
+}
+
+func (c *portConn) Read(p []byte) (int, error) {
+	n, err := c.File.Read(p)
+	if err != nil {
+		c.gone.Store(true)
+	}
+	return n, err
+}
+
+func (c *portConn) Write(p []byte) (int, error) {
+	if c.gone.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.File.Write(p)
 }
 
 func (c *portConn) LocalAddr() net.Addr  { return portAddr(c.name) }

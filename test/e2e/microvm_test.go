@@ -19,7 +19,8 @@ import (
 // the apiserver runs on its own kernel (QEMU under TCG here), answers
 // commands and file calls through the SDK's client like the other
 // backends, keeps its files private from a second one, pauses and
-// resumes, and leaves no QEMU behind when stopped.
+// resumes, forks into copies that carry its memory, and leaves no QEMU
+// behind when stopped.
 func TestMicrovmThroughTheAPI(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "qemu-system-x86_64")
@@ -64,12 +65,50 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	if got := string(shell(t, a, "cat /root/note").Stdout); got != "mine" {
 		t.Fatalf("after pause and resume: %q", got)
 	}
-	// A fork answers clearly that this backend cannot yet.
-	_, err = c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: a.ID, Count: 1}))
-	if connect.CodeOf(err) != connect.CodeUnimplemented || !strings.Contains(err.Error(), "not built yet") {
-		t.Fatalf("fork of a microvm sandbox: %v", err)
+	// Fork with memory: a shell session's variable and a process started
+	// before the fork are in every copy; each copy has its own name and
+	// files.
+	sess, err := a.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, sb := range []string{a.ID, b.ID} {
+	secret := runIn(t, a, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")
+	if _, err := a.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "1000"}, Tag: "held"}})); err != nil {
+		t.Fatal(err)
+	}
+	held := strings.TrimSpace(string(shell(t, a, "pidof sleep").Stdout))
+	resp, err := c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: a.ID, Count: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fork(2) of a microvm sandbox: source paused %d us", resp.Msg.SourcePauseUs)
+	names := map[string]bool{}
+	for i, r := range append([]*sandboxv1.ForkResult{{Sandbox: &sandboxv1.Sandbox{Id: a.ID}}}, resp.Msg.Results...) {
+		if r.Sandbox == nil {
+			t.Fatalf("copy %d: %s %s", i, r.ErrorCode, r.ErrorMessage)
+		}
+		sb := c.client.Sandbox(r.Sandbox.Id)
+		if got := runIn(t, sb, sess.Msg.Session.Id, "echo $SECRET"); string(got) != string(secret) {
+			t.Fatalf("sandbox %d: the session's variable reads %q, want %q", i, got, secret)
+		}
+		if got := strings.TrimSpace(string(shell(t, sb, "pidof sleep; cat /root/note").Stdout)); got != held+"\nmine" {
+			t.Fatalf("sandbox %d: process and file %q, want %q", i, got, held+"\nmine")
+		}
+		name := strings.TrimSpace(string(shell(t, sb, "hostname").Stdout))
+		if name != sb.ID || names[name] {
+			t.Fatalf("sandbox %d: hostname %q", i, name)
+		}
+		names[name] = true
+		shell(t, sb, "echo "+sb.ID+" > /root/own")
+	}
+	if got := strings.TrimSpace(string(shell(t, a, "cat /root/own").Stdout)); got != a.ID {
+		t.Fatalf("the source reads a copy's file: %q", got)
+	}
+	all := []string{a.ID, b.ID}
+	for _, r := range resp.Msg.Results {
+		all = append(all, r.Sandbox.Id)
+	}
+	for _, sb := range all {
 		if err := c.client.Sandbox(sb).Stop(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -1,14 +1,13 @@
 """The microvm backend through the SDK: each sandbox a QEMU guest with a
-kernel of its own (TCG on these machines)."""
+kernel of its own (TCG on these machines), forked with its memory."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
-import pytest
-
 from opendsec import DSecRunArgs
-from opendsec.errors import FailedPreconditionError, UnsupportedError
+from opendsec.errors import FailedPreconditionError
 
 from conftest import STRICT, missing
 
@@ -28,9 +27,17 @@ async def test_microvm_sandbox_runs_the_seed_steps(client, py_image):
         assert (await sb.run_shell("hostname")).stdout.strip() == sb.id
         await sb.files.write("/root/note", b"kept")
         assert await sb.files.read("/root/note") == b"kept"
-        # Not built yet for this backend, and it says so.
-        with pytest.raises(UnsupportedError) as e:
-            await sb.fork(count=4)
-        assert "microvm" in e.value.message
+        await sb.exec(["sleep", "1000"], tag="held")
+        pid = (await sb.run_shell("pidof sleep")).stdout.strip()
+        # The seed's fork: 4 copies with the source's memory (its process),
+        # files, and names of their own.
+        forks = await sb.fork(count=4)
+        try:
+            assert len(forks) == 4
+            for f in forks:
+                r = await f.run_shell("pidof sleep; cat /root/note; echo; hostname")
+                assert r.stdout.split() == [pid, "kept", f.id], r
+        finally:
+            await asyncio.gather(*(f.stop() for f in forks), return_exceptions=True)
     finally:
         await sb.stop()

@@ -112,10 +112,19 @@ func Start(t *testing.T, b backend.Backend, env Env) *Sandbox {
 	if err := b.Start(ctx, spec.ID); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	if err := sb.Link.WaitReady(ctx); err != nil {
+	if err := WaitAgent(ctx, b, sb.Link); err != nil {
 		t.Fatalf("agent did not connect: %v", err)
 	}
 	return sb
+}
+
+// WaitAgent waits for the agent as the edge does: for its connection, or,
+// for a backend whose link precedes its agent (a VM), for an answer.
+func WaitAgent(ctx context.Context, b backend.Backend, link *agentlink.Link) error {
+	if b.Capabilities().LinkBeforeAgent {
+		return link.WaitServing(ctx)
+	}
+	return link.WaitReady(ctx)
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
@@ -328,7 +337,7 @@ func testRecover(t *testing.T, newBackend Factory, env Env) {
 		t.Fatalf("recover: %v", err)
 	}
 	t.Cleanup(func() { b2.Destroy(context.Background(), sb.ID) })
-	if err := sb2.Link.WaitReady(ctx); err != nil {
+	if err := WaitAgent(ctx, b2, sb2.Link); err != nil {
 		t.Fatalf("agent did not reconnect: %v", err)
 	}
 	if got := sb2.Sh(t, "cat $"+TmpVar+"/state"); got != "kept\n" {

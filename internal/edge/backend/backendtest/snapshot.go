@@ -61,7 +61,7 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 		copies = append(copies, sb)
 	}
 	for i, sb := range append([]*Sandbox{src}, copies...) {
-		if err := sb.Link.WaitReady(ctx); err != nil {
+		if err := WaitAgent(ctx, b, sb.Link); err != nil {
 			t.Fatalf("sandbox %d: agent did not reconnect: %v", i, err)
 		}
 		if got := sb.Sh(t, "cat /root/file"); got != "before\n" {

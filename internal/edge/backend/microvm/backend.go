@@ -75,7 +75,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities implements backend.Backend.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, SnapshotUnavailable: "memory snapshots of microvm sandboxes are not built yet"}
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true}
 }
 
 // Probe implements backend.Backend: the parts are there and a probe guest
@@ -221,16 +221,15 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		rootDisk = root
 	}
 	guest := Guest{
-		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), Initrd: filepath.Join(bx.Dir, "initrd.cpio"),
-		Console: filepath.Join(bx.Dir, "console.log"), RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
-		AgentChardev: "socket,id=agent,path=" + filepath.Join(spec.RunDir, "edge.sock") + ",server=off,reconnect=1",
+		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))),
+		Initrd: filepath.Join(bx.Dir, "initrd.cpio"), Console: filepath.Join(bx.Dir, "console.log"),
+		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
+		AgentChardev: agentChardev(spec), MemFile: memFile(spec.ID), MemShared: true,
 	}
 	if guest.Accel == "kvm" {
 		guest.CPU = "host"
 	}
-	args := append(b.qemu.Args(guest), "-smp", strconv.Itoa(int(math.Max(1, math.Ceil(spec.CPUCores)))),
-		"-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
-	if err := os.WriteFile(filepath.Join(bx.Dir, "qemu.args"), []byte(strings.Join(args, "\n")), 0o600); err != nil {
+	if err := bx.saveGuest(guest); err != nil {
 		return nil, err
 	}
 	state, _ := json.Marshal(bx)
@@ -258,19 +257,54 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	data, err := os.ReadFile(filepath.Join(bx.Dir, "qemu.args"))
+	g, err := bx.loadGuest()
 	if err != nil {
 		return err
 	}
+	return b.launch(ctx, bx, g)
+}
+
+// launch starts QEMU for g, daemonized, with the box's QMP socket and
+// pid file.
+func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
 	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, b.qemu.Binary, strings.Split(string(data), "\n")...)
+	args := append(b.qemu.Args(g), "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
+	cmd := exec.CommandContext(ctx, b.qemu.Binary, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// agentChardev joins the agent's port to the sandbox's edge socket; QEMU
+// dials it again after an edge restart or a detach.
+func agentChardev(spec *backend.Spec) string {
+	return "socket,id=agent,path=" + filepath.Join(spec.RunDir, "edge.sock") + ",server=off,reconnect=1"
+}
+
+// memFile is where a sandbox's guest RAM lives: shared memory, so the
+// guest's memory is a file a snapshot can keep without copying it through
+// QEMU.
+func memFile(id sandboxid.ID) string { return filepath.Join("/dev/shm", "opendsec-"+string(id)+".mem") }
+
+func (bx *box) saveGuest(g Guest) error {
+	data, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bx.Dir, "guest.json"), data, 0o600)
+}
+
+func (bx *box) loadGuest() (Guest, error) {
+	var g Guest
+	data, err := os.ReadFile(filepath.Join(bx.Dir, "guest.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &g)
+	}
+	return g, err
 }
 
 // pid is the guest's QEMU process, if it runs.
@@ -363,6 +397,9 @@ func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	}
 	if err := bx.kill(time.Second); err != nil {
 		return err
+	}
+	if g, err := bx.loadGuest(); err == nil && g.MemShared && g.MemFile != "" {
+		os.Remove(g.MemFile)
 	}
 	if err := os.RemoveAll(bx.Dir); err != nil {
 		return err

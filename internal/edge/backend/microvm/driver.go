@@ -16,9 +16,12 @@
 // outlives the edge and dials the edge's new socket after a restart),
 // root images built once per image, pause (QMP stop/cont), with the
 // guest's clock stepped to the node's by the agent after a resume
-// (headers.HostTime). It passes the conformance suite under TCG. Not yet:
-// registration in cmd/dsec and the edge's end-to-end paths, CPU limits
-// (a cgroup for QEMU), memory snapshots and fork, Firecracker.
+// (headers.HostTime), and memory snapshots (snapshot.go): guest RAM in a
+// shared-memory file, device state only through QEMU (x-ignore-shared),
+// copies mapping the snapshot's RAM copy-on-write. It passes the
+// conformance and snapshot suites under TCG and forks through the API.
+// Not yet: CPU limits beyond the vCPU count (a cgroup for QEMU), a
+// snapshot of a copy, networking, Firecracker.
 package microvm
 
 import (

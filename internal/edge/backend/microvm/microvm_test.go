@@ -289,3 +289,10 @@ func TestConformance(t *testing.T) {
 	q := testQEMU(t)
 	backendtest.Run(t, factory(q), backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true})
 }
+
+func TestSnapshotAndCopies(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	q := testQEMU(t)
+	backendtest.RunSnapshot(t, factory(q), backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true})
+}

@@ -97,12 +97,21 @@ func (q *QEMU) WriteInitramfs(dst string, extra []InitFile) error {
 type Guest struct {
 	Accel, CPU   string // "tcg" and "max" when empty
 	MemoryMB     int
+	SMP          int // vCPUs; 1 when 0
 	Initrd       string
 	Console      string // the serial console's log file
 	AgentChardev string // QEMU -chardev for the agent's port (id=agent)
 	// RootDisk (read-only, shared) and WritableDisk (the sandbox's own)
 	// are raw ext4 images; without them the guest runs from its initramfs.
 	RootDisk, WritableDisk string
+	// MemFile, if set, backs the guest's RAM (MemShared: mapped shared,
+	// so a snapshot leaves RAM in the file instead of copying it; else
+	// privately, copy-on-write over a snapshot's file).
+	MemFile   string
+	MemShared bool
+	// Incoming starts the guest waiting for a migration stream (QMP
+	// migrate-incoming) instead of booting.
+	Incoming bool
 }
 
 // Args is the QEMU command line of g.
@@ -113,8 +122,18 @@ func (q *QEMU) Args(g Guest) []string {
 	if g.CPU == "" {
 		g.CPU = "max"
 	}
+	machine := "microvm,pit=on,pic=on,rtc=on"
+	var mem []string
+	if g.MemFile != "" {
+		share := "off"
+		if g.MemShared {
+			share = "on"
+		}
+		machine += ",memory-backend=mem"
+		mem = []string{"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", g.MemoryMB, g.MemFile, share)}
+	}
 	args := []string{
-		"-M", "microvm,pit=on,pic=on,rtc=on", "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", "1",
+		"-M", machine, "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", fmt.Sprint(max(g.SMP, 1)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", KernelArgs(),
 		"-serial", "file:" + g.Console,
@@ -127,6 +146,10 @@ func (q *QEMU) Args(g Guest) []string {
 			"-device", "virtio-blk-device,drive=root,serial="+RootSerial,
 			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
 			"-device", "virtio-blk-device,drive=rw,serial="+WritableSerial)
+	}
+	args = append(args, mem...)
+	if g.Incoming {
+		args = append(args, "-incoming", "defer")
 	}
 	return args
 }

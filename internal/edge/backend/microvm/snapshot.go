@@ -1,0 +1,181 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Memory snapshots [ours; RUNTIMES.md §6.1]. A guest's RAM is a file in
+// shared memory that QEMU maps shared. A snapshot stops the guest, has
+// QEMU write only its device state (x-ignore-shared: RAM stays in the
+// file, so this takes milliseconds and kilobytes), copies the RAM file and
+// the writable disk next to it (sparse; a reflink where the file system
+// has them), and lets the source go on with its own RAM file. A copy
+// starts a QEMU with the same devices that maps the snapshot's RAM file
+// privately, copy-on-write (copies share the pages they do not write),
+// takes the device state in, and runs on from there with a copy of the
+// writable disk of its own.
+
+// Snapshot implements backend.Snapshotter. The source keeps running.
+func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
+	bx, err := b.get(id)
+	if err != nil {
+		return nil, err
+	}
+	g, err := bx.loadGuest()
+	if err != nil {
+		return nil, err
+	}
+	if !g.MemShared {
+		return nil, errdefs.Unsupported("sandbox %s was restored from a snapshot; a snapshot of a copy is not built yet", id)
+	}
+	sock := bx.qmpSock()
+	if _, err := qmp(ctx, sock, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}); err != nil {
+		return nil, err
+	}
+	if _, err := qmp(ctx, sock, "stop", nil); err != nil {
+		return nil, err
+	}
+	// Whatever happens, the source runs again.
+	defer qmp(context.WithoutCancel(ctx), sock, "cont", nil) //nolint:errcheck // reported by Status if it fails
+	state := filepath.Join(ref.Dir, "state")
+	if _, err := qmp(ctx, sock, "migrate", map[string]any{"uri": "exec:cat > " + state}); err != nil {
+		return nil, err
+	}
+	if err := waitMigration(ctx, sock); err != nil {
+		return nil, err
+	}
+	for src, dst := range map[string]string{g.MemFile: filepath.Join(ref.Dir, "mem"), g.WritableDisk: filepath.Join(ref.Dir, "rw.ext4"), g.Initrd: filepath.Join(ref.Dir, "initrd.cpio")} {
+		if err := copySparse(ctx, src, dst); err != nil {
+			return nil, err
+		}
+	}
+	snap := g
+	snap.MemFile, snap.WritableDisk, snap.Initrd = "", "", ""
+	data, _ := json.Marshal(snap)
+	if err := os.WriteFile(filepath.Join(ref.Dir, "guest.json"), data, 0o600); err != nil {
+		return nil, err
+	}
+	return &backend.SnapshotInfo{SizeBytes: allocated(ref.Dir)}, nil
+}
+
+// waitMigration polls QMP until the migration on sock completed.
+func waitMigration(ctx context.Context, sock string) error {
+	for {
+		out, err := qmp(ctx, sock, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		json.Unmarshal(out, &st) //nolint:errcheck // an empty status polls again
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("microvm: migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// copySparse copies a file keeping its holes (a reflink where possible).
+func copySparse(ctx context.Context, src, dst string) error {
+	if out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput(); err != nil {
+		return fmt.Errorf("copy %s: %v: %s", src, err, out)
+	}
+	return nil
+}
+
+// allocated is the disk space the files under dir take.
+func allocated(dir string) int64 {
+	var n int64
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(interface{ Blocks() int64 }); ok {
+				n += st.Blocks() * 512
+				continue
+			}
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// Restore implements backend.Snapshotter: a new guest from a snapshot,
+// with its own writable disk and agent socket, mapping the snapshot's RAM
+// copy-on-write.
+func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
+	var g Guest
+	data, err := os.ReadFile(filepath.Join(ref.Dir, "guest.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &g)
+	}
+	if err != nil {
+		return nil, errdefs.NotFound("snapshot %s: no guest description: %v", ref.ID, err)
+	}
+	bx := &box{Dir: filepath.Join(spec.Dir, "vm")}
+	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	g.WritableDisk, g.Initrd = filepath.Join(bx.Dir, "rw.ext4"), filepath.Join(bx.Dir, "initrd.cpio")
+	for _, f := range []string{"rw.ext4", "initrd.cpio"} {
+		if err := copySparse(ctx, filepath.Join(ref.Dir, f), filepath.Join(bx.Dir, f)); err != nil {
+			return nil, err
+		}
+	}
+	g.Console, g.AgentChardev = filepath.Join(bx.Dir, "console.log"), agentChardev(spec)
+	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
+	if err := bx.saveGuest(g); err != nil {
+		return nil, err
+	}
+	if err := b.launch(ctx, bx, g); err != nil {
+		return nil, err
+	}
+	sock := bx.qmpSock()
+	fail := func(err error) (*backend.Handle, error) {
+		bx.kill(0) //nolint:errcheck // reporting err
+		return nil, err
+	}
+	if _, err := qmp(ctx, sock, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}); err != nil {
+		return fail(err)
+	}
+	if _, err := qmp(ctx, sock, "migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
+		return fail(err)
+	}
+	if err := waitMigration(ctx, sock); err != nil {
+		return fail(err)
+	}
+	if _, err := qmp(ctx, sock, "cont", nil); err != nil {
+		return fail(err)
+	}
+	// Started again later (after a stop), it boots: the description it
+	// keeps is of a fresh guest on its own disk.
+	g.Incoming, g.MemFile, g.MemShared = false, "", false
+	if err := bx.saveGuest(g); err != nil {
+		return fail(err)
+	}
+	b.mu.Lock()
+	b.boxes[spec.ID] = bx
+	b.mu.Unlock()
+	state, _ := json.Marshal(bx)
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
+
+var _ backend.Snapshotter = (*Backend)(nil)
