@@ -13,7 +13,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
+
+	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
@@ -95,5 +98,118 @@ func run(ctx context.Context, store, agent, init, guest string, n int) error {
 	fmt.Printf("%-56s %8s\n", "bare QEMU boot to the init's marker (probe)", benchstat.Ms(median(bare), 0))
 	fmt.Printf("%-56s %8s  (create answered after %s)\n", "dsec create to the first command's answer", benchstat.Ms(median(ours), 0), benchstat.Ms(median(creates), 0))
 	fmt.Printf("ratio ours / bare: %.2fx\n", float64(median(ours))/float64(median(bare)))
+	return forkVsCold(ctx, cl, spec, 4)
+}
+
+// forkVsCold forks a sandbox into count copies (with memory) and makes
+// count sandboxes cold, each until every one answers a command, and sums
+// the QEMU processes' proportional memory (PSS) of each set.
+func forkVsCold(ctx context.Context, cl *client.Client, spec *sandboxv1.SandboxSpec, count int) error {
+	src, err := cl.Create(ctx, spec)
+	if err != nil {
+		return err
+	}
+	defer src.Stop(ctx) //nolint:errcheck // measured
+	if _, err := src.Shell(ctx, "dd if=/dev/urandom of=/tmp/state bs=1M count=32 2>/dev/null"); err != nil {
+		return err
+	}
+	answered := func(ids []string) error {
+		errs := make(chan error, len(ids))
+		for _, id := range ids {
+			go func() {
+				r, err := cl.Sandbox(id).Shell(ctx, "true")
+				if err == nil && r.ExitCode != 0 {
+					err = fmt.Errorf("exit %d", r.ExitCode)
+				}
+				errs <- err
+			}()
+		}
+		for range ids {
+			if err := <-errs; err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	t0 := time.Now()
+	resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: int32(count)}))
+	if err != nil {
+		return err
+	}
+	var forked []string
+	for _, r := range resp.Msg.Results {
+		if r.Sandbox == nil {
+			return fmt.Errorf("copy: %s %s", r.ErrorCode, r.ErrorMessage)
+		}
+		forked = append(forked, r.Sandbox.Id)
+	}
+	if err := answered(forked); err != nil {
+		return err
+	}
+	forkTook := time.Since(t0)
+	forkPSS := pss(forked)
+	t0 = time.Now()
+	var cold []string
+	made := make(chan string, count)
+	for range count {
+		go func() {
+			sb, err := cl.Create(ctx, spec)
+			if err != nil {
+				made <- ""
+				return
+			}
+			made <- sb.ID
+		}()
+	}
+	for range count {
+		if id := <-made; id != "" {
+			cold = append(cold, id)
+		}
+	}
+	if len(cold) != count {
+		return fmt.Errorf("%d of %d cold creates failed", count-len(cold), count)
+	}
+	if err := answered(cold); err != nil {
+		return err
+	}
+	coldTook := time.Since(t0)
+	// The cold ones touch the same 32 MiB the source did, for a fair PSS.
+	for _, id := range cold {
+		cl.Sandbox(id).Shell(ctx, "dd if=/dev/urandom of=/tmp/state bs=1M count=32 2>/dev/null") //nolint:errcheck // measured below
+	}
+	coldPSS := pss(cold)
+	for _, id := range append(forked, cold...) {
+		cl.Sandbox(id).Stop(ctx) //nolint:errcheck // measured
+	}
+	fmt.Printf("%-56s %8s  (source paused %s)\n", fmt.Sprintf("fork(%d) until every copy answers", count), benchstat.Ms(forkTook, 0), benchstat.Ms(time.Duration(resp.Msg.SourcePauseUs)*time.Microsecond, 0))
+	fmt.Printf("%-56s %8s\n", fmt.Sprintf("%d cold creates until every one answers", count), benchstat.Ms(coldTook, 0))
+	fmt.Printf("QEMU memory (PSS) of the %d copies %d MiB, of %d cold guests with the same 32 MiB written %d MiB\n", count, forkPSS>>20, count, coldPSS>>20)
+	fmt.Printf("ratio fork / cold: time %.2fx, memory %.2fx\n", float64(forkTook)/float64(coldTook), float64(forkPSS)/float64(coldPSS))
 	return nil
+}
+
+// pss sums the proportional set size of the QEMU processes of sandboxes.
+func pss(ids []string) int64 {
+	var total int64
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(cmdline), "qemu-system") {
+			continue
+		}
+		for _, id := range ids {
+			if !strings.Contains(string(cmdline), id) {
+				continue
+			}
+			data, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "smaps_rollup"))
+			for _, line := range strings.Split(string(data), "\n") {
+				if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+					var kb int64
+					fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb) //nolint:errcheck // 0 when unreadable
+					total += kb << 10
+				}
+			}
+		}
+	}
+	return total
 }
