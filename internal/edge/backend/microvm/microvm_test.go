@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,29 +131,8 @@ func TestAgentAnswersInsideTheVM(t *testing.T) {
 		}
 		extra = append(extra, InitFile{Path: p, Mode: 0o755, Data: data})
 	}
-	initrd := filepath.Join(dir, "guest.cpio")
-	if err := q.WriteInitramfs(initrd, extra); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "edge.sock")
-	link, err := agentlink.Listen(sock, testutil.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	cmd := exec.Command(q.Binary, q.Args(Guest{MemoryMB: 256, Initrd: initrd, Console: filepath.Join(dir, "console.log"),
-		AgentChardev: "socket,id=agent,path=" + sock + ",server=off,reconnect=1"})...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill() //nolint:errcheck // the test's guest
-		cmd.Wait()         //nolint:errcheck // killed
-		if t.Failed() {
-			console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
-			t.Logf("console:\n%s", console)
-		}
-	}()
+	link, stop := bootGuest(t, q, dir, extra, Guest{MemoryMB: 256})
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	began := time.Now()
@@ -217,29 +197,8 @@ func TestAgentRunsOnTheImagesRootDisk(t *testing.T) {
 	}
 	before, _ := os.ReadFile(rootImg)
 	agent, _ := os.ReadFile(testutil.AgentBinary(t))
-	initrd := filepath.Join(dir, "guest.cpio")
-	if err := q.WriteInitramfs(initrd, []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}}); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "edge.sock")
-	link, err := agentlink.Listen(sock, testutil.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	cmd := exec.Command(q.Binary, q.Args(Guest{MemoryMB: 256, Initrd: initrd, Console: filepath.Join(dir, "console.log"),
-		AgentChardev: "socket,id=agent,path=" + sock + ",server=off,reconnect=1", RootDisk: rootImg, WritableDisk: rw})...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill() //nolint:errcheck // the test's guest
-		cmd.Wait()         //nolint:errcheck // killed
-		if t.Failed() {
-			console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
-			t.Logf("console:\n%s", console)
-		}
-	}()
+	link, stop := bootGuest(t, q, dir, []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}}, Guest{MemoryMB: 256, RootDisk: rootImg, WritableDisk: rw})
+	defer stop()
 	proc := agentv1connect.NewProcessServiceClient(&http.Client{Transport: link}, "http://agent")
 	sh := func(line string) (string, int32) {
 		t.Helper()
@@ -259,8 +218,7 @@ func TestAgentRunsOnTheImagesRootDisk(t *testing.T) {
 	if _, code := sh("dd if=/dev/zero of=/root/big bs=1M count=100 2>/dev/null"); code == 0 {
 		t.Fatal("100 MiB written on a 64 MiB writable disk")
 	}
-	cmd.Process.Kill() //nolint:errcheck // done with the guest
-	cmd.Wait()         //nolint:errcheck // killed
+	stop()
 	if after, _ := os.ReadFile(rootImg); !bytes.Equal(before, after) {
 		t.Fatal("the shared root image changed")
 	}
@@ -295,4 +253,38 @@ func TestSnapshotAndCopies(t *testing.T) {
 	testutil.RequireBinary(t, "mkfs.ext4")
 	q := testQEMU(t)
 	backendtest.RunSnapshot(t, factory(q), backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true})
+}
+
+// bootGuest starts QEMU with g, an initramfs of the guest init and extra,
+// and the agent's port joined to a link on a socket in dir; stop (safe to
+// call twice) ends the guest and shows its console if the test failed.
+func bootGuest(t *testing.T, q *QEMU, dir string, extra []InitFile, g Guest) (*agentlink.Link, func()) {
+	t.Helper()
+	g.Initrd, g.Console = filepath.Join(dir, "guest.cpio"), filepath.Join(dir, "console.log")
+	if err := q.WriteInitramfs(g.Initrd, extra); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "edge.sock")
+	link, err := agentlink.Listen(sock, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.AgentChardev = "socket,id=agent,path=" + sock + ",server=off,reconnect=1"
+	cmd := exec.Command(q.Binary, q.Args(g)...)
+	if err := cmd.Start(); err != nil {
+		link.Close()
+		t.Fatal(err)
+	}
+	var once sync.Once
+	return link, func() {
+		once.Do(func() {
+			cmd.Process.Kill() //nolint:errcheck // the test's guest
+			cmd.Wait()         //nolint:errcheck // killed
+			link.Close()
+			if t.Failed() {
+				console, _ := os.ReadFile(g.Console)
+				t.Logf("console:\n%s", console)
+			}
+		})
+	}
 }
