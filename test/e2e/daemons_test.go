@@ -253,6 +253,12 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	}
 	refused(iamAddrs["iam-2"], "an edge certificate at an IAM replica", mustIdentity(t, pkiDir, "edge-1").ClientConfig())
 	refused(iamAddrs["iam-2"], "another CA's certificate at an IAM replica", foreignTLS)
+	refused(wa, "an edge certificate at the watcher", mustIdentity(t, pkiDir, "edge-1").ClientConfig())
+	refused(wa, "another CA's certificate at the watcher", foreignTLS)
+	noCert := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // a client without a certificate, refused
+	for _, port := range []string{e1, wa, iamAddrs["iam-1"]} {
+		refused(port, "a client without a certificate", noCert)
+	}
 
 	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 256}}
 	var made []*client.Sandbox
