@@ -35,6 +35,8 @@ func cmdNodes(ctx context.Context, _ []string) error {
 		for name, why := range n.Backends {
 			if why != "" {
 				name += " (unavailable: " + why + ")"
+			} else if d := n.BackendDetails[name]; d != "" {
+				name += " (" + d + ")"
 			}
 			bs = append(bs, name)
 		}

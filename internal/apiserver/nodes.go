@@ -18,7 +18,7 @@ func (h *sandboxService) ListNodes(ctx context.Context, _ *connect.Request[sandb
 	}
 	out := &sandboxv1.ListNodesResponse{}
 	for _, n := range h.s.watcher.View().Nodes {
-		node := &sandboxv1.Node{Id: n.ID, Address: n.Addr, Healthy: n.Healthy, Error: n.Err, Backends: map[string]string{}}
+		node := &sandboxv1.Node{Id: n.ID, Address: n.Addr, Healthy: n.Healthy, Error: n.Err, Backends: map[string]string{}, BackendDetails: map[string]string{}}
 		if !n.PolledAt.IsZero() {
 			node.PolledAt = timestamppb.New(n.PolledAt)
 		}
@@ -26,6 +26,9 @@ func (h *sandboxService) ListNodes(ctx context.Context, _ *connect.Request[sandb
 			node.Capacity, node.Allocated = amount(st.Capacity), amount(st.Allocated)
 			for _, b := range st.Backends {
 				node.Backends[b.Name] = b.UnavailableReason
+				if b.Detail != "" {
+					node.BackendDetails[b.Name] = b.Detail
+				}
 			}
 		}
 		out.Nodes = append(out.Nodes, node)

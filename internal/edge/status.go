@@ -5,6 +5,7 @@ import (
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
 )
 
 // Version is the edge's version, set at build time.
@@ -21,7 +22,11 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	}
 	for name, b := range e.backends {
 		caps := b.Capabilities()
-		st.Backends = append(st.Backends, &edgev1.BackendStatus{Name: name, CanPause: caps.Pause, CanSnapshot: caps.Snapshot, Isolation: caps.Isolation})
+		bs := &edgev1.BackendStatus{Name: name, CanPause: caps.Pause, CanSnapshot: caps.Snapshot, Isolation: caps.Isolation}
+		if d, ok := b.(backend.Describer); ok {
+			bs.Detail = d.Describe()
+		}
+		st.Backends = append(st.Backends, bs)
 	}
 	for name, why := range e.unavailable {
 		st.Backends = append(st.Backends, &edgev1.BackendStatus{Name: name, UnavailableReason: why})

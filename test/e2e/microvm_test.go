@@ -30,6 +30,20 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 		cfg.Backends["microvm"] = map[string]string{"guest": guest, "init": testutil.VMInitBinary(t)}
 	}, "container", "microvm")
 	ctx := ctxT(t)
+	// The node says which hypervisor and accelerator it uses, and why not
+	// a faster one.
+	nodes, err := c.client.Sandboxes.ListNodes(ctx, connect.NewRequest(&sandboxv1.ListNodesRequest{}))
+	if err != nil || len(nodes.Msg.Nodes) != 1 {
+		t.Fatalf("nodes: %v, %v", nodes, err)
+	}
+	detail := nodes.Msg.Nodes[0].BackendDetails["microvm"]
+	if !strings.HasPrefix(detail, "qemu microvm, tcg") && !strings.HasPrefix(detail, "qemu microvm, kvm") {
+		t.Fatalf("the node's microvm detail: %q", detail)
+	}
+	if _, err := os.Stat("/dev/kvm"); err == nil && strings.HasPrefix(detail, "qemu microvm, tcg") && !strings.Contains(detail, "not kvm: ") {
+		t.Fatalf("/dev/kvm exists, TCG is used, and the detail does not say why: %q", detail)
+	}
+	t.Logf("microvm on this node: %s", detail)
 	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 128}}
 	a, err := c.client.Create(ctx, spec)
 	if err != nil {

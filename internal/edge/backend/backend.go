@@ -157,6 +157,13 @@ type Backend interface {
 	Recover(ctx context.Context, h *Handle, spec *Spec) error
 }
 
+// Describer is implemented by backends that say how they run on this node
+// (which hypervisor and accelerator, and why not a faster one), for node
+// status.
+type Describer interface {
+	Describe() string
+}
+
 // Diagnoser is implemented by backends that can say why a sandbox died,
 // e.g. "out of memory (limit 512 MiB)"; "" when they cannot tell.
 type Diagnoser interface {

@@ -110,6 +110,21 @@ func (b *Backend) Probe(ctx context.Context) error {
 	return b.probeErr
 }
 
+// Describe implements backend.Describer: the hypervisor, the accelerator
+// the probe boot chose, and why a faster one is not used.
+func (b *Backend) Describe() string {
+	if b.probe == nil {
+		return ""
+	}
+	d := fmt.Sprintf("%s microvm, %s (probe boot %s)", b.probe.Driver, b.probe.Accel, b.probe.Boot.Round(time.Millisecond))
+	for _, s := range b.probe.Skipped {
+		if line, _, _ := strings.Cut(s, "\n"); line != "" {
+			d += "; not " + line
+		}
+	}
+	return d
+}
+
 // Accel is the accelerator the probe chose ("" before a successful Probe).
 func (b *Backend) Accel() string {
 	if b.probe == nil {

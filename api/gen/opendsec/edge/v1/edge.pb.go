@@ -1929,8 +1929,11 @@ type BackendStatus struct {
 	CanPause          bool   `protobuf:"varint,3,opt,name=can_pause,json=canPause,proto3" json:"can_pause,omitempty"`
 	CanSnapshot       bool   `protobuf:"varint,4,opt,name=can_snapshot,json=canSnapshot,proto3" json:"can_snapshot,omitempty"`
 	Isolation         string `protobuf:"bytes,5,opt,name=isolation,proto3" json:"isolation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// How the backend runs on this node, when it says (e.g. the microvm
+	// backend's hypervisor and accelerator, and why a faster one is not used).
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BackendStatus) Reset() {
@@ -1994,6 +1997,13 @@ func (x *BackendStatus) GetCanSnapshot() bool {
 func (x *BackendStatus) GetIsolation() string {
 	if x != nil {
 		return x.Isolation
+	}
+	return ""
+}
+
+func (x *BackendStatus) GetDetail() string {
+	if x != nil {
+		return x.Detail
 	}
 	return ""
 }
@@ -2506,13 +2516,14 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"snapshotId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\"\x18\n" +
 	"\x16DeleteSnapshotResponse\"\x16\n" +
-	"\x14GetNodeStatusRequest\"\xb0\x01\n" +
+	"\x14GetNodeStatusRequest\"\xc8\x01\n" +
 	"\rBackendStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x12unavailable_reason\x18\x02 \x01(\tR\x11unavailableReason\x12\x1b\n" +
 	"\tcan_pause\x18\x03 \x01(\bR\bcanPause\x12!\n" +
 	"\fcan_snapshot\x18\x04 \x01(\bR\vcanSnapshot\x12\x1c\n" +
-	"\tisolation\x18\x05 \x01(\tR\tisolation\"_\n" +
+	"\tisolation\x18\x05 \x01(\tR\tisolation\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"_\n" +
 	"\x05Usage\x12\x1c\n" +
 	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
