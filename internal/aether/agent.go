@@ -112,6 +112,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if os.Getpid() == 1 {
 		go a.reapOrphans(ctx)
 	}
+	if a.cfg.ApplyIdentity { // inside a sandbox, not the fake's in-process agent
+		warmThreads(spareThreads)
+	}
 	// A new sandbox's identity comes with its command line: no call is
 	// needed before it is ready (a restored copy gets SetIdentity).
 	if a.cfg.ApplyIdentity && a.cfg.MachineID != "" {
