@@ -39,19 +39,28 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 		return nil, errdefs.Unsupported("sandbox %s was restored from a snapshot; a snapshot of a copy is not built yet", id)
 	}
 	sock := bx.qmpSock()
-	if _, err := qmp(ctx, sock, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}); err != nil {
+	q, err := dialQMP(ctx, sock)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := qmp(ctx, sock, "stop", nil); err != nil {
+	// Whatever happens (ctx ended too), the source runs again, on this
+	// session: QEMU's monitor serves one client at a time.
+	defer func() {
+		q.c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a failed call says it
+		q.call("cont", nil)                               //nolint:errcheck // reported by Status if it fails
+		q.Close()
+	}()
+	if _, err := q.call("migrate-set-capabilities", ignoreShared); err != nil {
 		return nil, err
 	}
-	// Whatever happens, the source runs again.
-	defer qmp(context.WithoutCancel(ctx), sock, "cont", nil) //nolint:errcheck // reported by Status if it fails
+	if _, err := q.call("stop", nil); err != nil {
+		return nil, err
+	}
 	state := filepath.Join(ref.Dir, "state")
-	if _, err := qmp(ctx, sock, "migrate", map[string]any{"uri": "exec:cat > " + state}); err != nil {
+	if _, err := q.call("migrate", map[string]any{"uri": "exec:cat > " + state}); err != nil {
 		return nil, err
 	}
-	if err := waitMigration(ctx, sock); err != nil {
+	if err := waitMigration(ctx, q); err != nil {
 		return nil, err
 	}
 	for src, dst := range map[string]string{g.MemFile: filepath.Join(ref.Dir, "mem"), g.WritableDisk: filepath.Join(ref.Dir, "rw.ext4"), g.Initrd: filepath.Join(ref.Dir, "initrd.cpio")} {
@@ -68,10 +77,10 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	return &backend.SnapshotInfo{SizeBytes: allocated(ref.Dir)}, nil
 }
 
-// waitMigration polls QMP until the migration on sock completed.
-func waitMigration(ctx context.Context, sock string) error {
+// waitMigration polls the session until its QEMU's migration completed.
+func waitMigration(ctx context.Context, q *qmpConn) error {
 	for {
-		out, err := qmp(ctx, sock, "query-migrate", nil)
+		out, err := q.call("query-migrate", nil)
 		if err != nil {
 			return err
 		}
@@ -148,21 +157,25 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err := b.launch(ctx, bx, g); err != nil {
 		return nil, err
 	}
-	sock := bx.qmpSock()
 	fail := func(err error) (*backend.Handle, error) {
 		bx.kill(0) //nolint:errcheck // reporting err
 		return nil, err
 	}
-	if _, err := qmp(ctx, sock, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}); err != nil {
+	q, err := dialQMP(ctx, bx.qmpSock())
+	if err != nil {
 		return fail(err)
 	}
-	if _, err := qmp(ctx, sock, "migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
+	defer q.Close()
+	if _, err := q.call("migrate-set-capabilities", ignoreShared); err != nil {
 		return fail(err)
 	}
-	if err := waitMigration(ctx, sock); err != nil {
+	if _, err := q.call("migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
 		return fail(err)
 	}
-	if _, err := qmp(ctx, sock, "cont", nil); err != nil {
+	if err := waitMigration(ctx, q); err != nil {
+		return fail(err)
+	}
+	if _, err := q.call("cont", nil); err != nil {
 		return fail(err)
 	}
 	// Started again later (after a stop), it boots: the description it
