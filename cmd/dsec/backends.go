@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 
@@ -20,21 +21,55 @@ func registry() *backend.Registry {
 	return r
 }
 
-// backendOptions are the options every backend gets (each reads its own):
-// the container backend's OCI runtime, gVisor's platform and newer runsc,
-// and the microvm backend's guest kernel directory and init, found next to
-// dsec (make build and make deps put them there) unless given.
-func backendOptions(runtime, platform, runscNet, guest string) map[string]string {
-	o := map[string]string{"runtime": runtime, "platform": platform, "runsc-network": findRunscNet(runscNet)}
-	self, err := os.Executable()
-	if err != nil {
-		return o
+// backendFlags are the flags of every backend's options, the same for
+// dsec up and dsec edge.
+type backendFlags struct {
+	runtime, platform, runscNet *string
+	guest, vmInit, firecracker  *string
+}
+
+func addBackendFlags(fs *flag.FlagSet) *backendFlags {
+	return &backendFlags{
+		runtime:     fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc"),
+		platform:    fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them"),
+		runscNet:    fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)"),
+		guest:       fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)"),
+		vmInit:      fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
+		firecracker: fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries first (its probe boot decides; default: .cache/firecracker/firecracker of the tree dsec was built in, if there)"),
 	}
-	bin := filepath.Dir(self)
-	o["init"] = filepath.Join(bin, "dsec-vminit")
-	if guest == "" {
-		guest = filepath.Join(bin, "..", ".cache", "guest")
+}
+
+// options are the options every backend gets (each reads its own): the
+// container backend's OCI runtime, gVisor's platform and newer runsc,
+// and the microvm backend's guest kernel directory, init and Firecracker,
+// found next to dsec (make build and make deps put them there) unless
+// given.
+func (f *backendFlags) options() map[string]string {
+	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet)}
+	guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
+	if self, err := os.Executable(); err == nil {
+		bin := filepath.Dir(self)
+		if init == "" {
+			init = filepath.Join(bin, "dsec-vminit")
+		}
+		if guest == "" {
+			guest = filepath.Join(bin, "..", ".cache", "guest")
+		}
+		if fc == "" {
+			if p := filepath.Join(bin, "..", ".cache", "firecracker", "firecracker"); fileExists(p) {
+				fc = p
+			}
+		}
 	}
-	o["guest"], _ = filepath.Abs(guest)
+	for k, v := range map[string]string{"guest": guest, "init": init, "firecracker": fc} {
+		if v != "" {
+			o[k], _ = filepath.Abs(v)
+		}
+	}
 	return o
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

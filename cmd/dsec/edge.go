@@ -20,10 +20,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:7080", "address the apiservers and watchers reach")
 	images := fs.String("image-store", "", "the shared image store directory (required)")
 	backends := fs.String("backends", "container,gvisor", "comma-separated backends to enable")
-	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
-	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform")
-	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network (\"none\" for none)")
-	guest := fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)")
+	bf := addBackendFlags(fs)
 	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
 	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec)")
@@ -53,7 +50,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	opts := map[string]map[string]string{}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			opts[b] = backendOptions(*runtime, *platform, *runscNet, *guest)
+			opts[b] = bf.options()
 		}
 	}
 	bs, err := registry().Open(ctx, opts, filepath.Join(*stateDir, "backends"), log)

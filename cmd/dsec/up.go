@@ -20,10 +20,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	listen := fs.String("listen", embed.DefaultListen, "client API address")
 	backends := fs.String("backends", "container,gvisor", "comma-separated backends to enable (container, gvisor)")
 	edges := fs.Int("edges", 1, "how many edges to run, each its own node (a one-machine cluster)")
-	runtime := fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc")
-	platform := fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them")
-	runscNet := fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)")
-	guest := fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)")
+	bf := addBackendFlags(fs)
 	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
 	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
@@ -58,7 +55,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			cfg.Backends[b] = backendOptions(*runtime, *platform, *runscNet, *guest)
+			cfg.Backends[b] = bf.options()
 		}
 	}
 	log := lf.logger()
