@@ -48,8 +48,9 @@ func freePort(t *testing.T) int {
 	return 0
 }
 
-// startUp runs dsec up on state and waits until it serves.
-func startUp(t *testing.T, bin, state, store string) *upProcess {
+// startUp runs dsec up on state and waits until it serves; extra flags
+// come last, so they override the defaults (--backends container,gvisor).
+func startUp(t *testing.T, bin, state, store string, extra ...string) *upProcess {
 	t.Helper()
 	os.Remove(filepath.Join(state, "client.env"))
 	logf, err := os.OpenFile(filepath.Join(state, "dsec.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -59,6 +60,7 @@ func startUp(t *testing.T, bin, state, store string) *upProcess {
 	defer logf.Close()
 	cmd := exec.Command(bin, "up", "--state-dir", state, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--e2b-listen", "",
 		"--image-store", store, "--agent", testutil.AgentBinary(t), "--backends", "container,gvisor")
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -129,5 +130,74 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 	if out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+c.cfg.StateDir).Output(); len(out) > 0 {
 		t.Fatalf("QEMU left running after stop: %s", out)
+	}
+}
+
+// TestKillDsecUpLeavesVMsRunning: after `kill -9` of dsec up, a microvm
+// sandbox's QEMU goes on running (the same process, not a reboot), and the
+// next dsec up re-attaches it: its shell session's variable, a process
+// and a file are there, and it stops leaving no QEMU behind.
+func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "qemu-system-x86_64")
+	testutil.RequireBinary(t, "mkfs.ext4")
+	guest := testutil.GuestKernelDir(t)
+	bin := dsecBinary(t)
+	dir := t.TempDir()
+	state, store := filepath.Join(dir, "state"), filepath.Join(dir, "images")
+	if out, err := exec.Command(bin, "image", "build", "busybox", "--store", store).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox: %v: %s", err, out)
+	}
+	os.MkdirAll(state, 0o700)
+	flags := []string{"--backends", "microvm", "--microvm-guest", guest, "--microvm-init", testutil.VMInitBinary(t)}
+	up := startUp(t, bin, state, store, flags...)
+	defer func() {
+		up.cmd.Process.Signal(syscall.SIGTERM)
+		up.cmd.Wait()
+	}()
+	ctx := ctxT(t)
+	sb, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 64}})
+	if err != nil {
+		t.Fatalf("create: %v; log: %s", err, tailFile(filepath.Join(state, "dsec.log")))
+	}
+	sess, err := sb.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := runIn(t, sb, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")
+	shell(t, sb, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+	qemu := func() string {
+		out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+state).Output()
+		return strings.TrimSpace(string(out))
+	}
+	before := qemu()
+	if before == "" || strings.Contains(before, "\n") {
+		t.Fatalf("QEMU processes of the sandbox: %q", before)
+	}
+	up.cmd.Process.Signal(syscall.SIGKILL)
+	up.cmd.Wait()
+	if got := qemu(); got != before {
+		t.Fatalf("after kill -9 of dsec up, QEMU is %q, was %q", got, before)
+	}
+	up = startUp(t, bin, state, store, flags...)
+	got, err := up.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after the restart: %v, %v; log: %s", got, err, tailFile(filepath.Join(state, "dsec.log")))
+	}
+	again := up.client.Sandbox(sb.ID)
+	if v := runIn(t, again, sess.Msg.Session.Id, "echo $SECRET"); string(v) != string(secret) {
+		t.Fatalf("the session's variable after the restart: %q, want %q", v, secret)
+	}
+	if r := shell(t, again, "cat /root/mark; ps | grep -v grep | grep -q 'sleep 1000' && echo alive"); string(r.Stdout) != "kept\nalive\n" {
+		t.Fatalf("after the restart: %q %q", r.Stdout, r.Stderr)
+	}
+	if got := qemu(); got != before {
+		t.Fatalf("QEMU after the restart is %q, was %q: the guest was not re-attached", got, before)
+	}
+	if err := again.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := qemu(); got != "" {
+		t.Fatalf("QEMU left running after stop: %s", got)
 	}
 }
