@@ -75,6 +75,24 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 			t.Fatalf("sandbox %d sees a copy's later write: %q", i, out)
 		}
 	}
+	// A snapshot outlives its source: once the source is removed, a copy
+	// still starts from it, with the files and memory of the moment.
+	if err := b.Destroy(ctx, src.ID); err != nil {
+		t.Fatalf("destroy the source: %v", err)
+	}
+	spec := NewSpec(t, env, "aaaaaaaa")
+	late := Attach(t, spec)
+	if _, err := sn.Restore(ctx, ref, spec); err != nil {
+		t.Fatalf("restore after the source was removed: %v", err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	if err := WaitAgent(ctx, b, late.Link); err != nil {
+		t.Fatalf("a copy made after the source was removed: agent: %v", err)
+	}
+	if got := late.Sh(t, "cat /root/file; cat /root/private 2>/dev/null || echo absent"); got != "before\nabsent\n" {
+		t.Fatalf("a copy made after the source was removed reads %q", got)
+	}
+	late.counterAdvances(t, "a copy made after the source was removed")
 }
 
 // counterAdvances waits until the loop's counter in /tmp/count moves past

@@ -229,13 +229,11 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	}); err != nil {
 		return nil, err
 	}
-	// The root disk is linked into the guest's directory (on another file
-	// system, used where it is).
 	rootDisk := filepath.Join(bx.Dir, "root.ext4")
-	if err := os.Link(root, rootDisk); err != nil {
-		rootDisk = root
+	if err := shareRoot(root, root, rootDisk); err != nil {
+		return nil, err
 	}
-	guest := Guest{
+	guest := Guest{Root: root,
 		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))),
 		Initrd: filepath.Join(bx.Dir, "initrd.cpio"), Console: filepath.Join(bx.Dir, "console.log"),
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
@@ -290,6 +288,23 @@ func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// shareRoot makes dst name a root disk: a hard link to disk (so a
+// snapshot or guest directory keeps it even after the directory it came
+// from is removed), or, across file systems, a symlink to the node's
+// shared image root.
+func shareRoot(disk, root, dst string) error {
+	if err := os.Link(disk, dst); err == nil {
+		return nil
+	}
+	if root == "" {
+		root = disk
+	}
+	if err := os.Symlink(root, dst); err != nil {
+		return fmt.Errorf("microvm: the root disk: %w", err)
 	}
 	return nil
 }

@@ -103,7 +103,10 @@ type Guest struct {
 	AgentChardev string // QEMU -chardev for the agent's port (id=agent)
 	// RootDisk (read-only, shared) and WritableDisk (the sandbox's own)
 	// are raw ext4 images; without them the guest runs from its initramfs.
+	// RootDisk is a link in the guest's directory to Root, the node's
+	// one image of the sandbox's image.
 	RootDisk, WritableDisk string
+	Root                   string `json:",omitempty"`
 	// MemFile, if set, backs the guest's RAM (MemShared: mapped shared,
 	// so a snapshot leaves RAM in the file instead of copying it; else
 	// privately, copy-on-write over a snapshot's file).

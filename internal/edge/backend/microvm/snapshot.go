@@ -68,8 +68,13 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 			return nil, err
 		}
 	}
+	// The snapshot keeps the root disk too: its source may be removed
+	// before the last copy is made.
+	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(ref.Dir, "root.ext4")); err != nil {
+		return nil, err
+	}
 	snap := g
-	snap.MemFile, snap.WritableDisk, snap.Initrd = "", "", ""
+	snap.MemFile, snap.WritableDisk, snap.Initrd, snap.RootDisk = "", "", "", filepath.Join(ref.Dir, "root.ext4")
 	data, _ := json.Marshal(snap)
 	if err := os.WriteFile(filepath.Join(ref.Dir, "guest.json"), data, 0o600); err != nil {
 		return nil, err
@@ -149,6 +154,10 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 			return nil, err
 		}
 	}
+	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(bx.Dir, "root.ext4")); err != nil {
+		return nil, err
+	}
+	g.RootDisk = filepath.Join(bx.Dir, "root.ext4")
 	g.Console, g.AgentChardev = filepath.Join(bx.Dir, "console.log"), agentChardev(spec)
 	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
 	if err := bx.saveGuest(g); err != nil {
