@@ -1,13 +1,18 @@
 // Command dsec-vminit is PID 1 of a microvm sandbox's guest (static, from
 // the initramfs): it mounts the kernel's file systems, loads the virtio
 // modules the initramfs carries (with their parameters from the kernel
-// command line, as modprobe would) and finds the agent's virtio-serial
-// port by name. With the agent in the initramfs (/aether) it then becomes
-// the agent, which serves the edge on that port; without, it writes its
-// marker there and powers the guest off (the node's probe boot).
+// command line, as modprobe would) and finds the agent's link to the host:
+// the virtio-serial port by name (QEMU), or the host's vsock port named
+// by "dsec.agent=vsock:PORT" on the command line (Firecracker). It finds
+// the root and writable disks by virtio serial or, lacking one, by ext4
+// label. With the agent in the initramfs (/aether) it then becomes the
+// agent, which serves the edge on that link; without, it writes its marker
+// there and on the console and powers the guest off (the node's probe
+// boot).
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -31,7 +36,8 @@ const agentBinary = "/aether"
 
 func main() {
 	began := time.Now()
-	if err := run(); err != nil {
+	link, err := run()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
 	}
 	if _, err := os.Stat(agentBinary); err == nil {
@@ -40,7 +46,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
 		}
 		agent := agentBinary
-		if root, rw := diskBySerial(rootSerial), diskBySerial(writableSerial); root != "" && rw != "" {
+		if root, rw := findDisk(rootSerial), findDisk(writableSerial); root != "" && rw != "" {
 			if err := switchRoot(root, rw); err != nil {
 				fmt.Fprintln(os.Stderr, "dsec-vminit: the image's root:", err)
 			} else {
@@ -51,7 +57,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
 		}
 		fmt.Printf("%s after %s in userspace; starting the agent\n", Marker, time.Since(began).Round(time.Millisecond))
-		args := []string{agent, "-edge-socket", "virtio-port:" + agentPort, "-sync-clock"}
+		args := []string{agent, "-edge-socket", link, "-sync-clock"}
 		if cfg.MachineID != "" {
 			args = append(args, "-machine-id", cfg.MachineID)
 		}
@@ -63,33 +69,56 @@ func main() {
 	unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF) //nolint:errcheck // the guest ends either way
 }
 
-func run() error {
+// run mounts the kernel's file systems, loads the modules and finds the
+// agent's link to the host, which it returns as the agent's -edge-socket:
+// the virtio-serial port (QEMU), or with "dsec.agent=vsock:PORT" on the
+// kernel command line the host's vsock port PORT (Firecracker, which has
+// no virtio-serial). A probe guest's marker goes to the port, and to the
+// console in any case.
+func run() (string, error) {
+	link := "virtio-port:" + agentPort
 	for _, m := range []struct{ src, dst, fstype string }{
 		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
 	} {
 		os.MkdirAll(m.dst, 0o755)
 		if err := unix.Mount(m.src, m.dst, m.fstype, 0, ""); err != nil && err != unix.EBUSY {
-			return fmt.Errorf("mount %s: %w", m.dst, err)
+			return link, fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
 	cmdline, _ := os.ReadFile("/proc/cmdline")
 	if err := loadModules("/lib/modules", string(cmdline)); err != nil {
-		return err
+		return link, err
+	}
+	if port, ok := vsockPort(string(cmdline)); ok {
+		return fmt.Sprintf("vsock:%d:%s", hostCID, port), nil
 	}
 	port, err := findPort(agentPort, 5*time.Second)
 	if err != nil {
-		return err
+		return link, err
 	}
 	if _, err := os.Stat(agentBinary); err == nil {
-		return nil // the agent's link speaks first on the port
+		return link, nil // the agent's link speaks first on the port
 	}
 	f, err := os.OpenFile(port, os.O_WRONLY, 0)
 	if err != nil {
-		return err
+		return link, err
 	}
 	defer f.Close()
 	_, err = fmt.Fprintf(f, "%s\n", Marker)
-	return err
+	return link, err
+}
+
+// hostCID is the vsock address of the host, seen from a guest.
+const hostCID = 2
+
+// vsockPort is the PORT of a "dsec.agent=vsock:PORT" word of cmdline.
+func vsockPort(cmdline string) (string, bool) {
+	for _, w := range strings.Fields(cmdline) {
+		if p, ok := strings.CutPrefix(w, "dsec.agent=vsock:"); ok && p != "" && strings.Trim(p, "0123456789") == "" {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // Disk serials (microvm.RootSerial, microvm.WritableSerial).
@@ -98,15 +127,51 @@ const (
 	writableSerial = "dsec-rw"
 )
 
-// diskBySerial is the block device whose virtio serial is serial, or "".
-func diskBySerial(serial string) string {
-	disks, _ := filepath.Glob("/sys/block/vd*/serial")
-	for _, p := range disks {
-		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == serial {
-			return "/dev/" + filepath.Base(filepath.Dir(p))
+// findDisk is the block device whose virtio serial is name (QEMU sets
+// it), else the one whose ext4 label is name (the backend labels its
+// disks the same; Firecracker gives its disks no serial), or "".
+func findDisk(name string) string {
+	disks, _ := filepath.Glob("/sys/block/vd*")
+	sort.Strings(disks)
+	for _, d := range disks {
+		if b, err := os.ReadFile(filepath.Join(d, "serial")); err == nil && strings.TrimSpace(string(b)) == name {
+			return "/dev/" + filepath.Base(d)
+		}
+	}
+	for _, d := range disks {
+		if dev := "/dev/" + filepath.Base(d); ext4Label(dev) == name {
+			return dev
 		}
 	}
 	return ""
+}
+
+// ext4Label reads the volume name of the ext4 file system on dev ("" if
+// it has none or is not ext4).
+func ext4Label(dev string) string {
+	f, err := os.Open(dev)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return ""
+	}
+	return superblockLabel(sb)
+}
+
+// superblockLabel is s_volume_name of an ext2/3/4 superblock, if its
+// magic (0xEF53 at 0x38) is there.
+func superblockLabel(sb []byte) string {
+	if len(sb) < 0x88 || sb[0x38] != 0x53 || sb[0x39] != 0xEF {
+		return ""
+	}
+	name := sb[0x78:0x88]
+	if i := bytes.IndexByte(name, 0); i >= 0 {
+		name = name[:i]
+	}
+	return string(name)
 }
 
 // switchRoot makes the image's root disk (read-only) under an overlay

@@ -18,8 +18,21 @@ import (
 // agent opens the port again, as it would dial again.
 const VirtioPrefix = "virtio-port:"
 
+// VsockPrefix names a vsock address ("vsock:2:1024", CID and port)
+// instead of a Unix socket: a Firecracker guest's connections to the
+// host's CID 2 reach the Unix socket Firecracker was given for that port,
+// which leads to the edge's socket.
+const VsockPrefix = "vsock:"
+
 // dial opens the edge connection that path names.
 func dial(ctx context.Context, path string) (net.Conn, error) {
+	if addr, ok := strings.CutPrefix(path, VsockPrefix); ok {
+		cid, port, err := parseVsock(addr)
+		if err != nil {
+			return nil, err
+		}
+		return dialVsock(cid, port)
+	}
 	name, ok := strings.CutPrefix(path, VirtioPrefix)
 	if !ok {
 		return (&net.Dialer{}).DialContext(ctx, "unix", path)
