@@ -24,6 +24,7 @@ deps:
 	./scripts/install-deps.sh
 	./scripts/build-runsc.sh $(CACHE)/bin/runsc-net
 	./scripts/guest-kernel.sh $(CACHE)/guest
+	./scripts/firecracker.sh $(CACHE)/firecracker
 
 build:
 	go build -trimpath -o bin/dsec ./cmd/dsec

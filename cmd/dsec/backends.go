@@ -35,15 +35,15 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 		runscNet:    fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)"),
 		guest:       fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)"),
 		vmInit:      fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
-		firecracker: fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries first (its probe boot decides; default: .cache/firecracker/firecracker of the tree dsec was built in, if there)"),
+		firecracker: fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries before QEMU: its probe boot decides (make deps fetches one into .cache/firecracker; default: none)"),
 	}
 }
 
 // options are the options every backend gets (each reads its own): the
 // container backend's OCI runtime, gVisor's platform and newer runsc,
-// and the microvm backend's guest kernel directory, init and Firecracker,
-// found next to dsec (make build and make deps put them there) unless
-// given.
+// and the microvm backend's guest kernel directory and init, found next
+// to dsec (make build and make deps put them there) unless given, and its
+// Firecracker if given.
 func (f *backendFlags) options() map[string]string {
 	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet)}
 	guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
@@ -55,11 +55,6 @@ func (f *backendFlags) options() map[string]string {
 		if guest == "" {
 			guest = filepath.Join(bin, "..", ".cache", "guest")
 		}
-		if fc == "" {
-			if p := filepath.Join(bin, "..", ".cache", "firecracker", "firecracker"); fileExists(p) {
-				fc = p
-			}
-		}
 	}
 	for k, v := range map[string]string{"guest": guest, "init": init, "firecracker": fc} {
 		if v != "" {
@@ -67,9 +62,4 @@ func (f *backendFlags) options() map[string]string {
 		}
 	}
 	return o
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }

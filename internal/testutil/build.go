@@ -103,3 +103,15 @@ func GuestKernelDir(t testing.TB) string {
 	}
 	return dir
 }
+
+// FirecrackerBinary is the Firecracker binary make deps fetched
+// (scripts/firecracker.sh); missing, the test is skipped (fails when
+// strict).
+func FirecrackerBinary(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(RepoRoot(t), ".cache", "firecracker", "firecracker")
+	if _, err := os.Stat(p); err != nil {
+		Missing(t, "no Firecracker binary at %s (make deps runs scripts/firecracker.sh): %v", p, err)
+	}
+	return p
+}

@@ -37,6 +37,7 @@ type Backend struct {
 	cfg  backend.Config
 	log  *slog.Logger
 	qemu *QEMU
+	fc   *Firecracker // nil unless a Firecracker binary is configured
 
 	probeOnce sync.Once
 	probe     *ProbeResult
@@ -49,14 +50,22 @@ type Backend struct {
 
 // box is one sandbox's guest.
 type box struct {
-	Dir string `json:"dir"` // the guest's files: disks, initramfs, sockets
+	Dir string `json:"dir"`           // the guest's files: disks, initramfs, sockets
+	VMM string `json:"vmm,omitempty"` // Guest.VMM
 }
+
+// firecracker says whether the box's guest runs on Firecracker.
+func (b box) firecracker() bool { return b.VMM == vmmFirecracker }
+
+// vmmFirecracker is Guest.VMM of a Firecracker guest.
+const vmmFirecracker = "firecracker"
 
 func (b box) pidFile() string { return filepath.Join(b.Dir, "qemu.pid") }
 func (b box) qmpSock() string { return filepath.Join(b.Dir, "qmp.sock") }
 
 // New makes the backend. Options: "qemu" (the binary), "guest" (the
-// directory scripts/guest-kernel.sh filled), "init" (dsec-vminit).
+// directory scripts/guest-kernel.sh filled), "init" (dsec-vminit),
+// "firecracker" (a binary the probe tries before QEMU).
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	o := cfg.Options
 	q := &QEMU{Binary: o["qemu"], Kernel: filepath.Join(o["guest"], "vmlinux"), Modules: filepath.Join(o["guest"], "modules"), Init: o["init"]}
@@ -66,8 +75,12 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "roots"), 0o700); err != nil {
 		return nil, err
 	}
-	return &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
-		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}, nil
+	b := &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
+		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}
+	if o["firecracker"] != "" {
+		b.fc = &Firecracker{Binary: o["firecracker"], Kernel: q.Kernel, Modules: q.Modules, Init: q.Init}
+	}
+	return b, nil
 }
 
 // Name implements backend.Backend.
@@ -102,12 +115,32 @@ func (b *Backend) Probe(ctx context.Context) error {
 			return
 		}
 		defer os.RemoveAll(dir)
-		b.probe, b.probeErr = b.qemu.Probe(ctx, dir)
+		b.probe, b.probeErr = b.probeDrivers(ctx, dir)
 		if b.probeErr == nil {
 			b.log.Info("microvm probe boot", "driver", b.probe.Driver, "accel", b.probe.Accel, "boot", b.probe.Boot.Round(time.Millisecond), "not_used", b.probe.Skipped)
 		}
 	})
 	return b.probeErr
+}
+
+// probeDrivers tries Firecracker (if configured) and then QEMU; the
+// result says why a driver or accelerator tried first was not used.
+func (b *Backend) probeDrivers(ctx context.Context, dir string) (*ProbeResult, error) {
+	var skipped []string
+	if b.fc != nil {
+		res, err := b.fc.Probe(ctx, dir)
+		if err == nil {
+			return res, nil
+		}
+		b.log.Info("microvm: Firecracker's probe boot failed; trying QEMU", "err", err)
+		skipped = append(skipped, "firecracker: "+err.Error())
+	}
+	res, err := b.qemu.Probe(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	res.Skipped = append(skipped, res.Skipped...)
+	return res, nil
 }
 
 // Describe implements backend.Describer: the hypervisor, the accelerator
@@ -224,9 +257,15 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err != nil {
 		return nil, err
 	}
-	if err := b.qemu.WriteInitramfs(filepath.Join(bx.Dir, "initrd.cpio"), []InitFile{
-		{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfgJSON},
-	}); err != nil {
+	initrd := filepath.Join(bx.Dir, "initrd.cpio")
+	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfgJSON}}
+	if b.probe != nil && b.probe.Driver == vmmFirecracker && b.fc != nil {
+		bx.VMM = vmmFirecracker
+		err = b.fc.WriteInitramfs(initrd, extra)
+	} else {
+		err = b.qemu.WriteInitramfs(initrd, extra)
+	}
+	if err != nil {
 		return nil, err
 	}
 	rootDisk := filepath.Join(bx.Dir, "root.ext4")
@@ -237,7 +276,10 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))),
 		Initrd: filepath.Join(bx.Dir, "initrd.cpio"), Console: filepath.Join(bx.Dir, "console.log"),
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
-		AgentChardev: agentChardev(spec), MemFile: memFile(spec.ID), MemShared: true,
+		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
+	}
+	if !bx.firecracker() {
+		guest.MemFile, guest.MemShared = memFile(spec.ID), true
 	}
 	if guest.Accel == "kvm" {
 		guest.CPU = "host"
@@ -280,6 +322,12 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 // launch starts QEMU for g, daemonized, with the box's QMP socket and
 // pid file.
 func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
+	if g.VMM == vmmFirecracker {
+		if b.fc == nil {
+			return errdefs.FailedPrecondition("microvm: sandbox %s runs on Firecracker, and this edge has none configured (--microvm-firecracker)", filepath.Base(filepath.Dir(bx.Dir)))
+		}
+		return b.fc.launch(ctx, bx, g)
+	}
 	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
 		return err
 	}
@@ -312,8 +360,11 @@ func shareRoot(disk, root, dst string) error {
 // agentChardev joins the agent's port to the sandbox's edge socket; QEMU
 // dials it again after an edge restart or a detach.
 func agentChardev(spec *backend.Spec) string {
-	return "socket,id=agent,path=" + filepath.Join(spec.RunDir, "edge.sock") + ",server=off,reconnect=1"
+	return "socket,id=agent,path=" + agentSocket(spec) + ",server=off,reconnect=1"
 }
+
+// agentSocket is the edge's socket for the sandbox's agent.
+func agentSocket(spec *backend.Spec) string { return filepath.Join(spec.RunDir, "edge.sock") }
 
 // memFile is where a sandbox's guest RAM lives: shared memory, so the
 // guest's memory is a file a snapshot can keep without copying it through
@@ -371,6 +422,12 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 		return backend.Status{ID: id, State: backend.StateStopped}, nil
 	}
 	st := backend.Status{ID: id, State: backend.StateRunning, Pid: pid}
+	if bx.firecracker() {
+		if i, err := newFCAPI(filepath.Join(bx.Dir, fcSocket)).info(ctx); err == nil && i.State == "Paused" {
+			st.State = backend.StatePaused
+		}
+		return st, nil
+	}
 	if out, err := qmp(ctx, bx.qmpSock(), "query-status", nil); err == nil {
 		var s struct {
 			Running bool   `json:"running"`
@@ -462,6 +519,9 @@ func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
+	if bx.firecracker() {
+		return newFCAPI(filepath.Join(bx.Dir, fcSocket)).pause(ctx)
+	}
 	_, err = qmp(ctx, bx.qmpSock(), "stop", nil)
 	return err
 }
@@ -471,6 +531,9 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 	bx, err := b.get(id)
 	if err != nil {
 		return err
+	}
+	if bx.firecracker() {
+		return newFCAPI(filepath.Join(bx.Dir, fcSocket)).resume(ctx)
 	}
 	_, err = qmp(ctx, bx.qmpSock(), "cont", nil)
 	return err

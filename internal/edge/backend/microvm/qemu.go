@@ -68,14 +68,21 @@ func (q *QEMU) writeInitramfs(dst string) error { return q.WriteInitramfs(dst, n
 
 // WriteInitramfs packs the init, the modules the kernel needs and extra.
 func (q *QEMU) WriteInitramfs(dst string, extra []InitFile) error {
-	init, err := os.ReadFile(q.Init)
+	return writeGuestInitramfs(dst, q.Init, q.Modules, ModuleOrder, extra)
+}
+
+// writeGuestInitramfs packs the init, those of modules (in their load
+// order) that modulesDir has (the others are built into the kernel) and
+// extra.
+func writeGuestInitramfs(dst, initPath, modulesDir string, modules []string, extra []InitFile) error {
+	init, err := os.ReadFile(initPath)
 	if err != nil {
-		return fmt.Errorf("qemu: the guest init: %w", err)
+		return fmt.Errorf("microvm: the guest init: %w", err)
 	}
 	files := append([]InitFile{{Path: "/init", Mode: 0o755, Data: init}}, extra...)
 	var order []string
-	for _, m := range ModuleOrder {
-		data, err := os.ReadFile(filepath.Join(q.Modules, m+".ko"))
+	for _, m := range modules {
+		data, err := os.ReadFile(filepath.Join(modulesDir, m+".ko"))
 		if errors.Is(err, os.ErrNotExist) {
 			continue // built into the kernel
 		}
@@ -101,6 +108,12 @@ type Guest struct {
 	Initrd       string
 	Console      string // the serial console's log file
 	AgentChardev string // QEMU -chardev for the agent's port (id=agent)
+	// AgentSocket is the edge's socket for the agent (Firecracker's vsock
+	// leads there; QEMU's AgentChardev names it).
+	AgentSocket string `json:",omitempty"`
+	// VMM is the hypervisor that runs the guest: "" for QEMU, or
+	// "firecracker".
+	VMM string `json:",omitempty"`
 	// RootDisk (read-only, shared) and WritableDisk (the sandbox's own)
 	// are raw ext4 images; without them the guest runs from its initramfs.
 	// RootDisk is a link in the guest's directory to Root, the node's

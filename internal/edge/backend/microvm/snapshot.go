@@ -35,6 +35,9 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err != nil {
 		return nil, err
 	}
+	if bx.firecracker() {
+		return b.snapshotFirecracker(ctx, bx, g, ref)
+	}
 	if !g.MemShared {
 		return nil, errdefs.Unsupported("sandbox %s was restored from a snapshot; a snapshot of a copy is not built yet", id)
 	}
@@ -144,7 +147,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err != nil {
 		return nil, errdefs.NotFound("snapshot %s: no guest description: %v", ref.ID, err)
 	}
-	bx := &box{Dir: filepath.Join(spec.Dir, "vm")}
+	bx := &box{Dir: filepath.Join(spec.Dir, "vm"), VMM: g.VMM}
 	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -158,7 +161,10 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	g.RootDisk = filepath.Join(bx.Dir, "root.ext4")
-	g.Console, g.AgentChardev = filepath.Join(bx.Dir, "console.log"), agentChardev(spec)
+	g.Console, g.AgentChardev, g.AgentSocket = filepath.Join(bx.Dir, "console.log"), agentChardev(spec), agentSocket(spec)
+	if bx.firecracker() {
+		return b.restoreFirecracker(ctx, bx, g, ref, spec)
+	}
 	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
 	if err := bx.saveGuest(g); err != nil {
 		return nil, err
@@ -201,3 +207,52 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 }
 
 var _ backend.Snapshotter = (*Backend)(nil)
+
+// snapshotFirecracker pauses the guest, has Firecracker write its state
+// and memory, copies the writable disk while the guest is still paused
+// (so disk and memory are of one moment), and resumes it.
+func (b *Backend) snapshotFirecracker(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
+	api := newFCAPI(filepath.Join(bx.Dir, fcSocket))
+	if err := api.pause(ctx); err != nil {
+		return nil, err
+	}
+	defer api.resume(context.WithoutCancel(ctx)) //nolint:errcheck // Status reports a guest left paused
+	if err := api.createSnapshot(ctx, fcSnapshotCreate{SnapshotType: "Full", SnapshotPath: filepath.Join(ref.Dir, "state"), MemFilePath: filepath.Join(ref.Dir, "mem")}); err != nil {
+		return nil, err
+	}
+	for src, dst := range map[string]string{g.WritableDisk: filepath.Join(ref.Dir, "rw.ext4"), g.Initrd: filepath.Join(ref.Dir, "initrd.cpio")} {
+		if err := copySparse(ctx, src, dst); err != nil {
+			return nil, err
+		}
+	}
+	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(ref.Dir, "root.ext4")); err != nil {
+		return nil, err
+	}
+	snap := g
+	snap.WritableDisk, snap.Initrd, snap.RootDisk = "", "", filepath.Join(ref.Dir, "root.ext4")
+	data, _ := json.Marshal(snap)
+	if err := os.WriteFile(filepath.Join(ref.Dir, "guest.json"), data, 0o600); err != nil {
+		return nil, err
+	}
+	return &backend.SnapshotInfo{SizeBytes: allocated(ref.Dir)}, nil
+}
+
+// restoreFirecracker starts a copy from a Firecracker snapshot in bx,
+// whose files the caller made (Firecracker reopens the disks and the vsock
+// socket by the relative names in the snapshot, in the copy's directory).
+func (b *Backend) restoreFirecracker(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
+	if b.fc == nil {
+		return nil, errdefs.FailedPrecondition("snapshot %s is of a Firecracker guest, and this edge has no Firecracker configured (--microvm-firecracker)", ref.ID)
+	}
+	if err := bx.saveGuest(g); err != nil {
+		return nil, err
+	}
+	if err := b.fc.restore(ctx, bx, g, ref.Dir); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.boxes[spec.ID] = bx
+	b.mu.Unlock()
+	state, _ := json.Marshal(bx)
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+}
