@@ -20,6 +20,8 @@ type config struct {
 	MachineID  string   `json:"machine_id,omitempty"`
 	Hosts      string   `json:"hosts,omitempty"`
 	ResolvConf string   `json:"resolv_conf,omitempty"`
+	// Net is the guest's network interface, when the sandbox has one.
+	Net *netConfig `json:"net,omitempty"`
 }
 
 func readConfig() (*config, error) {
@@ -37,10 +39,13 @@ func readConfig() (*config, error) {
 	return &c, nil
 }
 
-// apply sets the hostname and writes /etc/hosts and /etc/resolv.conf in
-// the (new) root.
+// apply sets the hostname, writes /etc/hosts and /etc/resolv.conf in
+// the (new) root, brings loopback up and configures the network interface.
 func (c *config) apply() error {
-	var errs []error
+	errs := []error{upLoopback()}
+	if c.Net != nil {
+		errs = append(errs, c.Net.apply())
+	}
 	if c.Hostname != "" {
 		errs = append(errs, unix.Sethostname([]byte(c.Hostname)))
 	}

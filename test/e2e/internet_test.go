@@ -41,12 +41,14 @@ func TestSandboxNetwork(t *testing.T) {
 	if _, err := os.Stat(runscNet); err != nil {
 		testutil.Missing(t, "the newer runsc for networked gVisor sandboxes is not built (make deps: scripts/build-runsc.sh): %v", err)
 	}
+	guest := testutil.GuestKernelDir(t)
 	c := startClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}
+		cfg.Backends["microvm"] = map[string]string{"guest": guest, "init": testutil.VMInitBinary(t)}
 		cfg.Network = &edge.NetworkConfig{Upstream: []string{in.web + ":53"}}
 		cfg.GatewayListen = "127.0.0.1:0"
 		cfg.Gateway = e2b.Config{Backend: "container", DefaultUser: "root"}
-	}, "container", "gvisor")
+	}, "container", "gvisor", "microvm")
 	// A service of the node's own, on every address (as a control plane's).
 	nodeLn, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
@@ -63,7 +65,7 @@ func TestSandboxNetwork(t *testing.T) {
 		}
 	}()
 	nodePort := nodeLn.Addr().(*net.TCPAddr).Port
-	for _, backend := range []string{"container", "gvisor"} {
+	for _, backend := range []string{"container", "gvisor", "microvm"} {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
 	t.Run("gvisor-fork", func(t *testing.T) { testForkWithNetwork(t, c, in) })

@@ -212,19 +212,17 @@ func (b *Backend) rootImage(ctx context.Context, layers []string) (string, error
 // GuestConfig is the sandbox's settings the guest's init applies
 // (cmd/dsec-vminit reads it from /dsec/config.json).
 type GuestConfig struct {
-	Hostname   string   `json:"hostname"`
-	Env        []string `json:"env"`
-	MachineID  string   `json:"machine_id,omitempty"`
-	Hosts      string   `json:"hosts,omitempty"`
-	ResolvConf string   `json:"resolv_conf,omitempty"`
+	Hostname   string    `json:"hostname"`
+	Env        []string  `json:"env"`
+	MachineID  string    `json:"machine_id,omitempty"`
+	Hosts      string    `json:"hosts,omitempty"`
+	ResolvConf string    `json:"resolv_conf,omitempty"`
+	Net        *GuestNet `json:"net,omitempty"`
 }
 
 // Create implements backend.Backend: the root disk (shared), the
 // sandbox's writable disk and its initramfs with its settings.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
-	if spec.NetNS != "" {
-		return nil, errdefs.Unsupported("microvm sandboxes have no network yet (loopback only); create one without a network policy")
-	}
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.InvalidArgument("microvm: the image has no layers")
 	}
@@ -252,6 +250,15 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		data, _ := os.ReadFile(spec.ResolvConf)
 		gc.ResolvConf = string(data)
 	}
+	modules := ModuleOrder
+	if spec.NetNS != "" {
+		n, err := readGuestNet(ctx, spec.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		gc.Net = &n
+		modules = append(append([]string{}, ModuleOrder...), NetModules...)
+	}
 	cfgJSON, _ := json.Marshal(gc)
 	agent, err := os.ReadFile(spec.AgentPath)
 	if err != nil {
@@ -261,10 +268,12 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfgJSON}}
 	if b.probe != nil && b.probe.Driver == vmmFirecracker && b.fc != nil {
 		bx.VMM = vmmFirecracker
-		err = b.fc.WriteInitramfs(initrd, extra)
-	} else {
-		err = b.qemu.WriteInitramfs(initrd, extra)
+		modules = FirecrackerModules
+		if spec.NetNS != "" {
+			modules = append(append([]string{}, FirecrackerModules...), NetModules...)
+		}
 	}
+	err = writeGuestInitramfs(initrd, b.qemu.Init, b.qemu.Modules, modules, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -277,6 +286,9 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		Initrd: filepath.Join(bx.Dir, "initrd.cpio"), Console: filepath.Join(bx.Dir, "console.log"),
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
 		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
+	}
+	if gc.Net != nil {
+		guest.NetNS, guest.MAC = spec.NetNS, gc.Net.MAC
 	}
 	if !bx.firecracker() {
 		guest.MemFile, guest.MemShared = memFile(spec.ID), true
@@ -331,8 +343,15 @@ func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
 	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
 		return err
 	}
-	args := append(b.qemu.Args(g), "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
-	cmd := exec.CommandContext(ctx, b.qemu.Binary, args...)
+	argv := append([]string{b.qemu.Binary}, b.qemu.Args(g)...)
+	argv = append(argv, "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
+	if g.NetNS != "" {
+		if err := plugTap(ctx, g.NetNS); err != nil {
+			return err
+		}
+		argv = inNetNS(g.NetNS, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))

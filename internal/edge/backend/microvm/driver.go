@@ -27,8 +27,10 @@
 // the API. Firecracker's API calls are tested on the real binary; its
 // guests do not boot on these machines (kvm_pvm), so its boot, agent and
 // fork paths are unverified.
+// Networking (net.go): the sandbox network's namespace, with the guest
+// on a TAP joined to its eth0; the network policy suite passes on QEMU.
 // Not yet: CPU limits beyond the vCPU count (a cgroup for the VMM), a
-// snapshot of a QEMU copy, networking.
+// snapshot of a QEMU copy, snapshots of a guest with a network.
 package microvm
 
 import (

@@ -59,6 +59,14 @@ type fcVsock struct {
 	UDSPath  string `json:"uds_path"`
 }
 
+// fcNIC is PUT /network-interfaces/{iface_id}: a TAP (by name, in the
+// VMM's network namespace) as the guest's virtio-net NIC.
+type fcNIC struct {
+	IfaceID     string `json:"iface_id"`
+	HostDevName string `json:"host_dev_name"`
+	GuestMAC    string `json:"guest_mac,omitempty"`
+}
+
 // fcSnapshotCreate is PUT /snapshot/create (the guest must be paused).
 type fcSnapshotCreate struct {
 	SnapshotType string `json:"snapshot_type"` // "Full" or "Diff"
@@ -165,6 +173,10 @@ func (c *fcAPI) setDrive(ctx context.Context, d fcDrive) error {
 
 func (c *fcAPI) setVsock(ctx context.Context, v fcVsock) error {
 	return c.call(ctx, http.MethodPut, "/vsock", v, nil)
+}
+
+func (c *fcAPI) setNIC(ctx context.Context, n fcNIC) error {
+	return c.call(ctx, http.MethodPut, "/network-interfaces/"+n.IfaceID, n, nil)
 }
 
 func (c *fcAPI) start(ctx context.Context) error {

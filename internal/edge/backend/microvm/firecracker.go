@@ -89,7 +89,7 @@ func (f *Firecracker) Probe(ctx context.Context, dir string) (*ProbeResult, erro
 	ctx, cancel := context.WithTimeout(ctx, fcProbeTimeout)
 	defer cancel()
 	began := time.Now()
-	vm, err := f.spawn(ctx, dir, "probe")
+	vm, err := f.spawn(ctx, dir, "probe", "")
 	if err != nil {
 		return nil, err
 	}
@@ -126,9 +126,9 @@ func (vm *fcVM) kill() {
 }
 
 // spawn starts Firecracker in dir, its own session (it outlives the
-// edge), with its console and log appended to dir/console.log, and waits
-// until its API answers.
-func (f *Firecracker) spawn(ctx context.Context, dir, id string) (*fcVM, error) {
+// edge), in the network namespace netns if set, with its console and log
+// appended to dir/console.log, and waits until its API answers.
+func (f *Firecracker) spawn(ctx context.Context, dir, id, netns string) (*fcVM, error) {
 	sock := filepath.Join(dir, fcSocket)
 	os.Remove(sock) // Firecracker refuses a socket path that exists
 	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -136,7 +136,11 @@ func (f *Firecracker) spawn(ctx context.Context, dir, id string) (*fcVM, error) 
 		return nil, err
 	}
 	defer console.Close()
-	cmd := exec.Command(f.Binary, "--api-sock", sock, "--id", fcID(id), "--level", "Warning")
+	argv := []string{f.Binary, "--api-sock", sock, "--id", fcID(id), "--level", "Warning"}
+	if netns != "" {
+		argv = inNetNS(netns, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -195,6 +199,11 @@ func (f *Firecracker) configure(ctx context.Context, api *fcAPI, g Guest) error 
 			return err
 		}
 	}
+	if g.NetNS != "" {
+		if err := api.setNIC(ctx, fcNIC{IfaceID: "eth0", HostDevName: guestTap, GuestMAC: g.MAC}); err != nil {
+			return err
+		}
+	}
 	return api.start(ctx)
 }
 
@@ -228,7 +237,12 @@ func (f *Firecracker) start(ctx context.Context, bx *box, g Guest) (*fcVM, error
 	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
 		return nil, err
 	}
-	vm, err := f.spawn(ctx, bx.Dir, filepath.Base(filepath.Dir(bx.Dir)))
+	if g.NetNS != "" {
+		if err := plugTap(ctx, g.NetNS); err != nil {
+			return nil, err
+		}
+	}
+	vm, err := f.spawn(ctx, bx.Dir, filepath.Base(filepath.Dir(bx.Dir)), g.NetNS)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,9 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +23,8 @@ import (
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -288,3 +293,89 @@ func bootGuest(t *testing.T, q *QEMU, dir string, extra []InitFile, g Guest) (*a
 		})
 	}
 }
+
+// TestGuestNetwork: a sandbox given a network namespace (as the edge's
+// sandbox network makes one: eth0 with a /32, a link route to the gateway
+// and the default route) reaches the gateway's side from inside the guest,
+// and a server in the guest answers from there, through the TAP joined
+// to eth0. Both namespaces are the test's own.
+func TestGuestNetwork(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	for _, tool := range []string{"ip", "tc", "nsenter"} {
+		testutil.RequireBinary(t, tool)
+	}
+	q := testQEMU(t)
+	sbNS, peerNS := "dsect-vm-"+randSuffix(), "dsect-vmpeer-"+randSuffix()
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	for _, ns := range []string{sbNS, peerNS} {
+		sh("netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	sh("-n", peerNS, "link", "add", "gw0", "type", "veth", "peer", "name", "eth0", "netns", sbNS)
+	sh("-n", peerNS, "addr", "add", "10.99.0.1/32", "dev", "gw0")
+	sh("-n", peerNS, "link", "set", "gw0", "up")
+	sh("-n", peerNS, "route", "add", "10.99.0.2/32", "dev", "gw0")
+	sh("-n", sbNS, "addr", "add", "10.99.0.2/32", "dev", "eth0")
+	sh("-n", sbNS, "link", "set", "eth0", "up")
+	sh("-n", sbNS, "route", "add", "10.99.0.1/32", "dev", "eth0")
+	sh("-n", sbNS, "route", "add", "default", "via", "10.99.0.1")
+	var ln net.Listener
+	if err := sandboxnet.InNetNS("/run/netns/"+peerNS, func() (err error) {
+		ln, err = net.Listen("tcp", "10.99.0.1:8080")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello from the peer") }))
+
+	b := factory(q)(t, t.TempDir())
+	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
+	spec := backendtest.NewSpec(t, env, sandboxid.NewNodeID())
+	spec.NetNS = "/run/netns/" + sbNS
+	sb := backendtest.Attach(t, spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	if err := b.Start(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := backendtest.WaitAgent(ctx, b, sb.Link); err != nil {
+		t.Fatal(err)
+	}
+	if got := sb.Sh(t, "ip -4 -o addr show | awk '{print $2, $4}'; ip route | sort"); got != "lo 127.0.0.1/8\neth0 10.99.0.2/32\n10.99.0.1 dev eth0 scope link \ndefault via 10.99.0.1 dev eth0 \n" {
+		t.Fatalf("the guest's addresses and routes:\n%s", got)
+	}
+	if got := sb.Sh(t, "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc 10.99.0.1 8080 | tail -1"); got != "hello from the peer" {
+		t.Fatalf("from the guest to the peer: %q", got)
+	}
+	sb.Sh(t, "(echo hello from the guest | nc -l -p 9000) >/dev/null 2>&1 &")
+	var reply []byte
+	err := sandboxnet.InNetNS("/run/netns/"+peerNS, func() error {
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", "10.99.0.2:9000", time.Second); err == nil {
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				reply, err = io.ReadAll(c)
+				c.Close()
+				return err
+			}
+		}
+		return err
+	})
+	if err != nil || string(reply) != "hello from the guest\n" {
+		t.Fatalf("from the peer to the guest: %q %v", reply, err)
+	}
+}
+
+func randSuffix() string { return strconv.FormatInt(time.Now().UnixNano()%1e6, 36) }

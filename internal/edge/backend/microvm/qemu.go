@@ -114,6 +114,10 @@ type Guest struct {
 	// VMM is the hypervisor that runs the guest: "" for QEMU, or
 	// "firecracker".
 	VMM string `json:",omitempty"`
+	// NetNS, if set, is the sandbox's network namespace: the VMM runs in
+	// it, on its TAP (net.go), and the guest's NIC has MAC.
+	NetNS string `json:",omitempty"`
+	MAC   string `json:",omitempty"`
 	// RootDisk (read-only, shared) and WritableDisk (the sandbox's own)
 	// are raw ext4 images; without them the guest runs from its initramfs.
 	// RootDisk is a link in the guest's directory to Root, the node's
@@ -162,6 +166,10 @@ func (q *QEMU) Args(g Guest) []string {
 			"-device", "virtio-blk-device,drive=root,serial="+RootSerial,
 			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
 			"-device", "virtio-blk-device,drive=rw,serial="+WritableSerial)
+	}
+	if g.NetNS != "" {
+		args = append(args, "-netdev", "tap,id=net0,ifname="+guestTap+",script=no,downscript=no",
+			"-device", "virtio-net-device,netdev=net0,mac="+g.MAC)
 	}
 	args = append(args, mem...)
 	if g.Incoming {
