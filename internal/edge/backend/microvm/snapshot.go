@@ -56,6 +56,7 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if _, err := q.call("migrate-set-capabilities", ignoreShared); err != nil {
 		return nil, err
 	}
+	agentLeft(ctx, q, agentLeftWait)
 	if _, err := q.call("stop", nil); err != nil {
 		return nil, err
 	}
@@ -83,6 +84,41 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 		return nil, err
 	}
 	return &backend.SnapshotInfo{SizeBytes: allocated(ref.Dir)}, nil
+}
+
+// agentLeftWait bounds agentLeft: a guest that has not closed its port by
+// then is snapshotted anyway (its copies' edges then drop the stale
+// session, which costs them about two seconds).
+const agentLeftWait = 300 * time.Millisecond
+
+// agentLeft waits until the guest has closed the agent's port. The edge
+// detaches before a snapshot, and QEMU sees that at once, but the guest's
+// agent may still be in that session: stopped then, every copy would start
+// with its agent reading the old session's stream, deaf to its new edge
+// until the edge gives up on it (a second) and QEMU reconnects (another).
+// Once the agent has left the session it closes the port, and while no
+// host is there it opens and closes it every 20 ms; QEMU reports the
+// guest's side as the chardev's frontend-open.
+func agentLeft(ctx context.Context, q *qmpConn, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		out, err := q.call("query-chardev", nil)
+		if err != nil {
+			return false
+		}
+		var devs []struct {
+			Label        string `json:"label"`
+			FrontendOpen bool   `json:"frontend-open"`
+		}
+		json.Unmarshal(out, &devs) //nolint:errcheck // no match polls again
+		for _, d := range devs {
+			if d.Label == "agent" && !d.FrontendOpen {
+				return true
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return false
 }
 
 // waitMigration polls the session until its QEMU's migration completed.
