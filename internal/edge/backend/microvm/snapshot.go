@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -67,10 +66,13 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err := waitMigration(ctx, q); err != nil {
 		return nil, err
 	}
-	for src, dst := range map[string]string{g.MemFile: filepath.Join(ref.Dir, "mem"), g.WritableDisk: filepath.Join(ref.Dir, "rw.ext4"), g.Initrd: filepath.Join(ref.Dir, "initrd.cpio")} {
-		if err := copySparse(ctx, src, dst); err != nil {
-			return nil, err
-		}
+	// While the source is stopped: its RAM (in two parallel halves) and
+	// its writable disk at once; the initramfs never changes (a link).
+	if err := linkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
+		return nil, err
+	}
+	if err := copyAll(ctx, [][2]string{{g.MemFile, filepath.Join(ref.Dir, "mem")}, {g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4")}}, 2); err != nil {
+		return nil, err
 	}
 	// The snapshot keeps the root disk too: its source may be removed
 	// before the last copy is made.
@@ -147,14 +149,6 @@ func waitMigration(ctx context.Context, q *qmpConn) error {
 	}
 }
 
-// copySparse copies a file keeping its holes (a reflink where possible).
-func copySparse(ctx context.Context, src, dst string) error {
-	if out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput(); err != nil {
-		return fmt.Errorf("copy %s: %v: %s", src, err, out)
-	}
-	return nil
-}
-
 // allocated is the disk space the files under dir take.
 func allocated(dir string) int64 {
 	var n int64
@@ -191,10 +185,11 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	g.WritableDisk, g.Initrd = filepath.Join(bx.Dir, "rw.ext4"), filepath.Join(bx.Dir, "initrd.cpio")
-	for _, f := range []string{"rw.ext4", "initrd.cpio"} {
-		if err := copySparse(ctx, filepath.Join(ref.Dir, f), filepath.Join(bx.Dir, f)); err != nil {
-			return nil, err
-		}
+	if err := copyFile(ctx, filepath.Join(ref.Dir, "rw.ext4"), g.WritableDisk, 1); err != nil {
+		return nil, err
+	}
+	if err := linkOrCopy(ctx, filepath.Join(ref.Dir, "initrd.cpio"), g.Initrd); err != nil {
+		return nil, err
 	}
 	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(bx.Dir, "root.ext4")); err != nil {
 		return nil, err
@@ -259,10 +254,11 @@ func (b *Backend) snapshotFirecracker(ctx context.Context, bx *box, g Guest, ref
 	if err := api.createSnapshot(ctx, fcSnapshotCreate{SnapshotType: "Full", SnapshotPath: filepath.Join(ref.Dir, "state"), MemFilePath: filepath.Join(ref.Dir, "mem")}); err != nil {
 		return nil, err
 	}
-	for src, dst := range map[string]string{g.WritableDisk: filepath.Join(ref.Dir, "rw.ext4"), g.Initrd: filepath.Join(ref.Dir, "initrd.cpio")} {
-		if err := copySparse(ctx, src, dst); err != nil {
-			return nil, err
-		}
+	if err := copyFile(ctx, g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4"), 2); err != nil {
+		return nil, err
+	}
+	if err := linkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
+		return nil, err
 	}
 	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(ref.Dir, "root.ext4")); err != nil {
 		return nil, err

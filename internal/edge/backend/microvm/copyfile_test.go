@@ -1,0 +1,77 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// A sparse file (a guest's RAM or disk) copies to the same bytes, in one
+// piece or several, and its holes stay holes.
+func TestCopyFileKeepsDataAndHoles(t *testing.T) {
+	for _, dir := range []string{t.TempDir(), "/dev/shm"} {
+		src := filepath.Join(dir, "dsec-copyfile-src")
+		defer os.Remove(src)
+		f, err := os.Create(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := int64(64 << 20)
+		f.Truncate(size)
+		rng := rand.New(rand.NewPCG(1, 2))
+		for _, off := range []int64{0, 5 << 20, 5<<20 + 4096, 31 << 20, size - 8192} {
+			buf := make([]byte, 8192)
+			for i := range buf {
+				buf[i] = byte(rng.IntN(256))
+			}
+			f.WriteAt(buf, off)
+		}
+		f.Close()
+		want, _ := os.ReadFile(src)
+		for _, parts := range []int{1, 2, 3} {
+			dst := filepath.Join(t.TempDir(), "dst")
+			if err := copyFile(context.Background(), src, dst, parts); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := os.ReadFile(dst)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s, %d parts: the copy differs", dir, parts)
+			}
+			var st syscall.Stat_t
+			syscall.Stat(dst, &st)
+			if st.Blocks*512 > 1<<20 {
+				t.Fatalf("%s, %d parts: the copy takes %d bytes: holes were filled", dir, parts, st.Blocks*512)
+			}
+		}
+	}
+}
+
+func TestSplitCoversEveryByteOnce(t *testing.T) {
+	extents := []extent{{0, 10}, {100, 7}, {200, 1}, {300, 30}}
+	for n := 1; n <= 6; n++ {
+		seen := map[int64]int{}
+		for _, piece := range split(extents, n) {
+			for _, e := range piece {
+				for b := e.off; b < e.off+e.len; b++ {
+					seen[b]++
+				}
+			}
+		}
+		total := 0
+		for _, e := range extents {
+			for b := e.off; b < e.off+e.len; b++ {
+				if seen[b] != 1 {
+					t.Fatalf("n=%d: byte %d copied %d times", n, b, seen[b])
+				}
+				total++
+			}
+		}
+		if len(seen) != total {
+			t.Fatalf("n=%d: %d bytes copied, want %d", n, len(seen), total)
+		}
+	}
+}
