@@ -1,9 +1,13 @@
-// Command microvm measures a microvm sandbox's create to its first answered
-// command, through the apiserver, against a bare QEMU boot of the same
-// guest kernel to its init's marker (the backend's probe boot), in one run,
-// medians of -n runs each. Needs root, QEMU, the guest kernel (make deps),
-// bin/dsec-vminit and bin/aether (make build) and root/busybox:latest
-// (make images).
+// Command microvm measures the microvm backend against what it wraps, in
+// one run: create to the first answered command, through the apiserver,
+// against a bare QEMU boot of the same guest kernel to its init's marker
+// (the backend's probe boot), medians of -n runs; and fork(count) with
+// memory, until every copy answers, against the bare QEMU steps (stop +
+// migrate of a shared-RAM guest, then count -incoming QEMUs), gvisor's
+// fork of the same image and preparation, and count cold creates that
+// each prepare; and the memory of the copies against cold guests. Needs
+// root, QEMU, runsc, the guest kernel (make deps), bin/dsec-vminit and
+// bin/aether (make build) and root/busybox:latest (make images).
 package main
 
 import (
@@ -13,15 +17,15 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
-
-	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
 )
 
@@ -31,8 +35,19 @@ func main() {
 	init := flag.String("init", "bin/dsec-vminit", "the guest's init")
 	guest := flag.String("guest", ".cache/guest", "the guest kernel (scripts/guest-kernel.sh)")
 	n := flag.Int("n", 5, "runs of each")
+	countList := flag.String("counts", "1,4,8", "fork counts")
+	reps := flag.Int("reps", 3, "runs per fork count; the table shows the median by ours")
 	flag.Parse()
-	if err := run(context.Background(), *store, *agent, *init, *guest, *n); err != nil {
+	var counts []int
+	for _, f := range strings.Split(*countList, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 {
+			fmt.Fprintf(os.Stderr, "bench: -counts %q: want positive numbers, comma-separated\n", *countList)
+			os.Exit(2)
+		}
+		counts = append(counts, c)
+	}
+	if err := run(context.Background(), *store, *agent, *init, *guest, *n, counts, max(*reps, 1)); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -43,7 +58,7 @@ func median(d []time.Duration) time.Duration {
 	return d[len(d)/2]
 }
 
-func run(ctx context.Context, store, agent, init, guest string, n int) error {
+func run(ctx context.Context, store, agent, init, guest string, n int, counts []int, reps int) error {
 	for _, p := range []*string{&init, &guest} {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
@@ -98,93 +113,66 @@ func run(ctx context.Context, store, agent, init, guest string, n int) error {
 	fmt.Printf("%-56s %8s\n", "bare QEMU boot to the init's marker (probe)", benchstat.Ms(median(bare), 0))
 	fmt.Printf("%-56s %8s  (create answered after %s)\n", "dsec create to the first command's answer", benchstat.Ms(median(ours), 0), benchstat.Ms(median(creates), 0))
 	fmt.Printf("ratio ours / bare: %.2fx\n", float64(median(ours))/float64(median(bare)))
-	return forkVsCold(ctx, cl, spec, 4)
+	return forks(ctx, cl, q, spec, store, agent, counts, reps)
 }
 
-// forkVsCold forks a sandbox into count copies (with memory) and makes
-// count sandboxes cold, each until every one answers a command, and sums
-// the QEMU processes' proportional memory (PSS) of each set.
-func forkVsCold(ctx context.Context, cl *client.Client, spec *sandboxv1.SandboxSpec, count int) error {
-	src, err := cl.Create(ctx, spec)
+// forks runs the fork table: for each count, fork through the API, the
+// bare QEMU steps, gvisor's fork of the same image and preparation, and
+// cold creates that each prepare; then the memory of the largest count's
+// copies against as many cold guests.
+func forks(ctx context.Context, cl *client.Client, q *microvm.QEMU, spec *sandboxv1.SandboxSpec, store, agent string, counts []int, reps int) error {
+	g, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: gvisor.Name, Factory: gvisor.New}, nil)
 	if err != nil {
 		return err
 	}
-	defer src.Stop(ctx) //nolint:errcheck // measured
-	if _, err := src.Shell(ctx, "dd if=/dev/urandom of=/tmp/state bs=1M count=32 2>/dev/null"); err != nil {
+	defer g.Close()
+	gcl, err := client.New(g.APIURL, benchstat.EnvValue(g.ClientEnv, "DSEC_API_KEY"))
+	if err != nil {
 		return err
 	}
-	answered := func(ids []string) error {
-		errs := make(chan error, len(ids))
+	gspec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: spec.Image, Resources: spec.Resources}
+	stop := func(c *client.Client, ids []string) {
 		for _, id := range ids {
-			go func() {
-				r, err := cl.Sandbox(id).Shell(ctx, "true")
-				if err == nil && r.ExitCode != 0 {
-					err = fmt.Errorf("exit %d", r.ExitCode)
-				}
-				errs <- err
-			}()
+			c.Sandbox(id).Stop(ctx) //nolint:errcheck // measured
 		}
-		for range ids {
-			if err := <-errs; err != nil {
-				return err
+	}
+	var rows []forkRow
+	var memOurs, memCold int64
+	for _, count := range counts {
+		var runs []forkRow
+		for rep := range reps {
+			r := forkRow{count: count}
+			var ids []string
+			if r.ours, r.oursPause, ids, err = forkOnce(ctx, cl, spec, count); err != nil {
+				return fmt.Errorf("microvm fork(%d): %w", count, err)
 			}
-		}
-		return nil
-	}
-	t0 := time.Now()
-	resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: int32(count)}))
-	if err != nil {
-		return err
-	}
-	var forked []string
-	for _, r := range resp.Msg.Results {
-		if r.Sandbox == nil {
-			return fmt.Errorf("copy: %s %s", r.ErrorCode, r.ErrorMessage)
-		}
-		forked = append(forked, r.Sandbox.Id)
-	}
-	if err := answered(forked); err != nil {
-		return err
-	}
-	forkTook := time.Since(t0)
-	forkPSS := pss(forked)
-	t0 = time.Now()
-	var cold []string
-	made := make(chan string, count)
-	for range count {
-		go func() {
-			sb, err := cl.Create(ctx, spec)
-			if err != nil {
-				made <- ""
-				return
+			last := rep == reps-1 && count == counts[len(counts)-1]
+			if last {
+				memOurs = pss(ids)
 			}
-			made <- sb.ID
-		}()
-	}
-	for range count {
-		if id := <-made; id != "" {
-			cold = append(cold, id)
+			stop(cl, ids)
+			if r.bare, r.barePause, err = bareFork(ctx, q, agent, int(spec.Resources.MemoryMb), count); err != nil {
+				return fmt.Errorf("bare fork(%d): %w", count, err)
+			}
+			if r.gvisor, r.gvisorPause, ids, err = forkOnce(ctx, gcl, gspec, count); err != nil {
+				return fmt.Errorf("gvisor fork(%d): %w", count, err)
+			}
+			stop(gcl, ids)
+			if r.cold, ids, err = coldOnce(ctx, cl, spec, count); err != nil {
+				return fmt.Errorf("%d cold creates: %w", count, err)
+			}
+			if last {
+				memCold = pss(ids)
+			}
+			stop(cl, ids)
+			runs = append(runs, r)
 		}
+		rows = append(rows, medianRow(runs))
 	}
-	if len(cold) != count {
-		return fmt.Errorf("%d of %d cold creates failed", count-len(cold), count)
-	}
-	if err := answered(cold); err != nil {
-		return err
-	}
-	coldTook := time.Since(t0)
-	// The cold ones touch the same 32 MiB the source did, for a fair PSS.
-	for _, id := range cold {
-		cl.Sandbox(id).Shell(ctx, "dd if=/dev/urandom of=/tmp/state bs=1M count=32 2>/dev/null") //nolint:errcheck // measured below
-	}
-	coldPSS := pss(cold)
-	for _, id := range append(forked, cold...) {
-		cl.Sandbox(id).Stop(ctx) //nolint:errcheck // measured
-	}
-	fmt.Printf("%-56s %8s  (source paused %s)\n", fmt.Sprintf("fork(%d) until every copy answers", count), benchstat.Ms(forkTook, 0), benchstat.Ms(time.Duration(resp.Msg.SourcePauseUs)*time.Microsecond, 0))
-	fmt.Printf("%-56s %8s\n", fmt.Sprintf("%d cold creates until every one answers", count), benchstat.Ms(coldTook, 0))
-	fmt.Printf("QEMU memory (PSS) of the %d copies %d MiB, of %d cold guests with the same 32 MiB written %d MiB\n", count, forkPSS>>20, count, coldPSS>>20)
-	fmt.Printf("ratio fork / cold: time %.2fx, memory %.2fx\n", float64(forkTook)/float64(coldTook), float64(forkPSS)/float64(coldPSS))
+	printForkTable(rows)
+	n := counts[len(counts)-1]
+	fmt.Printf("\nQEMU memory (PSS) of %d forked copies: %d MiB; of %d cold guests, each with the same 32 MiB written: %d MiB (%.2fx)\n",
+		n, memOurs>>20, n, memCold>>20, float64(memOurs)/float64(memCold))
 	return nil
 }
 
