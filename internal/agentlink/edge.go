@@ -246,17 +246,30 @@ func (l *Link) WaitReady(ctx context.Context) error {
 	return err
 }
 
+// firstServingTry bounds WaitServing's first request: longer than a
+// guest's boot (about 1.5 s under TCG), so a new VM is answered as soon as
+// its agent runs instead of after a dropped connection and the
+// hypervisor's reconnect (a second each).
+const firstServingTry = 5 * time.Second
+
 // WaitServing returns once the agent has answered a request: for a link
 // whose connection is made before the agent runs (a VM's serial port,
 // which its hypervisor connects at start), where WaitReady says nothing.
+//
+// The first request waits up to firstServingTry: what the link sends before
+// the guest's agent opens its port waits in the hypervisor's socket, and a
+// booting guest answers it once its agent runs. Later requests wait a
+// second each (see below).
 func (l *Link) WaitServing(ctx context.Context) error {
+	wait := firstServingTry
 	for {
 		ac, err := l.current(ctx)
 		if err != nil {
 			return err
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/dsec-serving", nil)
-		try, cancel := context.WithTimeout(ctx, time.Second)
+		try, cancel := context.WithTimeout(ctx, wait)
+		wait = time.Second
 		resp, err := l.RoundTrip(req.WithContext(try))
 		cancel()
 		if err == nil {
