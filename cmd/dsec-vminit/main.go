@@ -200,12 +200,14 @@ func switchRoot(rootDev, rwDev string) error {
 	if err := unix.Mount("tmpfs", "/newroot/.dsec", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return err
 	}
-	agent, err := os.ReadFile(agentBinary)
-	if err != nil {
+	// The agent is bound in from the initramfs, not copied: 9.5 MB of
+	// memcpy cost 100 ms under TCG, and the copy memory the initramfs
+	// holds anyway.
+	if err := os.WriteFile("/newroot/.dsec/aether", nil, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile("/newroot/.dsec/aether", agent, 0o755); err != nil {
-		return err
+	if err := unix.Mount(agentBinary, "/newroot/.dsec/aether", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind the agent: %w", err)
 	}
 	for _, d := range []string{"/proc", "/sys", "/dev"} {
 		os.MkdirAll("/newroot"+d, 0o755)
