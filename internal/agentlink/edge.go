@@ -261,20 +261,34 @@ const firstServingTry = 5 * time.Second
 // booting guest answers it once its agent runs. Later requests wait a
 // second each (see below).
 func (l *Link) WaitServing(ctx context.Context) error {
+	return l.WaitServingWith(ctx, func(try context.Context) (bool, error) {
+		req, _ := http.NewRequestWithContext(try, http.MethodGet, "http://agent/dsec-serving", nil)
+		resp, err := l.RoundTrip(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return true, nil
+	})
+}
+
+// WaitServingWith is WaitServing with the caller's first request: call
+// sends it and says whether the agent answered (an answer that is an error
+// ends the wait with that error). A restored copy's first request is its
+// new identity, which spares a round trip to a guest that runs slowly.
+func (l *Link) WaitServingWith(ctx context.Context, call func(try context.Context) (answered bool, err error)) error {
 	wait := firstServingTry
 	for {
 		ac, err := l.current(ctx)
 		if err != nil {
 			return err
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/dsec-serving", nil)
 		try, cancel := context.WithTimeout(ctx, wait)
 		wait = time.Second
-		resp, err := l.RoundTrip(req.WithContext(try))
+		answered, err := call(try)
 		cancel()
-		if err == nil {
-			resp.Body.Close()
-			return nil
+		if answered {
+			return err
 		}
 		if ctx.Err() != nil {
 			return errdefs.Wrap(errdefs.ErrUnavailable, ctx.Err(), "agent not serving")

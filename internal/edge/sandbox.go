@@ -357,15 +357,21 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	ready := sb.link.WaitReady
 	if sb.be.Capabilities().LinkBeforeAgent {
 		ready = sb.link.WaitServing
+		if restored { // the identity is the first request (one round trip less)
+			ready = func(ctx context.Context) error { return sb.link.WaitServingWith(ctx, e.identityCall(sb)) }
+		}
 	}
 	if err := ready(wait); err != nil {
+		if errors.Is(err, errIdentity) {
+			return err
+		}
 		detail := consoleTail(sb.dir)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return errdefs.Unavailable("sandbox %s: the agent did not connect within %s; console: %s", sb.id, e.cfg.AgentTimeout, detail)
 	}
-	if restored {
+	if restored && !sb.be.Capabilities().LinkBeforeAgent {
 		if err := e.freshIdentity(ctx, sb); err != nil {
 			return err
 		}

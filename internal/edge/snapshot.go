@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -424,16 +425,34 @@ func newMachineID() string {
 // (also in /etc/hostname, which images ship with their build host's name)
 // and machine id, and reseeds its entropy pool. Callers hold sb.mu.
 func (e *Edge) freshIdentity(ctx context.Context, sb *sandbox) error {
+	_, err := e.setIdentity(ctxTimeout(ctx, 10*time.Second), sb)
+	return err
+}
+
+// errIdentity marks an identity the agent refused (not a link failure).
+var errIdentity = errors.New("identity refused")
+
+// setIdentity sends a copy its identity and says whether the agent
+// answered (its refusal is an answer, and wraps errIdentity).
+func (e *Edge) setIdentity(ctx context.Context, sb *sandbox) (bool, error) {
 	entropy := make([]byte, 64)
 	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
 	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
-	_, err := c.SetIdentity(ctxTimeout(ctx, 10*time.Second), connect.NewRequest(&agentv1.SetIdentityRequest{
+	_, err := c.SetIdentity(ctx, connect.NewRequest(&agentv1.SetIdentityRequest{
 		Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy,
 	}))
-	if err != nil {
-		return fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))
+	if err == nil {
+		return true, nil
 	}
-	return nil
+	if code := connect.CodeOf(err); code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded && code != connect.CodeCanceled && code != connect.CodeUnknown {
+		return true, fmt.Errorf("set identity of %s: %w: %w", sb.id, errIdentity, errdefs.FromConnect(err))
+	}
+	return false, fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))
+}
+
+// identityCall is setIdentity as WaitServingWith's first request.
+func (e *Edge) identityCall(sb *sandbox) func(context.Context) (bool, error) {
+	return func(try context.Context) (bool, error) { return e.setIdentity(try, sb) }
 }
 
 // Restore starts a new sandbox from a snapshot: one of this node's, or,
