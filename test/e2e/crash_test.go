@@ -48,6 +48,27 @@ func freePort(t *testing.T) int {
 	return 0
 }
 
+// upNode is a state directory, and an image store with root/busybox, for
+// dsec up processes of a test's own, which it may kill and start again on
+// the same state.
+type upNode struct{ bin, state, store string }
+
+func newUpNode(t *testing.T) upNode {
+	t.Helper()
+	dir := t.TempDir()
+	n := upNode{bin: dsecBinary(t), state: filepath.Join(dir, "state"), store: filepath.Join(dir, "images")}
+	if out, err := exec.Command(n.bin, "image", "build", "busybox", "--store", n.store).CombinedOutput(); err != nil {
+		t.Fatalf("build busybox: %v: %s", err, out)
+	}
+	os.MkdirAll(n.state, 0o700)
+	return n
+}
+
+// start runs dsec up on the node's state (startUp).
+func (n upNode) start(t *testing.T, extra ...string) *upProcess {
+	return startUp(t, n.bin, n.state, n.store, extra...)
+}
+
 // startUp runs dsec up on state and waits until it serves; extra flags
 // come last, so they override the defaults (--backends container,gvisor).
 func startUp(t *testing.T, bin, state, store string, extra ...string) *upProcess {
@@ -111,13 +132,7 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
 	testutil.RequireBinary(t, "crun")
-	bin := dsecBinary(t)
-	dir := t.TempDir()
-	state, store := filepath.Join(dir, "state"), filepath.Join(dir, "images")
-	if out, err := exec.Command(bin, "image", "build", "busybox", "--store", store).CombinedOutput(); err != nil {
-		t.Fatalf("build busybox: %v: %s", err, out)
-	}
-	os.MkdirAll(state, 0o700)
+	node := newUpNode(t)
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("seed %d", seed)
@@ -126,7 +141,7 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 	}
 	var up *upProcess
 	for round := 0; round < 20; round++ {
-		up = startUp(t, bin, state, store)
+		up = node.start(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		list, _ := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 		var existing []*sandboxv1.Sandbox
@@ -161,7 +176,7 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 	}
 
 	// The last start: everything it lists is usable or failed.
-	up = startUp(t, bin, state, store)
+	up = node.start(t)
 	defer func() {
 		up.cmd.Process.Signal(syscall.SIGTERM)
 		up.cmd.Wait()
@@ -190,7 +205,7 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 			t.Errorf("stop %s: %v", sb.Id, err)
 		}
 	}
-	checkNodeClean(t, state, up.node)
+	checkNodeClean(t, node.state, up.node)
 }
 
 // checkNodeClean asserts that nothing of node's sandboxes is left.

@@ -142,15 +142,10 @@ func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
 	testutil.RequireBinary(t, "qemu-system-x86_64")
 	testutil.RequireBinary(t, "mkfs.ext4")
 	guest := testutil.GuestKernelDir(t)
-	bin := dsecBinary(t)
-	dir := t.TempDir()
-	state, store := filepath.Join(dir, "state"), filepath.Join(dir, "images")
-	if out, err := exec.Command(bin, "image", "build", "busybox", "--store", store).CombinedOutput(); err != nil {
-		t.Fatalf("build busybox: %v: %s", err, out)
-	}
-	os.MkdirAll(state, 0o700)
+	node := newUpNode(t)
+	state := node.state
 	flags := []string{"--backends", "microvm", "--microvm-guest", guest, "--microvm-init", testutil.VMInitBinary(t)}
-	up := startUp(t, bin, state, store, flags...)
+	up := node.start(t, flags...)
 	defer func() {
 		up.cmd.Process.Signal(syscall.SIGTERM)
 		up.cmd.Wait()
@@ -158,7 +153,7 @@ func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
 	ctx := ctxT(t)
 	sb, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 64}})
 	if err != nil {
-		t.Fatalf("create: %v; log: %s", err, tailFile(filepath.Join(state, "dsec.log")))
+		t.Fatalf("create: %v; log: %s", err, tailFile(filepath.Join(node.state, "dsec.log")))
 	}
 	sess, err := sb.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
 	if err != nil {
@@ -179,7 +174,7 @@ func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
 	if got := qemu(); got != before {
 		t.Fatalf("after kill -9 of dsec up, QEMU is %q, was %q", got, before)
 	}
-	up = startUp(t, bin, state, store, flags...)
+	up = node.start(t, flags...)
 	got, err := up.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after the restart: %v, %v; log: %s", got, err, tailFile(filepath.Join(state, "dsec.log")))
