@@ -30,8 +30,9 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   exec      run a command in a sandbox
   ls        list sandboxes
   stop      stop and remove sandboxes (--all for every one)
-  pause     pause sandboxes (every process frozen, no CPU used)
-  resume    resume sandboxes
+  pause     pause sandboxes, or a whole task (--task): frozen, or --offload
+            (memory written to disk and given back)
+  resume    resume sandboxes, or a whole task (--task)
   fork      fork a sandbox into copies that keep its memory (gvisor backend)
   snapshot  snapshot a sandbox; snapshot ls | rm | restore
   port-forward  forward a local port to a port inside a sandbox

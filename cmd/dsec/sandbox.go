@@ -48,7 +48,8 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	disk := fs.Int64("disk", 0, "writable layer size in MiB (0: server default)")
 	pids := fs.Int64("pids", 0, "processes and threads (0: server default)")
 	timeout := fs.Int64("timeout", 0, "time to live in seconds (0: server default)")
-	task := fs.String("task", "", "task label")
+	task := fs.String("task", "", "task label (dsec pause --task pauses every sandbox of a task)")
+	onTimeout := fs.String("on-timeout", "kill", "when the time to live runs out: kill (remove it) or pause (offloaded where the backend can, else frozen)")
 	rm := fs.Bool("rm", false, "stop the sandbox after the command")
 	var env, allow multiFlag
 	fs.Var(&env, "env", "KEY=VALUE for every process (repeatable)")
@@ -65,8 +66,12 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	if err != nil {
 		return 2, err
 	}
+	ot, ok := map[string]sandboxv1.OnTimeout{"kill": sandboxv1.OnTimeout_ON_TIMEOUT_KILL, "pause": sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE}[*onTimeout]
+	if !ok {
+		return 2, fmt.Errorf("run: --on-timeout %q: want kill or pause", *onTimeout)
+	}
 	spec := &sandboxv1.SandboxSpec{
-		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task,
+		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task, OnTimeout: ot,
 		Resources: &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *mem, DiskMb: *disk, Pids: *pids},
 	}
 	if *network || *internet || *public || len(allow) > 0 {
@@ -292,28 +297,6 @@ func cmdStop(ctx context.Context, args []string) error {
 	}
 	if failed > 0 {
 		return fmt.Errorf("stop: %d of %d failed", failed, len(ids))
-	}
-	return nil
-}
-
-func cmdPause(ctx context.Context, verb string, args []string) error {
-	c, err := client.FromEnv()
-	if err != nil {
-		return err
-	}
-	if len(args) == 0 {
-		return fmt.Errorf("%s: name sandbox ids", verb)
-	}
-	for _, id := range args {
-		if verb == "pause" {
-			_, err = c.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: id}))
-		} else {
-			_, err = c.Sandboxes.ResumeSandbox(ctx, connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: id}))
-		}
-		if err != nil {
-			return fmt.Errorf("%s %s: %s", verb, id, describe(err))
-		}
-		fmt.Println(id)
 	}
 	return nil
 }

@@ -393,11 +393,11 @@ func (h *sandboxService) PauseSandbox(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Edge.PauseSandbox(ctx, connect.NewRequest(&edgev1.PauseSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project}))
+	resp, err := c.Edge.PauseSandbox(ctx, connect.NewRequest(&edgev1.PauseSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project, Depth: req.Msg.Depth}))
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&sandboxv1.PauseSandboxResponse{Sandbox: resp.Msg.Sandbox}), nil
+	return connect.NewResponse(&sandboxv1.PauseSandboxResponse{Sandbox: resp.Msg.Sandbox, MemoryReleasedBytes: resp.Msg.MemoryReleasedBytes, Note: resp.Msg.Note}), nil
 }
 
 func (h *sandboxService) ResumeSandbox(ctx context.Context, req *connect.Request[sandboxv1.ResumeSandboxRequest]) (*connect.Response[sandboxv1.ResumeSandboxResponse], error) {

@@ -71,7 +71,14 @@ type Config struct {
 	// certificate), for pulling their snapshots (export.go); nil: copies of
 	// other nodes' snapshots cannot start here.
 	PeerTLS *tls.Config
+	// PausedLifetime is how long a paused sandbox is kept before it is
+	// removed (its time to live stands still meanwhile); default
+	// DefaultPausedLifetime.
+	PausedLifetime time.Duration
 }
+
+// DefaultPausedLifetime is Config.PausedLifetime's default.
+const DefaultPausedLifetime = 7 * 24 * time.Hour
 
 // Deps are the edge's collaborators.
 type Deps struct {
@@ -142,6 +149,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	cfg.Limits.MaxCPUCores = min(cfg.Limits.MaxCPUCores, cfg.Capacity.HostCPUCores)
 	cfg.Limits.MaxMemoryMB = min(cfg.Limits.MaxMemoryMB, cfg.Capacity.HostMemoryMB)
+	if cfg.PausedLifetime <= 0 {
+		cfg.PausedLifetime = DefaultPausedLifetime
+	}
 	if cfg.AgentTimeout == 0 {
 		cfg.AgentTimeout = 30 * time.Second
 	}
@@ -357,6 +367,9 @@ func (e *Edge) expireLoop() {
 			go func() {
 				defer e.wg.Done()
 				defer sb.expiring.Store(false)
+				if e.pauseOnTimeout(sb) {
+					return
+				}
 				e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
 				if err := e.destroy(context.Background(), sb); err != nil {
 					e.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)

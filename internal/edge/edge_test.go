@@ -27,10 +27,11 @@ import (
 )
 
 type fixture struct {
-	dir   string
-	store *image.Store
-	fake  *fake.Backend
-	edge  *Edge
+	pausedLifetime time.Duration // Config.PausedLifetime of the edges it opens (0: the default)
+	dir            string
+	store          *image.Store
+	fake           *fake.Backend
+	edge           *Edge
 }
 
 func newFixture(t *testing.T, capacity Capacity) *fixture {
@@ -64,7 +65,7 @@ func (f *fixture) open(t *testing.T, capacity Capacity) *Edge {
 	t.Helper()
 	e, err := New(context.Background(), Config{
 		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"),
-		Capacity: capacity, AgentTimeout: 5 * time.Second,
+		Capacity: capacity, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime,
 	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)

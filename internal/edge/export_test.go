@@ -90,7 +90,7 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := other.Restore(ctx, x.SnapshotId, "root", "", 0, nil, source)
+			sb, err := other.Restore(ctx, x.SnapshotId, "root", "", RestoreOptions{}, source)
 			if err == nil && (!strings.HasPrefix(sb.Id, string(other.Node())) || sb.Project != "root/a" || sb.SourceSnapshotId != x.SnapshotId) {
 				err = errors.New("copy " + sb.Id + " in " + sb.Project)
 			}
@@ -113,14 +113,14 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 	}
 
 	// Refusals: another project's scope, no token, a wrong token.
-	if _, err := other.Restore(ctx, x.SnapshotId, "root/b", "", 0, nil, source); !errdefs.IsNotFound(err) {
+	if _, err := other.Restore(ctx, x.SnapshotId, "root/b", "", RestoreOptions{}, source); !errdefs.IsNotFound(err) {
 		t.Fatalf("restore in another project's scope: %v", err)
 	}
-	if _, err := other.Restore(ctx, x.SnapshotId, "root", "", 0, nil, &edgev1.SnapshotSource{Addr: addr}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := other.Restore(ctx, x.SnapshotId, "root", "", RestoreOptions{}, &edgev1.SnapshotSource{Addr: addr}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("no token: %v", err)
 	}
 	third, _ := f.peerEdge(t, ca, "third")
-	if _, err := third.Restore(ctx, x.SnapshotId, "root", "", 0, nil, &edgev1.SnapshotSource{Addr: addr, Token: "bad"}); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, err := third.Restore(ctx, x.SnapshotId, "root", "", RestoreOptions{}, &edgev1.SnapshotSource{Addr: addr, Token: "bad"}); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("wrong token: %v", err)
 	}
 	// An edge's certificate reaches nothing else of an edge.
@@ -143,7 +143,7 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.edge.cfg.StateDir, "snapshots", x.SnapshotId)); !os.IsNotExist(err) {
 		t.Fatalf("fork snapshot after release: %v", err)
 	}
-	if _, err := third.Restore(ctx, x.SnapshotId, "root", "", 0, nil, source); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, err := third.Restore(ctx, x.SnapshotId, "root", "", RestoreOptions{}, source); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("pull after release: %v", err)
 	}
 	// The pulled copy is dropped once idle; the copies keep running.

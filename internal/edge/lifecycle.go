@@ -39,6 +39,7 @@ func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
 	if err := p.Pause(ctx, sb.id); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pause sandbox %s", sb.id)
 	}
+	e.stopClock(sb)
 	sb.rec.State = statePaused
 	e.log.Info("sandbox paused", logging.SandboxID, sb.id)
 	return sb.save()
@@ -66,13 +67,20 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 	default:
 		return errdefs.FailedPrecondition("sandbox %s is %s; only a paused sandbox can be resumed", sb.id, sb.rec.State)
 	}
-	p, ok := sb.be.(backend.Pauser)
-	if !ok {
-		return errdefs.Unsupported("backend %q cannot resume sandboxes", sb.be.Name())
+	if sb.rec.Offloaded != "" {
+		if err := e.restoreOffloaded(ctx, sb); err != nil {
+			return err
+		}
+	} else {
+		p, ok := sb.be.(backend.Pauser)
+		if !ok {
+			return errdefs.Unsupported("backend %q cannot resume sandboxes", sb.be.Name())
+		}
+		if err := p.Resume(ctx, sb.id); err != nil {
+			return errdefs.Wrap(errdefs.ErrUnavailable, err, "resume sandbox %s", sb.id)
+		}
 	}
-	if err := p.Resume(ctx, sb.id); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "resume sandbox %s", sb.id)
-	}
+	e.startClock(sb)
 	sb.rec.State, sb.rec.PausedTask = stateRunning, false
 	e.log.Info("sandbox resumed", logging.SandboxID, sb.id)
 	return sb.save()

@@ -36,6 +36,12 @@ type record struct {
 	LayerDir string `json:"layer_dir,omitempty"`
 	// PausedTask is set when the sandbox was paused by a task-wide pause.
 	PausedTask bool `json:"paused_task,omitempty"`
+	// Offloaded, for a paused sandbox, is the checkpoint its memory went to
+	// (in its directory, offload.go); empty for a frozen one.
+	Offloaded string `json:"offloaded,omitempty"`
+	// TimeoutLeft is, for a paused sandbox, the time to live it resumes
+	// with (its ExpiresAt is then the end of its paused lifetime).
+	TimeoutLeft time.Duration `json:"timeout_left,omitempty"`
 	// NetAddr is the sandbox's address on the node's sandbox network.
 	NetAddr string `json:"net_addr,omitempty"`
 	// Reservation is the apiserver's quota reservation the create settles.
@@ -78,6 +84,7 @@ func (r *record) proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
 		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: proto.Clone(r.spec).(*sandboxv1.SandboxSpec),
 		State: stateProto[r.State], CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
 		Message: r.Message, ImageDigest: r.ImageDigest, SourceSnapshotId: r.SourceSnapshot,
+		PauseDepth: r.pauseDepth(), TimeoutLeftSeconds: int64(r.TimeoutLeft / time.Second),
 		NetworkAddress: r.NetAddr,
 	}
 }
@@ -116,4 +123,16 @@ func loadRecord(dir string) (*record, error) {
 		return nil, fmt.Errorf("record %s spec: %w", dir, err)
 	}
 	return &r, nil
+}
+
+// pauseDepth is how deep a paused sandbox's pause went.
+func (r *record) pauseDepth() sandboxv1.PauseDepth {
+	switch {
+	case r.State != statePaused:
+		return sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED
+	case r.Offloaded != "":
+		return sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
+	default:
+		return sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE
+	}
 }

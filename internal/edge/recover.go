@@ -106,6 +106,18 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
 	}
+	if rec.Offloaded != "" {
+		// Nothing of it runs: its memory is in its checkpoint, which the
+		// next call restores. The backend takes back what it tracks of it
+		// (a stopped runtime container, for a restore in place); that it
+		// does not run is expected.
+		if _, err := os.Stat(offloadDir(sb)); err != nil {
+			rec.Message = "its offloaded memory is gone: " + err.Error()
+			return errors.Join(err, e.removeLocked(ctx, sb))
+		}
+		be.Recover(ctx, rec.Handle, bspec) //nolint:errcheck // see above
+		return sb.save()
+	}
 	if err := be.Recover(ctx, rec.Handle, bspec); err != nil {
 		rec.Message = "lost while the edge was down: " + err.Error()
 		return errors.Join(err, e.removeLocked(ctx, sb))

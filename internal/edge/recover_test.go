@@ -187,24 +187,38 @@ func waitGone(t *testing.T, e *Edge, id string, limit time.Duration) {
 	t.Fatalf("sandbox %s outlived its time to live by more than %v", id, limit)
 }
 
-// Time to live holds across an edge restart, for paused sandboxes and for
-// fork copies; an expired sandbox is not kept because it was paused.
+// Time to live holds across an edge restart, and for fork copies. A paused
+// sandbox's time to live stands still (it resumes with what it had left),
+// and it is removed when its paused lifetime runs out, also across a
+// restart.
 func TestTimeToLiveAcrossRestartPauseAndFork(t *testing.T) {
 	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pausedLifetime = 4 * time.Second
+	f.edge = f.open(t, smallCapacity())
 	ctx := context.Background()
 	s := spec()
 	s.TimeoutSeconds = 2
+	s.Resources.CpuCores = 0.5
 	restarted, err := f.edge.Create(ctx, s, "root")
 	if err != nil {
 		t.Fatal(err)
 	}
-	paused, err := f.edge.Create(ctx, s, "root")
-	if err != nil {
-		t.Fatal(err)
+	var paused []*sandboxv1.Sandbox
+	for range 2 {
+		sb, err := f.edge.Create(ctx, s, "root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb, err = f.edge.Pause(ctx, sb.Id, "root"); err != nil {
+			t.Fatal(err)
+		}
+		if sb.TimeoutLeftSeconds < 1 || sb.TimeoutLeftSeconds > 2 || time.Until(sb.ExpiresAt.AsTime()) < 3*time.Second {
+			t.Fatalf("a paused sandbox keeps %d s to live and expires in %v; want 1-2 s, and its 4 s paused lifetime", sb.TimeoutLeftSeconds, time.Until(sb.ExpiresAt.AsTime()))
+		}
+		paused = append(paused, sb)
 	}
-	if _, err := f.edge.Pause(ctx, paused.Id, "root"); err != nil {
-		t.Fatal(err)
-	}
+	pausedAt := time.Now()
 	long := spec()
 	long.TimeoutSeconds = 600
 	src, err := f.edge.Create(ctx, long, "root")
@@ -221,9 +235,23 @@ func TestTimeToLiveAcrossRestartPauseAndFork(t *testing.T) {
 	}
 	f.edge.Close()
 	e2 := f.open(t, smallCapacity())
-	for _, id := range []string{restarted.Id, paused.Id, forked.Id} {
+	for _, id := range []string{restarted.Id, forked.Id} {
 		waitGone(t, e2, id, 5*time.Second)
 	}
+	// Past their 2 s, the paused ones are still there: one resumed has its
+	// time to live back; the other goes when its paused lifetime ends.
+	back, err := e2.Resume(ctx, paused[0].Id, "root")
+	if err != nil {
+		t.Fatalf("resume a paused sandbox after its time to live would have run out: %v", err)
+	}
+	if d := time.Until(back.ExpiresAt.AsTime()); d > 2*time.Second || d < time.Second {
+		t.Fatalf("resumed, it expires in %v; want the 1-2 s it had left", d)
+	}
+	if _, err := e2.Get(paused[1].Id, "root"); err != nil {
+		t.Fatalf("the paused sandbox went before its paused lifetime ended: %v", err)
+	}
+	waitGone(t, e2, paused[1].Id, time.Until(pausedAt.Add(4*time.Second))+3*time.Second)
+	waitGone(t, e2, paused[0].Id, 3*time.Second)
 	if _, err := e2.Get(src.Id, "root"); err != nil {
 		t.Fatalf("the source with 600 s went too: %v", err)
 	}
@@ -261,7 +289,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	notFound("fork", err)
 	_, err = f.edge.SetTimeout(sb.Id, other, 60)
 	notFound("set timeout", err)
-	_, err = f.edge.Restore(ctx, snap.Id, other, "", 0, nil, nil)
+	_, err = f.edge.Restore(ctx, snap.Id, other, "", RestoreOptions{}, nil)
 	notFound("restore", err)
 	notFound("delete snapshot", f.edge.DeleteSnapshot(snap.Id, other))
 	_, err = f.edge.Destroy(ctx, sb.Id, other)
@@ -276,7 +304,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 		t.Errorf("root/b lists %d snapshots", len(l))
 	}
 	// A parent's scope reaches it; a restore cannot move it out of scope.
-	_, err = f.edge.Restore(ctx, snap.Id, "root/a", "root/b", 0, nil, nil)
+	_, err = f.edge.Restore(ctx, snap.Id, "root/a", "root/b", RestoreOptions{}, nil)
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("restore of root/a's snapshot into root/b: %v, want permission denied", err)
 	}

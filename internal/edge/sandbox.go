@@ -562,7 +562,13 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
 		return nil, errdefs.FailedPrecondition("sandbox %s is %s", id, sb.rec.State)
 	}
-	sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
+	if sb.rec.State == statePaused {
+		// It stands still while paused: the new time to live starts when
+		// it is resumed.
+		sb.rec.TimeoutLeft = time.Duration(seconds) * time.Second
+	} else {
+		sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
+	}
 	sb.rec.spec.TimeoutSeconds = seconds
 	if err := sb.save(); err != nil {
 		return nil, err

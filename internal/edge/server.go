@@ -105,11 +105,42 @@ func (s *server) GetSandboxMetrics(ctx context.Context, req *connect.Request[edg
 }
 
 func (s *server) PauseSandbox(ctx context.Context, req *connect.Request[edgev1.PauseSandboxRequest]) (*connect.Response[edgev1.PauseSandboxResponse], error) {
-	sb, err := s.e.Pause(ctx, req.Msg.SandboxId, req.Msg.Scope)
+	out, err := s.e.PauseAt(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Depth)
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&edgev1.PauseSandboxResponse{Sandbox: sb}), nil
+	return connect.NewResponse(&edgev1.PauseSandboxResponse{Sandbox: out.Sandbox, MemoryReleasedBytes: out.Released, Note: out.Note}), nil
+}
+
+func (s *server) PauseTask(ctx context.Context, req *connect.Request[edgev1.PauseTaskRequest]) (*connect.Response[edgev1.PauseTaskResponse], error) {
+	rs, err := s.e.PauseTask(ctx, req.Msg.Task, req.Msg.Scope, req.Msg.Depth)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.PauseTaskResponse{Results: s.taskResults(rs)}), nil
+}
+
+func (s *server) ResumeTask(ctx context.Context, req *connect.Request[edgev1.ResumeTaskRequest]) (*connect.Response[edgev1.ResumeTaskResponse], error) {
+	rs, err := s.e.ResumeTask(ctx, req.Msg.Task, req.Msg.Scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ResumeTaskResponse{Results: s.taskResults(rs)}), nil
+}
+
+// taskResults are a task-wide call's results as the API gives them.
+func (s *server) taskResults(rs []TaskResult) []*sandboxv1.TaskSandboxResult {
+	out := make([]*sandboxv1.TaskSandboxResult, 0, len(rs))
+	for _, r := range rs {
+		res := &sandboxv1.TaskSandboxResult{SandboxId: r.ID, NodeId: string(s.e.node), Sandbox: r.Sandbox,
+			MemoryReleasedBytes: r.Released, Note: r.Note, TookUs: r.Took.Microseconds()}
+		if r.Err != nil {
+			ce := errdefs.ToConnect(r.Err).(*connect.Error)
+			res.ErrorCode, res.ErrorMessage = ce.Code().String(), ce.Message()
+		}
+		out = append(out, res)
+	}
+	return out
 }
 
 func (s *server) ResumeSandbox(ctx context.Context, req *connect.Request[edgev1.ResumeSandboxRequest]) (*connect.Response[edgev1.ResumeSandboxResponse], error) {
@@ -130,7 +161,7 @@ func (s *server) SnapshotSandbox(ctx context.Context, req *connect.Request[edgev
 
 func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev1.RestoreSnapshotRequest]) (*connect.Response[edgev1.RestoreSnapshotResponse], error) {
 	m := req.Msg
-	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, m.TimeoutSeconds, m.Metadata, m.Source)
+	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, RestoreOptions{Timeout: m.TimeoutSeconds, Metadata: m.Metadata, OnTimeout: m.OnTimeout}, m.Source)
 	if err != nil {
 		return nil, err
 	}

@@ -329,9 +329,19 @@ func (e *Edge) dropSnapshot(s *snapshot) error {
 
 // copyOptions are the differences a restored copy may have.
 type copyOptions struct {
-	project  string
-	timeout  int64
-	metadata map[string]string
+	project   string
+	timeout   int64
+	metadata  map[string]string
+	onTimeout sandboxv1.OnTimeout
+}
+
+// RestoreOptions override a restored sandbox's spec: its time to live
+// (0: the snapshot's), metadata (nil: the snapshot's) and what happens
+// when its time to live runs out (unspecified: the snapshot's).
+type RestoreOptions struct {
+	Timeout   int64
+	Metadata  map[string]string
+	OnTimeout sandboxv1.OnTimeout
 }
 
 // startCopy admits and starts one sandbox from a snapshot, with its own id,
@@ -349,6 +359,12 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 			return nil, err
 		}
 		spec.Metadata = o.metadata
+	}
+	if o.onTimeout != sandboxv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED {
+		if _, ok := sandboxv1.OnTimeout_name[int32(o.onTimeout)]; !ok {
+			return nil, errdefs.InvalidArgument("on_timeout %d: want KILL or PAUSE", o.onTimeout)
+		}
+		spec.OnTimeout = o.onTimeout
 	}
 	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID)}
 	if err := rec.setSpec(spec); err != nil {
@@ -457,7 +473,7 @@ func (e *Edge) identityCall(sb *sandbox) func(context.Context) (bool, error) {
 
 // Restore starts a new sandbox from a snapshot: one of this node's, or,
 // with src, one another node exported, pulled from there first.
-func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, timeout int64, metadata map[string]string, src *edgev1.SnapshotSource) (*sandboxv1.Sandbox, error) {
+func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o RestoreOptions, src *edgev1.SnapshotSource) (*sandboxv1.Sandbox, error) {
 	var snap *snapshot
 	sid, node, err := sandboxid.ParseSnapshot(snapID)
 	if err != nil {
@@ -493,7 +509,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, timeo
 	if err != nil {
 		return nil, err
 	}
-	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, timeout: timeout, metadata: metadata})
+	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, timeout: o.Timeout, metadata: o.Metadata, onTimeout: o.OnTimeout})
 }
 
 // ForkResult is one copy's outcome.

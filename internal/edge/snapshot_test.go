@@ -38,7 +38,7 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if got := f.edge.ListSnapshots("root/b", ""); len(got) != 0 {
 		t.Fatalf("another project sees the snapshot: %v", got)
 	}
-	restored, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, map[string]string{"k": "v"}, nil)
+	restored, err := f.edge.Restore(ctx, snap.Id, "root", "", RestoreOptions{Metadata: map[string]string{"k": "v"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("snapshot storage not freed: %v", err)
 	}
-	if _, err := f.edge.Restore(ctx, snap.Id, "root", "", 0, nil, nil); !errdefs.IsNotFound(err) {
+	if _, err := f.edge.Restore(ctx, snap.Id, "root", "", RestoreOptions{}, nil); !errdefs.IsNotFound(err) {
 		t.Fatalf("restore of a deleted snapshot: %v", err)
 	}
 }

@@ -124,8 +124,11 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 	if err := CheckMetadata(spec.Metadata); err != nil {
 		return err
 	}
-	if spec.Task != "" && (len(spec.Task) > maxTaskLen || !taskRE.MatchString(spec.Task)) {
-		return errdefs.InvalidArgument("task %q: 1 to %d of letters, digits, '.', '_', ':' and '-'", clip(spec.Task), maxTaskLen)
+	if err := CheckTask(spec.Task); err != nil {
+		return err
+	}
+	if _, ok := sandboxv1.OnTimeout_name[int32(spec.OnTimeout)]; !ok {
+		return errdefs.InvalidArgument("on_timeout %d: want KILL or PAUSE", spec.OnTimeout)
 	}
 	if spec.Network != nil {
 		p, err := NetworkPolicy(spec.Network)
@@ -135,6 +138,14 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 		public := spec.Network.AllowPublicTraffic
 		spec.Network = NetworkPolicyProto(p)
 		spec.Network.AllowPublicTraffic = public
+	}
+	return nil
+}
+
+// CheckTask validates a task label (empty: none).
+func CheckTask(task string) error {
+	if task != "" && (len(task) > maxTaskLen || !taskRE.MatchString(task)) {
+		return errdefs.InvalidArgument("task %q: 1 to %d of letters, digits, '.', '_', ':' and '-'", clip(task), maxTaskLen)
 	}
 	return nil
 }

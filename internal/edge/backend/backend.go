@@ -177,6 +177,15 @@ type HostThreads interface {
 	HostThreads(id sandboxid.ID) int
 }
 
+// Releaser is implemented by backends that can give a checkpointed
+// sandbox's memory back to the node: after a Snapshot, Release ends what
+// still runs of it and frees what it holds in memory, keeping what a
+// Restore in place needs. The edge's offload (a pause that gives the
+// memory back) uses it after its checkpoint.
+type Releaser interface {
+	Release(ctx context.Context, id sandboxid.ID) error
+}
+
 // UsageReader is implemented by backends that can read a sandbox's CPU
 // and memory use from the host (its cgroups) without entering or waking
 // it; the edge records it for metrics over time.

@@ -111,6 +111,7 @@ var (
 	_ backend.Backend     = (*Backend)(nil)
 	_ backend.Pauser      = (*Backend)(nil)
 	_ backend.Snapshotter = (*Backend)(nil)
+	_ backend.Releaser    = (*Backend)(nil)
 	_ backend.Diagnoser   = (*Backend)(nil)
 	_ backend.HostThreads = (*Backend)(nil)
 	_ backend.Continuer   = (*Backend)(nil)
@@ -454,6 +455,38 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 		return errdefs.FailedPrecondition("recover %s: sandbox is %s", h.ID, st.State)
 	}
 	return nil
+}
+
+// Release implements backend.Releaser: after a checkpoint, the sandbox is
+// killed if the checkpoint left it running (the newer runsc's
+// --leave-running), and its cgroup's memory is emptied (what the
+// checkpoint wrote stays charged to it as page cache); its stopped
+// container stays known for a restore in place.
+func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	// Debian's runsc ends the sandbox itself (it may still be going); the
+	// newer one leaves it running, and it is killed.
+	var killErr error
+	for i := 0; ; i++ {
+		st, err := b.Status(ctx, id)
+		if err != nil {
+			return err
+		}
+		if st.State == backend.StateStopped {
+			break
+		}
+		switch {
+		case i == 20 || i == 200: // 0.2 s, then 2 s after the checkpoint
+			killErr = b.Stop(ctx, id, 0)
+		case i == 500:
+			return errdefs.Unavailable("sandbox %s did not stop after its checkpoint (kill: %v)", id, killErr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return oci.EmptyMemory(bx.runscID)
 }
 
 // Pause freezes the sandbox's cgroup: the sentry, its gofer and every task.

@@ -262,3 +262,16 @@ func CgroupsWithPrefix(prefix string) []string {
 	}
 	return out
 }
+
+// EmptyMemory has the kernel reclaim every page still charged to id's
+// memory cgroup once nothing runs in it (cgroup v1 memory.force_empty):
+// the page cache of files it wrote (a checkpoint image) is written back
+// and dropped, so the node has that memory back. A cgroup that is gone
+// has nothing to give.
+func EmptyMemory(id string) error {
+	err := os.WriteFile(filepath.Join(cgroupRoot, "memory", CgroupParent, id, "memory.force_empty"), []byte("0"), 0o200)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}

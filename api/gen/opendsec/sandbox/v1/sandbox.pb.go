@@ -27,6 +27,111 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type OnTimeout int32
+
+const (
+	OnTimeout_ON_TIMEOUT_UNSPECIFIED OnTimeout = 0
+	OnTimeout_ON_TIMEOUT_KILL        OnTimeout = 1
+	OnTimeout_ON_TIMEOUT_PAUSE       OnTimeout = 2
+)
+
+// Enum value maps for OnTimeout.
+var (
+	OnTimeout_name = map[int32]string{
+		0: "ON_TIMEOUT_UNSPECIFIED",
+		1: "ON_TIMEOUT_KILL",
+		2: "ON_TIMEOUT_PAUSE",
+	}
+	OnTimeout_value = map[string]int32{
+		"ON_TIMEOUT_UNSPECIFIED": 0,
+		"ON_TIMEOUT_KILL":        1,
+		"ON_TIMEOUT_PAUSE":       2,
+	}
+)
+
+func (x OnTimeout) Enum() *OnTimeout {
+	p := new(OnTimeout)
+	*p = x
+	return p
+}
+
+func (x OnTimeout) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OnTimeout) Descriptor() protoreflect.EnumDescriptor {
+	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[0].Descriptor()
+}
+
+func (OnTimeout) Type() protoreflect.EnumType {
+	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[0]
+}
+
+func (x OnTimeout) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OnTimeout.Descriptor instead.
+func (OnTimeout) EnumDescriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+// PauseDepth is how deep a pause goes.
+type PauseDepth int32
+
+const (
+	// FREEZE.
+	PauseDepth_PAUSE_DEPTH_UNSPECIFIED PauseDepth = 0
+	// Every process stops; memory stays allocated. Fast.
+	PauseDepth_PAUSE_DEPTH_FREEZE PauseDepth = 1
+	// Memory is written to the node's disk and given back (processes,
+	// open files and sockets come back on resume). Where a backend cannot
+	// (the container backend: no checkpoint on this kernel), the sandbox is
+	// frozen and the answer says so.
+	PauseDepth_PAUSE_DEPTH_OFFLOAD PauseDepth = 2
+)
+
+// Enum value maps for PauseDepth.
+var (
+	PauseDepth_name = map[int32]string{
+		0: "PAUSE_DEPTH_UNSPECIFIED",
+		1: "PAUSE_DEPTH_FREEZE",
+		2: "PAUSE_DEPTH_OFFLOAD",
+	}
+	PauseDepth_value = map[string]int32{
+		"PAUSE_DEPTH_UNSPECIFIED": 0,
+		"PAUSE_DEPTH_FREEZE":      1,
+		"PAUSE_DEPTH_OFFLOAD":     2,
+	}
+)
+
+func (x PauseDepth) Enum() *PauseDepth {
+	p := new(PauseDepth)
+	*p = x
+	return p
+}
+
+func (x PauseDepth) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PauseDepth) Descriptor() protoreflect.EnumDescriptor {
+	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (PauseDepth) Type() protoreflect.EnumType {
+	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x PauseDepth) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PauseDepth.Descriptor instead.
+func (PauseDepth) EnumDescriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
 type SandboxState int32
 
 const (
@@ -72,11 +177,11 @@ func (x SandboxState) String() string {
 }
 
 func (SandboxState) Descriptor() protoreflect.EnumDescriptor {
-	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[0].Descriptor()
+	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[2].Descriptor()
 }
 
 func (SandboxState) Type() protoreflect.EnumType {
-	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[0]
+	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[2]
 }
 
 func (x SandboxState) Number() protoreflect.EnumNumber {
@@ -85,7 +190,7 @@ func (x SandboxState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SandboxState.Descriptor instead.
 func (SandboxState) EnumDescriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 // ForkPlacement chooses the nodes of a fork's copies.
@@ -123,11 +228,11 @@ func (x ForkPlacement) String() string {
 }
 
 func (ForkPlacement) Descriptor() protoreflect.EnumDescriptor {
-	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[1].Descriptor()
+	return file_opendsec_sandbox_v1_sandbox_proto_enumTypes[3].Descriptor()
 }
 
 func (ForkPlacement) Type() protoreflect.EnumType {
-	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[1]
+	return &file_opendsec_sandbox_v1_sandbox_proto_enumTypes[3]
 }
 
 func (x ForkPlacement) Number() protoreflect.EnumNumber {
@@ -136,7 +241,7 @@ func (x ForkPlacement) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ForkPlacement.Descriptor instead.
 func (ForkPlacement) EnumDescriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 type ListNodesRequest struct {
@@ -494,7 +599,11 @@ type SandboxSpec struct {
 	// Network gives the sandbox its own network interface, reachable for
 	// inbound HTTP, with egress only where the policy allows. Unset: the
 	// sandbox has loopback only.
-	Network       *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	// What happens when the time to live runs out: the sandbox is removed
+	// (KILL, the default), or paused (PAUSE: offloaded where the backend can,
+	// else frozen), to be resumed by the next call.
+	OnTimeout     OnTimeout `protobuf:"varint,9,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +692,13 @@ func (x *SandboxSpec) GetNetwork() *NetworkPolicy {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *SandboxSpec) GetOnTimeout() OnTimeout {
+	if x != nil {
+		return x.OnTimeout
+	}
+	return OnTimeout_ON_TIMEOUT_UNSPECIFIED
 }
 
 // NetworkPolicy is what a sandbox may reach; everything else is refused.
@@ -749,8 +865,13 @@ type Sandbox struct {
 	// The sandbox's address on its node's sandbox network (empty without a
 	// network).
 	NetworkAddress string `protobuf:"bytes,11,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For a PAUSED sandbox: how deep the pause went. Its expires_at is then
+	// the end of the paused lifetime, and timeout_left_seconds the time to
+	// live it resumes with.
+	PauseDepth         PauseDepth `protobuf:"varint,12,opt,name=pause_depth,json=pauseDepth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"pause_depth,omitempty"`
+	TimeoutLeftSeconds int64      `protobuf:"varint,13,opt,name=timeout_left_seconds,json=timeoutLeftSeconds,proto3" json:"timeout_left_seconds,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -858,6 +979,20 @@ func (x *Sandbox) GetNetworkAddress() string {
 		return x.NetworkAddress
 	}
 	return ""
+}
+
+func (x *Sandbox) GetPauseDepth() PauseDepth {
+	if x != nil {
+		return x.PauseDepth
+	}
+	return PauseDepth_PAUSE_DEPTH_UNSPECIFIED
+}
+
+func (x *Sandbox) GetTimeoutLeftSeconds() int64 {
+	if x != nil {
+		return x.TimeoutLeftSeconds
+	}
+	return 0
 }
 
 type CreateSandboxRequest struct {
@@ -1580,6 +1715,7 @@ func (x *SetSandboxTimeoutResponse) GetSandbox() *Sandbox {
 type PauseSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Depth         PauseDepth             `protobuf:"varint,2,opt,name=depth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1621,9 +1757,20 @@ func (x *PauseSandboxRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *PauseSandboxRequest) GetDepth() PauseDepth {
+	if x != nil {
+		return x.Depth
+	}
+	return PauseDepth_PAUSE_DEPTH_UNSPECIFIED
+}
+
 type PauseSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Memory given back to the node (offload), as the node measured it.
+	MemoryReleasedBytes int64 `protobuf:"varint,2,opt,name=memory_released_bytes,json=memoryReleasedBytes,proto3" json:"memory_released_bytes,omitempty"`
+	// Why the pause is shallower than asked, if it is.
+	Note          string `protobuf:"bytes,3,opt,name=note,proto3" json:"note,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1665,6 +1812,334 @@ func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+func (x *PauseSandboxResponse) GetMemoryReleasedBytes() int64 {
+	if x != nil {
+		return x.MemoryReleasedBytes
+	}
+	return 0
+}
+
+func (x *PauseSandboxResponse) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+type PauseTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task label (SandboxSpec.task); required.
+	Task string `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// Project subtree; empty means the API key's project.
+	Project       string     `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Depth         PauseDepth `protobuf:"varint,3,opt,name=depth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseTaskRequest) Reset() {
+	*x = PauseTaskRequest{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseTaskRequest) ProtoMessage() {}
+
+func (x *PauseTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseTaskRequest.ProtoReflect.Descriptor instead.
+func (*PauseTaskRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PauseTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *PauseTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *PauseTaskRequest) GetDepth() PauseDepth {
+	if x != nil {
+		return x.Depth
+	}
+	return PauseDepth_PAUSE_DEPTH_UNSPECIFIED
+}
+
+// TaskSandboxResult is what a task-wide call did to one sandbox.
+type TaskSandboxResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	NodeId    string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The sandbox after the call (unset if it could not be read).
+	Sandbox *Sandbox `protobuf:"bytes,3,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Empty when the call succeeded; else its error, as on a single call.
+	ErrorCode           string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage        string `protobuf:"bytes,5,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	MemoryReleasedBytes int64  `protobuf:"varint,6,opt,name=memory_released_bytes,json=memoryReleasedBytes,proto3" json:"memory_released_bytes,omitempty"`
+	Note                string `protobuf:"bytes,7,opt,name=note,proto3" json:"note,omitempty"`
+	// How long this sandbox's pause or resume took on its node.
+	TookUs        int64 `protobuf:"varint,8,opt,name=took_us,json=tookUs,proto3" json:"took_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskSandboxResult) Reset() {
+	*x = TaskSandboxResult{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskSandboxResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskSandboxResult) ProtoMessage() {}
+
+func (x *TaskSandboxResult) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskSandboxResult.ProtoReflect.Descriptor instead.
+func (*TaskSandboxResult) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TaskSandboxResult) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *TaskSandboxResult) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *TaskSandboxResult) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *TaskSandboxResult) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *TaskSandboxResult) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *TaskSandboxResult) GetMemoryReleasedBytes() int64 {
+	if x != nil {
+		return x.MemoryReleasedBytes
+	}
+	return 0
+}
+
+func (x *TaskSandboxResult) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *TaskSandboxResult) GetTookUs() int64 {
+	if x != nil {
+		return x.TookUs
+	}
+	return 0
+}
+
+type PauseTaskResponse struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Results             []*TaskSandboxResult   `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	MemoryReleasedBytes int64                  `protobuf:"varint,2,opt,name=memory_released_bytes,json=memoryReleasedBytes,proto3" json:"memory_released_bytes,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *PauseTaskResponse) Reset() {
+	*x = PauseTaskResponse{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseTaskResponse) ProtoMessage() {}
+
+func (x *PauseTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseTaskResponse.ProtoReflect.Descriptor instead.
+func (*PauseTaskResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PauseTaskResponse) GetResults() []*TaskSandboxResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *PauseTaskResponse) GetMemoryReleasedBytes() int64 {
+	if x != nil {
+		return x.MemoryReleasedBytes
+	}
+	return 0
+}
+
+type ResumeTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Task          string                 `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTaskRequest) Reset() {
+	*x = ResumeTaskRequest{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTaskRequest) ProtoMessage() {}
+
+func (x *ResumeTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTaskRequest.ProtoReflect.Descriptor instead.
+func (*ResumeTaskRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ResumeTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *ResumeTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type ResumeTaskResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*TaskSandboxResult   `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTaskResponse) Reset() {
+	*x = ResumeTaskResponse{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTaskResponse) ProtoMessage() {}
+
+func (x *ResumeTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTaskResponse.ProtoReflect.Descriptor instead.
+func (*ResumeTaskResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ResumeTaskResponse) GetResults() []*TaskSandboxResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type ResumeSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1674,7 +2149,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +2161,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +2174,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -1718,7 +2193,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1730,7 +2205,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1743,7 +2218,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1773,7 +2248,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +2260,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +2273,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1870,7 +2345,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +2357,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +2370,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -1921,7 +2396,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2408,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2421,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -1963,13 +2438,15 @@ type RestoreSnapshotRequest struct {
 	// empty or equal to the snapshot's.
 	TimeoutSeconds int64             `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	Metadata       map[string]string `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Unspecified: the snapshot's.
+	OnTimeout     OnTimeout `protobuf:"varint,4,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2458,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2471,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -2018,6 +2495,13 @@ func (x *RestoreSnapshotRequest) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *RestoreSnapshotRequest) GetOnTimeout() OnTimeout {
+	if x != nil {
+		return x.OnTimeout
+	}
+	return OnTimeout_ON_TIMEOUT_UNSPECIFIED
+}
+
 type RestoreSnapshotResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -2027,7 +2511,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2523,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2536,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -2079,7 +2563,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2575,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2588,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2155,7 +2639,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2651,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2664,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2219,7 +2703,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2715,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2728,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*ForkResult {
@@ -2278,7 +2762,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2774,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2787,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -2322,7 +2806,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2818,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2831,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2366,7 +2850,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2862,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2875,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2409,7 +2893,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2905,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2918,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 type UpdateNetworkRequest struct {
@@ -2457,7 +2941,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2953,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2966,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -2536,7 +3020,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2548,7 +3032,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2561,7 +3045,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
@@ -2606,7 +3090,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x17\n" +
 	"\adisk_mb\x18\x04 \x01(\x03R\x06diskMb\x12\x1d\n" +
 	"\n" +
-	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xf4\x03\n" +
+	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xb3\x04\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12<\n" +
@@ -2615,7 +3099,9 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x03env\x18\x05 \x03(\v2).opendsec.sandbox.v1.SandboxSpec.EnvEntryR\x03env\x12J\n" +
 	"\bmetadata\x18\x06 \x03(\v2..opendsec.sandbox.v1.SandboxSpec.MetadataEntryR\bmetadata\x12\x12\n" +
 	"\x04task\x18\a \x01(\tR\x04task\x12<\n" +
-	"\anetwork\x18\b \x01(\v2\".opendsec.sandbox.v1.NetworkPolicyR\anetwork\x1a6\n" +
+	"\anetwork\x18\b \x01(\v2\".opendsec.sandbox.v1.NetworkPolicyR\anetwork\x12=\n" +
+	"\n" +
+	"on_timeout\x18\t \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -2630,7 +3116,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04cidr\x18\x02 \x01(\tR\x04cidr\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x03(\tR\x05ports\"\xc5\x03\n" +
+	"\x05ports\x18\x04 \x03(\tR\x05ports\"\xb9\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x17\n" +
@@ -2645,7 +3131,10 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\fimage_digest\x18\t \x01(\tR\vimageDigest\x12,\n" +
 	"\x12source_snapshot_id\x18\n" +
 	" \x01(\tR\x10sourceSnapshotId\x12'\n" +
-	"\x0fnetwork_address\x18\v \x01(\tR\x0enetworkAddress\"f\n" +
+	"\x0fnetwork_address\x18\v \x01(\tR\x0enetworkAddress\x12@\n" +
+	"\vpause_depth\x18\f \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\n" +
+	"pauseDepth\x120\n" +
+	"\x14timeout_left_seconds\x18\r \x01(\x03R\x12timeoutLeftSeconds\"f\n" +
 	"\x14CreateSandboxRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\"O\n" +
@@ -2696,12 +3185,38 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"S\n" +
 	"\x19SetSandboxTimeoutResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"4\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"k\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"N\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x125\n" +
+	"\x05depth\x18\x02 \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\x05depth\"\x96\x01\n" +
 	"\x14PauseSandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"5\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\x122\n" +
+	"\x15memory_released_bytes\x18\x02 \x01(\x03R\x13memoryReleasedBytes\x12\x12\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"w\n" +
+	"\x10PauseTaskRequest\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x125\n" +
+	"\x05depth\x18\x03 \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\x05depth\"\xa8\x02\n" +
+	"\x11TaskSandboxResult\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x126\n" +
+	"\asandbox\x18\x03 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x04 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\x122\n" +
+	"\x15memory_released_bytes\x18\x06 \x01(\x03R\x13memoryReleasedBytes\x12\x12\n" +
+	"\x04note\x18\a \x01(\tR\x04note\x12\x17\n" +
+	"\atook_us\x18\b \x01(\x03R\x06tookUs\"\x89\x01\n" +
+	"\x11PauseTaskResponse\x12@\n" +
+	"\aresults\x18\x01 \x03(\v2&.opendsec.sandbox.v1.TaskSandboxResultR\aresults\x122\n" +
+	"\x15memory_released_bytes\x18\x02 \x01(\x03R\x13memoryReleasedBytes\"A\n" +
+	"\x11ResumeTaskRequest\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\"V\n" +
+	"\x12ResumeTaskResponse\x12@\n" +
+	"\aresults\x18\x01 \x03(\v2&.opendsec.sandbox.v1.TaskSandboxResultR\aresults\"5\n" +
 	"\x14ResumeSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"O\n" +
@@ -2723,12 +3238,14 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"T\n" +
 	"\x17SnapshotSandboxResponse\x129\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xf6\x01\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xb5\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\x12U\n" +
-	"\bmetadata\x18\x03 \x03(\v29.opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x03 \x03(\v29.opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntryR\bmetadata\x12=\n" +
+	"\n" +
+	"on_timeout\x18\x04 \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
@@ -2773,7 +3290,16 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\binternet\x18\x06 \x01(\bH\x00R\binternet\x88\x01\x01B\v\n" +
 	"\t_internet\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox*\xcf\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox*R\n" +
+	"\tOnTimeout\x12\x1a\n" +
+	"\x16ON_TIMEOUT_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fON_TIMEOUT_KILL\x10\x01\x12\x14\n" +
+	"\x10ON_TIMEOUT_PAUSE\x10\x02*Z\n" +
+	"\n" +
+	"PauseDepth\x12\x1b\n" +
+	"\x17PAUSE_DEPTH_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12PAUSE_DEPTH_FREEZE\x10\x01\x12\x17\n" +
+	"\x13PAUSE_DEPTH_OFFLOAD\x10\x02*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -2784,7 +3310,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_FAILED\x10\x06*J\n" +
 	"\rForkPlacement\x12\x1e\n" +
 	"\x1aFORK_PLACEMENT_UNSPECIFIED\x10\x00\x12\x19\n" +
-	"\x15FORK_PLACEMENT_SPREAD\x10\x012\xab\f\n" +
+	"\x15FORK_PLACEMENT_SPREAD\x10\x012\xe6\r\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).opendsec.sandbox.v1.CreateSandboxRequest\x1a*.opendsec.sandbox.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -2793,7 +3319,10 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\vStopSandbox\x12'.opendsec.sandbox.v1.StopSandboxRequest\x1a(.opendsec.sandbox.v1.StopSandboxResponse\x12r\n" +
 	"\x11SetSandboxTimeout\x12-.opendsec.sandbox.v1.SetSandboxTimeoutRequest\x1a..opendsec.sandbox.v1.SetSandboxTimeoutResponse\x12c\n" +
 	"\fPauseSandbox\x12(.opendsec.sandbox.v1.PauseSandboxRequest\x1a).opendsec.sandbox.v1.PauseSandboxResponse\x12f\n" +
-	"\rResumeSandbox\x12).opendsec.sandbox.v1.ResumeSandboxRequest\x1a*.opendsec.sandbox.v1.ResumeSandboxResponse\x12l\n" +
+	"\rResumeSandbox\x12).opendsec.sandbox.v1.ResumeSandboxRequest\x1a*.opendsec.sandbox.v1.ResumeSandboxResponse\x12Z\n" +
+	"\tPauseTask\x12%.opendsec.sandbox.v1.PauseTaskRequest\x1a&.opendsec.sandbox.v1.PauseTaskResponse\x12]\n" +
+	"\n" +
+	"ResumeTask\x12&.opendsec.sandbox.v1.ResumeTaskRequest\x1a'.opendsec.sandbox.v1.ResumeTaskResponse\x12l\n" +
 	"\x0fSnapshotSandbox\x12+.opendsec.sandbox.v1.SnapshotSandboxRequest\x1a,.opendsec.sandbox.v1.SnapshotSandboxResponse\x12l\n" +
 	"\x0fRestoreSnapshot\x12+.opendsec.sandbox.v1.RestoreSnapshotRequest\x1a,.opendsec.sandbox.v1.RestoreSnapshotResponse\x12`\n" +
 	"\vForkSandbox\x12'.opendsec.sandbox.v1.ForkSandboxRequest\x1a(.opendsec.sandbox.v1.ForkSandboxResponse\x12f\n" +
@@ -2815,138 +3344,157 @@ func file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_opendsec_sandbox_v1_sandbox_proto_rawDescData
 }
 
-var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),                 // 0: opendsec.sandbox.v1.SandboxState
-	(ForkPlacement)(0),                // 1: opendsec.sandbox.v1.ForkPlacement
-	(*ListNodesRequest)(nil),          // 2: opendsec.sandbox.v1.ListNodesRequest
-	(*NodeAmount)(nil),                // 3: opendsec.sandbox.v1.NodeAmount
-	(*Node)(nil),                      // 4: opendsec.sandbox.v1.Node
-	(*ListNodesResponse)(nil),         // 5: opendsec.sandbox.v1.ListNodesResponse
-	(*Resources)(nil),                 // 6: opendsec.sandbox.v1.Resources
-	(*SandboxSpec)(nil),               // 7: opendsec.sandbox.v1.SandboxSpec
-	(*NetworkPolicy)(nil),             // 8: opendsec.sandbox.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 9: opendsec.sandbox.v1.NetworkRule
-	(*Sandbox)(nil),                   // 10: opendsec.sandbox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),      // 11: opendsec.sandbox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 12: opendsec.sandbox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 13: opendsec.sandbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 14: opendsec.sandbox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 15: opendsec.sandbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 16: opendsec.sandbox.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),        // 17: opendsec.sandbox.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),       // 18: opendsec.sandbox.v1.StopSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 19: opendsec.sandbox.v1.GetSandboxMetricsRequest
-	(*MetricsSample)(nil),             // 20: opendsec.sandbox.v1.MetricsSample
-	(*GetSandboxMetricsResponse)(nil), // 21: opendsec.sandbox.v1.GetSandboxMetricsResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 22: opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 23: opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 24: opendsec.sandbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 25: opendsec.sandbox.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),      // 26: opendsec.sandbox.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 27: opendsec.sandbox.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),                  // 28: opendsec.sandbox.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),    // 29: opendsec.sandbox.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 30: opendsec.sandbox.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 31: opendsec.sandbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 32: opendsec.sandbox.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 33: opendsec.sandbox.v1.ForkSandboxRequest
-	(*ForkResult)(nil),                // 34: opendsec.sandbox.v1.ForkResult
-	(*ForkSandboxResponse)(nil),       // 35: opendsec.sandbox.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 36: opendsec.sandbox.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 37: opendsec.sandbox.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 38: opendsec.sandbox.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 39: opendsec.sandbox.v1.DeleteSnapshotResponse
-	(*UpdateNetworkRequest)(nil),      // 40: opendsec.sandbox.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 41: opendsec.sandbox.v1.UpdateNetworkResponse
-	nil,                               // 42: opendsec.sandbox.v1.Node.BackendsEntry
-	nil,                               // 43: opendsec.sandbox.v1.Node.BackendDetailsEntry
-	nil,                               // 44: opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	nil,                               // 45: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	nil,                               // 46: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	nil,                               // 47: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 48: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 49: google.protobuf.Timestamp
+	(OnTimeout)(0),                    // 0: opendsec.sandbox.v1.OnTimeout
+	(PauseDepth)(0),                   // 1: opendsec.sandbox.v1.PauseDepth
+	(SandboxState)(0),                 // 2: opendsec.sandbox.v1.SandboxState
+	(ForkPlacement)(0),                // 3: opendsec.sandbox.v1.ForkPlacement
+	(*ListNodesRequest)(nil),          // 4: opendsec.sandbox.v1.ListNodesRequest
+	(*NodeAmount)(nil),                // 5: opendsec.sandbox.v1.NodeAmount
+	(*Node)(nil),                      // 6: opendsec.sandbox.v1.Node
+	(*ListNodesResponse)(nil),         // 7: opendsec.sandbox.v1.ListNodesResponse
+	(*Resources)(nil),                 // 8: opendsec.sandbox.v1.Resources
+	(*SandboxSpec)(nil),               // 9: opendsec.sandbox.v1.SandboxSpec
+	(*NetworkPolicy)(nil),             // 10: opendsec.sandbox.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 11: opendsec.sandbox.v1.NetworkRule
+	(*Sandbox)(nil),                   // 12: opendsec.sandbox.v1.Sandbox
+	(*CreateSandboxRequest)(nil),      // 13: opendsec.sandbox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 14: opendsec.sandbox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 15: opendsec.sandbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 16: opendsec.sandbox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 17: opendsec.sandbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 18: opendsec.sandbox.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),        // 19: opendsec.sandbox.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),       // 20: opendsec.sandbox.v1.StopSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 21: opendsec.sandbox.v1.GetSandboxMetricsRequest
+	(*MetricsSample)(nil),             // 22: opendsec.sandbox.v1.MetricsSample
+	(*GetSandboxMetricsResponse)(nil), // 23: opendsec.sandbox.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 24: opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 25: opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 26: opendsec.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 27: opendsec.sandbox.v1.PauseSandboxResponse
+	(*PauseTaskRequest)(nil),          // 28: opendsec.sandbox.v1.PauseTaskRequest
+	(*TaskSandboxResult)(nil),         // 29: opendsec.sandbox.v1.TaskSandboxResult
+	(*PauseTaskResponse)(nil),         // 30: opendsec.sandbox.v1.PauseTaskResponse
+	(*ResumeTaskRequest)(nil),         // 31: opendsec.sandbox.v1.ResumeTaskRequest
+	(*ResumeTaskResponse)(nil),        // 32: opendsec.sandbox.v1.ResumeTaskResponse
+	(*ResumeSandboxRequest)(nil),      // 33: opendsec.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 34: opendsec.sandbox.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),                  // 35: opendsec.sandbox.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),    // 36: opendsec.sandbox.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 37: opendsec.sandbox.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 38: opendsec.sandbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 39: opendsec.sandbox.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 40: opendsec.sandbox.v1.ForkSandboxRequest
+	(*ForkResult)(nil),                // 41: opendsec.sandbox.v1.ForkResult
+	(*ForkSandboxResponse)(nil),       // 42: opendsec.sandbox.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 43: opendsec.sandbox.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 44: opendsec.sandbox.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 45: opendsec.sandbox.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 46: opendsec.sandbox.v1.DeleteSnapshotResponse
+	(*UpdateNetworkRequest)(nil),      // 47: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 48: opendsec.sandbox.v1.UpdateNetworkResponse
+	nil,                               // 49: opendsec.sandbox.v1.Node.BackendsEntry
+	nil,                               // 50: opendsec.sandbox.v1.Node.BackendDetailsEntry
+	nil,                               // 51: opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	nil,                               // 52: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	nil,                               // 53: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	nil,                               // 54: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 55: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 56: google.protobuf.Timestamp
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	3,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
-	3,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
-	42, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
-	49, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
-	43, // 4: opendsec.sandbox.v1.Node.backend_details:type_name -> opendsec.sandbox.v1.Node.BackendDetailsEntry
-	4,  // 5: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
-	6,  // 6: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
-	44, // 7: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	45, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	8,  // 9: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
-	9,  // 10: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	7,  // 11: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	0,  // 12: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	49, // 13: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	49, // 14: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 15: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	10, // 16: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	10, // 17: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	46, // 18: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	0,  // 19: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
-	10, // 20: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	49, // 21: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	49, // 22: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	49, // 23: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
-	20, // 24: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	10, // 25: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	10, // 26: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	10, // 27: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	7,  // 28: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	49, // 29: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	28, // 30: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	47, // 31: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	10, // 32: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	48, // 33: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	1,  // 34: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
-	10, // 35: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	34, // 36: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	28, // 37: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	9,  // 38: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	9,  // 39: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	9,  // 40: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	10, // 41: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	11, // 42: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	13, // 43: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	15, // 44: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	17, // 45: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	22, // 46: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	24, // 47: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	26, // 48: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	29, // 49: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	31, // 50: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	33, // 51: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	36, // 52: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	38, // 53: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	40, // 54: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	19, // 55: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	2,  // 56: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
-	12, // 57: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	14, // 58: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	16, // 59: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	18, // 60: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	23, // 61: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	25, // 62: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	27, // 63: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	30, // 64: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	32, // 65: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	35, // 66: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	37, // 67: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	39, // 68: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	41, // 69: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	21, // 70: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	5,  // 71: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
-	57, // [57:72] is the sub-list for method output_type
-	42, // [42:57] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	5,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
+	5,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
+	49, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
+	56, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
+	50, // 4: opendsec.sandbox.v1.Node.backend_details:type_name -> opendsec.sandbox.v1.Node.BackendDetailsEntry
+	6,  // 5: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
+	8,  // 6: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
+	51, // 7: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	52, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	10, // 9: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
+	0,  // 10: opendsec.sandbox.v1.SandboxSpec.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	11, // 11: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	9,  // 12: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	2,  // 13: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
+	56, // 14: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	56, // 15: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 16: opendsec.sandbox.v1.Sandbox.pause_depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	9,  // 17: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	12, // 18: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	12, // 19: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	53, // 20: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	2,  // 21: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
+	12, // 22: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	56, // 23: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	56, // 24: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	56, // 25: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	22, // 26: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	12, // 27: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	1,  // 28: opendsec.sandbox.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	12, // 29: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	1,  // 30: opendsec.sandbox.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	12, // 31: opendsec.sandbox.v1.TaskSandboxResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	29, // 32: opendsec.sandbox.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	29, // 33: opendsec.sandbox.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	12, // 34: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	9,  // 35: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	56, // 36: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	35, // 37: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	54, // 38: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	0,  // 39: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	12, // 40: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	55, // 41: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	3,  // 42: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
+	12, // 43: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	41, // 44: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	35, // 45: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	11, // 46: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 47: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 48: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	12, // 49: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	13, // 50: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	15, // 51: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	17, // 52: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	19, // 53: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	24, // 54: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	26, // 55: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	33, // 56: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	28, // 57: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
+	31, // 58: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
+	36, // 59: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	38, // 60: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	40, // 61: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	43, // 62: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	45, // 63: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	47, // 64: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	21, // 65: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	4,  // 66: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	14, // 67: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	16, // 68: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	18, // 69: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	20, // 70: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	25, // 71: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	27, // 72: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	34, // 73: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	30, // 74: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
+	32, // 75: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
+	37, // 76: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	39, // 77: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	42, // 78: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	44, // 79: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	46, // 80: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	48, // 81: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	23, // 82: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	7,  // 83: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	67, // [67:84] is the sub-list for method output_type
+	50, // [50:67] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
@@ -2954,14 +3502,14 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 	if File_opendsec_sandbox_v1_sandbox_proto != nil {
 		return
 	}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_sandbox_v1_sandbox_proto_rawDesc), len(file_opendsec_sandbox_v1_sandbox_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   47,
+			NumEnums:      4,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -62,6 +62,10 @@ const (
 	// EdgeServiceResumeSandboxProcedure is the fully-qualified name of the EdgeService's ResumeSandbox
 	// RPC.
 	EdgeServiceResumeSandboxProcedure = "/opendsec.edge.v1.EdgeService/ResumeSandbox"
+	// EdgeServicePauseTaskProcedure is the fully-qualified name of the EdgeService's PauseTask RPC.
+	EdgeServicePauseTaskProcedure = "/opendsec.edge.v1.EdgeService/PauseTask"
+	// EdgeServiceResumeTaskProcedure is the fully-qualified name of the EdgeService's ResumeTask RPC.
+	EdgeServiceResumeTaskProcedure = "/opendsec.edge.v1.EdgeService/ResumeTask"
 	// EdgeServiceSnapshotSandboxProcedure is the fully-qualified name of the EdgeService's
 	// SnapshotSandbox RPC.
 	EdgeServiceSnapshotSandboxProcedure = "/opendsec.edge.v1.EdgeService/SnapshotSandbox"
@@ -105,6 +109,9 @@ type EdgeServiceClient interface {
 	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// Every sandbox of a task in scope on this node, in parallel.
+	PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error)
+	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
@@ -188,6 +195,18 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("ResumeSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseTask: connect.NewClient[v1.PauseTaskRequest, v1.PauseTaskResponse](
+			httpClient,
+			baseURL+EdgeServicePauseTaskProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("PauseTask")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeTask: connect.NewClient[v1.ResumeTaskRequest, v1.ResumeTaskResponse](
+			httpClient,
+			baseURL+EdgeServiceResumeTaskProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ResumeTask")),
+			connect.WithClientOptions(opts...),
+		),
 		snapshotSandbox: connect.NewClient[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse](
 			httpClient,
 			baseURL+EdgeServiceSnapshotSandboxProcedure,
@@ -256,6 +275,8 @@ type edgeServiceClient struct {
 	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
 	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
 	resumeSandbox     *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
+	pauseTask         *connect.Client[v1.PauseTaskRequest, v1.PauseTaskResponse]
+	resumeTask        *connect.Client[v1.ResumeTaskRequest, v1.ResumeTaskResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
@@ -310,6 +331,16 @@ func (c *edgeServiceClient) PauseSandbox(ctx context.Context, req *connect.Reque
 // ResumeSandbox calls opendsec.edge.v1.EdgeService.ResumeSandbox.
 func (c *edgeServiceClient) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
 	return c.resumeSandbox.CallUnary(ctx, req)
+}
+
+// PauseTask calls opendsec.edge.v1.EdgeService.PauseTask.
+func (c *edgeServiceClient) PauseTask(ctx context.Context, req *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error) {
+	return c.pauseTask.CallUnary(ctx, req)
+}
+
+// ResumeTask calls opendsec.edge.v1.EdgeService.ResumeTask.
+func (c *edgeServiceClient) ResumeTask(ctx context.Context, req *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error) {
+	return c.resumeTask.CallUnary(ctx, req)
 }
 
 // SnapshotSandbox calls opendsec.edge.v1.EdgeService.SnapshotSandbox.
@@ -372,6 +403,9 @@ type EdgeServiceHandler interface {
 	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// Every sandbox of a task in scope on this node, in parallel.
+	PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error)
+	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
@@ -451,6 +485,18 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("ResumeSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServicePauseTaskHandler := connect.NewUnaryHandler(
+		EdgeServicePauseTaskProcedure,
+		svc.PauseTask,
+		connect.WithSchema(edgeServiceMethods.ByName("PauseTask")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceResumeTaskHandler := connect.NewUnaryHandler(
+		EdgeServiceResumeTaskProcedure,
+		svc.ResumeTask,
+		connect.WithSchema(edgeServiceMethods.ByName("ResumeTask")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceSnapshotSandboxHandler := connect.NewUnaryHandler(
 		EdgeServiceSnapshotSandboxProcedure,
 		svc.SnapshotSandbox,
@@ -525,6 +571,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServicePauseSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceResumeSandboxProcedure:
 			edgeServiceResumeSandboxHandler.ServeHTTP(w, r)
+		case EdgeServicePauseTaskProcedure:
+			edgeServicePauseTaskHandler.ServeHTTP(w, r)
+		case EdgeServiceResumeTaskProcedure:
+			edgeServiceResumeTaskHandler.ServeHTTP(w, r)
 		case EdgeServiceSnapshotSandboxProcedure:
 			edgeServiceSnapshotSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceRestoreSnapshotProcedure:
@@ -586,6 +636,14 @@ func (UnimplementedEdgeServiceHandler) PauseSandbox(context.Context, *connect.Re
 
 func (UnimplementedEdgeServiceHandler) ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.ResumeSandbox is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.PauseTask is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.ResumeTask is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {

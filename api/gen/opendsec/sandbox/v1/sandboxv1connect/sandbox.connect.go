@@ -58,6 +58,12 @@ const (
 	// SandboxServiceResumeSandboxProcedure is the fully-qualified name of the SandboxService's
 	// ResumeSandbox RPC.
 	SandboxServiceResumeSandboxProcedure = "/opendsec.sandbox.v1.SandboxService/ResumeSandbox"
+	// SandboxServicePauseTaskProcedure is the fully-qualified name of the SandboxService's PauseTask
+	// RPC.
+	SandboxServicePauseTaskProcedure = "/opendsec.sandbox.v1.SandboxService/PauseTask"
+	// SandboxServiceResumeTaskProcedure is the fully-qualified name of the SandboxService's ResumeTask
+	// RPC.
+	SandboxServiceResumeTaskProcedure = "/opendsec.sandbox.v1.SandboxService/ResumeTask"
 	// SandboxServiceSnapshotSandboxProcedure is the fully-qualified name of the SandboxService's
 	// SnapshotSandbox RPC.
 	SandboxServiceSnapshotSandboxProcedure = "/opendsec.sandbox.v1.SandboxService/SnapshotSandbox"
@@ -102,6 +108,13 @@ type SandboxServiceClient interface {
 	// ResumeSandbox continues a paused sandbox. Any agent call to a paused
 	// sandbox resumes it first, so an explicit resume is optional.
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// PauseTask pauses every running sandbox of a task label in the caller's
+	// project subtree, on every node, in parallel, at the depth asked. It
+	// answers per sandbox: one that could not be paused is named with the
+	// reason, and the others still pause.
+	PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error)
+	// ResumeTask resumes every paused sandbox of a task label, in parallel.
+	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	// SnapshotSandbox captures memory, execution state and a point-in-time copy
 	// of the writable layer. The sandbox keeps running.
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
@@ -178,6 +191,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseTask: connect.NewClient[v1.PauseTaskRequest, v1.PauseTaskResponse](
+			httpClient,
+			baseURL+SandboxServicePauseTaskProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PauseTask")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeTask: connect.NewClient[v1.ResumeTaskRequest, v1.ResumeTaskResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeTaskProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ResumeTask")),
+			connect.WithClientOptions(opts...),
+		),
 		snapshotSandbox: connect.NewClient[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse](
 			httpClient,
 			baseURL+SandboxServiceSnapshotSandboxProcedure,
@@ -238,6 +263,8 @@ type sandboxServiceClient struct {
 	setSandboxTimeout *connect.Client[v1.SetSandboxTimeoutRequest, v1.SetSandboxTimeoutResponse]
 	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
 	resumeSandbox     *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
+	pauseTask         *connect.Client[v1.PauseTaskRequest, v1.PauseTaskResponse]
+	resumeTask        *connect.Client[v1.ResumeTaskRequest, v1.ResumeTaskResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
@@ -281,6 +308,16 @@ func (c *sandboxServiceClient) PauseSandbox(ctx context.Context, req *connect.Re
 // ResumeSandbox calls opendsec.sandbox.v1.SandboxService.ResumeSandbox.
 func (c *sandboxServiceClient) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
 	return c.resumeSandbox.CallUnary(ctx, req)
+}
+
+// PauseTask calls opendsec.sandbox.v1.SandboxService.PauseTask.
+func (c *sandboxServiceClient) PauseTask(ctx context.Context, req *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error) {
+	return c.pauseTask.CallUnary(ctx, req)
+}
+
+// ResumeTask calls opendsec.sandbox.v1.SandboxService.ResumeTask.
+func (c *sandboxServiceClient) ResumeTask(ctx context.Context, req *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error) {
+	return c.resumeTask.CallUnary(ctx, req)
 }
 
 // SnapshotSandbox calls opendsec.sandbox.v1.SandboxService.SnapshotSandbox.
@@ -341,6 +378,13 @@ type SandboxServiceHandler interface {
 	// ResumeSandbox continues a paused sandbox. Any agent call to a paused
 	// sandbox resumes it first, so an explicit resume is optional.
 	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// PauseTask pauses every running sandbox of a task label in the caller's
+	// project subtree, on every node, in parallel, at the depth asked. It
+	// answers per sandbox: one that could not be paused is named with the
+	// reason, and the others still pause.
+	PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error)
+	// ResumeTask resumes every paused sandbox of a task label, in parallel.
+	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	// SnapshotSandbox captures memory, execution state and a point-in-time copy
 	// of the writable layer. The sandbox keeps running.
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
@@ -413,6 +457,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServicePauseTaskHandler := connect.NewUnaryHandler(
+		SandboxServicePauseTaskProcedure,
+		svc.PauseTask,
+		connect.WithSchema(sandboxServiceMethods.ByName("PauseTask")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeTaskHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeTaskProcedure,
+		svc.ResumeTask,
+		connect.WithSchema(sandboxServiceMethods.ByName("ResumeTask")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceSnapshotSandboxHandler := connect.NewUnaryHandler(
 		SandboxServiceSnapshotSandboxProcedure,
 		svc.SnapshotSandbox,
@@ -477,6 +533,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeSandboxProcedure:
 			sandboxServiceResumeSandboxHandler.ServeHTTP(w, r)
+		case SandboxServicePauseTaskProcedure:
+			sandboxServicePauseTaskHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeTaskProcedure:
+			sandboxServiceResumeTaskHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotSandboxProcedure:
 			sandboxServiceSnapshotSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceRestoreSnapshotProcedure:
@@ -528,6 +588,14 @@ func (UnimplementedSandboxServiceHandler) PauseSandbox(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.ResumeSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.PauseTask is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.ResumeTask is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {

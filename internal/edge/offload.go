@@ -1,0 +1,353 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// Offload [paper: a preempted task's sandboxes pause together; ours: how].
+// A frozen sandbox keeps its memory; an offloaded one has it written to
+// the node's disk and given back. The edge checkpoints it as for a
+// snapshot (the agent's link detached first), into offloadDir in the
+// sandbox's own directory, and ends what still runs; the record keeps
+// the checkpoint's id, so a restarted edge finds it again. The next call
+// (or a resume) restores it in place: the same id, processes, open files,
+// listening sockets and memory. A backend without memory snapshots (the
+// container backend on this kernel) is frozen instead, and the answer
+// says so.
+
+// offloadDir is where a sandbox's offloaded memory goes.
+func offloadDir(sb *sandbox) string { return filepath.Join(sb.dir, "offload") }
+
+// PauseOutcome is what a pause did.
+type PauseOutcome struct {
+	Sandbox *sandboxv1.Sandbox
+	// Released is the memory given back to the node, as the sandbox's
+	// cgroup counted it before.
+	Released int64
+	// Note says why the pause is shallower than asked.
+	Note string
+}
+
+// PauseAt pauses a sandbox at depth.
+func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.PauseDepth) (*PauseOutcome, error) {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	released, note, err := e.pauseAtLocked(ctx, sb, depth)
+	if err != nil {
+		return nil, err
+	}
+	return &PauseOutcome{Sandbox: sb.snapshot(), Released: released, Note: note}, nil
+}
+
+// pauseAtLocked pauses sb at depth. Callers hold sb.mu.
+func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.PauseDepth) (released int64, note string, err error) {
+	switch depth {
+	case sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE:
+		return 0, "", e.pauseLocked(ctx, sb)
+	case sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD:
+	default:
+		return 0, "", errdefs.InvalidArgument("depth %d: want FREEZE or OFFLOAD", depth)
+	}
+	if sb.rec.Offloaded != "" {
+		return 0, "", nil
+	}
+	if why := e.cannotOffload(sb); why != "" {
+		return 0, why, e.pauseLocked(ctx, sb)
+	}
+	return e.offloadLocked(ctx, sb)
+}
+
+// cannotOffload says why sb's memory cannot go to disk ("" if it can).
+func (e *Edge) cannotOffload(sb *sandbox) string {
+	caps := sb.be.Capabilities()
+	_, snaps := sb.be.(backend.Snapshotter)
+	_, releases := sb.be.(backend.Releaser)
+	switch {
+	case !snaps || !caps.Snapshot:
+		why := caps.SnapshotUnavailable
+		if why == "" {
+			why = "it has no memory snapshots"
+		}
+		return fmt.Sprintf("frozen, not offloaded: backend %q cannot write a sandbox's memory to disk on this node (%s); its memory stays allocated", sb.be.Name(), why)
+	case sb.net != nil && !caps.SnapshotNetwork:
+		return fmt.Sprintf("frozen, not offloaded: backend %q cannot checkpoint a sandbox with a network interface on this node; its memory stays allocated", sb.be.Name())
+	case !releases:
+		return fmt.Sprintf("frozen, not offloaded: backend %q cannot yet end a checkpointed sandbox and give its memory back; its memory stays allocated", sb.be.Name())
+	}
+	return ""
+}
+
+// offloadLocked writes sb's memory to disk and ends what runs of it.
+// Callers hold sb.mu.
+func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, error) {
+	if sb.rec.State == statePaused {
+		if err := e.resumeLocked(ctx, sb); err != nil {
+			return 0, "", err
+		}
+	}
+	if sb.rec.State != stateRunning || sb.link == nil {
+		return 0, "", errdefs.FailedPrecondition("sandbox %s is %s; only a running or paused sandbox can be offloaded", sb.id, sb.rec.State)
+	}
+	sn := sb.be.(backend.Snapshotter)
+	before := e.memoryOf(sb)
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(e.node), Dir: offloadDir(sb)}
+	os.RemoveAll(ref.Dir) //nolint:errcheck // a leftover of a failed attempt
+	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
+		return 0, "", err
+	}
+	log := e.log.With(logging.SandboxID, sb.id)
+	began := time.Now()
+	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := sb.link.Detach(detach)
+	cancel()
+	if err != nil {
+		sb.link.Reattach() //nolint:errcheck // the agent dials again
+		os.RemoveAll(ref.Dir)
+		return 0, "", errdefs.Wrap(errdefs.ErrUnavailable, err, "offload %s: the agent did not let go of its connection", sb.id)
+	}
+	info, err := sn.Snapshot(ctx, sb.id, ref)
+	if err == nil {
+		err = sb.be.(backend.Releaser).Release(ctx, sb.id)
+	}
+	if rerr := sb.link.Reattach(); rerr != nil && err == nil {
+		err = rerr
+	}
+	if err != nil {
+		os.RemoveAll(ref.Dir)
+		if info != nil && info.Stopped {
+			e.failLocked(context.WithoutCancel(ctx), sb, "offloading it failed and stopped it: "+err.Error())
+		}
+		return 0, "", errdefs.Wrap(errdefs.ErrUnavailable, err, "offload sandbox %s", sb.id)
+	}
+	sb.rec.Offloaded = string(ref.ID)
+	e.stopClock(sb)
+	sb.rec.State = statePaused
+	if err := sb.save(); err != nil {
+		return 0, "", err
+	}
+	after := e.memoryOf(sb)
+	released := max(before-after, 0)
+	log.Info("sandbox offloaded", "took", time.Since(began).Round(time.Millisecond), "memory_released", released, "before", before, "after", after)
+	return released, "", nil
+}
+
+// memoryOf is sb's memory use as its backend reads it (0 if it cannot).
+func (e *Edge) memoryOf(sb *sandbox) int64 {
+	ur, ok := sb.be.(backend.UsageReader)
+	if !ok {
+		return 0
+	}
+	u, err := ur.Usage(sb.id)
+	if err != nil {
+		return 0
+	}
+	return u.MemoryBytes
+}
+
+// restoreOffloaded brings an offloaded sandbox back in place: the same
+// id, its memory read back from its checkpoint. Callers hold sb.mu.
+func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
+	sn, err := snapshotter(sb.be)
+	if err != nil {
+		return err
+	}
+	bspec, err := e.recoverSpec(ctx, sb.rec)
+	if err != nil {
+		return err
+	}
+	if sb.net != nil {
+		bspec.NetNS = sb.net.NetNS
+	}
+	ref := backend.SnapshotRef{ID: sandboxid.SnapshotID(sb.rec.Offloaded), Dir: offloadDir(sb)}
+	if _, err := os.Stat(ref.Dir); err != nil {
+		return errdefs.FailedPrecondition("offloaded sandbox %s: its checkpoint is gone: %v", sb.id, err)
+	}
+	began := time.Now()
+	h, err := sn.Restore(ctx, ref, bspec)
+	if err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "restore offloaded sandbox %s", sb.id)
+	}
+	sb.rec.Handle = h
+	if err := sb.save(); err != nil {
+		return err
+	}
+	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
+	defer cancel()
+	ready := sb.link.WaitReady
+	if sb.be.Capabilities().LinkBeforeAgent {
+		ready = sb.link.WaitServing
+	}
+	if err := ready(wait); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "offloaded sandbox %s: its agent did not come back", sb.id)
+	}
+	if err := os.RemoveAll(ref.Dir); err != nil {
+		e.log.Warn("remove an offload checkpoint", logging.SandboxID, sb.id, logging.Error, err)
+	}
+	sb.rec.Offloaded = ""
+	e.log.Info("offloaded sandbox restored", logging.SandboxID, sb.id, "took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// stopClock starts a pause's lifetime: the time to live stands still
+// (kept in TimeoutLeft) and the sandbox is removed if it stays paused for
+// PausedLifetime. Callers hold sb.mu.
+func (e *Edge) stopClock(sb *sandbox) {
+	if sb.rec.State == statePaused {
+		return // already stopped
+	}
+	sb.rec.TimeoutLeft = max(time.Until(sb.rec.ExpiresAt), 0)
+	sb.rec.ExpiresAt = time.Now().Add(e.cfg.PausedLifetime)
+	e.wakeExpiry()
+}
+
+// startClock ends a pause's lifetime: the time to live goes on from
+// where it stopped, or, for a sandbox its time to live had paused, starts
+// afresh from its spec's (else it would be paused again at once).
+// Callers hold sb.mu.
+func (e *Edge) startClock(sb *sandbox) {
+	left := sb.rec.TimeoutLeft
+	if left <= 0 {
+		left = time.Duration(sb.rec.spec.GetTimeoutSeconds()) * time.Second
+	}
+	sb.rec.ExpiresAt = time.Now().Add(left)
+	sb.rec.TimeoutLeft = 0
+	e.wakeExpiry()
+}
+
+// pauseOnTimeout pauses a running sandbox whose time to live ran out and
+// whose spec says on_timeout PAUSE (offloaded where the backend can, else
+// frozen), and says whether it did; a paused one whose paused lifetime
+// ran out is removed as any other.
+func (e *Edge) pauseOnTimeout(sb *sandbox) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State != stateRunning || sb.rec.spec.GetOnTimeout() != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE || time.Now().Before(sb.rec.ExpiresAt) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, note, err := e.pauseAtLocked(ctx, sb, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+	if err != nil {
+		e.log.Error("pause a sandbox whose time to live ran out; removing it", logging.SandboxID, sb.id, logging.Error, err)
+		return false
+	}
+	e.log.Info("sandbox time to live ran out; paused", logging.SandboxID, sb.id, "depth", sb.rec.pauseDepth().String(), "note", note)
+	return true
+}
+
+// TaskResult is what a task-wide call did to one sandbox.
+type TaskResult struct {
+	ID       string
+	Sandbox  *sandboxv1.Sandbox
+	Err      error
+	Released int64
+	Note     string
+	Took     time.Duration
+}
+
+// taskParallel bounds how many of a task's sandboxes this node pauses or
+// resumes at once: a checkpoint or restore is CPU-bound.
+func taskParallel(depth sandboxv1.PauseDepth) int {
+	if depth == sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD {
+		return 4
+	}
+	return 16
+}
+
+// ofTask lists the sandboxes of task in scope.
+func (e *Edge) ofTask(task, scope string) []*sandbox {
+	var out []*sandbox
+	for _, sb := range e.all() {
+		v := sb.snapshot()
+		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
+			out = append(out, sb)
+		}
+	}
+	return out
+}
+
+// PauseTask pauses every running (or, for offload, frozen) sandbox of
+// task in scope, in parallel.
+func (e *Edge) PauseTask(ctx context.Context, task, scope string, depth sandboxv1.PauseDepth) ([]TaskResult, error) {
+	if task == "" {
+		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
+	}
+	return e.eachOfTask(ctx, task, scope, taskParallel(depth), func(sb *sandbox) (int64, string, error, bool) {
+		switch sb.rec.State {
+		case stateRunning:
+		case statePaused:
+			if depth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD || sb.rec.Offloaded != "" {
+				return 0, "", nil, false // already as deep as asked
+			}
+		default:
+			return 0, "", nil, false
+		}
+		released, note, err := e.pauseAtLocked(ctx, sb, depth)
+		if err == nil {
+			sb.rec.PausedTask = true
+			err = sb.save()
+		}
+		return released, note, err, true
+	}), nil
+}
+
+// ResumeTask resumes every paused sandbox of task in scope, in parallel.
+func (e *Edge) ResumeTask(ctx context.Context, task, scope string) ([]TaskResult, error) {
+	if task == "" {
+		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
+	}
+	return e.eachOfTask(ctx, task, scope, taskParallel(sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD), func(sb *sandbox) (int64, string, error, bool) {
+		if sb.rec.State != statePaused {
+			return 0, "", nil, false
+		}
+		return 0, "", e.resumeLocked(ctx, sb), true
+	}), nil
+}
+
+// eachOfTask runs do on each sandbox of task (under its lock), parallel
+// at most n at once; do says whether it acted. Sandboxes it left alone
+// are not in the results.
+func (e *Edge) eachOfTask(ctx context.Context, task, scope string, n int, do func(*sandbox) (int64, string, error, bool)) []TaskResult {
+	sbs := e.ofTask(task, scope)
+	results := make([]TaskResult, len(sbs))
+	acted := make([]bool, len(sbs))
+	sem := make(chan struct{}, n)
+	done := make(chan struct{})
+	for i, sb := range sbs {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			began := time.Now()
+			sb.mu.Lock()
+			released, note, err, did := do(sb)
+			sb.mu.Unlock()
+			acted[i] = did
+			results[i] = TaskResult{ID: string(sb.id), Sandbox: sb.snapshot(), Err: err, Released: released, Note: note, Took: time.Since(began)}
+		}()
+	}
+	for range sbs {
+		<-done
+	}
+	var out []TaskResult
+	for i, r := range results {
+		if acted[i] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
