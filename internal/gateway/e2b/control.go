@@ -120,12 +120,19 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	onTimeout := sandboxv1.OnTimeout_ON_TIMEOUT_KILL
+	if req.AutoPause != nil && *req.AutoPause {
+		// Paused with its memory (offloaded where the backend can); a
+		// filesystem-only pause (autoPauseMemory false) keeps more than
+		// asked, which resumes the same way.
+		onTimeout = sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE
+	}
 	switch {
-	case req.AutoPause != nil && *req.AutoPause:
-		writeStatus(w, http.StatusBadRequest, "autoPause: not supported; a sandbox stops when its timeout runs out")
+	case req.AutoResume != nil && !req.AutoResume.Enabled:
+		writeStatus(w, http.StatusBadRequest, "autoResume.enabled: false is not supported; every call to a paused sandbox resumes it")
 		return
-	case req.AutoResume != nil:
-		writeStatus(w, http.StatusBadRequest, "autoResume: not supported; resume a paused sandbox with connect")
+	case req.AutoResume != nil && onTimeout != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
+		writeStatus(w, http.StatusBadRequest, "autoResume: only with autoPause: true")
 		return
 	case req.IAM != nil:
 		writeStatus(w, http.StatusBadRequest, "iam: workload identity tokens are not supported")
@@ -194,7 +201,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		snapID = id
 	}
 	if snapID != "" {
-		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snapID, TimeoutSeconds: timeout, Metadata: md}))
+		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snapID, TimeoutSeconds: timeout, Metadata: md, OnTimeout: onTimeout}))
 		if err != nil {
 			writeError(w, err)
 			return
@@ -207,7 +214,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		resp, err := g.sandbox.CreateSandbox(r.Context(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: &sandboxv1.SandboxSpec{
-			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md, Network: netp,
+			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md, Network: netp, OnTimeout: onTimeout,
 		}}))
 		if err != nil {
 			writeError(w, err)
@@ -434,7 +441,19 @@ func (g *Gateway) refresh(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// pause is E2B's pause: with its memory (the default, memory: true) the
+// sandbox is offloaded where the backend can (its memory written to disk
+// and given back; frozen elsewhere). A filesystem-only pause (memory:
+// false) is served the same way: it keeps more than asked and resumes
+// with its processes instead of rebooting.
 func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
 	sb, err := g.getSandbox(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
@@ -444,7 +463,7 @@ func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusConflict, "sandbox "+sb.Id+" is already paused")
 		return
 	}
-	if _, err := g.sandbox.PauseSandbox(r.Context(), connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.Id})); err != nil {
+	if _, err := g.sandbox.PauseSandbox(r.Context(), connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.Id, Depth: sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD})); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -48,6 +48,7 @@ type detailJSON struct {
 	State           string            `json:"state"`
 	Metadata        map[string]string `json:"metadata"`
 	Domain          *string           `json:"domain"`
+	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
 }
 
 // newSandboxJSON is E2B's NewSandbox / NewSandboxV2 request.
@@ -55,7 +56,8 @@ type newSandboxJSON struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int64            `json:"timeout"`
 	AutoPause           *bool             `json:"autoPause"`
-	AutoResume          any               `json:"autoResume"`
+	AutoResume          *autoResumeJSON   `json:"autoResume"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	IAM                 any               `json:"iam"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
@@ -64,6 +66,17 @@ type newSandboxJSON struct {
 	EnvVars             map[string]string `json:"envVars"`
 	MCP                 any               `json:"mcp"`
 	VolumeMounts        []any             `json:"volumeMounts"`
+}
+
+// autoResumeJSON is E2B's SandboxAutoResumeConfig.
+type autoResumeJSON struct {
+	Enabled bool `json:"enabled"`
+}
+
+// lifecycleJSON is E2B's SandboxLifecycle, in a sandbox's details.
+type lifecycleJSON struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"`
 }
 
 // defaultTimeout is E2B's default time to live, in seconds.
@@ -95,6 +108,10 @@ func (g *Gateway) toDetail(sb *sandboxv1.Sandbox, withToken bool) detailJSON {
 	}
 	if sb.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 		d.State = "paused"
+	}
+	d.Lifecycle = &lifecycleJSON{OnTimeout: "kill"}
+	if sb.Spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+		d.Lifecycle = &lifecycleJSON{OnTimeout: "pause", AutoResume: true}
 	}
 	if withToken {
 		d.EnvdAccessToken = g.accessToken(sb.Id)

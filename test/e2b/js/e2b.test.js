@@ -213,6 +213,24 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(now.hits, before.hits + 1)
   })
 
+  it('pauses on its timeout with lifecycle onTimeout pause, and connect resumes it with its memory', async () => {
+    const sb = await create({ lifecycle: { onTimeout: 'pause', autoResume: true }, timeoutMs: 10_000 })
+    assert.deepEqual((await sb.getInfo()).lifecycle, { onTimeout: 'pause', autoResume: true })
+    await startServer(sb)
+    const before = await query(sb, '/set/31337')
+    const deadline = Date.now() + 60_000
+    while ((await sb.getInfo()).state !== 'paused') {
+      assert.ok(Date.now() < deadline, 'not paused a minute after its timeout')
+      await new Promise((r) => setTimeout(r, 500))
+    }
+    assert.equal(await sb.isRunning(), false)
+    const back = await Sandbox.connect(sb.sandboxId, { timeoutMs: 120_000 })
+    assert.equal((await back.getInfo()).state, 'running')
+    const after = await query(back)
+    assert.equal(after.value, 31337)
+    assert.equal(after.pid, before.pid)
+  })
+
   it('forks into copies that carry memory and diverge', async () => {
     const sb = await create()
     await startServer(sb)

@@ -361,10 +361,38 @@ def test_bad_key_and_bad_access_token_are_refused(gateway, sandbox: Sandbox):
     assert "X-Access-Token" in r.json()["message"]
 
 
+def test_auto_pause_on_timeout_then_connect_keeps_memory():
+    """E2B's lifecycle on_timeout "pause" (autoPause): when the timeout
+    passes the sandbox is paused, not killed; connect resumes it with its
+    process and memory."""
+    sb = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True}, timeout=10)
+    try:
+        info = sb.get_info()
+        assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}, info.lifecycle
+        start_server(sb)
+        before = query(sb, "/set/31337")
+        deadline = time.time() + 60
+        while sb.get_info().state != SandboxState.PAUSED:
+            assert time.time() < deadline, "not paused a minute after its timeout"
+            time.sleep(0.5)
+        assert not sb.is_running()
+        back = Sandbox.connect(sb.sandbox_id, timeout=120)
+        assert back.get_info().state == SandboxState.RUNNING
+        after = query(back)
+        assert after["value"] == 31337 and after["pid"] == before["pid"]
+    finally:
+        sb.kill()
+    killed = Sandbox.create(timeout=60)
+    try:
+        assert killed.get_info().lifecycle == {"on_timeout": "kill", "auto_resume": False}
+    finally:
+        killed.kill()
+
+
 def test_unsupported_features_say_so():
     with pytest.raises(Exception) as e:
-        Sandbox.create(lifecycle={"on_timeout": "pause"})
-    assert "autoPause" in str(e.value)
+        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False})
+    assert "autoResume" in str(e.value)
 
 
 def test_idempotent_create(gateway):
