@@ -18,7 +18,7 @@ from .errors import (
     UnavailableError,
     UnsupportedError,
 )
-from .models import CommandResult, DSecRunArgs, EntryInfo, Network, NodeInfo, OutputChunk, ProcessInfo, ProjectInfo, SandboxInfo, SnapshotInfo
+from .models import CommandResult, DSecRunArgs, EntryInfo, Network, NodeInfo, OutputChunk, ProcessInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult
 from .sandbox import Files, Process, Sandbox, Session
 
 __all__ = [
@@ -45,6 +45,8 @@ __all__ = [
     "SandboxInfo",
     "Session",
     "SnapshotInfo",
+    "TaskResult",
+    "TaskSandboxResult",
     "UnavailableError",
     "UnsupportedError",
 ]

@@ -11,7 +11,7 @@ import httpx
 
 from ._connect import IDEMPOTENCY_HEADER, ConnectClient, Endpoints, parse_urls
 from .errors import AuthenticationError, InvalidArgumentError, UnavailableError
-from .models import DSecRunArgs, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo
+from .models import DSecRunArgs, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult, _pause_depth
 from .sandbox import Sandbox
 
 _SB = "opendsec.sandbox.v1.SandboxService/"
@@ -112,6 +112,26 @@ class DSecClient:
         sid = snapshot if isinstance(snapshot, str) else snapshot.id
         r = await self._call(_SB + "RestoreSnapshot", {"snapshotId": sid, "timeoutSeconds": str(timeout_seconds), "metadata": metadata or {}}, timeout=300)
         return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
+
+    async def pause_task(self, task: str, depth: str = "freeze", *, project: str = "") -> TaskResult:
+        """Pauses every running sandbox of ``task`` (its ``DSecRunArgs.task``)
+        in the key's project subtree, on every node, in parallel.
+        ``depth="freeze"`` stops their CPU and keeps their memory;
+        ``depth="offload"`` writes their memory to disk and gives it back
+        (frozen instead where a backend cannot; the result's note says so).
+        One that could not be paused is in ``failed``; the others are paused
+        anyway. Any later call to a paused sandbox resumes it first."""
+        r = await self._call(_SB + "PauseTask", {"task": task, "project": project, "depth": _pause_depth(depth)}, timeout=3600)
+        return TaskResult(
+            results=[TaskSandboxResult.from_json(x) for x in r.get("results", [])],
+            memory_released_bytes=int(r.get("memoryReleasedBytes", 0)),
+        )
+
+    async def resume_task(self, task: str, *, project: str = "") -> TaskResult:
+        """Resumes every paused sandbox of ``task``, in parallel (optional:
+        any call to a paused sandbox resumes it)."""
+        r = await self._call(_SB + "ResumeTask", {"task": task, "project": project}, timeout=3600)
+        return TaskResult(results=[TaskSandboxResult.from_json(x) for x in r.get("results", [])])
 
     async def list_snapshots(self, sandbox_id: str = "") -> List[SnapshotInfo]:
         """Lists snapshots (of one sandbox, or all in the key's project subtree)."""

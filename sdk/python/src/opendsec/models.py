@@ -106,7 +106,11 @@ class DSecRunArgs:
     env: Dict[str, str] = field(default_factory=dict)
     metadata: Dict[str, str] = field(default_factory=dict)
     task: str = ""
-    """Task label, for pausing a whole task at once."""
+    """Task label, for pausing a whole task at once (:meth:`DSecClient.pause_task`)."""
+    on_timeout: str = "kill"
+    """When the time to live runs out: "kill" removes the sandbox, "pause"
+    pauses it (offloaded where the backend can, else frozen) until a call
+    resumes it."""
     project: str = ""
     """Project to create in; empty means the API key's project."""
     network: Optional[Network] = None
@@ -127,6 +131,7 @@ class DSecRunArgs:
             "env": dict(self.env),
             "metadata": dict(self.metadata),
             "task": self.task,
+            "onTimeout": _on_timeout(self.on_timeout),
         }
         if self.network is not None:
             spec["network"] = self.network.to_json()
@@ -154,6 +159,12 @@ class SandboxInfo:
     network: Optional[Network] = None
     """Its network policy now (rules in canonical form); None: loopback only."""
     network_address: str = ""
+    pause_depth: str = ""
+    """For a paused sandbox: "freeze" (memory kept) or "offload" (memory on disk)."""
+    timeout_left_seconds: int = 0
+    """For a paused sandbox: the time to live it resumes with (its
+    expires_at is then the end of its paused lifetime)."""
+    on_timeout: str = "kill"
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -176,6 +187,9 @@ class SandboxInfo:
             source_snapshot_id=d.get("sourceSnapshotId", ""),
             network=Network.from_json(spec["network"]) if "network" in spec else None,
             network_address=d.get("networkAddress", ""),
+            pause_depth=d.get("pauseDepth", "").replace("PAUSE_DEPTH_", "").replace("UNSPECIFIED", "").lower(),
+            timeout_left_seconds=int(d.get("timeoutLeftSeconds", 0)),
+            on_timeout="pause" if spec.get("onTimeout") == "ON_TIMEOUT_PAUSE" else "kill",
         )
 
 
@@ -366,3 +380,60 @@ class NodeInfo:
             allocated_memory_mb=int(a.get("memoryMb", 0)),
             backends=dict(d.get("backends", {})),
         )
+
+
+def _on_timeout(v: str) -> str:
+    if v not in ("kill", "pause"):
+        raise ValueError(f"on_timeout {v!r}: want 'kill' or 'pause'")
+    return "ON_TIMEOUT_" + v.upper()
+
+
+def _pause_depth(depth: str) -> str:
+    if depth not in ("freeze", "offload"):
+        raise ValueError(f"depth {depth!r}: want 'freeze' or 'offload'")
+    return "PAUSE_DEPTH_" + depth.upper()
+
+
+@dataclass
+class TaskSandboxResult:
+    """What a task-wide pause or resume did to one sandbox."""
+
+    sandbox_id: str
+    node_id: str
+    ok: bool
+    error: str = ""
+    """Empty when it worked; else the error code and message."""
+    info: Optional[SandboxInfo] = None
+    memory_released_bytes: int = 0
+    note: str = ""
+    """Why the pause is shallower than asked (e.g. a backend that cannot
+    offload: frozen instead)."""
+    took_seconds: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "TaskSandboxResult":
+        err = ""
+        if d.get("errorCode"):
+            err = f"{d['errorCode']}: {d.get('errorMessage', '')}"
+        return cls(
+            sandbox_id=d.get("sandboxId", ""),
+            node_id=d.get("nodeId", ""),
+            ok=not err,
+            error=err,
+            info=SandboxInfo.from_json(d["sandbox"]) if "sandbox" in d else None,
+            memory_released_bytes=int(d.get("memoryReleasedBytes", 0)),
+            note=d.get("note", ""),
+            took_seconds=int(d.get("tookUs", 0)) / 1e6,
+        )
+
+
+@dataclass
+class TaskResult:
+    """The outcome of :meth:`DSecClient.pause_task` or :meth:`DSecClient.resume_task`."""
+
+    results: List[TaskSandboxResult]
+    memory_released_bytes: int = 0
+
+    @property
+    def failed(self) -> List[TaskSandboxResult]:
+        return [r for r in self.results if not r.ok]

@@ -12,6 +12,7 @@ import httpx
 from ._connect import ConnectClient
 from .errors import DSecError, NotFoundError
 from .models import (
+    _pause_depth,
     CommandResult,
     EntryInfo,
     OutputChunk,
@@ -428,11 +429,16 @@ class Sandbox:
         ``headers=``, ``timeout=``). A paused sandbox is resumed first."""
         return await self._client._http.request(method, self.get_host(port) + path.lstrip("/"), **kwargs)
 
-    async def pause(self) -> None:
-        """Freezes every process; a paused sandbox uses no CPU. Any later
-        call to the sandbox resumes it first."""
-        r = await self._sandbox("PauseSandbox", {"sandboxId": self.id})
+    async def pause(self, depth: str = "freeze") -> int:
+        """Pauses the sandbox; it then uses no CPU. ``depth="freeze"`` keeps
+        its memory allocated (fast); ``depth="offload"`` writes it to the
+        node's disk and gives it back (on backends that cannot, the sandbox
+        is frozen and ``info.pause_depth`` says so). Any later call to the
+        sandbox resumes it first, with its processes, files, sockets and
+        remaining time to live. Returns the memory given back, in bytes."""
+        r = await self._sandbox("PauseSandbox", {"sandboxId": self.id, "depth": _pause_depth(depth)})
         self.info = SandboxInfo.from_json(r["sandbox"])
+        return int(r.get("memoryReleasedBytes", 0))
 
     async def resume(self) -> None:
         """Continues a paused sandbox."""
