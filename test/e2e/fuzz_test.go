@@ -33,6 +33,9 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.sandbox.v1.SandboxService/UpdateNetwork",
 		"/opendsec.sandbox.v1.SandboxService/GetSandboxMetrics",
 		"/opendsec.sandbox.v1.SandboxService/ListNodes",
+		"/opendsec.sandbox.v1.SandboxService/PauseTask",
+		"/opendsec.sandbox.v1.SandboxService/ResumeTask",
+		"/opendsec.sandbox.v1.SandboxService/PauseSandbox",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -49,6 +52,10 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","network":{"rules":[{"domain":"a..b"},{"cidr":"10.0.0.0/33","protocol":"icmp"},{}]}}}`))
 	f.Add(uint8(11), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","start":"2030-01-01T00:00:00Z","end":"1970-01-01T00:00:00Z"}`))
 	f.Add(uint8(11), []byte(`{"start":"0001-01-01T00:00:00Z","end":"9999-12-31T23:59:59.999999999Z"}`))
+	f.Add(uint8(13), []byte(`{"task":"","depth":"PAUSE_DEPTH_OFFLOAD"}`))
+	f.Add(uint8(13), []byte(`{"task":"fuzz","depth":99,"project":"root/../x"}`))
+	f.Add(uint8(14), []byte(`{"task":"`+strings.Repeat("t", 300)+`"}`))
+	f.Add(uint8(15), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","depth":"PAUSE_DEPTH_OFFLOAD"}`))
 	c := startCluster(f, "fake")
 	sb, err := c.client.Create(ctxTB(f), fakeSpec())
 	if err != nil {
