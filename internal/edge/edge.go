@@ -367,7 +367,7 @@ func (e *Edge) expireLoop() {
 			go func() {
 				defer e.wg.Done()
 				defer sb.expiring.Store(false)
-				if e.pauseOnTimeout(sb) {
+				if e.keepOnTimeout(sb) {
 					return
 				}
 				e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)

@@ -68,7 +68,14 @@ func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.P
 	if why := e.cannotOffload(sb); why != "" {
 		return 0, why, e.pauseLocked(ctx, sb)
 	}
-	return e.offloadLocked(ctx, sb)
+	released, note, err = e.offloadLocked(ctx, sb)
+	if err != nil && (sb.rec.State == stateRunning || sb.rec.State == statePaused) {
+		// It still runs (or is frozen): a pause it still gets.
+		if ferr := e.pauseLocked(ctx, sb); ferr == nil {
+			return 0, "frozen, not offloaded: " + err.Error(), nil
+		}
+	}
+	return released, note, err
 }
 
 // cannotOffload says why sb's memory cannot go to disk ("" if it can).
@@ -111,17 +118,30 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	}
 	log := e.log.With(logging.SandboxID, sb.id)
 	began := time.Now()
-	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// Once begun, a checkpoint is not cut by the caller going away (Debian's
+	// runsc kills a sandbox whose checkpoint was cut).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), offloadTimeout)
+	defer cancel()
+	detach, cancelDetach := context.WithTimeout(ctx, 5*time.Second)
 	err := sb.link.Detach(detach)
-	cancel()
+	cancelDetach()
 	if err != nil {
 		sb.link.Reattach() //nolint:errcheck // the agent dials again
 		os.RemoveAll(ref.Dir)
 		return 0, "", errdefs.Wrap(errdefs.ErrUnavailable, err, "offload %s: the agent did not let go of its connection", sb.id)
 	}
 	info, err := sn.Snapshot(ctx, sb.id, ref)
+	note := ""
 	if err == nil {
-		err = sb.be.(backend.Releaser).Release(ctx, sb.id)
+		if rerr := sb.be.(backend.Releaser).Release(ctx, sb.id); rerr != nil {
+			// The checkpoint is good: if nothing of the sandbox runs, it is
+			// offloaded all the same; if it still runs, it stays as it was.
+			if st, serr := sb.be.Status(ctx, sb.id); serr == nil && st.State == backend.StateStopped {
+				note = "offloaded, but its memory may not all be given back: " + rerr.Error()
+			} else {
+				err = rerr
+			}
+		}
 	}
 	if rerr := sb.link.Reattach(); rerr != nil && err == nil {
 		err = rerr
@@ -129,7 +149,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	if err != nil {
 		os.RemoveAll(ref.Dir)
 		if info != nil && info.Stopped {
-			e.failLocked(context.WithoutCancel(ctx), sb, "offloading it failed and stopped it: "+err.Error())
+			e.failLocked(ctx, sb, "offloading it failed and stopped it: "+err.Error())
 		}
 		return 0, "", errdefs.Wrap(errdefs.ErrUnavailable, err, "offload sandbox %s", sb.id)
 	}
@@ -142,8 +162,11 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	after := e.memoryOf(sb)
 	released := max(before-after, 0)
 	log.Info("sandbox offloaded", "took", time.Since(began).Round(time.Millisecond), "memory_released", released, "before", before, "after", after)
-	return released, "", nil
+	return released, note, nil
 }
+
+// offloadTimeout bounds one offload once it has begun.
+const offloadTimeout = 5 * time.Minute
 
 // memoryOf is sb's memory use as its backend reads it (0 if it cannot).
 func (e *Edge) memoryOf(sb *sandbox) int64 {
@@ -194,10 +217,15 @@ func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
 	if err := ready(wait); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "offloaded sandbox %s: its agent did not come back", sb.id)
 	}
+	// The record stops naming the checkpoint before it goes: a crash in
+	// between must not find an offloaded sandbox without its memory.
+	sb.rec.Offloaded = ""
+	if err := sb.save(); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(ref.Dir); err != nil {
 		e.log.Warn("remove an offload checkpoint", logging.SandboxID, sb.id, logging.Error, err)
 	}
-	sb.rec.Offloaded = ""
 	e.log.Info("offloaded sandbox restored", logging.SandboxID, sb.id, "took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
@@ -220,7 +248,7 @@ func (e *Edge) stopClock(sb *sandbox) {
 // Callers hold sb.mu.
 func (e *Edge) startClock(sb *sandbox) {
 	left := sb.rec.TimeoutLeft
-	if left <= 0 {
+	if left <= 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
 		left = time.Duration(sb.rec.spec.GetTimeoutSeconds()) * time.Second
 	}
 	sb.rec.ExpiresAt = time.Now().Add(left)
@@ -228,14 +256,19 @@ func (e *Edge) startClock(sb *sandbox) {
 	e.wakeExpiry()
 }
 
-// pauseOnTimeout pauses a running sandbox whose time to live ran out and
-// whose spec says on_timeout PAUSE (offloaded where the backend can, else
-// frozen), and says whether it did; a paused one whose paused lifetime
-// ran out is removed as any other.
-func (e *Edge) pauseOnTimeout(sb *sandbox) bool {
+// keepOnTimeout decides, under the sandbox's lock, whether a sandbox the
+// expiry loop picked is kept: one whose deadline moved meanwhile (a
+// pause, a resume, a new timeout) is, and a running one whose spec says
+// on_timeout PAUSE is paused (offloaded where the backend can, else
+// frozen) instead of removed. A paused one whose paused lifetime ran out
+// is removed as any other.
+func (e *Edge) keepOnTimeout(sb *sandbox) bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.rec.State != stateRunning || sb.rec.spec.GetOnTimeout() != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE || time.Now().Before(sb.rec.ExpiresAt) {
+	if time.Now().Before(sb.rec.ExpiresAt) {
+		return true
+	}
+	if sb.rec.State != stateRunning || sb.rec.spec.GetOnTimeout() != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

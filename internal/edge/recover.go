@@ -124,6 +124,8 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	}
 	if rec.State == statePaused {
 		if st, err := be.Status(ctx, rec.ID); err == nil && st.State == backend.StateRunning {
+			// Resumed just before the edge died: its clock runs again.
+			e.startClock(sb)
 			rec.State = stateRunning
 		}
 	}

@@ -37,6 +37,8 @@ type Knobs struct {
 	FailRecover error
 	// StuckForGood makes Continue leave a Hang in place.
 	StuckForGood bool
+	// FailRelease makes Release fail with it, leaving the sandbox running.
+	FailRelease error
 }
 
 // running holds the agents of every fake sandbox in this process by sandbox
@@ -128,6 +130,7 @@ var (
 	_ backend.Pauser      = (*Backend)(nil)
 	_ backend.Snapshotter = (*Backend)(nil)
 	_ backend.Continuer   = (*Backend)(nil)
+	_ backend.Releaser    = (*Backend)(nil)
 )
 
 // New returns a fake backend. Option "create_delay" (a Go duration) sets
@@ -287,6 +290,13 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 		return nil
 	}
 	bx := &box{spec: spec, gate: &gate{}}
+	if _, ok := released.Load(h.ID); ok {
+		bx.state = backend.StateStopped
+		b.mu.Lock()
+		b.boxes[h.ID] = bx
+		b.mu.Unlock()
+		return errdefs.FailedPrecondition("fake sandbox %s was released after a checkpoint", h.ID)
+	}
 	b.mu.Lock()
 	b.boxes[h.ID] = bx
 	b.mu.Unlock()
@@ -351,6 +361,25 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	return &backend.SnapshotInfo{SizeBytes: int64(len(id))}, nil
 }
 
+// Release implements backend.Releaser: the agent stops (the fake's
+// sandbox has no memory to give back).
+func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
+	if b.Knobs.FailRelease != nil {
+		return b.Knobs.FailRelease
+	}
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	b.halt(bx)
+	released.Store(id, true)
+	return nil
+}
+
+// released holds the ids Release ended: like a real checkpointed sandbox,
+// nothing of it runs until a Restore, also after a Recover.
+var released sync.Map
+
 // Restore starts a new sandbox (with a fresh agent).
 func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
 	if _, err := os.Stat(filepath.Join(ref.Dir, "fake-snapshot")); err != nil {
@@ -363,6 +392,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if b.Knobs.FailRestoreAfter > 0 && n > b.Knobs.FailRestoreAfter {
 		return nil, errdefs.ResourceExhausted("fake restore: injected failure after %d restores", b.Knobs.FailRestoreAfter)
 	}
+	released.Delete(spec.ID)
 	h, err := b.Create(ctx, spec)
 	if err != nil {
 		return nil, err
