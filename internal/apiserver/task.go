@@ -72,16 +72,17 @@ func (h *sandboxService) taskScope(ctx context.Context, task, project string) (s
 	return actingProject(principalFrom(ctx), project)
 }
 
-// eachEdge runs call on every healthy edge at once and gathers their
-// results, sorted by sandbox id; an edge that failed is one result
-// carrying its error.
+// eachEdge runs call on every edge the watcher knows at once, healthy or
+// not (one that does not answer is named, not skipped), and gathers their
+// results, sorted by node and sandbox id; an edge that failed is one
+// result carrying its error.
 func (s *Server) eachEdge(ctx context.Context, call func(context.Context, edgev1connect.EdgeServiceClient) ([]*sandboxv1.TaskSandboxResult, error)) []*sandboxv1.TaskSandboxResult {
 	var (
 		mu  sync.Mutex
 		out []*sandboxv1.TaskSandboxResult
 		wg  sync.WaitGroup
 	)
-	for _, n := range s.watcher.View().Healthy() {
+	for _, n := range s.watcher.View().Nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -89,8 +90,12 @@ func (s *Server) eachEdge(ctx context.Context, call func(context.Context, edgev1
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				ce := errdefs.ToConnect(errdefs.OnNode(n.ID, err)).(*connect.Error)
-				out = append(out, &sandboxv1.TaskSandboxResult{NodeId: n.ID, ErrorCode: ce.Code().String(), ErrorMessage: ce.Message()})
+				node := n.ID
+				if node == "" {
+					node = n.Addr
+				}
+				ce := errdefs.ToConnect(errdefs.OnNode(node, err)).(*connect.Error)
+				out = append(out, &sandboxv1.TaskSandboxResult{NodeId: node, ErrorCode: ce.Code().String(), ErrorMessage: ce.Message()})
 				return
 			}
 			out = append(out, rs...)

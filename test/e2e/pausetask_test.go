@@ -54,6 +54,12 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A project's key pauses its own subtree only: the same task label
+	// in root (outside it) is not touched.
+	team := c.project(t, "root", "pausers", nil)
+	if out, err := team.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE); err != nil || len(out.Results) != 0 {
+		t.Fatalf("another project's pause_task of the same label: %v %v", out, err)
+	}
 
 	out, err := c.client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 	if err != nil {
@@ -128,8 +134,21 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 		}
 	}
 	// A plain call resumes an offloaded sandbox by itself.
-	if _, err := c.client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD); err != nil {
+	again, err = c.client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(again.Results) != len(members) {
+		t.Fatalf("the second offload answered for %d sandboxes, want %d", len(again.Results), len(members))
+	}
+	for _, r := range again.Results {
+		want := sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE
+		if r.Sandbox.GetSpec().GetBackend() == "gvisor" {
+			want = sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
+		}
+		if r.ErrorCode != "" || r.Sandbox.GetState() != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED || r.Sandbox.PauseDepth != want {
+			t.Fatalf("the second offload: %v", r)
+		}
 	}
 	for _, m := range members {
 		sb := c.client.Sandbox(m.sb.ID)
