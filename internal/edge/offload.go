@@ -122,15 +122,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	// runsc kills a sandbox whose checkpoint was cut).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), offloadTimeout)
 	defer cancel()
-	detach, cancelDetach := context.WithTimeout(ctx, 5*time.Second)
-	err := sb.link.Detach(detach)
-	cancelDetach()
-	if err != nil {
-		sb.link.Reattach() //nolint:errcheck // the agent dials again
-		os.RemoveAll(ref.Dir)
-		return 0, "", errdefs.Wrap(errdefs.ErrUnavailable, err, "offload %s: the agent did not let go of its connection", sb.id)
-	}
-	info, err := sn.Snapshot(ctx, sb.id, ref)
+	info, err := detachedSnapshot(ctx, sb, sn, ref)
 	note := ""
 	if err == nil {
 		if rerr := sb.be.(backend.Releaser).Release(ctx, sb.id); rerr != nil {
@@ -142,9 +134,6 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 				err = rerr
 			}
 		}
-	}
-	if rerr := sb.link.Reattach(); rerr != nil && err == nil {
-		err = rerr
 	}
 	if err != nil {
 		os.RemoveAll(ref.Dir)
@@ -210,11 +199,7 @@ func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
 	}
 	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
 	defer cancel()
-	ready := sb.link.WaitReady
-	if sb.be.Capabilities().LinkBeforeAgent {
-		ready = sb.link.WaitServing
-	}
-	if err := ready(wait); err != nil {
+	if err := agentReady(sb)(wait); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "offloaded sandbox %s: its agent did not come back", sb.id)
 	}
 	// The record stops naming the checkpoint before it goes: a crash in

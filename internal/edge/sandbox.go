@@ -354,12 +354,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
 	defer cancel()
-	ready := sb.link.WaitReady
-	if sb.be.Capabilities().LinkBeforeAgent {
-		ready = sb.link.WaitServing
-		if restored { // the identity is the first request (one round trip less)
-			ready = func(ctx context.Context) error { return sb.link.WaitServingWith(ctx, e.identityCall(sb)) }
-		}
+	ready := agentReady(sb)
+	if restored && sb.be.Capabilities().LinkBeforeAgent { // the identity is the first request (one round trip less)
+		ready = func(ctx context.Context) error { return sb.link.WaitServingWith(ctx, e.identityCall(sb)) }
 	}
 	if err := ready(wait); err != nil {
 		if errors.Is(err, errIdentity) {
@@ -385,6 +382,15 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	}
 	e.recordMetrics(sb, time.Now()) // the first sample: its use from the start
 	return nil
+}
+
+// agentReady is how to wait for sb's agent: its connection, or, for a
+// backend whose link precedes its agent (a VM's), its first answer.
+func agentReady(sb *sandbox) func(context.Context) error {
+	if sb.be.Capabilities().LinkBeforeAgent {
+		return sb.link.WaitServing
+	}
+	return sb.link.WaitReady
 }
 
 func consoleTail(dir string) string {

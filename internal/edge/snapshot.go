@@ -155,18 +155,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	}
 	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
 	began = time.Now()
-	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err = sb.link.Detach(detach)
-	cancel()
-	if err != nil {
-		sb.link.Reattach() //nolint:errcheck // the agent dials again
-		os.RemoveAll(snap.dir)
-		return nil, began, false, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the agent did not let go of its connection", sb.id)
-	}
-	info, serr := sn.Snapshot(ctx, sb.id, snap.ref())
-	if rerr := sb.link.Reattach(); rerr != nil && serr == nil {
-		serr = rerr
-	}
+	info, serr := detachedSnapshot(ctx, sb, sn, snap.ref())
 	if serr != nil {
 		os.RemoveAll(snap.dir)
 		if info != nil && info.Stopped {
@@ -187,6 +176,25 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	e.snapshots[snap.ID] = snap
 	e.mu.Unlock()
 	return snap, began, info.Stopped, nil
+}
+
+// detachedSnapshot has the backend snapshot sb into ref with the agent's
+// link detached (the link stops listening and the agent lets go of its
+// connection: a checkpoint must hold no host socket), and attaches it
+// again whatever happened. Callers hold sb.mu.
+func detachedSnapshot(ctx context.Context, sb *sandbox, sn backend.Snapshotter, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
+	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := sb.link.Detach(detach)
+	cancel()
+	if err != nil {
+		sb.link.Reattach() //nolint:errcheck // the agent dials again
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "the agent did not let go of its connection")
+	}
+	info, err := sn.Snapshot(ctx, sb.id, ref)
+	if rerr := sb.link.Reattach(); rerr != nil && err == nil {
+		err = rerr
+	}
+	return info, err
 }
 
 // bringBack restores a source that its snapshot stopped, from that
