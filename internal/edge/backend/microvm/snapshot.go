@@ -66,16 +66,25 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err := waitMigration(ctx, q); err != nil {
 		return nil, err
 	}
-	// While the source is stopped: its RAM (in two parallel halves) and
-	// its writable disk at once; the initramfs never changes (a link).
+	return keepGuestFiles(ctx, g, ref)
+}
+
+// keepGuestFiles puts in a snapshot what a copy needs beside the VMM's
+// state, while the source is stopped: its RAM file (under QEMU; in two
+// parallel halves) and its writable disk, copied at once; the initramfs,
+// which never changes, and the root disk as links (the source may be
+// removed before the last copy is made); and the guest's description.
+func keepGuestFiles(ctx context.Context, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
 	if err := linkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
 		return nil, err
 	}
-	if err := copyAll(ctx, [][2]string{{g.MemFile, filepath.Join(ref.Dir, "mem")}, {g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4")}}, 2); err != nil {
+	copies := [][2]string{{g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4")}}
+	if g.MemFile != "" {
+		copies = append([][2]string{{g.MemFile, filepath.Join(ref.Dir, "mem")}}, copies...)
+	}
+	if err := copyAll(ctx, copies, 2); err != nil {
 		return nil, err
 	}
-	// The snapshot keeps the root disk too: its source may be removed
-	// before the last copy is made.
 	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(ref.Dir, "root.ext4")); err != nil {
 		return nil, err
 	}
@@ -254,22 +263,8 @@ func (b *Backend) snapshotFirecracker(ctx context.Context, bx *box, g Guest, ref
 	if err := api.createSnapshot(ctx, fcSnapshotCreate{SnapshotType: "Full", SnapshotPath: filepath.Join(ref.Dir, "state"), MemFilePath: filepath.Join(ref.Dir, "mem")}); err != nil {
 		return nil, err
 	}
-	if err := copyFile(ctx, g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4"), 2); err != nil {
-		return nil, err
-	}
-	if err := linkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
-		return nil, err
-	}
-	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(ref.Dir, "root.ext4")); err != nil {
-		return nil, err
-	}
-	snap := g
-	snap.WritableDisk, snap.Initrd, snap.RootDisk = "", "", filepath.Join(ref.Dir, "root.ext4")
-	data, _ := json.Marshal(snap)
-	if err := os.WriteFile(filepath.Join(ref.Dir, "guest.json"), data, 0o600); err != nil {
-		return nil, err
-	}
-	return &backend.SnapshotInfo{SizeBytes: allocated(ref.Dir)}, nil
+	g.MemFile = "" // Firecracker wrote the RAM itself
+	return keepGuestFiles(ctx, g, ref)
 }
 
 // restoreFirecracker starts a copy from a Firecracker snapshot in bx,
