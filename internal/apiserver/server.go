@@ -80,19 +80,17 @@ func New(cfg Config, deps Deps) *Server {
 	}
 }
 
-// maxRequestBytes bounds a unary request body (a 16 MiB file chunk fits).
-const maxRequestBytes = 24 << 20
-
 // Handler serves every client-facing route.
 func (s *Server) Handler() http.Handler {
 	opts := rpcopts.Handler(
 		connect.WithInterceptors(authInterceptor{s}, errdefs.Interceptor()),
-		connect.WithReadMaxBytes(maxRequestBytes),
+		connect.WithReadMaxBytes(maxControlBytes),
 	)
 	mux := http.NewServeMux()
-	mux.Handle(sandboxv1connect.NewSandboxServiceHandler(&sandboxService{s}, opts...))
-	mux.Handle(iamv1connect.NewIAMServiceHandler(&iamService{s}, opts...))
-	mux.Handle(imagev1connect.NewImageServiceHandler(&imageService{s}, opts...))
+	control := func(path string, h http.Handler) { mux.Handle(path, s.authFirst(h, maxControlBytes)) }
+	control(sandboxv1connect.NewSandboxServiceHandler(&sandboxService{s}, opts...))
+	control(iamv1connect.NewIAMServiceHandler(&iamService{s}, opts...))
+	control(imagev1connect.NewImageServiceHandler(&imageService{s}, opts...))
 	mux.HandleFunc("POST /v1/images:import", s.importImage)
 	ports := s.portProxy()
 	mux.Handle(PortPath, ports)

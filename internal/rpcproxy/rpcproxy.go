@@ -61,7 +61,7 @@ func BufferUnary(r *http.Request, limit int64) error {
 	r.Body.Close() //nolint:errcheck // fully read or abandoned
 	switch {
 	case err != nil && !errors.Is(err, io.EOF):
-		return errdefs.Unavailable("request body: %v", err)
+		return errdefs.InvalidArgument("request body: %v", err)
 	case int64(buf.Len()) > limit:
 		return errdefs.ResourceExhausted("request body: over the %d bytes allowed", limit)
 	}

@@ -18,6 +18,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
+	"github.com/opendsec/opendsec/internal/rpcproxy"
 )
 
 // envdCall is what an envd request carries: the sandbox, checked against
@@ -87,6 +88,10 @@ func (g *Gateway) envdMux(ports func(http.ResponseWriter, *http.Request, int, st
 		}
 		if user == "" {
 			user = g.cfg.DefaultUser
+		}
+		if r.URL.Path != "/files" {
+			// Connect's routes: a broken body is the client's error (400), not 500.
+			rpcproxy.BoundBody(w, r, envdMaxMessage)
 		}
 		ctx := context.WithValue(inSandbox(r.Context(), id), envdKey{}, envdCall{sandbox: id, user: user})
 		mux.ServeHTTP(w, r.WithContext(ctx))

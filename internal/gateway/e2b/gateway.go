@@ -223,7 +223,10 @@ func (g *Gateway) validToken(sandboxID, token string) bool {
 	return subtle.ConstantTimeCompare([]byte(g.accessToken(sandboxID)), []byte(token)) == 1
 }
 
+// envdMaxMessage bounds one message of the envd services.
+const envdMaxMessage = 24 << 20
+
 // connectOpts are the handler options of the envd services.
 func connectOpts() []connect.HandlerOption {
-	return rpcopts.Handler(connect.WithReadMaxBytes(24 << 20))
+	return rpcopts.Handler(connect.WithReadMaxBytes(envdMaxMessage))
 }
