@@ -43,11 +43,17 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 	scope := principalFrom(ctx).Project
 	var conns []*edgeclient.Conn
 	if req.Msg.SandboxId != "" {
+		// One sandbox's snapshots are on its edge, whose answer (not found,
+		// for another project's sandbox) is the call's.
 		c, err := h.s.sandboxEdge(req.Msg.SandboxId)
 		if err != nil {
 			return nil, err
 		}
-		conns = append(conns, c)
+		resp, err := c.Edge.ListSnapshots(ctx, connect.NewRequest(&edgev1.ListSnapshotsRequest{Scope: scope, SandboxId: req.Msg.SandboxId}))
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: resp.Msg.Snapshots}), nil
 	} else {
 		for _, n := range h.s.watcher.View().Healthy() {
 			conns = append(conns, h.s.edges.Get(n.Addr))

@@ -78,7 +78,7 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 		t.Fatalf("export: %+v", x)
 	}
 	// A fork snapshot that is exported is not listed as the user's.
-	if got := f.edge.ListSnapshots("root", ""); len(got) != 0 {
+	if got := listSnapshots(t, f.edge, "root", ""); len(got) != 0 {
 		t.Fatalf("fork snapshot listed: %v", got)
 	}
 
@@ -193,7 +193,7 @@ func TestExportLeaseEnds(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.edge.cfg.StateDir, "snapshots", fo.Export.SnapshotId)); !os.IsNotExist(err) {
 		t.Fatalf("lapsed fork snapshot: %v", err)
 	}
-	if got := f.edge.ListSnapshots("root", ""); len(got) != 1 || got[0].Id != named.Id {
+	if got := listSnapshots(t, f.edge, "root", ""); len(got) != 1 || got[0].Id != named.Id {
 		t.Fatalf("named snapshot after its export lapsed: %v", got)
 	}
 	if err := f.edge.ReleaseExport(named.Id, nx.Token); !errdefs.IsNotFound(err) {

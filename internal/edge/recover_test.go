@@ -300,7 +300,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	if l := f.edge.List(other); len(l) != 0 {
 		t.Errorf("root/b lists %d sandboxes", len(l))
 	}
-	if l := f.edge.ListSnapshots(other, ""); len(l) != 0 {
+	if l := listSnapshots(t, f.edge, other, ""); len(l) != 0 {
 		t.Errorf("root/b lists %d snapshots", len(l))
 	}
 	// A parent's scope reaches it; a restore cannot move it out of scope.
@@ -312,7 +312,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("the sandbox after the refused calls: %v, %v", got, err)
 	}
-	if l := f.edge.ListSnapshots("root/a", ""); len(l) != 1 {
+	if l := listSnapshots(t, f.edge, "root/a", ""); len(l) != 1 {
 		t.Fatalf("root/a has %d snapshots after the refused calls", len(l))
 	}
 }

@@ -198,7 +198,11 @@ func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.Fo
 }
 
 func (s *server) ListSnapshots(ctx context.Context, req *connect.Request[edgev1.ListSnapshotsRequest]) (*connect.Response[edgev1.ListSnapshotsResponse], error) {
-	return connect.NewResponse(&edgev1.ListSnapshotsResponse{Snapshots: s.e.ListSnapshots(req.Msg.Scope, req.Msg.SandboxId)}), nil
+	snaps, err := s.e.ListSnapshots(req.Msg.Scope, req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.ListSnapshotsResponse{Snapshots: snaps}), nil
 }
 
 func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[edgev1.DeleteSnapshotRequest]) (*connect.Response[edgev1.DeleteSnapshotResponse], error) {

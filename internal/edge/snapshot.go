@@ -303,17 +303,32 @@ func (e *Edge) lookupSnapshot(id, scope string) (*snapshot, error) {
 }
 
 // ListSnapshots lists the snapshots in scope, of one sandbox if given.
-func (e *Edge) ListSnapshots(scope, sandbox string) []*sandboxv1.Snapshot {
+func (e *Edge) ListSnapshots(scope, sandbox string) ([]*sandboxv1.Snapshot, error) {
 	e.mu.Lock()
 	var out []*sandboxv1.Snapshot
+	foreign := false // a snapshot of that sandbox outside the caller's scope
 	for _, s := range e.snapshots {
-		if !s.Ephemeral && inScope(s.Project, scope) && (sandbox == "" || string(s.SourceSandbox) == sandbox) {
+		if s.Ephemeral || (sandbox != "" && string(s.SourceSandbox) != sandbox) {
+			continue
+		}
+		if inScope(s.Project, scope) {
 			out = append(out, s.proto(e.node))
+		} else {
+			foreign = true
 		}
 	}
 	e.mu.Unlock()
+	if sandbox != "" && len(out) == 0 {
+		// Another project's sandbox is not found here, as in every other
+		// call; an empty list would say it exists.
+		if _, err := e.lookup(sandbox, scope); err != nil {
+			if _, anyScope := e.lookup(sandbox, ""); foreign || anyScope == nil || !errdefs.IsNotFound(err) {
+				return nil, err
+			}
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.AsTime().Before(out[j].CreatedAt.AsTime()) })
-	return out
+	return out, nil
 }
 
 // DeleteSnapshot deletes a snapshot and frees its storage.

@@ -32,11 +32,14 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if !strings.HasPrefix(snap.Id, "snap-"+string(f.edge.Node())) || snap.SourceSandboxId != src.Id || snap.Project != "root/a" {
 		t.Fatalf("snapshot: %+v", snap)
 	}
-	if got := f.edge.ListSnapshots("root/a", ""); len(got) != 1 || got[0].Id != snap.Id {
+	if got := listSnapshots(t, f.edge, "root/a", ""); len(got) != 1 || got[0].Id != snap.Id {
 		t.Fatalf("list: %v", got)
 	}
-	if got := f.edge.ListSnapshots("root/b", ""); len(got) != 0 {
+	if got := listSnapshots(t, f.edge, "root/b", ""); len(got) != 0 {
 		t.Fatalf("another project sees the snapshot: %v", got)
+	}
+	if got, err := f.edge.ListSnapshots("root/b", src.Id); !errdefs.IsNotFound(err) {
+		t.Fatalf("another project's sandbox's snapshots: %v %v, want not found", got, err)
 	}
 	restored, err := f.edge.Restore(ctx, snap.Id, "root", "", RestoreOptions{Metadata: map[string]string{"k": "v"}}, nil)
 	if err != nil {
@@ -93,7 +96,7 @@ func TestForkReportsEachCopy(t *testing.T) {
 		t.Fatalf("%d copies started, %d refused for capacity; want 3 and 1", ok, exhausted)
 	}
 	// The fork's snapshot is gone; the source still answers.
-	if len(f.edge.ListSnapshots("root", "")) != 0 || len(f.edge.snapshots) != 0 {
+	if len(listSnapshots(t, f.edge, "root", "")) != 0 || len(f.edge.snapshots) != 0 {
 		t.Fatal("fork left its snapshot behind")
 	}
 	if _, err := echo(t, agentClient(t, f.edge, src.Id, "root")); err != nil {
@@ -233,7 +236,16 @@ func TestNamedSnapshots(t *testing.T) {
 	}
 	f.edge.Close()
 	e2 := f.open(t, smallCapacity())
-	if got := e2.ListSnapshots("root/a", ""); len(got) != 1 || got[0].Name != "my-state.v1" {
+	if got := listSnapshots(t, e2, "root/a", ""); len(got) != 1 || got[0].Name != "my-state.v1" {
 		t.Fatalf("after a restart: %v", got)
 	}
+}
+
+func listSnapshots(t *testing.T, e *Edge, scope, sandbox string) []*sandboxv1.Snapshot {
+	t.Helper()
+	out, err := e.ListSnapshots(scope, sandbox)
+	if err != nil {
+		t.Fatalf("list snapshots of %q in %q: %v", sandbox, scope, err)
+	}
+	return out
 }

@@ -324,6 +324,8 @@ func TestOtherProjectsRefusedThroughTheAPI(t *testing.T) {
 	if l, err := s.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{})); err != nil || len(l.Msg.Snapshots) != 0 {
 		t.Errorf("root/b lists snapshots: %v %v", l, err)
 	}
+	_, err = s.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{SandboxId: sb.ID}))
+	refused("list snapshots of the sandbox", err)
 	// Nothing happened to them.
 	got, err := a.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
