@@ -27,6 +27,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	runBase := fs.String("run-base", "", "directory of the agents' sockets (default /run/opendsec)")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
 	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: chosen by the node id)")
+	allowClosed := fs.Bool("sandbox-allow-closed-rules", false, "let a sandbox's policy name a closed address (the node's own, link-local and cloud metadata, the control plane's); off, such rules are refused")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers the sandboxes' DNS proxy asks")
 	tf := addTLSFlags(fs, "this edge's certificate (dsec ca issue --role edge)")
 	lf := addLogFlags(fs)
@@ -63,7 +64,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher, pki.RoleEdge),
 	}
 	if *sandboxNet {
-		if cfg.Network, err = networkConfig(*subnet, *dnsUpstream); err != nil {
+		if cfg.Network, err = networkConfig(*subnet, *dnsUpstream, *allowClosed); err != nil {
 			return err
 		}
 	}

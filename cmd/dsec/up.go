@@ -31,6 +31,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	e2bCIImage := fs.String("e2b-code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
 	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: a /20 in 10.64.0.0/10 chosen by the node id)")
+	allowClosed := fs.Bool("sandbox-allow-closed-rules", false, "let a sandbox's policy name a closed address (the node's own, link-local and cloud metadata, the control plane's); off, such rules are refused")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers (host:port) the sandboxes' DNS proxy asks (default: /etc/resolv.conf's)")
 	fs.Parse(args)
 	if *stateDir == "" {
@@ -47,7 +48,7 @@ func cmdUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("up: --edges %d: want 1 to 64", *edges)
 	}
 	if *sandboxNet {
-		nc, err := networkConfig(*subnet, *dnsUpstream)
+		nc, err := networkConfig(*subnet, *dnsUpstream, *allowClosed)
 		if err != nil {
 			return err
 		}
@@ -91,8 +92,8 @@ func findAgent(flagValue string) (string, error) {
 }
 
 // networkConfig parses the sandbox network flags.
-func networkConfig(subnet, dns string) (*edge.NetworkConfig, error) {
-	nc := &edge.NetworkConfig{}
+func networkConfig(subnet, dns string, allowClosed bool) (*edge.NetworkConfig, error) {
+	nc := &edge.NetworkConfig{AllowClosed: allowClosed}
 	if subnet != "" {
 		p, err := netip.ParsePrefix(subnet)
 		if err != nil {

@@ -38,6 +38,10 @@ type NetworkConfig struct {
 	// Closed are further prefixes no sandbox reaches unless a rule names
 	// them: the control plane's hosts.
 	Closed []netip.Prefix
+	// AllowClosed lets a policy's rule name a closed address: the node's
+	// own, link-local (cloud metadata), Closed (an operator's setting,
+	// sandboxnet.AllowClosedFlag). Off, such rules are refused.
+	AllowClosed bool
 	// DNSPort is the proxy's port on the gateway; default 53 (resolv.conf
 	// cannot name another).
 	DNSPort uint16
@@ -70,7 +74,7 @@ func (e *Edge) openNetwork(ctx context.Context, cfg NetworkConfig, own []string)
 	}
 	n, err := sandboxnet.Open(ctx, sandboxnet.Config{
 		Table: "dsec_" + string(e.node), Subnet: cfg.Subnet, IfPrefix: prefix, DNSPort: cfg.DNSPort,
-		Addrs: addrs, Closed: cfg.Closed, Own: own,
+		Addrs: addrs, Closed: cfg.Closed, AllowClosed: cfg.AllowClosed, Own: own,
 	}, e.log)
 	if err != nil {
 		return err
@@ -162,6 +166,19 @@ func policyOf(rec *record) sandboxnet.Policy {
 	return p
 }
 
+// checkPolicy refuses a policy this node keeps closed (a rule naming its
+// own address or the metadata service's), before anything is made.
+func (e *Edge) checkPolicy(field string, network *sandboxv1.NetworkPolicy) error {
+	if network == nil || e.net == nil {
+		return nil
+	}
+	p, err := sandboxspec.NetworkPolicy(network)
+	if err != nil {
+		return err
+	}
+	return e.net.Node().CheckPolicy(field, p)
+}
+
 // attachNetwork gives a sandbox whose spec asks for a network its
 // namespace and policy, and records its address. Callers hold sb.mu.
 func (e *Edge) attachNetwork(ctx context.Context, sb *sandbox) error {
@@ -238,6 +255,9 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	old := policyOf(sb.rec)
 	p, err := sandboxspec.NetworkUpdate(old, req)
 	if err != nil {
+		return nil, err
+	}
+	if err := e.net.Node().CheckPolicy("the updated policy's rules", p); err != nil {
 		return nil, err
 	}
 	if err := e.net.Update(ctx, sb.net, old, p); err != nil {

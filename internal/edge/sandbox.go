@@ -142,6 +142,9 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	if err != nil {
 		return nil, err
 	}
+	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
+		return nil, err
+	}
 	im, err := e.resolveImage(spec.Image, project)
 	if err != nil {
 		return nil, err

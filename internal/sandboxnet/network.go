@@ -40,6 +40,9 @@ type Config struct {
 	// control plane's hosts): closed unless a rule names them.
 	Addrs  []netip.Addr
 	Closed []netip.Prefix
+	// AllowClosed lets a policy's rule name a closed address (the
+	// operator's AllowClosedFlag).
+	AllowClosed bool
 	// Flows bounds each sandbox's connections (zero: DefaultFlows).
 	Flows FlowLimits
 	// Own names the sandboxes the edge is about to re-attach (Adopt):
@@ -100,7 +103,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	}
 	gw := cfg.Subnet.Masked().Addr().Next()
 	n := &Network{
-		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed, Flows: cfg.Flows},
+		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed, AllowClosed: cfg.AllowClosed, Flows: cfg.Flows},
 		gw:   gw, log: log, used: map[netip.Addr]string{gw: "\x00gateway"}, attached: map[netip.Addr]attached{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
@@ -198,6 +201,9 @@ func (n *Network) release(addr netip.Addr, name string) {
 // address when addr is the zero value), and installs policy p. On failure
 // nothing of it is left.
 func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Policy) (_ *Link, err error) {
+	if err := n.node.CheckPolicy("network.rules", p); err != nil {
+		return nil, err
+	}
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -292,6 +298,9 @@ func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
 	n.mu.Unlock()
 	if !ok || a.sb.Name != l.Name {
 		return errdefs.FailedPrecondition("network update of %s: it is not attached", l.Name)
+	}
+	if err := n.node.CheckPolicy("rules", p); err != nil {
+		return err
 	}
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
 		return err

@@ -20,6 +20,10 @@ type Node struct {
 	// control plane's hosts): both stay closed unless a rule names them.
 	Addrs  []netip.Addr
 	Closed []netip.Prefix
+	// AllowClosed lets a rule name a closed address (an operator's
+	// setting, AllowClosedFlag); without it CheckPolicy refuses such rules
+	// and no chain opens one.
+	AllowClosed bool
 	// Flows bounds each sandbox's connections (zero: DefaultFlows).
 	Flows FlowLimits
 }
@@ -152,12 +156,12 @@ func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
 	add("ct count over %d goto refuse", f.Open)
 	// The node's DNS proxy, which knows the sandbox by that address.
 	add("ip daddr %s meta l4proto { tcp, udp } th dport %d accept", n.DNS.Addr(), n.DNS.Port())
-	// Rules that name a closed range come before the closing; none that
-	// overlaps the sandboxes' own subnet does (an operator's closed
+	// Rules that name a closed range come before the closing, where the
+	// operator allows them; none that overlaps the sandboxes' own subnet does (an operator's closed
 	// 10.0.0.0/8 named by a rule must not open the sandboxes in it).
 	closed := n.closed()
 	for _, r := range p.Rules {
-		if r.Domain == "" && within(r.Prefix, closed) && !r.Prefix.Overlaps(n.Subnet.Masked()) {
+		if n.AllowClosed && r.Domain == "" && within(r.Prefix, closed) && !r.Prefix.Overlaps(n.Subnet.Masked()) {
 			add("%s accept", match(r, prefixExpr(r.Prefix)))
 		}
 	}

@@ -128,14 +128,24 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 	e.expect(t, "0.0.0.0/0", map[string]string{"203.0.113.11:8080": "ok", "10.77.0.10:8080": "ok", "10.77.0.10:9090": "refused"})
 	e.expect(t, "0.0.0.0/0", closed)
 
-	// Rules that name a closed address open it; the sandboxes' subnet
-	// stays closed even so.
+	// Rules that name a closed address are refused, and open nothing if
+	// installed all the same, unless the operator allows them; then they
+	// open it, and the sandboxes' subnet stays closed even so.
 	named := policy(t, false,
 		RuleSpec{CIDR: "169.254.169.254", Protocol: "tcp", Ports: []string{"8080"}},
 		RuleSpec{CIDR: "203.0.113.1", Protocol: "tcp", Ports: []string{"7000"}},
 		RuleSpec{CIDR: "10.88.0.3"},
 		RuleSpec{CIDR: "10.88.0.0/15"})
+	if err := e.n.CheckPolicy("rules", named); err == nil || !strings.Contains(err.Error(), "metadata") || !strings.Contains(err.Error(), AllowClosedFlag) {
+		t.Errorf("a rule naming the metadata address: %v, want refused naming it and %s", err, AllowClosedFlag)
+	}
 	e.set(t, &wide, named)
+	e.expect(t, "named, not allowed", map[string]string{"169.254.169.254:8080": "refused", "203.0.113.1:7000": "refused"})
+	e.n.AllowClosed = true
+	if err := e.n.CheckPolicy("rules", named); err == nil || !strings.Contains(err.Error(), "sandbox subnet") {
+		t.Errorf("a rule naming the sandboxes' subnet, closed rules allowed: %v, want refused", err)
+	}
+	e.set(t, &named, named)
 	e.expect(t, "named", map[string]string{
 		"169.254.169.254:8080": "ok", "203.0.113.1:7000": "ok", "10.88.0.3:8080": "refused", "203.0.113.10:8080": "refused",
 	})

@@ -23,6 +23,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -314,6 +315,21 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	expectProbe(t, "cidr added", bare, [][2]string{{in.alt + ":8080", "open"}, {in.alt + ":8081", "refused"}, {in.web + ":8080", "refused"}})
 	update(&sandboxv1.UpdateNetworkRequest{Remove: []*sandboxv1.NetworkRule{rule("", in.alt+"/32", "tcp", "8080")}})
 	expectProbe(t, "cidr removed", bare, [][2]string{{in.alt + ":8080", "refused"}})
+
+	// A rule naming the metadata service or the node itself is refused,
+	// at create and in an update, naming the operator's setting.
+	for _, closed := range []string{in.meta, in.node} {
+		closedRule := []*sandboxv1.NetworkRule{rule("", closed, "tcp", "80")}
+		_, err := c.client.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(&sandboxv1.UpdateNetworkRequest{SandboxId: bare.ID, Add: closedRule}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), sandboxnet.AllowClosedFlag) {
+			t.Errorf("an update opening %s: %v, want invalid argument naming %s", closed, err, sandboxnet.AllowClosedFlag)
+		}
+		_, err = c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Network: &sandboxv1.NetworkPolicy{Rules: closedRule}})
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), sandboxnet.AllowClosedFlag) {
+			t.Errorf("a create opening %s: %v, want invalid argument naming %s", closed, err, sandboxnet.AllowClosedFlag)
+		}
+	}
+	expectProbe(t, "closed rules refused", bare, [][2]string{{in.meta + ":80", "refused"}})
 
 	// The internet shorthand opens public addresses only: none of these.
 	v := true
