@@ -31,6 +31,7 @@ func main() {
 	pidsMax := flag.Int("pids-max", 0, "limit the sandbox's processes and threads in this kernel's pids cgroup (gVisor); 0 for none")
 	version := flag.Bool("version", false, "print the version and exit")
 	syncClock := flag.Bool("sync-clock", false, "step the clock to the node's that every request from the edge carries (in a VM)")
+	linkAuth := flag.Bool("link-auth", false, "present the key the edge gives at the first connection at every later one (the edge then serves no other agent)")
 	flag.Parse()
 	if *version {
 		fmt.Println(aether.Version)
@@ -58,18 +59,18 @@ func main() {
 		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 	}
-	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, logging.New("text", level)); err != nil {
+	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, logging.New("text", level)); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, socket, sudoDir, machineID string, syncClock bool, log *slog.Logger) error {
+func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, linkAuth bool, log *slog.Logger) error {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock}, log).Run(ctx)
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth}, log).Run(ctx)
 }

@@ -57,6 +57,11 @@ type Config struct {
 	// SyncClock steps the sandbox's clock to the node's that each request
 	// carries (clock.go): for a VM, whose clock stops while it is paused.
 	SyncClock bool
+	// AuthenticateLink makes the agent present its key to the edge at
+	// every connection (agentlink/auth.go); LinkKey, if set, is the key it
+	// starts with (an in-process agent's restored memory).
+	AuthenticateLink bool
+	LinkKey          string
 }
 
 // Agent serves one sandbox.
@@ -82,9 +87,13 @@ func New(cfg Config, log *slog.Logger) *Agent {
 	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env}
 	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now(), watches: &watchSet{}}
 	a.procs.watches = a.watches
-	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log}
+	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log, Authenticate: cfg.AuthenticateLink}
+	a.dialer.SetKey(cfg.LinkKey)
 	return a
 }
+
+// LinkKey is the key the agent presents to the edge ("" until it has one).
+func (a *Agent) LinkKey() string { return a.dialer.Key() }
 
 // Handler serves the agent's services.
 func (a *Agent) Handler() http.Handler {

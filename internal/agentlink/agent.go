@@ -18,10 +18,33 @@ type Dialer struct {
 	Path    string
 	Handler http.Handler
 	Log     *slog.Logger
+	// Authenticate makes the agent present its key at every connection to
+	// a Unix socket (auth.go); the first connection is given it.
+	Authenticate bool
 	// OnConnect, if set, runs after each connection is made.
 	OnConnect func()
 
+	keyMu sync.Mutex
+	key   string // guarded by keyMu; the key the edge gave
+
 	connects atomic.Uint64
+}
+
+// Key is the agent's key: the one SetKey gave, or the edge at the first
+// handshake ("" before either).
+func (d *Dialer) Key() string {
+	d.keyMu.Lock()
+	defer d.keyMu.Unlock()
+	return d.key
+}
+
+// SetKey gives the agent its key before Run: an agent that comes back
+// from a snapshot has its source's (an in-process agent's simulation of a
+// restored memory; a real one has it in its memory).
+func (d *Dialer) SetKey(k string) {
+	d.keyMu.Lock()
+	defer d.keyMu.Unlock()
+	d.key = k
 }
 
 // Connects returns how many times a connection has been made.
@@ -44,6 +67,17 @@ func (d *Dialer) Run(ctx context.Context) {
 	downSince := time.Now()
 	for ctx.Err() == nil {
 		conn, err := dial(ctx, d.Path)
+		if err == nil && d.Authenticate {
+			if _, unix := conn.(*net.UnixConn); unix {
+				var key string
+				if key, err = hello(conn, d.Key()); err != nil {
+					log.Debug("edge handshake failed", logging.Error, err)
+					conn.Close()
+				} else {
+					d.SetKey(key)
+				}
+			}
+		}
 		if err != nil {
 			if time.Since(downSince) > fastRetryFor {
 				delay = slowRetry

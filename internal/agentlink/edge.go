@@ -23,6 +23,7 @@ import (
 // the agent is (re)connecting.
 type Link struct {
 	path string
+	auth *Auth // nil: agents connect without a handshake (auth.go)
 	log  *slog.Logger
 
 	mu      sync.Mutex
@@ -46,7 +47,13 @@ type agentConn struct {
 // Listen creates the socket at path (replacing a stale one) and starts
 // accepting the agent's connections.
 func Listen(path string, log *slog.Logger) (*Link, error) {
-	l := &Link{path: path, log: logging.OrDiscard(log), changed: make(chan struct{})}
+	return ListenAuthenticated(path, nil, log)
+}
+
+// ListenAuthenticated is Listen for a link that serves only the agent that
+// presents auth's key (auth.go); nil auth is Listen.
+func ListenAuthenticated(path string, auth *Auth, log *slog.Logger) (*Link, error) {
+	l := &Link{path: path, auth: auth, log: logging.OrDiscard(log), changed: make(chan struct{})}
 	if err := l.listen(); err != nil {
 		return nil, err
 	}
@@ -78,32 +85,50 @@ func (l *Link) acceptLoop(ln net.Listener) {
 		if err != nil {
 			return
 		}
-		ac, err := newAgentConn(c)
-		if err != nil {
-			l.log.Warn("agent connection setup failed", logging.Error, err)
-			c.Close()
+		if l.auth == nil {
+			l.take(c)
 			continue
 		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			ac.close()
-			return
-		}
-		old := l.cur
-		if old != nil && old.alive() {
-			l.log.Warn("agent connected again while its connection was alive; replacing it", "path", l.path)
-		}
-		l.cur = ac
-		l.lost = time.Time{}
-		close(l.changed)
-		l.changed = make(chan struct{})
-		l.mu.Unlock()
-		if old != nil {
-			old.close()
-		}
-		go l.forgetOnEOF(ac)
+		// The handshake of one connection must not hold up the next: an
+		// impostor that connects and says nothing would block the agent.
+		go func() {
+			if err := l.auth.accept(c); err != nil {
+				l.log.Warn("agent connection refused", "path", l.path, logging.Error, err)
+				c.Close()
+				return
+			}
+			l.take(c)
+		}()
 	}
+}
+
+// take makes c, a connection from the agent, the current one.
+func (l *Link) take(c net.Conn) {
+	ac, err := newAgentConn(c)
+	if err != nil {
+		l.log.Warn("agent connection setup failed", logging.Error, err)
+		c.Close()
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		ac.close()
+		return
+	}
+	old := l.cur
+	if old != nil && old.alive() {
+		l.log.Warn("agent connected again while its connection was alive; replacing it", "path", l.path)
+	}
+	l.cur = ac
+	l.lost = time.Time{}
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	go l.forgetOnEOF(ac)
 }
 
 // forgetOnEOF drops ac once the agent closes it and wakes waiters.

@@ -46,6 +46,12 @@ type record struct {
 	NetAddr string `json:"net_addr,omitempty"`
 	// Reservation is the apiserver's quota reservation the create settles.
 	Reservation string `json:"reservation,omitempty"`
+	// AgentKey is the key the sandbox's agent presents at every connection
+	// (agentlink/auth.go); AgentKeyIssued that the agent has it. Empty for
+	// a VM (its link is its serial port) and for a sandbox made before
+	// agents authenticated.
+	AgentKey       string `json:"agent_key,omitempty"`
+	AgentKeyIssued bool   `json:"agent_key_issued,omitempty"`
 
 	spec *sandboxv1.SandboxSpec // decoded Spec
 }

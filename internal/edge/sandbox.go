@@ -47,6 +47,7 @@ type sandbox struct {
 	mu   sync.Mutex       // serialises lifecycle changes
 	rec  *record          // guarded by mu
 	link *agentlink.Link  // guarded by mu; nil once removed
+	auth *agentlink.Auth  // guarded by mu; the link's agent key (nil: none)
 	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
 	// released is set once, under mu, when its capacity is given back (it
 	// failed and nothing of it is left); Status reads it without mu.
@@ -151,6 +152,9 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	}
 	now := time.Now()
 	rec := &record{ID: sandboxid.New(e.node), Project: project, State: stateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation}
+	if !be.Capabilities().LinkBeforeAgent {
+		rec.AgentKey = agentlink.NewKey()
+	}
 	if err := rec.setSpec(spec); err != nil {
 		return nil, err
 	}
@@ -292,7 +296,14 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	return agentlink.Listen(filepath.Join(e.runDir(rec.ID), "edge.sock"), e.log)
+	var auth *agentlink.Auth
+	if rec.AgentKey != "" {
+		// A sandbox that ran has given its agent the key; one still being
+		// created gives it to its first connection.
+		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.AgentKeyIssued || rec.State != stateCreating}
+	}
+	sb.auth = auth
+	return agentlink.ListenAuthenticated(filepath.Join(e.runDir(rec.ID), "edge.sock"), auth, e.log)
 }
 
 func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
@@ -377,6 +388,9 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 		}
 	}
 	sb.rec.State = stateRunning
+	if sb.auth != nil && sb.auth.IsIssued() {
+		sb.rec.AgentKeyIssued = true
+	}
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
 	e.wakeExpiry()

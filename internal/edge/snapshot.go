@@ -48,6 +48,9 @@ type snapshot struct {
 	// Ephemeral snapshots exist only for the length of a fork.
 	Ephemeral bool   `json:"ephemeral,omitempty"`
 	Name      string `json:"name,omitempty"`
+	// AgentKey is the source's agent key: the agent in the snapshot's
+	// memory presents it, so every copy's record takes it.
+	AgentKey string `json:"agent_key,omitempty"`
 
 	dir  string
 	spec *sandboxv1.SandboxSpec
@@ -147,7 +150,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	snap = &snapshot{
 		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
 		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral,
-		spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
+		AgentKey: sb.rec.AgentKey, spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
 	if err := os.MkdirAll(snap.dir, 0o700); err != nil {
@@ -389,7 +392,8 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 		}
 		spec.OnTimeout = o.onTimeout
 	}
-	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID)}
+	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
+		AgentKey: snap.AgentKey, AgentKeyIssued: snap.AgentKey != ""}
 	if err := rec.setSpec(spec); err != nil {
 		return nil, err
 	}

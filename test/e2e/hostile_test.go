@@ -102,6 +102,28 @@ func hostileCases(t *testing.T, c *cluster, backend string) {
 	}
 	gvisor := backend == "gvisor"
 
+	t.Run("an impostor agent is never served", func(t *testing.T) {
+		// Root copies the agent and runs it against the edge's socket in
+		// the sandbox, as a rollout forging its grader's answers would:
+		// as the agent runs it, and without authenticating.
+		sb := newVictim(t)
+		start := "cp /.dsec/aether /tmp/imp && for a in -link-auth -v; do (setsid /tmp/imp -edge-socket /.dsec/run/edge.sock $a >/dev/null 2>&1 &); done; sleep 1; pgrep -x imp | wc -l"
+		if r := sh(t, sb, start, 20*time.Second); strings.TrimSpace(string(r.Stdout)) != "2" {
+			t.Fatalf("the impostors did not start: %q %q", r.Stdout, r.Stderr)
+		}
+		for i := 0; i < 40; i++ {
+			// The agent, PID 1, starts every command: an impostor's would
+			// have another parent.
+			if r := sh(t, sb, "echo $PPID", 10*time.Second); strings.TrimSpace(string(r.Stdout)) != "1" {
+				t.Fatalf("call %d was answered by a process whose parent is %q, not the agent", i, r.Stdout)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if r := sh(t, sb, "pgrep -x imp | wc -l; pkill -x imp", 10*time.Second); strings.TrimSpace(string(r.Stdout)) != "2" {
+			t.Fatalf("the impostors were not running throughout: %q", r.Stdout)
+		}
+	})
+
 	t.Run("kernel calls are refused", func(t *testing.T) {
 		sb := newVictim(t)
 		out := py(t, sb, syscallErr+`

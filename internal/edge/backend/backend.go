@@ -104,8 +104,10 @@ func (s *Spec) RootfsLayout() rootfs.Layout {
 	return l
 }
 
-// AgentArgs is the sandbox's first process.
-func AgentArgs() []string { return []string{AgentMount, "-edge-socket", AgentSocket} }
+// AgentArgs is the sandbox's first process. It authenticates its link
+// (agentlink/auth.go): the edge gives every sandbox whose link is a
+// socket in the sandbox an agent key.
+func AgentArgs() []string { return []string{AgentMount, "-edge-socket", AgentSocket, "-link-auth"} }
 
 // Handle is what the edge persists for a sandbox so the backend can find it
 // again after an edge restart. State is backend-private.

@@ -81,10 +81,21 @@ func NewSpec(t *testing.T, env Env, node sandboxid.NodeID) *backend.Spec {
 	}
 }
 
-// Attach opens the agent link for spec and returns clients.
-func Attach(t *testing.T, spec *backend.Spec) *Sandbox {
+// harnessKey is the agent key of every sandbox these tests start, as an
+// edge's record would hold it: the first connection of a sandbox is given
+// it, and its copies and re-attached agents present it.
+var harnessKey = agentlink.NewKey()
+
+// Attach opens the agent link for spec, a sandbox of b, and returns
+// clients. The link authenticates the agent (agentlink/auth.go) unless b's
+// link is a VM's serial port.
+func Attach(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 	t.Helper()
-	link, err := agentlink.Listen(filepath.Join(spec.RunDir, "edge.sock"), testutil.Logger(t))
+	var auth *agentlink.Auth
+	if !b.Capabilities().LinkBeforeAgent {
+		auth = &agentlink.Auth{Key: harnessKey}
+	}
+	link, err := agentlink.ListenAuthenticated(filepath.Join(spec.RunDir, "edge.sock"), auth, testutil.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +113,7 @@ func Start(t *testing.T, b backend.Backend, env Env) *Sandbox {
 	t.Helper()
 	ctx := ctxFor(t, 60*time.Second)
 	spec := NewSpec(t, env, sandboxid.NewNodeID())
-	sb := Attach(t, spec)
+	sb := Attach(t, b, spec)
 	h, err := b.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -332,7 +343,7 @@ func testRecover(t *testing.T, newBackend Factory, env Env) {
 	// The edge goes away (its link too) and comes back with a new backend.
 	sb.Link.Close()
 	b2 := newBackend(t, state)
-	sb2 := Attach(t, sb.Spec)
+	sb2 := Attach(t, b2, sb.Spec)
 	if err := b2.Recover(ctx, sb.Handle, sb.Spec); err != nil {
 		t.Fatalf("recover: %v", err)
 	}

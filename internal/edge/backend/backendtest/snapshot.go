@@ -53,7 +53,7 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 	var copies []*Sandbox
 	for i := 0; i < 2; i++ {
 		spec := NewSpec(t, env, "aaaaaaaa")
-		sb := Attach(t, spec)
+		sb := Attach(t, b, spec)
 		if _, err := sn.Restore(ctx, ref, spec); err != nil {
 			t.Fatalf("restore copy %d: %v", i, err)
 		}
@@ -81,7 +81,7 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 		t.Fatalf("destroy the source: %v", err)
 	}
 	spec := NewSpec(t, env, "aaaaaaaa")
-	late := Attach(t, spec)
+	late := Attach(t, b, spec)
 	if _, err := sn.Restore(ctx, ref, spec); err != nil {
 		t.Fatalf("restore after the source was removed: %v", err)
 	}

@@ -52,7 +52,7 @@ func TestLimitsAppliedAndNothingLeaks(t *testing.T) {
 	b := factory("crun")(t, t.TempDir())
 	spec := backendtest.NewSpec(t, e, "aaaaaaaa")
 	spec.Resources = backend.Resources{CPUCores: 0.5, MemoryMB: 300, Pids: 77}
-	sb := backendtest.Attach(t, spec)
+	sb := backendtest.Attach(t, b, spec)
 	ctx := context.Background()
 	if _, err := b.Create(ctx, spec); err != nil {
 		t.Fatal(err)

@@ -47,6 +47,11 @@ type Knobs struct {
 // shared state on purpose, and only in this test backend.
 var running sync.Map // sandboxid.ID -> *box
 
+// agentKeys is the memory of each sandbox's in-process agent that outlives
+// it: the key its link gave it (agentlink/auth.go), which a real agent
+// keeps through an edge restart and carries in its snapshots.
+var agentKeys sync.Map // sandboxid.ID -> string
+
 // Backend is the fake backend.
 type Backend struct {
 	Knobs Knobs
@@ -101,6 +106,7 @@ type box struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	gate   *gate
+	agent  *aether.Agent // nil until launched
 }
 
 // gate blocks agent requests while the sandbox is paused.
@@ -207,13 +213,21 @@ func (b *Backend) launch(bx *box) {
 			env[k] = v
 		}
 	}
-	a := aether.New(aether.Config{EdgeSocket: filepath.Join(bx.spec.RunDir, "edge.sock"), Env: env, Root: "/"}, nil)
+	key, _ := agentKeys.Load(bx.spec.ID)
+	k, _ := key.(string)
+	a := aether.New(aether.Config{EdgeSocket: filepath.Join(bx.spec.RunDir, "edge.sock"), Env: env, Root: "/", AuthenticateLink: true, LinkKey: k}, nil)
 	a.Wrap = bx.gate.wrap
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { a.Run(ctx); close(done) }()
+	go func() {
+		a.Run(ctx)
+		if k := a.LinkKey(); k != "" {
+			agentKeys.Store(bx.spec.ID, k)
+		}
+		close(done)
+	}()
 	b.mu.Lock()
-	bx.cancel, bx.done, bx.state = cancel, done, backend.StateRunning
+	bx.cancel, bx.done, bx.state, bx.agent = cancel, done, backend.StateRunning, a
 	b.mu.Unlock()
 	running.Store(bx.spec.ID, bx)
 }
@@ -358,6 +372,14 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err := os.WriteFile(filepath.Join(ref.Dir, "fake-snapshot"), []byte(id), 0o600); err != nil {
 		return nil, err
 	}
+	b.mu.Lock()
+	a := bx.agent
+	b.mu.Unlock()
+	if a != nil { // its memory: the key its copies present
+		if err := os.WriteFile(filepath.Join(ref.Dir, "fake-agent-key"), []byte(a.LinkKey()), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	return &backend.SnapshotInfo{SizeBytes: int64(len(id))}, nil
 }
 
@@ -393,6 +415,9 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, errdefs.ResourceExhausted("fake restore: injected failure after %d restores", b.Knobs.FailRestoreAfter)
 	}
 	released.Delete(spec.ID)
+	if key, err := os.ReadFile(filepath.Join(ref.Dir, "fake-agent-key")); err == nil && len(key) > 0 {
+		agentKeys.Store(spec.ID, string(key))
+	}
 	h, err := b.Create(ctx, spec)
 	if err != nil {
 		return nil, err

@@ -72,7 +72,7 @@ func TestRestoreAppliesCPULimit(t *testing.T) {
 		t.Fatalf("restore the source: %v", err)
 	}
 	spec := backendtest.NewSpec(t, e, "aaaaaaaa")
-	backendtest.Attach(t, spec)
+	backendtest.Attach(t, b, spec)
 	if _, err := b.Restore(ctx, ref, spec); err != nil {
 		t.Fatalf("restore a copy: %v", err)
 	}

@@ -339,7 +339,7 @@ func TestGuestNetwork(t *testing.T) {
 	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
 	spec := backendtest.NewSpec(t, env, sandboxid.NewNodeID())
 	spec.NetNS = "/run/netns/" + sbNS
-	sb := backendtest.Attach(t, spec)
+	sb := backendtest.Attach(t, b, spec)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := b.Create(ctx, spec); err != nil {
