@@ -166,6 +166,7 @@ func (s *fileService) ListDir(ctx context.Context, req *connect.Request[agentv1.
 }
 
 // mkdirAllOwned creates dir and missing parents, giving new ones to u.
+// Run as u (asUser), it creates only what u may, and they are u's already.
 func mkdirAllOwned(dir string, u sysuser.User) (created bool, err error) {
 	fi, err := os.Stat(dir)
 	if err == nil {
@@ -182,7 +183,7 @@ func mkdirAllOwned(dir string, u sysuser.User) (created bool, err error) {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return false, fsError("make dir", dir, err)
 	}
-	if u.UID != 0 || u.GID != 0 {
+	if u.UID == 0 && u.GID != 0 {
 		if err := os.Lchown(dir, int(u.UID), int(u.GID)); err != nil {
 			return true, fsError("chown", dir, err)
 		}
@@ -200,15 +201,17 @@ func (s *fileService) MakeDir(ctx context.Context, req *connect.Request[agentv1.
 	if err != nil {
 		return nil, err
 	}
-	created, err := mkdirAllOwned(p, u)
-	if err != nil {
-		return nil, err
-	}
-	e, err := s.entry(p)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&agentv1.MakeDirResponse{Entry: e, Created: created}), nil
+	return asUser(u, func() (*connect.Response[agentv1.MakeDirResponse], error) {
+		created, err := mkdirAllOwned(p, u)
+		if err != nil {
+			return nil, err
+		}
+		e, err := s.entry(p)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&agentv1.MakeDirResponse{Entry: e, Created: created}), nil
+	})
 }
 
 func (s *fileService) Remove(ctx context.Context, req *connect.Request[agentv1.RemoveRequest]) (*connect.Response[agentv1.RemoveResponse], error) {
@@ -311,6 +314,12 @@ func (s *fileService) WriteFile(ctx context.Context, req *connect.Request[agentv
 	if err != nil {
 		return nil, err
 	}
+	// A user's write opens, creates and follows links with the user's
+	// rights, never root's.
+	return asUser(u, func() (*connect.Response[agentv1.WriteFileResponse], error) { return s.write(p, perm, u, m) })
+}
+
+func (s *fileService) write(p string, perm fs.FileMode, u sysuser.User, m *agentv1.WriteFileRequest) (*connect.Response[agentv1.WriteFileResponse], error) {
 	if _, err := mkdirAllOwned(filepath.Dir(p), u); err != nil {
 		return nil, err
 	}
@@ -343,7 +352,7 @@ func (s *fileService) WriteFile(ctx context.Context, req *connect.Request[agentv
 	if err != nil {
 		return nil, fsError("write", p, err)
 	}
-	if isNew && (u.UID != 0 || u.GID != 0) {
+	if isNew && u.UID == 0 && u.GID != 0 {
 		if err := os.Chown(p, int(u.UID), int(u.GID)); err != nil {
 			return nil, fsError("chown", p, err)
 		}

@@ -124,6 +124,46 @@ func hostileCases(t *testing.T, c *cluster, backend string) {
 		}
 	})
 
+	t.Run("file calls as a user have that user's rights", func(t *testing.T) {
+		// nobody plants links in a directory of its own to files only
+		// root may write; a write as nobody through them must fail, and
+		// leave them as they were, while nobody's own writes work.
+		sb := newVictim(t)
+		setup := "mkdir -p /srv/nb && chown nobody /srv/nb && cp /etc/passwd /tmp/passwd.before && " +
+			"python3 -c 'import os; os.setgroups([]); os.setgid(65534); os.setuid(65534); os.symlink(\"/etc/passwd\", \"/srv/nb/evil\"); os.symlink(\"/root\", \"/srv/nb/rootdir\"); os.symlink(\"/srv/nb/evil\", \"/srv/nb/chain\")' && stat -c %U /srv/nb/evil"
+		if r := sh(t, sb, setup, 20*time.Second); strings.TrimSpace(string(r.Stdout)) != "nobody" {
+			t.Fatalf("setup: %q %q", r.Stdout, r.Stderr)
+		}
+		write := func(path string) error {
+			_, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: path, Data: []byte("owned\n"), User: "nobody"}))
+			return err
+		}
+		for _, path := range []string{"/srv/nb/evil", "/srv/nb/chain", "/srv/nb/rootdir/planted", "/root/planted", "/etc/passwd"} {
+			if err := write(path); connect.CodeOf(err) != connect.CodePermissionDenied {
+				t.Errorf("write as nobody to %s: %v, want permission denied", path, err)
+			}
+		}
+		if _, err := sb.Files.MakeDir(ctx, connect.NewRequest(&agentv1.MakeDirRequest{Path: "/root/nbdir", User: "nobody"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Errorf("make dir as nobody in /root: %v, want permission denied", err)
+		}
+		if err := write("/srv/nb/mine/file"); err != nil {
+			t.Errorf("write as nobody to its own directory: %v", err)
+		}
+		for cmd, want := range map[string]string{
+			"cmp -s /etc/passwd /tmp/passwd.before && echo same":       "same\n",
+			"ls -d /root/planted /root/nbdir 2>/dev/null; echo listed": "listed\n",
+			"stat -c %U /srv/nb/mine /srv/nb/mine/file":                "nobody\nnobody\n",
+		} {
+			if r := sh(t, sb, cmd, 10*time.Second); string(r.Stdout) != want {
+				t.Errorf("after the writes, %s: %q, want %q", cmd, r.Stdout, want)
+			}
+		}
+		if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/srv/nb/evil", Data: []byte("root follows links\n")})); err != nil {
+			t.Errorf("root's write through a link: %v", err)
+		}
+		sh(t, sb, "cp /tmp/passwd.before /etc/passwd", 10*time.Second)
+	})
+
 	t.Run("kernel calls are refused", func(t *testing.T) {
 		sb := newVictim(t)
 		out := py(t, sb, syscallErr+`
