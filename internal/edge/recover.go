@@ -99,9 +99,12 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		return err
 	}
 	sb.link = link
+	// A sandbox that cannot come back is failed, never dropped: its record
+	// stays, with the reason, until it is stopped or its time runs out;
+	// what is left of it on the node is removed and its capacity freed.
 	if err := e.adoptNetwork(ctx, sb); err != nil {
-		rec.Message = "lost its network while the edge was down: " + err.Error()
-		return errors.Join(err, e.removeLocked(ctx, sb))
+		e.failLocked(ctx, sb, "lost its network while the edge was down: "+err.Error())
+		return nil
 	}
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
@@ -112,15 +115,15 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		// (a stopped runtime container, for a restore in place); that it
 		// does not run is expected.
 		if _, err := os.Stat(offloadDir(sb)); err != nil {
-			rec.Message = "its offloaded memory is gone: " + err.Error()
-			return errors.Join(err, e.removeLocked(ctx, sb))
+			e.failLocked(ctx, sb, "its offloaded memory is gone: "+err.Error())
+			return nil
 		}
 		be.Recover(ctx, rec.Handle, bspec) //nolint:errcheck // see above
 		return sb.save()
 	}
 	if err := be.Recover(ctx, rec.Handle, bspec); err != nil {
-		rec.Message = "lost while the edge was down: " + err.Error()
-		return errors.Join(err, e.removeLocked(ctx, sb))
+		e.failLocked(ctx, sb, "lost while the edge was down: "+err.Error())
+		return nil
 	}
 	if rec.State == statePaused {
 		if st, err := be.Status(ctx, rec.ID); err == nil && st.State == backend.StateRunning {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,23 +130,31 @@ func TestRecoverKeepsRecordsItCannotOwn(t *testing.T) {
 	f.fake.Destroy(ctx, sandboxIDOf(b)) //nolint:errcheck
 }
 
-// A sandbox that died while the edge was down (Recover fails) is removed,
-// with its capacity, and the reason is logged rather than hidden.
-func TestRecoverRemovesSandboxesThatDied(t *testing.T) {
+// A sandbox that died while the edge was down (Recover fails) stays
+// listed as failed with the reason, never disappears; what it held is
+// freed.
+func TestRecoverFailsSandboxesThatDied(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	sb, err := f.edge.Create(context.Background(), spec(), "root")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := f.edge.sandboxDir(sandboxIDOf(sb))
 	f.edge.Close()
 	f.fake.Knobs.FailRecover = errdefs.FailedPrecondition("sandbox process exited")
 	e2 := f.open(t, smallCapacity())
-	if _, err := e2.Get(sb.Id, "root"); !errdefs.IsNotFound(err) {
-		t.Fatalf("a sandbox that died is still listed: %v", err)
+	got, err := e2.Get(sb.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || !strings.Contains(got.Message, "lost while the edge was down: sandbox process exited") {
+		t.Fatalf("a sandbox that died: %v %v; want listed failed with the reason", got, err)
 	}
-	if exists(dir) || e2.Status().Allocated.Sandboxes != 0 {
-		t.Fatalf("left behind: dir %v, allocation %+v", exists(dir), e2.Status().Allocated)
+	if e2.Status().Allocated.Sandboxes != 0 {
+		t.Fatalf("a failed sandbox still holds capacity: %+v", e2.Status().Allocated)
+	}
+	f.fake.Knobs.FailRecover = nil
+	if _, err := e2.Destroy(context.Background(), sb.Id, "root"); err != nil {
+		t.Fatalf("stop the failed sandbox: %v", err)
+	}
+	if _, err := e2.Get(sb.Id, "root"); !errdefs.IsNotFound(err) {
+		t.Fatalf("after its stop: %v", err)
 	}
 }
 
