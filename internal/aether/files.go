@@ -110,11 +110,17 @@ func (s *fileService) Stat(ctx context.Context, req *connect.Request[agentv1.Sta
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.entry(p)
+	u, err := s.users.Lookup(req.Msg.User)
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&agentv1.StatResponse{Entry: e}), nil
+	return asUser(u, func() (*connect.Response[agentv1.StatResponse], error) {
+		e, err := s.entry(p)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&agentv1.StatResponse{Entry: e}), nil
+	})
 }
 
 func (s *fileService) ListDir(ctx context.Context, req *connect.Request[agentv1.ListDirRequest]) (*connect.Response[agentv1.ListDirResponse], error) {
@@ -126,6 +132,14 @@ func (s *fileService) ListDir(ctx context.Context, req *connect.Request[agentv1.
 	if depth == 0 {
 		depth = 1
 	}
+	u, err := s.users.Lookup(req.Msg.User)
+	if err != nil {
+		return nil, err
+	}
+	return asUser(u, func() (*connect.Response[agentv1.ListDirResponse], error) { return s.list(root, depth) })
+}
+
+func (s *fileService) list(root string, depth int) (*connect.Response[agentv1.ListDirResponse], error) {
 	if fi, err := os.Stat(root); err != nil {
 		return nil, fsError("list", root, err)
 	} else if !fi.IsDir() {
@@ -223,18 +237,24 @@ func (s *fileService) Remove(ctx context.Context, req *connect.Request[agentv1.R
 	if p == "/" {
 		return nil, errdefs.InvalidArgument("path: refusing to remove /")
 	}
-	if _, err := os.Lstat(p); err != nil {
-		return nil, fsError("remove", p, err)
-	}
-	if req.Msg.Recursive {
-		err = os.RemoveAll(p)
-	} else {
-		err = os.Remove(p)
-	}
+	u, err := s.users.Lookup(req.Msg.User)
 	if err != nil {
-		return nil, fsError("remove", p, err)
+		return nil, err
 	}
-	return connect.NewResponse(&agentv1.RemoveResponse{}), nil
+	return asUser(u, func() (*connect.Response[agentv1.RemoveResponse], error) {
+		if _, err := os.Lstat(p); err != nil {
+			return nil, fsError("remove", p, err)
+		}
+		if req.Msg.Recursive {
+			err = os.RemoveAll(p)
+		} else {
+			err = os.Remove(p)
+		}
+		if err != nil {
+			return nil, fsError("remove", p, err)
+		}
+		return connect.NewResponse(&agentv1.RemoveResponse{}), nil
+	})
 }
 
 func (s *fileService) Move(ctx context.Context, req *connect.Request[agentv1.MoveRequest]) (*connect.Response[agentv1.MoveResponse], error) {
@@ -247,17 +267,23 @@ func (s *fileService) Move(ctx context.Context, req *connect.Request[agentv1.Mov
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Rename(src, dst); err != nil {
-		if errors.Is(err, syscall.EXDEV) {
-			return nil, errdefs.FailedPrecondition("move %s to %s: different file systems", src, dst)
-		}
-		return nil, fsError("move", src, err)
-	}
-	e, err := s.entry(dst)
+	u, err := s.users.Lookup(req.Msg.User)
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&agentv1.MoveResponse{Entry: e}), nil
+	return asUser(u, func() (*connect.Response[agentv1.MoveResponse], error) {
+		if err := os.Rename(src, dst); err != nil {
+			if errors.Is(err, syscall.EXDEV) {
+				return nil, errdefs.FailedPrecondition("move %s to %s: different file systems", src, dst)
+			}
+			return nil, fsError("move", src, err)
+		}
+		e, err := s.entry(dst)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&agentv1.MoveResponse{Entry: e}), nil
+	})
 }
 
 func (s *fileService) ReadFile(ctx context.Context, req *connect.Request[agentv1.ReadFileRequest]) (*connect.Response[agentv1.ReadFileResponse], error) {
@@ -272,7 +298,12 @@ func (s *fileService) ReadFile(ctx context.Context, req *connect.Request[agentv1
 	if limit == 0 || limit > MaxFileChunk {
 		limit = MaxFileChunk
 	}
-	f, err := os.Open(p)
+	u, err := s.users.Lookup(req.Msg.User)
+	if err != nil {
+		return nil, err
+	}
+	// Opened with the user's rights; read as any file once open.
+	f, err := asUser(u, func() (*os.File, error) { return os.Open(p) })
 	if err != nil {
 		return nil, fsError("read", p, err)
 	}

@@ -277,12 +277,21 @@ func (s *fileService) WatchDir(ctx context.Context, req *connect.Request[agentv1
 	if err != nil {
 		return err
 	}
-	if fi, err := os.Stat(root); err != nil {
-		return fsError("watch", root, err)
-	} else if !fi.IsDir() {
-		return errdefs.FailedPrecondition("watch %s: not a directory", root)
+	u, err := s.users.Lookup(req.Msg.User)
+	if err != nil {
+		return err
 	}
-	w, err := newWatcher(root, req.Msg.Recursive)
+	// The directory (and those below it, when recursive) is opened for
+	// watching with the user's rights; directories made later are added as
+	// they come.
+	w, err := asUser(u, func() (*watcher, error) {
+		if fi, err := os.Stat(root); err != nil {
+			return nil, fsError("watch", root, err)
+		} else if !fi.IsDir() {
+			return nil, errdefs.FailedPrecondition("watch %s: not a directory", root)
+		}
+		return newWatcher(root, req.Msg.Recursive)
+	})
 	if err != nil {
 		return err
 	}

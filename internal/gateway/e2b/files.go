@@ -42,7 +42,7 @@ func (g *Gateway) download(w http.ResponseWriter, r *http.Request) {
 	p = resolve(callOf(ctx).user, p)
 	var off int64
 	for {
-		resp, err := g.files.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: p, Offset: off, Limit: fileChunk}))
+		resp, err := g.files.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: p, Offset: off, Limit: fileChunk, User: callOf(ctx).user}))
 		if err != nil {
 			if off == 0 {
 				g.writeFileError(w, r, err)

@@ -75,7 +75,7 @@ func (s *fsService) withTarget(ctx context.Context, e *agentv1.EntryInfo) *envdf
 	target := absTarget(e.Path, e.SymlinkTarget)
 	out.SymlinkTarget = &target
 	for cur, i := target, 0; i < maxLinks; i++ {
-		resp, err := s.g.files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: cur}))
+		resp, err := s.g.files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: cur, User: callOf(ctx).user}))
 		if err != nil {
 			return out
 		}
@@ -105,7 +105,7 @@ func absTarget(link, target string) string {
 }
 
 func (s *fsService) Stat(ctx context.Context, req *connect.Request[envdfs.StatRequest]) (*connect.Response[envdfs.StatResponse], error) {
-	resp, err := s.g.files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: resolve(callOf(ctx).user, req.Msg.Path)}))
+	resp, err := s.g.files.Stat(ctx, connect.NewRequest(&agentv1.StatRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), User: callOf(ctx).user}))
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func (s *fsService) Stat(ctx context.Context, req *connect.Request[envdfs.StatRe
 }
 
 func (s *fsService) ListDir(ctx context.Context, req *connect.Request[envdfs.ListDirRequest]) (*connect.Response[envdfs.ListDirResponse], error) {
-	resp, err := s.g.files.ListDir(ctx, connect.NewRequest(&agentv1.ListDirRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), Depth: req.Msg.Depth}))
+	resp, err := s.g.files.ListDir(ctx, connect.NewRequest(&agentv1.ListDirRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), Depth: req.Msg.Depth, User: callOf(ctx).user}))
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +141,7 @@ func (s *fsService) MakeDir(ctx context.Context, req *connect.Request[envdfs.Mak
 
 func (s *fsService) Move(ctx context.Context, req *connect.Request[envdfs.MoveRequest]) (*connect.Response[envdfs.MoveResponse], error) {
 	user := callOf(ctx).user
-	resp, err := s.g.files.Move(ctx, connect.NewRequest(&agentv1.MoveRequest{Source: resolve(user, req.Msg.Source), Destination: resolve(user, req.Msg.Destination)}))
+	resp, err := s.g.files.Move(ctx, connect.NewRequest(&agentv1.MoveRequest{Source: resolve(user, req.Msg.Source), Destination: resolve(user, req.Msg.Destination), User: user}))
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +150,7 @@ func (s *fsService) Move(ctx context.Context, req *connect.Request[envdfs.MoveRe
 
 func (s *fsService) Remove(ctx context.Context, req *connect.Request[envdfs.RemoveRequest]) (*connect.Response[envdfs.RemoveResponse], error) {
 	// envd's remove of a path that is not there succeeds.
-	if _, err := s.g.files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), Recursive: true})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+	if _, err := s.g.files.Remove(ctx, connect.NewRequest(&agentv1.RemoveRequest{Path: resolve(callOf(ctx).user, req.Msg.Path), Recursive: true, User: callOf(ctx).user})); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 		return nil, err
 	}
 	return connect.NewResponse(&envdfs.RemoveResponse{}), nil
@@ -177,7 +177,7 @@ func (s *fsService) watch(ctx context.Context, p string, recursive, entries, net
 	if networkMounts {
 		return nil, errdefs.ToConnect(errdefs.Unsupported("watch with allow_network_mounts is not supported"))
 	}
-	in, err := s.g.files.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: resolve(callOf(ctx).user, p), Recursive: recursive, IncludeEntry: entries}))
+	in, err := s.g.files.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: resolve(callOf(ctx).user, p), Recursive: recursive, IncludeEntry: entries, User: callOf(ctx).user}))
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ from opendsec import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,6 +73,27 @@ async def test_files(sandbox):
     assert not await sandbox.files.exists("/root/dir")
     with pytest.raises(NotFoundError):
         await sandbox.files.read("/root/nope")
+
+
+async def test_files_as_a_user_have_its_rights(sandbox):
+    # nobody plants a link to /etc/passwd in a directory of its own.
+    await sandbox.run_shell("mkdir -p /srv/nb && chown nobody /srv/nb && "
+                            "python3 -c 'import os; os.setgroups([]); os.setgid(65534); os.setuid(65534); "
+                            "os.symlink(\"/etc/passwd\", \"/srv/nb/evil\")'")
+    before = await sandbox.files.read("/etc/passwd")
+    with pytest.raises(PermissionDeniedError):
+        await sandbox.files.write("/srv/nb/evil", "owned", user="nobody")
+    for call in (lambda: sandbox.files.read("/etc/shadow", user="nobody"),
+                 lambda: sandbox.files.list("/root", user="nobody"),
+                 lambda: sandbox.files.remove("/etc/hostname", user="nobody"),
+                 lambda: sandbox.files.rename("/etc/hostname", "/srv/nb/h", user="nobody")):
+        with pytest.raises(PermissionDeniedError):
+            await call()
+    assert await sandbox.files.read("/etc/passwd") == before
+    entry = await sandbox.files.write("/srv/nb/mine.txt", "mine", user="nobody")
+    assert entry.owner == "nobody"
+    assert await sandbox.files.read_text("/srv/nb/mine.txt", user="nobody") == "mine"
+    assert [e.name for e in await sandbox.files.list("/srv/nb", user="nobody")] == ["evil", "mine.txt"]
 
 
 async def test_streaming_exec_stdin_and_kill(sandbox):

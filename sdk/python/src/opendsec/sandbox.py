@@ -205,26 +205,30 @@ class Session:
 
 
 class Files:
-    """The sandbox's file system. Paths are absolute, or relative to /root."""
+    """The sandbox's file system. Paths are absolute, or relative to /root.
+
+    Every call takes ``user``: it then acts with that user's rights (a path the
+    user may not reach, or a link to one, raises PermissionDeniedError); by
+    default it acts as root."""
 
     def __init__(self, sandbox: "Sandbox") -> None:
         self._sb = sandbox
 
-    async def read(self, path: str) -> bytes:
+    async def read(self, path: str, *, user: str = "") -> bytes:
         """Reads a whole file."""
         data = bytearray()
         offset = 0
         while True:
-            r = await self._sb._agent(_FS + "ReadFile", {"path": path, "offset": str(offset), "limit": str(_CHUNK)})
+            r = await self._sb._agent(_FS + "ReadFile", {"path": path, "offset": str(offset), "limit": str(_CHUNK), "user": user})
             chunk = unb64(r.get("data"))
             data.extend(chunk)
             offset += len(chunk)
             if r.get("eof") or not chunk:
                 return bytes(data)
 
-    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+    async def read_text(self, path: str, encoding: str = "utf-8", *, user: str = "") -> str:
         """Reads a whole file as text."""
-        return (await self.read(path)).decode(encoding)
+        return (await self.read(path, user=user)).decode(encoding)
 
     async def write(self, path: str, data: Union[bytes, str], *, mode: int = 0, user: str = "") -> EntryInfo:
         """Creates or replaces a file, creating parent directories."""
@@ -244,18 +248,18 @@ class Files:
             first = False
         return EntryInfo.from_json(entry)
 
-    async def list(self, path: str, depth: int = 1) -> List[EntryInfo]:
+    async def list(self, path: str, depth: int = 1, *, user: str = "") -> List[EntryInfo]:
         """Lists a directory (and, with depth > 1, below it)."""
-        r = await self._sb._agent(_FS + "ListDir", {"path": path, "depth": depth})
+        r = await self._sb._agent(_FS + "ListDir", {"path": path, "depth": depth, "user": user})
         return [EntryInfo.from_json(e) for e in r.get("entries", [])]
 
-    async def stat(self, path: str) -> EntryInfo:
-        r = await self._sb._agent(_FS + "Stat", {"path": path})
+    async def stat(self, path: str, *, user: str = "") -> EntryInfo:
+        r = await self._sb._agent(_FS + "Stat", {"path": path, "user": user})
         return EntryInfo.from_json(r["entry"])
 
-    async def exists(self, path: str) -> bool:
+    async def exists(self, path: str, *, user: str = "") -> bool:
         try:
-            await self.stat(path)
+            await self.stat(path, user=user)
             return True
         except NotFoundError:
             return False
@@ -265,11 +269,11 @@ class Files:
         r = await self._sb._agent(_FS + "MakeDir", {"path": path, "user": user})
         return bool(r.get("created", False))
 
-    async def remove(self, path: str, *, recursive: bool = False) -> None:
-        await self._sb._agent(_FS + "Remove", {"path": path, "recursive": recursive})
+    async def remove(self, path: str, *, recursive: bool = False, user: str = "") -> None:
+        await self._sb._agent(_FS + "Remove", {"path": path, "recursive": recursive, "user": user})
 
-    async def rename(self, source: str, destination: str) -> EntryInfo:
-        r = await self._sb._agent(_FS + "Move", {"source": source, "destination": destination})
+    async def rename(self, source: str, destination: str, *, user: str = "") -> EntryInfo:
+        r = await self._sb._agent(_FS + "Move", {"source": source, "destination": destination, "user": user})
         return EntryInfo.from_json(r["entry"])
 
 

@@ -302,8 +302,12 @@ func (x *EntryInfo) GetSymlinkTarget() string {
 }
 
 type StatRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The user the call acts as: with that user's rights (a path the user
+	// may not reach, or a link to one, fails with permission denied); empty
+	// means root.
+	User          string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -341,6 +345,13 @@ func (*StatRequest) Descriptor() ([]byte, []int) {
 func (x *StatRequest) GetPath() string {
 	if x != nil {
 		return x.Path
+	}
+	return ""
+}
+
+func (x *StatRequest) GetUser() string {
+	if x != nil {
+		return x.User
 	}
 	return ""
 }
@@ -393,7 +404,11 @@ type ListDirRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// How deep to descend; 0 means 1 (the directory's own entries).
-	Depth         uint32 `protobuf:"varint,2,opt,name=depth,proto3" json:"depth,omitempty"`
+	Depth uint32 `protobuf:"varint,2,opt,name=depth,proto3" json:"depth,omitempty"`
+	// The user the call acts as: with that user's rights (a path the user
+	// may not reach, or a link to one, fails with permission denied); empty
+	// means root.
+	User          string `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +455,13 @@ func (x *ListDirRequest) GetDepth() uint32 {
 		return x.Depth
 	}
 	return 0
+}
+
+func (x *ListDirRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type ListDirResponse struct {
@@ -489,7 +511,8 @@ func (x *ListDirResponse) GetEntries() []*EntryInfo {
 type MakeDirRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	// Owner of the created directories; empty means root.
+	// The user the call acts as, who owns what it creates: with that
+	// user's rights; empty means root.
 	User          string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -596,7 +619,11 @@ type RemoveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// Remove a directory with its contents.
-	Recursive     bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	Recursive bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	// The user the call acts as: with that user's rights (a path the user
+	// may not reach, or a link to one, fails with permission denied); empty
+	// means root.
+	User          string `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -645,6 +672,13 @@ func (x *RemoveRequest) GetRecursive() bool {
 	return false
 }
 
+func (x *RemoveRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type RemoveResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -682,9 +716,13 @@ func (*RemoveResponse) Descriptor() ([]byte, []int) {
 }
 
 type MoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
-	Destination   string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Source      string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Destination string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// The user the call acts as: with that user's rights (a path the user
+	// may not reach, or a link to one, fails with permission denied); empty
+	// means root.
+	User          string `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -729,6 +767,13 @@ func (x *MoveRequest) GetSource() string {
 func (x *MoveRequest) GetDestination() string {
 	if x != nil {
 		return x.Destination
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetUser() string {
+	if x != nil {
+		return x.User
 	}
 	return ""
 }
@@ -782,7 +827,11 @@ type ReadFileRequest struct {
 	Path   string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	Offset int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
 	// 0 means up to 16 MiB.
-	Limit         int64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The user the call acts as: with that user's rights (a path the user
+	// may not reach, or a link to one, fails with permission denied); empty
+	// means root.
+	User          string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -836,6 +885,13 @@ func (x *ReadFileRequest) GetLimit() int64 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *ReadFileRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type ReadFileResponse struct {
@@ -908,7 +964,9 @@ type WriteFileRequest struct {
 	Offset int64                  `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	// Permission bits for a new file; 0 means 0644.
 	Perm uint32 `protobuf:"varint,5,opt,name=perm,proto3" json:"perm,omitempty"`
-	// Owner of a new file and of created parent directories; empty means root.
+	// The user the call acts as, who owns a new file and created parent
+	// directories: with that user's rights (a link the user planted to a
+	// file only root may write opens nothing); empty means root.
 	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1037,7 +1095,11 @@ type WatchDirRequest struct {
 	Recursive bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
 	// Give each event the entry it names, read when the event is sent
 	// (none for a removal, or when the entry is gone by then).
-	IncludeEntry  bool `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	IncludeEntry bool `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	// The user the call acts as: with that user's rights (a path the user
+	// may not reach, or a link to one, fails with permission denied); empty
+	// means root.
+	User          string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1091,6 +1153,13 @@ func (x *WatchDirRequest) GetIncludeEntry() bool {
 		return x.IncludeEntry
 	}
 	return false
+}
+
+func (x *WatchDirRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type FileEvent struct {
@@ -1222,14 +1291,16 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x05group\x18\a \x01(\tR\x05group\x12;\n" +
 	"\vmodified_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"modifiedAt\x12%\n" +
-	"\x0esymlink_target\x18\t \x01(\tR\rsymlinkTarget\"!\n" +
+	"\x0esymlink_target\x18\t \x01(\tR\rsymlinkTarget\"5\n" +
 	"\vStatRequest\x12\x12\n" +
-	"\x04path\x18\x01 \x01(\tR\x04path\"B\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\"B\n" +
 	"\fStatResponse\x122\n" +
-	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\":\n" +
+	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"N\n" +
 	"\x0eListDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
-	"\x05depth\x18\x02 \x01(\rR\x05depth\"I\n" +
+	"\x05depth\x18\x02 \x01(\rR\x05depth\x12\x12\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\"I\n" +
 	"\x0fListDirResponse\x126\n" +
 	"\aentries\x18\x01 \x03(\v2\x1c.opendsec.agent.v1.EntryInfoR\aentries\"8\n" +
 	"\x0eMakeDirRequest\x12\x12\n" +
@@ -1237,20 +1308,23 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"_\n" +
 	"\x0fMakeDirResponse\x122\n" +
 	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"A\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"U\n" +
 	"\rRemoveRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
-	"\trecursive\x18\x02 \x01(\bR\trecursive\"\x10\n" +
-	"\x0eRemoveResponse\"G\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\x12\x12\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\"\x10\n" +
+	"\x0eRemoveResponse\"[\n" +
 	"\vMoveRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
-	"\vdestination\x18\x02 \x01(\tR\vdestination\"B\n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x12\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\"B\n" +
 	"\fMoveResponse\x122\n" +
-	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"S\n" +
+	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"g\n" +
 	"\x0fReadFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x03R\x05limit\"L\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"L\n" +
 	"\x10ReadFileResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\x12\x12\n" +
@@ -1263,11 +1337,12 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x04perm\x18\x05 \x01(\rR\x04perm\x12\x12\n" +
 	"\x04user\x18\x06 \x01(\tR\x04user\"G\n" +
 	"\x11WriteFileResponse\x122\n" +
-	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"h\n" +
+	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"|\n" +
 	"\x0fWatchDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
-	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\"\x89\x01\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"\x89\x01\n" +
 	"\tFileEvent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
 	"\x04type\x18\x02 \x01(\x0e2 .opendsec.agent.v1.FileEventTypeR\x04type\x122\n" +
