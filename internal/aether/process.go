@@ -217,15 +217,17 @@ func (t *processTable) start(cfg *agentv1.ProcessConfig, first *subscriber) (*pr
 	} else {
 		stdinR, stdinW, err := stdinFor(cfg)
 		if err != nil {
-			return nil, err
+			return nil, limitErr("start", err)
 		}
 		outR, outW, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			closeAll(stdinR, stdinW)
+			return nil, limitErr("start", err)
 		}
 		errR, errW, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			closeAll(stdinR, stdinW, outR, outW)
+			return nil, limitErr("start", err)
 		}
 		p.stdin = stdinW
 		req.Files = []*os.File{stdinR, outW, errW}
@@ -241,7 +243,7 @@ func (t *processTable) start(cfg *agentv1.ProcessConfig, first *subscriber) (*pr
 			r.f.Close()
 		}
 		p.closeStdin()
-		return nil, err
+		return nil, limitErr("start", err)
 	}
 	p.pid, p.pgid = proc.Pid, proc.Pid
 	t.mu.Lock()
@@ -449,5 +451,26 @@ func (t *processTable) closeAll() {
 	t.mu.Unlock()
 	for _, p := range ps {
 		p.signal(syscall.SIGKILL) //nolint:errcheck // best effort at shutdown
+	}
+}
+
+// limitErr names the sandbox limit a failed start ran into: its processes
+// hold all the open files (EMFILE) or processes (EAGAIN) it may have. The
+// call is refused with resource-exhausted; the sandbox goes on.
+func limitErr(what string, err error) error {
+	switch {
+	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
+		return errdefs.ResourceExhausted("%s: the sandbox is at its limit of open files (resources.open_files): its processes hold them all; retry when fewer are open", what)
+	case errors.Is(err, syscall.EAGAIN):
+		return errdefs.ResourceExhausted("%s: the sandbox is at its limit of processes and threads (resources.pids); retry when fewer run", what)
+	}
+	return err
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
 	}
 }

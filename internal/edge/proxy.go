@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 
 	"connectrpc.com/connect"
 
@@ -88,6 +89,22 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
+		ctx := r.Context()
+		// The call's own deadline holds here too, whatever the agent does.
+		if d, ok := rpcproxy.CallTimeout(r.Header); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		if rpcproxy.IsUnary(r) {
+			release, err := sb.acquireCall(ctx)
+			if err != nil {
+				w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
+				ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
+				return
+			}
+			defer release()
+		}
 		link, err := e.ensureRunning(r.Context(), sb, r.Header.Get(headers.NoResume) == "")
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
@@ -95,13 +112,7 @@ func (e *Edge) AgentProxy() http.Handler {
 		}
 		defer sb.callEnded()
 		call := agentCall{id: sb.id, link: link, detaches: link.Detaches()}
-		ctx := context.WithValue(r.Context(), callKey{}, call)
-		// The call's own deadline holds here too, whatever the agent does.
-		if d, ok := rpcproxy.CallTimeout(r.Header); ok {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, d)
-			defer cancel()
-		}
+		ctx = context.WithValue(ctx, callKey{}, call)
 		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(ctx))
 	})

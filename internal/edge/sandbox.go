@@ -62,6 +62,7 @@ type sandbox struct {
 	// calls counts agent calls in flight; lastCallEnd is when the last one
 	// ended (unix nanoseconds). Compaction waits for quiet.
 	calls       atomic.Int64
+	slots       chan struct{} // its unary calls in flight (callgate.go)
 	lastCallEnd atomic.Int64
 	// started is when the sandbox last became running (unix nanoseconds).
 	started atomic.Int64
@@ -73,7 +74,7 @@ type sandbox struct {
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
-	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec}
+	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec, slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.view.Store(rec.proto(node))
 	return sb
 }

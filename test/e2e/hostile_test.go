@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,6 +165,49 @@ func hostileCases(t *testing.T, c *cluster, backend string) {
 			t.Errorf("root's write through a link: %v", err)
 		}
 		sh(t, sb, "cp /tmp/passwd.before /etc/passwd", 10*time.Second)
+	})
+
+	t.Run("an exec flood is served or refused promptly", func(t *testing.T) {
+		// More calls at once than the sandbox serves: each is answered or
+		// refused with resource-exhausted (a retry hint with it), none runs
+		// into its deadline, whether that is far (90 s) or near (3 s). The
+		// sandbox has the default limits, so none of them refuses first.
+		sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
+		flood := func(n int, deadline time.Duration) {
+			var wg sync.WaitGroup
+			var ok, refused, other atomic.Int32
+			var firstOther atomic.Value
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					cctx, cancel := context.WithTimeout(ctx, deadline)
+					defer cancel()
+					r, err := sb.Run(cctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "echo ok"}})
+					switch {
+					case err == nil && string(r.Stdout) == "ok\n":
+						ok.Add(1)
+					case connect.CodeOf(err) == connect.CodeResourceExhausted:
+						refused.Add(1)
+					default:
+						other.Add(1)
+						firstOther.CompareAndSwap(nil, fmt.Sprint(err))
+					}
+				}()
+			}
+			wg.Wait()
+			t.Logf("%d concurrent execs, %s deadline: %d answered, %d refused", n, deadline, ok.Load(), refused.Load())
+			if other.Load() != 0 || ok.Load() < 8 {
+				t.Fatalf("%d concurrent execs, %s deadline: %d answered, %d refused, %d neither (first: %v)", n, deadline, ok.Load(), refused.Load(), other.Load(), firstOther.Load())
+			}
+		}
+		flood(1000, 90*time.Second)
+		flood(1000, 3*time.Second)
+		answers(t, sb, 30*time.Second)
 	})
 
 	t.Run("kernel calls are refused", func(t *testing.T) {

@@ -40,6 +40,10 @@ type Capabilities struct {
 	// socket at start): the edge waits for the agent to answer, not for a
 	// connection.
 	LinkBeforeAgent bool
+	// ConcurrentCalls bounds the unary agent calls a sandbox serves at
+	// once (the edge's call gate; 0: its default): past it, more
+	// concurrency only slows every call.
+	ConcurrentCalls int
 }
 
 // Resources are the limits a sandbox runs under.

@@ -39,6 +39,8 @@ type Knobs struct {
 	StuckForGood bool
 	// FailRelease makes Release fail with it, leaving the sandbox running.
 	FailRelease error
+	// ConcurrentCalls is the backend's Capabilities.ConcurrentCalls.
+	ConcurrentCalls int
 }
 
 // running holds the agents of every fake sandbox in this process by sandbox
@@ -158,7 +160,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities: everything.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true}
+	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls}
 }
 
 // Probe always succeeds.

@@ -141,11 +141,16 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 // Name returns "gvisor".
 func (b *Backend) Name() string { return Name }
 
+// concurrentCalls bounds a gVisor sandbox's unary agent calls at once.
+const concurrentCalls = 32
+
 // Capabilities: pause and memory snapshots; of networked sandboxes too
 // with the newer runsc.
 func (b *Backend) Capabilities() backend.Capabilities {
 	_, net := b.networked()
-	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: net}
+	// Each exec is new tasks in the sentry (host threads on ptrace): past a
+	// few dozen at once, every call slows and a flood runs into deadlines.
+	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: net, ConcurrentCalls: concurrentCalls}
 }
 
 // Probe checks runsc and the platform.

@@ -88,7 +88,8 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities implements backend.Backend.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true}
+	// A guest's agent on a vCPU or two (and under TCG) serves few calls at once.
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: 32}
 }
 
 // Probe implements backend.Backend: the parts are there and a probe guest
