@@ -183,6 +183,9 @@ func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
 	}
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
+		if err := e.net.Reset(ctx, sb.net); err != nil {
+			return errdefs.Wrap(errdefs.ErrUnavailable, err, "restore offloaded sandbox %s", sb.id)
+		}
 	}
 	ref := backend.SnapshotRef{ID: sandboxid.SnapshotID(sb.rec.Offloaded), Dir: offloadDir(sb)}
 	if _, err := os.Stat(ref.Dir); err != nil {

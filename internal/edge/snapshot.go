@@ -207,6 +207,10 @@ func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began
 	if stopped {
 		sn, _ := snapshotter(sb.be)
 		bspec, err := e.recoverSpec(ctx, sb.rec)
+		if err == nil && sb.net != nil { // back in its own namespace, which the stopped runtime emptied
+			bspec.NetNS = sb.net.NetNS
+			err = e.net.Reset(ctx, sb.net)
+		}
 		var h *backend.Handle
 		if err == nil {
 			h, err = sn.Restore(ctx, snap.ref(), bspec)

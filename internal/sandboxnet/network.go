@@ -227,8 +227,7 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Po
 		return nil, fmt.Errorf("attach %s: make its veth %s: %w", name, l.HostIf, err)
 	}
 	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "link del "+l.HostIf) }) //nolint:errcheck // undoing
-	inside := fmt.Sprintf("link set lo up\naddr add %[1]s/32 dev eth0\nlink set eth0 up\nroute add %[2]s/32 dev eth0\nroute add default via %[2]s\n", addr, n.gw)
-	if err := ip(ctx, nsName(name), inside); err != nil {
+	if err := ip(ctx, nsName(name), n.inside(addr)); err != nil {
 		return nil, fmt.Errorf("attach %s: set its address and routes: %w", name, err)
 	}
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
@@ -236,6 +235,25 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Po
 	}
 	n.setAttached(l.Sandbox, p)
 	return l, nil
+}
+
+// inside is the ip batch that gives a namespace's eth0 the sandbox's
+// address and routes; "replace" makes it idempotent.
+func (n *Network) inside(addr netip.Addr) string {
+	return fmt.Sprintf("link set lo up\naddr replace %[1]s/32 dev eth0\nlink set eth0 up\nroute replace %[2]s/32 dev eth0\nroute replace default via %[2]s\n", addr, n.gw)
+}
+
+// Reset gives l's namespace its address and routes again, as Attach set
+// them. A runtime that takes the interface over removes them (gVisor's
+// netstack takes eth0's address and routes from the host's view when it
+// starts), so one restored in the same namespace (an offloaded sandbox
+// brought back in place) would find an interface without either and come
+// back with loopback only.
+func (n *Network) Reset(ctx context.Context, l *Link) error {
+	if err := ip(ctx, nsName(l.Name), n.inside(l.Addr)); err != nil {
+		return fmt.Errorf("reset the network of %s: %w", l.Name, err)
+	}
+	return nil
 }
 
 // Adopt takes back a sandbox whose namespace and veth outlived the edge

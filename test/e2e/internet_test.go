@@ -70,6 +70,7 @@ func TestSandboxNetwork(t *testing.T) {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
 	t.Run("gvisor-fork", func(t *testing.T) { testForkWithNetwork(t, c, in) })
+	t.Run("gvisor-offload", func(t *testing.T) { testOffloadWithNetwork(t, c, in) })
 	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
 	t.Run("no-internet-project", func(t *testing.T) { testNoInternetProject(t, c) })
 	t.Run("cli", func(t *testing.T) { testNetworkCLI(t, c, in) })
@@ -547,6 +548,54 @@ http.server.HTTPServer(("0.0.0.0", 9000), H).serve_forever()
 // testForkWithNetwork: a gVisor sandbox that has used its network forks;
 // each copy has its own address, the source's policy, working egress,
 // the source's memory and its listening port reachable from outside.
+// testOffloadWithNetwork: a networked gVisor sandbox offloaded (its memory
+// to disk) comes back, woken by a request to its port, with its address,
+// routes, policy and the server it ran, as it was.
+func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
+	ctx := ctxT(t)
+	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
+		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
+	serveIn(t, sb, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &", 9000)
+	get := func(when string) string {
+		t.Helper()
+		resp, err := sb.PortClient().Get(sb.PortURL(9000))
+		if err != nil {
+			t.Fatalf("%s: GET :9000: %v", when, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: GET :9000: %d %s", when, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	value := get("before the offload")
+	info, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := info.Msg.Sandbox.NetworkAddress
+	for round := 1; round <= 2; round++ {
+		p, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID, Depth: sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD}))
+		if err != nil || p.Msg.Note != "" {
+			t.Fatalf("offload %d: %v %v", round, p, err)
+		}
+		// The port request wakes it; the server's value is the one it
+		// held in memory.
+		if got := get(fmt.Sprintf("after offload %d", round)); got != value {
+			t.Fatalf("after offload %d the server answers %q, want %q", round, got, value)
+		}
+		if out := string(shell(t, sb, "ip -4 -o addr show eth0; ip route").Stdout); !strings.Contains(out, addr+"/32") || !strings.Contains(out, "default via") {
+			t.Fatalf("after offload %d the sandbox's network is %q, want eth0 with %s and a default route", round, out, addr)
+		}
+		expectProbe(t, fmt.Sprintf("after offload %d", round), sb, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
+	}
+}
+
 func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 	ctx := ctxT(t)
 	src, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
