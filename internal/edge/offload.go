@@ -122,6 +122,9 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	// runsc kills a sandbox whose checkpoint was cut).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), offloadTimeout)
 	defer cancel()
+	if err := sb.markCheckpoint(ref.Dir); err != nil {
+		return 0, "", err
+	}
 	info, err := detachedSnapshot(ctx, sb, sn, ref)
 	note := ""
 	if err == nil {
@@ -137,11 +140,15 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	}
 	if err != nil {
 		os.RemoveAll(ref.Dir)
+		sb.rec.Checkpoint = ""
 		if info != nil && info.Stopped {
 			e.failLocked(ctx, sb, "offloading it failed and stopped it: "+err.Error())
+		} else if serr := sb.save(); serr != nil {
+			log.Warn("record that the offload is over", logging.Error, serr)
 		}
 		return 0, "", errdefs.Wrap(errdefs.ErrUnavailable, err, "offload sandbox %s", sb.id)
 	}
+	sb.rec.Checkpoint = "" // Offloaded names it from now on
 	sb.rec.Offloaded = string(ref.ID)
 	e.stopClock(sb)
 	sb.rec.State = statePaused

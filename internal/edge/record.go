@@ -46,6 +46,11 @@ type record struct {
 	NetAddr string `json:"net_addr,omitempty"`
 	// Reservation is the apiserver's quota reservation the create settles.
 	Reservation string `json:"reservation,omitempty"`
+	// Checkpoint is the directory of a checkpoint being taken of the
+	// sandbox (a snapshot, a fork, an offload): if it stopped the sandbox
+	// and the edge went down before bringing it back, the restarted edge
+	// restores it in place from there.
+	Checkpoint string `json:"checkpoint,omitempty"`
 	// AgentKey is the key the sandbox's agent presents at every connection
 	// (agentlink/auth.go); AgentKeyIssued that the agent has it. Empty for
 	// a VM (its link is its serial port) and for a sandbox made before

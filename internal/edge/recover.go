@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -122,8 +123,23 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		return sb.save()
 	}
 	if err := be.Recover(ctx, rec.Handle, bspec); err != nil {
+		if rec.Checkpoint != "" {
+			// A checkpoint stopped it and the edge went down before it was
+			// brought back: it comes back from that checkpoint.
+			rerr := e.restoreFromCheckpoint(ctx, sb, bspec)
+			if rerr == nil {
+				e.log.Info("brought back from the checkpoint in flight when the edge went down", logging.SandboxID, rec.ID)
+				return sb.save()
+			}
+			err = fmt.Errorf("%w; restoring it from the checkpoint in flight failed: %v", err, rerr)
+		}
+		rec.Checkpoint = ""
 		e.failLocked(ctx, sb, "lost while the edge was down: "+err.Error())
 		return nil
+	}
+	if rec.Checkpoint != "" {
+		// The checkpoint left it running (or never began).
+		rec.Checkpoint = ""
 	}
 	if rec.State == statePaused {
 		if st, err := be.Status(ctx, rec.ID); err == nil && st.State == backend.StateRunning {
@@ -207,4 +223,33 @@ func (e *Edge) removeOrphanDir(dir string, why error) {
 	e.log.Warn("removing orphan sandbox directory", "dir", dir, "why", why)
 	os.RemoveAll(dir)
 	os.RemoveAll(filepath.Join(e.cfg.RunBase, string(e.node), filepath.Base(dir)))
+}
+
+// restoreFromCheckpoint restores sb in place from the checkpoint its
+// record names and waits for its agent. Callers hold sb.mu.
+func (e *Edge) restoreFromCheckpoint(ctx context.Context, sb *sandbox, bspec *backend.Spec) error {
+	sn, err := snapshotter(sb.be)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(sb.rec.Checkpoint); err != nil {
+		return err
+	}
+	if sb.net != nil {
+		if err := e.net.Reset(ctx, sb.net); err != nil {
+			return err
+		}
+	}
+	h, err := sn.Restore(ctx, backend.SnapshotRef{ID: sandboxid.SnapshotID(filepath.Base(sb.rec.Checkpoint)), Dir: sb.rec.Checkpoint}, bspec)
+	if err != nil {
+		return err
+	}
+	sb.rec.Handle = h
+	sb.rec.Checkpoint = ""
+	if err := sb.save(); err != nil {
+		return err
+	}
+	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
+	defer cancel()
+	return agentReady(sb)(wait)
 }

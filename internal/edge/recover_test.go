@@ -325,3 +325,37 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 		t.Fatalf("root/a has %d snapshots after the refused calls", len(l))
 	}
 }
+
+// An edge that goes down after a checkpoint stopped its source and before
+// it brought it back (kill -9 during a gVisor snapshot or fork) finds the
+// source again at its restart, restored in place from that checkpoint.
+func TestRecoverBringsBackASourceItsCheckpointStopped(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.SnapshotStops = true
+	ctx := context.Background()
+	created, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := f.edge.lookup(created.Id, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.mu.Lock()
+	_, _, stopped, err := f.edge.checkpoint(ctx, sb, true)
+	sb.mu.Unlock()
+	if err != nil || !stopped {
+		t.Fatalf("checkpoint: stopped %v, %v", stopped, err)
+	}
+	// The edge goes down here, before bringBack.
+	f.edge.Close()
+	f.fake.Knobs.FailRecover = errdefs.FailedPrecondition("sandbox is stopped")
+	e2 := f.open(t, smallCapacity())
+	got, err := e2.Get(created.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after the restart: %v %v; want running", got, err)
+	}
+	if out, err := echo(t, agentClient(t, e2, created.Id, "root")); err != nil || out != "yes "+created.Id {
+		t.Fatalf("exec after the restart: %q %v", out, err)
+	}
+}

@@ -100,6 +100,17 @@ func (sb *sandbox) lastCall() time.Time {
 // snapshot returns the published description; callers must not modify it.
 func (sb *sandbox) snapshot() *sandboxv1.Sandbox { return sb.view.Load() }
 
+// markCheckpoint records (dir) or clears ("") the checkpoint being taken
+// of sb, so an edge that goes down meanwhile can bring it back from
+// there. Callers hold sb.mu.
+func (sb *sandbox) markCheckpoint(dir string) error {
+	if sb.rec.Checkpoint == dir {
+		return nil
+	}
+	sb.rec.Checkpoint = dir
+	return sb.save()
+}
+
 // save persists the record and publishes it. Callers hold sb.mu.
 func (sb *sandbox) save() error {
 	err := sb.rec.save(sb.dir)

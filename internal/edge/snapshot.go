@@ -157,8 +157,15 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		return nil, began, false, err
 	}
 	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
+	if err := sb.markCheckpoint(snap.dir); err != nil {
+		os.RemoveAll(snap.dir)
+		return nil, began, false, err
+	}
 	began = time.Now()
 	info, serr := detachedSnapshot(ctx, sb, sn, snap.ref())
+	if serr != nil || !info.Stopped {
+		sb.markCheckpoint("") //nolint:errcheck // the sandbox runs: nothing to bring back
+	}
 	if serr != nil {
 		os.RemoveAll(snap.dir)
 		if info != nil && info.Stopped {
@@ -224,8 +231,12 @@ func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began
 		}
 		if err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
+			sb.rec.Checkpoint = ""
 			e.failLocked(context.WithoutCancel(ctx), sb, "it could not be restored after a snapshot: "+err.Error())
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
+		}
+		if err := sb.markCheckpoint(""); err != nil {
+			log.Warn("record that the source is back", logging.Error, err)
 		}
 	}
 	paused := time.Since(began)

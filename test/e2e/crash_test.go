@@ -248,3 +248,110 @@ func checkNodeClean(t *testing.T, state, node string) {
 		}
 	}
 }
+
+// kill -9 of dsec up while a gVisor sandbox is being snapshotted or forked
+// (Debian's runsc's checkpoint stops the source, which the edge then
+// restores): at the restart the source is back, with the process it ran,
+// or, if it cannot be, listed failed with the reason; never gone.
+func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc")
+	node := newUpNode(t)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("seed %d", seed)
+	outcomes := map[string]int{}
+	var up *upProcess
+	for round := 0; round < 6; round++ {
+		up = node.start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		src, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 128}})
+		if err != nil {
+			t.Fatalf("round %d: create: %v", round, err)
+		}
+		if _, err := src.Shell(ctx, "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/held.pid"); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if round%2 == 0 {
+				up.client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID})) //nolint:errcheck // killed mid-way on purpose
+			} else {
+				up.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 1})) //nolint:errcheck // likewise
+			}
+		}()
+		time.Sleep(time.Duration(50+rng.IntN(700)) * time.Millisecond)
+		up.cmd.Process.Signal(syscall.SIGKILL)
+		up.cmd.Wait()
+		<-done
+		cancel()
+
+		up = node.start(t)
+		ctx, cancel = context.WithTimeout(context.Background(), 60*time.Second)
+		got, err := up.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: src.ID}))
+		switch {
+		case err != nil:
+			t.Errorf("round %d: the source is gone after the restart: %v", round, err)
+			outcomes["gone"]++
+		case got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED:
+			if got.Msg.Sandbox.Message == "" {
+				t.Errorf("round %d: the source is failed with no reason", round)
+			}
+			t.Logf("round %d: the source failed: %s", round, got.Msg.Sandbox.Message)
+			outcomes["failed"]++
+		case got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
+			r, err := up.client.Sandbox(src.ID).Shell(ctx, "kill -0 $(cat /tmp/held.pid) && echo alive")
+			if err != nil || strings.TrimSpace(string(r.Stdout)) != "alive" {
+				ps, _ := exec.Command("sh", "-c", "ps -eo pid,ppid,args | grep "+src.ID+" | grep -v grep; cat /sys/fs/cgroup/*/opendsec/"+src.ID+"*/cgroup.procs | sort -u").CombinedOutput()
+				t.Errorf("round %d: the source is listed running but its process is not: %v %v; ps: %s", round, r, err, ps)
+			}
+			outcomes["running"]++
+		default:
+			t.Errorf("round %d: the source is stuck %v", round, got.Msg.Sandbox.State)
+		}
+		cancel()
+		up.cmd.Process.Signal(syscall.SIGTERM)
+		up.cmd.Wait()
+	}
+	t.Logf("after 6 kills during snapshots and forks: %v", outcomes)
+	up = node.start(t)
+	defer func() {
+		up.cmd.Process.Signal(syscall.SIGTERM)
+		up.cmd.Wait()
+	}()
+	ctx := ctxT(t)
+	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list.Msg.Sandboxes {
+		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", sb.Id, err)
+		}
+	}
+	// Snapshots that were taken before a kill are the caller's; any other
+	// directory left is not.
+	snaps, err := up.client.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range snaps.Msg.Snapshots {
+		if _, err := up.client.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: s.Id})); err != nil {
+			t.Errorf("delete snapshot %s: %v", s.Id, err)
+		}
+	}
+	checkNodeClean(t, node.state, up.node)
+}
+
+// linesWith returns the lines of a log that name s.
+func linesWith(path, s string) string {
+	data, _ := os.ReadFile(path)
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

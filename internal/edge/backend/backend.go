@@ -159,7 +159,9 @@ type Backend interface {
 	// namespaces, runtime state. Destroying an unknown sandbox succeeds.
 	Destroy(ctx context.Context, id sandboxid.ID) error
 	Status(ctx context.Context, id sandboxid.ID) (Status, error)
-	// Recover re-attaches to a sandbox after an edge restart.
+	// Recover re-attaches to a sandbox after an edge restart. It may update
+	// h to name what it found running (a generation of the sandbox that the
+	// edge before it started and did not live to record); the edge saves it.
 	Recover(ctx context.Context, h *Handle, spec *Spec) error
 }
 

@@ -41,6 +41,9 @@ type Knobs struct {
 	FailRelease error
 	// ConcurrentCalls is the backend's Capabilities.ConcurrentCalls.
 	ConcurrentCalls int
+	// SnapshotStops makes Snapshot stop the sandbox, as Debian's runsc's
+	// checkpoint does (the caller must restore it).
+	SnapshotStops bool
 }
 
 // running holds the agents of every fake sandbox in this process by sandbox
@@ -381,6 +384,10 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 		if err := os.WriteFile(filepath.Join(ref.Dir, "fake-agent-key"), []byte(a.LinkKey()), 0o600); err != nil {
 			return nil, err
 		}
+	}
+	if b.Knobs.SnapshotStops {
+		b.halt(bx)
+		return &backend.SnapshotInfo{SizeBytes: int64(len(id)), Stopped: true}, nil
 	}
 	return &backend.SnapshotInfo{SizeBytes: int64(len(id))}, nil
 }

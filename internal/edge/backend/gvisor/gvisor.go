@@ -452,14 +452,50 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 		return errdefs.FailedPrecondition("recover %s: it runs on the newer runsc (option runsc-network), which this edge is not given", h.ID)
 	}
 	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID, net: hs.Net, modern: hs.Modern})
+	waitCheckpoint(ctx, hs.RunscID)
 	st, err := b.Status(ctx, h.ID)
 	if err != nil {
 		return err
 	}
 	if st.State != backend.StateRunning && st.State != backend.StatePaused {
+		// The edge before this one may have restored it in place (after a
+		// checkpoint stopped it) and gone down before it recorded the new
+		// generation: that one runs, and is the sandbox now.
+		if rid, ok := b.liveGeneration(ctx, h.ID, hs); ok {
+			stopped := hs.RunscID
+			hs.RunscID = rid
+			b.track(h.ID, &box{dir: hs.Dir, runscID: rid, net: hs.Net, modern: hs.Modern})
+			h.State, _ = json.Marshal(hs)
+			b.remove(ctx, box{runscID: stopped}, b.runtimes()...) //nolint:errcheck // a stopped generation; Destroy retries
+			b.log.Info("recovered the generation a restore in place had started", logging.SandboxID, h.ID, "runsc_id", rid)
+			return nil
+		}
+		// What is left of it may still be ending (Debian's runsc's sandbox
+		// ends itself once its checkpoint is written): a restore in place
+		// must not meet it, nor its agent the restored one.
+		if !oci.WaitEmpty(hs.RunscID, checkpointWait/4) {
+			oci.KillAll(hs.RunscID) //nolint:errcheck // reported by the restore, if it matters
+		}
 		return errdefs.FailedPrecondition("recover %s: sandbox is %s", h.ID, st.State)
 	}
 	return nil
+}
+
+// liveGeneration finds a running runsc generation of id other than the
+// handle's.
+func (b *Backend) liveGeneration(ctx context.Context, id sandboxid.ID, hs handleState) (string, bool) {
+	rt := b.rtOf(box{net: hs.Net, modern: hs.Modern})
+	for _, rid := range b.generations(ctx, id) {
+		if rid == hs.RunscID {
+			continue
+		}
+		out, err := b.run(ctx, rt, "", "state", rid)
+		var rs runscState
+		if err == nil && json.Unmarshal(out, &rs) == nil && (rs.Status == "running" || rs.Status == "paused") {
+			return rid, true
+		}
+	}
+	return "", false
 }
 
 // Release implements backend.Releaser: after a checkpoint, the sandbox is

@@ -101,6 +101,11 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	// lifted; Debian's runsc's checkpoint ends the sandbox and its cgroup
 	// with it. The newer runsc leaves it running (--leave-running: no
 	// restore in place, which took it ~2 s more), and its quota is put back.
+	// The bundle template goes first: a restore in place from this
+	// checkpoint (the edge's, after it went down during it) needs it.
+	if err := os.WriteFile(filepath.Join(ref.Dir, "config.json"), tmpl, 0o600); err != nil {
+		return nil, err
+	}
 	oci.SetCPUQuota(bx.runscID, -1, 0) //nolint:errcheck // only slower with the quota kept
 	rt := b.rtOf(bx)
 	args := []string{"checkpoint", "--image-path", memoryDir(ref)}
@@ -122,9 +127,6 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 				b.log.Warn("put the CPU limit back after a checkpoint", logging.SandboxID, id, logging.Error, err)
 			}
 		}
-	}
-	if err := os.WriteFile(filepath.Join(ref.Dir, "config.json"), tmpl, 0o600); err != nil {
-		return nil, err
 	}
 	return &backend.SnapshotInfo{SizeBytes: dirSize(ref.Dir), Stopped: !rt.modern}, nil
 }

@@ -224,6 +224,19 @@ func KillAll(id string) error {
 	}
 }
 
+// WaitEmpty waits up to d for a sandbox's cgroup to hold no process and
+// reports whether it came to hold none.
+func WaitEmpty(id string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for len(cgroupProcs(id)) > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
 // cgroupProcs lists the processes in a sandbox's cgroup, from every
 // hierarchy that has one (a process could have been moved in one only).
 func cgroupProcs(id string) []int {
