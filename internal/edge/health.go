@@ -50,6 +50,9 @@ const (
 var (
 	heartbeatEvery   = 5 * time.Second
 	heartbeatTimeout = 5 * time.Second
+	// hostStopCheck is how long a check goes unanswered before the edge
+	// asks the backend whether the runtime was stopped from the node.
+	hostStopCheck = time.Second
 )
 
 // healthLoop checks every running sandbox each tick.
@@ -166,6 +169,13 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 // sb.mu.
 func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
 	hb := &sb.hb
+	// A runtime stopped from the node (SIGSTOP to gVisor's sentry or to
+	// QEMU) answers nothing, SIGCONT from inside included: it is reported
+	// as soon as a check has gone unanswered for hostStopCheck.
+	if pid := hb.stoppedPid.Load(); pid != 0 {
+		e.failLocked(context.Background(), sb, fmt.Sprintf("its runtime process (pid %d) was stopped by a signal on the node (SIGSTOP); nothing in it answers", pid))
+		return true
+	}
 	if strikes := hb.strikes.Load(); strikes > 0 && !hb.running.Load() {
 		if strikes >= heartbeatStrikes {
 			e.failLocked(context.Background(), sb, fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered, and SIGCONT did not help)", strikes, heartbeatTimeout))
@@ -179,7 +189,7 @@ func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
 			}
 		}
 	}
-	last := max(hb.lastOK.Load(), sb.lastCallEnd.Load(), sb.started.Load())
+	last := max(hb.lastOK.Load(), sb.lastAnswered.Load(), sb.started.Load())
 	// Calls in flight do not excuse it: a long stream says nothing of the
 	// agent, and a call to a stopped agent would wait for its deadline.
 	if hb.running.Load() || now.Sub(time.Unix(0, last)) < heartbeatEvery {
@@ -191,6 +201,20 @@ func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
 		defer hb.running.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)
 		defer cancel()
+		// Unanswered for a while: is the runtime stopped from the node?
+		answered := make(chan struct{})
+		defer close(answered)
+		go func() {
+			select {
+			case <-answered:
+			case <-time.After(hostStopCheck):
+				sctx, scancel := context.WithTimeout(context.Background(), heartbeatTimeout)
+				defer scancel()
+				if st, err := sb.be.Status(sctx, sb.id); err == nil && st.HostStopped {
+					hb.stoppedPid.Store(int64(st.Pid))
+				}
+			}
+		}()
 		c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
 		_, err := c.Health(ctx, connect.NewRequest(&agentv1.HealthRequest{}))
 		switch {

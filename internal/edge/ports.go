@@ -130,7 +130,8 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	if _, err := e.ensureRunning(r.Context(), sb, true); err != nil {
 		return portCall{}, nil, err
 	}
-	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port))}, sb.callEnded, nil
+	// A port request says nothing of the agent: it does not excuse a heartbeat.
+	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port))}, func() { sb.callEnded(false) }, nil
 }
 
 // lookupAny finds a sandbox by id alone, for public port requests.

@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 
@@ -26,7 +27,8 @@ type callKey struct{}
 type agentCall struct {
 	id       sandboxid.ID
 	link     *agentlink.Link
-	detaches uint64 // the link's Detaches when the call began
+	detaches uint64       // the link's Detaches when the call began
+	failed   *atomic.Bool // set when the agent did not answer it
 }
 
 // viaLink sends a request over the agent link put in its context.
@@ -59,6 +61,7 @@ func (e *Edge) AgentProxy() http.Handler {
 		ErrorLog: slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			call := r.Context().Value(callKey{}).(agentCall)
+			call.failed.Store(true)
 			if call.link.Detaches() != call.detaches {
 				// Expected: a snapshot or fork cuts the agent's connection.
 				ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: a snapshot or fork of the sandbox reset its agent connection during this call; processes it started keep running (reattach with Process.Connect); retry other calls", call.id))) //nolint:errcheck // the client went away
@@ -110,8 +113,8 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		defer sb.callEnded()
-		call := agentCall{id: sb.id, link: link, detaches: link.Detaches()}
+		call := agentCall{id: sb.id, link: link, detaches: link.Detaches(), failed: &atomic.Bool{}}
+		defer func() { sb.callEnded(!call.failed.Load()) }()
 		ctx = context.WithValue(ctx, callKey{}, call)
 		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(ctx))

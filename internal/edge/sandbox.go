@@ -64,6 +64,8 @@ type sandbox struct {
 	calls       atomic.Int64
 	slots       chan struct{} // its unary calls in flight (callgate.go)
 	lastCallEnd atomic.Int64
+	// lastAnswered is when a call the agent answered last ended.
+	lastAnswered atomic.Int64
 	// started is when the sandbox last became running (unix nanoseconds).
 	started atomic.Int64
 	hb      heartbeatState
@@ -84,8 +86,15 @@ func (sb *sandbox) project() string { return sb.proj }
 // callStarted and callEnded bracket an agent call.
 func (sb *sandbox) callStarted() { sb.calls.Add(1) }
 
-func (sb *sandbox) callEnded() {
-	sb.lastCallEnd.Store(time.Now().UnixNano())
+// callEnded ends a call; answered says the agent answered it (a call that
+// timed out or lost its connection is no sign of the agent's life, for
+// the heartbeat).
+func (sb *sandbox) callEnded(answered bool) {
+	now := time.Now().UnixNano()
+	sb.lastCallEnd.Store(now)
+	if answered {
+		sb.lastAnswered.Store(now)
+	}
 	sb.calls.Add(-1)
 }
 
@@ -618,6 +627,9 @@ type heartbeatState struct {
 	lastOK    atomic.Int64 // unix nanoseconds of the last answer
 	strikes   atomic.Int32 // unanswered in a row
 	continued atomic.Bool  // SIGCONT was sent since the last answer
+	// stoppedPid is the runtime process a check found stopped from the
+	// node (0: none found).
+	stoppedPid atomic.Int64
 }
 
 // newUUID is a random (version 4) UUID, as the kernel's boot_id.

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -145,6 +147,45 @@ func TestGvisorWhoseRuntimeIsKilledIsReportedFailed(t *testing.T) {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	checkDead(t, c, sb, other, killed, inflight, "ended")
+}
+
+// Something on the node stops a gVisor sandbox's sentry with SIGSTOP:
+// nothing in it answers, SIGCONT through runsc included; it is reported
+// failed with the reason at the first unanswered health check.
+func TestGvisorWhoseSentryIsStoppedIsReportedFailed(t *testing.T) {
+	c := gvisorCluster(t)
+	ctx := ctxT(t)
+	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
+	sb, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.client.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sentry []int
+	for _, pid := range pidsOf(t, sb.ID) {
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.HasPrefix(string(cmd), "runsc-sandbox") {
+			sentry = append(sentry, pid)
+		}
+	}
+	if len(sentry) != 1 {
+		t.Fatalf("runsc-sandbox processes of the sandbox: %v, want one", sentry)
+	}
+	stopped := time.Now()
+	if err := syscall.Kill(sentry[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(sentry[0], syscall.SIGKILL) }) //nolint:errcheck // it may be gone
+	msg, took := waitFailed(t, c, sb.ID, stopped)
+	t.Logf("reported failed %v after the SIGSTOP: %s", took.Round(time.Millisecond), msg)
+	if !strings.Contains(msg, "stopped by a signal on the node") {
+		t.Errorf("reason: %q, want it to say the runtime was stopped on the node", msg)
+	}
+	if r, err := other.Shell(ctx, "echo ok"); err != nil || string(r.Stdout) != "ok\n" {
+		t.Errorf("its neighbour: %v %v", r, err)
+	}
 }
 
 // A gVisor sandbox that outgrows its memory limit is ended by the host's

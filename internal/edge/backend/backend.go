@@ -5,12 +5,15 @@
 package backend
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -140,6 +143,29 @@ type Status struct {
 	ID    sandboxid.ID
 	State State
 	Pid   int
+	// HostStopped reports that the process that runs the sandbox (gVisor's
+	// sentry, a VM's hypervisor) was stopped by a signal on the node
+	// (SIGSTOP): nothing in it answers, and no pause of the edge's did it.
+	HostStopped bool
+}
+
+// ProcessStopped reports whether process pid is stopped by a signal
+// (state T in /proc/PID/stat; not t, a tracee's stop, which gVisor's
+// ptrace platform puts its stubs in all the time).
+func ProcessStopped(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...; comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 >= len(data) {
+		return false
+	}
+	return data[i+2] == 'T'
 }
 
 // Backend runs sandboxes.

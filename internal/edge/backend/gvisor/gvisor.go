@@ -380,13 +380,15 @@ func (b *Backend) generations(ctx context.Context, id sandboxid.ID) []string {
 func (b *Backend) remove(ctx context.Context, bx box, rts ...runtime) error {
 	var errs []error
 	oci.Thaw(bx.runscID) //nolint:errcheck // a frozen sandbox cannot be killed; it may not be frozen
+	// Its processes go first: runsc's delete asks the sandbox to stop,
+	// and one stopped from the node (SIGSTOP) would never answer.
+	if err := oci.KillAll(bx.runscID); err != nil {
+		errs = append(errs, err)
+	}
 	for _, rt := range rts {
 		if out, err := b.run(ctx, rt, "", "delete", "--force", bx.runscID); err != nil && !notExist(out, err) {
 			errs = append(errs, err)
 		}
-	}
-	if err := oci.KillAll(bx.runscID); err != nil {
-		errs = append(errs, err)
 	}
 	if err := oci.RemoveCgroups(cgroupsPath(bx.runscID)); err != nil {
 		errs = append(errs, err)
@@ -413,6 +415,13 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 	}
 	if oci.Frozen(bx.runscID) {
 		return backend.Status{ID: id, State: backend.StatePaused}, nil
+	}
+	// A sentry or gofer stopped from the node: runsc state would wait on
+	// it, and nothing in the sandbox answers.
+	for _, pid := range oci.Procs(bx.runscID) {
+		if backend.ProcessStopped(pid) {
+			return backend.Status{ID: id, State: backend.StateRunning, Pid: pid, HostStopped: true}, nil
+		}
 	}
 	out, err := b.run(ctx, b.rtOf(bx), "", "state", bx.runscID)
 	if err != nil {
@@ -619,6 +628,9 @@ func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
+	// A sentry stopped from the node would never answer runsc's kill.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	_, err = b.run(ctx, b.rtOf(bx), "", "kill", bx.runscID, "CONT")
 	return err
 }

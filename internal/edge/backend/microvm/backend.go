@@ -442,6 +442,10 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 		return backend.Status{ID: id, State: backend.StateStopped}, nil
 	}
 	st := backend.Status{ID: id, State: backend.StateRunning, Pid: pid}
+	if backend.ProcessStopped(pid) {
+		st.HostStopped = true // its monitor would not answer either
+		return st, nil
+	}
 	if bx.firecracker() {
 		if i, err := newFCAPI(filepath.Join(bx.Dir, fcSocket)).info(ctx); err == nil && i.State == "Paused" {
 			st.State = backend.StatePaused

@@ -237,6 +237,9 @@ func WaitEmpty(id string, d time.Duration) bool {
 	return true
 }
 
+// Procs lists the processes in a sandbox's cgroup on the node.
+func Procs(id string) []int { return cgroupProcs(id) }
+
 // cgroupProcs lists the processes in a sandbox's cgroup, from every
 // hierarchy that has one (a process could have been moved in one only).
 func cgroupProcs(id string) []int {
