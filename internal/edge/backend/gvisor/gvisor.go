@@ -169,6 +169,9 @@ func (b *Backend) Probe(ctx context.Context) error {
 		}
 	}
 	raisePidMax(b.log)
+	if err := oci.BoundSandboxes(b.log); err != nil {
+		return errdefs.FailedPrecondition("gvisor backend: %v", err)
+	}
 	out, err := exec.CommandContext(ctx, b.runsc, "--platform="+b.platform, "help").CombinedOutput()
 	if err != nil && bytes.Contains(out, []byte("unknown platform")) {
 		return errdefs.FailedPrecondition("gvisor backend: this runsc has no platform %q (ptrace is always there)", b.platform)
