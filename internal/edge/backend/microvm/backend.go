@@ -110,6 +110,18 @@ func (b *Backend) Probe(ctx context.Context) error {
 			b.probeErr = fmt.Errorf("mkfs.ext4: %w (Debian's e2fsprogs)", err)
 			return
 		}
+		key, keyErr := b.probeKey()
+		if keyErr == nil {
+			if res := b.cachedProbe(key); res != nil {
+				b.probe = res
+				b.log.Info("microvm probe boot: the answer of an earlier start of this boot, with the same parts", "driver", res.Driver, "accel", res.Accel, "boot", res.Boot.Round(time.Millisecond))
+				return
+			}
+		}
+		if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
+			b.probeErr = err
+			return
+		}
 		dir, err := os.MkdirTemp(b.cfg.StateDir, "probe-")
 		if err != nil {
 			b.probeErr = err
@@ -119,6 +131,9 @@ func (b *Backend) Probe(ctx context.Context) error {
 		b.probe, b.probeErr = b.probeDrivers(ctx, dir)
 		if b.probeErr == nil {
 			b.log.Info("microvm probe boot", "driver", b.probe.Driver, "accel", b.probe.Accel, "boot", b.probe.Boot.Round(time.Millisecond), "not_used", b.probe.Skipped)
+			if keyErr == nil {
+				b.saveProbe(key, b.probe)
+			}
 		}
 	})
 	return b.probeErr
