@@ -321,15 +321,7 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 		up.cmd.Wait()
 	}()
 	ctx := ctxT(t)
-	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, sb := range list.Msg.Sandboxes {
-		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
-			t.Errorf("stop %s: %v", sb.Id, err)
-		}
-	}
+	stopAll(t, up)
 	// Snapshots that were taken before a kill are the caller's; any other
 	// directory left is not.
 	snaps, err := up.client.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
@@ -354,4 +346,19 @@ func linesWith(path, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// stopAll stops every sandbox up lists.
+func stopAll(t *testing.T, up *upProcess) {
+	t.Helper()
+	ctx := ctxT(t)
+	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list.Msg.Sandboxes {
+		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", sb.Id, err)
+		}
+	}
 }

@@ -545,9 +545,22 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("0.0.0.0", 9000), H).serve_forever()
 `
 
-// testForkWithNetwork: a gVisor sandbox that has used its network forks;
-// each copy has its own address, the source's policy, working egress,
-// the source's memory and its listening port reachable from outside.
+// heldBody GETs the held server's port 9000 of sb through the API and
+// returns its body; when says what the test was doing, for its failure.
+func heldBody(t *testing.T, sb *client.Sandbox, when string) string {
+	t.Helper()
+	resp, err := sb.PortClient().Get(sb.PortURL(9000))
+	if err != nil {
+		t.Fatalf("%s: GET %s:9000: %v", when, sb.ID, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: GET %s:9000: %d %s", when, sb.ID, resp.StatusCode, b)
+	}
+	return string(b)
+}
+
 // testOffloadWithNetwork: a networked gVisor sandbox offloaded (its memory
 // to disk) comes back, woken by a request to its port, with its address,
 // routes, policy and the server it ran, as it was.
@@ -560,19 +573,7 @@ func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
 	}
 	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
 	serveIn(t, sb, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &", 9000)
-	get := func(when string) string {
-		t.Helper()
-		resp, err := sb.PortClient().Get(sb.PortURL(9000))
-		if err != nil {
-			t.Fatalf("%s: GET :9000: %v", when, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 {
-			t.Fatalf("%s: GET :9000: %d %s", when, resp.StatusCode, b)
-		}
-		return string(b)
-	}
+	get := func(when string) string { return heldBody(t, sb, when) }
 	value := get("before the offload")
 	info, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 	if err != nil {
@@ -596,6 +597,9 @@ func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
 	}
 }
 
+// testForkWithNetwork: a gVisor sandbox that has used its network forks;
+// each copy has its own address, the source's policy, working egress,
+// the source's memory and its listening port reachable from outside.
 func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 	ctx := ctxT(t)
 	src, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
@@ -607,19 +611,7 @@ func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 	serveIn(t, src, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &", 9000)
 	// A connection out first: Debian's runsc could not checkpoint after one.
 	expectProbe(t, "source before the fork", src, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
-	body := func(sb *client.Sandbox) string {
-		t.Helper()
-		resp, err := sb.PortClient().Get(sb.PortURL(9000))
-		if err != nil {
-			t.Fatalf("GET %s:9000: %v", sb.ID, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 {
-			t.Fatalf("GET %s:9000: %d %s", sb.ID, resp.StatusCode, b)
-		}
-		return string(b)
-	}
+	body := func(sb *client.Sandbox) string { return heldBody(t, sb, "fork") }
 	value := body(src)
 	resp, err := c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
 	if err != nil {
