@@ -262,7 +262,7 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 	t.Logf("seed %d", seed)
 	outcomes := map[string]int{}
 	var up *upProcess
-	for round := 0; round < 6; round++ {
+	for round := 0; round < 4; round++ {
 		up = node.start(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		src, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 128}})
@@ -314,7 +314,7 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 		up.cmd.Process.Signal(syscall.SIGTERM)
 		up.cmd.Wait()
 	}
-	t.Logf("after 6 kills during snapshots and forks: %v", outcomes)
+	t.Logf("after 4 kills during snapshots and forks: %v", outcomes)
 	up = node.start(t)
 	defer func() {
 		up.cmd.Process.Signal(syscall.SIGTERM)

@@ -205,8 +205,8 @@ func hostileCases(t *testing.T, c *cluster, backend string) {
 				t.Fatalf("%d concurrent execs, %s deadline: %d answered, %d refused, %d neither (first: %v)", n, deadline, ok.Load(), refused.Load(), other.Load(), firstOther.Load())
 			}
 		}
-		flood(1000, 90*time.Second)
-		flood(1000, 3*time.Second)
+		flood(500, 90*time.Second)
+		flood(500, 3*time.Second)
 		answers(t, sb, 30*time.Second)
 	})
 
