@@ -77,9 +77,7 @@ type Auth struct {
 	// Key is the sandbox's agent key (NewKey).
 	Key string
 	// Issued reports that the agent has the key: then every connection
-	// must present it. Until then the first connection is given it. (The
-	// edge records it with the sandbox's running state: a sandbox that
-	// never ran is removed at the edge's restart.)
+	// must present it. Until then the first connection is given it.
 	Issued bool
 
 	mu sync.Mutex // guards Issued once the link runs
@@ -107,13 +105,6 @@ func (a *Auth) accept(c net.Conn) error {
 	}
 	a.Issued = true
 	return nil
-}
-
-// IsIssued reports whether a connection has been given the key.
-func (a *Auth) IsIssued() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.Issued
 }
 
 // check decides on a hello: the key presented, or none while the key has

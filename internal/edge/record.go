@@ -52,11 +52,9 @@ type record struct {
 	// restores it in place from there.
 	Checkpoint string `json:"checkpoint,omitempty"`
 	// AgentKey is the key the sandbox's agent presents at every connection
-	// (agentlink/auth.go); AgentKeyIssued that the agent has it. Empty for
-	// a VM (its link is its serial port) and for a sandbox made before
-	// agents authenticated.
-	AgentKey       string `json:"agent_key,omitempty"`
-	AgentKeyIssued bool   `json:"agent_key_issued,omitempty"`
+	// (agentlink/auth.go). Empty for a VM (its link is its serial port) and
+	// for a sandbox made before agents authenticated.
+	AgentKey string `json:"agent_key,omitempty"`
 
 	spec *sandboxv1.SandboxSpec // decoded Spec
 }

@@ -47,7 +47,6 @@ type sandbox struct {
 	mu   sync.Mutex       // serialises lifecycle changes
 	rec  *record          // guarded by mu
 	link *agentlink.Link  // guarded by mu; nil once removed
-	auth *agentlink.Auth  // guarded by mu; the link's agent key (nil: none)
 	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
 	// released is set once, under mu, when its capacity is given back (it
 	// failed and nothing of it is left); Status reads it without mu.
@@ -319,11 +318,12 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 	}
 	var auth *agentlink.Auth
 	if rec.AgentKey != "" {
-		// A sandbox that ran has given its agent the key; one still being
-		// created gives it to its first connection.
-		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.AgentKeyIssued || rec.State != stateCreating}
+		// A sandbox that ran, and a copy (its agent is its source's), has
+		// an agent with the key; a new one still being created gives it to
+		// its first connection. (One that never ran is removed at the
+		// edge's restart, so a restart never hands the key out again.)
+		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.State != stateCreating || rec.SourceSnapshot != ""}
 	}
-	sb.auth = auth
 	return agentlink.ListenAuthenticated(filepath.Join(e.runDir(rec.ID), "edge.sock"), auth, e.log)
 }
 
@@ -409,9 +409,6 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 		}
 	}
 	sb.rec.State = stateRunning
-	if sb.auth != nil && sb.auth.IsIssued() {
-		sb.rec.AgentKeyIssued = true
-	}
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
 	e.wakeExpiry()

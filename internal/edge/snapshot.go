@@ -408,7 +408,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 		spec.OnTimeout = o.onTimeout
 	}
 	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
-		AgentKey: snap.AgentKey, AgentKeyIssued: snap.AgentKey != ""}
+		AgentKey: snap.AgentKey}
 	if err := rec.setSpec(spec); err != nil {
 		return nil, err
 	}
