@@ -180,37 +180,13 @@ func (e *Edge) memoryOf(sb *sandbox) int64 {
 // restoreOffloaded brings an offloaded sandbox back in place: the same
 // id, its memory read back from its checkpoint. Callers hold sb.mu.
 func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
-	sn, err := snapshotter(sb.be)
-	if err != nil {
-		return err
-	}
-	bspec, err := e.recoverSpec(ctx, sb.rec)
-	if err != nil {
-		return err
-	}
-	if sb.net != nil {
-		bspec.NetNS = sb.net.NetNS
-		if err := e.net.Reset(ctx, sb.net); err != nil {
-			return errdefs.Wrap(errdefs.ErrUnavailable, err, "restore offloaded sandbox %s", sb.id)
-		}
-	}
 	ref := backend.SnapshotRef{ID: sandboxid.SnapshotID(sb.rec.Offloaded), Dir: offloadDir(sb)}
 	if _, err := os.Stat(ref.Dir); err != nil {
 		return errdefs.FailedPrecondition("offloaded sandbox %s: its checkpoint is gone: %v", sb.id, err)
 	}
 	began := time.Now()
-	h, err := sn.Restore(ctx, ref, bspec)
-	if err != nil {
+	if err := e.restoreInPlace(ctx, sb, ref); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "restore offloaded sandbox %s", sb.id)
-	}
-	sb.rec.Handle = h
-	if err := sb.save(); err != nil {
-		return err
-	}
-	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
-	defer cancel()
-	if err := agentReady(sb)(wait); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "offloaded sandbox %s: its agent did not come back", sb.id)
 	}
 	// The record stops naming the checkpoint before it goes: a crash in
 	// between must not find an offloaded sandbox without its memory.

@@ -126,7 +126,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		if rec.Checkpoint != "" {
 			// A checkpoint stopped it and the edge went down before it was
 			// brought back: it comes back from that checkpoint.
-			rerr := e.restoreFromCheckpoint(ctx, sb, bspec)
+			rerr := e.restoreFromCheckpoint(ctx, sb)
 			if rerr == nil {
 				e.log.Info("brought back from the checkpoint in flight when the edge went down", logging.SandboxID, rec.ID)
 				return sb.save()
@@ -227,29 +227,14 @@ func (e *Edge) removeOrphanDir(dir string, why error) {
 
 // restoreFromCheckpoint restores sb in place from the checkpoint its
 // record names and waits for its agent. Callers hold sb.mu.
-func (e *Edge) restoreFromCheckpoint(ctx context.Context, sb *sandbox, bspec *backend.Spec) error {
-	sn, err := snapshotter(sb.be)
-	if err != nil {
+func (e *Edge) restoreFromCheckpoint(ctx context.Context, sb *sandbox) error {
+	dir := sb.rec.Checkpoint
+	if _, err := os.Stat(dir); err != nil {
 		return err
 	}
-	if _, err := os.Stat(sb.rec.Checkpoint); err != nil {
+	if err := e.restoreInPlace(ctx, sb, backend.SnapshotRef{ID: sandboxid.SnapshotID(filepath.Base(dir)), Dir: dir}); err != nil {
 		return err
 	}
-	if sb.net != nil {
-		if err := e.net.Reset(ctx, sb.net); err != nil {
-			return err
-		}
-	}
-	h, err := sn.Restore(ctx, backend.SnapshotRef{ID: sandboxid.SnapshotID(filepath.Base(sb.rec.Checkpoint)), Dir: sb.rec.Checkpoint}, bspec)
-	if err != nil {
-		return err
-	}
-	sb.rec.Handle = h
 	sb.rec.Checkpoint = ""
-	if err := sb.save(); err != nil {
-		return err
-	}
-	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
-	defer cancel()
-	return agentReady(sb)(wait)
+	return nil
 }

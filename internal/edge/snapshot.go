@@ -212,24 +212,7 @@ func detachedSnapshot(ctx context.Context, sb *sandbox, sn backend.Snapshotter, 
 func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began time.Time, stopped bool) (time.Duration, error) {
 	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
 	if stopped {
-		sn, _ := snapshotter(sb.be)
-		bspec, err := e.recoverSpec(ctx, sb.rec)
-		if err == nil && sb.net != nil { // back in its own namespace, which the stopped runtime emptied
-			bspec.NetNS = sb.net.NetNS
-			err = e.net.Reset(ctx, sb.net)
-		}
-		var h *backend.Handle
-		if err == nil {
-			h, err = sn.Restore(ctx, snap.ref(), bspec)
-		}
-		if err == nil {
-			sb.rec.Handle = h
-			err = sb.save()
-		}
-		if err == nil {
-			err = sb.link.WaitReady(ctxTimeout(ctx, e.cfg.AgentTimeout))
-		}
-		if err != nil {
+		if err := e.restoreInPlace(ctx, sb, snap.ref()); err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
 			sb.rec.Checkpoint = ""
 			e.failLocked(context.WithoutCancel(ctx), sb, "it could not be restored after a snapshot: "+err.Error())
