@@ -390,6 +390,11 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 		}
 		spec.OnTimeout = o.onTimeout
 	}
+	// The source's policy, admitted on its node, is admitted again on this
+	// one (which may keep other addresses closed).
+	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
+		return nil, err
+	}
 	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
 		AgentKey: snap.AgentKey}
 	if err := rec.setSpec(spec); err != nil {

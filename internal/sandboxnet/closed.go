@@ -54,7 +54,9 @@ func closedRangeName(c netip.Prefix) string {
 // range (docs/design.md: node and metadata addresses stay closed), unless
 // the operator allowed such rules on this node. A rule that only contains
 // a closed range (0.0.0.0/0) is fine: it never opens it. field names the
-// rules in errors ("network.rules").
+// rules in errors ("network.rules"). The edge checks every policy it
+// admits (a create, a copy, an update); whatever is installed, a chain
+// opens no closed range unless the operator allowed it (nft.go).
 func (n Node) CheckPolicy(field string, p Policy) error {
 	for i, r := range p.Rules {
 		if r.Domain != "" {

@@ -201,9 +201,6 @@ func (n *Network) release(addr netip.Addr, name string) {
 // address when addr is the zero value), and installs policy p. On failure
 // nothing of it is left.
 func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Policy) (_ *Link, err error) {
-	if err := n.node.CheckPolicy("network.rules", p); err != nil {
-		return nil, err
-	}
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -316,9 +313,6 @@ func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
 	n.mu.Unlock()
 	if !ok || a.sb.Name != l.Name {
 		return errdefs.FailedPrecondition("network update of %s: it is not attached", l.Name)
-	}
-	if err := n.node.CheckPolicy("rules", p); err != nil {
-		return err
 	}
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
 		return err
