@@ -41,7 +41,6 @@ func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Reque
 
 func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request[sandboxv1.ListSnapshotsRequest]) (*connect.Response[sandboxv1.ListSnapshotsResponse], error) {
 	scope := principalFrom(ctx).Project
-	var conns []*edgeclient.Conn
 	if req.Msg.SandboxId != "" {
 		// One sandbox's snapshots are on its edge, whose answer (not found,
 		// for another project's sandbox) is the call's.
@@ -54,10 +53,10 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 			return nil, err
 		}
 		return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: resp.Msg.Snapshots}), nil
-	} else {
-		for _, n := range h.s.watcher.View().Healthy() {
-			conns = append(conns, h.s.edges.Get(n.Addr))
-		}
+	}
+	var conns []*edgeclient.Conn
+	for _, n := range h.s.watcher.View().Healthy() {
+		conns = append(conns, h.s.edges.Get(n.Addr))
 	}
 	var (
 		mu   sync.Mutex

@@ -202,19 +202,14 @@ func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)
 		defer cancel()
 		// Unanswered for a while: is the runtime stopped from the node?
-		answered := make(chan struct{})
-		defer close(answered)
-		go func() {
-			select {
-			case <-answered:
-			case <-time.After(hostStopCheck):
-				sctx, scancel := context.WithTimeout(context.Background(), heartbeatTimeout)
-				defer scancel()
-				if st, err := sb.be.Status(sctx, sb.id); err == nil && st.HostStopped {
-					hb.stoppedPid.Store(int64(st.Pid))
-				}
+		check := time.AfterFunc(hostStopCheck, func() {
+			sctx, scancel := context.WithTimeout(context.Background(), heartbeatTimeout)
+			defer scancel()
+			if st, err := sb.be.Status(sctx, sb.id); err == nil && st.HostStopped {
+				hb.stoppedPid.Store(int64(st.Pid))
 			}
-		}()
+		})
+		defer check.Stop()
 		c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
 		_, err := c.Health(ctx, connect.NewRequest(&agentv1.HealthRequest{}))
 		switch {

@@ -321,9 +321,11 @@ func (e *Edge) ListSnapshots(scope, sandbox string) ([]*sandboxv1.Snapshot, erro
 	e.mu.Unlock()
 	if sandbox != "" && len(out) == 0 {
 		// Another project's sandbox is not found here, as in every other
-		// call; an empty list would say it exists.
+		// call; an empty list would say it exists. (The caller's own
+		// sandbox that is gone, with no snapshots left, lists none.)
 		if _, err := e.lookup(sandbox, scope); err != nil {
-			if _, anyScope := e.lookup(sandbox, ""); foreign || anyScope == nil || !errdefs.IsNotFound(err) {
+			_, anyErr := e.lookup(sandbox, "")
+			if elsewhere := foreign || anyErr == nil; elsewhere || !errdefs.IsNotFound(err) {
 				return nil, err
 			}
 		}

@@ -118,10 +118,6 @@ func (b *Backend) Probe(ctx context.Context) error {
 				return
 			}
 		}
-		if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
-			b.probeErr = err
-			return
-		}
 		dir, err := os.MkdirTemp(b.cfg.StateDir, "probe-")
 		if err != nil {
 			b.probeErr = err
