@@ -561,18 +561,26 @@ func heldBody(t *testing.T, sb *client.Sandbox, when string) string {
 	return string(b)
 }
 
-// testOffloadWithNetwork: a networked gVisor sandbox offloaded (its memory
-// to disk) comes back, woken by a request to its port, with its address,
-// routes, policy and the server it ran, as it was.
-func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
+// heldServing creates a gVisor sandbox allowed to reach in.web:8080 that
+// serves a value held in its memory on port 9000 (heldServer).
+func heldServing(t *testing.T, c *cluster, in *internet) *client.Sandbox {
+	t.Helper()
+	sb, err := c.client.Create(ctxT(t), &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
 		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
 	serveIn(t, sb, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &", 9000)
+	return sb
+}
+
+// testOffloadWithNetwork: a networked gVisor sandbox offloaded (its memory
+// to disk) comes back, woken by a request to its port, with its address,
+// routes, policy and the server it ran, as it was.
+func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
+	ctx := ctxT(t)
+	sb := heldServing(t, c, in)
 	get := func(when string) string { return heldBody(t, sb, when) }
 	value := get("before the offload")
 	info, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
@@ -602,13 +610,7 @@ func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
 // the source's memory and its listening port reachable from outside.
 func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 	ctx := ctxT(t)
-	src, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
-		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { src.Stop(context.Background()) }) //nolint:errcheck // best effort
-	serveIn(t, src, "cat > /tmp/held.py <<'EOF'\n"+heldServer+"\nEOF\nnohup python3 /tmp/held.py >/dev/null 2>&1 &", 9000)
+	src := heldServing(t, c, in)
 	// A connection out first: Debian's runsc could not checkpoint after one.
 	expectProbe(t, "source before the fork", src, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
 	body := func(sb *client.Sandbox) string { return heldBody(t, sb, "fork") }

@@ -96,18 +96,25 @@ func pidsOf(t *testing.T, s string) []int {
 	return pids
 }
 
+// victimAndNeighbour creates two sandboxes of spec: the one a test ends,
+// and one beside it that must go on answering.
+func victimAndNeighbour(t *testing.T, c *cluster, spec *sandboxv1.SandboxSpec) (victim, neighbour *client.Sandbox) {
+	t.Helper()
+	victim, err := c.client.Create(ctxT(t), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	neighbour, err = c.client.Create(ctxT(t), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return victim, neighbour
+}
+
 // The host kills a container's agent: the sandbox is failed at once.
 func TestContainerWhoseAgentIsKilledIsReportedFailed(t *testing.T) {
 	c := containerCluster(t)
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, containerSpec())
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := c.client.Create(ctx, containerSpec())
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, other := victimAndNeighbour(t, c, containerSpec())
 	inflight := longCall(t, sb)
 	out, err := exec.Command("crun", "--root", filepath.Join(c.cfg.StateDir, "edge", "backends", "container", "crun"), "state", sb.ID).Output()
 	if err != nil {
@@ -127,16 +134,8 @@ func TestContainerWhoseAgentIsKilledIsReportedFailed(t *testing.T) {
 // The host kills a gVisor sandbox's runsc processes: failed at once.
 func TestGvisorWhoseRuntimeIsKilledIsReportedFailed(t *testing.T) {
 	c := gvisorCluster(t)
-	ctx := ctxT(t)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
-	sb, err := c.client.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := c.client.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, other := victimAndNeighbour(t, c, spec)
 	inflight := longCall(t, sb)
 	pids := pidsOf(t, sb.ID)
 	if len(pids) == 0 {
@@ -156,14 +155,7 @@ func TestGvisorWhoseSentryIsStoppedIsReportedFailed(t *testing.T) {
 	c := gvisorCluster(t)
 	ctx := ctxT(t)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
-	sb, err := c.client.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := c.client.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, other := victimAndNeighbour(t, c, spec)
 	var sentry []int
 	for _, pid := range pidsOf(t, sb.ID) {
 		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.HasPrefix(string(cmd), "runsc-sandbox") {
