@@ -168,6 +168,30 @@ func ProcessStopped(pid int) bool {
 	return data[i+2] == 'T'
 }
 
+// WaitStopped polls b's status of id until it is stopped (true), the
+// status cannot be read (its error), or limit passes (false, nil). A stop
+// uses it for its grace period and again after SIGKILL: stopped means
+// stopped once Stop returns.
+func WaitStopped(ctx context.Context, b Backend, id sandboxid.ID, limit time.Duration) (bool, error) {
+	for deadline := time.Now().Add(limit); ; {
+		st, err := b.Status(ctx, id)
+		if err != nil || st.State == StateStopped {
+			return err == nil, err
+		}
+		if !time.Now().Before(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// StopAfterKill bounds the wait for a sandbox to stop after SIGKILL.
+const StopAfterKill = 5 * time.Second
+
 // Backend runs sandboxes.
 type Backend interface {
 	Name() string

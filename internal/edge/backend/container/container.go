@@ -277,17 +277,16 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 	if out, err := b.run(ctx, "kill", string(id), "TERM"); err != nil && !notExist(out) {
 		b.log.Debug("sigterm failed", logging.SandboxID, id, logging.Error, err)
 	}
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if st, err := b.Status(ctx, id); err != nil || st.State == backend.StateStopped {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
+	if done, err := backend.WaitStopped(ctx, b, id, grace); done || err != nil {
+		return err
 	}
 	if out, err := b.run(ctx, "kill", "--all", string(id), "KILL"); err != nil && !notExist(out) {
 		return err
 	}
-	return nil
+	if done, err := backend.WaitStopped(ctx, b, id, backend.StopAfterKill); done || err != nil {
+		return err
+	}
+	return errdefs.Unavailable("container: sandbox %s still runs %v after SIGKILL", id, backend.StopAfterKill)
 }
 
 // Destroy kills every process and removes the container, its cgroups and

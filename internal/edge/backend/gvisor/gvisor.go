@@ -319,17 +319,18 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
 	}
 	b.run(ctx, b.rtOf(bx), "", "kill", "--all", bx.runscID, "TERM") //nolint:errcheck // it may be gone
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if st, err := b.Status(ctx, id); err != nil || st.State == backend.StateStopped {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
+	if done, err := backend.WaitStopped(ctx, b, id, grace); done || err != nil {
+		return err
 	}
 	if out, err := b.run(ctx, b.rtOf(bx), "", "kill", "--all", bx.runscID, "KILL"); err != nil && !notExist(out, err) {
 		return err
 	}
-	return nil
+	// runsc reports the container running until the sentry has reaped
+	// what the KILL ended.
+	if done, err := backend.WaitStopped(ctx, b, id, backend.StopAfterKill); done || err != nil {
+		return err
+	}
+	return errdefs.Unavailable("gvisor: sandbox %s still runs %v after SIGKILL", id, backend.StopAfterKill)
 }
 
 // Destroy removes the sandbox, its cgroups and its rootfs mount. A sandbox
