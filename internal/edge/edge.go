@@ -21,8 +21,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -59,11 +57,16 @@ type Config struct {
 	// WarmLayers is how many empty layers of the default size are kept
 	// ready, so a create does not wait for one to be formatted; default 4.
 	WarmLayers int
-	// DiskOvercommit is how many times the free space of LayerDir's file
-	// system (when the edge starts) the disk limits of its sandboxes may add
-	// up to: layers are sparse and most sandboxes write far less than their
-	// limit; default 2.
+	// DiskOvercommit above 1 lets the disk limits of the sandboxes add up
+	// to that many times the free space of LayerDir's file system when the
+	// edge starts: layers are sparse and most sandboxes write far less than
+	// their limit, but one that fills the disk then loses its neighbours'
+	// writes. Default 1: a layer is admitted only while the disk has room
+	// for every admitted layer written in full (diskroom.go).
 	DiskOvercommit float64
+	// DiskKeepFreeMB is what LayerDir's file system keeps free beyond what
+	// the layers may write; default 2 % of its size, 64 MiB to 1 GiB.
+	DiskKeepFreeMB int64
 	// Network turns on sandbox networking (network.go); nil: sandboxes
 	// have loopback only and a create that asks for a network fails.
 	Network *NetworkConfig
@@ -101,8 +104,8 @@ type Edge struct {
 	// layers makes the writable layers of DiskLayer backends; nil when no
 	// backend needs them.
 	layers *layerfs.FS
-	// diskBudgetMB is what disk limits may add up to on LayerDir.
-	diskBudgetMB int64
+	// disk is LayerDir's file system and what it keeps free (diskroom.go).
+	disk diskRoom
 	// net attaches sandboxes to the node's sandbox network; nil without
 	// one, and netOff says why.
 	net     *sandboxnet.Network
@@ -204,7 +207,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.backends[b.Name()] = b
 	}
 	if e.layers != nil {
-		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.diskBudgetMB)
+		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.budgetMB)
+	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB); err != nil {
+		return nil, fmt.Errorf("edge: state directory %s: %w", cfg.StateDir, err)
 	}
 	e.netOff = "not configured"
 	if cfg.Network != nil {
@@ -428,20 +433,15 @@ func (e *Edge) openLayers() error {
 	if warm == 0 {
 		warm = 4
 	}
-	over := e.cfg.DiskOvercommit
-	if over <= 0 {
-		over = 2
-	}
 	fs, err := layerfs.Open(layerfs.Config{Dir: dir, WarmMB: e.cfg.Limits.DefaultDiskMB, Warm: max(warm, 0)}, e.log)
 	if err != nil {
 		return fmt.Errorf("writable layers: %w", err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	room, err := newDiskRoom(dir, e.cfg.DiskOvercommit, e.cfg.DiskKeepFreeMB)
+	if err != nil {
 		fs.Close()
 		return err
 	}
-	e.layers = fs
-	e.diskBudgetMB = int64(float64(int64(st.Bavail)*st.Bsize>>20) * over)
+	e.layers, e.disk = fs, room
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -112,6 +113,9 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	sn := sb.be.(backend.Snapshotter)
 	before := e.memoryOf(sb)
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(e.node), Dir: offloadDir(sb)}
+	if err := e.checkDiskFor(sb.dir, e.stateSizeOf(sb), "offloading sandbox "+string(sb.id)); err != nil {
+		return 0, "", err
+	}
 	os.RemoveAll(ref.Dir) //nolint:errcheck // a leftover of a failed attempt
 	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
 		return 0, "", err
@@ -175,6 +179,19 @@ func (e *Edge) memoryOf(sb *sandbox) int64 {
 		return 0
 	}
 	return u.MemoryBytes
+}
+
+// stateSizeOf bounds what a checkpoint of sb writes: its memory in use
+// (a gVisor sandbox's root file system is in it) and what its writable
+// layer holds, and a little for the checkpoint's own files.
+func (e *Edge) stateSizeOf(sb *sandbox) int64 {
+	need := e.memoryOf(sb) + 16<<20
+	if sb.rec.LayerDir != "" {
+		if used, _, err := layerfs.Usage(sb.rec.LayerDir); err == nil {
+			need += used
+		}
+	}
+	return need
 }
 
 // restoreOffloaded brings an offloaded sandbox back in place: the same

@@ -205,8 +205,10 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 		return nil, err
 	}
 	disk := e.diskOf(be, r)
-	if disk > 0 && e.diskMB+disk > e.diskBudgetMB {
-		return nil, errdefs.ResourceExhausted("node full: disk limits of %d of %d MiB admitted, %d asked", e.diskMB, e.diskBudgetMB, disk)
+	if disk > 0 {
+		if err := e.admitLayerLocked(disk); err != nil {
+			return nil, err
+		}
 	}
 	e.diskMB += disk
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)

@@ -153,6 +153,9 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		AgentKey: sb.rec.AgentKey, spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
+	if err := e.checkDiskFor(e.cfg.StateDir, e.stateSizeOf(sb), "a snapshot of sandbox "+string(sb.id)); err != nil {
+		return nil, began, false, err
+	}
 	if err := os.MkdirAll(snap.dir, 0o700); err != nil {
 		return nil, began, false, err
 	}

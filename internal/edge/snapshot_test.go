@@ -249,3 +249,38 @@ func listSnapshots(t *testing.T, e *Edge, scope, sandbox string) []*sandboxv1.Sn
 	}
 	return out
 }
+
+// With no room left on the state disk, a snapshot is refused up front with
+// the reason, an offload becomes a freeze that says why, and the sandbox
+// runs on as it was.
+func TestSnapshotAndOffloadWithoutDiskRoomAreRefused(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.edge.disk.keepFree = 1 << 60 // more than any disk has
+	_, err = f.edge.Snapshot(ctx, sb.Id, "root", "")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "node disk full: a snapshot of sandbox "+sb.Id) {
+		t.Fatalf("snapshot on a full disk: %v, want resource exhausted naming the disk", err)
+	}
+	// An offload without room is a freeze, and says why.
+	out, err := f.edge.PauseAt(ctx, sb.Id, "root", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+	if err != nil || out.Sandbox.PauseDepth != sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE || !strings.Contains(out.Note, "node disk full: offloading sandbox "+sb.Id) {
+		t.Fatalf("offload on a full disk: %+v %v, want a freeze whose note names the disk", out, err)
+	}
+	if _, err := f.edge.Resume(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(f.dir, "edge", "snapshots")); len(ents) != 0 {
+		t.Fatalf("a refused snapshot left %d entries", len(ents))
+	}
+	if out, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil || !strings.HasPrefix(out, "yes ") {
+		t.Fatalf("the sandbox does not answer after the refusals: %q %v", out, err)
+	}
+	f.edge.disk.keepFree = 0
+	if _, err := f.edge.Snapshot(ctx, sb.Id, "root", ""); err != nil {
+		t.Fatalf("snapshot with room: %v", err)
+	}
+}

@@ -45,6 +45,8 @@ type Config struct {
 	Capacity         edge.Capacity
 	CPUOvercommit    float64
 	MemoryOvercommit float64
+	// DiskOvercommit is the edges' (edge.Config.DiskOvercommit).
+	DiskOvercommit float64
 	// RunBase is the edge's short directory for agent sockets.
 	RunBase string
 	// WarmLayers is how many empty writable layers the edge keeps ready

@@ -276,6 +276,26 @@ func Usage(mnt string) (used, size int64, err error) {
 	return int64(st.Blocks-st.Bfree) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
 }
 
+// Promised is what the node's disk still owes the layers that exist (warm
+// ones aside): each layer's size less what its image already takes, summed
+// (unwritten), and the sizes themselves (sizes). A layer's image is sparse,
+// so the disk must keep unwritten free or a sandbox writing its own layer
+// finds the node's disk full and its neighbours' writes are lost.
+func (f *FS) Promised() (unwritten, sizes int64) {
+	for _, name := range f.names() {
+		if f.isWarm(name) {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(f.Path(name)+".img", &st) != nil {
+			continue // removed meanwhile, or not made yet
+		}
+		sizes += st.Size
+		unwritten += max(st.Size-st.Blocks*512, 0)
+	}
+	return unwritten, sizes
+}
+
 func (f *FS) kick() {
 	select {
 	case f.refill <- struct{}{}:

@@ -143,3 +143,38 @@ func TestWarmLayers(t *testing.T) {
 		t.Fatalf("left after close: %v", ents)
 	}
 }
+
+// Promised counts what the layers may still write: their sizes less what
+// their images hold, warm layers aside, and it falls as a layer is written.
+func TestPromisedFallsAsALayerIsWritten(t *testing.T) {
+	f := open(t, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(f.names()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // the warm layer is made
+	}
+	if u, s := f.Promised(); u != 0 || s != 0 {
+		t.Fatalf("with only a warm layer: promised %d of %d bytes, want none", u, s)
+	}
+	a, err := f.Create(context.Background(), 48)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, sizes := f.Promised()
+	if sizes != 48<<20 || before <= 40<<20 || before > 48<<20 {
+		t.Fatalf("a new 48 MiB layer: promised %d bytes of %d, want sizes 48 MiB and most of it unwritten", before, sizes)
+	}
+	if _, err := fill(t, filepath.Join(a, "data"), 16); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+	after, _ := f.Promised()
+	if before-after < 15<<20 {
+		t.Fatalf("16 MiB written: promised went from %d to %d bytes, want it lower by about 16 MiB", before, after)
+	}
+	if err := f.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	if u, s := f.Promised(); s != 0 || u != 0 {
+		t.Fatalf("after removal: promised %d of %d bytes", u, s)
+	}
+}
