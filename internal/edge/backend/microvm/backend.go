@@ -52,6 +52,19 @@ type Backend struct {
 type box struct {
 	Dir string `json:"dir"`           // the guest's files: disks, initramfs, sockets
 	VMM string `json:"vmm,omitempty"` // Guest.VMM
+	// QMP is QEMU's monitor socket, in the sandbox's run directory: a unix
+	// socket path holds 107 bytes, which Dir under a deep state directory
+	// exceeds. Handles saved before it existed have it in Dir.
+	QMP string `json:"qmp,omitempty"`
+}
+
+// newBox is the box of a new guest of spec.
+func newBox(spec *backend.Spec, vmm string) *box {
+	bx := &box{Dir: filepath.Join(spec.Dir, "vm"), VMM: vmm}
+	if spec.RunDir != "" {
+		bx.QMP = filepath.Join(spec.RunDir, "qmp.sock")
+	}
+	return bx
 }
 
 // firecracker says whether the box's guest runs on Firecracker.
@@ -61,7 +74,12 @@ func (b box) firecracker() bool { return b.VMM == vmmFirecracker }
 const vmmFirecracker = "firecracker"
 
 func (b box) pidFile() string { return filepath.Join(b.Dir, "qemu.pid") }
-func (b box) qmpSock() string { return filepath.Join(b.Dir, "qmp.sock") }
+func (b box) qmpSock() string {
+	if b.QMP != "" {
+		return b.QMP
+	}
+	return filepath.Join(b.Dir, "qmp.sock")
+}
 
 // New makes the backend. Options: "qemu" (the binary), "guest" (the
 // directory scripts/guest-kernel.sh filled), "init" (dsec-vminit),
@@ -238,7 +256,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.InvalidArgument("microvm: the image has no layers")
 	}
-	bx := &box{Dir: filepath.Join(spec.Dir, "vm")}
+	bx := newBox(spec, "")
 	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -509,19 +527,24 @@ func (bx *box) kill(grace time.Duration) error {
 }
 
 // Destroy implements backend.Backend: the guest ends and its files go
-// (the root image stays for the image's other sandboxes).
+// (the root image stays for the image's other sandboxes). A sandbox it has
+// no box of (a crash cut its create) is found by its id (orphans.go), and
+// so is a VMM whose start was cut before it wrote its pid file.
 func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	b.mu.Lock()
 	bx, ok := b.boxes[id]
 	b.mu.Unlock()
 	if !ok {
-		return nil
+		return destroyUnknown(id)
 	}
 	if err := bx.kill(time.Second); err != nil {
 		return err
 	}
 	if g, err := bx.loadGuest(); err == nil && g.MemShared && g.MemFile != "" {
 		os.Remove(g.MemFile)
+	}
+	if err := destroyUnknown(id); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(bx.Dir); err != nil {
 		return err
@@ -575,6 +598,7 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Pauser  = (*Backend)(nil)
+	_ backend.Backend   = (*Backend)(nil)
+	_ backend.Pauser    = (*Backend)(nil)
+	_ backend.Inventory = (*Backend)(nil)
 )

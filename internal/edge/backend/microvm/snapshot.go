@@ -189,7 +189,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err != nil {
 		return nil, errdefs.NotFound("snapshot %s: no guest description: %v", ref.ID, err)
 	}
-	bx := &box{Dir: filepath.Join(spec.Dir, "vm"), VMM: g.VMM}
+	bx := newBox(spec, g.VMM)
 	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
 		return nil, err
 	}
