@@ -219,6 +219,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.recover(ctx)
+	e.sweepBackends(ctx)
 	e.sweepLayers()
 	e.sweepRunDirs()
 	if e.layers != nil {

@@ -181,6 +181,35 @@ func (e *Edge) sweepRunDirs() {
 	}
 }
 
+// sweepBackends destroys what backends with an Inventory find running of
+// sandboxes this edge has no record of: a create or a fork's copy a crash
+// cut before its record, or a record removed before its processes ended.
+func (e *Edge) sweepBackends(ctx context.Context) {
+	for _, be := range e.backends {
+		inv, ok := be.(backend.Inventory)
+		if !ok {
+			continue
+		}
+		ids, err := inv.Found(ctx, e.node)
+		if err != nil {
+			e.log.Warn("list what the backend runs", logging.Backend, be.Name(), logging.Error, err)
+			continue
+		}
+		for _, id := range ids {
+			e.mu.Lock()
+			_, known := e.boxes[id]
+			e.mu.Unlock()
+			if _, err := os.Stat(e.sandboxDir(id)); known || err == nil {
+				continue // recorded (a record recovery could not read stays for inspection)
+			}
+			e.log.Warn("removing what a sandbox with no record left running", logging.SandboxID, id, logging.Backend, be.Name())
+			if err := be.Destroy(ctx, id); err != nil {
+				e.log.Error("remove an orphan sandbox's processes", logging.SandboxID, id, logging.Error, err)
+			}
+		}
+	}
+}
+
 // sweepLayers removes writable layers that no record names: a crash came
 // between making one and recording it, or the record is gone.
 func (e *Edge) sweepLayers() {

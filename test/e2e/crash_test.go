@@ -208,6 +208,88 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 	checkNodeClean(t, node.state, up.node)
 }
 
+// kill -9 of dsec up while microVMs are being created and forked: QEMU
+// daemonizes, so a VM whose create or copy was cut outlives the edge; the
+// next start finishes or undoes every one, and once all are stopped no
+// QEMU and no guest RAM of the node is left.
+func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "qemu-system-x86_64")
+	testutil.RequireBinary(t, "mkfs.ext4")
+	guest := testutil.GuestKernelDir(t)
+	node := newUpNode(t)
+	flags := []string{"--backends", "microvm", "--microvm-guest", guest, "--microvm-init", testutil.VMInitBinary(t)}
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("seed %d", seed)
+	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 128, DiskMb: 64}}
+	for round := 0; round < 6; round++ {
+		up := node.start(t, flags...)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		list, _ := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := up.client.Create(ctx, spec); err != nil && connect.CodeOf(err) != connect.CodeUnavailable && connect.CodeOf(err) != connect.CodeCanceled && !strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "connection reset") {
+					t.Logf("create in round %d: %v", round, err) // other than the kill's
+				}
+			}()
+		}
+		if list != nil {
+			for i, sb := range list.Msg.Sandboxes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if i%2 == 0 || sb.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+						up.client.Sandbox(sb.Id).Stop(ctx) //nolint:errcheck // likewise
+						return
+					}
+					up.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.Id, Count: 1})) //nolint:errcheck // likewise
+				}()
+			}
+		}
+		// A TCG boot takes seconds: the kill lands before QEMU starts,
+		// while it boots, or once the create is done.
+		time.Sleep(time.Duration(200+rng.IntN(4000)) * time.Millisecond)
+		up.cmd.Process.Signal(syscall.SIGKILL)
+		up.cmd.Wait()
+		cancel()
+		wg.Wait()
+	}
+	up := node.start(t, flags...)
+	defer func() {
+		up.cmd.Process.Signal(syscall.SIGTERM)
+		up.cmd.Wait()
+	}()
+	ctx := ctxT(t)
+	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, sb := range list.Msg.Sandboxes {
+		counts[sb.State.String()]++
+		switch sb.State {
+		case sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
+			if _, err := up.client.Sandbox(sb.Id).Shell(ctx, "true"); err != nil {
+				t.Errorf("%s is listed running but does not answer: %v", sb.Id, err)
+			}
+		case sandboxv1.SandboxState_SANDBOX_STATE_FAILED:
+		default:
+			t.Errorf("%s is stuck %v: %s", sb.Id, sb.State, sb.Message)
+		}
+	}
+	t.Logf("after 6 kills: %v; log: %s", counts, linesWith(filepath.Join(node.state, "dsec.log"), "no record left running"))
+	for _, sb := range list.Msg.Sandboxes {
+		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", sb.Id, err)
+		}
+	}
+	checkNodeClean(t, node.state, up.node)
+}
+
 // checkNodeClean asserts that nothing of node's sandboxes is left.
 func checkNodeClean(t *testing.T, state, node string) {
 	t.Helper()
@@ -217,6 +299,9 @@ func checkNodeClean(t *testing.T, state, node string) {
 		if strings.Contains(sc.Text(), node+"-") {
 			t.Errorf("process left: %s", sc.Text())
 		}
+	}
+	if ram, _ := filepath.Glob("/dev/shm/opendsec-" + node + "-*"); len(ram) > 0 {
+		t.Errorf("guest RAM files left: %v", ram)
 	}
 	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/opendsec/" + node + "-*"); len(cg) > 0 {
 		t.Errorf("cgroups left: %v", cg)

@@ -192,6 +192,16 @@ func WaitStopped(ctx context.Context, b Backend, id sandboxid.ID, limit time.Dur
 // StopAfterKill bounds the wait for a sandbox to stop after SIGKILL.
 const StopAfterKill = 5 * time.Second
 
+// Inventory is an optional capability of a backend whose sandboxes can
+// outlive what the edge recorded of them (a VMM that daemonized before a
+// crash of the edge saved its handle): Found lists the ids of node's
+// sandboxes it finds running or holding resources on the host. At start,
+// after recovery, the edge destroys those it has no record of; Destroy of
+// an id the backend has no handle of must then find them by the id.
+type Inventory interface {
+	Found(ctx context.Context, node sandboxid.NodeID) ([]sandboxid.ID, error)
+}
+
 // Backend runs sandboxes.
 type Backend interface {
 	Name() string

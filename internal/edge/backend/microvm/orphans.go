@@ -1,0 +1,108 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// What a crash of the edge can leave of a VM the edge has no record of: a
+// create or a fork's copy cut before its handle was saved, or a record
+// removed before its VMM ended. Both VMMs run daemonized, so they outlive
+// the edge; they are found by their command line, which names the box's
+// directory (…/<sandbox id>/vm/…), and a QEMU's RAM by its file in /dev/shm.
+
+var (
+	boxDirArg = regexp.MustCompile(`/([a-z0-9]+-[a-z0-9]+)/vm/`)
+	memName   = regexp.MustCompile(`^opendsec-([a-z0-9]+-[a-z0-9]+)\.mem$`)
+)
+
+// vmmProcs returns the pids of the VMM processes on the host by sandbox id.
+func vmmProcs() map[sandboxid.ID][]int {
+	out := map[sandboxid.ID][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil || len(cmdline) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		exe := filepath.Base(argv[0])
+		if !strings.HasPrefix(exe, "qemu-system-") && exe != "firecracker" {
+			continue
+		}
+		for _, arg := range argv[1:] {
+			if m := boxDirArg.FindStringSubmatch(arg); m != nil {
+				if id := sandboxid.ID(m[1]); validID(id) {
+					out[id] = append(out[id], pid)
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
+func validID(id sandboxid.ID) bool {
+	_, _, err := sandboxid.Parse(string(id))
+	return err == nil
+}
+
+// Found implements backend.Inventory: every sandbox of node with a VMM
+// running or guest RAM in /dev/shm.
+func (b *Backend) Found(ctx context.Context, node sandboxid.NodeID) ([]sandboxid.ID, error) {
+	seen := map[sandboxid.ID]bool{}
+	for id := range vmmProcs() {
+		seen[id] = true
+	}
+	ents, err := os.ReadDir("/dev/shm")
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, ent := range ents {
+		if m := memName.FindStringSubmatch(ent.Name()); m != nil && validID(sandboxid.ID(m[1])) {
+			seen[sandboxid.ID(m[1])] = true
+		}
+	}
+	var ids []sandboxid.ID
+	for id := range seen {
+		if _, n, err := sandboxid.Parse(string(id)); err == nil && n == node {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// destroyUnknown ends the VMMs of a sandbox this backend has no box of and
+// removes its guest RAM; the edge removes its directory.
+func destroyUnknown(id sandboxid.ID) error {
+	pids := vmmProcs()[id]
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // may be gone
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(pids) > 0; {
+		if len(vmmProcs()[id]) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("microvm: sandbox %s: its VMM still runs 5 s after SIGKILL", id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := os.Remove(memFile(id)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
