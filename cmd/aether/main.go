@@ -32,6 +32,7 @@ func main() {
 	version := flag.Bool("version", false, "print the version and exit")
 	syncClock := flag.Bool("sync-clock", false, "step the clock to the node's that every request from the edge carries (in a VM)")
 	linkAuth := flag.Bool("link-auth", false, "present the key the edge gives at the first connection at every later one (the edge then serves no other agent)")
+	spawnCgroup := flag.String("spawn-cgroup", "", "start every process of the sandbox in this cgroup v2 directory, the agent staying outside it (a microVM's guest)")
 	flag.Parse()
 	if *version {
 		fmt.Println(aether.Version)
@@ -51,6 +52,14 @@ func main() {
 			os.Exit(1)
 		}
 	}
+	var cgroup *os.File
+	if *spawnCgroup != "" {
+		var err error
+		if cgroup, err = os.OpenFile(*spawnCgroup, os.O_RDONLY|syscall.O_DIRECTORY, 0); err != nil {
+			fmt.Fprintln(os.Stderr, "aether: the sandbox's cgroup:", err)
+			os.Exit(1)
+		}
+	}
 	ctx := context.Background()
 	if os.Getpid() != 1 {
 		// Run by hand: a signal ends it. As a sandbox's PID 1 it ignores
@@ -59,18 +68,18 @@ func main() {
 		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 	}
-	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, logging.New("text", level)); err != nil {
+	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, cgroup, logging.New("text", level)); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, linkAuth bool, log *slog.Logger) error {
+func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, linkAuth bool, cgroup *os.File, log *slog.Logger) error {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth}, log).Run(ctx)
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup}, log).Run(ctx)
 }

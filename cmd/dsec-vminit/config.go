@@ -22,6 +22,10 @@ type config struct {
 	ResolvConf string   `json:"resolv_conf,omitempty"`
 	// Net is the guest's network interface, when the sandbox has one.
 	Net *netConfig `json:"net,omitempty"`
+	// Pids and NoFile are the sandbox's limits on processes and threads
+	// and on open files per process (limits.go); 0: none.
+	Pids   int64 `json:"pids,omitempty"`
+	NoFile int64 `json:"nofile,omitempty"`
 }
 
 func readConfig() (*config, error) {

@@ -58,6 +58,13 @@ func main() {
 		}
 		fmt.Printf("%s after %s in userspace; starting the agent\n", Marker, time.Since(began).Round(time.Millisecond))
 		args := []string{agent, "-edge-socket", link, "-sync-clock"}
+		cgroup, err := cfg.limit()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dsec-vminit: the sandbox's limits:", err)
+		}
+		if cgroup != "" {
+			args = append(args, "-spawn-cgroup", cgroup)
+		}
 		if cfg.MachineID != "" {
 			args = append(args, "-machine-id", cfg.MachineID)
 		}

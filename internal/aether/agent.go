@@ -61,7 +61,10 @@ type Config struct {
 	// every connection (agentlink/auth.go); LinkKey, if set, is the key it
 	// starts with (an in-process agent's restored memory).
 	AuthenticateLink bool
-	LinkKey          string
+	// SpawnCgroup, if set, is the cgroup every process of the sandbox
+	// starts in (spawn.Spawner.Cgroup).
+	SpawnCgroup *os.File
+	LinkKey     string
 }
 
 // Agent serves one sandbox.
@@ -84,7 +87,7 @@ type Agent struct {
 func New(cfg Config, log *slog.Logger) *Agent {
 	log = logging.OrDiscard(log)
 	users := sysuser.NewDB(cfg.Root)
-	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env}
+	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env, Cgroup: cfg.SpawnCgroup}
 	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now(), watches: &watchSet{}}
 	a.procs.watches = a.watches
 	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log, Authenticate: cfg.AuthenticateLink}

@@ -35,6 +35,11 @@ type Request struct {
 type Spawner struct {
 	Users   sysuser.DB
 	BaseEnv map[string]string
+	// Cgroup, if set, is an open cgroup v2 directory every process starts
+	// in (clone3's CLONE_INTO_CGROUP): the sandbox's limits bind its
+	// processes while the agent, outside, keeps running (a microVM's
+	// guest, dsec-vminit).
+	Cgroup *os.File
 
 	mu      sync.Mutex
 	tracked map[int]struct{} // guarded by mu: pids of children someone waits for
@@ -144,6 +149,9 @@ func (s *Spawner) Start(res *Resolved, r Request) (*os.Process, error) {
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {
 		sys.Setpgid = true
+	}
+	if s.Cgroup != nil {
+		sys.UseCgroupFD, sys.CgroupFD = true, int(s.Cgroup.Fd())
 	}
 	if res.User.UID != 0 || res.User.GID != 0 {
 		sys.Credential = &syscall.Credential{Uid: res.User.UID, Gid: res.User.GID, Groups: res.User.Groups}

@@ -4,11 +4,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -50,7 +52,9 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.client.Create(ctx, spec)
+	limited := proto.Clone(spec).(*sandboxv1.SandboxSpec)
+	limited.Resources.Pids, limited.Resources.OpenFiles = 64, 2048
+	b, err := c.client.Create(ctx, limited)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +74,24 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 	if got := string(shell(t, b, "cat /root/note 2>/dev/null || echo absent").Stdout); got != "absent\n" {
 		t.Fatalf("the second sandbox sees the first's file: %q", got)
+	}
+	// The sandbox's limits hold inside the guest, on its processes and
+	// not on the agent: a fork bomb gets EAGAIN at the pids limit, a memory
+	// hog is killed by the cgroup's OOM killer, and the agent answers on.
+	if got := string(shell(t, b, "ulimit -n; cat /proc/self/cgroup /proc/1/cgroup").Stdout); got != "2048\n0::/sandbox\n0::/\n" {
+		t.Fatalf("open files limit and cgroups (a process's, the agent's): %q", got)
+	}
+	// The shell gives up at the first fork refused; what it started is
+	// counted and killed with builtins only (a fork would be refused too).
+	bomb := "(i=0; while [ $i -lt 200 ]; do sleep 60 & echo $! >> /tmp/pids; i=$((i+1)); done) 2>/dev/null; n=0; while read p; do n=$((n+1)); kill $p; done < /tmp/pids; echo $n"
+	if n, err := strconv.Atoi(strings.TrimSpace(string(shell(t, b, bomb).Stdout))); err != nil || n >= 64 || n < 16 {
+		t.Fatalf("200 processes asked under a pids limit of 64: %d ran (%v)", n, err)
+	}
+	if got := string(shell(t, b, `awk 'BEGIN { s = "x"; while (1) s = s s }'; echo "rc=$?"`).Stdout); got != "rc=137\n" {
+		t.Fatalf("a memory hog past the guest's memory: %q, want it killed (rc=137)", got)
+	}
+	if got := string(shell(t, b, "echo alive").Stdout); got != "alive\n" {
+		t.Fatalf("after the fork bomb and the hog: %q", got)
 	}
 	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: a.ID})); err != nil {
 		t.Fatal(err)

@@ -248,6 +248,10 @@ type GuestConfig struct {
 	Hosts      string    `json:"hosts,omitempty"`
 	ResolvConf string    `json:"resolv_conf,omitempty"`
 	Net        *GuestNet `json:"net,omitempty"`
+	// Pids and NoFile are the sandbox's limits, which dsec-vminit applies
+	// inside the guest.
+	Pids   int64 `json:"pids,omitempty"`
+	NoFile int64 `json:"nofile,omitempty"`
 }
 
 // Create implements backend.Backend: the root disk (shared), the
@@ -271,7 +275,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := NewWritableDisk(ctx, filepath.Join(bx.Dir, "rw.ext4"), disk); err != nil {
 		return nil, err
 	}
-	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, MachineID: spec.MachineID}
+	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, MachineID: spec.MachineID, Pids: spec.Pids, NoFile: spec.NoFile}
 	if spec.HostsFile != "" {
 		data, _ := os.ReadFile(spec.HostsFile)
 		gc.Hosts = string(data)

@@ -1,0 +1,69 @@
+package spawn
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/opendsec/opendsec/internal/sysuser"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// cgroup2Root is a cgroup v2 hierarchy of the host's (the unified one of a
+// hybrid host, or the only one), or the test skips.
+func cgroup2Root(t *testing.T) string {
+	testutil.RequireRoot(t)
+	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return p
+		}
+	}
+	t.Skip("no cgroup v2 hierarchy on this host")
+	return ""
+}
+
+// With a cgroup, a process is born in it (no moment outside), and the
+// agent that started it stays where it was.
+func TestProcessesStartInTheSpawnersCgroup(t *testing.T) {
+	root := cgroup2Root(t)
+	dir, err := os.MkdirTemp(root, "spawn-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(dir)
+	cg, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	before, _ := os.ReadFile("/proc/self/cgroup")
+	s := &Spawner{Users: sysuser.NewDB("/"), Cgroup: cg}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := Request{Args: []string{"cat", "/proc/self/cgroup"}, Files: []*os.File{nil, w, w}}
+	res, err := s.Resolve(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Start(res, req)
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(r)
+	p.Wait()
+	s.Forget(p.Pid)
+	if want := "0::/" + filepath.Base(dir) + "\n"; !strings.Contains(string(out), want) {
+		t.Fatalf("the child's cgroups: %q, want %q among them", out, want)
+	}
+	if after, _ := os.ReadFile("/proc/self/cgroup"); string(after) != string(before) {
+		t.Fatalf("the spawner moved: %q, was %q", after, before)
+	}
+}
