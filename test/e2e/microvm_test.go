@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,7 +54,7 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	limited := proto.Clone(spec).(*sandboxv1.SandboxSpec)
-	limited.Resources.Pids, limited.Resources.OpenFiles = 64, 2048
+	limited.Resources.Pids, limited.Resources.OpenFiles, limited.Resources.CpuCores = 64, 2048, 0.5
 	b, err := c.client.Create(ctx, limited)
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +93,21 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 	if got := string(shell(t, b, "echo alive").Stdout); got != "alive\n" {
 		t.Fatalf("after the fork bomb and the hog: %q", got)
+	}
+	// Its half core is held on the node: its QEMU is in its cpu cgroup,
+	// with half a period's quota, and a busy loop gets throttled.
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"); err == nil {
+		cpu := "/sys/fs/cgroup/cpu/opendsec/" + b.ID
+		if q, _ := os.ReadFile(cpu + "/cpu.cfs_quota_us"); strings.TrimSpace(string(q)) != "50000" {
+			t.Fatalf("the microVM's CPU quota: %q, want 50000 of 100000 us", q)
+		}
+		shell(t, b, "timeout 2 sh -c 'while :; do :; done'; true")
+		stat, _ := os.ReadFile(cpu + "/cpu.stat")
+		if !regexp.MustCompile(`nr_throttled [1-9]`).Match(stat) {
+			t.Fatalf("a busy loop in a 0.5-core microVM was never throttled: %s", stat)
+		}
+	} else {
+		t.Logf("no cgroup v1 cpu controller on this host: the CPU limit is the vCPU count (not checked)")
 	}
 	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: a.ID})); err != nil {
 		t.Fatal(err)

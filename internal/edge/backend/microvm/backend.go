@@ -316,7 +316,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		return nil, err
 	}
 	guest := Guest{Root: root,
-		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))),
+		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))), CPUCores: spec.CPUCores,
 		Initrd: filepath.Join(bx.Dir, "initrd.cpio"), Console: filepath.Join(bx.Dir, "console.log"),
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
 		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
@@ -389,6 +389,17 @@ func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	if g.CPUCores > 0 {
+		id := sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))
+		pid, ok := bx.pid()
+		if !ok {
+			return fmt.Errorf("microvm: QEMU of %s ended as it started; console: %s", id, tail(g.Console))
+		}
+		if err := limitCPU(id, pid, g.CPUCores); err != nil && !errors.Is(err, errNoCPUController) {
+			bx.kill(0) //nolint:errcheck // a VM without its limit does not run
+			return fmt.Errorf("microvm: CPU limit of %s: %w", id, err)
+		}
 	}
 	return nil
 }

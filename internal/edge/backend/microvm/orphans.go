@@ -85,8 +85,9 @@ func (b *Backend) Found(ctx context.Context, node sandboxid.NodeID) ([]sandboxid
 	return ids, nil
 }
 
-// destroyUnknown ends the VMMs of a sandbox this backend has no box of and
-// removes its guest RAM; the edge removes its directory.
+// destroyUnknown ends every VMM of sandbox id, found by its command line
+// (whether or not this backend has a box of it), and removes its guest RAM
+// and cpu cgroup; the edge removes its directory.
 func destroyUnknown(id sandboxid.ID) error {
 	pids := vmmProcs()[id]
 	for _, pid := range pids {
@@ -104,5 +105,5 @@ func destroyUnknown(id sandboxid.ID) error {
 	if err := os.Remove(memFile(id)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	return nil
+	return removeCPUCgroup(id)
 }

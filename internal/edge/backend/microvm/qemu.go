@@ -102,9 +102,12 @@ func writeGuestInitramfs(dst, initPath, modulesDir string, modules []string, ext
 
 // Guest is what one QEMU guest is started with.
 type Guest struct {
-	Accel, CPU   string // "tcg" and "max" when empty
-	MemoryMB     int
-	SMP          int // vCPUs; 1 when 0
+	Accel, CPU string // "tcg" and "max" when empty
+	MemoryMB   int
+	SMP        int // vCPUs; 1 when 0
+	// CPUCores is the sandbox's CPU limit, held on the node (cpu.go); 0:
+	// the vCPUs only.
+	CPUCores     float64 `json:",omitempty"`
 	Initrd       string
 	Console      string // the serial console's log file
 	AgentChardev string // QEMU -chardev for the agent's port (id=agent)

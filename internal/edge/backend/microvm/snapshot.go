@@ -209,6 +209,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return b.restoreFirecracker(ctx, bx, g, ref, spec)
 	}
 	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
+	g.CPUCores = spec.CPUCores
 	if err := bx.saveGuest(g); err != nil {
 		return nil, err
 	}
