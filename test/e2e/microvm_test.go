@@ -94,6 +94,12 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	if got := string(shell(t, b, "echo alive").Stdout); got != "alive\n" {
 		t.Fatalf("after the fork bomb and the hog: %q", got)
 	}
+	// An impostor agent cannot take the link: the agent holds the
+	// virtio-serial port, which admits one opener.
+	port := `for p in /sys/class/virtio-ports/*; do if [ "$(cat $p/name)" = dsec.agent ]; then cat /dev/${p##*/}; fi; done 2>&1; echo rc=$?`
+	if got := string(shell(t, b, port).Stdout); !strings.Contains(got, "busy") || !strings.HasSuffix(got, "rc=1\n") {
+		t.Fatalf("opening the agent's port from inside: %q, want it busy", got)
+	}
 	// Its half core is held on the node: its QEMU is in its cpu cgroup,
 	// with half a period's quota, and a busy loop gets throttled.
 	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"); err == nil {
