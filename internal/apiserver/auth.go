@@ -129,7 +129,7 @@ func actingProject(p iam.Principal, asked string) (string, error) {
 		return p.Project, nil
 	}
 	if !p.CanAccess(asked) {
-		return "", errdefs.PermissionDenied("project %q: your API key belongs to %q and reaches only it and its sub-projects", asked, p.Project)
+		return "", errdefs.PermissionDenied("project %q: your API key belongs to %q and reaches only it and its sub-projects", errdefs.Clip(asked, 128), p.Project)
 	}
 	return asked, nil
 }

@@ -141,7 +141,7 @@ func (e *Edge) exportedFile(id, token string) (string, *snapxfer.Manifest, error
 			return x.snap.dir, x.manifest, nil
 		}
 	}
-	return "", nil, errdefs.PermissionDenied("snapshot %s: not exported to this token (or its lease ended)", clipName(id))
+	return "", nil, errdefs.PermissionDenied("snapshot %s: not exported to this token (or its lease ended)", errdefs.Clip(id, 140))
 }
 
 // SnapshotHandler serves exported snapshots (snapxfer.Prefix).

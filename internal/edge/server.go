@@ -31,7 +31,7 @@ func (e *Edge) Handler() http.Handler {
 			return
 		}
 		if r.TLS != nil && !pki.PeerHasRole(r.TLS, pki.RoleAPIServer, pki.RoleWatcher) {
-			errdefs.WriteHTTP(w, errdefs.PermissionDenied("path %q: this certificate's role may only pull exported snapshots (%s)", clipName(r.URL.Path), snapxfer.Prefix))
+			errdefs.WriteHTTP(w, errdefs.PermissionDenied("path %q: this certificate's role may only pull exported snapshots (%s)", errdefs.Clip(r.URL.Path, 140), snapxfer.Prefix))
 			return
 		}
 		if r.Header.Get(headers.SandboxPort) != "" {

@@ -239,7 +239,7 @@ func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
 // Snapshot snapshots a sandbox; it keeps running.
 func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1.Snapshot, error) {
 	if name != "" && (!snapshotNameRE.MatchString(name) || strings.HasPrefix(name, "snap-")) {
-		return nil, errdefs.InvalidArgument("name %q: 1 to 128 letters, digits, '.', '_' and '-', starting with a letter or digit, and not \"snap-...\" (snapshot ids look so)", clipName(name))
+		return nil, errdefs.InvalidArgument("name %q: 1 to 128 letters, digits, '.', '_' and '-', starting with a letter or digit, and not \"snap-...\" (snapshot ids look so)", errdefs.Clip(name, 140))
 	}
 	sb, err := e.lookup(id, scope)
 	if err != nil {
@@ -269,13 +269,6 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 }
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
-func clipName(s string) string {
-	if len(s) > 140 {
-		return s[:140] + "..."
-	}
-	return s
-}
 
 // snapshotNamed is project's snapshot called name on this node, if any.
 func (e *Edge) snapshotNamed(project, name string) *snapshot {

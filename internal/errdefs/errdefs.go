@@ -6,6 +6,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // The classes. Each sentinel's text is the class name; the wrapping error
@@ -92,3 +93,16 @@ func Wrap(class error, cause error, format string, args ...any) error {
 
 // IsNotFound reports whether err is of class ErrNotFound.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// Clip shortens outside input quoted in an error message to at most n
+// bytes (cut at a character boundary), marked with "...": a request cannot
+// make its own error large.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}

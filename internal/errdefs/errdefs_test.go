@@ -58,3 +58,23 @@ func TestRetryMarksTheConnectError(t *testing.T) {
 		t.Fatalf("unmarked error carries %v", plain.Meta())
 	}
 }
+
+// Clip keeps short input whole and cuts long input at a character
+// boundary, never inside a UTF-8 sequence.
+func TestClip(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 8, "short"},
+		{"exactly8", 8, "exactly8"},
+		{"longer than eight", 8, "longer t..."},
+		{"aé", 2, "a..."}, // é is two bytes: not cut in half
+		{"ééé", 3, "é..."},
+	} {
+		if got := Clip(tc.in, tc.n); got != tc.want {
+			t.Errorf("Clip(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}

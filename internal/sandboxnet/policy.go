@@ -149,17 +149,17 @@ func parseRule(s RuleSpec) (Rule, error) {
 	var r Rule
 	switch {
 	case s.Domain != "" && s.CIDR != "":
-		return r, fmt.Errorf("both domain %q and cidr %q: a rule has one of them", clip(s.Domain), clip(s.CIDR))
+		return r, fmt.Errorf("both domain %q and cidr %q: a rule has one of them", errdefs.Clip(s.Domain, 64), errdefs.Clip(s.CIDR, 64))
 	case s.Domain != "":
 		d, err := parseDomain(s.Domain)
 		if err != nil {
-			return r, fmt.Errorf("domain %q: %v", clip(s.Domain), err)
+			return r, fmt.Errorf("domain %q: %v", errdefs.Clip(s.Domain, 64), err)
 		}
 		r.Domain = d
 	case s.CIDR != "":
 		p, err := parseCIDR(s.CIDR)
 		if err != nil {
-			return r, fmt.Errorf("cidr %q: %v", clip(s.CIDR), err)
+			return r, fmt.Errorf("cidr %q: %v", errdefs.Clip(s.CIDR, 64), err)
 		}
 		r.Prefix = p
 	default:
@@ -173,7 +173,7 @@ func parseRule(s RuleSpec) (Rule, error) {
 	case "udp":
 		r.Protocol = UDP
 	default:
-		return r, fmt.Errorf("protocol %q: want tcp, udp or empty for both", clip(s.Protocol))
+		return r, fmt.Errorf("protocol %q: want tcp, udp or empty for both", errdefs.Clip(s.Protocol, 64))
 	}
 	ports, err := parsePorts(s.Ports)
 	if err != nil {
@@ -223,7 +223,7 @@ func checkLabel(l string) error {
 	case l == "":
 		return fmt.Errorf("an empty label (two dots in a row, or a leading dot)")
 	case len(l) > 63:
-		return fmt.Errorf("label %q is %d characters, at most 63", clip(l), len(l))
+		return fmt.Errorf("label %q is %d characters, at most 63", errdefs.Clip(l, 64), len(l))
 	case strings.Contains(l, "*"):
 		return fmt.Errorf("a wildcard is only allowed as the whole first label (*.example.org)")
 	case l[0] == '-' || l[len(l)-1] == '-':
@@ -284,10 +284,10 @@ func parsePorts(specs []string) ([]PortRange, error) {
 		a, errA := parsePort(first)
 		b, errB := parsePort(last)
 		if errA != nil || errB != nil {
-			return nil, fmt.Errorf("port %q: want a number 1-65535 or a range like 8000-8100", clip(s))
+			return nil, fmt.Errorf("port %q: want a number 1-65535 or a range like 8000-8100", errdefs.Clip(s, 64))
 		}
 		if a > b {
-			return nil, fmt.Errorf("port range %q: the first port is above the last", clip(s))
+			return nil, fmt.Errorf("port range %q: the first port is above the last", errdefs.Clip(s, 64))
 		}
 		out = append(out, PortRange{a, b})
 	}
@@ -309,13 +309,6 @@ func parsePort(s string) (uint16, error) {
 		return 0, fmt.Errorf("bad port")
 	}
 	return uint16(n), nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }
 
 // RuleSpecFromText reads a rule in the form String writes, for command

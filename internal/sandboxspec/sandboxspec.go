@@ -73,7 +73,7 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 		return errdefs.InvalidArgument("backend: empty; choose one of %s", list(backends))
 	}
 	if len(spec.Backend) > maxBackendLen || !backendRE.MatchString(spec.Backend) || !contains(backends, spec.Backend) {
-		return errdefs.InvalidArgument("backend %q: unknown; choose one of %s", clip(spec.Backend), list(backends))
+		return errdefs.InvalidArgument("backend %q: unknown; choose one of %s", errdefs.Clip(spec.Backend, 64), list(backends))
 	}
 	if _, err := image.ParseRef(spec.Image); err != nil {
 		return err
@@ -145,7 +145,7 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 // CheckTask validates a task label (empty: none).
 func CheckTask(task string) error {
 	if task != "" && (len(task) > maxTaskLen || !taskRE.MatchString(task)) {
-		return errdefs.InvalidArgument("task %q: 1 to %d of letters, digits, '.', '_', ':' and '-'", clip(task), maxTaskLen)
+		return errdefs.InvalidArgument("task %q: 1 to %d of letters, digits, '.', '_', ':' and '-'", errdefs.Clip(task, 64), maxTaskLen)
 	}
 	return nil
 }
@@ -165,7 +165,7 @@ func checkEnv(env map[string]string) error {
 	size := 0
 	for k, v := range env {
 		if !envKeyRE.MatchString(k) {
-			return errdefs.InvalidArgument("env %q: names are letters, digits and '_', not starting with a digit", clip(k))
+			return errdefs.InvalidArgument("env %q: names are letters, digits and '_', not starting with a digit", errdefs.Clip(k, 64))
 		}
 		if strings.ContainsRune(v, 0) {
 			return errdefs.InvalidArgument("env %s: value contains a NUL byte", k)
@@ -185,10 +185,10 @@ func CheckMetadata(md map[string]string) error {
 	}
 	for k, v := range md {
 		if k == "" || len(k) > maxMetaKey {
-			return errdefs.InvalidArgument("metadata key %q: 1 to %d characters", clip(k), maxMetaKey)
+			return errdefs.InvalidArgument("metadata key %q: 1 to %d characters", errdefs.Clip(k, 64), maxMetaKey)
 		}
 		if len(v) > maxMetaValue {
-			return errdefs.InvalidArgument("metadata %q: value longer than %d characters", clip(k), maxMetaValue)
+			return errdefs.InvalidArgument("metadata %q: value longer than %d characters", errdefs.Clip(k, 64), maxMetaValue)
 		}
 	}
 	return nil
@@ -210,11 +210,4 @@ func list(names []string) string {
 	s := append([]string(nil), names...)
 	sort.Strings(s)
 	return strings.Join(s, ", ")
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 // File is one file of a snapshot, by its path relative to the snapshot's
@@ -121,7 +123,7 @@ func (m *Manifest) Validate() error {
 			return fmt.Errorf("manifest: files[%d] %q: negative size %d", i, f.Path, f.Size)
 		}
 		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != sha256.Size {
-			return fmt.Errorf("manifest: files[%d] %q: sha256 %q is not 64 hex digits", i, f.Path, clip(f.SHA256))
+			return fmt.Errorf("manifest: files[%d] %q: sha256 %q is not 64 hex digits", i, f.Path, errdefs.Clip(f.SHA256, 80))
 		}
 	}
 	// A file may not also be a directory of another (a/b and a/b/c).
@@ -139,27 +141,20 @@ func (m *Manifest) Validate() error {
 // "._-" whose elements are not "." or "..".
 func checkPath(p string) error {
 	if p == "" || len(p) > maxPathLen {
-		return fmt.Errorf("path %q: want 1 to %d characters", clip(p), maxPathLen)
+		return fmt.Errorf("path %q: want 1 to %d characters", errdefs.Clip(p, 80), maxPathLen)
 	}
 	for _, c := range p {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-/", c)) {
-			return fmt.Errorf("path %q: only letters, digits and \"._-/\" are allowed", clip(p))
+			return fmt.Errorf("path %q: only letters, digits and \"._-/\" are allowed", errdefs.Clip(p, 80))
 		}
 	}
 	for _, el := range strings.Split(p, "/") {
 		if el == "" || el == "." || el == ".." {
-			return fmt.Errorf("path %q: want a relative path without empty, \".\" or \"..\" elements", clip(p))
+			return fmt.Errorf("path %q: want a relative path without empty, \".\" or \"..\" elements", errdefs.Clip(p, 80))
 		}
 	}
 	if strings.HasSuffix(p, partSuffix) {
-		return fmt.Errorf("path %q: the %s suffix is the puller's own", clip(p), partSuffix)
+		return fmt.Errorf("path %q: the %s suffix is the puller's own", errdefs.Clip(p, 80), partSuffix)
 	}
 	return nil
-}
-
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
 }

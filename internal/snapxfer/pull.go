@@ -90,7 +90,7 @@ func (s Source) get(ctx context.Context, rest string, from int64) (*http.Respons
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		json.Unmarshal(data, &body) //nolint:errcheck // a plain message is kept below
 		if body.Message == "" {
-			body.Message = clip(string(data))
+			body.Message = errdefs.Clip(string(data), 80)
 		}
 		return nil, peerError(resp.StatusCode, fmt.Sprintf("snapshot %s at %s: %s", s.ID, s.BaseURL, body.Message))
 	}

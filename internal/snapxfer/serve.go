@@ -34,7 +34,7 @@ func Handler(lookup Lookup) http.Handler {
 		rest, ok := strings.CutPrefix(r.URL.Path, Prefix)
 		id, what, _ := strings.Cut(rest, "/")
 		if !ok || id == "" {
-			errdefs.WriteHTTP(w, errdefs.NotFound("path %q: want %sID/manifest or %sID/files/PATH", clip(r.URL.Path), Prefix, Prefix))
+			errdefs.WriteHTTP(w, errdefs.NotFound("path %q: want %sID/manifest or %sID/files/PATH", errdefs.Clip(r.URL.Path, 80), Prefix, Prefix))
 			return
 		}
 		dir, m, err := lookup(id, r.Header.Get(TokenHeader))
@@ -55,18 +55,18 @@ func Handler(lookup Lookup) http.Handler {
 			}
 		}
 		if file == nil {
-			errdefs.WriteHTTP(w, errdefs.NotFound("snapshot %s has no file %q", clip(id), clip(name)))
+			errdefs.WriteHTTP(w, errdefs.NotFound("snapshot %s has no file %q", errdefs.Clip(id, 80), errdefs.Clip(name, 80)))
 			return
 		}
 		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(file.Path)))
 		if err != nil {
-			errdefs.WriteHTTP(w, errdefs.Wrap(errdefs.ErrNotFound, err, "snapshot %s: file %s", clip(id), file.Path))
+			errdefs.WriteHTTP(w, errdefs.Wrap(errdefs.ErrNotFound, err, "snapshot %s: file %s", errdefs.Clip(id, 80), file.Path))
 			return
 		}
 		defer f.Close()
 		fi, err := f.Stat()
 		if err != nil || fi.Size() != file.Size {
-			errdefs.WriteHTTP(w, errdefs.FailedPrecondition("snapshot %s: file %s changed since its manifest", clip(id), file.Path))
+			errdefs.WriteHTTP(w, errdefs.FailedPrecondition("snapshot %s: file %s changed since its manifest", errdefs.Clip(id, 80), file.Path))
 			return
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")

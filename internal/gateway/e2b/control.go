@@ -724,7 +724,7 @@ func unixParam(r *http.Request, name string) (time.Time, error) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < 0 || n > 1<<40 {
-		return time.Time{}, errdefs.InvalidArgument("%s %q: Unix seconds expected", name, clip(v))
+		return time.Time{}, errdefs.InvalidArgument("%s %q: Unix seconds expected", name, errdefs.Clip(v, 64))
 	}
 	return time.Unix(n, 0), nil
 }

@@ -69,7 +69,7 @@ func networkPolicy(allowInternet *bool, n *networkJSON) (*sandboxv1.NetworkPolic
 		if !p.Internet {
 			continue // already denied: nothing but allowOut is open
 		}
-		return nil, errdefs.InvalidArgument("network.denyOut[%d] %q: only %s (all traffic) can be denied here; deny %s and list what the sandbox may reach in allowOut", i, clip(d), allTraffic, allTraffic)
+		return nil, errdefs.InvalidArgument("network.denyOut[%d] %q: only %s (all traffic) can be denied here; deny %s and list what the sandbox may reach in allowOut", i, errdefs.Clip(d, 64), allTraffic, allTraffic)
 	}
 	for _, a := range n.AllowOut {
 		p.Rules = append(p.Rules, ruleFor(a))
@@ -151,11 +151,4 @@ func (g *Gateway) trafficToken(sandboxID string) string {
 
 func (g *Gateway) validTrafficToken(sandboxID, token string) bool {
 	return subtle.ConstantTimeCompare([]byte(g.trafficToken(sandboxID)), []byte(token)) == 1
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

@@ -51,7 +51,7 @@ func (g *Gateway) checkSignature(id string, r *http.Request) error {
 	if expiry != "" {
 		at, err := strconv.ParseInt(expiry, 10, 64)
 		if err != nil {
-			return errdefs.Unauthenticated("signature_expiration %q: not unix seconds", clip(expiry))
+			return errdefs.Unauthenticated("signature_expiration %q: not unix seconds", errdefs.Clip(expiry, 64))
 		}
 		if time.Now().Unix() > at {
 			return errdefs.Unauthenticated("signature: expired at %s", time.Unix(at, 0).UTC().Format(time.RFC3339))
