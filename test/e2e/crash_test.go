@@ -36,17 +36,29 @@ type upProcess struct {
 // handed out (":0") and the test closed could be handed out again to one of
 // dsec up's own ":0" listeners before dsec up binds its API to it: that
 // once failed a restart with "address already in use".
+// It never hands out a port twice (a test's daemons take theirs later).
 func freePort(t *testing.T) int {
+	handedMu.Lock()
+	defer handedMu.Unlock()
 	for i := 0; i < 100; i++ {
 		port := 20000 + rand.IntN(12000)
+		if handed[port] {
+			continue
+		}
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
 			l.Close()
+			handed[port] = true
 			return port
 		}
 	}
 	t.Fatal("no free port in 20000-31999")
 	return 0
 }
+
+var (
+	handedMu sync.Mutex
+	handed   = map[int]bool{} // guarded by handedMu
+)
 
 // upNode is a state directory, and an image store with root/busybox, for
 // dsec up processes of a test's own, which it may kill and start again on

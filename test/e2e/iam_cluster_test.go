@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,10 +154,5 @@ func TestIAMReplicasAsDaemons(t *testing.T) {
 // freeAddr returns a loopback address with a port nothing listens on now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr())
+	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
 }
