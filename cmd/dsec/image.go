@@ -43,8 +43,12 @@ func cmdImage(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		_, err = c.Images.DeleteImage(ctx, connect.NewRequest(&imagev1.DeleteImageRequest{Name: args[1]}))
-		return err
+		resp, err := c.Images.DeleteImage(ctx, connect.NewRequest(&imagev1.DeleteImageRequest{Name: args[1]}))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("removed %s; %.1f MiB of the image store freed\n", args[1], float64(resp.Msg.FreedBytes)/(1<<20))
+		return nil
 	case "build":
 		return imageBuild(ctx, args[1:])
 	case "export":

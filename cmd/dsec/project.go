@@ -19,7 +19,7 @@ const projectUsage = `usage:
   dsec project ls [PATH]                 the subtree, with usage against quota
   dsec project quota PATH [quota flags]  replace a project's quota
   dsec project rm PATH                   delete a leaf project without keys
-quota flags: --max-sandboxes N --cpu CORES --memory-mb MIB --no-internet (0: no limit of its own)`
+quota flags: --max-sandboxes N --cpu CORES --memory-mb MIB --storage-mb MIB --no-internet (0: no limit of its own)`
 
 // cmdProject manages projects and their quotas.
 func cmdProject(ctx context.Context, args []string) error {
@@ -35,6 +35,7 @@ func cmdProject(ctx context.Context, args []string) error {
 		fs.Float64Var(&q.CpuCores, "cpu", 0, "sum of the subtree's CPU limits, in cores")
 		fs.Int64Var(&q.MemoryMb, "memory-mb", 0, "sum of the subtree's memory limits, in MiB")
 		fs.BoolVar(&q.NoInternet, "no-internet", false, "forbid the network policy's internet shorthand")
+		fs.Int64Var(&q.StorageMb, "storage-mb", 0, "what the subtree's images and snapshots may hold, in MiB")
 	}
 	// Flags may come before or after the PATH.
 	fs.Parse(args)
@@ -96,7 +97,7 @@ func cutLast(path string) (string, string, bool) {
 // printProjects prints projects with their usage against their quota.
 func printProjects(ps []*iamv1.Project) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tSANDBOXES\tCPU CORES\tMEMORY MIB\tINTERNET")
+	fmt.Fprintln(tw, "PROJECT\tSANDBOXES\tCPU CORES\tMEMORY MIB\tSTORAGE MIB\tINTERNET")
 	limit := func(v float64) string {
 		if v == 0 {
 			return "-"
@@ -109,9 +110,9 @@ func printProjects(ps []*iamv1.Project) error {
 		if q.GetNoInternet() {
 			internet = "no"
 		}
-		fmt.Fprintf(tw, "%s\t%d/%s\t%g/%s\t%d/%s\t%s\n", p.Path,
+		fmt.Fprintf(tw, "%s\t%d/%s\t%g/%s\t%d/%s\t%d/%s\t%s\n", p.Path,
 			u.GetSandboxes(), limit(float64(q.GetMaxSandboxes())), u.GetCpuCores(), limit(q.GetCpuCores()),
-			u.GetMemoryMb(), limit(float64(q.GetMemoryMb())), internet)
+			u.GetMemoryMb(), limit(float64(q.GetMemoryMb())), u.GetStorageMb(), limit(float64(q.GetStorageMb())), internet)
 	}
 	return tw.Flush()
 }

@@ -6,13 +6,16 @@ import (
 	"net/http"
 
 	"connectrpc.com/connect"
+	"github.com/opencontainers/go-digest"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/project"
 )
 
@@ -72,7 +75,37 @@ func (h *imageService) DeleteImage(ctx context.Context, req *connect.Request[ima
 	if err := h.s.images.Delete(ref); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&imagev1.DeleteImageResponse{}), nil
+	freed, err := h.s.pruneImages(ctx)
+	if err != nil {
+		h.s.log.Warn("free the blobs of a deleted image", logging.Image, req.Msg.Name, logging.Error, err)
+	}
+	return connect.NewResponse(&imagev1.DeleteImageResponse{FreedBytes: freed}), nil
+}
+
+// pruneImages frees the store's blobs that no name, no sandbox and no
+// snapshot uses (image.Store.Prune), and only when every edge the watcher
+// knows answered: a blob an unreachable edge's sandbox needs (to fork it
+// to another node, or to restore its snapshot there) is never removed.
+func (s *Server) pruneImages(ctx context.Context) (int64, error) {
+	var keep []digest.Digest
+	for _, n := range s.watcher.View().Nodes {
+		c := s.edges.Get(n.Addr)
+		sbs, err := c.Edge.ListSandboxes(ctx, connect.NewRequest(&edgev1.ListSandboxesRequest{Scope: project.Root}))
+		if err != nil {
+			return 0, errdefs.Unavailable("edge %s did not list its sandboxes, so no blob is freed: %v", n.Addr, err)
+		}
+		for _, sb := range sbs.Msg.Sandboxes {
+			keep = append(keep, digest.Digest(sb.ImageDigest))
+		}
+		snaps, err := c.Edge.ListSnapshots(ctx, connect.NewRequest(&edgev1.ListSnapshotsRequest{Scope: project.Root}))
+		if err != nil {
+			return 0, errdefs.Unavailable("edge %s did not list its snapshots, so no blob is freed: %v", n.Addr, err)
+		}
+		for _, sn := range snaps.Msg.Snapshots {
+			keep = append(keep, digest.Digest(sn.ImageDigest))
+		}
+	}
+	return s.images.Prune(keep, image.PruneGrace)
 }
 
 // importImage takes an image archive as the request body:
@@ -93,7 +126,20 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		fail(errdefs.PermissionDenied("image %q: project %q is outside your key's project %q", ref.String(), ref.Project, p.Project))
 		return
 	}
-	im, err := s.images.Import(r.Context(), r.Body, r.ContentLength, ref, nil)
+	opts := image.ImportOptions{Size: r.ContentLength}
+	room, limited, over, err := s.storageRoom(r.Context(), ref.Project)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if limited {
+		if room <= 0 {
+			fail(over(max(r.ContentLength, 1)))
+			return
+		}
+		opts.MaxBytes, opts.Over = room, over
+	}
+	im, err := s.images.Import(r.Context(), r.Body, ref, opts)
 	if err != nil {
 		fail(err)
 		return

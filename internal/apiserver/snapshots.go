@@ -32,9 +32,28 @@ func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Reque
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Edge.SnapshotSandbox(ctx, connect.NewRequest(&edgev1.SnapshotSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: principalFrom(ctx).Project, Name: req.Msg.Name}))
+	scope := principalFrom(ctx).Project
+	sb, err := c.Edge.GetSandbox(ctx, connect.NewRequest(&edgev1.GetSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: scope}))
 	if err != nil {
 		return nil, err
+	}
+	room, limited, over, err := h.s.storageRoom(ctx, sb.Msg.Sandbox.Project)
+	if err != nil {
+		return nil, err
+	}
+	if limited && room <= 0 {
+		return nil, over(1)
+	}
+	resp, err := c.Edge.SnapshotSandbox(ctx, connect.NewRequest(&edgev1.SnapshotSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: scope, Name: req.Msg.Name}))
+	if err != nil {
+		return nil, err
+	}
+	if snap := resp.Msg.Snapshot; limited && snap.SizeBytes > room {
+		// Its size is known only once written: past the room, it goes.
+		if _, err := c.Edge.DeleteSnapshot(ctx, connect.NewRequest(&edgev1.DeleteSnapshotRequest{SnapshotId: snap.Id, Scope: scope})); err != nil {
+			return nil, fmt.Errorf("%w; removing the snapshot again failed: %v", over(snap.SizeBytes-room), err)
+		}
+		return nil, over(snap.SizeBytes - room)
 	}
 	return connect.NewResponse(&sandboxv1.SnapshotSandboxResponse{Snapshot: resp.Msg.Snapshot}), nil
 }
@@ -54,9 +73,19 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 		}
 		return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: resp.Msg.Snapshots}), nil
 	}
+	out, err := h.s.snapshotsIn(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: out}), nil
+}
+
+// snapshotsIn lists the snapshots of scope's subtree on every healthy
+// edge, oldest first; it fails only if no edge answers.
+func (s *Server) snapshotsIn(ctx context.Context, scope string) ([]*sandboxv1.Snapshot, error) {
 	var conns []*edgeclient.Conn
-	for _, n := range h.s.watcher.View().Healthy() {
-		conns = append(conns, h.s.edges.Get(n.Addr))
+	for _, n := range s.watcher.View().Healthy() {
+		conns = append(conns, s.edges.Get(n.Addr))
 	}
 	var (
 		mu   sync.Mutex
@@ -68,7 +97,7 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := c.Edge.ListSnapshots(ctx, connect.NewRequest(&edgev1.ListSnapshotsRequest{Scope: scope, SandboxId: req.Msg.SandboxId}))
+			resp, err := c.Edge.ListSnapshots(ctx, connect.NewRequest(&edgev1.ListSnapshotsRequest{Scope: scope}))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -83,7 +112,7 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 		return nil, errdefs.Unavailable("list snapshots: %v", errors.Join(errs...))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.AsTime().Before(out[j].CreatedAt.AsTime()) })
-	return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: out}), nil
+	return out, nil
 }
 
 func (h *sandboxService) DeleteSnapshot(ctx context.Context, req *connect.Request[sandboxv1.DeleteSnapshotRequest]) (*connect.Response[sandboxv1.DeleteSnapshotResponse], error) {

@@ -226,11 +226,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.loadSnapshots()
-	e.wg.Add(4)
+	e.wg.Add(5)
 	go e.transferLoop()
 	go e.expireLoop()
 	go e.healthLoop()
 	go e.metricsLoop()
+	go e.pruneLoop()
 	return e, nil
 }
 

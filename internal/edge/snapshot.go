@@ -67,7 +67,7 @@ func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
 	return &sandboxv1.Snapshot{
 		Id: string(s.ID), Project: s.Project, SourceSandboxId: string(s.SourceSandbox), Name: s.Name,
 		Spec: proto.Clone(s.spec).(*sandboxv1.SandboxSpec), CreatedAt: timestamppb.New(s.CreatedAt),
-		SizeBytes: s.SizeBytes, NodeId: string(node),
+		SizeBytes: s.SizeBytes, NodeId: string(node), ImageDigest: s.ImageDigest,
 	}
 }
 

@@ -45,6 +45,25 @@ const maxArchiveEntries = 100000
 // MaxArchiveBytes bounds an imported archive's content. A variable for tests.
 var MaxArchiveBytes int64 = 64 << 30
 
+// An archive or a layer may expand to at most expansionFloor plus
+// maxExpansion times its compressed size. Real layers compress 2 to 10
+// times; only a compression bomb (zeros compress a thousandfold) meets the
+// bound, and a small upload cannot become a large image on the node.
+const (
+	maxExpansion   = 100
+	expansionFloor = 256 << 20
+)
+
+// expansionCheck fails once content of total bytes came from more than the
+// bound allows of compressed bytes; what names the input in the error.
+func expansionCheck(what string, total, compressed int64) error {
+	if total > expansionFloor+maxExpansion*compressed {
+		return errdefs.InvalidArgument("%s: expands to more than %d MiB from %d KiB (at most %d MiB plus %d times its compressed size): a compression bomb?",
+			what, total>>20, compressed>>10, expansionFloor>>20, maxExpansion)
+	}
+	return nil
+}
+
 // cleanEntryName turns a tar entry name into a safe relative path, or fails.
 func cleanEntryName(name string) (string, error) {
 	if strings.ContainsRune(name, 0) {
@@ -70,8 +89,9 @@ func cleanEntryName(name string) (string, error) {
 
 // extractPlain extracts the regular files and directories of an image
 // archive (OCI layout or docker save) into dir. Links and devices have no
-// place in such an archive and are refused.
-func extractPlain(r io.Reader, dir string) error {
+// place in such an archive and are refused. check is asked before each
+// file with what the archive's files add up to with it.
+func extractPlain(r io.Reader, dir string, check func(total int64) error) error {
 	tr := tar.NewReader(r)
 	var total int64
 	for n := 0; ; n++ {
@@ -102,6 +122,9 @@ func extractPlain(r io.Reader, dir string) error {
 			total += max(hdr.Size, 0)
 			if total > MaxArchiveBytes {
 				return errdefs.InvalidArgument("image archive: larger than %d bytes", MaxArchiveBytes)
+			}
+			if err := check(total); err != nil {
+				return err
 			}
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 				return err

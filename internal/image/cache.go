@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -26,6 +27,7 @@ type Cache struct {
 
 	mu       sync.Mutex
 	inflight map[digest.Digest]*unpackCall // guarded by mu
+	used     map[string]time.Time          // guarded by mu; by LayerDir's base: when Layers last handed it out
 }
 
 type unpackCall struct {
@@ -43,7 +45,7 @@ func NewCache(dir string, store *Store) (*Cache, error) {
 	for _, e := range ents {
 		os.RemoveAll(filepath.Join(dir, "tmp", e.Name()))
 	}
-	return &Cache{dir: dir, store: store, inflight: map[digest.Digest]*unpackCall{}}, nil
+	return &Cache{dir: dir, store: store, inflight: map[digest.Digest]*unpackCall{}, used: map[string]time.Time{}}, nil
 }
 
 // LayerDir is where a layer's files are once unpacked. The name is short,
@@ -59,6 +61,11 @@ func (c *Cache) Layers(ctx context.Context, im *Image, progress Progress) ([]str
 	dirs := make([]string, 0, len(im.Manifest.Layers))
 	for i, l := range im.Manifest.Layers {
 		stage := fmt.Sprintf("unpacking layer %d/%d", i+1, len(im.Manifest.Layers))
+		// Marked first: a Prune after this keeps it, one before made
+		// ensure unpack it again.
+		c.mu.Lock()
+		c.used[filepath.Base(c.LayerDir(l.Digest))] = time.Now()
+		c.mu.Unlock()
 		if err := c.ensure(ctx, l, stage, progress); err != nil {
 			return nil, err
 		}
@@ -125,7 +132,7 @@ func (c *Cache) unpack(l ocispec.Descriptor, stage string, progress Progress) er
 		return err
 	}
 	defer dr.Close()
-	if err := unpackLayer(dr, filepath.Join(tmp, "fs")); err != nil {
+	if err := unpackLayer(dr, filepath.Join(tmp, "fs"), l.Size); err != nil {
 		return fmt.Errorf("unpack layer %s: %w", l.Digest, err)
 	}
 	io.Copy(io.Discard, counted) //nolint:errcheck // trailing padding, for the digest

@@ -3,9 +3,11 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,7 +113,7 @@ func TestPackCommitExportImport(t *testing.T) {
 	}
 	other, _ := OpenStore(t.TempDir())
 	ref2, _ := ParseRef("root/copy:2")
-	im2, err := other.Import(ctx, bytes.NewReader(archive.Bytes()), int64(archive.Len()), ref2, nil)
+	im2, err := other.Import(ctx, bytes.NewReader(archive.Bytes()), ref2, ImportOptions{Size: int64(archive.Len())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +148,7 @@ func TestImportDockerSave(t *testing.T) {
 	aw.Close()
 	s, _ := OpenStore(t.TempDir())
 	ref, _ := ParseRef("root/saved:1")
-	im, err := s.Import(context.Background(), &archive, 0, ref, nil)
+	im, err := s.Import(context.Background(), &archive, ref, ImportOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,14 +169,14 @@ func TestImportRejectsBadArchives(t *testing.T) {
 		"abs config": {{name: "manifest.json", data: []byte(`[{"Config":"/etc/passwd","Layers":["x.tar"]}]`)}},
 	}
 	for name, entries := range cases {
-		_, err := s.Import(context.Background(), bytes.NewReader(tarOf(entries)), 0, ref, nil)
+		_, err := s.Import(context.Background(), bytes.NewReader(tarOf(entries)), ref, ImportOptions{})
 		if err == nil {
 			t.Errorf("%s: imported", name)
 		} else if !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: err %v is not invalid argument", name, err)
 		}
 	}
-	if _, err := s.Import(context.Background(), strings.NewReader("not a tar at all, clearly"), 0, ref, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := s.Import(context.Background(), strings.NewReader("not a tar at all, clearly"), ref, ImportOptions{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("garbage: %v", err)
 	}
 }
@@ -213,7 +215,7 @@ func TestUnpackLayerWhiteoutsAndLinks(t *testing.T) {
 		{name: "bin", typeflag: tar.TypeSymlink, link: "/usr/bin"},
 		{name: "etc/passwd-link", typeflag: tar.TypeLink, link: "etc/passwd"},
 	})
-	if err := unpackLayer(bytes.NewReader(layer), dir); err != nil {
+	if err := unpackLayer(bytes.NewReader(layer), dir, int64(len(layer))); err != nil {
 		t.Fatal(err)
 	}
 	var st unix.Stat_t
@@ -245,7 +247,7 @@ func TestUnpackLayerRefusesEscapes(t *testing.T) {
 		"forged opaque":   {{name: "x/.wh..", data: nil}},
 	} {
 		dir := t.TempDir()
-		err := unpackLayer(bytes.NewReader(tarOf(entries)), dir)
+		err := unpackLayer(bytes.NewReader(tarOf(entries)), dir, 1<<30)
 		if err == nil {
 			t.Errorf("%s: unpacked", name)
 		}
@@ -267,7 +269,7 @@ func FuzzUnpackLayer(f *testing.F) {
 		parent := t.TempDir()
 		dir := filepath.Join(parent, "layer")
 		os.Mkdir(dir, 0o755)
-		unpackLayer(bytes.NewReader(data), dir) //nolint:errcheck // only escapes matter
+		unpackLayer(bytes.NewReader(data), dir, int64(len(data))) //nolint:errcheck // only escapes matter
 		ents, _ := os.ReadDir(parent)
 		if len(ents) != 1 {
 			t.Fatalf("wrote beside the layer: %v", ents)
@@ -287,10 +289,69 @@ func FuzzImport(f *testing.F) {
 			t.Fatal(err)
 		}
 		ref, _ := ParseRef("root/fuzz:1")
-		s.Import(context.Background(), bytes.NewReader(data), 0, ref, nil) //nolint:errcheck // must not panic or escape
+		s.Import(context.Background(), bytes.NewReader(data), ref, ImportOptions{}) //nolint:errcheck // must not panic or escape
 		ents, _ := os.ReadDir(root)
 		if len(ents) != 1 {
 			t.Fatalf("wrote beside the store: %v", ents)
 		}
 	})
+}
+
+// zeroArchive streams a gzip-compressed tar of one file of size zero
+// bytes, made as it is read: a compression bomb costs the test nothing.
+func zeroArchive(t *testing.T, size int64) io.Reader {
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pr.Close() })
+	go func() {
+		zw := gzip.NewWriter(pw)
+		tw := tar.NewWriter(zw)
+		tw.WriteHeader(&tar.Header{Name: "blobs/sha256/zeros", Mode: 0o644, Size: size, Typeflag: tar.TypeReg}) //nolint:errcheck // the reader's error is the test's
+		io.CopyN(tw, zeroReader{}, size)                                                                        //nolint:errcheck // stops when the import does
+		tw.Close()
+		zw.Close()
+		pw.Close()
+	}()
+	return pr
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// A small upload cannot become a large image: an archive whose content is
+// far more than its compressed bytes allow is refused before its files are
+// written, and so is a layer that expands past its blob's bound.
+func TestCompressionBombsAreRefused(t *testing.T) {
+	s, _ := OpenStore(t.TempDir())
+	ref, _ := ParseRef("root/bomb:1")
+	_, err := s.Import(context.Background(), zeroArchive(t, 1<<30), ref, ImportOptions{})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "compression bomb") {
+		t.Fatalf("1 GiB of zeros in a few KiB: %v, want refused as a compression bomb", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "tmp")); len(ents) != 0 {
+		t.Fatalf("the refused import left %d entries in the store's tmp", len(ents))
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	tw.WriteHeader(&tar.Header{Name: "big", Mode: 0o644, Size: 300 << 20, Typeflag: tar.TypeReg})
+	err = unpackLayer(bytes.NewReader(layer.Bytes()), t.TempDir(), 4096)
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "compression bomb") {
+		t.Fatalf("a layer blob of 4 KiB claiming 300 MiB: %v, want refused", err)
+	}
+}
+
+// MaxBytes bounds what an import may store, with the caller's error (a
+// storage quota's); within it, the same archive imports.
+func TestImportStopsAtMaxBytes(t *testing.T) {
+	s, _ := OpenStore(t.TempDir())
+	ref, _ := ParseRef("root/big:1")
+	over := errdefs.ResourceExhausted("over the quota")
+	_, err := s.Import(context.Background(), zeroArchive(t, 2<<20), ref, ImportOptions{MaxBytes: 1 << 20, Over: func(int64) error { return over }})
+	if err != over {
+		t.Fatalf("2 MiB into a bound of 1 MiB: %v, want the caller's error", err)
+	}
+	_, err = s.Import(context.Background(), zeroArchive(t, 2<<20), ref, ImportOptions{MaxBytes: 4 << 20, Over: func(int64) error { return over }})
+	if err == over || err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("2 MiB within 4 MiB: %v, want it read (and refused only as no image layout)", err)
+	}
 }

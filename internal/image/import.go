@@ -42,21 +42,40 @@ func (c *countingReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// ImportOptions are an import's progress and bounds.
+type ImportOptions struct {
+	// Size is the archive's size, for progress (0 if unknown).
+	Size     int64
+	Progress Progress
+	// MaxBytes, if set, bounds what the archive holds (the image's blobs):
+	// past it the import fails with Over's error (a storage quota).
+	MaxBytes int64
+	Over     func(total int64) error
+}
+
 // Import reads an image archive — an OCI image layout or a `docker save`
-// tarball, optionally gzip- or zstd-compressed — and names it ref. size is
-// the archive's size for progress (0 if unknown).
-func (s *Store) Import(ctx context.Context, r io.Reader, size int64, ref Ref, progress Progress) (*Image, error) {
+// tarball, optionally gzip- or zstd-compressed — and names it ref. What it
+// holds is bounded by o.MaxBytes and by its compressed size (expansionCheck).
+func (s *Store) Import(ctx context.Context, r io.Reader, ref Ref, o ImportOptions) (*Image, error) {
+	progress := o.Progress
 	work, err := os.MkdirTemp(filepath.Join(s.dir, "tmp"), "import-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	dr, err := decompress(&countingReader{r: r, total: size, stage: "reading archive", p: progress})
+	read := &countingReader{r: r, total: o.Size, stage: "reading archive", p: progress}
+	dr, err := decompress(read)
 	if err != nil {
 		return nil, err
 	}
 	defer dr.Close()
-	if err := extractPlain(dr, work); err != nil {
+	check := func(total int64) error {
+		if o.MaxBytes > 0 && total > o.MaxBytes && o.Over != nil {
+			return o.Over(total)
+		}
+		return expansionCheck("image archive", total, read.n)
+	}
+	if err := extractPlain(dr, work, check); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -113,6 +113,10 @@ func (s *Store) PutBlob(r io.Reader, want digest.Digest) (digest.Digest, int64, 
 	}
 	dst := s.BlobPath(got)
 	if _, err := os.Stat(dst); err == nil {
+		// Reused: touched, so that Prune's grace covers it until the
+		// import that reuses it names its image.
+		now := time.Now()
+		os.Chtimes(dst, now, now) //nolint:errcheck // only the grace is shorter otherwise
 		return got, n, nil
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
@@ -249,7 +253,8 @@ func (s *Store) List(proj string) ([]*Image, error) {
 	return out, err
 }
 
-// Delete removes a name. Blobs stay (another name may share them).
+// Delete removes a name. Its blobs stay until Prune (another name, or a
+// sandbox made from it, may need them).
 func (s *Store) Delete(r Ref) error {
 	if err := os.Remove(s.refPath(r)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {

@@ -30,8 +30,9 @@ var MaxLayerBytes int64 = 64 << 30
 // unpackLayer applies an uncompressed layer tar to dir, converting OCI
 // whiteouts to overlayfs ones (a 0/0 character device for a removed file, the
 // opaque xattr for a replaced directory). No entry may write outside dir: a
-// name with "..", or a path through a symlink, is refused.
-func unpackLayer(r io.Reader, dir string) error {
+// name with "..", or a path through a symlink, is refused. compressed is
+// the layer blob's size: its content may expand only so far (expansionCheck).
+func unpackLayer(r io.Reader, dir string, compressed int64) error {
 	tr := tar.NewReader(r)
 	type dirTime struct {
 		path  string
@@ -53,6 +54,9 @@ func unpackLayer(r io.Reader, dir string) error {
 		total += max(hdr.Size, 0)
 		if total > MaxLayerBytes || hdr.Size < 0 {
 			return errdefs.InvalidArgument("layer: expands to more than %d bytes", MaxLayerBytes)
+		}
+		if err := expansionCheck("layer", total, compressed); err != nil {
+			return err
 		}
 		rel, err := cleanEntryName(hdr.Name)
 		if err != nil {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"sync"
@@ -10,9 +11,11 @@ import (
 	"connectrpc.com/connect"
 
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
+	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/image"
 )
 
 // project makes path (its parent must exist) with quota and returns a
@@ -297,5 +300,62 @@ func TestIdempotentCreatesAcrossAPIServers(t *testing.T) {
 	}
 	if _, err := create(apis[0], "bad key"); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("a key with a space: %v", err)
+	}
+}
+
+// A storage quota binds what a subtree stores: an import stops at the room
+// left (refused with the reason, nothing named), a snapshot is refused once
+// the room is gone, the projects list shows the use, and removing an image
+// gives its room back.
+func TestStorageQuotaBindsImportsAndSnapshots(t *testing.T) {
+	c := startCluster(t, "fake")
+	ctx := ctxT(t)
+	member := c.project(t, "root", "st", &iamv1.Quota{StorageMb: 2})
+	ref, _ := image.ParseRef("root/busybox:latest")
+	im, err := c.Images.Resolve(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	if err := c.Images.Export(im, &archive); err != nil {
+		t.Fatal(err)
+	}
+	upload := func(name string) error {
+		_, err := member.ImportImage(ctx, name, bytes.NewReader(archive.Bytes()), int64(archive.Len()))
+		return err
+	}
+	if err := upload("root/st/one:1"); err != nil {
+		t.Fatalf("an image of %d KiB into a 2 MiB quota: %v", archive.Len()>>10, err)
+	}
+	if err := upload("root/st/two:1"); err == nil || !strings.Contains(err.Error(), "resource_exhausted") || !strings.Contains(err.Error(), "storage quota of project root/st") {
+		t.Fatalf("a second copy past the quota: %v, want refused naming the quota", err)
+	}
+	if _, err := c.client.Images.GetImage(ctx, connect.NewRequest(&imagev1.GetImageRequest{Name: "root/st/two:1"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("the refused import is named: %v", err)
+	}
+	got, err := c.client.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root/st"}))
+	if err != nil || got.Msg.Project.Usage.StorageMb < 1 || got.Msg.Project.Usage.StorageMb > 2 || got.Msg.Project.Quota.StorageMb != 2 {
+		t.Fatalf("the project's storage: %+v, %v; want 1-2 of 2 MiB", got, err)
+	}
+	// With the quota below what it holds, a snapshot is refused.
+	if _, err := c.client.IAM.SetQuota(ctx, connect.NewRequest(&iamv1.SetQuotaRequest{Path: "root/st", Quota: &iamv1.Quota{StorageMb: 1}})); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := member.Create(ctx, sized(0.1, 64)())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := func() error {
+		_, err := member.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: sb.ID}))
+		return err
+	}
+	if err := snap(); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "storage quota of project root/st") {
+		t.Fatalf("a snapshot with no storage room: %v", err)
+	}
+	if _, err := member.Images.DeleteImage(ctx, connect.NewRequest(&imagev1.DeleteImageRequest{Name: "root/st/one:1"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := snap(); err != nil {
+		t.Fatalf("a snapshot once the image is gone: %v", err)
 	}
 }

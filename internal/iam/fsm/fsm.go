@@ -38,6 +38,8 @@ type Quota struct {
 	// NoInternet forbids the internet shorthand of network policies in
 	// the subtree.
 	NoInternet bool `json:"no_internet,omitempty"`
+	// StorageMB bounds the subtree's images and snapshots (apiserver).
+	StorageMB int64 `json:"storage_mb,omitempty"`
 }
 
 // Project is a node of the project tree, named by its full path.
@@ -257,13 +259,16 @@ func (f *FSM) effective(path string) Quota {
 		if pq.MemoryMB > 0 && (q.MemoryMB == 0 || pq.MemoryMB < q.MemoryMB) {
 			q.MemoryMB = pq.MemoryMB
 		}
+		if pq.StorageMB > 0 && (q.StorageMB == 0 || pq.StorageMB < q.StorageMB) {
+			q.StorageMB = pq.StorageMB
+		}
 	}
 	return q
 }
 
 // within checks that child asks no more than limit allows.
 func within(child, limit Quota, where string) error {
-	if child.MaxSandboxes < 0 || child.CPUCores < 0 || child.MemoryMB < 0 {
+	if child.MaxSandboxes < 0 || child.CPUCores < 0 || child.MemoryMB < 0 || child.StorageMB < 0 {
 		return errdefs.InvalidArgument("quota: values must not be negative")
 	}
 	switch {
@@ -273,6 +278,8 @@ func within(child, limit Quota, where string) error {
 		return errdefs.InvalidArgument("quota.cpu_cores %g: over %s's %g", child.CPUCores, where, limit.CPUCores)
 	case limit.MemoryMB > 0 && child.MemoryMB > limit.MemoryMB:
 		return errdefs.InvalidArgument("quota.memory_mb %d: over %s's %d", child.MemoryMB, where, limit.MemoryMB)
+	case limit.StorageMB > 0 && child.StorageMB > limit.StorageMB:
+		return errdefs.InvalidArgument("quota.storage_mb %d: over %s's %d", child.StorageMB, where, limit.StorageMB)
 	}
 	return nil
 }

@@ -221,11 +221,12 @@ async def test_projects_quotas_and_nodes(client):
     name = f"root/sdk-{uuid.uuid4().hex[:8]}"
     p = await client.create_project(name, max_sandboxes=3, cpu_cores=2)
     assert (p.path, p.max_sandboxes, p.cpu_cores, p.used_sandboxes) == (name, 3, 2.0, 0)
-    p = await client.set_quota(name, max_sandboxes=5)
-    assert p.max_sandboxes == 5 and p.cpu_cores == 0
+    p = await client.set_quota(name, max_sandboxes=5, storage_mb=64)
+    assert p.max_sandboxes == 5 and p.cpu_cores == 0 and p.storage_mb == 64
     assert name in [q.path for q in await client.list_projects()]
     root = [q for q in await client.list_projects("root") if q.path == "root"][0]
     assert root.used_sandboxes >= 0
+    assert root.used_storage_mb >= 1  # the images the suite imported
     with pytest.raises(BadArg):
         await client.create_project("nameonly")
     await client.delete_project(name)

@@ -146,13 +146,13 @@ class DSecClient:
     # Projects and quotas (ADMIN keys, in their own subtree).
 
     async def create_project(
-        self, path: str, *, max_sandboxes: int = 0, cpu_cores: float = 0, memory_mb: int = 0, no_internet: bool = False
+        self, path: str, *, max_sandboxes: int = 0, cpu_cores: float = 0, memory_mb: int = 0, no_internet: bool = False, storage_mb: int = 0
     ) -> ProjectInfo:
         """Creates PARENT/NAME with a quota (0: no limit of its own)."""
         parent, _, name = path.rpartition("/")
         if not parent or not name:
             raise InvalidArgumentError(f"project {path!r}: want PARENT/NAME, e.g. root/team-a")
-        quota = {"maxSandboxes": str(max_sandboxes), "cpuCores": cpu_cores, "memoryMb": str(memory_mb), "noInternet": no_internet}
+        quota = _quota(max_sandboxes, cpu_cores, memory_mb, no_internet, storage_mb)
         r = await self._call(_IAM + "CreateProject", {"parent": parent, "name": name, "quota": quota})
         return ProjectInfo.from_json(r["project"])
 
@@ -161,9 +161,11 @@ class DSecClient:
         r = await self._call(_IAM + "ListProjects", {"path": path})
         return [ProjectInfo.from_json(p) for p in r.get("projects", [])]
 
-    async def set_quota(self, path: str, *, max_sandboxes: int = 0, cpu_cores: float = 0, memory_mb: int = 0, no_internet: bool = False) -> ProjectInfo:
-        """Replaces a project's quota."""
-        quota = {"maxSandboxes": str(max_sandboxes), "cpuCores": cpu_cores, "memoryMb": str(memory_mb), "noInternet": no_internet}
+    async def set_quota(
+        self, path: str, *, max_sandboxes: int = 0, cpu_cores: float = 0, memory_mb: int = 0, no_internet: bool = False, storage_mb: int = 0
+    ) -> ProjectInfo:
+        """Replaces a project's quota (storage_mb: its images and snapshots)."""
+        quota = _quota(max_sandboxes, cpu_cores, memory_mb, no_internet, storage_mb)
         r = await self._call(_IAM + "SetQuota", {"path": path, "quota": quota})
         return ProjectInfo.from_json(r["project"])
 
@@ -175,3 +177,14 @@ class DSecClient:
         """The edges: health, allocation against capacity, backends (root ADMIN key)."""
         r = await self._call(_SB + "ListNodes", {})
         return [NodeInfo.from_json(n) for n in r.get("nodes", [])]
+
+
+def _quota(max_sandboxes: int, cpu_cores: float, memory_mb: int, no_internet: bool, storage_mb: int) -> Dict[str, Any]:
+    """A Quota message in the API's JSON (int64 fields as strings)."""
+    return {
+        "maxSandboxes": str(max_sandboxes),
+        "cpuCores": cpu_cores,
+        "memoryMb": str(memory_mb),
+        "noInternet": no_internet,
+        "storageMb": str(storage_mb),
+    }

@@ -321,7 +321,8 @@ class SnapshotInfo:
 @dataclass
 class ProjectInfo:
     """A project, its quota (0: no limit of its own) and what its subtree
-    holds against it now (sandboxes and creates in progress)."""
+    holds against it now (sandboxes and creates in progress; images and
+    snapshots, in MiB)."""
 
     path: str
     max_sandboxes: int
@@ -331,6 +332,8 @@ class ProjectInfo:
     used_sandboxes: int
     used_cpu_cores: float
     used_memory_mb: int
+    storage_mb: int = 0
+    used_storage_mb: int = 0
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "ProjectInfo":
@@ -344,6 +347,8 @@ class ProjectInfo:
             used_sandboxes=int(u.get("sandboxes", 0)),
             used_cpu_cores=float(u.get("cpuCores", 0)),
             used_memory_mb=int(u.get("memoryMb", 0)),
+            storage_mb=int(q.get("storageMb", 0)),
+            used_storage_mb=int(u.get("storageMb", 0)),
         )
 
 

@@ -134,7 +134,11 @@ type Quota struct {
 	MemoryMb     int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	// Forbids the network policy's internet shorthand to sandboxes of the
 	// subtree (rules naming destinations still work).
-	NoInternet    bool `protobuf:"varint,4,opt,name=no_internet,json=noInternet,proto3" json:"no_internet,omitempty"`
+	NoInternet bool `protobuf:"varint,4,opt,name=no_internet,json=noInternet,proto3" json:"no_internet,omitempty"`
+	// Bounds what the subtree keeps in storage, in MiB: its images' blobs
+	// (each counted once) and its snapshots. An import stops at it; a
+	// snapshot that would pass it is refused.
+	StorageMb     int64 `protobuf:"varint,5,opt,name=storage_mb,json=storageMb,proto3" json:"storage_mb,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -195,6 +199,13 @@ func (x *Quota) GetNoInternet() bool {
 		return x.NoInternet
 	}
 	return false
+}
+
+func (x *Quota) GetStorageMb() int64 {
+	if x != nil {
+		return x.StorageMb
+	}
+	return 0
 }
 
 type Project struct {
@@ -269,10 +280,13 @@ func (x *Project) GetUsage() *Usage {
 }
 
 type Usage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     int64                  `protobuf:"varint,1,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
-	CpuCores      float64                `protobuf:"fixed64,2,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
-	MemoryMb      int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes int64                  `protobuf:"varint,1,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	CpuCores  float64                `protobuf:"fixed64,2,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb  int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	// Images and snapshots of the subtree (see Quota.storage_mb), in MiB,
+	// rounded up; filled by GetProject and ListProjects.
+	StorageMb     int64 `protobuf:"varint,4,opt,name=storage_mb,json=storageMb,proto3" json:"storage_mb,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -324,6 +338,13 @@ func (x *Usage) GetCpuCores() float64 {
 func (x *Usage) GetMemoryMb() int64 {
 	if x != nil {
 		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *Usage) GetStorageMb() int64 {
+	if x != nil {
+		return x.StorageMb
 	}
 	return 0
 }
@@ -1236,23 +1257,27 @@ var File_opendsec_iam_v1_iam_proto protoreflect.FileDescriptor
 
 const file_opendsec_iam_v1_iam_proto_rawDesc = "" +
 	"\n" +
-	"\x19opendsec/iam/v1/iam.proto\x12\x0fopendsec.iam.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
+	"\x19opendsec/iam/v1/iam.proto\x12\x0fopendsec.iam.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x01\n" +
 	"\x05Quota\x12#\n" +
 	"\rmax_sandboxes\x18\x01 \x01(\x03R\fmaxSandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
 	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\x12\x1f\n" +
 	"\vno_internet\x18\x04 \x01(\bR\n" +
-	"noInternet\"\xb4\x01\n" +
+	"noInternet\x12\x1d\n" +
+	"\n" +
+	"storage_mb\x18\x05 \x01(\x03R\tstorageMb\"\xb4\x01\n" +
 	"\aProject\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12,\n" +
 	"\x05quota\x18\x02 \x01(\v2\x16.opendsec.iam.v1.QuotaR\x05quota\x129\n" +
 	"\n" +
 	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n" +
-	"\x05usage\x18\x04 \x01(\v2\x16.opendsec.iam.v1.UsageR\x05usage\"_\n" +
+	"\x05usage\x18\x04 \x01(\v2\x16.opendsec.iam.v1.UsageR\x05usage\"~\n" +
 	"\x05Usage\x12\x1c\n" +
 	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
-	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xac\x01\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\x12\x1d\n" +
+	"\n" +
+	"storage_mb\x18\x04 \x01(\x03R\tstorageMb\"\xac\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +

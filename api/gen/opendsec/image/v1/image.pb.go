@@ -327,7 +327,11 @@ func (x *DeleteImageRequest) GetName() string {
 }
 
 type DeleteImageResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the shared store freed: blobs no other name, no sandbox and
+	// no snapshot uses, stored more than an hour ago (0 when an edge did not
+	// answer: nothing is freed while unsure).
+	FreedBytes    int64 `protobuf:"varint,1,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -362,6 +366,13 @@ func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
 	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
 }
 
+func (x *DeleteImageResponse) GetFreedBytes() int64 {
+	if x != nil {
+		return x.FreedBytes
+	}
+	return 0
+}
+
 var File_opendsec_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_image_v1_image_proto_rawDesc = "" +
@@ -384,8 +395,10 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\x10GetImageResponse\x12.\n" +
 	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"(\n" +
 	"\x12DeleteImageRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteImageResponse2\x9c\x02\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"6\n" +
+	"\x13DeleteImageResponse\x12\x1f\n" +
+	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
+	"freedBytes2\x9c\x02\n" +
 	"\fImageService\x12Y\n" +
 	"\n" +
 	"ListImages\x12$.opendsec.image.v1.ListImagesRequest\x1a%.opendsec.image.v1.ListImagesResponse\x12S\n" +

@@ -1,0 +1,60 @@
+package edge
+
+import (
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// The node's layer cache keeps each unpacked layer for as long as an image
+// of the store or a sandbox or snapshot of this node needs it [ours]: a
+// deleted image's layers go from the node within pruneEvery of its
+// sandboxes' end (image.Cache.Prune).
+const (
+	pruneEvery = 10 * time.Minute
+	pruneGrace = 10 * time.Minute // a create between unpacking and mounting
+)
+
+func (e *Edge) pruneLoop() {
+	defer e.wg.Done()
+	tick := time.NewTicker(pruneEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-tick.C:
+			e.pruneCache(pruneGrace)
+		}
+	}
+}
+
+// pruneCache removes the unpacked layers nothing needs any more.
+func (e *Edge) pruneCache(grace time.Duration) int64 {
+	seen := map[digest.Digest]bool{}
+	var inUse []digest.Digest
+	use := func(d string) {
+		if md := digest.Digest(d); d != "" && !seen[md] {
+			seen[md] = true
+			inUse = append(inUse, md)
+		}
+	}
+	e.mu.Lock()
+	for _, sb := range e.boxes {
+		use(sb.view.Load().GetImageDigest())
+	}
+	for _, sn := range e.snapshots {
+		use(sn.ImageDigest)
+	}
+	e.mu.Unlock()
+	freed, err := e.cache.Prune(inUse, grace)
+	if err != nil {
+		e.log.Warn("prune the layer cache", logging.Error, err)
+	}
+	if freed > 0 {
+		e.log.Info("layer cache pruned", "freed_bytes", freed)
+	}
+	return freed
+}

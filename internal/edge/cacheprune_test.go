@@ -1,0 +1,50 @@
+package edge
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/opendsec/opendsec/internal/image"
+)
+
+// A deleted image's unpacked layers stay on the node while a sandbox of it
+// lives, and go once it has ended; an image still named keeps its layers.
+func TestLayerCacheKeepsWhatSandboxesUse(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	ref, _ := image.ParseRef("root/tiny:1")
+	im, err := f.store.Resolve(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := f.edge.cache.LayerDir(im.Manifest.Layers[0].Digest)
+	sb, err := f.edge.Create(ctx, spec(), "root/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(layer); err != nil {
+		t.Fatalf("the image's layer is not in the cache after a create: %v", err)
+	}
+	if freed := f.edge.pruneCache(0); freed != 0 {
+		t.Fatalf("pruned %d bytes of an image still named", freed)
+	}
+	if err := f.store.Delete(ref); err != nil {
+		t.Fatal(err)
+	}
+	if freed := f.edge.pruneCache(0); freed != 0 {
+		t.Fatalf("pruned %d bytes while a sandbox of the image runs", freed)
+	}
+	if _, err := os.Stat(layer); err != nil {
+		t.Fatalf("a running sandbox's layer was removed: %v", err)
+	}
+	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if freed := f.edge.pruneCache(0); freed <= 0 {
+		t.Fatalf("pruned %d bytes once nothing uses the layer", freed)
+	}
+	if _, err := os.Stat(layer); !os.IsNotExist(err) {
+		t.Fatalf("the layer is still cached: %v", err)
+	}
+}
