@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/opendsec/opendsec/internal/aether"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -32,6 +33,7 @@ func main() {
 	version := flag.Bool("version", false, "print the version and exit")
 	syncClock := flag.Bool("sync-clock", false, "step the clock to the node's that every request from the edge carries (in a VM)")
 	linkAuth := flag.Bool("link-auth", false, "present the key the edge gives at the first connection at every later one (the edge then serves no other agent)")
+	memoryMax := flag.Int64("memory-max", 0, "keep the sandbox's memory under this many bytes by killing the process that holds the most (gVisor, whose sentry enforces no limit); 0 for none")
 	spawnCgroup := flag.String("spawn-cgroup", "", "start every process of the sandbox in this cgroup v2 directory, the agent staying outside it (a microVM's guest)")
 	flag.Parse()
 	if *version {
@@ -68,7 +70,11 @@ func main() {
 		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 	}
-	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, cgroup, logging.New("text", level)); err != nil {
+	log := logging.New("text", level)
+	if *memoryMax > 0 {
+		go aether.WatchMemory(ctx, *memoryMax, 50*time.Millisecond, log)
+	}
+	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, cgroup, log); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
 	}

@@ -32,6 +32,14 @@ func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
 	if spec.Pids > 0 {
 		s.Process.Args = append(s.Process.Args, "-pids-max", strconv.FormatInt(spec.Pids+agentTasks, 10))
 	}
+	// The sentry enforces no memory limit: the agent holds the sandbox to
+	// memory_mb (aether.WatchMemory), and the host's limit, above it by
+	// the sentry's own reserve, is what protects the node.
+	if spec.MemoryMB > 0 {
+		s.Process.Args = append(s.Process.Args, "-memory-max", strconv.FormatInt(spec.MemoryMB<<20, 10))
+		host := (spec.MemoryMB + SentryReserveMB(spec.MemoryMB)) << 20
+		s.Linux.Resources.Memory.Limit = &host
+	}
 	// The host cgroup holds the sentry and gofer. With the ptrace platform
 	// every task costs the sentry about ten host threads, which it keeps
 	// after the task exits, and a sentry that cannot make a thread dies: the
@@ -241,6 +249,11 @@ const (
 // agentTasks is room for the agent's own threads in the sandbox's task
 // limit.
 const agentTasks = 32
+
+// SentryReserveMB is what a gVisor sandbox of memoryMB may use on the node
+// beyond it, for the sentry's and gofer's own memory: 64 MiB or an eighth,
+// whichever is more.
+func SentryReserveMB(memoryMB int64) int64 { return max(64, memoryMB/8) }
 
 // HostThreadBound is the host pids limit of a gVisor sandbox whose own
 // limit is pids: 16 host threads a task, and no less than 8192.

@@ -1,0 +1,127 @@
+package aether
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// WatchMemory keeps the sandbox's memory under max bytes by killing, like
+// a kernel's OOM killer, the process that holds the most [ours]. Under
+// gVisor nothing else does: the sentry enforces no memory limit of its
+// own (its cgroupfs only stores one), so a process past the sandbox's
+// limit made the host's OOM killer end the sentry, and the sandbox with it.
+// The host's limit is set above max by the backend, for the sentry's own
+// use; this watch, every interval, holds what the sandbox's processes and
+// files use (the sentry's /proc/meminfo: MemTotal less MemFree) to max.
+// The agent, PID 1, is never chosen, nor a process holding less than a
+// sixteenth of max: memory held by files (a filled root file system,
+// which lives in memory) has no process to blame, and killing bystanders
+// would not free it; it is logged, and the host's limit then bounds it.
+func WatchMemory(ctx context.Context, max int64, interval time.Duration, log *slog.Logger) {
+	log = logging.OrDiscard(log)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		used, err := memoryUsed("/proc/meminfo")
+		if err != nil || used <= max {
+			warned = false
+			continue
+		}
+		pid, rss, comm := largestProcess("/proc")
+		if pid == 0 || rss < max/16 {
+			if !warned {
+				log.Warn("the sandbox is over its memory limit and no process holds it (files in memory)", "used", used, "limit", max)
+				warned = true
+			}
+			continue
+		}
+		log.Warn("the sandbox is over its memory limit: killing the process that holds the most", "used", used, "limit", max, "pid", pid, "comm", comm, "rss", rss)
+		syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // it may have ended
+		// One kill per excess: wait for its memory to go before the next.
+		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(interval) {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+				break
+			}
+		}
+	}
+}
+
+// memoryUsed reads what a meminfo file counts as used: MemTotal less
+// MemFree, in bytes.
+func memoryUsed(path string) (int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	var total, free int64 = -1, -1
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "MemTotal":
+			total = kb << 10
+		case "MemFree":
+			free = kb << 10
+		}
+	}
+	if total < 0 || free < 0 {
+		return 0, os.ErrInvalid
+	}
+	return total - free, nil
+}
+
+// largestProcess is the process under procDir with the largest resident
+// set, other than PID 1 (the agent) and this process: its pid, its RSS
+// in bytes and its name; pid 0 if there is none.
+func largestProcess(procDir string) (pid int, rss int64, comm string) {
+	ents, _ := os.ReadDir(procDir)
+	self := os.Getpid()
+	for _, ent := range ents {
+		p, err := strconv.Atoi(ent.Name())
+		if err != nil || p == 1 || p == self {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join(procDir, ent.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		var name string
+		var r int64
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "Name:"); ok {
+				name = strings.TrimSpace(v)
+			}
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				r = kb << 10
+			}
+		}
+		if r > rss {
+			pid, rss, comm = p, r, name
+		}
+	}
+	return pid, rss, comm
+}

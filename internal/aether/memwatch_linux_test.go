@@ -1,0 +1,40 @@
+package aether
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// What a meminfo file counts as used, and which process the watch would
+// kill: the largest resident set, never PID 1 (the agent).
+func TestMemoryWatchReadsUseAndPicksTheLargest(t *testing.T) {
+	dir := t.TempDir()
+	meminfo := filepath.Join(dir, "meminfo")
+	os.WriteFile(meminfo, []byte("MemTotal:         327680 kB\nMemFree:           65536 kB\nMemAvailable:      65536 kB\n"), 0o644)
+	if used, err := memoryUsed(meminfo); err != nil || used != (327680-65536)<<10 {
+		t.Fatalf("used %d, %v; want %d", used, err, (327680-65536)<<10)
+	}
+	os.WriteFile(meminfo, []byte("MemTotal: 1 kB\n"), 0o644)
+	if _, err := memoryUsed(meminfo); err == nil {
+		t.Fatal("a meminfo without MemFree was read")
+	}
+	for pid, status := range map[string]string{
+		"1":   "Name:\taether\nVmRSS:\t900000 kB\n",
+		"17":  "Name:\tpython3\nVmRSS:\t204800 kB\n",
+		"42":  "Name:\tsh\nVmRSS:\t1024 kB\n",
+		"99":  "Name:\tkthread\n", // no RSS line
+		"abc": "Name:\tnot a pid\nVmRSS:\t999999999 kB\n",
+	} {
+		os.MkdirAll(filepath.Join(dir, pid), 0o755)
+		os.WriteFile(filepath.Join(dir, pid, "status"), []byte(status), 0o644)
+	}
+	if pid, rss, comm := largestProcess(dir); pid != 17 || rss != 204800<<10 || comm != "python3" {
+		t.Fatalf("largest: pid %d rss %d %q; want python3 (17), never the agent", pid, rss, comm)
+	}
+	os.RemoveAll(filepath.Join(dir, "17"))
+	os.RemoveAll(filepath.Join(dir, "42"))
+	if pid, _, _ := largestProcess(dir); pid != 0 {
+		t.Fatalf("with only the agent and a process without memory: pid %d, want none", pid)
+	}
+}
