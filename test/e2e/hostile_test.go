@@ -323,24 +323,13 @@ for fam, name in ((38, "af-alg"), (40, "af-vsock")):
 
 	t.Run("fork bomb", func(t *testing.T) {
 		sb := newVictim(t)
-		started := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 30"}, TimeoutMs: 5000})
 		cancel()
-		if gvisor {
-			// The task limit holds inside, but on the ptrace platform every
-			// new process costs the sentry host threads and memory: within a
-			// few seconds it outgrows its memory limit and the host's OOM
-			// killer ends the sandbox, which is reported failed. Contained:
-			// the node and the neighbour carry on (checked below).
-			if err == nil && r.TimedOut {
-				answers(t, sb, 30*time.Second)
-				return
-			}
-			reason, took := waitFailed(t, c, sb.ID, started)
-			t.Logf("gVisor: the fork bomb ended the sandbox; reported after %v: %s", took.Round(time.Millisecond), reason)
-			return
-		}
+		// Under gVisor the task limit holds in the sentry's kernel, and what
+		// the ptrace platform's host threads and stubs cost the sentry fits
+		// in its reserve above memory_mb (without it, the host's OOM killer
+		// ended the sandbox 7 s into the bomb).
 		// It ends at its timeout, or earlier when its shell gives up on a
 		// fork the pids limit refused.
 		if err != nil || !(r.TimedOut || strings.Contains(strings.ToLower(string(r.Stderr)), "fork")) {
