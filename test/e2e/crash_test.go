@@ -188,36 +188,7 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 	}
 
 	// The last start: everything it lists is usable or failed.
-	up = node.start(t)
-	defer func() {
-		up.cmd.Process.Signal(syscall.SIGTERM)
-		up.cmd.Wait()
-	}()
-	ctx := ctxT(t)
-	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	counts := map[string]int{}
-	for _, sb := range list.Msg.Sandboxes {
-		counts[sb.State.String()]++
-		switch sb.State {
-		case sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
-			if _, err := up.client.Sandbox(sb.Id).Shell(ctx, "true"); err != nil {
-				t.Errorf("%s is listed running but does not answer: %v", sb.Id, err)
-			}
-		case sandboxv1.SandboxState_SANDBOX_STATE_FAILED:
-		default:
-			t.Errorf("%s is stuck %v: %s", sb.Id, sb.State, sb.Message)
-		}
-	}
-	t.Logf("after 20 kills: %v", counts)
-	for _, sb := range list.Msg.Sandboxes {
-		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
-			t.Errorf("stop %s: %v", sb.Id, err)
-		}
-	}
-	checkNodeClean(t, node.state, up.node)
+	settleAfterKills(t, node, "after 20 kills", "")
 }
 
 // kill -9 of dsec up while microVMs are being created and forked: QEMU
@@ -225,12 +196,8 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 // next start finishes or undoes every one, and once all are stopped no
 // QEMU and no guest RAM of the node is left.
 func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "qemu-system-x86_64")
-	testutil.RequireBinary(t, "mkfs.ext4")
-	guest := testutil.GuestKernelDir(t)
+	flags := microvmUpFlags(t)
 	node := newUpNode(t)
-	flags := []string{"--backends", "microvm", "--microvm-guest", guest, "--microvm-init", testutil.VMInitBinary(t)}
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("seed %d", seed)
@@ -270,7 +237,17 @@ func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
 		cancel()
 		wg.Wait()
 	}
-	up := node.start(t, flags...)
+	settleAfterKills(t, node, "after 6 kills", "no record left running", flags...)
+}
+
+// settleAfterKills starts node's dsec up once more (with extra flags)
+// after a test's kill -9 rounds: everything it lists must answer or be
+// failed, never stuck; then it stops them all and checks that nothing of
+// the node is left. what names the rounds in the log, with the dsec log's
+// lines that contain logged (if any).
+func settleAfterKills(t *testing.T, node upNode, what, logged string, extra ...string) {
+	t.Helper()
+	up := node.start(t, extra...)
 	defer func() {
 		up.cmd.Process.Signal(syscall.SIGTERM)
 		up.cmd.Wait()
@@ -293,7 +270,11 @@ func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
 			t.Errorf("%s is stuck %v: %s", sb.Id, sb.State, sb.Message)
 		}
 	}
-	t.Logf("after 6 kills: %v; log: %s", counts, linesWith(filepath.Join(node.state, "dsec.log"), "no record left running"))
+	if logged != "" {
+		t.Logf("%s: %v; log: %s", what, counts, linesWith(filepath.Join(node.state, "dsec.log"), logged))
+	} else {
+		t.Logf("%s: %v", what, counts)
+	}
 	for _, sb := range list.Msg.Sandboxes {
 		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
 			t.Errorf("stop %s: %v", sb.Id, err)

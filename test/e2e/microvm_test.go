@@ -177,18 +177,24 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 }
 
+// microvmUpFlags are dsec up's flags for the microvm backend alone, or the
+// test skips (fails, strict) where the node cannot run it.
+func microvmUpFlags(t *testing.T) []string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "qemu-system-x86_64")
+	testutil.RequireBinary(t, "mkfs.ext4")
+	return []string{"--backends", "microvm", "--microvm-guest", testutil.GuestKernelDir(t), "--microvm-init", testutil.VMInitBinary(t)}
+}
+
 // TestKillDsecUpLeavesVMsRunning: after `kill -9` of dsec up, a microvm
 // sandbox's QEMU goes on running (the same process, not a reboot), and the
 // next dsec up re-attaches it: its shell session's variable, a process
 // and a file are there, and it stops leaving no QEMU behind.
 func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "qemu-system-x86_64")
-	testutil.RequireBinary(t, "mkfs.ext4")
-	guest := testutil.GuestKernelDir(t)
+	flags := microvmUpFlags(t)
 	node := newUpNode(t)
 	state := node.state
-	flags := []string{"--backends", "microvm", "--microvm-guest", guest, "--microvm-init", testutil.VMInitBinary(t)}
 	up := node.start(t, flags...)
 	defer func() {
 		up.cmd.Process.Signal(syscall.SIGTERM)
