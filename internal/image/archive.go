@@ -89,11 +89,14 @@ func cleanEntryName(name string) (string, error) {
 
 // extractPlain extracts the regular files and directories of an image
 // archive (OCI layout or docker save) into dir. Links and devices have no
-// place in such an archive and are refused. check is asked before each
-// file with what the archive's files add up to with it.
-func extractPlain(r io.Reader, dir string, check func(total int64) error) error {
+// place in such an archive and are refused. declared is asked before each
+// file with what the files' declared sizes add up to with it (a bound on
+// what may be stored), written as the bytes are written, with what was
+// written so far (a bound on expansion: how much came in is known only as
+// it is read).
+func extractPlain(r io.Reader, dir string, declared, written func(total int64) error) error {
 	tr := tar.NewReader(r)
-	var total int64
+	var total, wrote int64
 	for n := 0; ; n++ {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -123,7 +126,7 @@ func extractPlain(r io.Reader, dir string, check func(total int64) error) error 
 			if total > MaxArchiveBytes {
 				return errdefs.InvalidArgument("image archive: larger than %d bytes", MaxArchiveBytes)
 			}
-			if err := check(total); err != nil {
+			if err := declared(total); err != nil {
 				return err
 			}
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
@@ -136,7 +139,7 @@ func extractPlain(r io.Reader, dir string, check func(total int64) error) error 
 				}
 				return err
 			}
-			_, err = io.Copy(f, tr)
+			_, err = io.Copy(&checkedWriter{w: f, n: &wrote, check: written}, tr)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -153,4 +156,20 @@ func extractPlain(r io.Reader, dir string, check func(total int64) error) error 
 			return errdefs.InvalidArgument("image archive entry %q: type %q not allowed", hdr.Name, string(hdr.Typeflag))
 		}
 	}
+}
+
+// checkedWriter counts what passes into *n and asks check before each
+// write, so a bound is met within one chunk of being passed.
+type checkedWriter struct {
+	w     io.Writer
+	n     *int64
+	check func(total int64) error
+}
+
+func (c *checkedWriter) Write(p []byte) (int, error) {
+	*c.n += int64(len(p))
+	if err := c.check(*c.n); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
 }

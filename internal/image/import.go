@@ -69,13 +69,14 @@ func (s *Store) Import(ctx context.Context, r io.Reader, ref Ref, o ImportOption
 		return nil, err
 	}
 	defer dr.Close()
-	check := func(total int64) error {
+	declared := func(total int64) error {
 		if o.MaxBytes > 0 && total > o.MaxBytes && o.Over != nil {
 			return o.Over(total)
 		}
-		return expansionCheck("image archive", total, read.n)
+		return nil
 	}
-	if err := extractPlain(dr, work, check); err != nil {
+	written := func(total int64) error { return expansionCheck("image archive", total, read.n) }
+	if err := extractPlain(dr, work, declared, written); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -112,11 +112,11 @@ func (s *Store) PutBlob(r io.Reader, want digest.Digest) (digest.Digest, int64, 
 		return "", 0, errdefs.InvalidArgument("blob content has digest %s, but %s was declared", got, want)
 	}
 	dst := s.BlobPath(got)
-	if _, err := os.Stat(dst); err == nil {
-		// Reused: touched, so that Prune's grace covers it until the
-		// import that reuses it names its image.
-		now := time.Now()
-		os.Chtimes(dst, now, now) //nolint:errcheck // only the grace is shorter otherwise
+	// Reused: touched, so that Prune's grace covers it until the import
+	// that reuses it names its image. If a Prune removed it meanwhile
+	// (the touch fails), this copy takes its place.
+	now := time.Now()
+	if err := os.Chtimes(dst, now, now); err == nil {
 		return got, n, nil
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
