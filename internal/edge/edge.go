@@ -106,6 +106,9 @@ type Edge struct {
 	layers *layerfs.FS
 	// disk is LayerDir's file system and what it keeps free (diskroom.go).
 	disk diskRoom
+	// recoveryIncomplete is set when recovery could not read every record:
+	// nothing found running is then taken for an orphan.
+	recoveryIncomplete bool
 	// net attaches sandboxes to the node's sandbox network; nil without
 	// one, and netOff says why.
 	net     *sandboxnet.Network
@@ -122,6 +125,9 @@ type Edge struct {
 	peers     *http.Client                       // pulls from other edges; nil without PeerTLS
 	allocated usage                              // guarded by mu
 	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
+	// diskPending is what snapshots and offloads being written hold of the
+	// state disk (reserveDiskFor), in bytes.
+	diskPending int64 // guarded by mu
 	// usageSeq counts changes of what Status counts (admissions and
 	// removals); usageEpoch names this run of the edge. Apiservers drop a
 	// placement they count themselves once a status stamped at or after

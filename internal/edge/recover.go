@@ -26,6 +26,7 @@ func (e *Edge) recover(ctx context.Context) {
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		e.log.Error("read sandbox directory", logging.Error, err)
+		e.recoveryIncomplete = true
 		return
 	}
 	for _, ent := range ents {
@@ -185,6 +186,10 @@ func (e *Edge) sweepRunDirs() {
 // sandboxes this edge has no record of: a create or a fork's copy a crash
 // cut before its record, or a record removed before its processes ended.
 func (e *Edge) sweepBackends(ctx context.Context) {
+	if e.recoveryIncomplete {
+		e.log.Warn("not removing what backends run without a record: the records could not all be read")
+		return
+	}
 	for _, be := range e.backends {
 		inv, ok := be.(backend.Inventory)
 		if !ok {
@@ -199,8 +204,8 @@ func (e *Edge) sweepBackends(ctx context.Context) {
 			e.mu.Lock()
 			_, known := e.boxes[id]
 			e.mu.Unlock()
-			if _, err := os.Stat(e.sandboxDir(id)); known || err == nil {
-				continue // recorded (a record recovery could not read stays for inspection)
+			if _, err := os.Stat(e.sandboxDir(id)); known || !errors.Is(err, fs.ErrNotExist) {
+				continue // recorded (a record recovery could not read stays for inspection), or unsure
 			}
 			e.log.Warn("removing what a sandbox with no record left running", logging.SandboxID, id, logging.Backend, be.Name())
 			if err := be.Destroy(ctx, id); err != nil {

@@ -16,9 +16,12 @@ import (
 
 // fakeVMM runs a shell loop whose command line looks like a QEMU of box
 // directory dir, as a daemonized VMM that outlived the edge would.
-func fakeVMM(t *testing.T, dir string) <-chan struct{} {
+func fakeVMM(t *testing.T, dir string) <-chan struct{} { return fakeVMMOf(t, "/bin/sh", dir) }
+
+// fakeVMMOf is fakeVMM running shell bin.
+func fakeVMMOf(t *testing.T, bin, dir string) <-chan struct{} {
 	t.Helper()
-	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"qemu-system-x86_64", "-c", "while :; do sleep 0.1; done", "-drive", "file=" + filepath.Join(dir, "rw.ext4")}}
+	cmd := &exec.Cmd{Path: bin, Args: []string{"qemu-system-x86_64", "-c", "while :; do sleep 0.1; done", "-drive", "file=" + filepath.Join(dir, "rw.ext4")}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -32,15 +35,25 @@ func fakeVMM(t *testing.T, dir string) <-chan struct{} {
 // its create) are found by the sandbox's id, for its node only, and
 // Destroy of that id ends the VMM and frees the RAM.
 func TestOrphanVMsAreFoundAndDestroyedByID(t *testing.T) {
-	b, err := New(context.Background(), backend.Config{StateDir: t.TempDir(), Log: testutil.Logger(t)})
+	// The fake VMMs run /bin/sh: the backend's "QEMU" is that file.
+	b, err := New(context.Background(), backend.Config{StateDir: t.TempDir(), Log: testutil.Logger(t), Options: map[string]string{"qemu": "/bin/sh"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	node, other := sandboxid.NodeID("orphtest"), sandboxid.NodeID("othrnode")
 	id, theirs, ramOnly := sandboxid.New(node), sandboxid.New(other), sandboxid.New(node)
 	base := t.TempDir()
-	vmm := fakeVMM(t, filepath.Join(base, string(id), "vm"))
-	fakeVMM(t, filepath.Join(base, string(theirs), "vm"))
+	vmm := fakeVMM(t, filepath.Join(base, "sandboxes", string(id), "vm"))
+	fakeVMM(t, filepath.Join(base, "sandboxes", string(theirs), "vm"))
+	// Another program by the same name and arguments is no VMM of ours.
+	impostor := fakeVMMOf(t, "/bin/bash", filepath.Join(base, "sandboxes", string(id), "vm"))
+	defer func() {
+		select {
+		case <-impostor:
+			t.Error("Destroy killed a process that only looked like the VMM")
+		default:
+		}
+	}()
 	for _, i := range []sandboxid.ID{id, ramOnly} {
 		if err := os.WriteFile(memFile(i), []byte("ram"), 0o600); err != nil {
 			t.Fatal(err)
