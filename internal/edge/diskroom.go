@@ -1,7 +1,7 @@
 package edge
 
 import (
-	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -88,9 +88,6 @@ func (e *Edge) diskPromisedLocked(dir string, extraMB int64) (free, promised int
 		return 0, 0, err
 	}
 	free = int64(st.Bavail) * st.Bsize
-	if e.layers == nil {
-		return free, 0, nil
-	}
 	if dir != e.disk.dir {
 		var fi unix.Stat_t
 		if err := unix.Stat(dir, &fi); err != nil {
@@ -101,30 +98,40 @@ func (e *Edge) diskPromisedLocked(dir string, extraMB int64) (free, promised int
 		}
 	}
 	admitted := e.diskMB << 20
-	if free-admitted-e.disk.keepFree >= extraMB<<20 {
-		return free, admitted, nil
+	if free-admitted-e.diskPending-e.disk.keepFree >= extraMB<<20 || e.layers == nil {
+		return free, admitted + e.diskPending, nil
 	}
 	unwritten, sizes := e.layers.Promised()
-	// Admitted layers not made yet owe their whole size.
-	return free, unwritten + max(admitted-sizes, 0), nil
+	// Admitted layers not made yet, and VMs' disks (not counted by the
+	// layers), owe their whole size; snapshots being written, theirs.
+	return free, unwritten + max(admitted-sizes, 0) + e.diskPending, nil
 }
 
-// checkDiskFor says whether dir's file system has room for need bytes of
-// new state (a snapshot, an offload) without eating into what the layers
-// are promised.
-func (e *Edge) checkDiskFor(dir string, need int64, what string) error {
+// reserveDiskFor holds room on dir's file system for need bytes of new
+// state (a snapshot, an offload) without eating into what the layers are
+// promised, until release is called once it is written: two writes at
+// once do not both count on the same free space.
+func (e *Edge) reserveDiskFor(dir string, need int64, what string) (release func(), err error) {
 	if e.disk.overcommit > 1 {
-		return nil
+		return func() {}, nil
 	}
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	free, promised, err := e.diskPromisedLocked(dir, need>>20+1)
-	e.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("%s: read the free space of %s: %w", what, dir, err)
+		return nil, errdefs.Unavailable("%s: cannot read the free space of %s: %v", what, dir, err)
 	}
 	if free-promised-e.disk.keepFree < need {
-		return errdefs.ResourceExhausted("node disk full: %s needs about %d MiB; %s has %d MiB free, %d MiB of it promised to the layers of this node's sandboxes and %d MiB kept free",
+		return nil, errdefs.ResourceExhausted("node disk full: %s needs about %d MiB; %s has %d MiB free, %d MiB of it promised to this node's sandboxes' disks and writes in progress, and %d MiB kept free",
 			what, need>>20, dir, free>>20, promised>>20, e.disk.keepFree>>20)
 	}
-	return nil
+	e.diskPending += need
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.mu.Lock()
+			e.diskPending -= need
+			e.mu.Unlock()
+		})
+	}, nil
 }

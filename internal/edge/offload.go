@@ -113,9 +113,11 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	sn := sb.be.(backend.Snapshotter)
 	before := e.memoryOf(sb)
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(e.node), Dir: offloadDir(sb)}
-	if err := e.checkDiskFor(sb.dir, e.stateSizeOf(sb), "offloading sandbox "+string(sb.id)); err != nil {
+	release, err := e.reserveDiskFor(sb.dir, e.stateSizeOf(sb), "offloading sandbox "+string(sb.id))
+	if err != nil {
 		return 0, "", err
 	}
+	defer release()
 	os.RemoveAll(ref.Dir) //nolint:errcheck // a leftover of a failed attempt
 	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
 		return 0, "", err

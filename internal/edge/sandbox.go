@@ -245,9 +245,10 @@ func (e *Edge) release(sb *sandbox) {
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its
-// disk_mb if its backend keeps the writable layer there.
+// disk_mb if its backend keeps the writable layer (or a VM's disk) there.
 func (e *Edge) diskOf(be backend.Backend, r *sandboxv1.Resources) int64 {
-	if e.layers == nil || !be.Capabilities().DiskLayer {
+	caps := be.Capabilities()
+	if (e.layers == nil || !caps.DiskLayer) && !caps.DiskFile {
 		return 0
 	}
 	return r.DiskMb

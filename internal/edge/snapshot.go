@@ -153,9 +153,11 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		AgentKey: sb.rec.AgentKey, spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
-	if err := e.checkDiskFor(e.cfg.StateDir, e.stateSizeOf(sb), "a snapshot of sandbox "+string(sb.id)); err != nil {
+	release, err := e.reserveDiskFor(e.cfg.StateDir, e.stateSizeOf(sb), "a snapshot of sandbox "+string(sb.id))
+	if err != nil {
 		return nil, began, false, err
 	}
+	defer release()
 	if err := os.MkdirAll(snap.dir, 0o700); err != nil {
 		return nil, began, false, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -282,5 +283,28 @@ func TestSnapshotAndOffloadWithoutDiskRoomAreRefused(t *testing.T) {
 	f.edge.disk.keepFree = 0
 	if _, err := f.edge.Snapshot(ctx, sb.Id, "root", ""); err != nil {
 		t.Fatalf("snapshot with room: %v", err)
+	}
+}
+
+// A VM's disk (a backend with DiskFile) is admitted against the state
+// disk's room like a layer: past it, a create is refused with the reason
+// and nothing is left; within it, it is made.
+func TestAVMsDiskIsAdmittedAgainstTheStateDisk(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.DiskFile = true
+	var st unix.Statfs_t
+	if err := unix.Statfs(f.dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize >> 20
+	big := spec()
+	big.Resources.DiskMb = free + 1024
+	if _, err := f.edge.Create(context.Background(), big, "root/a"); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "node disk full") {
+		t.Fatalf("a %d MiB disk on %d MiB free: %v, want refused naming the disk", big.Resources.DiskMb, free, err)
+	}
+	small := spec()
+	small.Resources.DiskMb = 64
+	if _, err := f.edge.Create(context.Background(), small, "root/a"); err != nil {
+		t.Fatalf("a 64 MiB disk: %v", err)
 	}
 }

@@ -38,6 +38,11 @@ type Capabilities struct {
 	// then gets Spec.LayerDir, a directory the edge has limited to the
 	// sandbox's disk_mb. Otherwise the backend bounds the layer itself.
 	DiskLayer bool
+	// DiskFile means the backend keeps a sparse disk of the sandbox's
+	// disk_mb in the sandbox's directory on the node's state disk (a VM's
+	// writable disk): the edge admits it against that disk's room as it
+	// does a layer (diskroom.go).
+	DiskFile bool
 	// LinkBeforeAgent means the agent's link is connected before the agent
 	// runs (a VM's serial port, which the hypervisor joins to the edge's
 	// socket at start): the edge waits for the agent to answer, not for a

@@ -148,9 +148,9 @@ func TestWarmLayers(t *testing.T) {
 // their images hold, warm layers aside, and it falls as a layer is written.
 func TestPromisedFallsAsALayerIsWritten(t *testing.T) {
 	f := open(t, 1)
-	deadline := time.Now().Add(10 * time.Second)
-	for len(f.names()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // the warm layer is made
+	warmed := func() bool { f.mu.Lock(); defer f.mu.Unlock(); return len(f.warm) == 1 }
+	for deadline := time.Now().Add(10 * time.Second); !warmed() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // the warm layer is made and marked
 	}
 	if u, s := f.Promised(); u != 0 || s != 0 {
 		t.Fatalf("with only a warm layer: promised %d of %d bytes, want none", u, s)

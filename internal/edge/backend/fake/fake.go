@@ -41,6 +41,8 @@ type Knobs struct {
 	FailRelease error
 	// ConcurrentCalls is the backend's Capabilities.ConcurrentCalls.
 	ConcurrentCalls int
+	// DiskFile is the backend's Capabilities.DiskFile (a VM's disk).
+	DiskFile bool
 	// SnapshotStops makes Snapshot stop the sandbox, as Debian's runsc's
 	// checkpoint does (the caller must restore it).
 	SnapshotStops bool
@@ -163,7 +165,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities: everything.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls}
+	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls, DiskFile: b.Knobs.DiskFile}
 }
 
 // Probe always succeeds.

@@ -107,7 +107,7 @@ func (b *Backend) Name() string { return Name }
 // Capabilities implements backend.Backend.
 func (b *Backend) Capabilities() backend.Capabilities {
 	// A guest's agent on a vCPU or two (and under TCG) serves few calls at once.
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: 32}
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: 32, DiskFile: true}
 }
 
 // Probe implements backend.Backend: the parts are there and a probe guest
@@ -550,7 +550,7 @@ func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	bx, ok := b.boxes[id]
 	b.mu.Unlock()
 	if !ok {
-		return destroyUnknown(id)
+		return b.destroyUnknown(id)
 	}
 	if err := bx.kill(time.Second); err != nil {
 		return err
@@ -558,7 +558,7 @@ func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 	if g, err := bx.loadGuest(); err == nil && g.MemShared && g.MemFile != "" {
 		os.Remove(g.MemFile)
 	}
-	if err := destroyUnknown(id); err != nil {
+	if err := b.destroyUnknown(id); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(bx.Dir); err != nil {
