@@ -23,10 +23,11 @@ import (
 // The host's limit is set above max by the backend, for the sentry's own
 // use; this watch, every interval, holds what the sandbox's processes and
 // files use (the sentry's /proc/meminfo: MemTotal less MemFree) to max.
-// The agent, PID 1, is never chosen, nor a process holding less than a
-// sixteenth of max: memory held by files (a filled root file system,
-// which lives in memory) has no process to blame, and killing bystanders
-// would not free it; it is logged, and the host's limit then bounds it.
+// The agent, PID 1, is never chosen, and no process is while the
+// processes together hold less than half of max: then files hold the
+// memory (a filled root file system, which lives in memory), killing
+// bystanders would not free it, and it is logged instead; the host's
+// limit then bounds it.
 func WatchMemory(ctx context.Context, max int64, interval time.Duration, log *slog.Logger) {
 	log = logging.OrDiscard(log)
 	tick := time.NewTicker(interval)
@@ -43,8 +44,8 @@ func WatchMemory(ctx context.Context, max int64, interval time.Duration, log *sl
 			warned = false
 			continue
 		}
-		pid, rss, comm := largestProcess("/proc")
-		if pid == 0 || rss < max/16 {
+		pid, rss, comm, all := largestProcess("/proc")
+		if pid == 0 || all < max/2 {
 			if !warned {
 				log.Warn("the sandbox is over its memory limit and no process holds it (files in memory)", "used", used, "limit", max)
 				warned = true
@@ -95,8 +96,9 @@ func memoryUsed(path string) (int64, error) {
 
 // largestProcess is the process under procDir with the largest resident
 // set, other than PID 1 (the agent) and this process: its pid, its RSS
-// in bytes and its name; pid 0 if there is none.
-func largestProcess(procDir string) (pid int, rss int64, comm string) {
+// in bytes and its name (pid 0 if there is none), and what all of them
+// hold.
+func largestProcess(procDir string) (pid int, rss int64, comm string, all int64) {
 	ents, _ := os.ReadDir(procDir)
 	self := os.Getpid()
 	for _, ent := range ents {
@@ -119,9 +121,10 @@ func largestProcess(procDir string) (pid int, rss int64, comm string) {
 				r = kb << 10
 			}
 		}
+		all += r
 		if r > rss {
 			pid, rss, comm = p, r, name
 		}
 	}
-	return pid, rss, comm
+	return pid, rss, comm, all
 }

@@ -29,12 +29,12 @@ func TestMemoryWatchReadsUseAndPicksTheLargest(t *testing.T) {
 		os.MkdirAll(filepath.Join(dir, pid), 0o755)
 		os.WriteFile(filepath.Join(dir, pid, "status"), []byte(status), 0o644)
 	}
-	if pid, rss, comm := largestProcess(dir); pid != 17 || rss != 204800<<10 || comm != "python3" {
-		t.Fatalf("largest: pid %d rss %d %q; want python3 (17), never the agent", pid, rss, comm)
+	if pid, rss, comm, all := largestProcess(dir); pid != 17 || rss != 204800<<10 || comm != "python3" || all != (204800+1024)<<10 {
+		t.Fatalf("largest: pid %d rss %d %q of %d; want python3 (17), never the agent, of python3's and sh's", pid, rss, comm, all)
 	}
 	os.RemoveAll(filepath.Join(dir, "17"))
 	os.RemoveAll(filepath.Join(dir, "42"))
-	if pid, _, _ := largestProcess(dir); pid != 0 {
+	if pid, _, _, _ := largestProcess(dir); pid != 0 {
 		t.Fatalf("with only the agent and a process without memory: pid %d, want none", pid)
 	}
 }
