@@ -73,7 +73,7 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 		}
 		return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{Snapshots: resp.Msg.Snapshots}), nil
 	}
-	out, err := h.s.snapshotsIn(ctx, scope)
+	out, err := h.s.snapshotsIn(ctx, scope, false)
 	if err != nil {
 		return nil, err
 	}
@@ -81,10 +81,17 @@ func (h *sandboxService) ListSnapshots(ctx context.Context, req *connect.Request
 }
 
 // snapshotsIn lists the snapshots of scope's subtree on every healthy
-// edge, oldest first; it fails only if no edge answers.
-func (s *Server) snapshotsIn(ctx context.Context, scope string) ([]*sandboxv1.Snapshot, error) {
+// edge, oldest first; it fails only if no edge answers. Strict, it asks
+// every edge the watcher knows and fails unless all answer (a count for a
+// quota must not miss an edge's).
+func (s *Server) snapshotsIn(ctx context.Context, scope string, strict bool) ([]*sandboxv1.Snapshot, error) {
+	view := s.watcher.View()
+	nodes := view.Healthy()
+	if strict {
+		nodes = view.Nodes
+	}
 	var conns []*edgeclient.Conn
-	for _, n := range s.watcher.View().Healthy() {
+	for _, n := range nodes {
 		conns = append(conns, s.edges.Get(n.Addr))
 	}
 	var (
@@ -108,7 +115,7 @@ func (s *Server) snapshotsIn(ctx context.Context, scope string) ([]*sandboxv1.Sn
 		}()
 	}
 	wg.Wait()
-	if len(errs) > 0 && len(errs) == len(conns) {
+	if len(errs) > 0 && (strict || len(errs) == len(conns)) {
 		return nil, errdefs.Unavailable("list snapshots: %v", errors.Join(errs...))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.AsTime().Before(out[j].CreatedAt.AsTime()) })

@@ -19,7 +19,10 @@ import (
 // a snapshot is refused when no room is left, and removed again when it
 // turned out larger than the room. It is counted from the store and the
 // edges at each import or snapshot, not kept in IAM: a storage change
-// needs no Raft write, and nothing can drift.
+// needs no Raft write, and nothing can drift; an edge that does not answer
+// fails the count (unavailable) rather than count as empty. Imports and
+// snapshots at the same moment each see the same room: together they can
+// pass the quota by what each adds.
 
 // storage is what the cluster stores, to be counted by project.
 type storage struct {
@@ -33,7 +36,7 @@ func (s *Server) storageIn(ctx context.Context, scope string) (*storage, error) 
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := s.snapshotsIn(ctx, scope)
+	snaps, err := s.snapshotsIn(ctx, scope, true)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +96,7 @@ func (s *Server) storageRoom(ctx context.Context, proj string) (room int64, limi
 		used = st.usedBy(tightest)
 	}
 	over = func(need int64) error {
-		return errdefs.ResourceExhausted("storage quota of project %s: its images and snapshots hold %d of %d MiB, and this needs about %d MiB more; delete images (dsec image rm) or snapshots, or ask an admin of its parent for more",
+		return errdefs.ResourceExhausted("storage quota of project %s: its images and snapshots hold %d of %d MiB, and this needs about %d MiB; delete images (dsec image rm) or snapshots, or ask an admin of its parent for more",
 			tightest, (used+1<<20-1)>>20, quota, (need+1<<20-1)>>20)
 	}
 	return room, limited, over, nil
