@@ -96,7 +96,7 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 	// An impostor agent cannot take the link: the agent holds the
 	// virtio-serial port, which admits one opener.
-	port := `for p in /sys/class/virtio-ports/*; do if [ "$(cat $p/name)" = dsec.agent ]; then cat /dev/${p##*/}; fi; done 2>&1; echo rc=$?`
+	port := `for p in /sys/class/virtio-ports/*; do if [ "$(cat $p/name)" = dsec.agent ]; then cat /dev/${p##*/} 2>&1; echo rc=$?; fi; done`
 	if got := string(shell(t, b, port).Stdout); !strings.Contains(got, "busy") || !strings.HasSuffix(got, "rc=1\n") {
 		t.Fatalf("opening the agent's port from inside: %q, want it busy", got)
 	}
