@@ -36,7 +36,7 @@ func TestProjectAndNodesCLI(t *testing.T) {
 		return ""
 	}
 	out, err := run(c.key, "project", "create", "root/cli", "--max-sandboxes", "2", "--cpu", "1")
-	if err != nil || row(out, "root/cli") != "root/cli 0/2 0/1 0/- allowed" {
+	if err != nil || row(out, "root/cli") != "root/cli 0/2 0/1 0/- 0/- allowed" {
 		t.Fatalf("project create: %v\n%s", err, out)
 	}
 	key, err := c.client.IAM.CreateAPIKey(ctxT(t), connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/cli", Name: "m", Role: iamv1.Role_ROLE_MEMBER}))
@@ -49,11 +49,11 @@ func TestProjectAndNodesCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run(c.key, "project", "ls")
-	if err != nil || row(out, "root/cli") != "root/cli 1/2 0.5/1 128/- allowed" || !strings.Contains(row(out, "root"), "root 1/-") {
+	if err != nil || row(out, "root/cli") != "root/cli 1/2 0.5/1 128/- 0/- allowed" || !strings.Contains(row(out, "root"), "root 1/-") {
 		t.Fatalf("project ls with one sandbox: %v\n%s", err, out)
 	}
-	out, err = run(c.key, "project", "quota", "root/cli", "--max-sandboxes", "5", "--no-internet")
-	if err != nil || row(out, "root/cli") != "root/cli 1/5 0.5/- 128/- no" {
+	out, err = run(c.key, "project", "quota", "root/cli", "--max-sandboxes", "5", "--no-internet", "--storage-mb", "64")
+	if err != nil || row(out, "root/cli") != "root/cli 1/5 0.5/- 128/- 0/64 no" {
 		t.Fatalf("project quota: %v\n%s", err, out)
 	}
 	if out, err := run(c.key, "project", "create", "cli"); err == nil || !strings.Contains(out, "PARENT/NAME") {
