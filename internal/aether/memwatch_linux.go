@@ -1,8 +1,6 @@
 package aether
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -66,29 +64,10 @@ func WatchMemory(ctx context.Context, max int64, interval time.Duration, log *sl
 // memoryUsed reads what a meminfo file counts as used: MemTotal less
 // MemFree, in bytes.
 func memoryUsed(path string) (int64, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	var total, free int64 = -1, -1
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "MemTotal":
-			total = kb << 10
-		case "MemFree":
-			free = kb << 10
-		}
-	}
-	if total < 0 || free < 0 {
+	mi := meminfo(path)
+	total, hasTotal := mi["MemTotal"]
+	free, hasFree := mi["MemFree"]
+	if !hasTotal || !hasFree {
 		return 0, os.ErrInvalid
 	}
 	return total - free, nil

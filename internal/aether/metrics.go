@@ -30,7 +30,7 @@ func (s *agentService) Metrics(ctx context.Context, req *connect.Request[agentv1
 	if total2 > total1 {
 		out.CpuUsedPct = 100 * float64(busy2-busy1) / float64(total2-total1)
 	}
-	mi := meminfo()
+	mi := meminfo("/proc/meminfo")
 	out.MemTotalBytes = mi["MemTotal"]
 	out.MemUsedBytes = mi["MemTotal"] - mi["MemAvailable"]
 	out.MemCacheBytes = mi["Cached"]
@@ -65,9 +65,10 @@ func cpuTimes() (busy, total uint64) {
 	return busy, total
 }
 
-func meminfo() map[string]int64 {
+// meminfo reads a meminfo file's fields, in bytes.
+func meminfo(path string) map[string]int64 {
 	out := map[string]int64{}
-	f, err := os.Open("/proc/meminfo")
+	f, err := os.Open(path)
 	if err != nil {
 		return out
 	}
