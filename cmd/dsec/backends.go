@@ -9,6 +9,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 )
 
 // registry lists the backends built into this binary; this is the one
@@ -26,16 +27,18 @@ func registry() *backend.Registry {
 type backendFlags struct {
 	runtime, platform, runscNet *string
 	guest, vmInit, firecracker  *string
+	cgroupParent                *string
 }
 
 func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 	return &backendFlags{
-		runtime:     fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc"),
-		platform:    fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them"),
-		runscNet:    fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)"),
-		guest:       fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)"),
-		vmInit:      fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
-		firecracker: fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries before QEMU: its probe boot decides (make deps fetches one into .cache/firecracker; default: none)"),
+		runtime:      fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc"),
+		platform:     fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them"),
+		runscNet:     fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)"),
+		guest:        fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)"),
+		vmInit:       fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
+		cgroupParent: fs.String("cgroup-parent", "", "the sandboxes' parent cgroup, a path from the cgroup root (default /opendsec; under systemd the edge unit's delegated subtree, as deploy/quickstart.sh sets it)"),
+		firecracker:  fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries before QEMU: its probe boot decides (make deps fetches one into .cache/firecracker; default: none)"),
 	}
 }
 
@@ -45,7 +48,7 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 // to dsec (make build and make deps put them there) unless given, and its
 // Firecracker if given.
 func (f *backendFlags) options() map[string]string {
-	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet)}
+	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet), oci.CgroupParentOption: *f.cgroupParent}
 	guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
 	if self, err := os.Executable(); err == nil {
 		bin := filepath.Dir(self)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,6 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 )
 
@@ -38,7 +38,7 @@ func assertNoLeaks(t *testing.T, c *cluster) {
 	if len(left) != 0 {
 		t.Errorf("mounts left: %v", left)
 	}
-	if dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", oci.CgroupParent, node+"-*")); len(dirs) != 0 {
+	if dirs := nodeCgroups().Children(node + "-"); len(dirs) != 0 {
 		t.Errorf("cgroups left: %v", dirs)
 	}
 	out, _ := exec.Command("ps", "-eo", "args").Output()
@@ -167,4 +167,14 @@ func TestOutOfMemoryKillStaysInsideTheLimit(t *testing.T) {
 	if got := shell(t, sb, "echo still here"); string(got.Stdout) != "still here\n" {
 		t.Fatalf("after the OOM kill: %q", got.Stdout)
 	}
+}
+
+// nodeCgroups is the cgroup layout of this machine, with the sandboxes'
+// default parent (the one startCluster's edges use).
+func nodeCgroups() *cgroups.Host {
+	h, err := cgroups.Detect(cgroups.DefaultRoot, "")
+	if err != nil {
+		panic(err)
+	}
+	return h
 }

@@ -154,7 +154,7 @@ func TestHostWideLimitsAreSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	n, _ := strconv.ParseInt(strings.TrimSpace(string(tm)), 10, 64)
-	if got, want := oci.SandboxThreadsMax(), strconv.FormatInt(oci.SandboxThreadBound(n), 10); got != want {
+	if got, want := nodeCgroups().TasksMax(), strconv.FormatInt(oci.SandboxThreadBound(n), 10); got != want {
 		t.Errorf("the sandboxes' pids.max: %q, want %s (threads-max %d less the node's reserve)", got, want, n)
 	}
 	if fm, _ := os.ReadFile("/proc/sys/fs/file-max"); strings.TrimSpace(string(fm)) != "9223372036854775807" {

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
@@ -44,6 +45,8 @@ type Backend struct {
 	// nofile is the open-file limit in sandboxes: 1M, or the host's hard
 	// limit when raising it is not allowed.
 	nofile uint64
+	// cg is the node's cgroups.
+	cg *cgroups.Host
 
 	mu    sync.Mutex
 	boxes map[sandboxid.ID]*box // guarded by mu
@@ -75,7 +78,12 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	if rt != "crun" && rt != "runc" {
 		return nil, errdefs.InvalidArgument("container backend: runtime %q; want crun or runc", rt)
 	}
+	cg, err := oci.Cgroups(cfg.Options)
+	if err != nil {
+		return nil, err
+	}
 	b := &Backend{
+		cg:      cg,
 		runtime: rt,
 		root:    filepath.Join(cfg.StateDir, rt),
 		log:     logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
@@ -115,12 +123,10 @@ func (b *Backend) Probe(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return errdefs.FailedPrecondition("container backend: needs root")
 	}
-	if b.runtime == "crun" {
-		if err := oci.FixHybridCgroups(b.log); err != nil {
-			return err
-		}
+	if err := b.cg.Prepare(b.log, b.runtime == "crun"); err != nil {
+		return err
 	}
-	if err := oci.BoundSandboxes(b.log); err != nil {
+	if err := oci.BoundSandboxes(b.log, b.cg); err != nil {
 		return errdefs.FailedPrecondition("container backend: %v", err)
 	}
 	return os.MkdirAll(b.root, 0o700)
@@ -189,10 +195,10 @@ func notExist(out []byte) bool {
 	return strings.Contains(s, "does not exist") || strings.Contains(s, "No such file") || strings.Contains(s, "not found")
 }
 
-func cgroupsPath(id sandboxid.ID) string { return oci.CgroupsPath(string(id)) }
-
 // Usage reads the sandbox's cgroups.
-func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) { return oci.ReadUsage(string(id)) }
+func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
+	return oci.ReadUsage(b.cg.Group(string(id)))
+}
 
 // Create mounts the rootfs and writes the bundle; Start runs it.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
@@ -210,7 +216,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		}
 	}()
 	opts := oci.Options{
-		CgroupsPath: cgroupsPath(spec.ID), ProtectAgent: b.protectAgent, NoFile: b.nofile,
+		CgroupsPath: b.cg.Path(string(spec.ID)), CgroupV2: b.cg.Version == cgroups.V2, ProtectAgent: b.protectAgent, NoFile: b.nofile,
 		Seccomp: oci.Seccomp(), NoNewPrivileges: true, SudoBroker: true,
 	}
 	if b.runtime == "crun" {
@@ -309,10 +315,10 @@ func (b *Backend) cleanup(ctx context.Context, id sandboxid.ID, dir string) erro
 		errs = append(errs, err)
 	}
 	// After a crash the runtime may not know processes it started.
-	if err := oci.KillAll(string(id)); err != nil {
+	if err := b.cg.Group(string(id)).KillAll(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := oci.RemoveCgroups(cgroupsPath(id)); err != nil {
+	if err := b.cg.Group(string(id)).Remove(); err != nil {
 		errs = append(errs, err)
 	}
 	if dir != "" {
@@ -394,7 +400,7 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 // Diagnose says why a container died: the OOM killer, or its processes
 // being killed from outside (its first process, the agent, ends them all).
 func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
-	return oci.DiagnoseOOM(string(id))
+	return b.cg.Group(string(id)).DiagnoseOOM()
 }
 
 // Continue sends the container's first process SIGCONT (which nothing in

@@ -13,7 +13,6 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
-	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -98,7 +97,7 @@ func TestLimitsAppliedAndNothingLeaks(t *testing.T) {
 	if err := b.Destroy(ctx, spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if dirs := oci.CgroupDirs(string(spec.ID)); len(dirs) != 0 {
+	if dirs := b.(*Backend).cg.Group(string(spec.ID)).Dirs(); len(dirs) != 0 {
 		t.Errorf("cgroups left: %v", dirs)
 	}
 	if mounts, _ := rootfs.MountsUnder(spec.Dir); len(mounts) != 0 {

@@ -49,6 +49,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
@@ -67,6 +68,7 @@ type Backend struct {
 	root     string // runsc's state directory
 	platform string
 	log      *slog.Logger
+	cg       *cgroups.Host // the node's cgroups
 
 	mu    sync.Mutex
 	boxes map[sandboxid.ID]*box // guarded by mu
@@ -121,7 +123,12 @@ var (
 // (ptrace, systrap or kvm where the release and host have them),
 // "runsc-network" (the newer runsc for sandboxes with a network).
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	cg, err := oci.Cgroups(cfg.Options)
+	if err != nil {
+		return nil, err
+	}
 	b := &Backend{
+		cg:       cg,
 		runsc:    cfg.Options["runsc"],
 		netRunsc: cfg.Options["runsc-network"],
 		platform: cfg.Options["platform"],
@@ -169,7 +176,10 @@ func (b *Backend) Probe(ctx context.Context) error {
 		}
 	}
 	raisePidMax(b.log)
-	if err := oci.BoundSandboxes(b.log); err != nil {
+	if err := b.cg.Prepare(b.log, false); err != nil {
+		return err
+	}
+	if err := oci.BoundSandboxes(b.log, b.cg); err != nil {
 		return errdefs.FailedPrecondition("gvisor backend: %v", err)
 	}
 	out, err := exec.CommandContext(ctx, b.runsc, "--platform="+b.platform, "help").CombinedOutput()
@@ -272,7 +282,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	}
 	_, modern := b.networked()
 	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != "", modern: modern && spec.NetNS != ""}
-	if err := writeSpec(spec.Dir, runtimeSpec(spec, cgroupsPath(bx.runscID))); err != nil {
+	if err := writeSpec(spec.Dir, runtimeSpec(spec, b.cg, bx.runscID)); err != nil {
 		rootfs.Unmount(filepath.Join(spec.Dir, "rootfs")) //nolint:errcheck // reporting the first error
 		return nil, err
 	}
@@ -373,7 +383,7 @@ func (b *Backend) generations(ctx context.Context, id sandboxid.ID) []string {
 			}
 		}
 	}
-	for _, rid := range oci.CgroupsWithPrefix(string(id) + "-") {
+	for _, rid := range b.cg.Children(string(id) + "-") {
 		add(rid)
 	}
 	return out
@@ -383,10 +393,10 @@ func (b *Backend) generations(ctx context.Context, id sandboxid.ID) []string {
 // may know it) and its cgroups, and unmounts its rootfs.
 func (b *Backend) remove(ctx context.Context, bx box, rts ...runtime) error {
 	var errs []error
-	oci.Thaw(bx.runscID) //nolint:errcheck // a frozen sandbox cannot be killed; it may not be frozen
+	b.cg.Group(bx.runscID).Thaw() //nolint:errcheck // a frozen sandbox cannot be killed; it may not be frozen
 	// Its processes go first: runsc's delete asks the sandbox to stop,
 	// and one stopped from the node (SIGSTOP) would never answer.
-	if err := oci.KillAll(bx.runscID); err != nil {
+	if err := b.cg.Group(bx.runscID).KillAll(); err != nil {
 		errs = append(errs, err)
 	}
 	for _, rt := range rts {
@@ -394,7 +404,7 @@ func (b *Backend) remove(ctx context.Context, bx box, rts ...runtime) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := oci.RemoveCgroups(cgroupsPath(bx.runscID)); err != nil {
+	if err := b.cg.Group(bx.runscID).Remove(); err != nil {
 		errs = append(errs, err)
 	}
 	if bx.dir != "" {
@@ -417,12 +427,12 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 	if err != nil {
 		return backend.Status{ID: id, State: backend.StateStopped}, nil
 	}
-	if oci.Frozen(bx.runscID) {
+	if b.cg.Group(bx.runscID).Frozen() {
 		return backend.Status{ID: id, State: backend.StatePaused}, nil
 	}
 	// A sentry or gofer stopped from the node: runsc state would wait on
 	// it, and nothing in the sandbox answers.
-	for _, pid := range oci.Procs(bx.runscID) {
+	for _, pid := range b.cg.Group(bx.runscID).Procs() {
 		if backend.ProcessStopped(pid) {
 			return backend.Status{ID: id, State: backend.StateRunning, Pid: pid, HostStopped: true}, nil
 		}
@@ -486,8 +496,8 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 		// What is left of it may still be ending (Debian's runsc's sandbox
 		// ends itself once its checkpoint is written): a restore in place
 		// must not meet it, nor its agent the restored one.
-		if !oci.WaitEmpty(hs.RunscID, checkpointWait/4) {
-			oci.KillAll(hs.RunscID) //nolint:errcheck // reported by the restore, if it matters
+		if !b.cg.Group(hs.RunscID).WaitEmpty(checkpointWait / 4) {
+			b.cg.Group(hs.RunscID).KillAll() //nolint:errcheck // reported by the restore, if it matters
 		}
 		return errdefs.FailedPrecondition("recover %s: sandbox is %s", h.ID, st.State)
 	}
@@ -540,7 +550,7 @@ func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return oci.EmptyMemory(bx.runscID)
+	return b.cg.Group(bx.runscID).Reclaim()
 }
 
 // Pause freezes the sandbox's cgroup: the sentry, its gofer and every task.
@@ -549,7 +559,7 @@ func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	return oci.Freeze(bx.runscID)
+	return b.cg.Group(bx.runscID).Freeze()
 }
 
 // Resume thaws it.
@@ -558,7 +568,7 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	return oci.Thaw(bx.runscID)
+	return b.cg.Group(bx.runscID).Thaw()
 }
 
 // Diagnose says why a gVisor sandbox died: the host's OOM killer ended its
@@ -569,10 +579,10 @@ func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
 	if err != nil {
 		return ""
 	}
-	if why := oci.DiagnoseOOM(bx.runscID); why != "" {
+	if why := b.cg.Group(bx.runscID).DiagnoseOOM(); why != "" {
 		return why
 	}
-	if n := oci.PidsRefused(bx.runscID); n > 0 {
+	if n := b.cg.Group(bx.runscID).PidsRefused(); n > 0 {
 		return fmt.Sprintf("its runtime reached the sandbox's host thread bound (%d refusals)", n)
 	}
 	if last := lastLogError(b.logFile(bx.dir)); last != "" {
@@ -612,7 +622,7 @@ func (b *Backend) HostThreads(id sandboxid.ID) int {
 	if err != nil {
 		return 0
 	}
-	return oci.PidsCurrent(bx.runscID)
+	return b.cg.Group(bx.runscID).PidsCurrent()
 }
 
 // Usage reads the sandbox's cgroups: the sentry's and gofer's CPU time and
@@ -622,7 +632,7 @@ func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
 	if err != nil {
 		return backend.Usage{}, err
 	}
-	return oci.ReadUsage(bx.runscID)
+	return oci.ReadUsage(b.cg.Group(bx.runscID))
 }
 
 // Continue sends the sandbox's first process, the agent, SIGCONT: gVisor

@@ -1,8 +1,10 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
-	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -82,10 +83,15 @@ func TestRestoreAppliesCPULimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", oci.CgroupsPath(bx.runscID), "cpu.cfs_quota_us"))
+		quotaFile := filepath.Join("/sys/fs/cgroup/cpu", b.cg.Path(bx.runscID), "cpu.cfs_quota_us")
+		if b.cg.Version == cgroups.V2 {
+			quotaFile = filepath.Join(b.cg.Root, b.cg.Path(bx.runscID), "cpu.max")
+		}
+		data, err := os.ReadFile(quotaFile)
 		if err != nil {
 			t.Fatal(err)
 		}
+		data, _, _ = bytes.Cut(data, []byte(" ")) // v2: "QUOTA PERIOD"
 		want := fmt.Sprint(int64(s.Resources.CPUCores * 100000))
 		if got := strings.TrimSpace(string(data)); got != want {
 			t.Fatalf("sandbox %s: cpu.cfs_quota_us = %s after restore, want %s", s.ID, got, want)

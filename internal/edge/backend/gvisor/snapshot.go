@@ -10,6 +10,7 @@ import (
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
@@ -22,10 +23,10 @@ import (
 // its own hostname. Inside gVisor it reaches only the sentry's own kernel.
 var caps = append(append([]string(nil), oci.DefaultCaps...), "CAP_SYS_ADMIN")
 
-func runtimeSpec(spec *backend.Spec, cgroupsPath string) *rspec.Spec {
+func runtimeSpec(spec *backend.Spec, cg *cgroups.Host, runscID string) *rspec.Spec {
 	// gVisor ignores setuid bits, so the image's sudo cannot work: the
 	// agent binary takes its place and asks the agent's broker instead.
-	s := oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cgroupsPath, Caps: caps, SudoBroker: true})
+	s := oci.RuntimeSpec(spec, oci.Options{CgroupsPath: cg.Path(runscID), CgroupV2: cg.Version == cgroups.V2, Caps: caps, SudoBroker: true})
 	// The sandbox's tasks are limited in the sentry's own kernel, where a
 	// fork past the limit fails with EAGAIN: the agent sets that up
 	// (aether.LimitTasks), with room for its own threads.
@@ -93,7 +94,7 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 		return nil, err
 	}
 	dir := bx.dir
-	if oci.Frozen(bx.runscID) {
+	if b.cg.Group(bx.runscID).Frozen() {
 		return nil, errdefs.FailedPrecondition("sandbox %s is paused; resume it before a snapshot", id)
 	}
 	if bx.net && !bx.modern {
@@ -114,7 +115,7 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err := os.WriteFile(filepath.Join(ref.Dir, "config.json"), tmpl, 0o600); err != nil {
 		return nil, err
 	}
-	oci.SetCPUQuota(bx.runscID, -1, 0) //nolint:errcheck // only slower with the quota kept
+	b.cg.Group(bx.runscID).SetCPUQuota(-1, 0) //nolint:errcheck // only slower with the quota kept
 	rt := b.rtOf(bx)
 	args := []string{"checkpoint", "--image-path", memoryDir(ref)}
 	if rt.modern {
@@ -131,7 +132,7 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 			if s.Linux.Resources.CPU.Period != nil {
 				period = *s.Linux.Resources.CPU.Period
 			}
-			if err := oci.SetCPUQuota(bx.runscID, *s.Linux.Resources.CPU.Quota, period); err != nil {
+			if err := b.cg.Group(bx.runscID).SetCPUQuota(*s.Linux.Resources.CPU.Quota, period); err != nil {
 				b.log.Warn("put the CPU limit back after a checkpoint", logging.SandboxID, id, logging.Error, err)
 			}
 		}
@@ -181,7 +182,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 			return nil, err
 		}
 	}
-	fresh := runtimeSpec(spec, cgroupsPath(bx.runscID))
+	fresh := runtimeSpec(spec, b.cg, bx.runscID)
 	s.Root, s.Hostname, s.Mounts = fresh.Root, fresh.Hostname, fresh.Mounts
 	s.Linux.CgroupsPath, s.Linux.Resources = fresh.Linux.CgroupsPath, fresh.Linux.Resources
 	// The copy's own network namespace (the source's is its own).
@@ -221,12 +222,12 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		if period != nil {
 			p = *period
 		}
-		if err := oci.SetCPUQuota(bx.runscID, *quota, p); err != nil {
+		if err := b.cg.Group(bx.runscID).SetCPUQuota(*quota, p); err != nil {
 			b.log.Warn("apply the CPU limit after a restore", logging.SandboxID, spec.ID, logging.Error, err)
 		}
 	}
 	if !inPlace {
-		oci.SetCPUShares(bx.runscID, normalShares) //nolint:errcheck // the copy runs either way
+		b.cg.Group(bx.runscID).SetCPUShares(normalShares) //nolint:errcheck // the copy runs either way
 	}
 	if inPlace {
 		go func() {
@@ -237,8 +238,6 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	}
 	return b.handle(spec.ID, bx), nil
 }
-
-func cgroupsPath(runscID string) string { return oci.CgroupsPath(runscID) }
 
 // CPU weights: the kernel's minimum while restoring a copy, then the default.
 const (

@@ -20,7 +20,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -37,7 +39,8 @@ type Backend struct {
 	cfg  backend.Config
 	log  *slog.Logger
 	qemu *QEMU
-	fc   *Firecracker // nil unless a Firecracker binary is configured
+	fc   *Firecracker  // nil unless a Firecracker binary is configured
+	cg   *cgroups.Host // the node's cgroups, for the VMMs' CPU limits
 
 	probeOnce sync.Once
 	probe     *ProbeResult
@@ -95,6 +98,14 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	b := &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
 		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}
+	if cg, err := oci.Cgroups(o); err == nil {
+		b.cg = cg
+		if err := cg.Prepare(b.log, false); err != nil {
+			b.log.Warn("no CPU limit for microVMs beyond their vCPU count", "err", err)
+		}
+	} else {
+		return nil, err
+	}
 	if o["firecracker"] != "" {
 		b.fc = &Firecracker{Binary: o["firecracker"], Kernel: q.Kernel, Modules: q.Modules, Init: q.Init}
 	}
@@ -396,7 +407,7 @@ func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
 		if !ok {
 			return fmt.Errorf("microvm: QEMU of %s ended as it started; console: %s", id, tail(g.Console))
 		}
-		if err := limitCPU(id, pid, g.CPUCores); err != nil && !errors.Is(err, errNoCPUController) {
+		if err := b.limitCPU(id, pid, g.CPUCores); err != nil && !errors.Is(err, errNoCPUController) {
 			bx.kill(0) //nolint:errcheck // a VM without its limit does not run
 			return fmt.Errorf("microvm: CPU limit of %s: %w", id, err)
 		}

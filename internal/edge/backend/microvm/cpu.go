@@ -4,57 +4,65 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
-	"time"
+	"strings"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/opendsec/opendsec/internal/edge/backend/oci"
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
 // A microVM's CPU limit [ours]: its vCPUs are whole (ceil of cpu_cores),
 // so the fraction is held by the node's CFS bandwidth control on the VMM
 // process, all its threads, in the sandbox's own cpu cgroup (the same
-// place a container's is). QEMU daemonizes before it can be placed: the
-// first milliseconds of its start are not bound.
+// place a container's is), on cgroup v1 (cpu.cfs_quota_us) and v2
+// (cpu.max) alike. QEMU daemonizes before it can be placed: the first
+// milliseconds of its start are not bound.
 
 const cfsPeriodUs = 100_000
 
-// cpuHierarchy is the v1 cpu controller's mount; cgroup v2 hosts are not
-// handled yet (the hosts issue), and there the limit is the vCPU count.
-var cpuHierarchy = "/sys/fs/cgroup/cpu"
-
-var errNoCPUController = errors.New("no cgroup v1 cpu controller on this node; the limit is the vCPU count")
+var errNoCPUController = errors.New("no cgroup cpu controller on this node; the limit is the vCPU count")
 
 // limitCPU puts process pid (a VMM) in sandbox id's cpu cgroup with a
 // bandwidth of cores.
-func limitCPU(id sandboxid.ID, pid int, cores float64) error {
-	if _, err := os.Stat(filepath.Join(cpuHierarchy, "cpu.cfs_quota_us")); err != nil {
+func (b *Backend) limitCPU(id sandboxid.ID, pid int, cores float64) error {
+	if b.cg == nil || !hasCPUController(b.cg) {
 		return errNoCPUController
 	}
-	dir := filepath.Join(cpuHierarchy, oci.CgroupsPath(string(id)))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	g := b.cg.Group(string(id))
+	if err := g.Create("cpu"); err != nil {
 		return err
 	}
-	if err := oci.SetCPUQuota(string(id), int64(cores*cfsPeriodUs), cfsPeriodUs); err != nil {
+	if err := g.SetCPUQuota(int64(cores*cfsPeriodUs), cfsPeriodUs); err != nil {
 		return err
 	}
-	// In v1, a process id written to cgroup.procs moves all its threads.
-	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+	// A process id written to cgroup.procs moves all its threads.
+	return g.AddProcess(pid, "cpu")
+}
+
+// hasCPUController reports whether the sandboxes' cgroups can hold a CPU
+// bandwidth: v1's cpu hierarchy, or v2's cpu controller enabled for them.
+func hasCPUController(h *cgroups.Host) bool {
+	if h.Version == cgroups.V2 {
+		data, err := os.ReadFile(filepath.Join(h.Root, h.Parent, "cgroup.subtree_control"))
+		return err == nil && containsWord(string(data), "cpu")
+	}
+	_, err := os.Stat(filepath.Join(h.Root, "cpu", "cpu.cfs_quota_us"))
+	return err == nil
+}
+
+func containsWord(s, w string) bool {
+	for _, f := range strings.Fields(s) {
+		if f == w {
+			return true
+		}
+	}
+	return false
 }
 
 // removeCPUCgroup removes sandbox id's cpu cgroup once its VMM is gone;
 // the threads of a killed VMM leave it a little after the process ends.
-func removeCPUCgroup(id sandboxid.ID) error {
-	dir := filepath.Join(cpuHierarchy, oci.CgroupsPath(string(id)))
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		err := os.Remove(dir)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			return err
-		}
+func (b *Backend) removeCPUCgroup(id sandboxid.ID) error {
+	if b.cg == nil {
+		return nil
 	}
+	return b.cg.Group(string(id)).Remove()
 }

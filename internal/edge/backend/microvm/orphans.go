@@ -132,5 +132,5 @@ func (b *Backend) destroyUnknown(id sandboxid.ID) error {
 	if err := os.Remove(memFile(id)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	return removeCPUCgroup(id)
+	return b.removeCPUCgroup(id)
 }

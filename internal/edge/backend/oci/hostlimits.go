@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/opendsec/opendsec/internal/cgroups"
 )
 
 // Host-wide limits [ours]. Each sandbox's cgroups bound it; together they
@@ -36,22 +37,15 @@ func SandboxThreadBound(threadsMax int64) int64 {
 	return max(threadsMax-reserve, 1024)
 }
 
-// BoundSandboxes applies the host-wide limits (see above). It is
-// idempotent, and logs what it changed.
-func BoundSandboxes(log *slog.Logger) error {
+// BoundSandboxes applies the host-wide limits (see above) to the node's
+// cgroups h. It is idempotent, and logs what it changed.
+func BoundSandboxes(log *slog.Logger, h *cgroups.Host) error {
 	tm, err := readInt("/proc/sys/kernel/threads-max")
 	if err != nil {
 		return err
 	}
-	bound := SandboxThreadBound(tm)
-	parent := filepath.Join(cgroupRoot, "pids", CgroupParent)
-	if _, err := os.Stat(filepath.Join(cgroupRoot, "pids")); err == nil {
-		if err := os.MkdirAll(parent, 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(parent, "pids.max"), []byte(strconv.FormatInt(bound, 10)), 0o644); err != nil {
-			return fmt.Errorf("bound the sandboxes' threads: %w", err)
-		}
+	if err := h.BoundTasks(SandboxThreadBound(tm)); err != nil {
+		return fmt.Errorf("bound the sandboxes' threads: %w", err)
 	}
 	if fm, err := os.ReadFile("/proc/sys/fs/file-max"); err == nil && strings.TrimSpace(string(fm)) != fileMaxUnlimited {
 		if err := os.WriteFile("/proc/sys/fs/file-max", []byte(fileMaxUnlimited), 0o644); err != nil {
@@ -60,15 +54,6 @@ func BoundSandboxes(log *slog.Logger) error {
 		log.Info("raised fs.file-max to its maximum (as systemd does): a sandbox's open files are bounded by its memory cgroup, not a table shared with the node", "was", strings.TrimSpace(string(fm)))
 	}
 	return nil
-}
-
-// SandboxThreadsMax reads the sandboxes' parent's pids.max ("max" when none).
-func SandboxThreadsMax() string {
-	data, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", CgroupParent, "pids.max"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(data))
 }
 
 func readInt(path string) (int64, error) {

@@ -1,4 +1,4 @@
-// Package oci builds OCI runtime bundles and manages cgroup v1 directories
+// Package oci builds OCI runtime bundles and reads the cgroups
 // for the backends that run through an OCI runtime (crun, runc, runsc).
 package oci
 
@@ -39,6 +39,10 @@ const agentOOMScore = -999
 // Options are what differs between backends.
 type Options struct {
 	CgroupsPath string
+	// CgroupV2 says the node has the unified hierarchy: no swap is asked
+	// as memory.swap.max 0 (memory+swap = the limit) instead of v1's
+	// swappiness 0, which v2 does not have.
+	CgroupV2 bool
 	// Caps of the agent and its children.
 	Caps []string
 	// ProtectAgent lowers the agent's OOM score (needs CAP_SYS_RESOURCE).
@@ -89,7 +93,13 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 	period := uint64(cpuPeriod)
 	mem := spec.MemoryMB << 20
 	pids := spec.Pids
-	swappiness := uint64(0)
+	memory := &rspec.LinuxMemory{Limit: &mem}
+	if o.CgroupV2 {
+		memory.Swap = &mem
+	} else {
+		swappiness := uint64(0)
+		memory.Swappiness = &swappiness
+	}
 	ro := []string{"nosuid", "noexec", "nodev", "ro"}
 	s := &rspec.Spec{
 		Version: ociVersion,
@@ -122,7 +132,7 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 		Linux: &rspec.Linux{
 			CgroupsPath: cgroupsPath,
 			Resources: &rspec.LinuxResources{
-				Memory: &rspec.LinuxMemory{Limit: &mem, Swappiness: &swappiness},
+				Memory: memory,
 				CPU:    &rspec.LinuxCPU{Quota: &quota, Period: &period},
 				Pids:   &rspec.LinuxPids{Limit: &pids},
 				Devices: []rspec.LinuxDeviceCgroup{
