@@ -25,7 +25,7 @@ func cmdNodes(ctx context.Context, _ []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tHEALTH\tSANDBOXES\tCPU CORES\tMEMORY MIB\tBACKENDS")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tHEALTH\tCGROUP\tSANDBOXES\tCPU CORES\tMEMORY MIB\tBACKENDS")
 	for _, n := range r.Msg.Nodes {
 		health := "healthy"
 		if !n.Healthy {
@@ -42,7 +42,11 @@ func cmdNodes(ctx context.Context, _ []string) error {
 		}
 		sort.Strings(bs)
 		a, cp := n.GetAllocated(), n.GetCapacity()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%g/%g\t%d/%d\t%s\n", n.Id, n.Address, health,
+		cg := n.Cgroup
+		if cg == "" {
+			cg = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%g/%g\t%d/%d\t%s\n", n.Id, n.Address, health, cg,
 			a.GetSandboxes(), cp.GetSandboxes(), a.GetCpuCores(), cp.GetCpuCores(), a.GetMemoryMb(), cp.GetMemoryMb(), strings.Join(bs, ", "))
 	}
 	return tw.Flush()

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -99,6 +100,7 @@ type Edge struct {
 	cache       *image.Cache
 	backends    map[string]backend.Backend
 	unavailable map[string]string // backend name -> why it cannot run here
+	cgroup      string            // the node's cgroup layout, "v1" or "v2" ("" unknown)
 	// agentPath is the agent as staged in the run base (runbase.go).
 	agentPath string
 	// layers makes the writable layers of DiskLayer backends; nil when no
@@ -195,6 +197,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
+	}
+	if h, err := cgroups.Detect(cgroups.DefaultRoot, ""); err == nil {
+		e.cgroup = h.String()
 	}
 	var layersErr error
 	for _, b := range deps.Backends {

@@ -19,6 +19,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		Capacity: &edgev1.Usage{Sandboxes: c.MaxSandboxes, CpuCores: c.CPUCores, MemoryMb: c.MemoryMB},
 		Version:  Version,
 		Host:     &edgev1.Usage{CpuCores: c.HostCPUCores, MemoryMb: c.HostMemoryMB},
+		Cgroup:   e.cgroup,
 	}
 	for name, b := range e.backends {
 		caps := b.Capabilities()

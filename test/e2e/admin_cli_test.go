@@ -64,6 +64,10 @@ func TestProjectAndNodesCLI(t *testing.T) {
 	if err != nil || len(lines) != 3 || !strings.Contains(lines[1], "healthy") || !strings.Contains(lines[2], "healthy") || !strings.Contains(out, "fake") {
 		t.Fatalf("nodes: %v\n%s", err, out)
 	}
+	// Each node says its cgroup layout (this machine's, detected by the edge).
+	if want := " " + nodeCgroups().String() + " "; !strings.Contains(lines[0], "CGROUP") || !strings.Contains(lines[1], want) || !strings.Contains(lines[2], want) {
+		t.Fatalf("nodes: want a CGROUP column saying%q\n%s", want, out)
+	}
 	if out, err := run(key.Msg.Secret, "nodes"); err == nil || !strings.Contains(out, "ADMIN") {
 		t.Fatalf("nodes with a member key: %v\n%s", err, out)
 	}

@@ -2382,7 +2382,10 @@ type NodeStatus struct {
 	// The host's own cores and memory: the most one sandbox may ask for.
 	Host *Usage `protobuf:"bytes,7,opt,name=host,proto3" json:"host,omitempty"`
 	// The last usage change allocated and groups include.
-	Usage         *UsageStamp `protobuf:"bytes,8,opt,name=usage,proto3" json:"usage,omitempty"`
+	Usage *UsageStamp `protobuf:"bytes,8,opt,name=usage,proto3" json:"usage,omitempty"`
+	// The node's cgroup layout: "v1" (one hierarchy per controller, hybrid
+	// hosts included) or "v2" (unified).
+	Cgroup        string `protobuf:"bytes,9,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2471,6 +2474,13 @@ func (x *NodeStatus) GetUsage() *UsageStamp {
 		return x.Usage
 	}
 	return nil
+}
+
+func (x *NodeStatus) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
 }
 
 type GetNodeStatusResponse struct {
@@ -2781,7 +2791,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\aproject\x18\x01 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x02 \x01(\tR\x04task\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12-\n" +
-	"\x05usage\x18\x04 \x01(\v2\x17.opendsec.edge.v1.UsageR\x05usage\"\xff\x02\n" +
+	"\x05usage\x18\x04 \x01(\v2\x17.opendsec.edge.v1.UsageR\x05usage\"\x97\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x123\n" +
@@ -2791,7 +2801,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x06groups\x18\x05 \x03(\v2\x1c.opendsec.edge.v1.GroupUsageR\x06groups\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12+\n" +
 	"\x04host\x18\a \x01(\v2\x17.opendsec.edge.v1.UsageR\x04host\x122\n" +
-	"\x05usage\x18\b \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\"M\n" +
+	"\x05usage\x18\b \x01(\v2\x1c.opendsec.edge.v1.UsageStampR\x05usage\x12\x16\n" +
+	"\x06cgroup\x18\t \x01(\tR\x06cgroup\"M\n" +
 	"\x15GetNodeStatusResponse\x124\n" +
 	"\x06status\x18\x01 \x01(\v2\x1c.opendsec.edge.v1.NodeStatusR\x06status\"o\n" +
 	"\x14UpdateNetworkRequest\x12\x14\n" +

@@ -355,8 +355,10 @@ type Node struct {
 	// Backend name -> how it runs there, for backends that say (e.g. the
 	// microvm backend's hypervisor and accelerator).
 	BackendDetails map[string]string `protobuf:"bytes,9,rep,name=backend_details,json=backendDetails,proto3" json:"backend_details,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The node's cgroup layout: "v1" or "v2".
+	Cgroup        string `protobuf:"bytes,10,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -450,6 +452,13 @@ func (x *Node) GetBackendDetails() map[string]string {
 		return x.BackendDetails
 	}
 	return nil
+}
+
+func (x *Node) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
 }
 
 type ListNodesResponse struct {
@@ -3074,7 +3083,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"NodeAmount\x12\x1c\n" +
 	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
-	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xb2\x04\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xca\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
@@ -3084,7 +3093,9 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\tallocated\x18\x06 \x01(\v2\x1f.opendsec.sandbox.v1.NodeAmountR\tallocated\x12C\n" +
 	"\bbackends\x18\a \x03(\v2'.opendsec.sandbox.v1.Node.BackendsEntryR\bbackends\x127\n" +
 	"\tpolled_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bpolledAt\x12V\n" +
-	"\x0fbackend_details\x18\t \x03(\v2-.opendsec.sandbox.v1.Node.BackendDetailsEntryR\x0ebackendDetails\x1a;\n" +
+	"\x0fbackend_details\x18\t \x03(\v2-.opendsec.sandbox.v1.Node.BackendDetailsEntryR\x0ebackendDetails\x12\x16\n" +
+	"\x06cgroup\x18\n" +
+	" \x01(\tR\x06cgroup\x1a;\n" +
 	"\rBackendsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aA\n" +
