@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -172,8 +173,25 @@ func (h *Host) TasksMax() string {
 }
 
 func write(p, v string) error {
-	if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+	if err := writeOnce(p, v); err != nil {
 		return fmt.Errorf("cgroup %s: %w", p, err)
+	}
+	return nil
+}
+
+// writeOnce writes v to a cgroup file with one write(2) and returns its
+// error as is. Not os.WriteFile: kernfs files can be polled, so Go's
+// poller takes an EAGAIN (memory.reclaim's "could not reclaim it all") as
+// "wait until writable" and the write never returns (seen on Debian 13:
+// an offload hung in it).
+func writeOnce(p, v string) error {
+	fd, err := syscall.Open(p, syscall.O_WRONLY|syscall.O_TRUNC|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	defer syscall.Close(fd)
+	if _, err := syscall.Write(fd, []byte(v)); err != nil {
+		return &os.PathError{Op: "write", Path: p, Err: err}
 	}
 	return nil
 }

@@ -107,7 +107,7 @@ func (g Group) settled() bool {
 // Thaw lets a frozen cgroup run again; a cgroup that is gone is thawed.
 func (g Group) Thaw() error {
 	p, _, thawed := g.freezer()
-	if err := os.WriteFile(p, []byte(thawed), 0o644); err != nil && !notExist(err) {
+	if err := writeOnce(p, thawed); err != nil && !notExist(err) {
 		return fmt.Errorf("thaw %s: %w", g.id, err)
 	}
 	return nil
@@ -276,7 +276,7 @@ func (g Group) Procs() []int {
 func (g Group) KillAll() error {
 	g.Thaw() //nolint:errcheck // it may not be frozen, or not exist
 	if g.h.Version == V2 {
-		if err := os.WriteFile(g.file("", "cgroup.kill"), []byte("1"), 0o644); err != nil && !notExist(err) {
+		if err := writeOnce(g.file("", "cgroup.kill"), "1"); err != nil && !notExist(err) {
 			// Kernels before 5.14 lack cgroup.kill: signal each process.
 			if !errors.Is(err, syscall.EINVAL) && !errors.Is(err, os.ErrPermission) {
 				return fmt.Errorf("kill cgroup %s: %w", g.id, err)
@@ -328,12 +328,12 @@ func (g Group) Reclaim() error {
 			}
 			return rerr
 		}
-		err = os.WriteFile(g.file("memory", "memory.reclaim"), []byte(strconv.FormatUint(cur+1<<20, 10)), 0o200)
+		err = writeOnce(g.file("memory", "memory.reclaim"), strconv.FormatUint(cur+1<<20, 10))
 		if errors.Is(err, syscall.EAGAIN) {
 			err = nil
 		}
 	} else {
-		err = os.WriteFile(g.file("memory", "memory.force_empty"), []byte("0"), 0o200)
+		err = writeOnce(g.file("memory", "memory.force_empty"), "0")
 	}
 	if notExist(err) {
 		return nil

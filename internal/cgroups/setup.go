@@ -78,7 +78,7 @@ func enable(dir string) error {
 	if len(add) == 0 {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(add, " ")), 0o644); err != nil {
+	if err := writeOnce(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(add, " ")); err != nil {
 		// EBUSY: dir holds processes of its own (the "no internal
 		// processes" rule); ENOENT/EINVAL: not offered by its parent.
 		return fmt.Errorf("enable %s in %s: %w", strings.Join(add, " "), dir, err)
