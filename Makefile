@@ -21,7 +21,7 @@ UNIT_TIMEOUT ?= 20m
 E2E_TIMEOUT ?= 45m
 export PATH := $(GOBIN_DIR):$(PATH)
 
-.PHONY: all deps build images venv e2b-sdks quickstart up down test test-go test-python test-e2b check-generated generate lint bench fuzz fuzz-smoke clean
+.PHONY: all deps build images venv e2b-sdks quickstart up down test test-go test-python test-e2b test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
 
 all: build
 
@@ -79,12 +79,16 @@ up: build
 down:
 	@if [ -f $(STATE)/dsec.pid ]; then kill $$(cat $(STATE)/dsec.pid) 2>/dev/null || true; rm -f $(STATE)/dsec.pid; echo "stopped dsec up (sandboxes keep running; the next make up re-attaches them)"; fi
 
-quickstart: deps build images venv up
+# deploy/quickstart.sh is the one install path: with systemd it installs
+# units, here (no systemd) it starts dsec up in the background in $(STATE),
+# as `make up` does; both check a container and a microVM print 42.
+quickstart: deps build images venv
+	./deploy/quickstart.sh --bin bin --images $(CACHE)/images --state $(STATE) --prefix $(STATE)/opt --etc $(STATE)
 	source $(STATE)/client.env && $(VENV)/bin/python examples/quickstart.py
-	@echo "fork with memory on the gvisor backend (examples/fork.py):"
+	@echo "fork with memory on the microvm backend (examples/fork.py):"
 	source $(STATE)/client.env && $(VENV)/bin/python examples/fork.py
 
-test: deps build images venv e2b-sdks check-generated lint test-go test-python test-e2b fuzz-smoke
+test: deps build images venv e2b-sdks check-generated lint test-go test-python test-e2b test-hosts fuzz-smoke
 
 # A test run fails, not skips, when a runtime or image it covers is missing
 # (testutil.Missing, and the Python and JS fixtures): a green run means every
@@ -106,6 +110,18 @@ test-python: build images venv
 test-e2b: build images e2b-sdks
 	env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(E2B_VENV)/bin/python -m pytest -q test/e2b/python
 	cd test/e2b/js && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images npm test
+
+# The host test: a Debian 13 VM (systemd, cgroup v2 only) built from
+# Debian's packages into .cache/hostvm (about 2 minutes the first time,
+# offline after), booted under QEMU; inside, deploy/quickstart.sh installs
+# the binaries just built as systemd units, test/hosts runs against them,
+# and --uninstall must leave nothing. About 5 minutes under TCG.
+test-hosts: build
+	./scripts/test-hosts.sh $(CACHE)/hostvm
+
+# The same VM, with bench/create run inside it after the host suite.
+bench-hosts: build
+	HOST_BENCH=1 ./scripts/test-hosts.sh $(CACHE)/hostvm
 
 tools:
 	@test -x $(GOBIN_DIR)/buf || GOBIN=$(GOBIN_DIR) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
