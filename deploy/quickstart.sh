@@ -339,14 +339,17 @@ fi
 for _ in $(seq 1 300); do
 	if [ "$mode" = systemd ]; then
 		[ -s "$state/admin.key" ] && key=$(cat "$state/admin.key") && \
-			DSEC_API_URL=http://127.0.0.1:7070 DSEC_API_KEY=$key "$dsec" nodes 2>/dev/null | grep -q " healthy " && break
+			DSEC_API_URL=http://127.0.0.1:7070 DSEC_API_KEY=$key timeout 10 "$dsec" nodes 2>/dev/null | grep -q " healthy " && break
 	else
 		[ -s "$state/client.env" ] && grep -q "opendsec is up" "$state/dsec.log" && break
 	fi
 	sleep 0.5
 done
 if [ "$mode" = systemd ]; then
-	[ -n "${key:-}" ] || fail "the apiserver did not answer in 150 s; see journalctl -u dsec-apiserver -u dsec-edge"
+	if [ -z "${key:-}" ] || ! DSEC_API_URL=http://127.0.0.1:7070 DSEC_API_KEY=$key timeout 10 "$dsec" nodes 2>/dev/null | grep -q " healthy "; then
+		systemctl --no-pager status $(for u in $units; do echo "$u.service"; done) 2>&1 | grep -E '●|Active:' >&2 || true
+		fail "no healthy node through the apiserver after 150 s; see journalctl -u 'dsec-*'"
+	fi
 	cat >"$etc/client.env" <<EOF
 # OpenDsec client settings, written by deploy/quickstart.sh. Source it: . $etc/client.env
 export DSEC_API_URL=http://127.0.0.1:7070
@@ -367,15 +370,15 @@ if [ "$check_run" = 1 ]; then
 	for be in $(echo "$backends" | tr , ' '); do
 		[ "$be" != gvisor ] || continue # the container and the microVM are the check
 		step "check: a $be sandbox runs a command"
-		if "$dsec" nodes 2>/dev/null | grep -q "$be (unavailable"; then
+		if timeout 10 "$dsec" nodes 2>/dev/null | grep -q "$be (unavailable"; then
 			step_end
 			echo "  $be is unavailable on this node: $("$dsec" nodes 2>&1 | grep -o "$be (unavailable[^)]*)" | head -1)"
 			continue
 		fi
-		out=$("$dsec" run --rm --backend "$be" --image root/busybox:latest -- sh -c 'echo $((6*7))' 2>&1) || fail "$be check: $out"
+		out=$(timeout 300 "$dsec" run --rm --backend "$be" --image root/busybox:latest -- sh -c 'echo $((6*7))' 2>&1) || fail "$be check: $out"
 		[ "$(echo "$out" | tail -1)" = 42 ] || fail "$be check printed $out, not 42"
 	done
 fi
 step_end
 printf 'OpenDsec is running (%s, %.0fs). Use it: . %s\n' "$mode" "$(since "$t0")" "$etc/client.env"
-"$dsec" nodes || true
+timeout 10 "$dsec" nodes || true

@@ -43,7 +43,7 @@ fi
 # 2. The base disk: the packages installed, a test unit that runs
 # /host/inside.sh from the shared directory and powers off.
 # disk_recipe names this recipe: change it when the disk's making changes.
-disk_recipe="1 $packages"
+disk_recipe="2 $packages"
 base=$cache/base.img
 if [ ! -s "$base" ] || [ "$(cat "$cache/base.recipe" 2>/dev/null)" != "$disk_recipe" ]; then
 	log "building the Debian 13 disk"
@@ -77,7 +77,7 @@ EOF
 	cp "$root"/boot/vmlinuz-* "$cache/vmlinuz"
 	cp "$root"/boot/initrd.img-* "$cache/initrd.img"
 	rm -f "$base.partial"
-	mkfs.ext4 -q -F -L root -d "$root" "$base.partial" 6G
+	mkfs.ext4 -q -F -L root -d "$root" "$base.partial" 16G
 	mv "$base.partial" "$base"
 	echo "$disk_recipe" >"$cache/base.recipe"
 	rm -rf "$root"

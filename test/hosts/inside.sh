@@ -41,7 +41,8 @@ journalctl -u 'dsec-*' --no-pager >/host/units.journal 2>&1
 
 if [ -x /host/bench-create ]; then
 	section "bench: create to first exec against bare crun (cgroup v2, systemd host)"
-	/host/bench-create -store /host/images -agent /host/bin/aether -n "${BENCH_N:-10}" || { echo "FAIL: bench"; rc=1; }
+	# /tmp is a 3 GiB tmpfs on Debian 13; the bench's layers want disk.
+	TMPDIR=/var/tmp /host/bench-create -store /host/images -agent /host/bin/aether -n "${BENCH_N:-10}" || { echo "FAIL: bench"; rc=1; }
 fi
 
 section "uninstall"
