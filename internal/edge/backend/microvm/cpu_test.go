@@ -20,8 +20,11 @@ func TestAVMMsCPULimitOnEitherLayout(t *testing.T) {
 		setup        map[string]string
 		quota, procs string
 	}{
-		{cgroups.V1, map[string]string{"cpu/cpu.cfs_quota_us": "-1"}, "cpu/opendsec/sb/cpu.cfs_quota_us", "cpu/opendsec/sb/cgroup.procs"},
-		{cgroups.V2, map[string]string{"opendsec/cgroup.subtree_control": "cpu memory pids"}, "opendsec/sb/cpu.max", "opendsec/sb/cgroup.procs"},
+		// The files the kernel makes with each cgroup directory.
+		{cgroups.V1, map[string]string{"cpu/cpu.cfs_quota_us": "-1", "cpu/opendsec/sb/cpu.cfs_quota_us": "-1", "cpu/opendsec/sb/cpu.cfs_period_us": "100000", "cpu/opendsec/sb/cgroup.procs": ""},
+			"cpu/opendsec/sb/cpu.cfs_quota_us", "cpu/opendsec/sb/cgroup.procs"},
+		{cgroups.V2, map[string]string{"opendsec/cgroup.subtree_control": "cpu memory pids", "opendsec/sb/cpu.max": "max 100000", "opendsec/sb/cgroup.procs": ""},
+			"opendsec/sb/cpu.max", "opendsec/sb/cgroup.procs"},
 	} {
 		root := t.TempDir()
 		for rel, content := range tc.setup {
