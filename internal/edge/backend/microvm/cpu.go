@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/cgroups"
@@ -43,19 +44,10 @@ func (b *Backend) limitCPU(id sandboxid.ID, pid int, cores float64) error {
 func hasCPUController(h *cgroups.Host) bool {
 	if h.Version == cgroups.V2 {
 		data, err := os.ReadFile(filepath.Join(h.Root, h.Parent, "cgroup.subtree_control"))
-		return err == nil && containsWord(string(data), "cpu")
+		return err == nil && slices.Contains(strings.Fields(string(data)), "cpu")
 	}
 	_, err := os.Stat(filepath.Join(h.Root, "cpu", "cpu.cfs_quota_us"))
 	return err == nil
-}
-
-func containsWord(s, w string) bool {
-	for _, f := range strings.Fields(s) {
-		if f == w {
-			return true
-		}
-	}
-	return false
 }
 
 // removeCPUCgroup removes sandbox id's cpu cgroup once its VMM is gone;
