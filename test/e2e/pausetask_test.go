@@ -193,6 +193,9 @@ func TestPreemptionDrill(t *testing.T) {
 	node := newUpNode(t)
 	up := node.start(t)
 	defer func() {
+		if t.Failed() { // the sandboxes outlive dsec up: stop what is left
+			stopAll(t, up)
+		}
 		up.cmd.Process.Signal(syscall.SIGTERM)
 		up.cmd.Wait()
 	}()
@@ -216,7 +219,7 @@ func TestPreemptionDrill(t *testing.T) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			sb, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: "preempted",
-				Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 128}})
+				Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 128, DiskMb: 64}})
 			if err != nil {
 				errs <- err
 				return
