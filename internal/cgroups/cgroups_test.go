@@ -50,7 +50,7 @@ func TestUsageAndEventsOnV2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Usage{CPUNanos: 1_500_000, MemoryBytes: 10485760 - 2097152, CacheBytes: 6291456, LimitBytes: 64 << 20}
+	want := Usage{CPUNanos: 1_500_000, MemoryBytes: 10485760 - 2097152, CacheBytes: 6291456, LimitBytes: 64 << 20, ActiveFileBytes: 4194304}
 	if u != want {
 		t.Errorf("usage %+v, want %+v", u, want)
 	}
@@ -88,7 +88,7 @@ func TestUsageAndEventsOnV1(t *testing.T) {
 		"cpuacct/opendsec/sb/cpuacct.usage":           "123456789\n",
 		"memory/opendsec/sb/memory.usage_in_bytes":    "8388608\n",
 		"memory/opendsec/sb/memory.limit_in_bytes":    "33554432\n",
-		"memory/opendsec/sb/memory.stat":              "cache 100\ntotal_cache 4194304\ntotal_inactive_file 1048576\n",
+		"memory/opendsec/sb/memory.stat":              "cache 100\nactive_file 7\ntotal_cache 4194304\ntotal_inactive_file 1048576\ntotal_active_file 2097152\n",
 		"memory/opendsec/sb/memory.oom_control":       "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
 		"pids/opendsec/sb/pids.events":                "max 4\n",
 		"pids/opendsec/sb/cgroup.procs":               "20\n",
@@ -106,7 +106,7 @@ func TestUsageAndEventsOnV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Usage{CPUNanos: 123456789, MemoryBytes: 8388608 - 1048576, CacheBytes: 4194304, LimitBytes: 32 << 20}
+	want := Usage{CPUNanos: 123456789, MemoryBytes: 8388608 - 1048576, CacheBytes: 4194304, LimitBytes: 32 << 20, ActiveFileBytes: 2097152}
 	if u != want {
 		t.Errorf("usage %+v, want %+v", u, want)
 	}

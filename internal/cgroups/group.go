@@ -173,6 +173,10 @@ type Usage struct {
 	MemoryBytes int64  // memory charged, less inactive page cache the kernel drops first
 	CacheBytes  int64  // page cache
 	LimitBytes  int64  // memory limit (0: none)
+	// ActiveFileBytes is page cache of files (not shared memory) used
+	// lately: the kernel drops it too when memory is short, once written
+	// back; a checkpoint just written leaves much of it.
+	ActiveFileBytes int64
 }
 
 // ReadUsage reads the cgroup's CPU and memory use from the host; it
@@ -206,9 +210,11 @@ func (g Group) ReadUsage() (Usage, error) {
 		stat = keyed(g.file("memory", "memory.stat"))
 		u.CacheBytes = int64(stat["total_cache"])
 		stat["inactive_file"] = stat["total_inactive_file"]
+		stat["active_file"] = stat["total_active_file"]
 	}
 	u.LimitBytes = int64(min(limit, 1<<62))
 	u.MemoryBytes = int64(used) - int64(min(stat["inactive_file"], used))
+	u.ActiveFileBytes = int64(min(stat["active_file"], uint64(u.MemoryBytes)))
 	return u, nil
 }
 

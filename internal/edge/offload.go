@@ -111,7 +111,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 		return 0, "", errdefs.FailedPrecondition("sandbox %s is %s; only a running or paused sandbox can be offloaded", sb.id, sb.rec.State)
 	}
 	sn := sb.be.(backend.Snapshotter)
-	before := e.memoryOf(sb)
+	before := e.heldMemoryOf(sb)
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(e.node), Dir: offloadDir(sb)}
 	release, err := e.reserveDiskFor(sb.dir, e.stateSizeOf(sb), "offloading sandbox "+string(sb.id))
 	if err != nil {
@@ -161,7 +161,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	if err := sb.save(); err != nil {
 		return 0, "", err
 	}
-	after := e.memoryOf(sb)
+	after := e.heldMemoryOf(sb)
 	released := max(before-after, 0)
 	log.Info("sandbox offloaded", "took", time.Since(began).Round(time.Millisecond), "memory_released", released, "before", before, "after", after)
 	return released, note, nil
@@ -172,15 +172,30 @@ const offloadTimeout = 5 * time.Minute
 
 // memoryOf is sb's memory use as its backend reads it (0 if it cannot).
 func (e *Edge) memoryOf(sb *sandbox) int64 {
+	return e.usageOf(sb).MemoryBytes
+}
+
+// heldMemoryOf is what of sb's memory the kernel cannot simply drop: its
+// use less all page cache of files. What an offload gives back is the fall
+// of it; the checkpoint the offload writes is page cache charged to the
+// sandbox, and under a busy disk much of it is still there, recently used,
+// when the offload ends.
+func (e *Edge) heldMemoryOf(sb *sandbox) int64 {
+	u := e.usageOf(sb)
+	return u.MemoryBytes - u.ActiveFileBytes
+}
+
+// usageOf reads sb's use from its backend; zero if it cannot be read.
+func (e *Edge) usageOf(sb *sandbox) backend.Usage {
 	ur, ok := sb.be.(backend.UsageReader)
 	if !ok {
-		return 0
+		return backend.Usage{}
 	}
 	u, err := ur.Usage(sb.id)
 	if err != nil {
-		return 0
+		return backend.Usage{}
 	}
-	return u.MemoryBytes
+	return u
 }
 
 // stateSizeOf bounds what a checkpoint of sb writes: its memory in use

@@ -272,6 +272,9 @@ type Usage struct {
 	MemoryBytes int64  // memory used, less page cache the kernel can drop at once
 	CacheBytes  int64  // page cache
 	LimitBytes  int64  // memory limit
+	// ActiveFileBytes is the part of MemoryBytes that is page cache of
+	// files used lately: the kernel drops it as well when memory is short.
+	ActiveFileBytes int64
 }
 
 // Continuer is implemented by backends that can send the sandbox's first

@@ -23,5 +23,5 @@ func Cgroups(opts map[string]string) (*cgroups.Host, error) {
 // wakes the sandbox.
 func ReadUsage(g cgroups.Group) (backend.Usage, error) {
 	u, err := g.ReadUsage()
-	return backend.Usage{CPUNanos: u.CPUNanos, MemoryBytes: u.MemoryBytes, CacheBytes: u.CacheBytes, LimitBytes: u.LimitBytes}, err
+	return backend.Usage{CPUNanos: u.CPUNanos, MemoryBytes: u.MemoryBytes, CacheBytes: u.CacheBytes, LimitBytes: u.LimitBytes, ActiveFileBytes: u.ActiveFileBytes}, err
 }
