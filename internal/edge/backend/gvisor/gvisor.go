@@ -550,7 +550,28 @@ func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return b.cg.Group(bx.runscID).Reclaim()
+	return releaseMemory(b.cg.Group(bx.runscID))
+}
+
+// releaseMemory waits for what a stopped sandbox held to be given back.
+// runsc reports it stopped before its processes are all gone; the sentry's
+// memory file is shared memory, which no reclaim can drop while a process
+// still maps it, and an offload measured then reported nothing given back.
+// So: wait for the cgroup to empty, then reclaim until what is held is
+// small, for a few seconds at most.
+func releaseMemory(g cgroups.Group) error {
+	g.WaitEmpty(5 * time.Second)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if err := g.Reclaim(); err != nil {
+			return err
+		}
+		u, err := g.ReadUsage()
+		if err != nil || u.MemoryBytes-u.ActiveFileBytes < 4<<20 || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Pause freezes the sandbox's cgroup: the sentry, its gofer and every task.
