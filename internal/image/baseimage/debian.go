@@ -3,6 +3,7 @@ package baseimage
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -15,7 +16,8 @@ import (
 
 // debianPackages are installed into root/py:3.11 on top of minbase.
 var debianPackages = []string{
-	"python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
+	// python-is-python3: E2B's templates and users' scripts call "python".
+	"python3", "python-is-python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
 	"bash", "sudo", "procps", "less", "iproute2",
 }
 
@@ -46,9 +48,12 @@ func HostMirror() string {
 	return "http://deb.debian.org/debian"
 }
 
-// packageTarball is the debootstrap download cache for this package set.
-func packageTarball(cacheDir string) string {
-	return filepath.Join(cacheDir, "debootstrap", suite+"-py.tgz")
+// packageTarball is the debootstrap download cache for this package set:
+// its name carries a hash of the set, so a package added to it is
+// downloaded, not silently left out of the image by an older tarball.
+func packageTarball(cacheDir string, packages []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(packages, ",")))
+	return filepath.Join(cacheDir, "debootstrap", fmt.Sprintf("%s-py-%x.tgz", suite, sum[:6]))
 }
 
 func buildDebianPython(ctx context.Context, o Options, root string) error {
@@ -62,7 +67,7 @@ func buildDebianPython(ctx context.Context, o Options, root string) error {
 	if mirror == "" {
 		mirror = HostMirror()
 	}
-	tarball := packageTarball(o.CacheDir)
+	tarball := packageTarball(o.CacheDir, debianPackages)
 	include := "--include=" + strings.Join(debianPackages, ",")
 	if _, err := os.Stat(tarball); err != nil {
 		if err := os.MkdirAll(filepath.Dir(tarball), 0o755); err != nil {
