@@ -50,6 +50,7 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	timeout := fs.Int64("timeout", 0, "time to live in seconds (0: server default)")
 	task := fs.String("task", "", "task label (dsec pause --task pauses every sandbox of a task)")
 	onTimeout := fs.String("on-timeout", "kill", "when the time to live runs out: kill (remove it) or pause (offloaded where the backend can, else frozen)")
+	explicitResume := fs.Bool("explicit-resume", false, "while paused, calls do not resume it: only dsec resume does")
 	rm := fs.Bool("rm", false, "stop the sandbox after the command")
 	var env, allow multiFlag
 	fs.Var(&env, "env", "KEY=VALUE for every process (repeatable)")
@@ -71,7 +72,7 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 		return 2, fmt.Errorf("run: --on-timeout %q: want kill or pause", *onTimeout)
 	}
 	spec := &sandboxv1.SandboxSpec{
-		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task, OnTimeout: ot,
+		Backend: *backend, Image: *img, TimeoutSeconds: *timeout, Env: e, Task: *task, OnTimeout: ot, ExplicitResume: *explicitResume,
 		Resources: &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *mem, DiskMb: *disk, Pids: *pids},
 	}
 	if *network || *internet || *public || len(allow) > 0 {

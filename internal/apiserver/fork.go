@@ -258,7 +258,7 @@ func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Reque
 		return nil, err
 	}
 	defer run.finish()
-	edgeReq := &edgev1.RestoreSnapshotRequest{SnapshotId: m.SnapshotId, Scope: scope, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata, OnTimeout: m.OnTimeout}
+	edgeReq := &edgev1.RestoreSnapshotRequest{SnapshotId: m.SnapshotId, Scope: scope, TimeoutSeconds: m.TimeoutSeconds, Metadata: m.Metadata, OnTimeout: m.OnTimeout, ExplicitResume: m.ExplicitResume}
 	if plan.local == 1 {
 		resp, err := c.Edge.RestoreSnapshot(ctx, connect.NewRequest(edgeReq))
 		if err != nil {

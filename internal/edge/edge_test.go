@@ -266,6 +266,37 @@ func TestPausedSandboxResumesOnCall(t *testing.T) {
 	}
 }
 
+// A sandbox made with explicit_resume stays paused through calls (the
+// agent's and a restart of the edge) until it is resumed, and its copies
+// keep the setting unless the restore says otherwise.
+func TestExplicitResumeSandboxStaysPausedUntilResumed(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	s := spec()
+	s.ExplicitResume = true
+	sb, err := f.edge.Create(ctx, s, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	f.edge.Close()
+	e := f.open(t, smallCapacity())
+	if _, err := echo(t, agentClient(t, e, sb.Id, "root")); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "explicit_resume") {
+		t.Fatalf("call to a paused explicit-resume sandbox: %v, want failed_precondition naming explicit_resume", err)
+	}
+	if got, _ := e.Get(sb.Id, "root"); got.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("a call resumed it: %v", got.State)
+	}
+	if _, err := e.Resume(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := echo(t, agentClient(t, e, sb.Id, "root")); err != nil || out != "yes "+sb.Id {
+		t.Fatalf("call after resume = %q, %v", out, err)
+	}
+}
+
 func sandboxIDOf(s *sandboxv1.Sandbox) sandboxid.ID { return sandboxid.ID(s.Id) }
 
 func sandboxIDOfSnap(s string) sandboxid.SnapshotID { return sandboxid.SnapshotID(s) }

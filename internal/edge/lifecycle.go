@@ -87,7 +87,8 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 }
 
 // ensureRunning resumes a paused sandbox before an agent call, unless
-// resume is false (then a paused sandbox is an error), and returns its link.
+// resume is false or the sandbox resumes only when asked (explicit_resume;
+// then a paused sandbox is an error), and returns its link.
 // The call is counted (callStarted) under the sandbox's lock, so a
 // compaction, which checks the count under it, never cuts a call that got
 // this far; the caller ends it with callEnded.
@@ -99,6 +100,9 @@ func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*ag
 	case statePaused:
 		if !resume {
 			return nil, errdefs.FailedPrecondition("sandbox %s is paused; this call does not resume it", sb.id)
+		}
+		if sb.rec.spec.GetExplicitResume() {
+			return nil, errdefs.FailedPrecondition("sandbox %s is paused and resumes only when asked (it was created with explicit_resume); resume it first", sb.id)
 		}
 		if err := e.resumeLocked(ctx, sb); err != nil {
 			return nil, err

@@ -359,3 +359,38 @@ func TestRecoverBringsBackASourceItsCheckpointStopped(t *testing.T) {
 		t.Fatalf("exec after the restart: %q %v", out, err)
 	}
 }
+
+// A time to live set to 0 ends the sandbox now, as its running out would:
+// removed, or paused with on_timeout PAUSE. Below 0 is refused.
+func TestTimeoutZeroEndsItNow(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	killed, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.SetTimeout(killed.Id, "root", -1); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "want 0") {
+		t.Fatalf("timeout -1: %v", err)
+	}
+	s := spec()
+	s.OnTimeout = sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE
+	paused, err := f.edge.Create(ctx, s, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range []*sandboxv1.Sandbox{killed, paused} {
+		if _, err := f.edge.SetTimeout(sb.Id, "root", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGone(t, f.edge, killed.Id, 5*time.Second)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got, err := f.edge.Get(paused.Id, "root")
+		if err == nil && got.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("on_timeout PAUSE with timeout 0: %v %v; want paused", got, err)
+		}
+	}
+}

@@ -592,10 +592,11 @@ func (e *Edge) List(scope string) []*sandboxv1.Sandbox {
 	return out
 }
 
-// SetTimeout sets a sandbox's time to live from now.
+// SetTimeout sets a sandbox's time to live from now; 0 ends it now, as
+// its time to live running out would (the expiry loop stops or pauses it).
 func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, error) {
-	if err := sandboxspec.CheckTimeout(seconds, e.cfg.Limits); err != nil {
-		return nil, err
+	if seconds != 0 && sandboxspec.CheckTimeout(seconds, e.cfg.Limits) != nil {
+		return nil, errdefs.InvalidArgument("timeout_seconds %d: want 0 (its time to live ends now) or 1 to %d", seconds, e.cfg.Limits.MaxTimeout)
 	}
 	sb, err := e.lookup(id, scope)
 	if err != nil {
@@ -613,7 +614,9 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	} else {
 		sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
 	}
-	sb.rec.spec.TimeoutSeconds = seconds
+	if seconds != 0 { // the spec's 0 is the server's default
+		sb.rec.spec.TimeoutSeconds = seconds
+	}
 	if err := sb.save(); err != nil {
 		return nil, err
 	}

@@ -161,7 +161,7 @@ func (s *server) SnapshotSandbox(ctx context.Context, req *connect.Request[edgev
 
 func (s *server) RestoreSnapshot(ctx context.Context, req *connect.Request[edgev1.RestoreSnapshotRequest]) (*connect.Response[edgev1.RestoreSnapshotResponse], error) {
 	m := req.Msg
-	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, RestoreOptions{Timeout: m.TimeoutSeconds, Metadata: m.Metadata, OnTimeout: m.OnTimeout}, m.Source)
+	sb, err := s.e.Restore(ctx, m.SnapshotId, m.Scope, m.Project, RestoreOptions{Timeout: m.TimeoutSeconds, Metadata: m.Metadata, OnTimeout: m.OnTimeout, ExplicitResume: m.ExplicitResume}, m.Source)
 	if err != nil {
 		return nil, err
 	}

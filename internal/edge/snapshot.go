@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -240,8 +239,8 @@ func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
 
 // Snapshot snapshots a sandbox; it keeps running.
 func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1.Snapshot, error) {
-	if name != "" && (!snapshotNameRE.MatchString(name) || strings.HasPrefix(name, "snap-")) {
-		return nil, errdefs.InvalidArgument("name %q: 1 to 128 letters, digits, '.', '_' and '-', starting with a letter or digit, and not \"snap-...\" (snapshot ids look so)", errdefs.Clip(name, 140))
+	if name != "" && (!snapshotNameRE.MatchString(name) || sandboxid.IsSnapshot(name)) {
+		return nil, errdefs.InvalidArgument("name %q: 1 to 128 letters, digits, '.', '_' and '-', starting with a letter or digit, and not a snapshot id (\"snap-<node>-<16 characters>\")", errdefs.Clip(name, 140))
 	}
 	sb, err := e.lookup(id, scope)
 	if err != nil {
@@ -357,15 +356,19 @@ type copyOptions struct {
 	timeout   int64
 	metadata  map[string]string
 	onTimeout sandboxv1.OnTimeout
+	// explicitResume, if set, replaces the snapshot's explicit_resume.
+	explicitResume *bool
 }
 
 // RestoreOptions override a restored sandbox's spec: its time to live
 // (0: the snapshot's), metadata (nil: the snapshot's) and what happens
-// when its time to live runs out (unspecified: the snapshot's).
+// when its time to live runs out (unspecified: the snapshot's), and
+// whether only an explicit resume wakes it (nil: the snapshot's).
 type RestoreOptions struct {
-	Timeout   int64
-	Metadata  map[string]string
-	OnTimeout sandboxv1.OnTimeout
+	Timeout        int64
+	Metadata       map[string]string
+	OnTimeout      sandboxv1.OnTimeout
+	ExplicitResume *bool
 }
 
 // startCopy admits and starts one sandbox from a snapshot, with its own id,
@@ -389,6 +392,9 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 			return nil, errdefs.InvalidArgument("on_timeout %d: want KILL or PAUSE", o.onTimeout)
 		}
 		spec.OnTimeout = o.onTimeout
+	}
+	if o.explicitResume != nil {
+		spec.ExplicitResume = *o.explicitResume
 	}
 	// The source's policy, admitted on its node, is admitted again on this
 	// one (which may keep other addresses closed).
@@ -539,7 +545,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 	if err != nil {
 		return nil, err
 	}
-	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, timeout: o.Timeout, metadata: o.Metadata, onTimeout: o.OnTimeout})
+	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, timeout: o.Timeout, metadata: o.Metadata, onTimeout: o.OnTimeout, explicitResume: o.ExplicitResume})
 }
 
 // ForkResult is one copy's outcome.

@@ -90,6 +90,13 @@ func ParseSnapshot(s string) (SnapshotID, NodeID, error) {
 	return "", "", errdefs.InvalidArgument("snapshot_id %q: want %s", truncate(s), describeSID)
 }
 
+// IsSnapshot says whether s has the form of a snapshot id (a snapshot's
+// name may start with "snap-" but never has this form).
+func IsSnapshot(s string) bool {
+	_, _, err := ParseSnapshot(s)
+	return err == nil
+}
+
 // Node returns the node that owns the sandbox. The id must be valid.
 func (id ID) Node() NodeID { return NodeID(string(id)[:nodeLen]) }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -203,15 +204,29 @@ func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
 	psb := c.client.Sandbox(private.SandboxID)
 	serveIn(t, psb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &", 8000)
 	phost := "8000-" + private.SandboxID + "." + body.Domain
-	if r := getHost(t, gw, phost, ""); r.status != 401 {
+	if r := getHost(t, gw, phost, ""); r.status != 403 {
 		t.Fatalf("GET without the traffic token: %d %.200s", r.status, r.body)
 	}
-	if r := getHost(t, gw, phost, "wrong"); r.status != 401 {
+	if r := getHost(t, gw, phost, "wrong"); r.status != 403 {
 		t.Fatalf("GET with a wrong traffic token: %d %.200s", r.status, r.body)
 	}
 	if r := getHost(t, gw, phost, private.TrafficAccessToken); r.status != 200 {
 		t.Fatalf("GET with the traffic token: %d %.200s", r.status, r.body)
 	}
+	// Once killed, its host answers as E2B's proxy does.
+	do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil)
+	r = getHost(t, gw, phost, private.TrafficAccessToken)
+	var gone apiErrorBody
+	if json.Unmarshal(r.body, &gone); r.status != 502 || gone.Code != 502 || gone.Message != "The sandbox was not found" || gone.SandboxID != private.SandboxID {
+		t.Fatalf("GET of a killed sandbox's host: %d %s", r.status, r.body)
+	}
+}
+
+// apiErrorBody is E2B's error body.
+type apiErrorBody struct {
+	SandboxID string `json:"sandboxId"`
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
 }
 
 // getHost GETs / from a sandbox host (E2B's getHost) at the gateway gw,

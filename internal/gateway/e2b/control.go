@@ -127,13 +127,15 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		// asked, which resumes the same way.
 		onTimeout = sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE
 	}
+	// Auto-resume holds for any pause (the timeout's or an explicit one),
+	// so it is taken with or without autoPause.
+	resumes, err := req.AutoResume.resumesOnCall()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	explicit := !resumes
 	switch {
-	case req.AutoResume != nil && !req.AutoResume.Enabled:
-		writeStatus(w, http.StatusBadRequest, "autoResume.enabled: false is not supported; every call to a paused sandbox resumes it")
-		return
-	case req.AutoResume != nil && onTimeout != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
-		writeStatus(w, http.StatusBadRequest, "autoResume: only with autoPause: true")
-		return
 	case req.IAM != nil:
 		writeStatus(w, http.StatusBadRequest, "iam: workload identity tokens are not supported")
 		return
@@ -189,7 +191,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	var sb *sandboxv1.Sandbox
 	snapID := ""
-	if strings.HasPrefix(req.TemplateID, "snap-") {
+	if sandboxid.IsSnapshot(req.TemplateID) {
 		snapID = req.TemplateID
 	} else if req.TemplateID != "" {
 		// A named snapshot is a template of that name.
@@ -201,7 +203,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		snapID = id
 	}
 	if snapID != "" {
-		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snapID, TimeoutSeconds: timeout, Metadata: md, OnTimeout: onTimeout}))
+		resp, err := g.sandbox.RestoreSnapshot(r.Context(), connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snapID, TimeoutSeconds: timeout, Metadata: md, OnTimeout: onTimeout, ExplicitResume: &explicit}))
 		if err != nil {
 			writeError(w, err)
 			return
@@ -215,6 +217,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		}
 		resp, err := g.sandbox.CreateSandbox(r.Context(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: &sandboxv1.SandboxSpec{
 			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md, Network: netp, OnTimeout: onTimeout,
+			ExplicitResume: explicit,
 		}}))
 		if err != nil {
 			writeError(w, err)
@@ -656,7 +659,7 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 // template it is. Real templates are not supported.
 func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if !strings.HasPrefix(id, "snap-") {
+	if !sandboxid.IsSnapshot(id) {
 		named, err := g.snapshotByName(r.Context(), id)
 		if err != nil {
 			writeError(w, err)

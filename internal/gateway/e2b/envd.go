@@ -136,6 +136,8 @@ func (g *Gateway) explain(ctx context.Context, err error) error {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was not found", id))
 	case gerr == nil && got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING:
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was killed", id))
+	case gerr == nil && got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED && got.Msg.Sandbox.Spec.GetExplicitResume():
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s is paused and was created without auto-resume: connect to it to resume it", id))
 	}
 	return err
 }

@@ -12,8 +12,9 @@ import (
 
 // apiError is E2B's error body.
 type apiError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
+	SandboxID string `json:"sandboxId,omitempty"` // in the answers of a sandbox's host
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
 }
 
 // statusOf is errdefs.HTTPStatus but for one code: E2B answers a failed

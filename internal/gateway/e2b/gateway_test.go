@@ -96,3 +96,35 @@ func FuzzPathsAndAuthHeaders(f *testing.F) {
 		metadataFilter(p) //nolint:errcheck // must not panic
 	})
 }
+
+// Every autoResume shape an E2B SDK sends: older ones send enabled, newer
+// ones policy; either alone, or both when they agree.
+func TestAutoResumeShapes(t *testing.T) {
+	yes, no := true, false
+	for _, c := range []struct {
+		in      *autoResumeJSON
+		resumes bool
+		bad     string
+	}{
+		{in: nil, resumes: true},
+		{in: &autoResumeJSON{}, resumes: true},
+		{in: &autoResumeJSON{Enabled: &yes}, resumes: true},
+		{in: &autoResumeJSON{Enabled: &no}, resumes: false},
+		{in: &autoResumeJSON{Policy: "any"}, resumes: true},
+		{in: &autoResumeJSON{Policy: "off"}, resumes: false},
+		{in: &autoResumeJSON{Enabled: &no, Policy: "off"}, resumes: false},
+		{in: &autoResumeJSON{Enabled: &yes, Policy: "off"}, bad: "disagree"},
+		{in: &autoResumeJSON{Policy: "sometimes"}, bad: `autoResume.policy "sometimes"`},
+	} {
+		got, err := c.in.resumesOnCall()
+		if c.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("%+v: %v, want an error with %q", c.in, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || got != c.resumes {
+			t.Errorf("%+v: %v, %v; want %v", c.in, got, err, c.resumes)
+		}
+	}
+}

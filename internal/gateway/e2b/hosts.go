@@ -87,7 +87,9 @@ func (g *Gateway) portProxy() func(w http.ResponseWriter, r *http.Request, port 
 		},
 		FlushInterval: -1,
 		// OpenDsec's own errors (no network, no key, nothing listening)
-		// in E2B's shape; the sandbox server's answers pass untouched.
+		// in E2B's shape, with the statuses E2B's proxy answers: 403 for
+		// a missing token, 502 "The sandbox was not found" for a sandbox
+		// that is gone. The sandbox server's answers pass untouched.
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.Header.Get(errdefs.ErrorHeader) == "" {
 				return nil
@@ -95,7 +97,18 @@ func (g *Gateway) portProxy() func(w http.ResponseWriter, r *http.Request, port 
 			var e struct{ Message string }
 			json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e) //nolint:errcheck // an empty message then
 			resp.Body.Close()
-			data, _ := json.Marshal(apiError{Code: resp.StatusCode, Message: e.Message})
+			out := apiError{Code: resp.StatusCode, Message: e.Message}
+			if sh, ok := resp.Request.Context().Value(hostKey{}).(sandboxHost); ok {
+				out.SandboxID = sh.id
+			}
+			switch resp.StatusCode {
+			case http.StatusUnauthorized:
+				out.Code = http.StatusForbidden
+			case http.StatusNotFound:
+				out.Code, out.Message = http.StatusBadGateway, "The sandbox was not found"
+			}
+			resp.StatusCode = out.Code
+			data, _ := json.Marshal(out)
 			resp.Body = io.NopCloser(bytes.NewReader(data))
 			resp.ContentLength = int64(len(data))
 			resp.Header.Set("Content-Length", strconv.Itoa(len(data)))
@@ -111,7 +124,7 @@ func (g *Gateway) portProxy() func(w http.ResponseWriter, r *http.Request, port 
 		sh := sandboxHost{port: port, id: id}
 		if tok := r.Header.Get(trafficTokenHeader); tok != "" {
 			if !g.validTrafficToken(id, tok) {
-				writeStatus(w, http.StatusUnauthorized, trafficTokenHeader+": not this sandbox's traffic access token")
+				writeStatus(w, http.StatusForbidden, trafficTokenHeader+": not this sandbox's traffic access token")
 				return
 			}
 			sh.key = true

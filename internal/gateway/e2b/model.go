@@ -68,9 +68,31 @@ type newSandboxJSON struct {
 	VolumeMounts        []any             `json:"volumeMounts"`
 }
 
-// autoResumeJSON is E2B's SandboxAutoResumeConfig.
+// autoResumeJSON is E2B's SandboxAutoResumeConfig: older SDKs send
+// enabled, newer ones policy ("any" or "off").
 type autoResumeJSON struct {
-	Enabled bool `json:"enabled"`
+	Enabled *bool  `json:"enabled"`
+	Policy  string `json:"policy"`
+}
+
+// resumesOnCall says whether calls to the sandbox resume it while paused
+// (E2B's default: they do).
+func (a *autoResumeJSON) resumesOnCall() (bool, error) {
+	if a == nil {
+		return true, nil
+	}
+	switch a.Policy {
+	case "", "any", "off":
+	default:
+		return false, errdefs.InvalidArgument("autoResume.policy %q: want \"any\" or \"off\"", a.Policy)
+	}
+	if a.Enabled != nil && a.Policy != "" && *a.Enabled != (a.Policy == "any") {
+		return false, errdefs.InvalidArgument("autoResume: enabled %t and policy %q disagree", *a.Enabled, a.Policy)
+	}
+	if a.Policy != "" {
+		return a.Policy == "any", nil
+	}
+	return a.Enabled == nil || *a.Enabled, nil
 }
 
 // lifecycleJSON is E2B's SandboxLifecycle, in a sandbox's details.
@@ -111,7 +133,7 @@ func (g *Gateway) toDetail(sb *sandboxv1.Sandbox, withToken bool) detailJSON {
 	}
 	d.Lifecycle = &lifecycleJSON{OnTimeout: "kill"}
 	if sb.Spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
-		d.Lifecycle = &lifecycleJSON{OnTimeout: "pause", AutoResume: true}
+		d.Lifecycle = &lifecycleJSON{OnTimeout: "pause", AutoResume: !sb.Spec.GetExplicitResume()}
 	}
 	if withToken {
 		d.EnvdAccessToken = g.accessToken(sb.Id)

@@ -38,24 +38,36 @@ func isSigned(r *http.Request) bool {
 
 // checkSignature verifies a signed /files request for sandbox id.
 func (g *Gateway) checkSignature(id string, r *http.Request) error {
+	if !g.signedBy(id, r) {
+		return errdefs.Unauthenticated("signature: not valid for this path, operation and user")
+	}
+	return checkExpiry(r)
+}
+
+// signedBy says whether sandbox id's access token made r's signature.
+func (g *Gateway) signedBy(id string, r *http.Request) bool {
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	expiry := q.Get("signature_expiration")
-	want := signatureFor(q.Get("path"), op, q.Get("username"), g.accessToken(id), expiry)
-	if subtle.ConstantTimeCompare([]byte(want), []byte(q.Get("signature"))) != 1 {
-		return errdefs.Unauthenticated("signature: not valid for this path, operation and user")
+	want := signatureFor(q.Get("path"), op, q.Get("username"), g.accessToken(id), q.Get("signature_expiration"))
+	return subtle.ConstantTimeCompare([]byte(want), []byte(q.Get("signature"))) == 1
+}
+
+// checkExpiry refuses a signature whose expiration has passed.
+func checkExpiry(r *http.Request) error {
+	expiry := r.URL.Query().Get("signature_expiration")
+	if expiry == "" {
+		return nil
 	}
-	if expiry != "" {
-		at, err := strconv.ParseInt(expiry, 10, 64)
-		if err != nil {
-			return errdefs.Unauthenticated("signature_expiration %q: not unix seconds", errdefs.Clip(expiry, 64))
-		}
-		if time.Now().Unix() > at {
-			return errdefs.Unauthenticated("signature: expired at %s", time.Unix(at, 0).UTC().Format(time.RFC3339))
-		}
+	at, err := strconv.ParseInt(expiry, 10, 64)
+	if err != nil {
+		return errdefs.Unauthenticated("signature_expiration %q: not unix seconds", errdefs.Clip(expiry, 64))
+	}
+	if time.Now().Unix() > at {
+		// E2B's envd words it so; the time is ours.
+		return errdefs.Unauthenticated("signature is already expired (at %s)", time.Unix(at, 0).UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -68,9 +80,9 @@ func (g *Gateway) sandboxBySignature(ctx context.Context, r *http.Request) (stri
 		return "", err
 	}
 	for _, sb := range all {
-		if g.checkSignature(sb.Id, r) == nil {
-			return sb.Id, nil
+		if g.signedBy(sb.Id, r) {
+			return sb.Id, checkExpiry(r)
 		}
 	}
-	return "", errdefs.Unauthenticated("signature: no sandbox's access token makes it (or it expired)")
+	return "", errdefs.Unauthenticated("signature: no running sandbox's access token makes it")
 }

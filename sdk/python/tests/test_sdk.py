@@ -175,6 +175,22 @@ async def test_pause_freezes_and_any_call_resumes(sandbox):
     assert gap >= 1.2, f"processes ran while paused: longest gap {gap}s over a 1.5 s pause"
 
 
+async def test_explicit_resume_keeps_it_paused_until_resume(client):
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox:latest", cpu_cores_limit=0.2, memory_limit_mb=64, explicit_resume=True))
+    try:
+        assert sb.info.explicit_resume
+        await sb.run_shell("echo kept > /tmp/p")
+        await sb.pause()
+        with pytest.raises(FailedPreconditionError) as e:
+            await sb.run_shell("cat /tmp/p")
+        assert "explicit_resume" in str(e.value)
+        assert (await sb.refresh()).state == "paused"
+        await sb.resume()
+        assert (await sb.run_shell("cat /tmp/p")).stdout == "kept\n"
+    finally:
+        await sb.stop()
+
+
 async def test_bad_input_is_clear(client, dsec_env):
     with pytest.raises(InvalidArgumentError) as e:
         await client.run_sandbox(DSecRunArgs(backend="firecracker", image="root/busybox:latest"))

@@ -231,6 +231,24 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     assert.equal(after.pid, before.pid)
   })
 
+  it('stays paused without auto-resume until connect', async () => {
+    const sb = await create({ lifecycle: { onTimeout: 'pause', autoResume: false }, timeoutMs: 3_000 })
+    assert.deepEqual((await sb.getInfo()).lifecycle, { onTimeout: 'pause', autoResume: false })
+    await sb.files.write('kept.txt', 'before the pause')
+    const deadline = Date.now() + 60_000
+    while ((await sb.getInfo()).state !== 'paused') {
+      assert.ok(Date.now() < deadline, 'not paused a minute after its timeout')
+      await new Promise((r) => setTimeout(r, 500))
+    }
+    assert.equal(await sb.isRunning(), false)
+    // The SDK raises it as E2B's own proxy answer: not running.
+    await assert.rejects(sb.commands.run('true', { requestTimeoutMs: 30_000 }), /paused|not running/)
+    assert.equal((await sb.getInfo()).state, 'paused')
+    const back = await Sandbox.connect(sb.sandboxId, { timeoutMs: 120_000 })
+    assert.equal((await back.getInfo()).state, 'running')
+    assert.equal(await back.files.read('kept.txt'), 'before the pause')
+  })
+
   it('forks into copies that carry memory and diverge', async () => {
     const sb = await create()
     await startServer(sb)

@@ -72,9 +72,9 @@ def test_commands_output_exit_code_env_and_cwd(sandbox: Sandbox):
     assert r.stdout == "hello from /tmp\n"
     assert sandbox.commands.run("whoami", user="root").stdout == "root\n"
 
-    # The "base" template: passwordless sudo, python3, git, curl.
-    r = sandbox.commands.run("sudo -n whoami; python3 -c 'print(6*7)'; git --version >/dev/null && curl --version >/dev/null && echo tools")
-    assert r.stdout == "root\n42\ntools\n"
+    # The "base" template: passwordless sudo, python (as python3 too), git, curl.
+    r = sandbox.commands.run("sudo -n whoami; python3 -c 'print(6*7)'; python -c 'print(7*6)'; git --version >/dev/null && curl --version >/dev/null && echo tools")
+    assert r.stdout == "root\n42\n42\ntools\n"
 
 
 def test_large_and_endless_output(sandbox: Sandbox):
@@ -389,10 +389,42 @@ def test_auto_pause_on_timeout_then_connect_keeps_memory():
         killed.kill()
 
 
-def test_unsupported_features_say_so():
-    with pytest.raises(Exception) as e:
-        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False})
-    assert "autoResume" in str(e.value)
+def test_auto_pause_without_auto_resume_requires_connect():
+    """E2B's lifecycle auto_resume False: once paused, no call wakes the
+    sandbox (is_running stays false, a command is refused); connect does."""
+    sb = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False}, timeout=3)
+    try:
+        assert sb.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        sb.files.write("kept.txt", "before the pause")
+        deadline = time.time() + 60
+        while sb.get_info().state != SandboxState.PAUSED:
+            assert time.time() < deadline, "not paused a minute after its timeout"
+            time.sleep(0.5)
+        assert not sb.is_running()
+        with pytest.raises(Exception) as e:
+            sb.commands.run("true", request_timeout=30)
+        assert "paused" in str(e.value), e.value
+        assert sb.get_info().state == SandboxState.PAUSED
+        back = Sandbox.connect(sb.sandbox_id, timeout=120)
+        assert back.get_info().state == SandboxState.RUNNING and back.is_running()
+        assert back.files.read("kept.txt") == "before the pause"
+    finally:
+        sb.kill()
+
+
+def test_create_as_older_sdks_send_it(gateway):
+    """e2b 2.39 (what the Code Interpreter SDKs' lockfiles pin) sends
+    autoResume {enabled: false} on every create, with autoPause false."""
+    url, key = gateway["E2B_API_URL"], gateway["E2B_API_KEY"]
+    for body in (
+        {"templateID": "base", "timeout": 60, "autoPause": False, "autoResume": {"enabled": False}},
+        {"templateID": "base", "timeout": 60, "autoPause": False, "autoResume": {"policy": "off"}},
+    ):
+        r = httpx.post(url + "/sandboxes", json=body, headers={"X-API-Key": key}, timeout=60)
+        assert r.status_code == 201, (body, r.status_code, r.text)
+        Sandbox.kill(r.json()["sandboxID"])
+    r = httpx.post(url + "/sandboxes", json={"templateID": "base", "autoResume": {"policy": "sometimes"}}, headers={"X-API-Key": key}, timeout=60)
+    assert r.status_code == 400 and "autoResume.policy" in r.json()["message"], r.text
 
 
 def test_idempotent_create(gateway):
@@ -488,6 +520,28 @@ def test_a_shortened_timeout_is_honoured_on_time():
             pass
 
 
+def test_a_timeout_of_zero_ends_it_now():
+    """E2B's timeout counts from now: set_timeout(0) is accepted and ends
+    the sandbox (killed, or paused with on_timeout "pause")."""
+    killed = Sandbox.create(timeout=120)
+    paused = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        killed.set_timeout(0)
+        paused.set_timeout(0)
+        deadline = time.time() + 30
+        while killed.is_running() or paused.get_info().state != SandboxState.PAUSED:
+            assert time.time() < deadline, "still running 30 s after set_timeout(0)"
+            time.sleep(0.2)
+        with pytest.raises(NotFoundException):
+            Sandbox.connect(killed.sandbox_id)
+    finally:
+        for sb in (killed, paused):
+            try:
+                sb.kill()
+            except Exception:
+                pass
+
+
 def test_signed_file_urls(sandbox: Sandbox):
     """download_url/upload_url carry envd's signature instead of the token
     (and, through E2B_SANDBOX_URL, no sandbox id): they work for the path,
@@ -502,16 +556,18 @@ def test_signed_file_urls(sandbox: Sandbox):
     assert sandbox.files.read("uploaded.txt") == "uploaded content"
     assert httpx.get(url.replace("signed.txt", "uploaded.txt"), timeout=30).status_code == 401
     assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=60), timeout=30).status_code == 200
-    assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=-60), timeout=30).status_code == 401
+    expired = httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=-60), timeout=30)
+    assert expired.status_code == 401 and "signature is already expired" in expired.json()["message"], expired.text
 
 
 def test_named_snapshots():
     """create_snapshot(name=...) names a snapshot; it is listed with its
-    name, starts sandboxes by that name, and is deleted by it."""
+    name, starts sandboxes by that name, and is deleted by it. E2B's own
+    suites name them "snap-…", like ids: a name that is not an id is fine."""
     sb = Sandbox.create(timeout=300)
     try:
         sb.files.write("state.txt", "kept")
-        name = f"state-{uuid.uuid4().hex[:8]}"
+        name = f"snap-{uuid.uuid4().hex[:8]}"
         snap = sb.create_snapshot(name=name)
         assert name in snap.names
         listed = [s for s in sb.list_snapshots().next_items() if s.snapshot_id == snap.snapshot_id]

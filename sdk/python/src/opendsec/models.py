@@ -111,6 +111,9 @@ class DSecRunArgs:
     """When the time to live runs out: "kill" removes the sandbox, "pause"
     pauses it (offloaded where the backend can, else frozen) until a call
     resumes it."""
+    explicit_resume: bool = False
+    """While paused, calls do not resume it (they fail naming the pause):
+    only :meth:`Sandbox.resume` does."""
     project: str = ""
     """Project to create in; empty means the API key's project."""
     network: Optional[Network] = None
@@ -132,6 +135,7 @@ class DSecRunArgs:
             "metadata": dict(self.metadata),
             "task": self.task,
             "onTimeout": _on_timeout(self.on_timeout),
+            "explicitResume": self.explicit_resume,
         }
         if self.network is not None:
             spec["network"] = self.network.to_json()
@@ -165,6 +169,7 @@ class SandboxInfo:
     """For a paused sandbox: the time to live it resumes with (its
     expires_at is then the end of its paused lifetime)."""
     on_timeout: str = "kill"
+    explicit_resume: bool = False
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -190,6 +195,7 @@ class SandboxInfo:
             pause_depth=d.get("pauseDepth", "").replace("PAUSE_DEPTH_", "").replace("UNSPECIFIED", "").lower(),
             timeout_left_seconds=int(d.get("timeoutLeftSeconds", 0)),
             on_timeout="pause" if spec.get("onTimeout") == "ON_TIMEOUT_PAUSE" else "kill",
+            explicit_resume=bool(spec.get("explicitResume", False)),
         )
 
 

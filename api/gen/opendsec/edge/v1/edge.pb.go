@@ -1315,10 +1315,12 @@ type RestoreSnapshotRequest struct {
 	Metadata       map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Set when another node holds the snapshot: this edge pulls it from there
 	// first (once for concurrent restores of the same snapshot).
-	Source        *SnapshotSource `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
-	OnTimeout     v1.OnTimeout    `protobuf:"varint,7,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source    *SnapshotSource `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	OnTimeout v1.OnTimeout    `protobuf:"varint,7,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
+	// Unset: the snapshot's.
+	ExplicitResume *bool `protobuf:"varint,8,opt,name=explicit_resume,json=explicitResume,proto3,oneof" json:"explicit_resume,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RestoreSnapshotRequest) Reset() {
@@ -1398,6 +1400,13 @@ func (x *RestoreSnapshotRequest) GetOnTimeout() v1.OnTimeout {
 		return x.OnTimeout
 	}
 	return v1.OnTimeout(0)
+}
+
+func (x *RestoreSnapshotRequest) GetExplicitResume() bool {
+	if x != nil && x.ExplicitResume != nil {
+		return *x.ExplicitResume
+	}
+	return false
 }
 
 // SnapshotSource is where an exported snapshot can be pulled from.
@@ -2706,7 +2715,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"T\n" +
 	"\x17SnapshotSandboxResponse\x129\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\x9c\x03\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xde\x03\n" +
 	"\x16RestoreSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x14\n" +
@@ -2716,10 +2725,12 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\bmetadata\x18\x05 \x03(\v26.opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntryR\bmetadata\x128\n" +
 	"\x06source\x18\x06 \x01(\v2 .opendsec.edge.v1.SnapshotSourceR\x06source\x12=\n" +
 	"\n" +
-	"on_timeout\x18\a \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x1a;\n" +
+	"on_timeout\x18\a \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x12,\n" +
+	"\x0fexplicit_resume\x18\b \x01(\bH\x00R\x0eexplicitResume\x88\x01\x01\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x12\n" +
+	"\x10_explicit_resume\":\n" +
 	"\x0eSnapshotSource\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\"\xa1\x01\n" +
@@ -3001,6 +3012,7 @@ func file_opendsec_edge_v1_edge_proto_init() {
 	if File_opendsec_edge_v1_edge_proto != nil {
 		return
 	}
+	file_opendsec_edge_v1_edge_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -612,9 +612,13 @@ type SandboxSpec struct {
 	// What happens when the time to live runs out: the sandbox is removed
 	// (KILL, the default), or paused (PAUSE: offloaded where the backend can,
 	// else frozen), to be resumed by the next call.
-	OnTimeout     OnTimeout `protobuf:"varint,9,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnTimeout OnTimeout `protobuf:"varint,9,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
+	// Explicit resume: a call to the sandbox while it is paused does not
+	// resume it (it answers failed-precondition); only ResumeSandbox does.
+	// Unset, every call resumes a paused sandbox.
+	ExplicitResume bool `protobuf:"varint,10,opt,name=explicit_resume,json=explicitResume,proto3" json:"explicit_resume,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -708,6 +712,13 @@ func (x *SandboxSpec) GetOnTimeout() OnTimeout {
 		return x.OnTimeout
 	}
 	return OnTimeout_ON_TIMEOUT_UNSPECIFIED
+}
+
+func (x *SandboxSpec) GetExplicitResume() bool {
+	if x != nil {
+		return x.ExplicitResume
+	}
+	return false
 }
 
 // NetworkPolicy is what a sandbox may reach; everything else is refused.
@@ -1627,7 +1638,9 @@ func (x *GetSandboxMetricsResponse) GetSamples() []*MetricsSample {
 type SetSandboxTimeoutRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	// New time to live in seconds, counted from now.
+	// New time to live in seconds, counted from now (for a paused sandbox,
+	// from when it is resumed). 0: it ends now, as its time to live running
+	// out would end it (stopped, or paused with on_timeout PAUSE).
 	TimeoutSeconds int64 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -2457,9 +2470,11 @@ type RestoreSnapshotRequest struct {
 	TimeoutSeconds int64             `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	Metadata       map[string]string `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Unspecified: the snapshot's.
-	OnTimeout     OnTimeout `protobuf:"varint,4,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnTimeout OnTimeout `protobuf:"varint,4,opt,name=on_timeout,json=onTimeout,proto3,enum=opendsec.sandbox.v1.OnTimeout" json:"on_timeout,omitempty"`
+	// SandboxSpec.explicit_resume of the restored sandbox; unset: the snapshot's.
+	ExplicitResume *bool `protobuf:"varint,5,opt,name=explicit_resume,json=explicitResume,proto3,oneof" json:"explicit_resume,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RestoreSnapshotRequest) Reset() {
@@ -2518,6 +2533,13 @@ func (x *RestoreSnapshotRequest) GetOnTimeout() OnTimeout {
 		return x.OnTimeout
 	}
 	return OnTimeout_ON_TIMEOUT_UNSPECIFIED
+}
+
+func (x *RestoreSnapshotRequest) GetExplicitResume() bool {
+	if x != nil && x.ExplicitResume != nil {
+		return *x.ExplicitResume
+	}
+	return false
 }
 
 type RestoreSnapshotResponse struct {
@@ -3110,7 +3132,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x17\n" +
 	"\adisk_mb\x18\x04 \x01(\x03R\x06diskMb\x12\x1d\n" +
 	"\n" +
-	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xb3\x04\n" +
+	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xdc\x04\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12<\n" +
@@ -3121,7 +3143,9 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x04task\x18\a \x01(\tR\x04task\x12<\n" +
 	"\anetwork\x18\b \x01(\v2\".opendsec.sandbox.v1.NetworkPolicyR\anetwork\x12=\n" +
 	"\n" +
-	"on_timeout\x18\t \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x1a6\n" +
+	"on_timeout\x18\t \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x12'\n" +
+	"\x0fexplicit_resume\x18\n" +
+	" \x01(\bR\x0eexplicitResume\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -3259,17 +3283,19 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"T\n" +
 	"\x17SnapshotSandboxResponse\x129\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xb5\x02\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1d.opendsec.sandbox.v1.SnapshotR\bsnapshot\"\xf7\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\x12U\n" +
 	"\bmetadata\x18\x03 \x03(\v29.opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntryR\bmetadata\x12=\n" +
 	"\n" +
-	"on_timeout\x18\x04 \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x1a;\n" +
+	"on_timeout\x18\x04 \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x12,\n" +
+	"\x0fexplicit_resume\x18\x05 \x01(\bH\x00R\x0eexplicitResume\x88\x01\x01\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x12\n" +
+	"\x10_explicit_resume\"Q\n" +
 	"\x17RestoreSnapshotResponse\x126\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\xc4\x02\n" +
 	"\x12ForkSandboxRequest\x12\x1d\n" +
@@ -3523,6 +3549,7 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 	if File_opendsec_sandbox_v1_sandbox_proto != nil {
 		return
 	}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{}
 	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
