@@ -264,7 +264,10 @@ func e2bKey(t *testing.T, c *cluster) string {
 }
 
 func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodePort int) {
-	ctx := ctxT(t)
+	// One bound for all of it: a dozen creates and probes, which on microvm
+	// under TCG on a busy machine took 128 s (ctxT's 2 minutes ran out).
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
 	create := func(p *sandboxv1.NetworkPolicy) *client.Sandbox {
 		t.Helper()
 		sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Network: p})
