@@ -123,6 +123,7 @@ func (s *Server) restoreElsewhere(ctx context.Context, node string, count int64,
 			defer wg.Done()
 			r := &edgev1.RestoreSnapshotRequest{
 				SnapshotId: x.SnapshotId, Scope: req.Scope, Project: req.Project, TimeoutSeconds: req.TimeoutSeconds, Metadata: req.Metadata,
+				OnTimeout: req.OnTimeout, ExplicitResume: req.ExplicitResume,
 				Source: &edgev1.SnapshotSource{Addr: src.Addr, Token: x.Token},
 			}
 			resp, err := c.Edge.RestoreSnapshot(ctx, connect.NewRequest(r))

@@ -378,12 +378,21 @@ func TestTimeoutZeroEndsItNow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sb := range []*sandboxv1.Sandbox{killed, paused} {
+	// Paused already, with on_timeout KILL: removed now too.
+	pausedKill, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Pause(ctx, pausedKill.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range []*sandboxv1.Sandbox{killed, paused, pausedKill} {
 		if _, err := f.edge.SetTimeout(sb.Id, "root", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitGone(t, f.edge, killed.Id, 5*time.Second)
+	waitGone(t, f.edge, pausedKill.Id, 5*time.Second)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		got, err := f.edge.Get(paused.Id, "root")
 		if err == nil && got.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {

@@ -607,11 +607,18 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
 		return nil, errdefs.FailedPrecondition("sandbox %s is %s", id, sb.rec.State)
 	}
-	if sb.rec.State == statePaused {
+	switch {
+	case sb.rec.State == statePaused && seconds == 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
+		// Paused already: what its time to live running out would do.
+		return sb.snapshot(), nil
+	case sb.rec.State == statePaused && seconds == 0:
+		// Removed now, as at the end of its paused lifetime.
+		sb.rec.ExpiresAt = time.Now()
+	case sb.rec.State == statePaused:
 		// It stands still while paused: the new time to live starts when
 		// it is resumed.
 		sb.rec.TimeoutLeft = time.Duration(seconds) * time.Second
-	} else {
+	default:
 		sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
 	}
 	if seconds != 0 { // the spec's 0 is the server's default
