@@ -550,7 +550,7 @@ func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return releaseMemory(b.cg.Group(bx.runscID))
+	return releaseMemory(ctx, b.cg.Group(bx.runscID))
 }
 
 // releaseMemory waits for what a stopped sandbox held to be given back.
@@ -558,16 +558,19 @@ func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
 // memory file is shared memory, which no reclaim can drop while a process
 // still maps it, and an offload measured then reported nothing given back.
 // So: wait for the cgroup to empty, then reclaim until what is held is
-// small, for a few seconds at most.
-func releaseMemory(g cgroups.Group) error {
-	g.WaitEmpty(5 * time.Second)
+// small, for a few seconds at most. A cgroup that does not empty is
+// reported: its memory cannot be given back.
+func releaseMemory(ctx context.Context, g cgroups.Group) error {
+	if !g.WaitEmpty(5 * time.Second) {
+		return errdefs.Unavailable("processes of the stopped sandbox still run after 5 s: %v", g.Procs())
+	}
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		if err := g.Reclaim(); err != nil {
 			return err
 		}
 		u, err := g.ReadUsage()
-		if err != nil || u.MemoryBytes-u.ActiveFileBytes < 4<<20 || time.Now().After(deadline) {
+		if err != nil || u.MemoryBytes-u.ActiveFileBytes < 4<<20 || time.Now().After(deadline) || ctx.Err() != nil {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
