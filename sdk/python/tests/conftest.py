@@ -127,6 +127,7 @@ class _OverSync:
 
             async def call(*args, **kwargs):
                 args = [a._inner if isinstance(a, _OverSync) else a for a in args]
+                kwargs = {k: v._inner if isinstance(v, _OverSync) else v for k, v in kwargs.items()}
                 return _over_sync(await asyncio.to_thread(value, *args, **kwargs))
 
             return call

@@ -39,6 +39,11 @@ def test_a_script_without_an_event_loop(dsec_env: Dict[str, str]):
             sb_id = sb.id
         with pytest.raises(NotFoundError):
             client.get_sandbox(sb_id)
+        # Leaving "with sb" after it was stopped is fine, as with the async SDK.
+        with client.run_sandbox(DSecRunArgs(image="root/busybox:latest", cpu_cores_limit=0.2, memory_limit_mb=64)) as sb:
+            sb.stop()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.list_sandboxes()
 
 
 def test_bad_arguments_fail_before_a_loop_is_left_behind(monkeypatch):

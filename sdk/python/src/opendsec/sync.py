@@ -18,12 +18,15 @@ threads at once; its calls then run concurrently on its loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
+import weakref
 from typing import Any, Callable, Coroutine, Iterator, Optional, TypeVar
 
 from . import client as _client
 from . import sandbox as _sandbox
+from .errors import NotFoundError
 from .models import DSecRunArgs
 
 __all__ = ["DSecClient", "DSecRunArgs", "Files", "Process", "Sandbox", "Session"]
@@ -32,25 +35,62 @@ T = TypeVar("T")
 
 
 class _Loop:
-    """An event loop in a daemon thread, which the client's calls run on."""
+    """An event loop in a daemon thread, which the client's calls run on.
+    It ends when the client is closed, or once nothing of the client (nor
+    a sandbox it returned) is left to use it."""
 
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="opendsec-sync", daemon=True)
         self._thread.start()
+        self._stop = weakref.finalize(self, _end_loop, self._loop, self._thread)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("opendsec.sync: a sync call from inside the client's own loop would wait forever; use the async SDK there")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        if not self._stop.alive:
+            coro.close()
+            raise RuntimeError("opendsec.sync: the client is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result()
+        except BaseException:
+            # Interrupted (Ctrl-C) or failed: the call does not go on alone.
+            fut.cancel()
+            raise
 
     def stop(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        self._stop()
+
+    @property
+    def closed(self) -> bool:
+        return not self._stop.alive
+
+
+def _end_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Cancels what still runs on loop (a call another thread waits on
+    then raises CancelledError instead of waiting forever), then ends the
+    loop and its thread."""
+    if threading.current_thread() is thread:
+        loop.stop()  # collected on its own thread: the loop ends, unclosed
+        return
+
+    async def cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await loop.shutdown_asyncgens()
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=10)
+    except Exception:
+        pass
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    if not loop.is_running():
+        loop.close()
 
 
 class _Wrapper:
@@ -73,6 +113,9 @@ class _Wrapper:
     def __repr__(self) -> str:
         return repr(self._inner)
 
+    def __dir__(self) -> Any:
+        return sorted(set(dir(type(self))) | {n for n in dir(self._inner) if not n.startswith("_")})
+
     def __eq__(self, other: object) -> bool:
         return self._inner == _unwrap(other)
 
@@ -80,13 +123,12 @@ class _Wrapper:
         return hash(self._inner)
 
     def _sync(self, method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+        @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
             args = tuple(_unwrap(a) for a in args)
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
             return _wrap(self._loop.run(method(*args, **kwargs)), self._loop)
 
-        call.__name__ = method.__name__
-        call.__doc__ = method.__doc__
         return call
 
 
@@ -123,7 +165,10 @@ class Sandbox(_Wrapper):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        try:
+            self.stop()
+        except NotFoundError:  # stopped already, or its time to live ran out
+            pass
 
 
 class DSecClient(_Wrapper):
@@ -145,7 +190,7 @@ class DSecClient(_Wrapper):
 
     def close(self) -> None:
         """Closes the connections and ends the client's loop thread."""
-        if not self._loop._loop.is_closed():
+        if not self._loop.closed:
             try:
                 self._loop.run(self._inner.close())
             finally:
