@@ -350,14 +350,11 @@ func (e *Edge) dropSnapshot(s *snapshot) error {
 	return nil
 }
 
-// copyOptions are the differences a restored copy may have.
+// copyOptions are the differences a restored copy may have: its project
+// and what a restore may override.
 type copyOptions struct {
-	project   string
-	timeout   int64
-	metadata  map[string]string
-	onTimeout sandboxv1.OnTimeout
-	// explicitResume, if set, replaces the snapshot's explicit_resume.
-	explicitResume *bool
+	project string
+	RestoreOptions
 }
 
 // RestoreOptions override a restored sandbox's spec: its time to live
@@ -375,26 +372,26 @@ type RestoreOptions struct {
 // directory, agent socket and identity. On failure nothing of it remains.
 func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapshotter, be backend.Backend, o copyOptions) (*sandboxv1.Sandbox, error) {
 	spec := proto.Clone(snap.spec).(*sandboxv1.SandboxSpec)
-	if o.timeout != 0 {
-		if err := sandboxspec.CheckTimeout(o.timeout, e.cfg.Limits); err != nil {
+	if o.Timeout != 0 {
+		if err := sandboxspec.CheckTimeout(o.Timeout, e.cfg.Limits); err != nil {
 			return nil, err
 		}
-		spec.TimeoutSeconds = o.timeout
+		spec.TimeoutSeconds = o.Timeout
 	}
-	if len(o.metadata) > 0 {
-		if err := sandboxspec.CheckMetadata(o.metadata); err != nil {
+	if len(o.Metadata) > 0 {
+		if err := sandboxspec.CheckMetadata(o.Metadata); err != nil {
 			return nil, err
 		}
-		spec.Metadata = o.metadata
+		spec.Metadata = o.Metadata
 	}
-	if o.onTimeout != sandboxv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED {
-		if _, ok := sandboxv1.OnTimeout_name[int32(o.onTimeout)]; !ok {
-			return nil, errdefs.InvalidArgument("on_timeout %d: want KILL or PAUSE", o.onTimeout)
+	if o.OnTimeout != sandboxv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED {
+		if _, ok := sandboxv1.OnTimeout_name[int32(o.OnTimeout)]; !ok {
+			return nil, errdefs.InvalidArgument("on_timeout %d: want KILL or PAUSE", o.OnTimeout)
 		}
-		spec.OnTimeout = o.onTimeout
+		spec.OnTimeout = o.OnTimeout
 	}
-	if o.explicitResume != nil {
-		spec.ExplicitResume = *o.explicitResume
+	if o.ExplicitResume != nil {
+		spec.ExplicitResume = *o.ExplicitResume
 	}
 	// The source's policy, admitted on its node, is admitted again on this
 	// one (which may keep other addresses closed).
@@ -545,7 +542,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 	if err != nil {
 		return nil, err
 	}
-	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, timeout: o.Timeout, metadata: o.Metadata, onTimeout: o.OnTimeout, explicitResume: o.ExplicitResume})
+	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, RestoreOptions: o})
 }
 
 // ForkResult is one copy's outcome.
@@ -645,7 +642,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := e.startCopy(ctx, snap, sn, sb.be, copyOptions{project: sb.project(), timeout: timeout, metadata: metadata})
+			s, err := e.startCopy(ctx, snap, sn, sb.be, copyOptions{project: sb.project(), RestoreOptions: RestoreOptions{Timeout: timeout, Metadata: metadata}})
 			results[i] = ForkResult{Sandbox: s, Err: err}
 		}()
 	}
