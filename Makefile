@@ -14,9 +14,12 @@ PROTOC_GEN_CONNECT_VERSION := v1.21.1
 # The gvisor backend's preload library (compat/gvisor): no libc of its own.
 COMPAT_CC := gcc -shared -fPIC -O2 -nostdlib -Wl,--build-id=none -Wall -Werror
 GO_TEST_FLAGS ?= -race -count=1
-# Every package but the end-to-end suite takes about a minute; the suite
-# drives real runtimes and VMs (about 18 minutes on the 2-core reference
-# VM), so it has a timeout of its own with room for a busy machine.
+# Every package but the end-to-end suites takes about a minute. The suites
+# (test/e2e/..., one package per area) drive real runtimes and VMs for
+# several minutes each, so they have a timeout of their own with room for a
+# busy machine, and run one package at a time (-p 1): they share the node's
+# runtimes, cgroups and namespaces, and a leak check of one must not see
+# another's sandboxes.
 UNIT_TIMEOUT ?= 20m
 E2E_TIMEOUT ?= 45m
 export PATH := $(GOBIN_DIR):$(PATH)
@@ -97,8 +100,8 @@ DSEC_TEST_STRICT ?= 1
 test test-go test-python test-e2b: export DSEC_TEST_STRICT := $(DSEC_TEST_STRICT)
 
 test-go:
-	go test $(GO_TEST_FLAGS) -timeout $(UNIT_TIMEOUT) $$(go list ./... | grep -v '/test/e2e$$')
-	go test $(GO_TEST_FLAGS) -timeout $(E2E_TIMEOUT) ./test/e2e/
+	go test $(GO_TEST_FLAGS) -timeout $(UNIT_TIMEOUT) $$(go list ./... | grep -v '/test/e2e\(/\|$$\)')
+	go test $(GO_TEST_FLAGS) -p 1 -timeout $(E2E_TIMEOUT) ./test/e2e/...
 
 # The suites start clusters of their own: settings of a running one in the
 # caller's environment (client.env sourced) must not redirect them.

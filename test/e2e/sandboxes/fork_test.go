@@ -1,4 +1,4 @@
-package e2e
+package sandboxes
 
 import (
 	"encoding/json"
@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // heldState is a Python server that imports a module once, keeps a random
@@ -52,7 +52,7 @@ type serverState struct {
 
 func query(t *testing.T, sb *client.Sandbox, path string) serverState {
 	t.Helper()
-	r := shell(t, sb, "curl -s --max-time 5 http://127.0.0.1:8000"+path)
+	r := e2e.Shell(t, sb, "curl -s --max-time 5 http://127.0.0.1:8000"+path)
 	var st serverState
 	if err := json.Unmarshal(r.Stdout, &st); err != nil {
 		t.Fatalf("%s: server answered %q %q: %v", sb.ID, r.Stdout, r.Stderr, err)
@@ -64,7 +64,7 @@ func query(t *testing.T, sb *client.Sandbox, path string) serverState {
 // answers.
 func startHeldState(t *testing.T, sb *client.Sandbox) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	for path, body := range map[string]string{"/root/server.py": heldState, "/root/heavy.py": heavyModule} {
 		if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: path, Data: []byte(body)})); err != nil {
 			t.Fatal(err)
@@ -73,13 +73,13 @@ func startHeldState(t *testing.T, sb *client.Sandbox) {
 	if _, err := sb.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"python3", "/root/server.py"}, Tag: "server"}})); err != nil {
 		t.Fatal(err)
 	}
-	shell(t, sb, "for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1")
+	e2e.Shell(t, sb, "for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1")
 }
 
 func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
-	c := gvisorPyCluster(t)
-	ctx := ctxT(t)
-	src, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}})
+	c := e2e.GvisorPyCluster(t)
+	ctx := e2e.Ctx(t)
+	src, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,11 +96,11 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 	if err != nil || len(strings.TrimSpace(string(secret.Msg.Stdout))) < 2 {
 		t.Fatalf("session secret: %v %v", secret, err)
 	}
-	srcMachineID := strings.TrimSpace(string(shell(t, src, "cat /etc/machine-id").Stdout))
-	shell(t, src, "echo from-source > /root/before-fork")
+	srcMachineID := strings.TrimSpace(string(e2e.Shell(t, src, "cat /etc/machine-id").Stdout))
+	e2e.Shell(t, src, "echo from-source > /root/before-fork")
 	before := query(t, src, "/")
 
-	resp, err := c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 3}))
+	resp, err := c.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 3}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 		if r.Sandbox.Spec.Backend != "gvisor" || r.Sandbox.SourceSnapshotId == "" {
 			t.Fatalf("copy %d: %+v", i, r.Sandbox)
 		}
-		copies = append(copies, c.client.Sandbox(r.Sandbox.Id))
+		copies = append(copies, c.Client.Sandbox(r.Sandbox.Id))
 	}
 	all := append([]*client.Sandbox{src}, copies...)
 	machineIDs := map[string]bool{}
@@ -125,22 +125,22 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 		if st.Value != before.Value || st.Pid != before.Pid || st.Heavy != before.Heavy || st.Hits != before.Hits+1 {
 			t.Fatalf("sandbox %d: server state %+v, before the fork %+v", i, st, before)
 		}
-		if got := strings.TrimSpace(string(shell(t, sb, "cat /root/imports").Stdout)); got != "x" {
+		if got := strings.TrimSpace(string(e2e.Shell(t, sb, "cat /root/imports").Stdout)); got != "x" {
 			t.Fatalf("sandbox %d: module imported %d times", i, len(got))
 		}
 		sr, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $SECRET; pwd"}))
 		if err != nil || string(sr.Msg.Stdout) != string(secret.Msg.Stdout)+"/tmp\n" {
 			t.Fatalf("sandbox %d: session state %q %v, want %q", i, sr.Msg.GetStdout(), err, secret.Msg.Stdout)
 		}
-		if got := string(shell(t, sb, "cat /root/before-fork").Stdout); got != "from-source\n" {
+		if got := string(e2e.Shell(t, sb, "cat /root/before-fork").Stdout); got != "from-source\n" {
 			t.Fatalf("sandbox %d: file from before the fork reads %q", i, got)
 		}
 		// Fresh identity for the copies.
-		if host := strings.TrimSpace(string(shell(t, sb, "hostname").Stdout)); host != sb.ID {
+		if host := strings.TrimSpace(string(e2e.Shell(t, sb, "hostname").Stdout)); host != sb.ID {
 			t.Fatalf("sandbox %d: hostname %q, want %q", i, host, sb.ID)
 		}
-		machineIDs[strings.TrimSpace(string(shell(t, sb, "cat /etc/machine-id").Stdout))] = true
-		randomness[string(shell(t, sb, "head -c 16 /dev/urandom | od -An -tx1").Stdout)] = true
+		machineIDs[strings.TrimSpace(string(e2e.Shell(t, sb, "cat /etc/machine-id").Stdout))] = true
+		randomness[string(e2e.Shell(t, sb, "head -c 16 /dev/urandom | od -An -tx1").Stdout)] = true
 	}
 	if len(randomness) != len(all) {
 		t.Fatalf("the kernel's random numbers repeat across the source and its copies: %v", randomness)
@@ -166,9 +166,9 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 		}
 	}
 	// Isolation in files.
-	shell(t, copies[1], "echo mine > /root/only-in-copy-1")
+	e2e.Shell(t, copies[1], "echo mine > /root/only-in-copy-1")
 	for i, sb := range []*client.Sandbox{src, copies[0], copies[2]} {
-		if got := string(shell(t, sb, "cat /root/only-in-copy-1 2>/dev/null || echo absent").Stdout); got != "absent\n" {
+		if got := string(e2e.Shell(t, sb, "cat /root/only-in-copy-1 2>/dev/null || echo absent").Stdout); got != "absent\n" {
 			t.Fatalf("sandbox %d sees copy 1's file: %q", i, got)
 		}
 	}
@@ -182,21 +182,21 @@ func TestForkCarriesMemoryProcessesAndPorts(t *testing.T) {
 }
 
 func TestSnapshotsPauseAndUnsupportedBackend(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
+	sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	shell(t, sb, "echo snap > /root/f; "+testutil.PauseProbe("/tmp/probe"))
+	e2e.Shell(t, sb, "echo snap > /root/f; "+testutil.PauseProbe("/tmp/probe"))
 	before := waitProbe(t, sb, "/tmp/probe", 3)
 	// Pause freezes every process: the probe's loop stops for as long as
 	// the sandbox is paused, which shows as a gap once it runs again.
-	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID})); err != nil {
+	if _, err := c.Client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID})); err != nil {
 		t.Fatal(err)
 	}
 	pausedAt := time.Now()
-	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("after pause: %v %v", got, err)
 	}
@@ -208,48 +208,48 @@ func TestSnapshotsPauseAndUnsupportedBackend(t *testing.T) {
 	if after.LongGap < frozenFor-300*time.Millisecond {
 		t.Fatalf("processes ran while paused: longest gap %v over a pause of %v", after.LongGap, frozenFor)
 	}
-	if got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID})); err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+	if got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID})); err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after a call resumed it: %v %v", got, err)
 	}
-	snap, err := c.client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: sb.ID}))
+	snap, err := c.Client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: sb.ID}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := snap.Msg.Snapshot.Id
-	if got := shell(t, sb, "cat /root/f").Stdout; string(got) != "snap\n" {
+	if got := e2e.Shell(t, sb, "cat /root/f").Stdout; string(got) != "snap\n" {
 		t.Fatalf("source after snapshot: %q", got)
 	}
-	restored, err := c.client.Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: id}))
+	restored, err := c.Client.Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: id}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := shell(t, c.client.Sandbox(restored.Msg.Sandbox.Id), "cat /root/f").Stdout; string(got) != "snap\n" {
+	if got := e2e.Shell(t, c.Client.Sandbox(restored.Msg.Sandbox.Id), "cat /root/f").Stdout; string(got) != "snap\n" {
 		t.Fatalf("restored: %q", got)
 	}
-	list, _ := c.client.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
+	list, _ := c.Client.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
 	if len(list.Msg.Snapshots) != 1 || list.Msg.Snapshots[0].SizeBytes == 0 {
 		t.Fatalf("snapshots: %v", list.Msg.Snapshots)
 	}
-	snapDir := filepath.Join(c.cfg.StateDir, "edge", "snapshots", id)
+	snapDir := filepath.Join(c.Cfg.StateDir, "edge", "snapshots", id)
 	if _, err := os.Stat(snapDir); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.client.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: id})); err != nil {
+	if _, err := c.Client.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: id})); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(snapDir); !os.IsNotExist(err) {
 		t.Fatalf("snapshot storage not freed: %v", err)
 	}
 	// The container backend cannot snapshot memory here, and says why.
-	cb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest"})
+	cb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: cb.ID, Count: 1}))
+	_, err = c.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: cb.ID, Count: 1}))
 	if connect.CodeOf(err) != connect.CodeUnimplemented || !strings.Contains(err.Error(), `backend "container" cannot snapshot memory`) {
 		t.Fatalf("fork of a container: %v", err)
 	}
-	_, err = c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.ID, Count: 101}))
+	_, err = c.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.ID, Count: 101}))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("fork of 101: %v", err)
 	}
@@ -264,7 +264,7 @@ func waitProbe(t *testing.T, sb *client.Sandbox, file string, minRounds int) tes
 	deadline := time.Now().Add(30 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
-		last = string(shell(t, sb, "cat "+file+" 2>/dev/null || true").Stdout)
+		last = string(e2e.Shell(t, sb, "cat "+file+" 2>/dev/null || true").Stdout)
 		if r, err := testutil.ParseProbe(last); err == nil && r.Rounds >= minRounds {
 			return r
 		}

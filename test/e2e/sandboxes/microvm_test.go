@@ -1,4 +1,4 @@
-package e2e
+package sandboxes
 
 import (
 	"os"
@@ -11,12 +11,12 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestMicrovmThroughTheAPI: a sandbox with backend "microvm" made through
@@ -30,13 +30,13 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	testutil.RequireBinary(t, "qemu-system-x86_64")
 	testutil.RequireBinary(t, "mkfs.ext4")
 	guest := testutil.GuestKernelDir(t)
-	c := startClusterWith(t, "", func(cfg *embed.Config) {
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
 		cfg.Backends["microvm"] = map[string]string{"guest": guest, "init": testutil.VMInitBinary(t)}
 	}, "container", "microvm")
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	// The node says which hypervisor and accelerator it uses, and why not
 	// a faster one.
-	nodes, err := c.client.Sandboxes.ListNodes(ctx, connect.NewRequest(&sandboxv1.ListNodesRequest{}))
+	nodes, err := c.Client.Sandboxes.ListNodes(ctx, connect.NewRequest(&sandboxv1.ListNodesRequest{}))
 	if err != nil || len(nodes.Msg.Nodes) != 1 {
 		t.Fatalf("nodes: %v, %v", nodes, err)
 	}
@@ -49,55 +49,55 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 	t.Logf("microvm on this node: %s", detail)
 	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 128}}
-	a, err := c.client.Create(ctx, spec)
+	a, err := c.Client.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	limited := proto.Clone(spec).(*sandboxv1.SandboxSpec)
 	limited.Resources.Pids, limited.Resources.OpenFiles, limited.Resources.CpuCores = 64, 2048, 0.5
-	b, err := c.client.Create(ctx, limited)
+	b, err := c.Client.Create(ctx, limited)
 	if err != nil {
 		t.Fatal(err)
 	}
 	release, _ := os.ReadFile(filepath.Join(guest, "release"))
 	host, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	if got := strings.TrimSpace(string(shell(t, a, "uname -r").Stdout)); got != strings.TrimSpace(string(release)) || got == strings.TrimSpace(string(host)) {
+	if got := strings.TrimSpace(string(e2e.Shell(t, a, "uname -r").Stdout)); got != strings.TrimSpace(string(release)) || got == strings.TrimSpace(string(host)) {
 		t.Fatalf("kernel in the microvm sandbox: %q (guest %q, host %q)", got, release, host)
 	}
-	if got := strings.TrimSpace(string(shell(t, a, "hostname").Stdout)); got != a.ID {
+	if got := strings.TrimSpace(string(e2e.Shell(t, a, "hostname").Stdout)); got != a.ID {
 		t.Fatalf("hostname %q, want %s", got, a.ID)
 	}
 	if _, err := a.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/note", Data: []byte("mine")})); err != nil {
 		t.Fatal(err)
 	}
-	if got := string(shell(t, a, "cat /root/note").Stdout); got != "mine" {
+	if got := string(e2e.Shell(t, a, "cat /root/note").Stdout); got != "mine" {
 		t.Fatalf("file written through the API reads %q", got)
 	}
-	if got := string(shell(t, b, "cat /root/note 2>/dev/null || echo absent").Stdout); got != "absent\n" {
+	if got := string(e2e.Shell(t, b, "cat /root/note 2>/dev/null || echo absent").Stdout); got != "absent\n" {
 		t.Fatalf("the second sandbox sees the first's file: %q", got)
 	}
 	// The sandbox's limits hold inside the guest, on its processes and
 	// not on the agent: a fork bomb gets EAGAIN at the pids limit, a memory
 	// hog is killed by the cgroup's OOM killer, and the agent answers on.
-	if got := string(shell(t, b, "ulimit -n; cat /proc/self/cgroup /proc/1/cgroup").Stdout); got != "2048\n0::/sandbox\n0::/\n" {
+	if got := string(e2e.Shell(t, b, "ulimit -n; cat /proc/self/cgroup /proc/1/cgroup").Stdout); got != "2048\n0::/sandbox\n0::/\n" {
 		t.Fatalf("open files limit and cgroups (a process's, the agent's): %q", got)
 	}
 	// The shell gives up at the first fork refused; what it started is
 	// counted and killed with builtins only (a fork would be refused too).
 	bomb := "(i=0; while [ $i -lt 200 ]; do sleep 60 & echo $! >> /tmp/pids; i=$((i+1)); done) 2>/dev/null; n=0; while read p; do n=$((n+1)); kill $p; done < /tmp/pids; echo $n"
-	if n, err := strconv.Atoi(strings.TrimSpace(string(shell(t, b, bomb).Stdout))); err != nil || n >= 64 || n < 16 {
+	if n, err := strconv.Atoi(strings.TrimSpace(string(e2e.Shell(t, b, bomb).Stdout))); err != nil || n >= 64 || n < 16 {
 		t.Fatalf("200 processes asked under a pids limit of 64: %d ran (%v)", n, err)
 	}
-	if got := string(shell(t, b, `awk 'BEGIN { s = "x"; while (1) s = s s }'; echo "rc=$?"`).Stdout); got != "rc=137\n" {
+	if got := string(e2e.Shell(t, b, `awk 'BEGIN { s = "x"; while (1) s = s s }'; echo "rc=$?"`).Stdout); got != "rc=137\n" {
 		t.Fatalf("a memory hog past the guest's memory: %q, want it killed (rc=137)", got)
 	}
-	if got := string(shell(t, b, "echo alive").Stdout); got != "alive\n" {
+	if got := string(e2e.Shell(t, b, "echo alive").Stdout); got != "alive\n" {
 		t.Fatalf("after the fork bomb and the hog: %q", got)
 	}
 	// An impostor agent cannot take the link: the agent holds the
 	// virtio-serial port, which admits one opener.
 	port := `for p in /sys/class/virtio-ports/*; do if [ "$(cat $p/name)" = dsec.agent ]; then cat /dev/${p##*/} 2>&1; echo rc=$?; fi; done`
-	if got := string(shell(t, b, port).Stdout); !strings.Contains(got, "busy") || !strings.HasSuffix(got, "rc=1\n") {
+	if got := string(e2e.Shell(t, b, port).Stdout); !strings.Contains(got, "busy") || !strings.HasSuffix(got, "rc=1\n") {
 		t.Fatalf("opening the agent's port from inside: %q, want it busy", got)
 	}
 	// Its half core is held on the node: its QEMU is in its cpu cgroup,
@@ -107,7 +107,7 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 		if q, _ := os.ReadFile(cpu + "/cpu.cfs_quota_us"); strings.TrimSpace(string(q)) != "50000" {
 			t.Fatalf("the microVM's CPU quota: %q, want 50000 of 100000 us", q)
 		}
-		shell(t, b, "timeout 2 sh -c 'while :; do :; done'; true")
+		e2e.Shell(t, b, "timeout 2 sh -c 'while :; do :; done'; true")
 		stat, _ := os.ReadFile(cpu + "/cpu.stat")
 		if !regexp.MustCompile(`nr_throttled [1-9]`).Match(stat) {
 			t.Fatalf("a busy loop in a 0.5-core microVM was never throttled: %s", stat)
@@ -115,13 +115,13 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	} else {
 		t.Logf("no cgroup v1 cpu controller on this host: the CPU limit is the vCPU count (not checked)")
 	}
-	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: a.ID})); err != nil {
+	if _, err := c.Client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: a.ID})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.client.Sandboxes.ResumeSandbox(ctx, connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: a.ID})); err != nil {
+	if _, err := c.Client.Sandboxes.ResumeSandbox(ctx, connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: a.ID})); err != nil {
 		t.Fatal(err)
 	}
-	if got := string(shell(t, a, "cat /root/note").Stdout); got != "mine" {
+	if got := string(e2e.Shell(t, a, "cat /root/note").Stdout); got != "mine" {
 		t.Fatalf("after pause and resume: %q", got)
 	}
 	// Fork with memory: a shell session's variable and a process started
@@ -131,12 +131,12 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret := runIn(t, a, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")
+	secret := e2e.RunIn(t, a, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")
 	if _, err := a.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "1000"}, Tag: "held"}})); err != nil {
 		t.Fatal(err)
 	}
-	held := strings.TrimSpace(string(shell(t, a, "pidof sleep").Stdout))
-	resp, err := c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: a.ID, Count: 2}))
+	held := strings.TrimSpace(string(e2e.Shell(t, a, "pidof sleep").Stdout))
+	resp, err := c.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: a.ID, Count: 2}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,21 +146,21 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 		if r.Sandbox == nil {
 			t.Fatalf("copy %d: %s %s", i, r.ErrorCode, r.ErrorMessage)
 		}
-		sb := c.client.Sandbox(r.Sandbox.Id)
-		if got := runIn(t, sb, sess.Msg.Session.Id, "echo $SECRET"); string(got) != string(secret) {
+		sb := c.Client.Sandbox(r.Sandbox.Id)
+		if got := e2e.RunIn(t, sb, sess.Msg.Session.Id, "echo $SECRET"); string(got) != string(secret) {
 			t.Fatalf("sandbox %d: the session's variable reads %q, want %q", i, got, secret)
 		}
-		if got := strings.TrimSpace(string(shell(t, sb, "pidof sleep; cat /root/note").Stdout)); got != held+"\nmine" {
+		if got := strings.TrimSpace(string(e2e.Shell(t, sb, "pidof sleep; cat /root/note").Stdout)); got != held+"\nmine" {
 			t.Fatalf("sandbox %d: process and file %q, want %q", i, got, held+"\nmine")
 		}
-		name := strings.TrimSpace(string(shell(t, sb, "hostname").Stdout))
+		name := strings.TrimSpace(string(e2e.Shell(t, sb, "hostname").Stdout))
 		if name != sb.ID || names[name] {
 			t.Fatalf("sandbox %d: hostname %q", i, name)
 		}
 		names[name] = true
-		shell(t, sb, "echo "+sb.ID+" > /root/own")
+		e2e.Shell(t, sb, "echo "+sb.ID+" > /root/own")
 	}
-	if got := strings.TrimSpace(string(shell(t, a, "cat /root/own").Stdout)); got != a.ID {
+	if got := strings.TrimSpace(string(e2e.Shell(t, a, "cat /root/own").Stdout)); got != a.ID {
 		t.Fatalf("the source reads a copy's file: %q", got)
 	}
 	all := []string{a.ID, b.ID}
@@ -168,23 +168,13 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 		all = append(all, r.Sandbox.Id)
 	}
 	for _, sb := range all {
-		if err := c.client.Sandbox(sb).Stop(ctx); err != nil {
+		if err := c.Client.Sandbox(sb).Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+c.cfg.StateDir).Output(); len(out) > 0 {
+	if out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+c.Cfg.StateDir).Output(); len(out) > 0 {
 		t.Fatalf("QEMU left running after stop: %s", out)
 	}
-}
-
-// microvmUpFlags are dsec up's flags for the microvm backend alone, or the
-// test skips (fails, strict) where the node cannot run it.
-func microvmUpFlags(t *testing.T) []string {
-	t.Helper()
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "qemu-system-x86_64")
-	testutil.RequireBinary(t, "mkfs.ext4")
-	return []string{"--backends", "microvm", "--microvm-guest", testutil.GuestKernelDir(t), "--microvm-init", testutil.VMInitBinary(t)}
 }
 
 // TestKillDsecUpLeavesVMsRunning: after `kill -9` of dsec up, a microvm
@@ -192,25 +182,25 @@ func microvmUpFlags(t *testing.T) []string {
 // next dsec up re-attaches it: its shell session's variable, a process
 // and a file are there, and it stops leaving no QEMU behind.
 func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
-	flags := microvmUpFlags(t)
-	node := newUpNode(t)
-	state := node.state
-	up := node.start(t, flags...)
+	flags := e2e.MicrovmUpFlags(t)
+	node := e2e.NewUpNode(t)
+	state := node.State
+	up := node.Start(t, flags...)
 	defer func() {
-		up.cmd.Process.Signal(syscall.SIGTERM)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGTERM)
+		up.Cmd.Wait()
 	}()
-	ctx := ctxT(t)
-	sb, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 64}})
+	ctx := e2e.Ctx(t)
+	sb, err := up.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 64}})
 	if err != nil {
-		t.Fatalf("create: %v; log: %s", err, tailFile(filepath.Join(node.state, "dsec.log")))
+		t.Fatalf("create: %v; log: %s", err, e2e.TailFile(filepath.Join(node.State, "dsec.log")))
 	}
 	sess, err := sb.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret := runIn(t, sb, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")
-	shell(t, sb, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+	secret := e2e.RunIn(t, sb, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")
+	e2e.Shell(t, sb, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
 	qemu := func() string {
 		out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+state).Output()
 		return strings.TrimSpace(string(out))
@@ -219,21 +209,21 @@ func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
 	if before == "" || strings.Contains(before, "\n") {
 		t.Fatalf("QEMU processes of the sandbox: %q", before)
 	}
-	up.cmd.Process.Signal(syscall.SIGKILL)
-	up.cmd.Wait()
+	up.Cmd.Process.Signal(syscall.SIGKILL)
+	up.Cmd.Wait()
 	if got := qemu(); got != before {
 		t.Fatalf("after kill -9 of dsec up, QEMU is %q, was %q", got, before)
 	}
-	up = node.start(t, flags...)
-	got, err := up.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	up = node.Start(t, flags...)
+	got, err := up.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
-		t.Fatalf("after the restart: %v, %v; log: %s", got, err, tailFile(filepath.Join(state, "dsec.log")))
+		t.Fatalf("after the restart: %v, %v; log: %s", got, err, e2e.TailFile(filepath.Join(state, "dsec.log")))
 	}
-	again := up.client.Sandbox(sb.ID)
-	if v := runIn(t, again, sess.Msg.Session.Id, "echo $SECRET"); string(v) != string(secret) {
+	again := up.Client.Sandbox(sb.ID)
+	if v := e2e.RunIn(t, again, sess.Msg.Session.Id, "echo $SECRET"); string(v) != string(secret) {
 		t.Fatalf("the session's variable after the restart: %q, want %q", v, secret)
 	}
-	if r := shell(t, again, "cat /root/mark; ps | grep -v grep | grep -q 'sleep 1000' && echo alive"); string(r.Stdout) != "kept\nalive\n" {
+	if r := e2e.Shell(t, again, "cat /root/mark; ps | grep -v grep | grep -q 'sleep 1000' && echo alive"); string(r.Stdout) != "kept\nalive\n" {
 		t.Fatalf("after the restart: %q %q", r.Stdout, r.Stderr)
 	}
 	if got := qemu(); got != before {

@@ -1,50 +1,20 @@
-package e2e
+package controlplane
 
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
-
-var (
-	dsecOnce sync.Once
-	dsecBin  string
-	dsecErr  error
-)
-
-// dsecBinary builds cmd/dsec once per test process.
-func dsecBinary(t *testing.T) string {
-	dsecOnce.Do(func() {
-		dir, err := testutil.ProcessDir("dsec-cli")
-		if err != nil {
-			dsecErr = err
-			return
-		}
-		dsecBin = filepath.Join(dir, "dsec")
-		cmd := exec.Command("go", "build", "-o", dsecBin, "./cmd/dsec")
-		cmd.Dir = testutil.RepoRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			dsecErr = err
-			t.Logf("%s", out)
-		}
-	})
-	if dsecErr != nil {
-		t.Fatal(dsecErr)
-	}
-	return dsecBin
-}
 
 // TestCLI drives the dsec verbs a person uses against a real cluster.
 func TestCLI(t *testing.T) {
-	c := containerCluster(t)
-	bin := dsecBinary(t)
-	env := append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.key)
+	c := e2e.ContainerCluster(t)
+	bin := e2e.DsecBinary(t)
+	env := append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.Key)
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
@@ -86,7 +56,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("dsec stop --all: %q exit %d; want %s and %s", out, code, id, other)
 	}
 	// Nothing of the three sandboxes this test made (the --rm one too).
-	assertNoLeaks(t, c)
+	e2e.AssertNoLeaks(t, c)
 	if out, _, _ := run("ls", "-q"); strings.TrimSpace(out) != "" {
 		t.Fatalf("sandboxes after stop --all: %q", out)
 	}

@@ -1,11 +1,10 @@
-package e2e
+package sandboxes
 
 import (
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
@@ -13,6 +12,7 @@ import (
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // TestForkAcrossEdges: on 3 gVisor edges, the source's edge has room for
@@ -25,7 +25,7 @@ import (
 func TestForkAcrossEdges(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
-	c := startClusterWith(t, pyStore(t), func(cfg *embed.Config) {
+	c := e2e.StartClusterWith(t, e2e.PyStore(t), func(cfg *embed.Config) {
 		cfg.Edges, cfg.APIServers = 3, 2
 		cfg.EdgeCapacity = func(i int) edge.Capacity {
 			capacity := cfg.Capacity
@@ -35,8 +35,8 @@ func TestForkAcrossEdges(t *testing.T) {
 			return capacity
 		}
 	}, "gvisor", "container")
-	ctx := ctxT(t)
-	apis := apiClients(t, c, c.key)
+	ctx := e2e.Ctx(t)
+	apis := e2e.APIClients(t, c, c.Key)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 256}}
 	// The source goes straight to edge 1, the one with room for one.
 	made, err := c.Edges[0].Create(ctx, spec, "root")
@@ -44,7 +44,7 @@ func TestForkAcrossEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := apis[0].Sandbox(made.Id)
-	t.Cleanup(func() { src.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
+	t.Cleanup(func() { src.Stop(e2e.Ctx(t)) }) //nolint:errcheck // cleanup
 	srcNode := c.Edges[0].Node()
 	startHeldState(t, src)
 	sess, err := src.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
@@ -54,9 +54,9 @@ func TestForkAcrossEdges(t *testing.T) {
 	if r, err := src.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "SECRET=$RANDOM$RANDOM$RANDOM"})); err != nil || r.Msg.ExitCode != 0 {
 		t.Fatalf("session: %v %v", r, err)
 	}
-	secret := strings.TrimSpace(string(runIn(t, src, sess.Msg.Session.Id, "echo $SECRET")))
-	srcMachineID := strings.TrimSpace(string(shell(t, src, "cat /etc/machine-id").Stdout))
-	shell(t, src, "echo from-source > /root/before-fork")
+	secret := strings.TrimSpace(string(e2e.RunIn(t, src, sess.Msg.Session.Id, "echo $SECRET")))
+	srcMachineID := strings.TrimSpace(string(e2e.Shell(t, src, "cat /etc/machine-id").Stdout))
+	e2e.Shell(t, src, "echo from-source > /root/before-fork")
 	before := query(t, src, "/")
 
 	// Through the second apiserver, as any call may go.
@@ -74,7 +74,7 @@ func TestForkAcrossEdges(t *testing.T) {
 		perNode[node]++
 		cp := apis[i%2].Sandbox(r.Sandbox.Id)
 		copies = append(copies, cp)
-		t.Cleanup(func() { cp.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
+		t.Cleanup(func() { cp.Stop(e2e.Ctx(t)) }) //nolint:errcheck // cleanup
 	}
 	t.Logf("fork of 8 across edges: copies per node %v, source paused %d us", perNode, resp.Msg.SourcePauseUs)
 	if len(copies) != 8 || perNode[srcNode] != 0 || len(perNode) != 2 {
@@ -86,14 +86,14 @@ func TestForkAcrossEdges(t *testing.T) {
 		if st.Value != before.Value || st.Pid != before.Pid || st.Heavy != before.Heavy || st.Hits != before.Hits+1 {
 			t.Fatalf("sandbox %d (%s): server state %+v, before the fork %+v", i, cp.ID, st, before)
 		}
-		if got := strings.TrimSpace(string(runIn(t, cp, sess.Msg.Session.Id, "echo $SECRET"))); got != secret {
+		if got := strings.TrimSpace(string(e2e.RunIn(t, cp, sess.Msg.Session.Id, "echo $SECRET"))); got != secret {
 			t.Fatalf("sandbox %d: the shell's variable reads %q, want %q", i, got, secret)
 		}
-		if got := string(shell(t, cp, "cat /root/before-fork; cat /root/imports").Stdout); got != "from-source\nx" {
+		if got := string(e2e.Shell(t, cp, "cat /root/before-fork; cat /root/imports").Stdout); got != "from-source\nx" {
 			t.Fatalf("sandbox %d: files read %q", i, got)
 		}
 		if i > 0 {
-			id := strings.TrimSpace(string(shell(t, cp, "cat /etc/machine-id").Stdout))
+			id := strings.TrimSpace(string(e2e.Shell(t, cp, "cat /etc/machine-id").Stdout))
 			if id == "" || ids[id] {
 				t.Fatalf("copy %d: machine id %q repeats the source's or a sibling's", i, id)
 			}
@@ -121,20 +121,11 @@ func TestForkAcrossEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored := apis[0].Sandbox(rr.Msg.Sandbox.Id)
-	t.Cleanup(func() { restored.Stop(ctxT(t)) }) //nolint:errcheck // cleanup
+	t.Cleanup(func() { restored.Stop(e2e.Ctx(t)) }) //nolint:errcheck // cleanup
 	if _, node, _ := sandboxid.Parse(restored.ID); node == srcNode {
 		t.Fatalf("restore with the holder full ran on the holder %s", node)
 	}
 	if st := query(t, restored, "/"); st.Value != 4242 || st.Pid != before.Pid {
 		t.Fatalf("restored on another edge: %+v", st)
 	}
-}
-
-func runIn(t *testing.T, sb *client.Sandbox, session, cmd string) []byte {
-	t.Helper()
-	r, err := sb.Sessions.RunInSession(ctxT(t), connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: session, Command: cmd}))
-	if err != nil {
-		t.Fatalf("%s: %s: %v", sb.ID, cmd, err)
-	}
-	return r.Msg.Stdout
 }

@@ -1,4 +1,4 @@
-package e2e
+package hostile
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/sys/unix"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/test/e2e"
+	"golang.org/x/sys/unix"
 )
 
 // The hostile-sandbox suite: what a rollout's code can try against the node
@@ -83,20 +83,20 @@ def errname(ret):
 `
 
 func TestHostileSandboxes(t *testing.T) {
-	c := gvisorPyCluster(t)
+	c := e2e.GvisorPyCluster(t)
 	for _, backend := range []string{"container", "gvisor"} {
 		t.Run(backend, func(t *testing.T) { hostileCases(t, c, backend) })
 	}
 }
 
-func hostileCases(t *testing.T, c *cluster, backend string) {
-	ctx := ctxT(t)
-	neighbour, err := c.client.Create(ctx, hostileSpec(backend))
+func hostileCases(t *testing.T, c *e2e.Cluster, backend string) {
+	ctx := e2e.Ctx(t)
+	neighbour, err := c.Client.Create(ctx, hostileSpec(backend))
 	if err != nil {
 		t.Fatal(err)
 	}
 	newVictim := func(t *testing.T) *client.Sandbox {
-		sb, err := c.client.Create(ctx, hostileSpec(backend))
+		sb, err := c.Client.Create(ctx, hostileSpec(backend))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +172,7 @@ func hostileCases(t *testing.T, c *cluster, backend string) {
 		// refused with resource-exhausted (a retry hint with it), none runs
 		// into its deadline, whether that is far (90 s) or near (3 s). The
 		// sandbox has the default limits, so none of them refuses first.
-		sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}})
+		sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -267,12 +267,12 @@ for fam, name in ((38, "af-alg"), (40, "af-vsock")):
 		sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "kill -KILL 1; sleep 1; echo survived"}}) //nolint:errcheck // judged below
 		cancel()
 		if gvisor {
-			reason, took := waitFailed(t, c, sb.ID, killed)
+			reason, took := e2e.WaitFailed(t, c, sb.ID, killed)
 			t.Logf("gVisor: kill -9 1 from inside ended the sandbox; reported after %v: %s", took.Round(time.Millisecond), reason)
 			return
 		}
 		answers(t, sb, 10*time.Second)
-		got, err := c.client.Sandboxes.GetSandbox(ctxT(t), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+		got, err := c.Client.Sandboxes.GetSandbox(e2e.Ctx(t), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 		if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 			t.Fatalf("after the signals: %v %v", got, err)
 		}
@@ -282,7 +282,7 @@ for fam, name in ((38, "af-alg"), (40, "af-vsock")):
 		sb := newVictim(t)
 		r := sh(t, sb, "cat /proc/self/mountinfo; echo ===; cat /etc/resolv.conf; echo ===; cat /etc/hostname; echo ===; grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status", 10*time.Second)
 		out := string(r.Stdout)
-		for _, leak := range []string{c.cfg.StateDir, filepath.Dir(c.cfg.StateDir), "/work/", os.TempDir() + "/"} {
+		for _, leak := range []string{c.Cfg.StateDir, filepath.Dir(c.Cfg.StateDir), "/work/", os.TempDir() + "/"} {
 			if strings.Contains(out, leak) {
 				t.Errorf("a node path (%s) is visible:\n%s", leak, out)
 			}
@@ -396,7 +396,7 @@ except OSError as e:
 
 	t.Run("stdout flood", func(t *testing.T) {
 		sb := newVictim(t)
-		dir := filepath.Join(c.cfg.StateDir, "edge", "sandboxes", sb.ID)
+		dir := filepath.Join(c.Cfg.StateDir, "edge", "sandboxes", sb.ID)
 		before := dirBytes(dir)
 		r := sh(t, sb, "dd if=/dev/zero bs=1M count=200 > /proc/1/fd/1 2>/dev/null; dd if=/dev/zero bs=1M count=200 > /proc/1/fd/2 2>/dev/null; echo done", 60*time.Second)
 		if !strings.Contains(string(r.Stdout), "done") {
@@ -428,7 +428,7 @@ except OSError as e:
 		sb := newVictim(t)
 		free := func() int64 {
 			var st unix.Statfs_t
-			unix.Statfs(c.cfg.StateDir, &st)
+			unix.Statfs(c.Cfg.StateDir, &st)
 			return int64(st.Bavail) * st.Bsize
 		}
 		before := free()

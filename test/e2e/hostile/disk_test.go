@@ -1,4 +1,4 @@
-package e2e
+package hostile
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // smallStateDisk puts the edge's state (its writable layers among it) on a
@@ -49,19 +49,19 @@ func smallStateDisk(t *testing.T, sizeMB int) func(*embed.Config) {
 // layer, its neighbour's data is intact, and new work that would not fit
 // is refused with the reason.
 func TestALayerFillingItsDiskLeavesItsNeighbourIntact(t *testing.T) {
-	c := startClusterWith(t, "", smallStateDisk(t, 1024), "container")
-	ctx := ctxT(t)
+	c := e2e.StartClusterWith(t, "", smallStateDisk(t, 1024), "container")
+	ctx := e2e.Ctx(t)
 	spec := func(diskMB int64) *sandboxv1.SandboxSpec {
 		return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 256, DiskMb: diskMB}}
 	}
-	filler, err := c.client.Create(ctx, spec(600))
+	filler, err := c.Client.Create(ctx, spec(600))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.client.Create(ctx, spec(600)); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "disk") {
+	if _, err := c.Client.Create(ctx, spec(600)); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "disk") {
 		t.Fatalf("a second 600 MiB layer on a 1 GiB disk: %v, want resource exhausted naming the disk", err)
 	}
-	neighbour, err := c.client.Create(ctx, spec(250))
+	neighbour, err := c.Client.Create(ctx, spec(250))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +87,13 @@ func TestALayerFillingItsDiskLeavesItsNeighbourIntact(t *testing.T) {
 	answers(t, filler, 10*time.Second)
 	// What the two may still write is promised: a layer that does not fit
 	// in what is left is refused.
-	if _, err := c.client.Create(ctx, spec(100)); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "disk") {
+	if _, err := c.Client.Create(ctx, spec(100)); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "disk") {
 		t.Fatalf("a 100 MiB layer on the nearly full disk: %v, want resource exhausted naming the disk", err)
 	}
 	if err := filler.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.client.Create(ctx, spec(100)); err != nil {
+	if _, err := c.Client.Create(ctx, spec(100)); err != nil {
 		t.Fatalf("a 100 MiB layer once the filler is gone: %v", err)
 	}
 }

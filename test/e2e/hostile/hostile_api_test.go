@@ -1,4 +1,4 @@
-package e2e
+package hostile
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // slowBody sends first, then blocks until release is closed: a server that
@@ -39,7 +40,7 @@ func (b *slowBody) Read(p []byte) (int, error) {
 // request costs the server memory; every route of the API, including the
 // agent proxy.
 func TestUnauthenticatedBodiesAreNotRead(t *testing.T) {
-	c := startCluster(t, "fake")
+	c := e2e.StartCluster(t, "fake")
 	routes := []string{
 		"/opendsec.sandbox.v1.SandboxService/CreateSandbox",
 		"/opendsec.iam.v1.IAMService/CreateProject",
@@ -105,7 +106,7 @@ func rawHTTP(t *testing.T, apiURL, request string) int {
 // body over its route's bound 429, and two different keys in one request
 // 400.
 func TestBrokenAndOversizedBodiesAreTheClientsError(t *testing.T) {
-	c := startCluster(t, "fake")
+	c := e2e.StartCluster(t, "fake")
 	chunked := func(auth string) string {
 		return "POST /opendsec.sandbox.v1.SandboxService/ListSandboxes HTTP/1.1\r\nHost: api\r\n" +
 			"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n" + auth +
@@ -114,29 +115,29 @@ func TestBrokenAndOversizedBodiesAreTheClientsError(t *testing.T) {
 	if got := rawHTTP(t, c.APIURL, chunked("")); got != http.StatusUnauthorized {
 		t.Errorf("malformed chunked body, no key: %d, want 401", got)
 	}
-	if got := rawHTTP(t, c.APIURL, chunked("Authorization: Bearer "+c.key+"\r\n")); got != http.StatusBadRequest {
+	if got := rawHTTP(t, c.APIURL, chunked("Authorization: Bearer "+c.Key+"\r\n")); got != http.StatusBadRequest {
 		t.Errorf("malformed chunked body with a key: %d, want 400", got)
 	}
 	agent := "POST /opendsec.agent.v1.ProcessService/Run HTTP/1.1\r\nHost: api\r\n" +
 		"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nDsec-Sandbox-Id: aaaaaaaa-aaaaaaaaaaaaaaaa\r\n" +
-		"Authorization: Bearer " + c.key + "\r\n\r\n5\r\n{\"a\":\r\nzz-not-hex\r\n\r\n"
+		"Authorization: Bearer " + c.Key + "\r\n\r\n5\r\n{\"a\":\r\nzz-not-hex\r\n\r\n"
 	if got := rawHTTP(t, c.APIURL, agent); got >= 500 {
 		t.Errorf("malformed chunked body to the agent proxy: %d, want a 4xx", got)
 	}
 
 	big := fmt.Sprintf(`{"project":%q}`, strings.Repeat("p", 5<<20))
-	resp, body := rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes", map[string]string{"Authorization": "Bearer " + c.key}, big)
+	resp, body := e2e.RawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes", map[string]string{"Authorization": "Bearer " + c.Key}, big)
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "this route allows") {
 		t.Errorf("5 MiB body on a control route: %d %s, want 429 naming the bound", resp.StatusCode, string(body[:min(len(body), 300)]))
 	}
 
-	resp, body = rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes",
-		map[string]string{"Authorization": "Bearer " + c.key, "X-API-Key": "dsec_someone_else"}, "{}")
+	resp, body = e2e.RawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes",
+		map[string]string{"Authorization": "Bearer " + c.Key, "X-API-Key": "dsec_someone_else"}, "{}")
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "two different keys") {
 		t.Errorf("two keys: %d %s, want 400", resp.StatusCode, body)
 	}
-	resp, _ = rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes",
-		map[string]string{"Authorization": "Bearer " + c.key, "X-API-Key": c.key}, "{}")
+	resp, _ = e2e.RawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes",
+		map[string]string{"Authorization": "Bearer " + c.Key, "X-API-Key": c.Key}, "{}")
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the same key twice: %d, want 200", resp.StatusCode)
 	}
@@ -148,13 +149,13 @@ func TestBrokenAndOversizedBodiesAreTheClientsError(t *testing.T) {
 // memory cgroup is: 262 bytes of it per open file, measured here).
 func TestHostWideLimitsAreSet(t *testing.T) {
 	testutil.RequireRoot(t)
-	startCluster(t, "container")
+	e2e.StartCluster(t, "container")
 	tm, err := os.ReadFile("/proc/sys/kernel/threads-max")
 	if err != nil {
 		t.Fatal(err)
 	}
 	n, _ := strconv.ParseInt(strings.TrimSpace(string(tm)), 10, 64)
-	if got, want := nodeCgroups().TasksMax(), strconv.FormatInt(oci.SandboxThreadBound(n), 10); got != want {
+	if got, want := e2e.NodeCgroups().TasksMax(), strconv.FormatInt(oci.SandboxThreadBound(n), 10); got != want {
 		t.Errorf("the sandboxes' pids.max: %q, want %s (threads-max %d less the node's reserve)", got, want, n)
 	}
 	if fm, _ := os.ReadFile("/proc/sys/fs/file-max"); strings.TrimSpace(string(fm)) != "9223372036854775807" {

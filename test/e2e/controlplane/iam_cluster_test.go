@@ -1,4 +1,4 @@
-package e2e
+package controlplane
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/iam"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // TestIAMReplicasAsDaemons runs three `dsec iam` processes with
@@ -20,7 +21,7 @@ import (
 // its state and follows, that a replica can be removed, and that the port
 // refuses a certificate of another role.
 func TestIAMReplicasAsDaemons(t *testing.T) {
-	bin := dsecBinary(t)
+	bin := e2e.DsecBinary(t)
 	dir := t.TempDir()
 	pkiDir := filepath.Join(dir, "pki")
 	run := func(args ...string) (string, error) {
@@ -154,5 +155,5 @@ func TestIAMReplicasAsDaemons(t *testing.T) {
 // freeAddr returns a loopback address with a port nothing listens on now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	return fmt.Sprintf("127.0.0.1:%d", e2e.FreePort(t))
 }

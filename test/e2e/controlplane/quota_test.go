@@ -1,4 +1,4 @@
-package e2e
+package controlplane
 
 import (
 	"bytes"
@@ -9,33 +9,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/test/e2e"
 )
-
-// project makes path (its parent must exist) with quota and returns a
-// member client of it.
-func (c *cluster) project(t *testing.T, parent, name string, q *iamv1.Quota) *client.Client {
-	t.Helper()
-	ctx := ctxT(t)
-	if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: parent, Name: name, Quota: q})); err != nil {
-		t.Fatal(err)
-	}
-	r, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: parent + "/" + name, Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.APIURL, r.Msg.Secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cl
-}
 
 // burst sends n creates at once and counts successes and quota refusals;
 // any other error fails the test.
@@ -49,7 +30,7 @@ func burst(t *testing.T, cl *client.Client, n int, spec func() *sandboxv1.Sandbo
 		go func() {
 			defer wg.Done()
 			<-start
-			_, err := cl.Create(ctxT(t), spec())
+			_, err := cl.Create(e2e.Ctx(t), spec())
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -76,7 +57,7 @@ func sized(cpu float64, mem int64) func() *sandboxv1.SandboxSpec {
 // Concurrent creates never take a project past its quota, whichever limit
 // binds, and the count stays right once the watcher's view catches up.
 func TestQuotaHoldsUnderConcurrency(t *testing.T) {
-	c := startCluster(t, "fake")
+	c := e2e.StartCluster(t, "fake")
 	cases := []struct {
 		name  string
 		quota *iamv1.Quota
@@ -89,7 +70,7 @@ func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cl := c.project(t, "root", "q-"+tc.name, tc.quota)
+			cl := c.Project(t, "root", "q-"+tc.name, tc.quota)
 			ok, refused := burst(t, cl, 24, tc.spec)
 			if ok != tc.want || refused != 24-tc.want {
 				t.Fatalf("24 concurrent creates against a quota for %d: %d made, %d refused", tc.want, ok, refused)
@@ -107,10 +88,10 @@ func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 // A quota binds a whole subtree: creates in two children without quotas
 // of their own share their parent's.
 func TestNestedQuotaBindsTheSubtree(t *testing.T) {
-	c := startCluster(t, "fake")
-	c.project(t, "root", "n", &iamv1.Quota{MaxSandboxes: 3})
-	x := c.project(t, "root/n", "x", nil)
-	y := c.project(t, "root/n", "y", nil)
+	c := e2e.StartCluster(t, "fake")
+	c.Project(t, "root", "n", &iamv1.Quota{MaxSandboxes: 3})
+	x := c.Project(t, "root/n", "x", nil)
+	y := c.Project(t, "root/n", "y", nil)
 	var wg sync.WaitGroup
 	var okX, okY int
 	wg.Add(2)
@@ -125,9 +106,9 @@ func TestNestedQuotaBindsTheSubtree(t *testing.T) {
 // A fork asks for all its copies at once: refused whole when they do not
 // fit, allowed when they do; the source counts.
 func TestForkCountsAgainstQuota(t *testing.T) {
-	c := startCluster(t, "fake")
-	cl := c.project(t, "root", "f", &iamv1.Quota{MaxSandboxes: 3})
-	ctx := ctxT(t)
+	c := e2e.StartCluster(t, "fake")
+	cl := c.Project(t, "root", "f", &iamv1.Quota{MaxSandboxes: 3})
+	ctx := e2e.Ctx(t)
 	src, err := cl.Create(ctx, sized(0.1, 64)())
 	if err != nil {
 		t.Fatal(err)
@@ -152,11 +133,11 @@ func TestForkCountsAgainstQuota(t *testing.T) {
 // Such a poll counts the sandbox, and the apiserver counted it too until the
 // next one: the third of three creates against a quota of three was refused.
 func TestSequentialCreatesFillTheQuota(t *testing.T) {
-	c := startClusterWith(t, "", func(cfg *embed.Config) {
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
 		cfg.Backends["fake"] = map[string]string{"create_delay": "1200ms"}
 	}, "fake")
-	cl := c.project(t, "root", "seq", &iamv1.Quota{MaxSandboxes: 3})
-	ctx := ctxT(t)
+	cl := c.Project(t, "root", "seq", &iamv1.Quota{MaxSandboxes: 3})
+	ctx := e2e.Ctx(t)
 	for i := 1; i <= 3; i++ {
 		if _, err := cl.Create(ctx, sized(0.1, 64)()); err != nil {
 			t.Fatalf("create %d of 3: %v", i, err)
@@ -173,15 +154,15 @@ func TestSequentialCreatesFillTheQuota(t *testing.T) {
 // sends its reservations to the leader), against a quota of 50: exactly 50
 // are made, and every other one is refused naming the project and limit.
 func TestQuotaAcrossTwoAPIServers(t *testing.T) {
-	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
 	if len(c.APIURLs) != 2 {
 		t.Fatalf("apiservers: %v", c.APIURLs)
 	}
-	ctx := ctxT(t)
-	if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: "fifty", Quota: &iamv1.Quota{MaxSandboxes: 50}})); err != nil {
+	ctx := e2e.Ctx(t)
+	if _, err := c.Client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: "fifty", Quota: &iamv1.Quota{MaxSandboxes: 50}})); err != nil {
 		t.Fatal(err)
 	}
-	key, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/fifty", Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
+	key, err := c.Client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/fifty", Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,9 +230,9 @@ func TestQuotaAcrossTwoAPIServers(t *testing.T) {
 // idempotency key, through either apiserver, at once or one after
 // another, make one sandbox and all answer with it.
 func TestIdempotentCreatesAcrossAPIServers(t *testing.T) {
-	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
-	ctx := ctxT(t)
-	apis := apiClients(t, c, c.key)
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.APIServers = 2 }, "fake")
+	ctx := e2e.Ctx(t)
+	apis := e2e.APIClients(t, c, c.Key)
 	create := func(cl *client.Client, key string) (string, error) {
 		req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: sized(0.1, 64)()})
 		req.Header().Set(client.IdempotencyHeader, key)
@@ -308,9 +289,9 @@ func TestIdempotentCreatesAcrossAPIServers(t *testing.T) {
 // the room is gone, the projects list shows the use, and removing an image
 // gives its room back.
 func TestStorageQuotaBindsImportsAndSnapshots(t *testing.T) {
-	c := startCluster(t, "fake")
-	ctx := ctxT(t)
-	member := c.project(t, "root", "st", &iamv1.Quota{StorageMb: 2})
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
+	member := c.Project(t, "root", "st", &iamv1.Quota{StorageMb: 2})
 	ref, _ := image.ParseRef("root/busybox:latest")
 	im, err := c.Images.Resolve(ref)
 	if err != nil {
@@ -330,15 +311,15 @@ func TestStorageQuotaBindsImportsAndSnapshots(t *testing.T) {
 	if err := upload("root/st/two:1"); err == nil || !strings.Contains(err.Error(), "resource_exhausted") || !strings.Contains(err.Error(), "storage quota of project root/st") {
 		t.Fatalf("a second copy past the quota: %v, want refused naming the quota", err)
 	}
-	if _, err := c.client.Images.GetImage(ctx, connect.NewRequest(&imagev1.GetImageRequest{Name: "root/st/two:1"})); connect.CodeOf(err) != connect.CodeNotFound {
+	if _, err := c.Client.Images.GetImage(ctx, connect.NewRequest(&imagev1.GetImageRequest{Name: "root/st/two:1"})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("the refused import is named: %v", err)
 	}
-	got, err := c.client.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root/st"}))
+	got, err := c.Client.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root/st"}))
 	if err != nil || got.Msg.Project.Usage.StorageMb < 1 || got.Msg.Project.Usage.StorageMb > 2 || got.Msg.Project.Quota.StorageMb != 2 {
 		t.Fatalf("the project's storage: %+v, %v; want 1-2 of 2 MiB", got, err)
 	}
 	// With the quota below what it holds, a snapshot is refused.
-	if _, err := c.client.IAM.SetQuota(ctx, connect.NewRequest(&iamv1.SetQuotaRequest{Path: "root/st", Quota: &iamv1.Quota{StorageMb: 1}})); err != nil {
+	if _, err := c.Client.IAM.SetQuota(ctx, connect.NewRequest(&iamv1.SetQuotaRequest{Path: "root/st", Quota: &iamv1.Quota{StorageMb: 1}})); err != nil {
 		t.Fatal(err)
 	}
 	sb, err := member.Create(ctx, sized(0.1, 64)())

@@ -1,4 +1,4 @@
-package e2e
+package sandboxes
 
 import (
 	"encoding/json"
@@ -13,36 +13,18 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/test/e2e"
 )
-
-// waitFailed waits until the sandbox is reported failed and returns the
-// reason and how long it took.
-func waitFailed(t *testing.T, c *cluster, id string, since time.Time) (string, time.Duration) {
-	t.Helper()
-	for time.Since(since) < 20*time.Second {
-		got, err := c.client.Sandboxes.GetSandbox(ctxT(t), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
-			return got.Msg.Sandbox.Message, time.Since(since)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("sandbox %s still not reported failed %v after it died", id, time.Since(since))
-	return "", 0
-}
 
 // longCall starts a command that would run a minute and returns a channel
 // with its result.
 func longCall(t *testing.T, sb *client.Sandbox) chan error {
 	done := make(chan error, 1)
 	go func() {
-		_, err := sb.Run(ctxT(t), &agentv1.ProcessConfig{Args: []string{"sleep", "60"}})
+		_, err := sb.Run(e2e.Ctx(t), &agentv1.ProcessConfig{Args: []string{"sleep", "60"}})
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond) // let it reach the agent
@@ -52,9 +34,9 @@ func longCall(t *testing.T, sb *client.Sandbox) chan error {
 // checkDead asserts what a dead sandbox must show: failed with a reason,
 // soon; a call in flight and a new call end at once; the other sandbox
 // answers.
-func checkDead(t *testing.T, c *cluster, sb, other *client.Sandbox, killed time.Time, inflight chan error, want string) {
+func checkDead(t *testing.T, c *e2e.Cluster, sb, other *client.Sandbox, killed time.Time, inflight chan error, want string) {
 	t.Helper()
-	reason, took := waitFailed(t, c, sb.ID, killed)
+	reason, took := e2e.WaitFailed(t, c, sb.ID, killed)
 	t.Logf("reported failed after %v: %s", took.Round(time.Millisecond), reason)
 	if !strings.Contains(reason, want) {
 		t.Errorf("reason %q, want it to say %q", reason, want)
@@ -68,15 +50,15 @@ func checkDead(t *testing.T, c *cluster, sb, other *client.Sandbox, killed time.
 		t.Error("the call in flight still hangs 10 s after the sandbox died")
 	}
 	start := time.Now()
-	if _, err := sb.Shell(ctxT(t), "true"); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), want) {
+	if _, err := sb.Shell(e2e.Ctx(t), "true"); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), want) {
 		t.Errorf("a new call: %v", err)
 	} else if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("a new call took %v to fail", d)
 	}
-	if r := shell(t, other, "echo alive"); string(r.Stdout) != "alive\n" {
+	if r := e2e.Shell(t, other, "echo alive"); string(r.Stdout) != "alive\n" {
 		t.Errorf("the other sandbox: %q", r.Stdout)
 	}
-	if err := sb.Stop(ctxT(t)); err != nil {
+	if err := sb.Stop(e2e.Ctx(t)); err != nil {
 		t.Errorf("stop a failed sandbox: %v", err)
 	}
 }
@@ -98,13 +80,13 @@ func pidsOf(t *testing.T, s string) []int {
 
 // victimAndNeighbour creates two sandboxes of spec: the one a test ends,
 // and one beside it that must go on answering.
-func victimAndNeighbour(t *testing.T, c *cluster, spec *sandboxv1.SandboxSpec) (victim, neighbour *client.Sandbox) {
+func victimAndNeighbour(t *testing.T, c *e2e.Cluster, spec *sandboxv1.SandboxSpec) (victim, neighbour *client.Sandbox) {
 	t.Helper()
-	victim, err := c.client.Create(ctxT(t), spec)
+	victim, err := c.Client.Create(e2e.Ctx(t), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	neighbour, err = c.client.Create(ctxT(t), spec)
+	neighbour, err = c.Client.Create(e2e.Ctx(t), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,10 +95,10 @@ func victimAndNeighbour(t *testing.T, c *cluster, spec *sandboxv1.SandboxSpec) (
 
 // The host kills a container's agent: the sandbox is failed at once.
 func TestContainerWhoseAgentIsKilledIsReportedFailed(t *testing.T) {
-	c := containerCluster(t)
-	sb, other := victimAndNeighbour(t, c, containerSpec())
+	c := e2e.ContainerCluster(t)
+	sb, other := victimAndNeighbour(t, c, ContainerSpec())
 	inflight := longCall(t, sb)
-	out, err := exec.Command("crun", "--root", filepath.Join(c.cfg.StateDir, "edge", "backends", "container", "crun"), "state", sb.ID).Output()
+	out, err := exec.Command("crun", "--root", filepath.Join(c.Cfg.StateDir, "edge", "backends", "container", "crun"), "state", sb.ID).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +115,7 @@ func TestContainerWhoseAgentIsKilledIsReportedFailed(t *testing.T) {
 
 // The host kills a gVisor sandbox's runsc processes: failed at once.
 func TestGvisorWhoseRuntimeIsKilledIsReportedFailed(t *testing.T) {
-	c := gvisorCluster(t)
+	c := e2e.GvisorCluster(t)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
 	sb, other := victimAndNeighbour(t, c, spec)
 	inflight := longCall(t, sb)
@@ -152,8 +134,8 @@ func TestGvisorWhoseRuntimeIsKilledIsReportedFailed(t *testing.T) {
 // nothing in it answers, SIGCONT through runsc included; it is reported
 // failed with the reason at the first unanswered health check.
 func TestGvisorWhoseSentryIsStoppedIsReportedFailed(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
 	sb, other := victimAndNeighbour(t, c, spec)
 	var sentry []int
@@ -170,7 +152,7 @@ func TestGvisorWhoseSentryIsStoppedIsReportedFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Kill(sentry[0], syscall.SIGKILL) }) //nolint:errcheck // it may be gone
-	msg, took := waitFailed(t, c, sb.ID, stopped)
+	msg, took := e2e.WaitFailed(t, c, sb.ID, stopped)
 	t.Logf("reported failed %v after the SIGSTOP: %s", took.Round(time.Millisecond), msg)
 	if !strings.Contains(msg, "stopped by a signal on the node") {
 		t.Errorf("reason: %q, want it to say the runtime was stopped on the node", msg)
@@ -185,21 +167,21 @@ func TestGvisorWhoseSentryIsStoppedIsReportedFailed(t *testing.T) {
 // by the host's OOM killer at its limit and the sentry's reserve, and
 // reported so, with that limit.
 func TestGvisorOutOfMemoryIsReportedWithTheLimit(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{MemoryMb: 128}}
-	sb, err := c.client.Create(ctx, spec)
+	sb, err := c.Client.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
+	other, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Files in /tmp live in the sandbox's memory under gVisor.
 	done := make(chan error, 1)
 	go func() {
-		_, err := sb.Run(ctxT(t), &agentv1.ProcessConfig{Args: []string{"sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=1024"}})
+		_, err := sb.Run(e2e.Ctx(t), &agentv1.ProcessConfig{Args: []string{"sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=1024"}})
 		done <- err
 	}()
 	started := time.Now()

@@ -1,4 +1,4 @@
-package e2e
+package controlplane
 
 import (
 	"encoding/json"
@@ -9,36 +9,33 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
-func fakeSpec() *sandboxv1.SandboxSpec {
-	return &sandboxv1.SandboxSpec{Backend: "fake", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256}}
-}
-
 func TestAuthentication(t *testing.T) {
-	c := startCluster(t, "fake")
+	c := e2e.StartCluster(t, "fake")
 	bad, _ := client.New(c.APIURL, "dsec_not_a_key")
-	_, err := bad.Create(ctxT(t), fakeSpec())
+	_, err := bad.Create(e2e.Ctx(t), e2e.FakeSpec())
 	if connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("bad key: %v", err)
 	}
-	resp, body := rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes", nil, "{}")
+	resp, body := e2e.RawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/ListSandboxes", nil, "{}")
 	if resp.StatusCode != 401 || !strings.Contains(string(body), "missing API key") {
 		t.Fatalf("no key: %d %s", resp.StatusCode, body)
 	}
 	// The agent proxy authenticates too.
-	resp, _ = rawPost(t, c.APIURL+"/opendsec.agent.v1.ProcessService/Run", map[string]string{"Dsec-Sandbox-Id": "aaaaaaaa-aaaaaaaaaaaaaaaa"}, "{}")
+	resp, _ = e2e.RawPost(t, c.APIURL+"/opendsec.agent.v1.ProcessService/Run", map[string]string{"Dsec-Sandbox-Id": "aaaaaaaa-aaaaaaaaaaaaaaaa"}, "{}")
 	if resp.StatusCode != 401 {
 		t.Fatalf("agent call without key: %d", resp.StatusCode)
 	}
 }
 
 func TestBadRequestsNameTheFieldAndLeaveNothing(t *testing.T) {
-	c := startCluster(t, "fake")
+	c := e2e.StartCluster(t, "fake")
 	cases := map[string]struct {
 		mut  func(*sandboxv1.SandboxSpec)
 		code connect.Code
@@ -55,39 +52,39 @@ func TestBadRequestsNameTheFieldAndLeaveNothing(t *testing.T) {
 	for name, tc := range cases {
 		var spec *sandboxv1.SandboxSpec
 		if tc.mut != nil {
-			spec = fakeSpec()
+			spec = e2e.FakeSpec()
 			tc.mut(spec)
 		}
-		_, err := c.client.Create(ctxT(t), spec)
+		_, err := c.Client.Create(e2e.Ctx(t), spec)
 		if connect.CodeOf(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want %v containing %q", name, err, tc.code, tc.want)
 		}
 	}
-	list, err := c.client.Sandboxes.ListSandboxes(ctxT(t), connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	list, err := c.Client.Sandboxes.ListSandboxes(e2e.Ctx(t), connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	if err != nil || len(list.Msg.Sandboxes) != 0 {
 		t.Fatalf("sandboxes after bad requests: %v, %v", list, err)
 	}
-	ents, _ := os.ReadDir(filepath.Join(c.cfg.StateDir, "edge", "sandboxes"))
+	ents, _ := os.ReadDir(filepath.Join(c.Cfg.StateDir, "edge", "sandboxes"))
 	if len(ents) != 0 {
 		t.Fatalf("%d sandbox directories left", len(ents))
 	}
 	// Malformed JSON is a clear error, not a crash.
-	resp, body := rawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/CreateSandbox", map[string]string{"Authorization": "Bearer " + c.key}, `{"spec": {"resources": {"cpuCores": "lots"}}}`)
+	resp, body := e2e.RawPost(t, c.APIURL+"/opendsec.sandbox.v1.SandboxService/CreateSandbox", map[string]string{"Authorization": "Bearer " + c.Key}, `{"spec": {"resources": {"cpuCores": "lots"}}}`)
 	if resp.StatusCode != 400 || !strings.Contains(string(body), "invalid_argument") {
 		t.Fatalf("bad JSON: %d %s", resp.StatusCode, body)
 	}
 }
 
 func TestProjectsQuotasAndIsolation(t *testing.T) {
-	c := startCluster(t, "fake")
-	ctx := ctxT(t)
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
 	for _, name := range []string{"a", "b"} {
-		if _, err := c.client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: name, Quota: &iamv1.Quota{MaxSandboxes: 2}})); err != nil {
+		if _, err := c.Client.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root", Name: name, Quota: &iamv1.Quota{MaxSandboxes: 2}})); err != nil {
 			t.Fatal(err)
 		}
 	}
 	keyFor := func(project string) *client.Client {
-		r, err := c.client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: project, Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
+		r, err := c.Client.IAM.CreateAPIKey(ctx, connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: project, Name: "k", Role: iamv1.Role_ROLE_MEMBER}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +92,7 @@ func TestProjectsQuotasAndIsolation(t *testing.T) {
 		return cl
 	}
 	a, b := keyFor("root/a"), keyFor("root/b")
-	sa, err := a.Create(ctx, fakeSpec())
+	sa, err := a.Create(ctx, e2e.FakeSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +103,7 @@ func TestProjectsQuotasAndIsolation(t *testing.T) {
 	if _, err := b.Sandbox(sa.ID).Shell(ctx, "true"); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("b ran a command in a's sandbox: %v", err)
 	}
-	resp, _ := rawPost(t, c.APIURL+"/opendsec.agent.v1.ProcessService/Run", map[string]string{
+	resp, _ := e2e.RawPost(t, c.APIURL+"/opendsec.agent.v1.ProcessService/Run", map[string]string{
 		"X-API-Key": bKeyOf(t, c, b), "Dsec-Sandbox-Id": sa.ID, "Dsec-Scope": "root",
 	}, `{"process":{"args":["true"]}}`)
 	if resp.StatusCode != 404 {
@@ -122,22 +119,22 @@ func TestProjectsQuotasAndIsolation(t *testing.T) {
 	if _, err := a.IAM.CreateProject(ctx, connect.NewRequest(&iamv1.CreateProjectRequest{Parent: "root/a", Name: "x"})); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("member created a project: %v", err)
 	}
-	if _, err := a.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: fakeSpec(), Project: "root/b"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+	if _, err := a.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: e2e.FakeSpec(), Project: "root/b"})); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("a created in b: %v", err)
 	}
 	if _, err := a.ImportImage(ctx, "root/b/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), "permission_denied") {
 		t.Fatalf("a imported into b: %v", err)
 	}
 	// Quota: two sandboxes allowed in root/a.
-	if _, err := a.Create(ctx, fakeSpec()); err != nil {
+	if _, err := a.Create(ctx, e2e.FakeSpec()); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.Create(ctx, fakeSpec())
+	_, err = a.Create(ctx, e2e.FakeSpec())
 	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "quota of project root/a: 2 of 2 sandboxes") {
 		t.Fatalf("third sandbox: %v", err)
 	}
 	// The admin sees everything; each member only its own.
-	all, _ := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	all, _ := c.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	mine, _ := b.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	if len(all.Msg.Sandboxes) != 3 || len(mine.Msg.Sandboxes) != 1 {
 		t.Fatalf("admin sees %d, b sees %d", len(all.Msg.Sandboxes), len(mine.Msg.Sandboxes))
@@ -145,9 +142,9 @@ func TestProjectsQuotasAndIsolation(t *testing.T) {
 }
 
 // bKeyOf recovers the secret of a client (for raw requests).
-func bKeyOf(t *testing.T, c *cluster, cl *client.Client) string {
+func bKeyOf(t *testing.T, c *e2e.Cluster, cl *client.Client) string {
 	t.Helper()
-	r, err := c.client.IAM.CreateAPIKey(ctxT(t), connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/b", Name: "raw"}))
+	r, err := c.Client.IAM.CreateAPIKey(e2e.Ctx(t), connect.NewRequest(&iamv1.CreateAPIKeyRequest{Project: "root/b", Name: "raw"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,24 +152,24 @@ func bKeyOf(t *testing.T, c *cluster, cl *client.Client) string {
 }
 
 func TestListFiltersAndPages(t *testing.T) {
-	c := startCluster(t, "fake")
-	ctx := ctxT(t)
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
 	for i := 0; i < 5; i++ {
-		s := fakeSpec()
+		s := e2e.FakeSpec()
 		s.Resources.CpuCores = 0.5
 		s.Metadata = map[string]string{"parity": []string{"even", "odd"}[i%2]}
 		s.Task = "t1"
 		if i == 4 {
 			s.Task = "t2"
 		}
-		if _, err := c.client.Create(ctx, s); err != nil {
+		if _, err := c.Client.Create(ctx, s); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var seen []string
 	token := ""
 	for {
-		r, err := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageSize: 2, PageToken: token}))
+		r, err := c.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageSize: 2, PageToken: token}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,20 +183,20 @@ func TestListFiltersAndPages(t *testing.T) {
 	if len(seen) != 5 {
 		t.Fatalf("paged through %d sandboxes", len(seen))
 	}
-	r, _ := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{Task: "t1", Metadata: map[string]string{"parity": "even"}}))
+	r, _ := c.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{Task: "t1", Metadata: map[string]string{"parity": "even"}}))
 	if len(r.Msg.Sandboxes) != 2 {
 		t.Fatalf("filtered list has %d", len(r.Msg.Sandboxes))
 	}
-	_, err := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageToken: "garbage"}))
+	_, err := c.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{PageToken: "garbage"}))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("bad page token: %v", err)
 	}
 }
 
 func TestImportThroughAPI(t *testing.T) {
-	c := startCluster(t, "fake")
-	ctx := ctxT(t)
-	ref, _ := imageRef("root/busybox:latest")
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
+	ref, _ := image.ParseRef("root/busybox:latest")
 	im, err := c.Images.Resolve(ref)
 	if err != nil {
 		t.Fatal(err)
@@ -213,19 +210,19 @@ func TestImportThroughAPI(t *testing.T) {
 	f, _ = os.Open(archive)
 	defer f.Close()
 	fi, _ := f.Stat()
-	out, err := c.client.ImportImage(ctx, "root/copied:v1", f, fi.Size())
+	out, err := c.Client.ImportImage(ctx, "root/copied:v1", f, fi.Size())
 	if err != nil || out["digest"] != im.Digest.String() {
 		t.Fatalf("import = %v, %v", out, err)
 	}
-	if _, err := c.client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), `paths start at "root"`) {
+	if _, err := c.Client.ImportImage(ctx, "other/x:1", strings.NewReader("x"), 1); err == nil || !strings.Contains(err.Error(), `paths start at "root"`) {
 		t.Fatalf("import into a project outside the tree: %v", err)
 	}
-	if _, err := c.client.ImportImage(ctx, "root/junk:1", strings.NewReader("not an archive at all"), 21); err == nil || !strings.Contains(err.Error(), "invalid_argument") {
+	if _, err := c.Client.ImportImage(ctx, "root/junk:1", strings.NewReader("not an archive at all"), 21); err == nil || !strings.Contains(err.Error(), "invalid_argument") {
 		t.Fatalf("import of junk: %v", err)
 	}
-	s := fakeSpec()
+	s := e2e.FakeSpec()
 	s.Image = "root/copied:v1"
-	sb, err := c.client.Create(ctx, s)
+	sb, err := c.Client.Create(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,20 +235,20 @@ func TestImportThroughAPI(t *testing.T) {
 }
 
 func TestTimeToLiveAndSetTimeout(t *testing.T) {
-	c := startCluster(t, "fake")
-	ctx := ctxT(t)
-	s := fakeSpec()
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
+	s := e2e.FakeSpec()
 	s.TimeoutSeconds = 1
-	sb, err := c.client.Create(ctx, s)
+	sb, err := c.Client.Create(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keep, err := c.client.Create(ctx, s)
+	keep, err := c.Client.Create(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	firstExpiry := keep.Info.ExpiresAt.AsTime()
-	set, err := c.client.Sandboxes.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: keep.ID, TimeoutSeconds: 600}))
+	set, err := c.Client.Sandboxes.SetSandboxTimeout(ctx, connect.NewRequest(&sandboxv1.SetSandboxTimeoutRequest{SandboxId: keep.ID, TimeoutSeconds: 600}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +257,7 @@ func TestTimeToLiveAndSetTimeout(t *testing.T) {
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		_, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+		_, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 		if connect.CodeOf(err) == connect.CodeNotFound {
 			break
 		}
@@ -276,7 +273,7 @@ func TestTimeToLiveAndSetTimeout(t *testing.T) {
 	if _, err := keep.Shell(ctx, "true"); err != nil {
 		t.Fatalf("the sandbox whose timeout was extended is gone: %v", err)
 	}
-	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: keep.ID}))
+	got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: keep.ID}))
 	if err != nil || !got.Msg.Sandbox.ExpiresAt.AsTime().Equal(set.Msg.Sandbox.ExpiresAt.AsTime()) {
 		t.Fatalf("expiry after the sweep: %v, %v; want %v", got, err, set.Msg.Sandbox.ExpiresAt.AsTime())
 	}
@@ -285,11 +282,11 @@ func TestTimeToLiveAndSetTimeout(t *testing.T) {
 // Through the API, a key of one project can do nothing to another
 // project's sandbox or snapshot: every call answers as if it did not exist.
 func TestOtherProjectsRefusedThroughTheAPI(t *testing.T) {
-	c := startCluster(t, "fake")
-	ctx := ctxT(t)
-	a := c.project(t, "root", "a", nil)
-	b := c.project(t, "root", "b", nil)
-	sb, err := a.Create(ctx, fakeSpec())
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
+	a := c.Project(t, "root", "a", nil)
+	b := c.Project(t, "root", "b", nil)
+	sb, err := a.Create(ctx, e2e.FakeSpec())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package e2e
+package controlplane
 
 import (
 	"context"
@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	watcherv1 "github.com/opendsec/opendsec/api/gen/opendsec/watcher/v1"
@@ -26,6 +25,7 @@ import (
 	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // daemons runs dsec processes for a test and shows their logs if it fails.
@@ -38,7 +38,7 @@ type daemons struct {
 }
 
 func newDaemons(t *testing.T, dir string) *daemons {
-	d := &daemons{t: t, bin: dsecBinary(t), dir: dir, procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
+	d := &daemons{t: t, bin: e2e.DsecBinary(t), dir: dir, procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
 	t.Cleanup(func() {
 		for name := range d.procs {
 			d.stop(name)
@@ -125,10 +125,10 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	testutil.RequireBinary(t, "runsc")
 	testutil.RequireBinary(t, "busybox")
 	dir := t.TempDir()
-	// The drill takes over two minutes (ctxT's bound).
+	// The drill takes over two minutes (Ctx's bound).
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	storeDir := busyboxStore(t, dir)
+	storeDir := e2e.BusyboxStore(t, dir)
 	d := newDaemons(t, dir)
 	pkiDir := filepath.Join(dir, "pki")
 	run := func(args ...string) {
@@ -264,7 +264,7 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	var made []*client.Sandbox
 	t.Cleanup(func() {
 		for _, sb := range made {
-			sb.Stop(ctxT(t)) //nolint:errcheck // best effort
+			sb.Stop(e2e.Ctx(t)) //nolint:errcheck // best effort
 		}
 	})
 	create := func(n int) {

@@ -1,4 +1,4 @@
-package e2e
+package hostile
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // TestPauseTaskOffloadsAndResumesTransparently: a task of gvisor and
@@ -27,8 +27,8 @@ import (
 // resume_task brings all back, each with its shell session's in-memory
 // variable and its file; paused again, a plain call brings each back.
 func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
 	type member struct {
 		sb      *client.Sandbox
 		backend string
@@ -37,7 +37,7 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 	}
 	var members []*member
 	for i, backend := range []string{"gvisor", "container", "gvisor", "container"} {
-		sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: "rollout-7"})
+		sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: "rollout-7"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,22 +46,22 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := &member{sb: sb, backend: backend, session: sess.Msg.Session.Id}
-		m.secret = strings.TrimSpace(string(runIn(t, sb, m.session, fmt.Sprintf("SECRET=%d-$RANDOM$RANDOM; echo $SECRET", i))))
-		shell(t, sb, "echo "+m.secret+" > /root/secret")
+		m.secret = strings.TrimSpace(string(e2e.RunIn(t, sb, m.session, fmt.Sprintf("SECRET=%d-$RANDOM$RANDOM; echo $SECRET", i))))
+		e2e.Shell(t, sb, "echo "+m.secret+" > /root/secret")
 		members = append(members, m)
 	}
-	other, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Task: "rollout-8"})
+	other, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Task: "rollout-8"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A project's key pauses its own subtree only: the same task label
 	// in root (outside it) is not touched.
-	team := c.project(t, "root", "pausers", nil)
+	team := c.Project(t, "root", "pausers", nil)
 	if out, err := team.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE); err != nil || len(out.Results) != 0 {
 		t.Fatalf("another project's pause_task of the same label: %v %v", out, err)
 	}
 
-	out, err := c.client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+	out, err := c.Client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,25 +94,25 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 		t.Fatalf("total released %d, the results add up to %d", out.MemoryReleasedBytes, released)
 	}
 	t.Logf("pause_task(offload) of 2 gvisor + 2 container sandboxes gave back %d MiB", released>>20)
-	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: other.ID}))
+	got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: other.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("the other task's sandbox: %v %v", got, err)
 	}
 	// Pausing again does nothing more.
-	again, err := c.client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE)
+	again, err := c.Client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE)
 	if err != nil || len(again.Results) != 0 {
 		t.Fatalf("a second pause_task: %v %v", again, err)
 	}
 
-	c.restart(t)
-	ctx = ctxT(t)
+	c.Restart(t)
+	ctx = e2e.Ctx(t)
 	for _, m := range members {
-		got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: m.sb.ID}))
+		got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: m.sb.ID}))
 		if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 			t.Fatalf("%s after the restart: %v %v", m.sb.ID, got, err)
 		}
 	}
-	res, err := c.client.ResumeTask(ctx, "rollout-7")
+	res, err := c.Client.ResumeTask(ctx, "rollout-7")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,16 +125,16 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 		t.Fatalf("resume_task answered for %d, want %d", len(res.Results), len(members))
 	}
 	for _, m := range members {
-		sb := c.client.Sandbox(m.sb.ID)
-		if v := strings.TrimSpace(string(runIn(t, sb, m.session, "echo $SECRET"))); v != m.secret {
+		sb := c.Client.Sandbox(m.sb.ID)
+		if v := strings.TrimSpace(string(e2e.RunIn(t, sb, m.session, "echo $SECRET"))); v != m.secret {
 			t.Fatalf("%s (%s): the session's variable reads %q, want %q", m.sb.ID, m.backend, v, m.secret)
 		}
-		if v := strings.TrimSpace(string(shell(t, sb, "cat /root/secret").Stdout)); v != m.secret {
+		if v := strings.TrimSpace(string(e2e.Shell(t, sb, "cat /root/secret").Stdout)); v != m.secret {
 			t.Fatalf("%s (%s): the file reads %q", m.sb.ID, m.backend, v)
 		}
 	}
 	// A plain call resumes an offloaded sandbox by itself.
-	again, err = c.client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+	again, err = c.Client.PauseTask(ctx, "rollout-7", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,13 +151,13 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 		}
 	}
 	for _, m := range members {
-		sb := c.client.Sandbox(m.sb.ID)
-		if v := strings.TrimSpace(string(runIn(t, sb, m.session, "echo $SECRET"))); v != m.secret {
+		sb := c.Client.Sandbox(m.sb.ID)
+		if v := strings.TrimSpace(string(e2e.RunIn(t, sb, m.session, "echo $SECRET"))); v != m.secret {
 			t.Fatalf("%s (%s) after a call resumed it: %q, want %q", m.sb.ID, m.backend, v, m.secret)
 		}
 	}
 	for _, m := range append(members, &member{sb: other}) {
-		if err := c.client.Sandbox(m.sb.ID).Stop(context.Background()); err != nil {
+		if err := c.Client.Sandbox(m.sb.ID).Stop(context.Background()); err != nil {
 			t.Errorf("stop %s: %v", m.sb.ID, err)
 		}
 	}
@@ -190,14 +190,14 @@ func TestPreemptionDrill(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
 	testutil.RequireBinary(t, "crun")
-	node := newUpNode(t)
-	up := node.start(t)
+	node := e2e.NewUpNode(t)
+	up := node.Start(t)
 	defer func() {
 		if t.Failed() { // the sandboxes outlive dsec up: stop what is left
 			stopAll(t, up)
 		}
-		up.cmd.Process.Signal(syscall.SIGTERM)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGTERM)
+		up.Cmd.Wait()
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -218,7 +218,7 @@ func TestPreemptionDrill(t *testing.T) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sb, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: "preempted",
+			sb, err := up.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: "preempted",
 				Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 128, DiskMb: 64}})
 			if err != nil {
 				errs <- err
@@ -244,7 +244,7 @@ func TestPreemptionDrill(t *testing.T) {
 	}
 	t.Logf("60 sandboxes made and prepared in %v", time.Since(start).Round(time.Millisecond))
 	ask := func(id string) (string, string) {
-		sb := up.client.Sandbox(id)
+		sb := up.Client.Sandbox(id)
 		var served string
 		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 			r, err := sb.Shell(ctx, "nc 127.0.0.1 7000 </dev/null")
@@ -270,7 +270,7 @@ func TestPreemptionDrill(t *testing.T) {
 	time.Sleep(time.Second) // the node's memory settles after the creates
 	before := memAvailable(t)
 	began := time.Now()
-	out, err := up.client.PauseTask(ctx, "preempted", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+	out, err := up.Client.PauseTask(ctx, "preempted", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,13 +301,13 @@ func TestPreemptionDrill(t *testing.T) {
 		t.Fatalf("the node's MemAvailable rose %d MiB, less than a third of the %d MiB reported given back", gained>>20, out.MemoryReleasedBytes>>20)
 	}
 
-	up.cmd.Process.Signal(syscall.SIGKILL)
-	up.cmd.Wait()
+	up.Cmd.Process.Signal(syscall.SIGKILL)
+	up.Cmd.Wait()
 	restarted := time.Now()
-	up = node.start(t)
+	up = node.Start(t)
 	t.Logf("dsec up killed with SIGKILL and started again in %v", time.Since(restarted).Round(time.Millisecond))
 	for _, m := range members {
-		got, err := up.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: m.id}))
+		got, err := up.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: m.id}))
 		if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 			t.Fatalf("%s (%s) after kill -9 and restart: %v %v", m.id, m.backend, got, err)
 		}
@@ -321,7 +321,7 @@ func TestPreemptionDrill(t *testing.T) {
 	}
 	t.Logf("%d sandboxes resumed by a call and checked in %v", len(members)/2, time.Since(restarted).Round(time.Millisecond))
 	began = time.Now()
-	res, err := up.client.ResumeTask(ctx, "preempted")
+	res, err := up.Client.ResumeTask(ctx, "preempted")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,12 +346,12 @@ func TestPreemptionDrill(t *testing.T) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			if err := up.client.Sandbox(m.id).Stop(ctx); err != nil {
+			if err := up.Client.Sandbox(m.id).Stop(ctx); err != nil {
 				t.Errorf("stop %s: %v", m.id, err)
 			}
 		}()
 	}
 	wg.Wait()
 	t.Logf("60 sandboxes stopped in %v", time.Since(stopped).Round(time.Millisecond))
-	checkNodeClean(t, node.state, up.node)
+	checkNodeClean(t, node.State, up.Node)
 }

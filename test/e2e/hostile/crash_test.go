@@ -1,11 +1,9 @@
-package e2e
+package hostile
 
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,124 +14,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
-
-// upProcess is a `dsec up` of the test's own, run as a separate process so
-// it can be killed with SIGKILL.
-type upProcess struct {
-	cmd    *exec.Cmd
-	client *client.Client
-	node   string
-}
-
-// freePort finds a free port below the kernel's ephemeral range
-// (ip_local_port_range starts at 32768 by default). A port the kernel
-// handed out (":0") and the test closed could be handed out again to one of
-// dsec up's own ":0" listeners before dsec up binds its API to it: that
-// once failed a restart with "address already in use".
-// It never hands out a port twice (a test's daemons take theirs later).
-func freePort(t *testing.T) int {
-	handedMu.Lock()
-	defer handedMu.Unlock()
-	for i := 0; i < 100; i++ {
-		port := 20000 + rand.IntN(12000)
-		if handed[port] {
-			continue
-		}
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-			l.Close()
-			handed[port] = true
-			return port
-		}
-	}
-	t.Fatal("no free port in 20000-31999")
-	return 0
-}
-
-var (
-	handedMu sync.Mutex
-	handed   = map[int]bool{} // guarded by handedMu
-)
-
-// upNode is a state directory, and an image store with root/busybox, for
-// dsec up processes of a test's own, which it may kill and start again on
-// the same state.
-type upNode struct{ bin, state, store string }
-
-func newUpNode(t *testing.T) upNode {
-	t.Helper()
-	dir := t.TempDir()
-	n := upNode{bin: dsecBinary(t), state: filepath.Join(dir, "state"), store: filepath.Join(dir, "images")}
-	if out, err := exec.Command(n.bin, "image", "build", "busybox", "--store", n.store).CombinedOutput(); err != nil {
-		t.Fatalf("build busybox: %v: %s", err, out)
-	}
-	os.MkdirAll(n.state, 0o700)
-	return n
-}
-
-// start runs dsec up on the node's state (startUp).
-func (n upNode) start(t *testing.T, extra ...string) *upProcess {
-	return startUp(t, n.bin, n.state, n.store, extra...)
-}
-
-// startUp runs dsec up on state and waits until it serves; extra flags
-// come last, so they override the defaults (--backends container,gvisor).
-func startUp(t *testing.T, bin, state, store string, extra ...string) *upProcess {
-	t.Helper()
-	os.Remove(filepath.Join(state, "client.env"))
-	logf, err := os.OpenFile(filepath.Join(state, "dsec.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, "up", "--state-dir", state, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--e2b-listen", "",
-		"--image-store", store, "--agent", testutil.AgentBinary(t), "--backends", "container,gvisor")
-	cmd.Args = append(cmd.Args, extra...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	env := filepath.Join(state, "client.env")
-	for i := 0; ; i++ {
-		if _, err := os.Stat(env); err == nil {
-			break
-		}
-		if i == 600 {
-			cmd.Process.Kill()
-			t.Fatalf("dsec up did not start; log: %s", tailFile(filepath.Join(state, "dsec.log")))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	url, key := "", ""
-	data, _ := os.ReadFile(env)
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_URL="); ok {
-			url = v
-		}
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
-			key = v
-		}
-	}
-	cl, err := client.New(url, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, _ := os.ReadFile(filepath.Join(state, "edge", "node-id"))
-	return &upProcess{cmd: cmd, client: cl, node: strings.TrimSpace(string(node))}
-}
-
-func tailFile(p string) string {
-	data, _ := os.ReadFile(p)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
-}
 
 // Twenty times, dsec up is killed with SIGKILL at a random moment of
 // creates, stops and forks on both backends. Afterwards every sandbox it
@@ -144,18 +29,18 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
 	testutil.RequireBinary(t, "crun")
-	node := newUpNode(t)
+	node := e2e.NewUpNode(t)
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("seed %d", seed)
 	spec := func(backend string) *sandboxv1.SandboxSpec {
 		return &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.2, MemoryMb: 128, DiskMb: 64}}
 	}
-	var up *upProcess
+	var up *e2e.UpProcess
 	for round := 0; round < 20; round++ {
-		up = node.start(t)
+		up = node.Start(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		list, _ := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+		list, _ := up.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 		var existing []*sandboxv1.Sandbox
 		if list != nil {
 			existing = list.Msg.Sandboxes
@@ -164,25 +49,25 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			for _, b := range []string{"gvisor", "container"} {
 				wg.Add(1)
-				go func() { defer wg.Done(); up.client.Create(ctx, spec(b)) }() //nolint:errcheck // killed mid-way on purpose
+				go func() { defer wg.Done(); up.Client.Create(ctx, spec(b)) }() //nolint:errcheck // killed mid-way on purpose
 			}
 		}
 		for i, sb := range existing {
 			switch {
 			case i%3 == 0:
 				wg.Add(1)
-				go func() { defer wg.Done(); up.client.Sandbox(sb.Id).Stop(ctx) }() //nolint:errcheck // likewise
+				go func() { defer wg.Done(); up.Client.Sandbox(sb.Id).Stop(ctx) }() //nolint:errcheck // likewise
 			case i%3 == 1 && sb.Spec.Backend == "gvisor" && sb.State == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					up.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.Id, Count: 1})) //nolint:errcheck // likewise
+					up.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.Id, Count: 1})) //nolint:errcheck // likewise
 				}()
 			}
 		}
 		time.Sleep(time.Duration(100+rng.IntN(1400)) * time.Millisecond)
-		up.cmd.Process.Signal(syscall.SIGKILL)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGKILL)
+		up.Cmd.Wait()
 		cancel()
 		wg.Wait()
 	}
@@ -196,22 +81,22 @@ func TestKillDsecUpAnywhereLeavesNothingStuck(t *testing.T) {
 // next start finishes or undoes every one, and once all are stopped no
 // QEMU and no guest RAM of the node is left.
 func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
-	flags := microvmUpFlags(t)
-	node := newUpNode(t)
+	flags := e2e.MicrovmUpFlags(t)
+	node := e2e.NewUpNode(t)
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("seed %d", seed)
 	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 128, DiskMb: 64}}
 	for round := 0; round < 6; round++ {
-		up := node.start(t, flags...)
+		up := node.Start(t, flags...)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		list, _ := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+		list, _ := up.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 		var wg sync.WaitGroup
 		for range 2 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := up.client.Create(ctx, spec); err != nil && connect.CodeOf(err) != connect.CodeUnavailable && connect.CodeOf(err) != connect.CodeCanceled && !strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "connection reset") {
+				if _, err := up.Client.Create(ctx, spec); err != nil && connect.CodeOf(err) != connect.CodeUnavailable && connect.CodeOf(err) != connect.CodeCanceled && !strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "connection reset") {
 					t.Logf("create in round %d: %v", round, err) // other than the kill's
 				}
 			}()
@@ -222,18 +107,18 @@ func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					if i%2 == 0 || sb.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
-						up.client.Sandbox(sb.Id).Stop(ctx) //nolint:errcheck // likewise
+						up.Client.Sandbox(sb.Id).Stop(ctx) //nolint:errcheck // likewise
 						return
 					}
-					up.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.Id, Count: 1})) //nolint:errcheck // likewise
+					up.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: sb.Id, Count: 1})) //nolint:errcheck // likewise
 				}()
 			}
 		}
 		// A TCG boot takes seconds: the kill lands before QEMU starts,
 		// while it boots, or once the create is done.
 		time.Sleep(time.Duration(200+rng.IntN(4000)) * time.Millisecond)
-		up.cmd.Process.Signal(syscall.SIGKILL)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGKILL)
+		up.Cmd.Wait()
 		cancel()
 		wg.Wait()
 	}
@@ -245,15 +130,15 @@ func TestKillDsecUpDuringMicrovmCreatesLeavesNoVM(t *testing.T) {
 // failed, never stuck; then it stops them all and checks that nothing of
 // the node is left. what names the rounds in the log, with the dsec log's
 // lines that contain logged (if any).
-func settleAfterKills(t *testing.T, node upNode, what, logged string, extra ...string) {
+func settleAfterKills(t *testing.T, node e2e.UpNode, what, logged string, extra ...string) {
 	t.Helper()
-	up := node.start(t, extra...)
+	up := node.Start(t, extra...)
 	defer func() {
-		up.cmd.Process.Signal(syscall.SIGTERM)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGTERM)
+		up.Cmd.Wait()
 	}()
-	ctx := ctxT(t)
-	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	ctx := e2e.Ctx(t)
+	list, err := up.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +147,7 @@ func settleAfterKills(t *testing.T, node upNode, what, logged string, extra ...s
 		counts[sb.State.String()]++
 		switch sb.State {
 		case sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
-			if _, err := up.client.Sandbox(sb.Id).Shell(ctx, "true"); err != nil {
+			if _, err := up.Client.Sandbox(sb.Id).Shell(ctx, "true"); err != nil {
 				t.Errorf("%s is listed running but does not answer: %v", sb.Id, err)
 			}
 		case sandboxv1.SandboxState_SANDBOX_STATE_FAILED:
@@ -271,16 +156,16 @@ func settleAfterKills(t *testing.T, node upNode, what, logged string, extra ...s
 		}
 	}
 	if logged != "" {
-		t.Logf("%s: %v; log: %s", what, counts, linesWith(filepath.Join(node.state, "dsec.log"), logged))
+		t.Logf("%s: %v; log: %s", what, counts, linesWith(filepath.Join(node.State, "dsec.log"), logged))
 	} else {
 		t.Logf("%s: %v", what, counts)
 	}
 	for _, sb := range list.Msg.Sandboxes {
-		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
+		if err := up.Client.Sandbox(sb.Id).Stop(ctx); err != nil {
 			t.Errorf("stop %s: %v", sb.Id, err)
 		}
 	}
-	checkNodeClean(t, node.state, up.node)
+	checkNodeClean(t, node.State, up.Node)
 }
 
 // checkNodeClean asserts that nothing of node's sandboxes is left.
@@ -334,16 +219,16 @@ func checkNodeClean(t *testing.T, state, node string) {
 func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
-	node := newUpNode(t)
+	node := e2e.NewUpNode(t)
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("seed %d", seed)
 	outcomes := map[string]int{}
-	var up *upProcess
+	var up *e2e.UpProcess
 	for round := 0; round < 4; round++ {
-		up = node.start(t)
+		up = node.Start(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		src, err := up.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 128}})
+		src, err := up.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 128}})
 		if err != nil {
 			t.Fatalf("round %d: create: %v", round, err)
 		}
@@ -354,20 +239,20 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 		go func() {
 			defer close(done)
 			if round%2 == 0 {
-				up.client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID})) //nolint:errcheck // killed mid-way on purpose
+				up.Client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID})) //nolint:errcheck // killed mid-way on purpose
 			} else {
-				up.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 1})) //nolint:errcheck // likewise
+				up.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 1})) //nolint:errcheck // likewise
 			}
 		}()
 		time.Sleep(time.Duration(50+rng.IntN(700)) * time.Millisecond)
-		up.cmd.Process.Signal(syscall.SIGKILL)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGKILL)
+		up.Cmd.Wait()
 		<-done
 		cancel()
 
-		up = node.start(t)
+		up = node.Start(t)
 		ctx, cancel = context.WithTimeout(context.Background(), 60*time.Second)
-		got, err := up.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: src.ID}))
+		got, err := up.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: src.ID}))
 		switch {
 		case err != nil:
 			t.Errorf("round %d: the source is gone after the restart: %v", round, err)
@@ -379,7 +264,7 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 			t.Logf("round %d: the source failed: %s", round, got.Msg.Sandbox.Message)
 			outcomes["failed"]++
 		case got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING:
-			r, err := up.client.Sandbox(src.ID).Shell(ctx, "kill -0 $(cat /tmp/held.pid) && echo alive")
+			r, err := up.Client.Sandbox(src.ID).Shell(ctx, "kill -0 $(cat /tmp/held.pid) && echo alive")
 			if err != nil || strings.TrimSpace(string(r.Stdout)) != "alive" {
 				ps, _ := exec.Command("sh", "-c", "ps -eo pid,ppid,args | grep "+src.ID+" | grep -v grep; cat /sys/fs/cgroup/*/opendsec/"+src.ID+"*/cgroup.procs | sort -u").CombinedOutput()
 				t.Errorf("round %d: the source is listed running but its process is not: %v %v; ps: %s", round, r, err, ps)
@@ -389,29 +274,29 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 			t.Errorf("round %d: the source is stuck %v", round, got.Msg.Sandbox.State)
 		}
 		cancel()
-		up.cmd.Process.Signal(syscall.SIGTERM)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGTERM)
+		up.Cmd.Wait()
 	}
 	t.Logf("after 4 kills during snapshots and forks: %v", outcomes)
-	up = node.start(t)
+	up = node.Start(t)
 	defer func() {
-		up.cmd.Process.Signal(syscall.SIGTERM)
-		up.cmd.Wait()
+		up.Cmd.Process.Signal(syscall.SIGTERM)
+		up.Cmd.Wait()
 	}()
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	stopAll(t, up)
 	// Snapshots that were taken before a kill are the caller's; any other
 	// directory left is not.
-	snaps, err := up.client.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
+	snaps, err := up.Client.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range snaps.Msg.Snapshots {
-		if _, err := up.client.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: s.Id})); err != nil {
+		if _, err := up.Client.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&sandboxv1.DeleteSnapshotRequest{SnapshotId: s.Id})); err != nil {
 			t.Errorf("delete snapshot %s: %v", s.Id, err)
 		}
 	}
-	checkNodeClean(t, node.state, up.node)
+	checkNodeClean(t, node.State, up.Node)
 }
 
 // linesWith returns the lines of a log that name s.
@@ -427,15 +312,15 @@ func linesWith(path, s string) string {
 }
 
 // stopAll stops every sandbox up lists.
-func stopAll(t *testing.T, up *upProcess) {
+func stopAll(t *testing.T, up *e2e.UpProcess) {
 	t.Helper()
-	ctx := ctxT(t)
-	list, err := up.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	ctx := e2e.Ctx(t)
+	list, err := up.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, sb := range list.Msg.Sandboxes {
-		if err := up.client.Sandbox(sb.Id).Stop(ctx); err != nil {
+		if err := up.Client.Sandbox(sb.Id).Stop(ctx); err != nil {
 			t.Errorf("stop %s: %v", sb.Id, err)
 		}
 	}

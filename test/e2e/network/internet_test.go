@@ -1,4 +1,4 @@
-package e2e
+package network
 
 import (
 	"bufio"
@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
@@ -26,6 +25,7 @@ import (
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // TestSandboxNetwork: egress as the policy says and nothing more, on both
@@ -35,16 +35,13 @@ func TestSandboxNetwork(t *testing.T) {
 		return
 	}
 	in := newInternet(t)
-	store := pyStore(t)
-	runscNet, err := filepath.Abs("../../.cache/bin/runsc-net")
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := e2e.PyStore(t)
+	runscNet := filepath.Join(testutil.RepoRoot(t), ".cache", "bin", "runsc-net")
 	if _, err := os.Stat(runscNet); err != nil {
 		testutil.Missing(t, "the newer runsc for networked gVisor sandboxes is not built (make deps: scripts/build-runsc.sh): %v", err)
 	}
 	guest := testutil.GuestKernelDir(t)
-	c := startClusterWith(t, store, func(cfg *embed.Config) {
+	c := e2e.StartClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}
 		cfg.Backends["microvm"] = map[string]string{"guest": guest, "init": testutil.VMInitBinary(t)}
 		cfg.Network = &edge.NetworkConfig{Upstream: []string{in.web + ":53"}}
@@ -78,9 +75,9 @@ func TestSandboxNetwork(t *testing.T) {
 }
 
 // testNetworkCLI: dsec run --allow, dsec network and dsec port-forward.
-func testNetworkCLI(t *testing.T, c *cluster, in *internet) {
-	bin := dsecBinary(t)
-	env := append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.key)
+func testNetworkCLI(t *testing.T, c *e2e.Cluster, in *internet) {
+	bin := e2e.DsecBinary(t)
+	env := append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.Key)
 	run := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
@@ -92,7 +89,7 @@ func testNetworkCLI(t *testing.T, c *cluster, in *internet) {
 		return string(out)
 	}
 	id := strings.TrimSpace(run("run", "--image", "root/py:3.11", "--allow", "tcp "+in.web+":8080"))
-	sb := c.client.Sandbox(id)
+	sb := c.Client.Sandbox(id)
 	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
 	if out := run("network", id); !strings.Contains(out, "tcp "+in.web+"/32:8080") {
 		t.Fatalf("dsec network: %q", out)
@@ -133,10 +130,10 @@ func testNetworkCLI(t *testing.T, c *cluster, in *internet) {
 
 // testNoInternetProject: an operator switches the internet shorthand off
 // for a project subtree; rules still work there.
-func testNoInternetProject(t *testing.T, c *cluster) {
-	ctx := ctxT(t)
-	c.project(t, "root", "offline", &iamv1.Quota{NoInternet: true})
-	cl := c.project(t, "root/offline", "team", nil)
+func testNoInternetProject(t *testing.T, c *e2e.Cluster) {
+	ctx := e2e.Ctx(t)
+	c.Project(t, "root", "offline", &iamv1.Quota{NoInternet: true})
+	cl := c.Project(t, "root/offline", "team", nil)
 	_, err := cl.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Network: &sandboxv1.NetworkPolicy{Internet: true}})
 	if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "root/offline") {
 		t.Fatalf("internet in a no-internet subtree: %v", err)
@@ -147,7 +144,7 @@ func testNoInternetProject(t *testing.T, c *cluster) {
 	}
 	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
 	yes := true
-	for _, who := range []*client.Client{cl, c.client} { // the member, and root's admin
+	for _, who := range []*client.Client{cl, c.Client} { // the member, and root's admin
 		_, err = who.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(&sandboxv1.UpdateNetworkRequest{SandboxId: sb.ID, Internet: &yes}))
 		if connect.CodeOf(err) != connect.CodePermissionDenied {
 			t.Fatalf("switching the internet on in a no-internet subtree: %v", err)
@@ -157,36 +154,36 @@ func testNoInternetProject(t *testing.T, c *cluster) {
 
 // testE2BNetwork: E2B's network settings through the gateway, and a page
 // in the sandbox through the host E2B's getHost builds.
-func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
+func testE2BNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
 	key := e2bKey(t, c)
 	ctl := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
 	gw := c.GatewayURL
 	// What has no OpenDsec form is refused with the field named.
-	do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"denyOut":["1.2.3.0/24"]}}`)).errorBody(t, 400, "network.denyOut[0]")
-	do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"allowOut":["10.0.0.0/33"]}}`)).errorBody(t, 400, "network.rules[0]")
+	e2e.Do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"denyOut":["1.2.3.0/24"]}}`)).ErrorBody(t, 400, "network.denyOut[0]")
+	e2e.Do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"allowOut":["10.0.0.0/33"]}}`)).ErrorBody(t, 400, "network.rules[0]")
 
-	made := createE2B(t, gw, key, fmt.Sprintf(`{"templateID":"base","allow_internet_access":true,"network":{"allowOut":[%q]}}`, in.web))
-	t.Cleanup(func() { do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil) })
-	sb := c.client.Sandbox(made.SandboxID)
+	made := e2e.CreateE2B(t, gw, key, fmt.Sprintf(`{"templateID":"base","allow_internet_access":true,"network":{"allowOut":[%q]}}`, in.web))
+	t.Cleanup(func() { e2e.Do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil) })
+	sb := c.Client.Sandbox(made.SandboxID)
 	expectProbe(t, "e2b allowOut", sb, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}, {in.meta + ":80", "refused"}})
 	serveIn(t, sb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &", 8000)
 	var body struct {
 		Domain string `json:"domain"`
 	}
-	do(t, "POST", gw+"/sandboxes/"+made.SandboxID+"/connect", ctl, strings.NewReader(`{"timeout":300}`)).json(t, &body)
+	e2e.Do(t, "POST", gw+"/sandboxes/"+made.SandboxID+"/connect", ctl, strings.NewReader(`{"timeout":300}`)).JSON(t, &body)
 	if body.Domain == "" {
 		t.Fatal("connect answered no domain")
 	}
 	host := "8000-" + made.SandboxID + "." + body.Domain // E2B's getHost
-	if r := getHost(t, gw, host, ""); r.status != 200 || !strings.Contains(string(r.body), "Directory listing") {
-		t.Fatalf("GET through the sandbox host %s: %d %.200s", host, r.status, r.body)
+	if r := getHost(t, gw, host, ""); r.Status != 200 || !strings.Contains(string(r.Body), "Directory listing") {
+		t.Fatalf("GET through the sandbox host %s: %d %.200s", host, r.Status, r.Body)
 	}
 	// A request body still streaming when the answer began (gateway too).
-	serveIn(t, sb, serveEarlyAnswerCmd("8001"), 8001)
-	postAfterAnswer(t, testHTTP, gw+"/", "8001-"+made.SandboxID+"."+body.Domain)
+	serveIn(t, sb, e2e.ServeEarlyAnswerCmd("8001"), 8001)
+	e2e.PostAfterAnswer(t, e2e.HTTPClient, gw+"/", "8001-"+made.SandboxID+"."+body.Domain)
 	// The egress settings replaced at runtime (E2B's updateNetwork).
-	if r := do(t, "PUT", gw+"/sandboxes/"+made.SandboxID+"/network", ctl, strings.NewReader(fmt.Sprintf(`{"denyOut":["0.0.0.0/0"],"allowOut":[%q]}`, in.alt))); r.status != 204 {
-		t.Fatalf("update network: %d %s", r.status, r.body)
+	if r := e2e.Do(t, "PUT", gw+"/sandboxes/"+made.SandboxID+"/network", ctl, strings.NewReader(fmt.Sprintf(`{"denyOut":["0.0.0.0/0"],"allowOut":[%q]}`, in.alt))); r.Status != 204 {
+		t.Fatalf("update network: %d %s", r.Status, r.Body)
 	}
 	expectProbe(t, "e2b after update", sb, [][2]string{{in.web + ":8080", "refused"}, {in.alt + ":8080", "open"}})
 
@@ -195,30 +192,30 @@ func testE2BNetwork(t *testing.T, c *cluster, in *internet) {
 		SandboxID          string `json:"sandboxID"`
 		TrafficAccessToken string `json:"trafficAccessToken"`
 	}
-	r := do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"allowPublicTraffic":false}}`))
-	r.json(t, &private)
-	if r.status != 201 || private.TrafficAccessToken == "" {
-		t.Fatalf("create without public traffic: %d %s", r.status, r.body)
+	r := e2e.Do(t, "POST", gw+"/v2/sandboxes", ctl, strings.NewReader(`{"templateID":"base","network":{"allowPublicTraffic":false}}`))
+	r.JSON(t, &private)
+	if r.Status != 201 || private.TrafficAccessToken == "" {
+		t.Fatalf("create without public traffic: %d %s", r.Status, r.Body)
 	}
-	t.Cleanup(func() { do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil) })
-	psb := c.client.Sandbox(private.SandboxID)
+	t.Cleanup(func() { e2e.Do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil) })
+	psb := c.Client.Sandbox(private.SandboxID)
 	serveIn(t, psb, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &", 8000)
 	phost := "8000-" + private.SandboxID + "." + body.Domain
-	if r := getHost(t, gw, phost, ""); r.status != 403 {
-		t.Fatalf("GET without the traffic token: %d %.200s", r.status, r.body)
+	if r := getHost(t, gw, phost, ""); r.Status != 403 {
+		t.Fatalf("GET without the traffic token: %d %.200s", r.Status, r.Body)
 	}
-	if r := getHost(t, gw, phost, "wrong"); r.status != 403 {
-		t.Fatalf("GET with a wrong traffic token: %d %.200s", r.status, r.body)
+	if r := getHost(t, gw, phost, "wrong"); r.Status != 403 {
+		t.Fatalf("GET with a wrong traffic token: %d %.200s", r.Status, r.Body)
 	}
-	if r := getHost(t, gw, phost, private.TrafficAccessToken); r.status != 200 {
-		t.Fatalf("GET with the traffic token: %d %.200s", r.status, r.body)
+	if r := getHost(t, gw, phost, private.TrafficAccessToken); r.Status != 200 {
+		t.Fatalf("GET with the traffic token: %d %.200s", r.Status, r.Body)
 	}
 	// Once killed, its host answers as E2B's proxy does.
-	do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil)
+	e2e.Do(t, "DELETE", gw+"/sandboxes/"+private.SandboxID, ctl, nil)
 	r = getHost(t, gw, phost, private.TrafficAccessToken)
 	var gone apiErrorBody
-	if json.Unmarshal(r.body, &gone); r.status != 502 || gone.Code != 502 || gone.Message != "The sandbox was not found" || gone.SandboxID != private.SandboxID {
-		t.Fatalf("GET of a killed sandbox's host: %d %s", r.status, r.body)
+	if json.Unmarshal(r.Body, &gone); r.Status != 502 || gone.Code != 502 || gone.Message != "The sandbox was not found" || gone.SandboxID != private.SandboxID {
+		t.Fatalf("GET of a killed sandbox's host: %d %s", r.Status, r.Body)
 	}
 }
 
@@ -231,24 +228,24 @@ type apiErrorBody struct {
 
 // getHost GETs / from a sandbox host (E2B's getHost) at the gateway gw,
 // with a traffic access token if not empty.
-func getHost(t *testing.T, gw, host, token string) httpResult {
+func getHost(t *testing.T, gw, host, token string) e2e.HTTPResult {
 	t.Helper()
 	req, _ := http.NewRequest("GET", gw+"/", nil)
 	req.Host = host
 	if token != "" {
 		req.Header.Set("E2b-Traffic-Access-Token", token)
 	}
-	resp, err := testHTTP.Do(req)
+	resp, err := e2e.HTTPClient.Do(req)
 	if err != nil {
 		t.Fatalf("GET %s: %v", host, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return httpResult{resp.StatusCode, b, resp.Header}
+	return e2e.HTTPResult{Status: resp.StatusCode, Body: b, Header: resp.Header}
 }
 
 // e2bKey is the cluster's API key in E2B's format.
-func e2bKey(t *testing.T, c *cluster) string {
+func e2bKey(t *testing.T, c *e2e.Cluster) string {
 	t.Helper()
 	data, err := os.ReadFile(c.ClientEnv)
 	if err != nil {
@@ -263,14 +260,14 @@ func e2bKey(t *testing.T, c *cluster) string {
 	return ""
 }
 
-func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodePort int) {
+func testNetworkOn(t *testing.T, c *e2e.Cluster, in *internet, backend string, nodePort int) {
 	// One bound for all of it: a dozen creates and probes, which on microvm
-	// under TCG on a busy machine took 128 s (ctxT's 2 minutes ran out).
+	// under TCG on a busy machine took 128 s (Ctx's 2 minutes ran out).
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	create := func(p *sandboxv1.NetworkPolicy) *client.Sandbox {
 		t.Helper()
-		sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Network: p})
+		sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Network: p})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,7 +276,7 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	}
 	get := func(sb *client.Sandbox) *sandboxv1.Sandbox {
 		t.Helper()
-		resp, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+		resp, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,7 +288,7 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 
 	// pip install from an allowed index.
 	withIndex := create(&sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("pypi.test.example", "", "tcp", "8080")}})
-	r := shell(t, withIndex, pip)
+	r := e2e.Shell(t, withIndex, pip)
 	if r.ExitCode != 0 || strings.TrimSpace(string(r.Stdout)) != pkgValue {
 		t.Fatalf("pip install from the allowed index: exit %d, %q %q", r.ExitCode, r.Stdout, r.Stderr)
 	}
@@ -310,7 +307,7 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 
 	// Without the rule, pip fails cleanly.
 	bare := create(&sandboxv1.NetworkPolicy{})
-	r = shell(t, bare, pip)
+	r = e2e.Shell(t, bare, pip)
 	if r.ExitCode == 0 || strings.Contains(string(r.Stdout), pkgValue) {
 		t.Fatalf("pip install without a rule succeeded: %q", r.Stdout)
 	}
@@ -321,7 +318,7 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	update := func(req *sandboxv1.UpdateNetworkRequest) *sandboxv1.Sandbox {
 		t.Helper()
 		req.SandboxId = bare.ID
-		resp, err := c.client.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(req))
+		resp, err := c.Client.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(req))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -339,11 +336,11 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	// at create and in an update, naming the operator's setting.
 	for _, closed := range []string{in.meta, in.node} {
 		closedRule := []*sandboxv1.NetworkRule{rule("", closed, "tcp", "80")}
-		_, err := c.client.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(&sandboxv1.UpdateNetworkRequest{SandboxId: bare.ID, Add: closedRule}))
+		_, err := c.Client.Sandboxes.UpdateNetwork(ctx, connect.NewRequest(&sandboxv1.UpdateNetworkRequest{SandboxId: bare.ID, Add: closedRule}))
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), sandboxnet.AllowClosedFlag) {
 			t.Errorf("an update opening %s: %v, want invalid argument naming %s", closed, err, sandboxnet.AllowClosedFlag)
 		}
-		_, err = c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Network: &sandboxv1.NetworkPolicy{Rules: closedRule}})
+		_, err = c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Network: &sandboxv1.NetworkPolicy{Rules: closedRule}})
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), sandboxnet.AllowClosedFlag) {
 			t.Errorf("a create opening %s: %v, want invalid argument naming %s", closed, err, sandboxnet.AllowClosedFlag)
 		}
@@ -367,7 +364,7 @@ func testNetworkOn(t *testing.T, c *cluster, in *internet, backend string, nodeP
 	testAddressReuse(t, create, get)
 
 	// A request to a paused sandbox's port resumes it.
-	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: other.ID})); err != nil {
+	if _, err := c.Client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: other.ID})); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := other.PortClient().Get(other.PortURL(9000))
@@ -421,7 +418,7 @@ func testAddressReuse(t *testing.T, create func(*sandboxv1.NetworkPolicy) *clien
 		t.Fatalf("POST answered by %q, want %s", got, old.ID)
 	}
 	addr := get(old).NetworkAddress
-	if err := old.Stop(ctxT(t)); err != nil {
+	if err := old.Stop(e2e.Ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	// Addresses are handed out lowest first: within a few creates one
@@ -470,9 +467,9 @@ socketserver.ThreadingTCPServer(("0.0.0.0", 9001), H).serve_forever()
 // testInbound: HTTP, WebSocket and a port tunnel reach servers in a
 // sandbox through the apiserver with the key, and not without it unless
 // the sandbox is public; a paused sandbox is resumed by a request.
-func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sandbox) {
+func testInbound(t *testing.T, c *e2e.Cluster, sb *client.Sandbox, public *client.Sandbox) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	serveIn(t, sb, "cat > /tmp/ws.py <<'EOF'\n"+wsEchoServer+"\nEOF\nnohup python3 /tmp/ws.py >/tmp/ws.log 2>&1 &", 9001)
 	get := func(hc *http.Client, url string) (int, string) {
 		t.Helper()
@@ -489,8 +486,8 @@ func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sa
 		t.Fatalf("GET through the apiserver with the key: %d %.200s", code, body)
 	}
 	// A request body still streaming when the answer began (apiserver, edge).
-	serveIn(t, sb, serveEarlyAnswerCmd("9002"), 9002)
-	postAfterAnswer(t, sb.PortClient(), sb.PortURL(9002), "")
+	serveIn(t, sb, e2e.ServeEarlyAnswerCmd("9002"), 9002)
+	e2e.PostAfterAnswer(t, sb.PortClient(), sb.PortURL(9002), "")
 	if code, body := get(http.DefaultClient, sb.PortURL(9000)); code != http.StatusUnauthorized || !strings.Contains(body, "API key") {
 		t.Fatalf("GET without a key: %d %.200s", code, body)
 	}
@@ -516,7 +513,7 @@ func testInbound(t *testing.T, c *cluster, sb *client.Sandbox, public *client.Sa
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(30 * time.Second)) //nolint:errcheck // a net.Conn
-	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nX-API-Key: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", u.RequestURI(), u.Host, c.key)
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nX-API-Key: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", u.RequestURI(), u.Host, c.Key)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Sec-WebSocket-Accept") != "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" {
@@ -581,9 +578,9 @@ func heldBody(t *testing.T, sb *client.Sandbox, when string) string {
 
 // heldServing creates a gVisor sandbox allowed to reach in.web:8080 that
 // serves a value held in its memory on port 9000 (heldServer).
-func heldServing(t *testing.T, c *cluster, in *internet) *client.Sandbox {
+func heldServing(t *testing.T, c *e2e.Cluster, in *internet) *client.Sandbox {
 	t.Helper()
-	sb, err := c.client.Create(ctxT(t), &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
+	sb, err := c.Client.Create(e2e.Ctx(t), &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
 		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
 	if err != nil {
 		t.Fatal(err)
@@ -596,18 +593,18 @@ func heldServing(t *testing.T, c *cluster, in *internet) *client.Sandbox {
 // testOffloadWithNetwork: a networked gVisor sandbox offloaded (its memory
 // to disk) comes back, woken by a request to its port, with its address,
 // routes, policy and the server it ran, as it was.
-func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
-	ctx := ctxT(t)
+func testOffloadWithNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
+	ctx := e2e.Ctx(t)
 	sb := heldServing(t, c, in)
 	get := func(when string) string { return heldBody(t, sb, when) }
 	value := get("before the offload")
-	info, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
+	info, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := info.Msg.Sandbox.NetworkAddress
 	for round := 1; round <= 2; round++ {
-		p, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID, Depth: sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD}))
+		p, err := c.Client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.ID, Depth: sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD}))
 		if err != nil || p.Msg.Note != "" {
 			t.Fatalf("offload %d: %v %v", round, p, err)
 		}
@@ -616,7 +613,7 @@ func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
 		if got := get(fmt.Sprintf("after offload %d", round)); got != value {
 			t.Fatalf("after offload %d the server answers %q, want %q", round, got, value)
 		}
-		if out := string(shell(t, sb, "ip -4 -o addr show eth0; ip route").Stdout); !strings.Contains(out, addr+"/32") || !strings.Contains(out, "default via") {
+		if out := string(e2e.Shell(t, sb, "ip -4 -o addr show eth0; ip route").Stdout); !strings.Contains(out, addr+"/32") || !strings.Contains(out, "default via") {
 			t.Fatalf("after offload %d the sandbox's network is %q, want eth0 with %s and a default route", round, out, addr)
 		}
 		expectProbe(t, fmt.Sprintf("after offload %d", round), sb, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
@@ -626,19 +623,19 @@ func testOffloadWithNetwork(t *testing.T, c *cluster, in *internet) {
 // testForkWithNetwork: a gVisor sandbox that has used its network forks;
 // each copy has its own address, the source's policy, working egress,
 // the source's memory and its listening port reachable from outside.
-func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
-	ctx := ctxT(t)
+func testForkWithNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
+	ctx := e2e.Ctx(t)
 	src := heldServing(t, c, in)
 	// A connection out first: Debian's runsc could not checkpoint after one.
 	expectProbe(t, "source before the fork", src, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
 	body := func(sb *client.Sandbox) string { return heldBody(t, sb, "fork") }
 	value := body(src)
-	resp, err := c.client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
+	resp, err := c.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	addrs := map[string]bool{}
-	srcInfo, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: src.ID}))
+	srcInfo, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: src.ID}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -647,7 +644,7 @@ func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 		if r.Sandbox == nil {
 			t.Fatalf("copy %d: %s %s", i, r.ErrorCode, r.ErrorMessage)
 		}
-		cp := c.client.Sandbox(r.Sandbox.Id)
+		cp := c.Client.Sandbox(r.Sandbox.Id)
 		t.Cleanup(func() { cp.Stop(context.Background()) }) //nolint:errcheck // best effort
 		if a := r.Sandbox.NetworkAddress; a == "" || addrs[a] {
 			t.Fatalf("copy %d has address %q; taken: %v", i, a, addrs)
@@ -667,15 +664,15 @@ func testForkWithNetwork(t *testing.T, c *cluster, in *internet) {
 		t.Fatalf("the source serves %q after the fork, %q before", got, value)
 	}
 	// A snapshot restored later comes back the same way.
-	snap, err := c.client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID}))
+	snap, err := c.Client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	restored, err := c.client.Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snap.Msg.Snapshot.Id}))
+	restored, err := c.Client.Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snap.Msg.Snapshot.Id}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := c.client.Sandbox(restored.Msg.Sandbox.Id)
+	rs := c.Client.Sandbox(restored.Msg.Sandbox.Id)
 	t.Cleanup(func() { rs.Stop(context.Background()) }) //nolint:errcheck // best effort
 	if a := restored.Msg.Sandbox.NetworkAddress; a == "" || addrs[a] {
 		t.Fatalf("the restored sandbox has address %q; taken: %v", a, addrs)

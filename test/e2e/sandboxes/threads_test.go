@@ -1,4 +1,4 @@
-package e2e
+package sandboxes
 
 import (
 	"os"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // hostThreadsOf counts the host tasks of a gVisor sandbox: its runsc
@@ -28,16 +29,16 @@ func hostThreadsOf(t *testing.T, id string) int {
 // that holds many once it is quiet, and the count returns to its idle level
 // with the sandbox's state intact.
 func TestGvisorHostThreadsReturnToIdleAfterWaves(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{MemoryMb: 1024}})
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
+	sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{MemoryMb: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	shell(t, sb, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+	e2e.Shell(t, sb, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
 	idle := hostThreadsOf(t, sb.ID)
 	for w := 0; w < 2; w++ {
-		shell(t, sb, "for i in $(seq 200); do sleep 1 & done; wait")
+		e2e.Shell(t, sb, "for i in $(seq 200); do sleep 1 & done; wait")
 	}
 	peak := hostThreadsOf(t, sb.ID)
 	t.Logf("host threads: idle %d, after two waves of 200 %d", idle, peak)
@@ -52,7 +53,7 @@ func TestGvisorHostThreadsReturnToIdleAfterWaves(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("host threads back to %d", hostThreadsOf(t, sb.ID))
-	if r := shell(t, sb, "cat /root/mark; ps | grep -v grep | grep -c 'sleep 1000'"); string(r.Stdout) != "kept\n1\n" {
+	if r := e2e.Shell(t, sb, "cat /root/mark; ps | grep -v grep | grep -c 'sleep 1000'"); string(r.Stdout) != "kept\n1\n" {
 		t.Fatalf("state after compaction: %q", r.Stdout)
 	}
 }

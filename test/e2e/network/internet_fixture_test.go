@@ -1,4 +1,4 @@
-package e2e
+package network
 
 import (
 	"archive/zip"
@@ -18,12 +18,12 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // The network tests run in a node of their own: the test binary runs
@@ -226,7 +226,7 @@ print(" ".join(out))
 func probe(t *testing.T, sb *client.Sandbox, targets ...string) []string {
 	t.Helper()
 	args := append([]string{"python3", "-c", probeScript}, targets...)
-	r, err := sb.Run(ctxT(t), &agentv1.ProcessConfig{Args: args})
+	r, err := sb.Run(e2e.Ctx(t), &agentv1.ProcessConfig{Args: args})
 	if err != nil || r.ExitCode != 0 {
 		t.Fatalf("probe %v: %v (exit %d): %s", targets, err, r.GetExitCode(), r.GetStderr())
 	}
@@ -263,7 +263,7 @@ func rule(domain, cidr, proto string, ports ...string) *sandboxv1.NetworkRule {
 // waits up to 30 s for something to listen on port there.
 func serveIn(t *testing.T, sb *client.Sandbox, command string, port int) {
 	t.Helper()
-	shell(t, sb, command)
+	e2e.Shell(t, sb, command)
 	for deadline := time.Now().Add(30 * time.Second); probe(t, sb, fmt.Sprintf("127.0.0.1:%d", port))[0] != "open"; time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("nothing listens on port %d of %s after 30 s", port, sb.ID)

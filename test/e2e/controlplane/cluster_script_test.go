@@ -1,4 +1,4 @@
-package e2e
+package controlplane
 
 import (
 	"os"
@@ -8,12 +8,12 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // TestClusterScript runs scripts/cluster.sh: 3 IAM replicas, a watcher, 2
@@ -33,7 +33,7 @@ func TestClusterScript(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	storeDir := busyboxStore(t, dir)
+	storeDir := e2e.BusyboxStore(t, dir)
 	script := filepath.Join(repo, "scripts", "cluster.sh")
 	state := filepath.Join(dir, "cluster")
 	down := func() {
@@ -75,7 +75,7 @@ func TestClusterScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	nodes := map[string]bool{}
 	var made []*client.Sandbox
 	for range 9 {
@@ -131,7 +131,7 @@ func envValueOf(content, name string) string {
 // namespaces, which pull the snapshot from the source's edge at its
 // namespace's address, and carry its memory.
 func forkAcrossNamespaces(t *testing.T, cl *client.Client) {
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	src, err := cl.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.25, MemoryMb: 256}})
 	if err != nil {
 		t.Fatalf("gvisor create: %v", err)
@@ -140,7 +140,7 @@ func forkAcrossNamespaces(t *testing.T, cl *client.Client) {
 	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "X=held-$$; echo $X > /tmp/x; exec sleep 1000"}, Tag: "held"}})); err != nil {
 		t.Fatal(err)
 	}
-	want := shell(t, src, "for i in 1 2 3 4 5; do [ -s /tmp/x ] && break; sleep 0.2; done; cat /tmp/x; pidof sleep").Stdout
+	want := e2e.Shell(t, src, "for i in 1 2 3 4 5; do [ -s /tmp/x ] && break; sleep 0.2; done; cat /tmp/x; pidof sleep").Stdout
 	resp, err := cl.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2, Placement: sandboxv1.ForkPlacement_FORK_PLACEMENT_SPREAD}))
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func forkAcrossNamespaces(t *testing.T, cl *client.Client) {
 		if _, node, _ := sandboxid.Parse(r.Sandbox.Id); node != srcNode {
 			remote++
 		}
-		got := shell(t, cl.Sandbox(r.Sandbox.Id), "cat /tmp/x; pidof sleep").Stdout
+		got := e2e.Shell(t, cl.Sandbox(r.Sandbox.Id), "cat /tmp/x; pidof sleep").Stdout
 		if string(got) != string(want) {
 			t.Fatalf("copy %s reads %q, the source %q", r.Sandbox.Id, got, want)
 		}

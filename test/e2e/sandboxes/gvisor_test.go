@@ -1,4 +1,4 @@
-package e2e
+package sandboxes
 
 import (
 	"strings"
@@ -6,18 +6,18 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // A shell in a terminal ends with its exit status under gVisor, whose
 // terminals do not answer a master read with EIO when the shell exits.
 func TestGvisorPtyShellExits(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
+	sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,9 +56,9 @@ func TestGvisorPtyShellExits(t *testing.T) {
 // user without a rule is refused, the exit status comes back) and
 // coreutils' stat calls.
 func TestGvisorDebianImageTools(t *testing.T) {
-	c := gvisorPyCluster(t)
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11"})
+	c := e2e.GvisorPyCluster(t)
+	ctx := e2e.Ctx(t)
+	sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,35 +86,35 @@ func TestGvisorDebianImageTools(t *testing.T) {
 // a running one with its processes, a paused one still paused (frozen all
 // along) until a call resumes it.
 func TestGvisorRestartReattachesRunningAndPaused(t *testing.T) {
-	c := gvisorCluster(t)
-	ctx := ctxT(t)
+	c := e2e.GvisorCluster(t)
+	ctx := e2e.Ctx(t)
 	spec := &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest"}
-	running, err := c.client.Create(ctx, spec)
+	running, err := c.Client.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	paused, err := c.client.Create(ctx, spec)
+	paused, err := c.Client.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	shell(t, running, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
-	shell(t, paused, testutil.PauseProbe("/tmp/probe"))
+	e2e.Shell(t, running, "echo kept > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+	e2e.Shell(t, paused, testutil.PauseProbe("/tmp/probe"))
 	before := waitProbe(t, paused, "/tmp/probe", 3)
-	if _, err := c.client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: paused.ID})); err != nil {
+	if _, err := c.Client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: paused.ID})); err != nil {
 		t.Fatal(err)
 	}
 	pausedAt := time.Now()
-	c.restart(t)
-	got, err := c.client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: paused.ID}))
+	c.Restart(t)
+	got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: paused.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("paused sandbox after restart: %v, %v", got, err)
 	}
-	if r := shell(t, c.client.Sandbox(running.ID), "cat /root/mark; ps | grep -v grep | grep -q 'sleep 1000' && echo alive"); string(r.Stdout) != "kept\nalive\n" {
+	if r := e2e.Shell(t, c.Client.Sandbox(running.ID), "cat /root/mark; ps | grep -v grep | grep -q 'sleep 1000' && echo alive"); string(r.Stdout) != "kept\nalive\n" {
 		t.Fatalf("running sandbox after restart: %q %q", r.Stdout, r.Stderr)
 	}
 	time.Sleep(time.Until(pausedAt.Add(frozenFor)))
-	now := waitProbe(t, c.client.Sandbox(paused.ID), "/tmp/probe", before.Rounds)
-	after := waitProbe(t, c.client.Sandbox(paused.ID), "/tmp/probe", now.Rounds+1)
+	now := waitProbe(t, c.Client.Sandbox(paused.ID), "/tmp/probe", before.Rounds)
+	after := waitProbe(t, c.Client.Sandbox(paused.ID), "/tmp/probe", now.Rounds+1)
 	if after.LongGap < frozenFor-300*time.Millisecond {
 		t.Fatalf("the paused sandbox ran across the restart: longest gap %v", after.LongGap)
 	}

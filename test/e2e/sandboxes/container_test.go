@@ -1,72 +1,29 @@
-package e2e
+package sandboxes
 
 import (
-	"github.com/opendsec/opendsec/internal/cgroups"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
-func containerSpec() *sandboxv1.SandboxSpec {
+func ContainerSpec() *sandboxv1.SandboxSpec {
 	return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 200, Pids: 100}}
 }
 
-// assertNoLeaks checks the host for anything a sandbox of this cluster
-// could leave: mounts, cgroups, runtime state, processes, directories.
-// Sandbox ids start with the node's id, so every sandbox the cluster ever
-// made is covered, including ones whose id the test never saw; other
-// tests' sandboxes (other nodes) are not.
-func assertNoLeaks(t *testing.T, c *cluster) {
-	t.Helper()
-	node := string(c.Edge.Node())
-	// The edge keeps a few empty writable layers ready (marked warm).
-	mounts, _ := rootfs.MountsUnder(c.cfg.StateDir)
-	var left []string
-	for _, m := range mounts {
-		if _, err := os.Stat(m + ".warm"); err != nil {
-			left = append(left, m)
-		}
-	}
-	if len(left) != 0 {
-		t.Errorf("mounts left: %v", left)
-	}
-	if dirs := nodeCgroups().Children(node + "-"); len(dirs) != 0 {
-		t.Errorf("cgroups left: %v", dirs)
-	}
-	out, _ := exec.Command("ps", "-eo", "args").Output()
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line, node+"-") {
-			t.Errorf("a process of node %s is still running: %s", node, line)
-		}
-	}
-	out, err := exec.Command("crun", "--root", filepath.Join(c.cfg.StateDir, "edge", "backends", "container", "crun"), "list", "-q").Output()
-	if err != nil || strings.TrimSpace(string(out)) != "" {
-		t.Errorf("crun still lists containers: %q, %v", out, err)
-	}
-	ents, _ := os.ReadDir(filepath.Join(c.cfg.StateDir, "edge", "sandboxes"))
-	if len(ents) != 0 {
-		t.Errorf("%d sandbox directories left", len(ents))
-	}
-}
-
 func TestContainerSandboxEndToEnd(t *testing.T) {
-	c := containerCluster(t)
-	ctx := ctxT(t)
-	sb, err := c.client.Create(ctx, containerSpec())
+	c := e2e.ContainerCluster(t)
+	ctx := e2e.Ctx(t)
+	sb, err := c.Client.Create(ctx, ContainerSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Its own hostname and network namespace, and the requested memory
 	// limit (200 MiB) on its cgroup as it sees it.
-	r := shell(t, sb, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes; ls /sys/class/net")
+	r := e2e.Shell(t, sb, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes; ls /sys/class/net")
 	if got, want := strings.Fields(string(r.Stdout)), []string{sb.ID, "209715200", "lo"}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("hostname, memory limit and interfaces inside: %q %q, want %q", r.Stdout, r.Stderr, want)
 	}
@@ -75,7 +32,7 @@ func TestContainerSandboxEndToEnd(t *testing.T) {
 	if err != nil || r.ExitCode != 127 || !strings.Contains(string(r.Stderr), "not found") {
 		t.Fatalf("missing command: %+v %v", r, err)
 	}
-	r = shell(t, sb, "nosuchcmd")
+	r = e2e.Shell(t, sb, "nosuchcmd")
 	if r.ExitCode != 127 || !strings.Contains(string(r.Stderr), "not found") {
 		t.Fatalf("missing command in sh: %+v", r)
 	}
@@ -83,7 +40,7 @@ func TestContainerSandboxEndToEnd(t *testing.T) {
 	if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/data/x.txt", Data: []byte("payload")})); err != nil {
 		t.Fatal(err)
 	}
-	if got := shell(t, sb, "cat /root/data/x.txt"); string(got.Stdout) != "payload" {
+	if got := e2e.Shell(t, sb, "cat /root/data/x.txt"); string(got.Stdout) != "payload" {
 		t.Fatalf("file written through the API reads %q inside", got.Stdout)
 	}
 	// Endless output is capped.
@@ -105,50 +62,50 @@ func TestContainerSandboxEndToEnd(t *testing.T) {
 	if err := sb.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	assertNoLeaks(t, c)
+	e2e.AssertNoLeaks(t, c)
 }
 
 func TestRestartReattachesAndStopAllLeavesNothing(t *testing.T) {
-	c := containerCluster(t)
-	ctx := ctxT(t)
+	c := e2e.ContainerCluster(t)
+	ctx := e2e.Ctx(t)
 	var ids []string
 	for i := 0; i < 2; i++ {
-		sb, err := c.client.Create(ctx, containerSpec())
+		sb, err := c.Client.Create(ctx, ContainerSpec())
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, sb.ID)
-		shell(t, sb, "echo before-restart > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+		e2e.Shell(t, sb, "echo before-restart > /root/mark; sleep 1000 >/dev/null 2>&1 &")
 	}
-	c.restart(t)
+	c.Restart(t)
 	for _, id := range ids {
-		r := shell(t, c.client.Sandbox(id), "cat /root/mark; ps | grep -v grep | grep -q \"sleep 1000\" && echo sleeper-alive")
+		r := e2e.Shell(t, c.Client.Sandbox(id), "cat /root/mark; ps | grep -v grep | grep -q \"sleep 1000\" && echo sleeper-alive")
 		if string(r.Stdout) != "before-restart\nsleeper-alive\n" {
 			t.Fatalf("%s after restart: %q %q", id, r.Stdout, r.Stderr)
 		}
 	}
 	// Remove every sandbox, as `dsec stop --all` does.
-	list, err := c.client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
+	list, err := c.Client.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{}))
 	if err != nil || len(list.Msg.Sandboxes) != 2 {
 		t.Fatalf("list after restart: %v, %v", list, err)
 	}
 	for _, sb := range list.Msg.Sandboxes {
-		if _, err := c.client.Sandboxes.StopSandbox(ctx, connect.NewRequest(&sandboxv1.StopSandboxRequest{SandboxId: sb.Id})); err != nil {
+		if _, err := c.Client.Sandboxes.StopSandbox(ctx, connect.NewRequest(&sandboxv1.StopSandboxRequest{SandboxId: sb.Id})); err != nil {
 			t.Fatal(err)
 		}
 	}
-	assertNoLeaks(t, c)
+	e2e.AssertNoLeaks(t, c)
 }
 
 // A process that outgrows the sandbox's memory limit is killed by the
 // kernel's OOM killer inside the sandbox's cgroup; the sandbox and its
 // agent go on answering, and the host saw no OOM of its own.
 func TestOutOfMemoryKillStaysInsideTheLimit(t *testing.T) {
-	c := containerCluster(t)
-	ctx := ctxT(t)
-	spec := containerSpec()
+	c := e2e.ContainerCluster(t)
+	ctx := e2e.Ctx(t)
+	spec := ContainerSpec()
 	spec.Resources.MemoryMb = 64
-	sb, err := c.client.Create(ctx, spec)
+	sb, err := c.Client.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,21 +117,11 @@ func TestOutOfMemoryKillStaysInsideTheLimit(t *testing.T) {
 	if strings.Contains(string(r.Stdout), "survived") || (r.Signal != 9 && r.ExitCode != 137) {
 		t.Fatalf("the memory hog was not OOM-killed: exit %d signal %d, %q %q", r.ExitCode, r.Signal, r.Stdout, r.Stderr)
 	}
-	oom := shell(t, sb, "cat /sys/fs/cgroup/memory/memory.oom_control")
+	oom := e2e.Shell(t, sb, "cat /sys/fs/cgroup/memory/memory.oom_control")
 	if !strings.Contains(string(oom.Stdout), "oom_kill ") || strings.Contains(string(oom.Stdout), "oom_kill 0") {
 		t.Fatalf("the sandbox's cgroup recorded no OOM kill: %q", oom.Stdout)
 	}
-	if got := shell(t, sb, "echo still here"); string(got.Stdout) != "still here\n" {
+	if got := e2e.Shell(t, sb, "echo still here"); string(got.Stdout) != "still here\n" {
 		t.Fatalf("after the OOM kill: %q", got.Stdout)
 	}
-}
-
-// nodeCgroups is the cgroup layout of this machine, with the sandboxes'
-// default parent (the one startCluster's edges use).
-func nodeCgroups() *cgroups.Host {
-	h, err := cgroups.Detect(cgroups.DefaultRoot, "")
-	if err != nil {
-		panic(err)
-	}
-	return h
 }

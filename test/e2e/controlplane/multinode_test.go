@@ -1,4 +1,4 @@
-package e2e
+package controlplane
 
 import (
 	"strings"
@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
@@ -15,6 +14,7 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
 )
 
 // TestPlacementAcrossEdges runs 3 edges and 2 apiservers on the container
@@ -25,7 +25,7 @@ import (
 func TestPlacementAcrossEdges(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "crun")
-	c := startClusterWith(t, "", func(cfg *embed.Config) {
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
 		cfg.Edges, cfg.APIServers, cfg.PlacementK = 3, 2, 3
 		// Polls only when the test asks: the view is as stale as it wants.
 		cfg.WatchInterval = time.Hour
@@ -39,12 +39,12 @@ func TestPlacementAcrossEdges(t *testing.T) {
 			return capacity
 		}
 	}, "container")
-	ctx := ctxT(t)
+	ctx := e2e.Ctx(t)
 	if len(c.Edges) != 3 || len(c.APIURLs) != 2 {
 		t.Fatalf("edges %d, apiservers %v", len(c.Edges), c.APIURLs)
 	}
 	full := string(c.Edges[0].Node())
-	apis := apiClients(t, c, c.key)
+	apis := e2e.APIClients(t, c, c.Key)
 	spec := func() *sandboxv1.SandboxSpec {
 		return &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}}
 	}
@@ -99,7 +99,7 @@ func TestPlacementAcrossEdges(t *testing.T) {
 		if err != nil {
 			t.Fatalf("filling edge 1 (%d): %v", i, err)
 		}
-		t.Cleanup(func() { c.client.Sandbox(sb.Id).Stop(ctxT(t)) }) //nolint:errcheck // best effort
+		t.Cleanup(func() { c.Client.Sandbox(sb.Id).Stop(e2e.Ctx(t)) }) //nolint:errcheck // best effort
 	}
 	for i, api := range apis {
 		sb, err := api.Create(ctx, spec())
@@ -121,9 +121,9 @@ func TestGvisorAcrossEdges(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
 	testutil.RequireBinary(t, "busybox")
-	c := startClusterWith(t, "", func(cfg *embed.Config) { cfg.Edges, cfg.APIServers = 3, 2 }, "gvisor", "container")
-	ctx := ctxT(t)
-	apis := apiClients(t, c, c.key)
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.Edges, cfg.APIServers = 3, 2 }, "gvisor", "container")
+	ctx := e2e.Ctx(t)
+	apis := e2e.APIClients(t, c, c.Key)
 	nodes := map[string]int{}
 	var made []*client.Sandbox
 	for i := range 6 {
@@ -139,11 +139,11 @@ func TestGvisorAcrossEdges(t *testing.T) {
 		t.Fatalf("6 gvisor sandboxes on %d edge(s): %v", len(nodes), nodes)
 	}
 	src := made[0]
-	shell(t, src, "echo kept-in-memory > /tmp/state")
+	e2e.Shell(t, src, "echo kept-in-memory > /tmp/state")
 	if _, err := src.Process.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{Args: []string{"sleep", "1000"}, Tag: "held"}})); err != nil {
 		t.Fatal(err)
 	}
-	if r := shell(t, src, "ps -o args | grep -c '^sleep 1000'"); string(r.GetStdout()) != "1\n" {
+	if r := e2e.Shell(t, src, "ps -o args | grep -c '^sleep 1000'"); string(r.GetStdout()) != "1\n" {
 		t.Fatalf("the source's process: %q", r.GetStdout())
 	}
 	resp, err := apis[1].Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))

@@ -1,4 +1,4 @@
-package e2e
+package hostile
 
 import (
 	"bytes"
@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/test/e2e"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // FuzzAPIRequests sends arbitrary bodies to the request-decoding paths of
@@ -56,12 +56,12 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(13), []byte(`{"task":"fuzz","depth":99,"project":"root/../x"}`))
 	f.Add(uint8(14), []byte(`{"task":"`+strings.Repeat("t", 300)+`"}`))
 	f.Add(uint8(15), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","depth":"PAUSE_DEPTH_OFFLOAD"}`))
-	c := startCluster(f, "fake")
-	sb, err := c.client.Create(ctxTB(f), fakeSpec())
+	c := e2e.StartCluster(f, "fake")
+	sb, err := c.Client.Create(e2e.CtxTB(f), e2e.FakeSpec())
 	if err != nil {
 		f.Fatal(err)
 	}
-	auth := map[string]string{"Authorization": "Bearer " + c.key, "Dsec-Sandbox-Id": sb.ID}
+	auth := map[string]string{"Authorization": "Bearer " + c.Key, "Dsec-Sandbox-Id": sb.ID}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		m := methods[int(which)%len(methods)]
 		if strings.Contains(m, "ProcessService/Run") && strings.Contains(string(body), "args") {
@@ -73,14 +73,14 @@ func FuzzAPIRequests(f *testing.F) {
 			// every write that would decode inside the scratch directory.
 			body = confineWrite(body, scratch)
 		}
-		resp, out := rawPost(t, c.APIURL+m, auth, string(body))
+		resp, out := e2e.RawPost(t, c.APIURL+m, auth, string(body))
 		if resp.StatusCode >= 500 {
 			t.Fatalf("%s with %q: %d %s", m, body, resp.StatusCode, out)
 		}
 		if strings.HasSuffix(m, "CreateSandbox") && resp.StatusCode == 200 {
 			var created struct{ Sandbox struct{ Id string } }
 			json.Unmarshal(out, &created)
-			c.client.Sandbox(created.Sandbox.Id).Stop(ctxTB(t))
+			c.Client.Sandbox(created.Sandbox.Id).Stop(e2e.CtxTB(t))
 		}
 	})
 }
@@ -104,20 +104,20 @@ func FuzzGatewayRequests(f *testing.F) {
 	f.Add(uint8(7), []byte(`{"watcherId":"w../../x"}`))
 	f.Add(uint8(8), []byte(`{"count":0}`))
 	f.Add(uint8(9), []byte(`path=/etc/passwd&signature=v1_AAAA&signature_expiration=99999999999&username=root`))
-	c, gw, key := gatewayCluster(f)
-	sb := createE2B(f, gw, key, `{"templateID":"base"}`)
+	c, gw, key := e2e.GatewayCluster(f)
+	sb := e2e.CreateE2B(f, gw, key, `{"templateID":"base"}`)
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		ctl := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
 		envd := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken}
-		var r httpResult
+		var r e2e.HTTPResult
 		switch which % 10 {
 		case 0:
-			r = do(t, "POST", gw+"/v2/sandboxes", ctl, bytes.NewReader(body))
-			if r.status == 201 {
-				var made e2bSandbox
-				r.json(t, &made)
-				do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil)
+			r = e2e.Do(t, "POST", gw+"/v2/sandboxes", ctl, bytes.NewReader(body))
+			if r.Status == 201 {
+				var made e2e.E2BSandbox
+				r.JSON(t, &made)
+				e2e.Do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, ctl, nil)
 			}
 		case 1:
 			q := strings.Map(func(r rune) rune {
@@ -129,26 +129,26 @@ func FuzzGatewayRequests(f *testing.F) {
 			if _, err := url.Parse(gw + "/v2/sandboxes?" + q); err != nil {
 				return // not a URL a client could send
 			}
-			r = do(t, "GET", gw+"/v2/sandboxes?"+q, ctl, nil)
+			r = e2e.Do(t, "GET", gw+"/v2/sandboxes?"+q, ctl, nil)
 		case 2:
-			r = do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, bytes.NewReader(body))
 		case 3:
-			r = do(t, "POST", gw+"/v2/sandboxes/"+sb.SandboxID+"/connect", ctl, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/v2/sandboxes/"+sb.SandboxID+"/connect", ctl, bytes.NewReader(body))
 		case 4:
 			envd["Content-Type"] = "multipart/form-data; boundary=b"
-			r = do(t, "POST", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "up")), envd, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "up")), envd, bytes.NewReader(body))
 		case 5:
 			envd["Content-Type"] = "application/octet-stream"
 			envd["Content-Encoding"] = "gzip"
-			r = do(t, "POST", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "gz")), envd, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "gz")), envd, bytes.NewReader(body))
 		case 6:
 			envd["Content-Type"] = "application/json"
-			r = do(t, "POST", gw+"/filesystem.Filesystem/Stat", envd, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/filesystem.Filesystem/Stat", envd, bytes.NewReader(body))
 		case 7:
 			envd["Content-Type"] = "application/json"
-			r = do(t, "POST", gw+"/filesystem.Filesystem/GetWatcherEvents", envd, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/filesystem.Filesystem/GetWatcherEvents", envd, bytes.NewReader(body))
 		case 8:
-			r = do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/refreshes", ctl, bytes.NewReader(body))
+			r = e2e.Do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/refreshes", ctl, bytes.NewReader(body))
 		case 9:
 			// A signed file URL names no sandbox; a signature no sandbox's
 			// token makes is refused before anything is read.
@@ -161,21 +161,21 @@ func FuzzGatewayRequests(f *testing.F) {
 			if _, err := url.Parse(gw + "/files?" + q); err != nil {
 				return
 			}
-			r = do(t, "GET", gw+"/files?"+q, nil, nil)
-			if r.status == 200 {
+			r = e2e.Do(t, "GET", gw+"/files?"+q, nil, nil)
+			if r.Status == 200 {
 				t.Fatalf("a signed URL no sandbox signed was served: %q", q)
 			}
 		}
-		if r.status >= 500 && r.status != 501 {
-			t.Fatalf("route %d with %q: %d %s", which%10, body, r.status, r.body)
+		if r.Status >= 500 && r.Status != 501 {
+			t.Fatalf("route %d with %q: %d %s", which%10, body, r.Status, r.Body)
 		}
 		switch which % 10 {
 		case 2, 3, 8:
 			// These may have set the shared sandbox's time to live to a
 			// second ({"timeout":1}): it would end under the next inputs,
 			// whose calls E2B answers 502 then. Give it its hour back.
-			if r := do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, strings.NewReader(`{"timeout":3600}`)); r.status != 204 {
-				t.Fatalf("restore the shared sandbox's timeout after route %d with %q: %d %s", which%9, body, r.status, r.body)
+			if r := e2e.Do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, strings.NewReader(`{"timeout":3600}`)); r.Status != 204 {
+				t.Fatalf("restore the shared sandbox's timeout after route %d with %q: %d %s", which%9, body, r.Status, r.Body)
 			}
 		}
 	})
@@ -236,8 +236,8 @@ func FuzzPortRequests(f *testing.F) {
 	f.Add("GET", "x", "", "", "")
 	f.Add("POST", "../../../v1/images:import", "dsec_bogus", "Bearer x", "dsec-tcp")
 	f.Add("GET", "%2e%2e/%00", "", "Basic YTpi", "websocket")
-	c := startCluster(f, "fake")
-	sb, err := c.client.Create(ctxTB(f), fakeSpec())
+	c := e2e.StartCluster(f, "fake")
+	sb, err := c.Client.Create(e2e.CtxTB(f), e2e.FakeSpec())
 	if err != nil {
 		f.Fatal(err)
 	}
