@@ -159,6 +159,7 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 		e.release(sb)
 	}
 	sb.rec.State, sb.rec.Message = stateFailed, reason
+	sb.end()
 	if err := sb.save(); err != nil {
 		log.Error("save a failed sandbox's record", logging.Error, err)
 	}

@@ -37,7 +37,8 @@ type portKey struct{}
 type portCall struct {
 	sandbox string
 	port    string
-	target  string // addr:port
+	target  string          // addr:port
+	ended   context.Context // done once the sandbox failed or was removed
 }
 
 // dialSandboxPort dials "SANDBOXID:PORT" at the sandbox's current address.
@@ -91,12 +92,18 @@ func (e *Edge) PortProxy() http.Handler {
 			return
 		}
 		defer done()
+		// A request outlives its sandbox by nothing: a stream still open
+		// when the sandbox ends is cut, so its client learns at once.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(call.ended, cancel)()
+		r = r.WithContext(ctx)
 		if r.Header.Get("Upgrade") == TunnelProtocol {
 			e.tunnel(w, r, call)
 			return
 		}
 		rpcproxy.FullDuplex(w)
-		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portKey{}, call)))
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, portKey{}, call)))
 	})
 }
 
@@ -131,7 +138,7 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 		return portCall{}, nil, err
 	}
 	// A port request says nothing of the agent: it does not excuse a heartbeat.
-	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port))}, func() { sb.callEnded(false) }, nil
+	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port)), ended: sb.ended}, func() { sb.callEnded(false) }, nil
 }
 
 // lookupAny finds a sandbox by id alone, for public port requests.
@@ -173,6 +180,9 @@ func (e *Edge) tunnel(w http.ResponseWriter, r *http.Request, call portCall) {
 		return
 	}
 	defer client.Close()
+	// The splice below ends when either side closes; the request's context
+	// ending (the sandbox did) closes both.
+	defer context.AfterFunc(r.Context(), func() { conn.Close(); client.Close() })()
 	if _, err := buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + TunnelProtocol + "\r\n\r\n"); err != nil {
 		return
 	}

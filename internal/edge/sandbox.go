@@ -72,10 +72,16 @@ type sandbox struct {
 	// admitSeq is the usage change that counted it (Edge.usageSeq); set
 	// once, under the edge's mu, before anyone else sees the sandbox.
 	admitSeq uint64
+	// ended is done once the sandbox failed or was removed: what is
+	// connected to its ports is cut then, not left to TCP's keepalive
+	// (a VM's or gVisor's network stack ends without a FIN).
+	ended context.Context
+	end   context.CancelFunc
 }
 
 func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
 	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec, slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
+	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.proto(node))
 	return sb
 }
@@ -491,6 +497,7 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	}
 	e.forget(sb)
 	sb.removed = true
+	sb.end()
 	return nil
 }
 

@@ -362,6 +362,7 @@ func testNetworkOn(t *testing.T, c *e2e.Cluster, in *internet, backend string, n
 	})
 	testInbound(t, c, other, create(&sandboxv1.NetworkPolicy{AllowPublicTraffic: true}))
 	testAddressReuse(t, create, get)
+	testStreamCutWhenStopped(t, create(&sandboxv1.NetworkPolicy{}))
 
 	// A request to a paused sandbox's port resumes it.
 	if _, err := c.Client.Sandboxes.PauseSandbox(ctx, connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: other.ID})); err != nil {
@@ -374,6 +375,57 @@ func testNetworkOn(t *testing.T, c *e2e.Cluster, in *internet, backend string, n
 	resp.Body.Close()
 	if st := get(other).State; st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after a request to its port the sandbox is %v", st)
+	}
+}
+
+// streamServer answers a GET with one chunk, "first", and then nothing,
+// the connection held open.
+const streamServer = `
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"5\r\nfirst\r\n")
+        self.wfile.flush()
+        time.sleep(3600)
+http.server.ThreadingHTTPServer(("0.0.0.0", 9001), H).serve_forever()
+`
+
+// testStreamCutWhenStopped: a response still streaming from a port ends
+// when its sandbox is removed. gVisor's and a VM's network stacks end
+// without a FIN, so the edge's connection used to wait for TCP's keepalive
+// (about 150 s; an E2B Code Interpreter cell of a killed sandbox hung that
+// long). The bound below is that wait's fifth, not a speed target.
+func testStreamCutWhenStopped(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	serveIn(t, sb, "cat > /tmp/stream.py <<'EOF'\n"+streamServer+"EOF\nnohup python3 /tmp/stream.py >/dev/null 2>&1 &", 9001)
+	resp, err := sb.PortClient().Get(sb.PortURL(9001))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, 5)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first" {
+		t.Fatalf("the stream's first chunk: %q %v (status %d)", first, err, resp.StatusCode)
+	}
+	rest := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		rest <- err
+	}()
+	if err := sb.Stop(e2e.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-rest:
+		if err == nil {
+			t.Fatalf("the stream of a removed sandbox ended as if complete")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the stream of sandbox %s was still open 30 s after it was removed", sb.ID)
 	}
 }
 
