@@ -3,11 +3,13 @@ package e2b
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -133,14 +135,21 @@ func (g *Gateway) explain(ctx context.Context, err error) error {
 	got, gerr := g.sandbox.GetSandbox(qctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
 	switch {
 	case errdefs.Code(gerr) == connect.CodeNotFound:
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was not found", id))
+		return connect.NewError(connect.CodeUnavailable, sandboxGone(fmt.Sprintf("The sandbox %s was not found", id)))
 	case gerr == nil && got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING:
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s was killed", id))
+		// Being removed is gone already, as E2B tells it: "was not found"
+		// is what the SDKs read as not running.
+		return connect.NewError(connect.CodeUnavailable, sandboxGone(fmt.Sprintf("The sandbox %s was not found: it was killed", id)))
 	case gerr == nil && got.Msg.Sandbox.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED && got.Msg.Sandbox.Spec.GetExplicitResume():
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("The sandbox %s is paused and was created without auto-resume: connect to it to resume it", id))
 	}
 	return err
 }
+
+// sandboxGone is explain's message for a sandbox that was killed or ended.
+type sandboxGone string
+
+func (e sandboxGone) Error() string { return string(e) }
 
 // goneInterceptor applies explain to the envd services' errors.
 type goneInterceptor struct{ g *Gateway }
@@ -161,11 +170,39 @@ func (i goneInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) c
 
 func (i goneInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if err := next(ctx, conn); err != nil {
-			return errdefs.ToConnect(i.g.explain(ctx, err))
+		sc := &sendsSeen{StreamingHandlerConn: conn}
+		err := next(ctx, sc)
+		if err == nil {
+			return nil
 		}
-		return nil
+		err = i.g.explain(ctx, err)
+		var gone sandboxGone
+		if sc.sent.Load() && errors.As(err, &gone) {
+			// E2B's proxy drops the connection of a stream whose sandbox
+			// ends under it. The SDKs then probe /health, hear 502 "was
+			// not found", and say the sandbox "was killed or reached its
+			// end of life while the request was in flight"; an error at
+			// the stream's end would read as a timeout instead. A stream
+			// that never started answers the error.
+			i.g.log.Debug("cutting a stream whose sandbox ended", "sandbox", callOf(ctx).sandbox, "err", err)
+			panic(http.ErrAbortHandler)
+		}
+		return errdefs.ToConnect(err)
 	}
+}
+
+// sendsSeen notes whether a stream sent its client anything.
+type sendsSeen struct {
+	connect.StreamingHandlerConn
+	sent atomic.Bool
+}
+
+func (c *sendsSeen) Send(msg any) error {
+	err := c.StreamingHandlerConn.Send(msg)
+	if err == nil {
+		c.sent.Store(true)
+	}
+	return err
 }
 
 // basicUser reads the user from envd's "Authorization: Basic base64(user:)".

@@ -330,7 +330,10 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     await new Promise((r) => setTimeout(r, 1000))
     assert.equal(await Sandbox.kill(sb.sandboxId), true)
     await assert.rejects(handle.wait(), (err) => {
+      // As E2B's sandboxKilledDuringRun.test.ts: the connection is cut,
+      // the SDK's health probe hears the sandbox is gone, and says so.
       assert.equal(err.name, 'TimeoutError', `${err.name}: ${err.message}`)
+      assert.match(err.message, /sandbox was killed or reached its end of life/)
       return true
     })
   })
