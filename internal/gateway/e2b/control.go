@@ -139,8 +139,11 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	case req.IAM != nil:
 		writeStatus(w, http.StatusBadRequest, "iam: workload identity tokens are not supported")
 		return
-	case req.MCP != nil:
-		writeStatus(w, http.StatusBadRequest, "mcp: MCP gateways are not supported")
+	case req.MCP != nil && !isJSONObject(req.MCP):
+		// The SDKs start the MCP gateway themselves, by running
+		// mcp-gateway in the sandbox once it is made (and kill it when
+		// that fails): the field only has to be well formed.
+		writeStatus(w, http.StatusBadRequest, "mcp: an object of MCP server configurations is expected")
 		return
 	case len(req.VolumeMounts) > 0:
 		writeStatus(w, http.StatusBadRequest, "volumeMounts: volumes are not supported")
@@ -772,4 +775,10 @@ func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+// isJSONObject reports whether v, decoded from JSON, was an object.
+func isJSONObject(v any) bool {
+	_, ok := v.(map[string]any)
+	return ok
 }

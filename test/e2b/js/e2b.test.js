@@ -338,6 +338,18 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     })
   })
 
+  it('an MCP gateway that fails to start kills the created sandbox, as on E2B', async () => {
+    // As E2B's 'MCP gateway start failure kills the created sandbox': the SDK
+    // runs mcp-gateway in the new sandbox, which the base image lacks.
+    const metadata = { mcpCleanup: String(Date.now()) }
+    await assert.rejects(Sandbox.create('base', { timeoutMs: 60_000, metadata, mcp: { invalid_server: {} } }), (e) => {
+      assert.match(e.message, /Failed to start MCP gateway/)
+      return true
+    })
+    const left = await Sandbox.list({ query: { state: ['running'], metadata } }).nextItems()
+    assert.deepEqual(left, [])
+  })
+
   it('honours a shortened timeout on time', async () => {
     const sb = await create()
     await sb.setTimeout(2_000)

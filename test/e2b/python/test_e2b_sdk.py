@@ -506,6 +506,17 @@ def test_a_sandbox_killed_while_a_command_streams_says_so():
     assert "sandbox was killed or reached its end of life" in str(e.value), e.value
 
 
+def test_an_mcp_gateway_that_fails_to_start_kills_the_sandbox():
+    """The SDK starts the MCP gateway itself, running mcp-gateway in the new
+    sandbox; the base image lacks it, so the SDK kills the sandbox and says
+    so, as E2B does on its base template."""
+    metadata = {"mcpCleanup": str(time.time_ns())}
+    with pytest.raises(Exception, match="Failed to start MCP gateway"):
+        Sandbox.create("base", timeout=60, metadata=metadata, mcp={"invalid_server": {}})
+    left = Sandbox.list(query=SandboxQuery(metadata=metadata)).next_items()
+    assert left == []
+
+
 def test_a_shortened_timeout_is_honoured_on_time():
     """E2B's tests allow a second: a sandbox whose timeout is set to 2 s
     no longer answers 2.4 s later."""
