@@ -172,11 +172,10 @@ func eventTypeOf(t agentv1.FileEventType) envdfs.EventType {
 	return envdfs.EventType_EVENT_TYPE_UNSPECIFIED
 }
 
-// watch opens our WatchDir stream and waits for its start.
-func (s *fsService) watch(ctx context.Context, p string, recursive, entries, networkMounts bool) (*connect.ServerStreamForClient[agentv1.WatchDirResponse], error) {
-	if networkMounts {
-		return nil, errdefs.ToConnect(errdefs.Unsupported("watch with allow_network_mounts is not supported"))
-	}
+// watch opens our WatchDir stream and waits for its start. The agent
+// watches any directory, on a network mount too, so envd's
+// allow_network_mounts (0.6.4) is taken and needs nothing more.
+func (s *fsService) watch(ctx context.Context, p string, recursive, entries bool) (*connect.ServerStreamForClient[agentv1.WatchDirResponse], error) {
 	in, err := s.g.files.WatchDir(ctx, connect.NewRequest(&agentv1.WatchDirRequest{Path: resolve(callOf(ctx).user, p), Recursive: recursive, IncludeEntry: entries, User: callOf(ctx).user}))
 	if err != nil {
 		return nil, err
@@ -203,7 +202,7 @@ func (s *fsService) eventOf(ctx context.Context, ev *agentv1.FileEvent) *envdfs.
 
 func (s *fsService) WatchDir(ctx context.Context, req *connect.Request[envdfs.WatchDirRequest], stream *connect.ServerStream[envdfs.WatchDirResponse]) error {
 	m := req.Msg
-	in, err := s.watch(ctx, m.Path, m.Recursive, m.IncludeEntry, m.AllowNetworkMounts)
+	in, err := s.watch(ctx, m.Path, m.Recursive, m.IncludeEntry)
 	if err != nil {
 		return err
 	}
@@ -260,7 +259,7 @@ func (s *fsService) CreateWatcher(ctx context.Context, req *connect.Request[envd
 	call := callOf(ctx)
 	// The watch outlives this request.
 	wctx, cancel := context.WithCancel(context.WithValue(inSandbox(context.Background(), call.sandbox), envdKey{}, call))
-	in, err := s.watch(wctx, m.Path, m.Recursive, m.IncludeEntry, m.AllowNetworkMounts)
+	in, err := s.watch(wctx, m.Path, m.Recursive, m.IncludeEntry)
 	if err != nil {
 		cancel()
 		return nil, err

@@ -297,7 +297,7 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     const handle = await sb.files.watchDir('w', (e) => {
       events.push(e)
       if (e.name === 'end') ended()
-    }, { includeEntry: true })
+    }, { includeEntry: true, allowNetworkMounts: true }) // envd 0.6.4's flag is taken
     await sb.files.write('w/a.txt', 'first')
     await sb.files.write('w/a.txt', 'second, longer')
     await sb.files.write('w/end', '')

@@ -261,7 +261,9 @@ def test_polling_watcher_sees_each_write_once_as_it_returns(sandbox: Sandbox):
 def test_watch_with_entry_info(sandbox: Sandbox):
     # Issue 13 item 11: include_entry was refused (the SDK needs envd 0.6.3).
     sandbox.files.make_dir("entries")
-    w = sandbox.files.watch_dir("entries", include_entry=True)
+    # allow_network_mounts (envd 0.6.4) is taken: the agent watches any
+    # directory (E2B's test_watch_directory_changes_with_network_mounts_allowed).
+    w = sandbox.files.watch_dir("entries", include_entry=True, allow_network_mounts=True)
     sandbox.files.write("entries/f.txt", "12345")
     sandbox.files.remove("entries/f.txt")
     events = w.get_new_events()
