@@ -33,6 +33,9 @@ var codeInterpreterJSKernel []byte
 //go:embed codeinterpreter/jsrunner.js
 var codeInterpreterJSRunner []byte
 
+//go:embed codeinterpreter/ipython_startup.py
+var codeInterpreterIPythonStartup []byte
+
 // codeInterpreterDebianPackages are installed with apt (Node.js for the
 // JavaScript kernel); their .debs and apt's lists are kept in the cache.
 var codeInterpreterDebianPackages = []string{"nodejs"}
@@ -50,7 +53,7 @@ const (
 
 var codeInterpreterLabels = map[string]string{
 	image.LabelStart:      "exec python3 " + CodeInterpreterServerPath + " >>/tmp/code-interpreter.log 2>&1",
-	image.LabelStartUser:  "user",
+	image.LabelStartUser:  "root", // as E2B's template: kernels as root, in /home/user
 	image.LabelReady:      fmt.Sprintf("curl -sf -o /dev/null http://127.0.0.1:%d/health", CodeInterpreterPort),
 	image.LabelReadyLimit: "120s",
 }
@@ -129,8 +132,8 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 		{"", append(pip, "install", "-q", "--no-index", "--find-links", "/tmp/wheels", "--break-system-packages", "-r", "/tmp/requirements.txt")},
 		{"", []string{"python3", "-m", "bash_kernel.install", "--sys-prefix"}},
 		// Matplotlib builds its font cache on first import (seconds): do it
-		// here, in the home of the user the server runs as.
-		{"1000:1000", []string{"env", "HOME=/home/user", "python3", "-c", "import matplotlib.pyplot"}},
+		// here, in the home of the user the kernels run as.
+		{"", []string{"env", "HOME=/root", "python3", "-c", "import matplotlib.pyplot"}},
 	}
 	for _, s := range steps {
 		if err := chroot(ctx, root, s.user, s.args...); err != nil {
@@ -140,9 +143,10 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 	undo()
 	files := map[string][]byte{
 		CodeInterpreterServerPath: codeInterpreterServer,
-		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jskernel.py"): codeInterpreterJSKernel,
-		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jsrunner.js"): codeInterpreterJSRunner,
-		"/usr/local/share/jupyter/kernels/javascript/kernel.json":             []byte(jsKernelSpec),
+		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jskernel.py"):                                    codeInterpreterJSKernel,
+		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jsrunner.js"):                                    codeInterpreterJSRunner,
+		"/usr/local/share/jupyter/kernels/javascript/kernel.json":                                                []byte(jsKernelSpec),
+		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "ipython/profile_default/startup/00-opendsec.py"): codeInterpreterIPythonStartup,
 	}
 	for p, data := range files {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
@@ -152,7 +156,7 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 			return err
 		}
 	}
-	for _, p := range []string{"tmp/requirements.txt", "tmp/wheels", "tmp/apt", "tmp/host-ca.crt", "root/.cache", "var/log/apt", "var/cache/apt/pkgcache.bin", "var/cache/apt/srcpkgcache.bin"} {
+	for _, p := range []string{"tmp/requirements.txt", "tmp/wheels", "tmp/apt", "tmp/host-ca.crt", "root/.cache/pip", "var/log/apt", "var/cache/apt/pkgcache.bin", "var/cache/apt/srcpkgcache.bin"} {
 		os.RemoveAll(filepath.Join(root, p)) //nolint:errcheck // leftovers only cost space
 	}
 	return nil

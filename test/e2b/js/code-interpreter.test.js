@@ -67,7 +67,7 @@ describe('E2B Code Interpreter JavaScript SDK through the OpenDsec gateway', () 
       return true
     })
     const started = Date.now()
-    assert.equal((await sb.runCode('kept')).text, "'still here'")
+    assert.equal((await sb.runCode('kept')).text, 'still here')
     assert.ok(Date.now() - started < 10_000, 'the interrupted cell still held the kernel')
   })
 
@@ -89,5 +89,36 @@ describe('E2B Code Interpreter JavaScript SDK through the OpenDsec gateway', () 
     assert.ok((await sb.listCodeContexts()).some((c) => c.id === ctx.id))
     await sb.removeCodeContext(ctx)
     assert.ok(!(await sb.listCodeContexts()).some((c) => c.id === ctx.id))
+  })
+
+  it('a string result reads without its quotes, as E2B answers it', async () => {
+    assert.equal((await sb.runCode("'supertest'")).text, 'supertest')
+    assert.equal((await sb.runCode("'supertest'", { language: 'js' })).text, 'supertest')
+    assert.equal((await sb.runCode("['a']")).text, "['a']")
+  })
+
+  it('has default Python and JavaScript contexts, run as root in /home/user', async () => {
+    const languages = (await sb.listCodeContexts()).map((c) => c.language)
+    assert.ok(languages.includes('python') && languages.includes('javascript'), languages.join(','))
+    assert.equal((await sb.runCode('process.cwd()', { language: 'js' })).text, '/home/user')
+    const ctx = await sb.createCodeContext({ cwd: '/root' })
+    assert.equal((await sb.runCode('import os; os.getcwd()', { context: ctx })).text, '/root')
+    await sb.removeCodeContext(ctx)
+  })
+
+  it('a cell of a sandbox killed under it says so, at once', async () => {
+    const victim = await Sandbox.create({ timeoutMs: 120_000 })
+    const timer = setTimeout(() => victim.kill().catch(() => {}), 2000)
+    const started = Date.now()
+    try {
+      await assert.rejects(victim.runCode('import time; time.sleep(60)'), (e) => {
+        assert.match(e.message, /sandbox was killed while the request was in progress/)
+        return true
+      })
+      assert.ok(Date.now() - started < 30_000, `the cut took ${Date.now() - started} ms`)
+    } finally {
+      clearTimeout(timer)
+      await victim.kill().catch(() => {})
+    }
   })
 })

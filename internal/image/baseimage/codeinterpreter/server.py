@@ -13,7 +13,9 @@ and runs the code in Jupyter kernels through jupyter_client:
   POST /contexts/{id}/restart   restarts it (its state is lost)
 
 Each context is one kernel; cells of one context run one at a time, in the
-order they came. A client that goes away while its cell runs (the SDKs
+order they came. As in E2B's template, the server and its kernels run as
+root with /home/user as the default working directory, and a default Python
+and a default JavaScript context exist from the start. A client that goes away while its cell runs (the SDKs
 close the connection when the cell's timeout passes) interrupts the cell,
 so the kernel and its state stay usable. Standard library only, besides
 jupyter_client.
@@ -34,7 +36,10 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 PORT = int(os.environ.get("DSEC_CODE_INTERPRETER_PORT", "49999"))
-DEFAULT_CWD = os.environ.get("DSEC_CODE_INTERPRETER_CWD", os.path.expanduser("~"))
+DEFAULT_CWD = os.environ.get("DSEC_CODE_INTERPRETER_CWD") or (
+    "/home/user" if os.path.isdir("/home/user") else os.path.expanduser("~"))
+# IPython's profile with the startup scripts of the image (PIL images shown).
+IPYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ipython")
 MAX_BODY = 16 << 20
 KERNEL_START_TIMEOUT = 120
 
@@ -64,6 +69,7 @@ MIME_FIELDS = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    "e2b/data": "data",  # a DataFrame's columns (the image's IPython startup script)
 }
 
 
@@ -90,6 +96,8 @@ class Context:
     def start(self):
         env = dict(os.environ)
         env.pop("DSEC_CODE_INTERPRETER_PORT", None)
+        if os.path.isdir(IPYTHON_DIR):
+            env.setdefault("IPYTHONDIR", IPYTHON_DIR)
         self.km = KernelManager(kernel_name=LANGUAGE_KERNELS[self.language])
         self.km.start_kernel(cwd=self.cwd, env=env)
         self.kc = self.km.blocking_client()
@@ -134,6 +142,12 @@ class Contexts:
     def create(self, language, cwd):
         language = self.check_language(language)
         cwd = cwd or DEFAULT_CWD
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise HTTPError(400, "cwd %r: an absolute path is expected" % (cwd,))
+        try:  # a context's directory is made when missing
+            os.makedirs(cwd, exist_ok=True)
+        except OSError as e:
+            raise HTTPError(400, "cwd %r: %s" % (cwd, e.strerror or e))
         if not os.path.isdir(cwd):
             raise HTTPError(400, "cwd %r: not a directory in the sandbox" % cwd)
         ctx = Context(language, cwd)
@@ -426,6 +440,11 @@ class Handler(BaseHTTPRequestHandler):
 def result_of(data, main):
     out = {"type": "result", "is_main_result": main}
     extra = {}
+    text = data.get("text/plain")
+    # A string's repr loses its quotes, as E2B's server does: 'supertest'
+    # reads supertest.
+    if isinstance(text, str) and len(text) >= 2 and text.startswith("'") and text.endswith("'"):
+        data = dict(data, **{"text/plain": text[1:-1]})
     for mime, value in data.items():
         field = MIME_FIELDS.get(mime)
         if field is None:
@@ -440,9 +459,15 @@ def result_of(data, main):
 def main():
     global CONTEXTS
     CONTEXTS = Contexts()
-    # The default Python context is started before the port opens, so the
-    # first cell does not wait for a kernel and /health means ready.
-    CONTEXTS.default("python")
+    # The default contexts are started before the port opens, side by side,
+    # so the first cell does not wait for a kernel and /health means ready.
+    starts = [threading.Thread(target=CONTEXTS.default, args=(lang,))
+              for lang in ("python", "javascript") if LANGUAGE_KERNELS[lang] in CONTEXTS.installed]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join()
+    CONTEXTS.default("python")  # raises here if it could not start
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
     print("code interpreter listening on :%d (%s)" % (PORT, ", ".join(CONTEXTS.supported())), file=sys.stderr, flush=True)

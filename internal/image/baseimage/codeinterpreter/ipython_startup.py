@@ -1,0 +1,61 @@
+"""IPython startup script of root/code-interpreter [ours].
+
+What E2B's Code Interpreter template adds to a Python kernel, so its SDKs
+see the same results:
+
+- an image a cell shows (Image.show) or saves to a file is also displayed,
+  so it comes back as a result with a PNG (there is no display to open a
+  viewer on);
+- a pandas DataFrame also has an "e2b/data" representation, its columns as
+  lists (the SDK's Result.data). pandas is imported only when a cell makes
+  one, so kernels start as fast as before.
+"""
+
+import IPython
+from IPython.core.formatters import BaseFormatter
+from IPython.display import display
+from PIL import ImageShow
+from PIL.Image import Image
+from traitlets import ObjectName, Unicode
+
+
+class _DisplayViewer(ImageShow.Viewer):
+    """The first viewer asked: it displays the image in the cell's output."""
+
+    def show(self, image, **options):
+        display(image)
+        return 1
+
+
+ImageShow.register(_DisplayViewer(), order=-1)
+
+_original_save = Image.save
+
+
+def _save(image, fp, format=None, **params):
+    if isinstance(fp, str):
+        display(image)
+    return _original_save(image, fp, format, **params)
+
+
+Image.save = _save
+
+
+class _DataFormatter(BaseFormatter):
+    format_type = Unicode("e2b/data")
+    print_method = ObjectName("_repr_e2b_data_")
+    _return_type = (dict,)
+
+
+def _columns(frame):
+    return frame.to_dict(orient="list")
+
+
+_ip = IPython.get_ipython()
+if _ip is not None:
+    _data = _DataFormatter(parent=_ip.display_formatter)
+    # By name, so pandas loads only when a cell does: pandas 3 names its
+    # DataFrame's module "pandas", earlier releases "pandas.core.frame".
+    for _module in ("pandas", "pandas.core.frame"):
+        _data.for_type_by_name(_module, "DataFrame", _columns)
+    _ip.display_formatter.formatters["e2b/data"] = _data
