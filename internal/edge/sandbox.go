@@ -467,6 +467,9 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 		sb.save() //nolint:errcheck // best effort; the error is returned
 		return fmt.Errorf("destroy sandbox %s: %w", sb.id, err)
 	}
+	// Its processes are gone: what is connected to its ports is cut now,
+	// even if a later step of the removal fails and is retried.
+	sb.end()
 	if sb.link != nil {
 		sb.link.Close()
 		sb.link = nil
@@ -497,7 +500,6 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	}
 	e.forget(sb)
 	sb.removed = true
-	sb.end()
 	return nil
 }
 
