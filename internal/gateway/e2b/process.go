@@ -76,8 +76,12 @@ func relay[T any](ctx context.Context, in interface {
 }, get func(T) *agentv1.ProcessEvent, send func(*envdprocess.ProcessEvent) error) error {
 	defer in.Close()
 	for in.Receive() {
-		if err := send(event(get(in.Msg()))); err != nil {
+		ev := event(get(in.Msg()))
+		if err := send(ev); err != nil {
 			return err
+		}
+		if ev.GetEnd() != nil {
+			return nil // the process ended; a break after it changes nothing
 		}
 	}
 	if err := in.Err(); err != nil && !errors.Is(err, io.EOF) {
