@@ -11,6 +11,10 @@
 //     disk, task pause drills, fuzzed API, gateway and port requests;
 //   - network: sandbox networks against an internet of the test's own, and
 //     the E2B gateway.
+//
+// Run them one package at a time (go test -p 1 ./test/e2e/..., as make
+// test-go does): they share the node, and FreePort, AssertNoLeaks and the
+// memory figures of the drills hold only within one test process.
 package e2e
 
 import (

@@ -326,7 +326,7 @@ func (sb *Sandbox) uptime(t *testing.T) (up float64, sent, answered time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sent = time.Now()
-	resp, err := sb.Files.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: "/proc/uptime"}))
+	resp, err := sb.Files.ReadFile(ctx, connect.NewRequest(&agentv1.ReadFileRequest{Path: "/proc/uptime", Limit: 64}))
 	answered = time.Now()
 	if err != nil {
 		t.Fatalf("read /proc/uptime: %v", err)
