@@ -165,6 +165,11 @@ def test_pandas_frames_and_pil_images(ci):
     assert frame.error is None, frame.error
     assert frame.results[0].data == {"a": [1, 2, 3]}
     assert "<table" in frame.results[0].html
+    # NaN and values JSON has no form for come as pandas writes them.
+    odd = ci.run_code("import decimal, math\npd.DataFrame({'n': [1.5, math.nan], 'd': [decimal.Decimal('2.5'), None]})")
+    assert odd.error is None, odd.error
+    assert odd.logs.stderr == [], odd.logs.stderr
+    assert odd.results[0].data == {"n": [1.5, None], "d": ["2.5", None]}, odd.results[0].data
     make = (
         "import numpy\nfrom PIL import Image\n"
         "image = Image.fromarray((numpy.random.rand(16, 16, 3) * 255).astype('uint8')).convert('RGBA')\n"

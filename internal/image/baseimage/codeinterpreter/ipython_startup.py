@@ -48,7 +48,16 @@ class _DataFormatter(BaseFormatter):
 
 
 def _columns(frame):
-    return frame.to_dict(orient="list")
+    """The frame's columns as lists of JSON values: pandas' own JSON, so
+    NaN is null, dates are ISO strings and anything else is its str."""
+    import json
+
+    try:
+        split = json.loads(frame.to_json(orient="split", date_format="iso", default_handler=str))
+    except Exception:  # no data representation beats a lost result
+        return None
+    rows = split.get("data", [])
+    return {str(name): [row[i] for row in rows] for i, name in enumerate(split.get("columns", []))}
 
 
 _ip = IPython.get_ipython()

@@ -146,14 +146,19 @@ class Contexts:
             raise HTTPError(400, "cwd %r: an absolute path is expected" % (cwd,))
         try:  # a context's directory is made when missing
             os.makedirs(cwd, exist_ok=True)
-        except OSError as e:
-            raise HTTPError(400, "cwd %r: %s" % (cwd, e.strerror or e))
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            raise HTTPError(400, "cwd %r: %s" % (cwd, getattr(e, "strerror", None) or e))
         if not os.path.isdir(cwd):
             raise HTTPError(400, "cwd %r: not a directory in the sandbox" % cwd)
         ctx = Context(language, cwd)
         try:
             ctx.start()
         except Exception as e:  # the kernel's own message says why
+            if ctx.km is not None:  # a kernel that started but never answered
+                try:
+                    ctx.km.shutdown_kernel(now=True)
+                except Exception:
+                    pass
             raise HTTPError(500, "starting a %s kernel: %s" % (language, e))
         with self.mu:
             self.by_id[ctx.id] = ctx
@@ -461,7 +466,13 @@ def main():
     CONTEXTS = Contexts()
     # The default contexts are started before the port opens, side by side,
     # so the first cell does not wait for a kernel and /health means ready.
-    starts = [threading.Thread(target=CONTEXTS.default, args=(lang,))
+    def start(lang):
+        try:
+            CONTEXTS.default(lang)
+        except Exception as e:  # Python is tried again below, and raises there
+            print("default %s context: %s" % (lang, getattr(e, "message", e)), file=sys.stderr, flush=True)
+
+    starts = [threading.Thread(target=start, args=(lang,))
               for lang in ("python", "javascript") if LANGUAGE_KERNELS[lang] in CONTEXTS.installed]
     for t in starts:
         t.start()
