@@ -181,8 +181,7 @@ func (e *Edge) memoryOf(sb *sandbox) int64 {
 // sandbox, and under a busy disk much of it is still there, recently used,
 // when the offload ends.
 func (e *Edge) heldMemoryOf(sb *sandbox) int64 {
-	u := e.usageOf(sb)
-	return u.MemoryBytes - u.ActiveFileBytes
+	return e.usageOf(sb).HeldBytes()
 }
 
 // usageOf reads sb's use from its backend; zero if it cannot be read.

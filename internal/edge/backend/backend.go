@@ -277,6 +277,10 @@ type Usage struct {
 	ActiveFileBytes int64
 }
 
+// HeldBytes is what of the memory the kernel cannot simply drop: its use
+// less all page cache of files. An offload gives back the fall of it.
+func (u Usage) HeldBytes() int64 { return u.MemoryBytes - u.ActiveFileBytes }
+
 // Continuer is implemented by backends that can send the sandbox's first
 // process (the agent) SIGCONT from outside, for a runtime that lets the
 // sandbox stop it (gVisor).

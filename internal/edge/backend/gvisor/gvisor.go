@@ -569,8 +569,8 @@ func releaseMemory(ctx context.Context, g cgroups.Group) error {
 		if err := g.Reclaim(); err != nil {
 			return err
 		}
-		u, err := g.ReadUsage()
-		if err != nil || u.MemoryBytes-u.ActiveFileBytes < 4<<20 || time.Now().After(deadline) || ctx.Err() != nil {
+		u, err := oci.ReadUsage(g)
+		if err != nil || u.HeldBytes() < 4<<20 || time.Now().After(deadline) || ctx.Err() != nil {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
