@@ -94,7 +94,7 @@ func (e *Edge) PortProxy() http.Handler {
 		defer done()
 		// A request outlives its sandbox by nothing: a stream still open
 		// when the sandbox ends is cut, so its client learns at once.
-		ctx, cancel := context.WithCancel(r.Context())
+		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), portKey{}, call))
 		defer cancel()
 		defer context.AfterFunc(call.ended, cancel)()
 		r = r.WithContext(ctx)
@@ -103,7 +103,7 @@ func (e *Edge) PortProxy() http.Handler {
 			return
 		}
 		rpcproxy.FullDuplex(w)
-		proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, portKey{}, call)))
+		proxy.ServeHTTP(w, r)
 	})
 }
 
