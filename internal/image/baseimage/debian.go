@@ -3,7 +3,6 @@ package baseimage
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -52,8 +51,7 @@ func HostMirror() string {
 // its name carries a hash of the set, so a package added to it is
 // downloaded, not silently left out of the image by an older tarball.
 func packageTarball(cacheDir string, packages []string) string {
-	sum := sha256.Sum256([]byte(strings.Join(packages, ",")))
-	return filepath.Join(cacheDir, "debootstrap", fmt.Sprintf("%s-py-%x.tgz", suite, sum[:6]))
+	return filepath.Join(cacheDir, "debootstrap", suite+"-py-"+digestOf([]byte(strings.Join(packages, ",")))+".tgz")
 }
 
 func buildDebianPython(ctx context.Context, o Options, root string) error {
