@@ -139,12 +139,20 @@ func EnvKey(t testing.TB, path string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
+	v := EnvValue(string(data), "DSEC_API_KEY")
+	if v == "" {
+		t.Fatalf("no DSEC_API_KEY in %s", path)
+	}
+	return v
+}
+
+// EnvValue reads NAME from the "export NAME=value" lines of a client.env.
+func EnvValue(content, name string) string {
+	for _, line := range strings.Split(content, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export "+name+"="); ok {
 			return v
 		}
 	}
-	t.Fatalf("no DSEC_API_KEY in %s", path)
 	return ""
 }
 

@@ -163,17 +163,8 @@ func StartUp(t *testing.T, bin, state, store string, extra ...string) *UpProcess
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	url, key := "", ""
 	data, _ := os.ReadFile(env)
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_URL="); ok {
-			url = v
-		}
-		if v, ok := strings.CutPrefix(line, "export DSEC_API_KEY="); ok {
-			key = v
-		}
-	}
-	cl, err := client.New(url, key)
+	cl, err := client.New(EnvValue(string(data), "DSEC_API_URL"), EnvValue(string(data), "DSEC_API_KEY"))
 	if err != nil {
 		t.Fatal(err)
 	}

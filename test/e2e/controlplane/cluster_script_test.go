@@ -67,7 +67,7 @@ func TestClusterScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, key := envValueOf(string(env), "DSEC_API_URL"), envValueOf(string(env), "DSEC_API_KEY")
+	url, key := e2e.EnvValue(string(env), "DSEC_API_URL"), e2e.EnvValue(string(env), "DSEC_API_KEY")
 	if strings.Count(url, ",") != 1 {
 		t.Fatalf("client.env names %q, want two apiservers", url)
 	}
@@ -114,16 +114,6 @@ func TestClusterScript(t *testing.T) {
 	if out, _ := exec.Command("pgrep", "-f", state).Output(); len(out) > 0 {
 		t.Errorf("processes left: %s", out)
 	}
-}
-
-// envValueOf reads NAME from "export NAME=value" lines.
-func envValueOf(content, name string) string {
-	for _, line := range strings.Split(content, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export "+name+"="); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // forkAcrossNamespaces forks a gVisor sandbox with its copies spread: the
