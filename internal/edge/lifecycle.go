@@ -36,6 +36,7 @@ func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
 	if !ok || !sb.be.Capabilities().Pause {
 		return errdefs.Unsupported("backend %q cannot pause sandboxes", sb.be.Name())
 	}
+	defer sb.beginPause()()
 	if err := p.Pause(ctx, sb.id); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pause sandbox %s", sb.id)
 	}
@@ -93,6 +94,11 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 // compaction, which checks the count under it, never cuts a call that got
 // this far; the caller ends it with callEnded.
 func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*agentlink.Link, error) {
+	if !resume && sb.pausing.Load() {
+		// Not after the pause's lock: a checkpoint takes seconds, and a
+		// probe (E2B's is_running) must hear "paused" from its start.
+		return nil, errdefs.FailedPrecondition("sandbox %s is being paused; this call does not resume it", sb.id)
+	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch sb.rec.State {

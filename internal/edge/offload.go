@@ -66,6 +66,9 @@ func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.P
 	if sb.rec.Offloaded != "" {
 		return 0, "", nil
 	}
+	if sb.rec.State == stateRunning || sb.rec.State == statePaused {
+		defer sb.beginPause()()
+	}
 	if why := e.cannotOffload(sb); why != "" {
 		return 0, why, e.pauseLocked(ctx, sb)
 	}

@@ -3,12 +3,20 @@ package edge
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/headers"
 )
 
 // An offloaded sandbox keeps its checkpoint across an edge restart; a
@@ -83,5 +91,70 @@ func TestOffloadThatCannotReleaseFreezes(t *testing.T) {
 	}
 	if got, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil || got != "yes "+sb.Id {
 		t.Fatalf("a call = %q, %v", got, err)
+	}
+}
+
+// A pause is seen from its start: while its checkpoint runs, readers see
+// the sandbox paused and a call that must not resume it (E2B's
+// is_running probe) is refused at once rather than waiting for the end.
+func TestPauseUnderWayIsSeenPaused(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	gate := make(chan struct{})
+	f.fake.Knobs.PauseGate = gate
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release) // before the fixture's: a failed check must not leave the pause held
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.edge.PauseAt(ctx, sb.Id, "root", sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := f.edge.Get(sb.Id, "root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("while its checkpoint runs the sandbox is shown %v, want paused", got.State)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv := httptest.NewServer(f.edge.Handler())
+	t.Cleanup(srv.Close)
+	probe := agentv1connect.NewAgentServiceClient(&http.Client{Transport: headerRT{id: sb.Id, scope: "root"}}, srv.URL)
+	req := connect.NewRequest(&agentv1.HealthRequest{})
+	req.Header().Set(headers.NoResume, "1")
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := probe.Health(pctx, req); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "being paused") {
+		t.Fatalf("no-resume call during a pause: %v, want failed_precondition at once", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the pause ended (%v) before its checkpoint was let go", err)
+	default:
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got, _ := f.edge.Get(sb.Id, "root")
+	if got.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED || got.PauseDepth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD {
+		t.Fatalf("after the pause: %v %v", got.State, got.PauseDepth)
+	}
+	// A call that may resume it waits for nothing now and resumes it.
+	if _, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.edge.Get(sb.Id, "root"); got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after a call: %v", got.State)
 	}
 }

@@ -57,6 +57,10 @@ type sandbox struct {
 	compacting atomic.Bool
 	// expiring is set while the expiry loop removes it.
 	expiring atomic.Bool
+	// pausing is set, under mu, for the whole of a pause: readers see it
+	// paused from its start (a checkpoint takes seconds), and calls that
+	// must not resume it are refused at once instead of waiting on mu.
+	pausing atomic.Bool
 
 	// calls counts agent calls in flight; lastCallEnd is when the last one
 	// ended (unix nanoseconds). Compaction waits for quiet.
@@ -128,8 +132,33 @@ func (sb *sandbox) markCheckpoint(dir string) error {
 // save persists the record and publishes it. Callers hold sb.mu.
 func (sb *sandbox) save() error {
 	err := sb.rec.save(sb.dir)
-	sb.view.Store(sb.rec.proto(sb.node))
+	sb.publish()
 	return err
+}
+
+// publish stores the record's description as the view; while a pause is
+// under way a running sandbox is shown paused. Callers hold sb.mu.
+func (sb *sandbox) publish() {
+	v := sb.rec.proto(sb.node)
+	if sb.pausing.Load() && v.State == stateProto[stateRunning] {
+		v.State = stateProto[statePaused]
+	}
+	sb.view.Store(v)
+}
+
+// beginPause marks sb pausing and publishes it so; the returned func ends
+// the mark (a nested pause's is a no-op) and publishes the record as it
+// then is, paused or, if the pause failed, as it was. Callers hold sb.mu
+// from beginPause until the returned func has run.
+func (sb *sandbox) beginPause() (end func()) {
+	if !sb.pausing.CompareAndSwap(false, true) {
+		return func() {}
+	}
+	sb.publish()
+	return func() {
+		sb.pausing.Store(false)
+		sb.publish()
+	}
 }
 
 func (e *Edge) knownBackends() []string {

@@ -46,6 +46,23 @@ type Knobs struct {
 	// SnapshotStops makes Snapshot stop the sandbox, as Debian's runsc's
 	// checkpoint does (the caller must restore it).
 	SnapshotStops bool
+	// PauseGate, if set, is received from at the start of each Pause and
+	// Snapshot, so a test holds a pause under way (a checkpoint takes
+	// seconds) until it sends or closes.
+	PauseGate chan struct{}
+}
+
+// waitGate waits for the PauseGate knob, if set.
+func (b *Backend) waitGate(ctx context.Context) error {
+	if b.Knobs.PauseGate == nil {
+		return nil
+	}
+	select {
+	case <-b.Knobs.PauseGate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // running holds the agents of every fake sandbox in this process by sandbox
@@ -331,6 +348,9 @@ func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
+	if err := b.waitGate(ctx); err != nil {
+		return err
+	}
 	bx.gate.mu.Lock()
 	if bx.gate.paused == nil {
 		bx.gate.paused = make(chan struct{})
@@ -370,6 +390,9 @@ func (b *Backend) resumeGate(bx *box) {
 func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
 	bx, err := b.get(id)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.waitGate(ctx); err != nil {
 		return nil, err
 	}
 	if _, err := b.failures(); err != nil {
