@@ -126,18 +126,19 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		fail(errdefs.PermissionDenied("image %q: project %q is outside your key's project %q", ref.String(), ref.Project, p.Project))
 		return
 	}
-	opts := image.ImportOptions{Size: r.ContentLength}
-	room, limited, over, err := s.storageRoom(r.Context(), ref.Project)
+	budget, err := s.storageBudgetFor(r.Context(), ref.Project)
 	if err != nil {
 		fail(err)
 		return
 	}
-	if limited {
-		if room <= 0 {
-			fail(over(max(r.ContentLength, 1)))
-			return
-		}
-		opts.MaxBytes, opts.Over = room, over
+	defer budget.done()
+	if err := budget.take(1); err != nil {
+		fail(err)
+		return
+	}
+	opts := image.ImportOptions{Size: r.ContentLength}
+	if budget.limited() {
+		opts.Room = budget.take
 	}
 	im, err := s.images.Import(r.Context(), r.Body, ref, opts)
 	if err != nil {

@@ -56,6 +56,8 @@ type Server struct {
 	images   *image.Store
 	log      *slog.Logger
 	inflight *inflight
+	// storageHolds are the imports and snapshots under way (storage.go).
+	storageHolds *storageHolds
 
 	// missingSince is when each node of the view was first seen
 	// unreachable; only the reconciler (Run) touches it.
@@ -75,7 +77,7 @@ func New(cfg Config, deps Deps) *Server {
 	}
 	return &Server{
 		cfg: cfg, iam: deps.IAM, watcher: deps.Watcher, edges: deps.Edges, images: deps.Images,
-		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(), missingSince: map[string]time.Time{},
+		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(), storageHolds: newStorageHolds(), missingSince: map[string]time.Time{},
 		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }

@@ -37,23 +37,26 @@ func (h *sandboxService) SnapshotSandbox(ctx context.Context, req *connect.Reque
 	if err != nil {
 		return nil, err
 	}
-	room, limited, over, err := h.s.storageRoom(ctx, sb.Msg.Sandbox.Project)
+	budget, err := h.s.storageBudgetFor(ctx, sb.Msg.Sandbox.Project)
 	if err != nil {
 		return nil, err
 	}
-	if limited && room <= 0 {
-		return nil, over(1)
+	defer budget.done()
+	if err := budget.take(1); err != nil {
+		return nil, err
 	}
 	resp, err := c.Edge.SnapshotSandbox(ctx, connect.NewRequest(&edgev1.SnapshotSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: scope, Name: req.Msg.Name}))
 	if err != nil {
 		return nil, err
 	}
-	if snap := resp.Msg.Snapshot; limited && snap.SizeBytes > room {
+	if snap := resp.Msg.Snapshot; budget.limited() {
 		// Its size is known only once written: past the room, it goes.
-		if _, err := c.Edge.DeleteSnapshot(ctx, connect.NewRequest(&edgev1.DeleteSnapshotRequest{SnapshotId: snap.Id, Scope: scope})); err != nil {
-			return nil, fmt.Errorf("%w; removing the snapshot again failed: %v", over(snap.SizeBytes-room), err)
+		if over := budget.take(snap.SizeBytes); over != nil {
+			if _, err := c.Edge.DeleteSnapshot(ctx, connect.NewRequest(&edgev1.DeleteSnapshotRequest{SnapshotId: snap.Id, Scope: scope})); err != nil {
+				return nil, fmt.Errorf("%w; removing the snapshot again failed: %v", over, err)
+			}
+			return nil, over
 		}
-		return nil, over(snap.SizeBytes - room)
 	}
 	return connect.NewResponse(&sandboxv1.SnapshotSandboxResponse{Snapshot: resp.Msg.Snapshot}), nil
 }

@@ -357,18 +357,27 @@ func TestCompressionBombsAreRefused(t *testing.T) {
 	}
 }
 
-// MaxBytes bounds what an import may store, with the caller's error (a
+// Room bounds what an import may store, with the caller's error (a
 // storage quota's); within it, the same archive imports.
-func TestImportStopsAtMaxBytes(t *testing.T) {
+func TestImportStopsAtItsRoom(t *testing.T) {
 	s, _ := OpenStore(t.TempDir())
 	ref, _ := ParseRef("root/big:1")
 	over := errdefs.ResourceExhausted("over the quota")
-	_, err := s.Import(context.Background(), zeroArchive(t, 2<<20), ref, ImportOptions{MaxBytes: 1 << 20, Over: func(int64) error { return over }})
+	_, err := s.Import(context.Background(), zeroArchive(t, 2<<20), ref, ImportOptions{Room: roomOf(1<<20, over)})
 	if err != over {
 		t.Fatalf("2 MiB into a bound of 1 MiB: %v, want the caller's error", err)
 	}
-	_, err = s.Import(context.Background(), zeroArchive(t, 2<<20), ref, ImportOptions{MaxBytes: 4 << 20, Over: func(int64) error { return over }})
+	_, err = s.Import(context.Background(), zeroArchive(t, 2<<20), ref, ImportOptions{Room: roomOf(4<<20, over)})
 	if err == over || err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("2 MiB within 4 MiB: %v, want it read (and refused only as no image layout)", err)
+	}
+}
+
+func roomOf(n int64, over error) func(int64) error {
+	return func(total int64) error {
+		if total > n {
+			return over
+		}
+		return nil
 	}
 }

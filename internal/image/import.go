@@ -47,15 +47,15 @@ type ImportOptions struct {
 	// Size is the archive's size, for progress (0 if unknown).
 	Size     int64
 	Progress Progress
-	// MaxBytes, if set, bounds what the archive holds (the image's blobs):
-	// past it the import fails with Over's error (a storage quota).
-	MaxBytes int64
-	Over     func(total int64) error
+	// Room, if set, is asked before what the archive holds (the image's
+	// blobs) grows to each new total; its error ends the import (a storage
+	// quota).
+	Room func(total int64) error
 }
 
 // Import reads an image archive — an OCI image layout or a `docker save`
 // tarball, optionally gzip- or zstd-compressed — and names it ref. What it
-// holds is bounded by o.MaxBytes and by its compressed size (expansionCheck).
+// holds is bounded by o.Room and by its compressed size (expansionCheck).
 func (s *Store) Import(ctx context.Context, r io.Reader, ref Ref, o ImportOptions) (*Image, error) {
 	progress := o.Progress
 	work, err := os.MkdirTemp(filepath.Join(s.dir, "tmp"), "import-")
@@ -70,8 +70,8 @@ func (s *Store) Import(ctx context.Context, r io.Reader, ref Ref, o ImportOption
 	}
 	defer dr.Close()
 	declared := func(total int64) error {
-		if o.MaxBytes > 0 && total > o.MaxBytes && o.Over != nil {
-			return o.Over(total)
+		if o.Room != nil {
+			return o.Room(total)
 		}
 		return nil
 	}

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -339,4 +340,84 @@ func TestStorageQuotaBindsImportsAndSnapshots(t *testing.T) {
 	if err := snap(); err != nil {
 		t.Fatalf("a snapshot once the image is gone: %v", err)
 	}
+}
+
+// Imports at the same moment see each other's room taken: four uploads of
+// one image into a quota that holds one copy, each held halfway until all
+// four have started, end with one stored and three refused naming the
+// quota (each alone would fit).
+func TestStorageQuotaHoldsAcrossConcurrentImports(t *testing.T) {
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
+	member := c.Project(t, "root", "par", &iamv1.Quota{StorageMb: 2})
+	ref, _ := image.ParseRef("root/busybox:latest")
+	im, err := c.Images.Resolve(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	if err := c.Images.Export(im, &archive); err != nil {
+		t.Fatal(err)
+	}
+	if archive.Len() > 2<<20 || 2*archive.Len() <= 2<<20 {
+		t.Fatalf("the busybox archive is %d KiB: the case wants one copy within 2 MiB and two past it", archive.Len()>>10)
+	}
+	const n = 4
+	release := make(chan struct{})
+	var halfway sync.WaitGroup
+	halfway.Add(n)
+	errs := make(chan error, n)
+	for i := range n {
+		body := &heldReader{data: archive.Bytes(), holdAt: archive.Len() / 2, release: release, reached: halfway.Done}
+		go func() {
+			_, err := member.ImportImage(ctx, "root/par/copy:"+string(rune('a'+i)), body, int64(archive.Len()))
+			body.reachedOnce() // refused before it got halfway
+			errs <- err
+		}()
+	}
+	halfway.Wait()
+	close(release)
+	stored, refused := 0, 0
+	for range n {
+		switch err := <-errs; {
+		case err == nil:
+			stored++
+		case strings.Contains(err.Error(), "storage quota of project root/par"):
+			refused++
+		default:
+			t.Errorf("an import: %v, want stored or refused naming the quota", err)
+		}
+	}
+	if stored != 1 || refused != n-1 {
+		t.Fatalf("%d imports at once into a quota of one copy: %d stored, %d refused; want 1 and %d", n, stored, refused, n-1)
+	}
+}
+
+// heldReader reads data, stopping at holdAt until release is closed; it
+// calls reached once when it gets there.
+type heldReader struct {
+	data    []byte
+	off     int
+	holdAt  int
+	release chan struct{}
+	reached func()
+	once    sync.Once
+}
+
+func (r *heldReader) reachedOnce() { r.once.Do(r.reached) }
+
+func (r *heldReader) Read(p []byte) (int, error) {
+	if r.off >= len(r.data) {
+		return 0, io.EOF
+	}
+	end := len(r.data)
+	if r.off < r.holdAt {
+		end = r.holdAt
+	} else {
+		r.reachedOnce()
+		<-r.release
+	}
+	n := copy(p, r.data[r.off:end])
+	r.off += n
+	return n, nil
 }
