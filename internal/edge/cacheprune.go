@@ -5,13 +5,15 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // The node's layer cache keeps each unpacked layer for as long as an image
 // of the store or a sandbox or snapshot of this node needs it [ours]: a
 // deleted image's layers go from the node within pruneEvery of its
-// sandboxes' end (image.Cache.Prune).
+// sandboxes' end (image.Cache.Prune), and so do the files a backend keeps
+// per image (backend.CachePruner: microvm's root disks).
 const (
 	pruneEvery = 10 * time.Minute
 	pruneGrace = 10 * time.Minute // a create between unpacking and mounting
@@ -52,6 +54,15 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 	freed, err := e.cache.Prune(inUse, grace)
 	if err != nil {
 		e.log.Warn("prune the layer cache", logging.Error, err)
+	}
+	for _, b := range e.backends {
+		if p, ok := b.(backend.CachePruner); ok {
+			n, err := p.PruneCache(grace)
+			if err != nil {
+				e.log.Warn("prune a backend's cache", "backend", b.Name(), logging.Error, err)
+			}
+			freed += n
+		}
 	}
 	if freed > 0 {
 		e.log.Info("layer cache pruned", "freed_bytes", freed)

@@ -259,6 +259,14 @@ type Releaser interface {
 	Release(ctx context.Context, id sandboxid.ID) error
 }
 
+// CachePruner is implemented by backends that keep files of their own per
+// image on the node (microvm's root disks): PruneCache removes those that
+// no sandbox or snapshot uses and that were not used within grace, and
+// returns the bytes freed. The edge calls it with its layer cache's prune.
+type CachePruner interface {
+	PruneCache(grace time.Duration) (freed int64, err error)
+}
+
 // UsageReader is implemented by backends that can read a sandbox's CPU
 // and memory use from the host (its cgroups) without entering or waking
 // it; the edge records it for metrics over time.

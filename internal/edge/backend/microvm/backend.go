@@ -213,17 +213,13 @@ func (b *Backend) rootImage(ctx context.Context, layers []string) (string, error
 	sum := sha256.Sum256([]byte(strings.Join(layers, "\n")))
 	key := hex.EncodeToString(sum[:16])
 	out := filepath.Join(b.cfg.StateDir, "roots", key+".ext4")
-	b.mu.Lock()
-	l := b.roots[key]
-	if l == nil {
-		l = &sync.Mutex{}
-		b.roots[key] = l
-	}
-	b.mu.Unlock()
+	l := b.rootLock(key)
 	l.Lock()
 	defer l.Unlock()
 	if _, err := os.Stat(out); err == nil {
-		return out, nil
+		// Its time of last use, which PruneCache's grace counts from.
+		now := time.Now()
+		return out, os.Chtimes(out, now, now)
 	}
 	tree := layers[0]
 	if len(layers) > 1 {
@@ -428,6 +424,10 @@ func shareRoot(disk, root, dst string) error {
 	}
 	if err := os.Symlink(root, dst); err != nil {
 		return fmt.Errorf("microvm: the root disk: %w", err)
+	}
+	// A symlink does not count as a link: the root must never be pruned.
+	if err := os.WriteFile(root+symlinkedSuffix, nil, 0o600); err != nil {
+		return fmt.Errorf("microvm: mark the root disk kept: %w", err)
 	}
 	return nil
 }
