@@ -147,15 +147,9 @@ func criuUnavailable(ctx context.Context) string {
 	return ""
 }
 
-// run runs the runtime with args and returns its combined output.
-func (b *Backend) run(ctx context.Context, args ...string) ([]byte, error) {
-	full := append([]string{"--root", b.root}, args...)
-	cmd := exec.CommandContext(ctx, b.runtime, full...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %w: %s", b.runtime, args[0], err, bytes.TrimSpace(out))
-	}
-	return out, nil
+// cli is the runtime's command line, on the backend's state directory.
+func (b *Backend) cli() oci.Runtime {
+	return oci.Runtime{Binary: b.runtime, Flags: []string{"--root", b.root}}
 }
 
 const capSysResource = 24
@@ -188,11 +182,6 @@ func tail(path string, n int64) string {
 	data := make([]byte, n)
 	k, _ := f.Read(data)
 	return string(bytes.TrimSpace(data[:k]))
-}
-
-func notExist(out []byte) bool {
-	s := string(out)
-	return strings.Contains(s, "does not exist") || strings.Contains(s, "No such file") || strings.Contains(s, "not found")
 }
 
 // Usage reads the sandbox's cgroups.
@@ -278,15 +267,15 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		return err
 	}
 	if st.State == backend.StatePaused {
-		b.run(ctx, "resume", string(id)) //nolint:errcheck // a frozen process cannot handle SIGTERM; best effort
+		b.cli().Run(ctx, "resume", string(id)) //nolint:errcheck // a frozen process cannot handle SIGTERM; best effort
 	}
-	if out, err := b.run(ctx, "kill", string(id), "TERM"); err != nil && !notExist(out) {
+	if err := b.cli().Kill(ctx, string(id), "TERM", false); err != nil {
 		b.log.Debug("sigterm failed", logging.SandboxID, id, logging.Error, err)
 	}
 	if done, err := backend.WaitStopped(ctx, b, id, grace); done || err != nil {
 		return err
 	}
-	if out, err := b.run(ctx, "kill", "--all", string(id), "KILL"); err != nil && !notExist(out) {
+	if err := b.cli().Kill(ctx, string(id), "KILL", true); err != nil {
 		return err
 	}
 	if done, err := backend.WaitStopped(ctx, b, id, backend.StopAfterKill); done || err != nil {
@@ -311,7 +300,7 @@ func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
 
 func (b *Backend) cleanup(ctx context.Context, id sandboxid.ID, dir string) error {
 	var errs []error
-	if out, err := b.run(ctx, "delete", "--force", string(id)); err != nil && !notExist(out) {
+	if err := b.cli().Delete(ctx, string(id)); err != nil {
 		errs = append(errs, err)
 	}
 	// After a crash the runtime may not know processes it started.
@@ -329,23 +318,14 @@ func (b *Backend) cleanup(ctx context.Context, id sandboxid.ID, dir string) erro
 	return errors.Join(errs...)
 }
 
-type runtimeState struct {
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
-}
-
 // Status asks the runtime.
 func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, error) {
-	out, err := b.run(ctx, "state", string(id))
+	rs, err := b.cli().State(ctx, string(id))
 	if err != nil {
-		if notExist(out) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return backend.Status{ID: id, State: backend.StateStopped}, nil
 		}
 		return backend.Status{ID: id, State: backend.StateUnknown}, err
-	}
-	var rs runtimeState
-	if err := json.Unmarshal(out, &rs); err != nil {
-		return backend.Status{ID: id, State: backend.StateUnknown}, fmt.Errorf("%s state: %w", b.runtime, err)
 	}
 	st := backend.Status{ID: id, Pid: rs.Pid}
 	switch rs.Status {
@@ -387,13 +367,13 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 
 // Pause freezes every process (cgroup freezer).
 func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
-	_, err := b.run(ctx, "pause", string(id))
+	_, err := b.cli().Run(ctx, "pause", string(id))
 	return err
 }
 
 // Resume thaws them.
 func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
-	_, err := b.run(ctx, "resume", string(id))
+	_, err := b.cli().Run(ctx, "resume", string(id))
 	return err
 }
 
@@ -406,6 +386,6 @@ func (b *Backend) Diagnose(ctx context.Context, id sandboxid.ID) string {
 // Continue sends the container's first process SIGCONT (which nothing in
 // the container can stop: Linux keeps SIGSTOP from a namespace's init).
 func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
-	_, err := b.run(ctx, "kill", string(id), "CONT")
+	_, err := b.cli().Run(ctx, "kill", string(id), "CONT")
 	return err
 }

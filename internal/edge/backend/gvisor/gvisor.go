@@ -198,20 +198,9 @@ func (b *Backend) Probe(ctx context.Context) error {
 }
 
 // run runs runsc rt and returns its output; log is where runsc writes its
-// own errors (empty: none).
+// own errors (empty: none), whose last error is a failure's reason.
 func (b *Backend) run(ctx context.Context, rt runtime, logFile string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, rt.bin, append(rt.args(logFile, false), args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		detail := string(bytes.TrimSpace(out))
-		if logFile != "" {
-			if last := lastLogError(logFile); last != "" {
-				detail = last
-			}
-		}
-		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, detail)
-	}
-	return out, nil
+	return rt.cli(logFile).Run(ctx, args...)
 }
 
 // launch starts a runsc command that leaves a sandbox running (run or
@@ -262,14 +251,6 @@ func lastLogError(path string) string {
 		last = last[:2048] + "..."
 	}
 	return last
-}
-
-func notExist(out []byte, err error) bool {
-	s := string(out)
-	if err != nil {
-		s += err.Error()
-	}
-	return strings.Contains(s, "does not exist") || strings.Contains(s, "no such file or directory") || strings.Contains(s, "not found")
 }
 
 func (b *Backend) logFile(dir string) string { return filepath.Join(dir, "runsc.log") }
@@ -332,7 +313,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 	if done, err := backend.WaitStopped(ctx, b, id, grace); done || err != nil {
 		return err
 	}
-	if out, err := b.run(ctx, b.rtOf(bx), "", "kill", "--all", bx.runscID, "KILL"); err != nil && !notExist(out, err) {
+	if err := b.rtOf(bx).cli("").Kill(ctx, bx.runscID, "KILL", true); err != nil {
 		return err
 	}
 	// runsc reports the container running until the sentry has reaped
@@ -400,7 +381,7 @@ func (b *Backend) remove(ctx context.Context, bx box, rts ...runtime) error {
 		errs = append(errs, err)
 	}
 	for _, rt := range rts {
-		if out, err := b.run(ctx, rt, "", "delete", "--force", bx.runscID); err != nil && !notExist(out, err) {
+		if err := rt.cli("").Delete(ctx, bx.runscID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -413,11 +394,6 @@ func (b *Backend) remove(ctx context.Context, bx box, rts ...runtime) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-type runscState struct {
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
 }
 
 // Status asks the freezer, then runsc (which cannot answer for a frozen
@@ -437,16 +413,12 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 			return backend.Status{ID: id, State: backend.StateRunning, Pid: pid, HostStopped: true}, nil
 		}
 	}
-	out, err := b.run(ctx, b.rtOf(bx), "", "state", bx.runscID)
+	rs, err := b.rtOf(bx).cli("").State(ctx, bx.runscID)
 	if err != nil {
-		if notExist(out, err) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return backend.Status{ID: id, State: backend.StateStopped}, nil
 		}
 		return backend.Status{ID: id, State: backend.StateUnknown}, err
-	}
-	var rs runscState
-	if err := json.Unmarshal(out, &rs); err != nil {
-		return backend.Status{ID: id, State: backend.StateUnknown}, fmt.Errorf("runsc state: %w", err)
 	}
 	st := backend.Status{ID: id, Pid: rs.Pid}
 	switch rs.Status {
@@ -512,9 +484,8 @@ func (b *Backend) liveGeneration(ctx context.Context, id sandboxid.ID, hs handle
 		if rid == hs.RunscID {
 			continue
 		}
-		out, err := b.run(ctx, rt, "", "state", rid)
-		var rs runscState
-		if err == nil && json.Unmarshal(out, &rs) == nil && (rs.Status == "running" || rs.Status == "paused") {
+		rs, err := rt.cli("").State(ctx, rid)
+		if err == nil && (rs.Status == "running" || rs.Status == "paused") {
 			return rid, true
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+
+	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 )
 
 // Two runsc releases [ours]. Debian's (2022-12) runs every sandbox
@@ -42,6 +44,16 @@ func (rt runtime) args(logFile string, netns bool) []string {
 		args = append(args, "--log", logFile)
 	}
 	return args
+}
+
+// cli is rt's command line; logFile (if set) gets runsc's own log, whose
+// last error is a failed call's reason.
+func (rt runtime) cli(logFile string) oci.Runtime {
+	r := oci.Runtime{Binary: rt.bin, Flags: rt.args(logFile, false)}
+	if logFile != "" {
+		r.Detail = func() string { return lastLogError(logFile) }
+	}
+	return r
 }
 
 // legacy is Debian's runsc.
