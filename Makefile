@@ -24,7 +24,7 @@ UNIT_TIMEOUT ?= 20m
 E2E_TIMEOUT ?= 45m
 export PATH := $(GOBIN_DIR):$(PATH)
 
-.PHONY: all deps build images venv e2b-sdks quickstart up down test test-go test-python test-e2b test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
+.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-go test-python test-e2b test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
 
 all: build
 
@@ -92,6 +92,13 @@ quickstart: deps build images venv
 	source $(STATE)/client.env && $(VENV)/bin/python examples/fork.py
 
 test: deps build images venv e2b-sdks check-generated lint test-go test-python test-e2b test-hosts fuzz-smoke
+
+# The inner loop's tier: build, lint and the unit tests in short mode,
+# which skip every test that needs root, a runtime, a VM or the host's
+# network (testutil.RequireRoot, RequireBinary). No root needed; under a
+# minute with a warm build cache.
+check: build lint
+	go test -short -count=1 $$(go list ./... | grep -v '/test/e2e\(/\|$$\)')
 
 # A test run fails, not skips, when a runtime or image it covers is missing
 # (testutil.Missing, and the Python and JS fixtures): a green run means every

@@ -17,6 +17,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/chronus"
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 type clients struct {
@@ -29,6 +30,7 @@ type clients struct {
 // startAgent runs an agent in-process, connected through a real agentlink.
 func startAgent(t testing.TB) clients {
 	t.Helper()
+	testutil.RequireRootUser(t)
 	dir := t.TempDir()
 	link, err := agentlink.Listen(filepath.Join(dir, "edge.sock"), nil)
 	if err != nil {

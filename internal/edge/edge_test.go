@@ -29,12 +29,14 @@ import (
 type fixture struct {
 	pausedLifetime time.Duration // Config.PausedLifetime of the edges it opens (0: the default)
 	dir            string
+	runBase        string // Config.RunBase: the test's own, never the host's /run/opendsec
 	store          *image.Store
 	fake           *fake.Backend
 	edge           *Edge
 }
 
 func newFixture(t *testing.T, capacity Capacity) *fixture {
+	testutil.RequireRootUser(t)
 	t.Helper()
 	dir := t.TempDir()
 	store, err := image.OpenStore(filepath.Join(dir, "images"))
@@ -54,7 +56,7 @@ func newFixture(t *testing.T, capacity Capacity) *fixture {
 	}
 	agent := filepath.Join(dir, "aether")
 	os.WriteFile(agent, []byte("#!/bin/sh\n"), 0o755)
-	f := &fixture{dir: dir, store: store}
+	f := &fixture{dir: dir, store: store, runBase: testRunBase(t)}
 	b, _ := fake.New(context.Background(), backend.Config{})
 	f.fake = b.(*fake.Backend)
 	f.edge = f.open(t, capacity)
@@ -64,7 +66,7 @@ func newFixture(t *testing.T, capacity Capacity) *fixture {
 func (f *fixture) open(t *testing.T, capacity Capacity) *Edge {
 	t.Helper()
 	e, err := New(context.Background(), Config{
-		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"),
+		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"), RunBase: f.runBase,
 		Capacity: capacity, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime,
 	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t)})
 	if err != nil {
@@ -72,6 +74,22 @@ func (f *fixture) open(t *testing.T, capacity Capacity) *Edge {
 	}
 	t.Cleanup(e.Close)
 	return e
+}
+
+// testRunBase is a run base of the test's own, short enough for socket
+// paths (t.TempDir's carry the test's name) and not empty, so the edge
+// mounts no tmpfs over it.
+func testRunBase(t *testing.T) string {
+	t.Helper()
+	base, err := os.MkdirTemp("", "rb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.WriteFile(filepath.Join(base, "keep"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return base
 }
 
 func smallCapacity() Capacity {
@@ -307,12 +325,7 @@ func sandboxIDOfSnap(s string) sandboxid.SnapshotID { return sandboxid.SnapshotI
 // under the running edge.
 func TestCreateRestagesAMissingAgent(t *testing.T) {
 	f := newFixture(t, smallCapacity())
-	base, err := os.MkdirTemp("", "rb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	os.WriteFile(filepath.Join(base, "keep"), nil, 0o644) // not empty: no tmpfs mounted over it
+	base := testRunBase(t)
 	e, err := New(context.Background(), Config{
 		StateDir: filepath.Join(f.dir, "edge2"), AgentPath: filepath.Join(f.dir, "aether"), RunBase: base,
 		Capacity: smallCapacity(), AgentTimeout: 5 * time.Second,

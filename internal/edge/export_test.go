@@ -32,7 +32,7 @@ func (f *fixture) peerEdge(t *testing.T, ca *pki.CA, name string) (*Edge, *fake.
 	}
 	b, _ := fake.New(context.Background(), backend.Config{})
 	e, err := New(context.Background(), Config{
-		StateDir: filepath.Join(f.dir, name), AgentPath: filepath.Join(f.dir, "aether"),
+		StateDir: filepath.Join(f.dir, name), AgentPath: filepath.Join(f.dir, "aether"), RunBase: f.runBase,
 		Capacity: smallCapacity(), AgentTimeout: 5 * time.Second, PeerTLS: ca.ClientConfig(cert),
 	}, Deps{Store: f.store, Backends: []backend.Backend{b}, Log: testutil.Logger(t)})
 	if err != nil {

@@ -33,18 +33,36 @@ func Missing(t testing.TB, format string, args ...any) {
 	t.Skip(reason)
 }
 
-// RequireRoot skips (fails when strict) unless the test runs as root.
+// RequireRoot skips (fails when strict) unless the test runs as root. In
+// short mode (`make check`, the inner loop's tier) it always skips: that
+// tier runs no runtime, VM or host network, root or not.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs root and the host's runtimes (make test runs it)")
+	}
 	if os.Geteuid() != 0 {
 		Missing(t, "needs root (run with sudo -E or as root)")
 	}
 }
 
+// RequireRootUser skips (fails when strict) unless the test runs as root,
+// in short mode too: for tests of an in-process agent, which starts its
+// processes as root in root's home but needs no runtime.
+func RequireRootUser(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, "needs root: the agent under test starts its processes as root (run with sudo -E or as root)")
+	}
+}
+
 // RequireBinary skips (fails when strict) unless name is on PATH, and
-// returns its path.
+// returns its path; in short mode it always skips, as RequireRoot does.
 func RequireBinary(t testing.TB, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: needs %s (make test runs it)", name)
+	}
 	p, err := exec.LookPath(name)
 	if err != nil {
 		Missing(t, "needs %s on PATH (make deps installs it)", name)
