@@ -293,15 +293,7 @@ func TestStorageQuotaBindsImportsAndSnapshots(t *testing.T) {
 	c := e2e.StartCluster(t, "fake")
 	ctx := e2e.Ctx(t)
 	member := c.Project(t, "root", "st", &iamv1.Quota{StorageMb: 2})
-	ref, _ := image.ParseRef("root/busybox:latest")
-	im, err := c.Images.Resolve(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var archive bytes.Buffer
-	if err := c.Images.Export(im, &archive); err != nil {
-		t.Fatal(err)
-	}
+	archive := busyboxArchive(t, c)
 	upload := func(name string) error {
 		_, err := member.ImportImage(ctx, name, bytes.NewReader(archive.Bytes()), int64(archive.Len()))
 		return err
@@ -342,14 +334,9 @@ func TestStorageQuotaBindsImportsAndSnapshots(t *testing.T) {
 	}
 }
 
-// Imports at the same moment see each other's room taken: four uploads of
-// one image into a quota that holds one copy, each held halfway until all
-// four have started, end with one stored and three refused naming the
-// quota (each alone would fit).
-func TestStorageQuotaHoldsAcrossConcurrentImports(t *testing.T) {
-	c := e2e.StartCluster(t, "fake")
-	ctx := e2e.Ctx(t)
-	member := c.Project(t, "root", "par", &iamv1.Quota{StorageMb: 2})
+// busyboxArchive is the cluster's busybox image as an import archive.
+func busyboxArchive(t *testing.T, c *e2e.Cluster) *bytes.Buffer {
+	t.Helper()
 	ref, _ := image.ParseRef("root/busybox:latest")
 	im, err := c.Images.Resolve(ref)
 	if err != nil {
@@ -359,6 +346,18 @@ func TestStorageQuotaHoldsAcrossConcurrentImports(t *testing.T) {
 	if err := c.Images.Export(im, &archive); err != nil {
 		t.Fatal(err)
 	}
+	return &archive
+}
+
+// Imports at the same moment see each other's room taken: four uploads of
+// one image into a quota that holds one copy, each held halfway until all
+// four have started, end with one stored and three refused naming the
+// quota (each alone would fit).
+func TestStorageQuotaHoldsAcrossConcurrentImports(t *testing.T) {
+	c := e2e.StartCluster(t, "fake")
+	ctx := e2e.Ctx(t)
+	member := c.Project(t, "root", "par", &iamv1.Quota{StorageMb: 2})
+	archive := busyboxArchive(t, c)
 	if archive.Len() > 2<<20 || 2*archive.Len() <= 2<<20 {
 		t.Fatalf("the busybox archive is %d KiB: the case wants one copy within 2 MiB and two past it", archive.Len()>>10)
 	}
