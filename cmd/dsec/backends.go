@@ -26,6 +26,7 @@ func registry() *backend.Registry {
 // dsec up and dsec edge.
 type backendFlags struct {
 	runtime, platform, runscNet *string
+	newerFor                    *string
 	guest, vmInit, firecracker  *string
 	cgroupParent                *string
 }
@@ -33,8 +34,9 @@ type backendFlags struct {
 func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 	return &backendFlags{
 		runtime:      fs.String("runtime", "crun", "OCI runtime of the container backend: crun or runc"),
-		platform:     fs.String("gvisor-platform", "ptrace", "gVisor platform: ptrace, or systrap/kvm where runsc and the host have them"),
-		runscNet:     fs.String("gvisor-runsc-network", "", "the newer runsc for gvisor sandboxes with a network, which can snapshot and fork them (default: runsc-net next to dsec, built by make; \"none\" for none)"),
+		platform:     fs.String("gvisor-platform", "ptrace", "platform of Debian's runsc, which runs sandboxes the newer runsc does not: ptrace, or systrap/kvm where runsc and the host have them"),
+		runscNet:     fs.String("gvisor-runsc-network", "", "the newer runsc (systrap), for gvisor sandboxes with a network, which it can snapshot and fork (default: runsc-net next to dsec, built by make; \"none\" for none)"),
+		newerFor:     fs.String("gvisor-newer-runsc-for", "network", "which new gvisor sandboxes run on the newer runsc: \"network\" (those with a network) or \"all\" (every one, with its writable layer bounded by disk_mb on the node's disk instead of in memory; a fork bomb costs its sentry more node memory there: docs/design.md)"),
 		guest:        fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)"),
 		vmInit:       fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
 		cgroupParent: fs.String("cgroup-parent", "", "the sandboxes' parent cgroup, a path from the cgroup root (default /opendsec; under systemd the edge unit's delegated subtree, as deploy/quickstart.sh sets it)"),
@@ -48,7 +50,7 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 // to dsec (make build and make deps put them there) unless given, and its
 // Firecracker if given.
 func (f *backendFlags) options() map[string]string {
-	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet), oci.CgroupParentOption: *f.cgroupParent}
+	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet), gvisor.NewerForOption: *f.newerFor, oci.CgroupParentOption: *f.cgroupParent}
 	guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
 	if self, err := os.Executable(); err == nil {
 		bin := filepath.Dir(self)

@@ -115,3 +115,15 @@ func FirecrackerBinary(t testing.TB) string {
 	}
 	return p
 }
+
+// NewerRunsc is the newer runsc make deps built (scripts/build-runsc.sh),
+// which gVisor sandboxes run on wherever the node has it; missing, the
+// test is skipped (fails when strict).
+func NewerRunsc(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(RepoRoot(t), ".cache", "bin", "runsc-net")
+	if _, err := os.Stat(p); err != nil {
+		Missing(t, "the newer runsc is not built at %s (make deps runs scripts/build-runsc.sh): %v", p, err)
+	}
+	return p
+}

@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,10 +35,7 @@ func TestSandboxNetwork(t *testing.T) {
 	}
 	in := newInternet(t)
 	store := e2e.PyStore(t)
-	runscNet := filepath.Join(testutil.RepoRoot(t), ".cache", "bin", "runsc-net")
-	if _, err := os.Stat(runscNet); err != nil {
-		testutil.Missing(t, "the newer runsc for networked gVisor sandboxes is not built (make deps: scripts/build-runsc.sh): %v", err)
-	}
+	runscNet := testutil.NewerRunsc(t)
 	guest := testutil.GuestKernelDir(t)
 	c := e2e.StartClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}

@@ -1,15 +1,18 @@
 // Package gvisor is the "gvisor" backend: a user-space kernel (runsc) per
 // sandbox [ours]. It is the backend that snapshots memory, and so forks.
 //
+// Sandboxes run on Debian's runsc, or on a newer one (runtime.go).
 // Choices forced by Debian's runsc (2022-12), measured on this kernel:
 //   - --network=none: a sandbox without a network has its own netstack
 //     with loopback only. One with a network (Spec.NetNS) runs with
-//     --network=sandbox on a newer runsc (runtime.go): with this one it
-//     could not be checkpointed after any TCP connection and restored
+//     --network=sandbox, and can be checkpointed only on the newer runsc:
+//     with this one it could not be after any TCP connection and restored
 //     copies lost the NIC.
 //   - --overlay2=root:memory: writes live in the sandbox's memory, so they
 //     are in the checkpoint image and each restored copy gets its own; the
-//     host rootfs stays read-only and shared.
+//     host rootfs stays read-only and shared. (With every sandbox on the
+//     newer runsc they live in a file of disk_mb, which its checkpoint
+//     saves.)
 //   - --host-uds=open: the agent may connect to the edge's socket; it may
 //     create none, and a checkpoint never meets a host socket because the
 //     edge detaches the link first.
@@ -64,11 +67,14 @@ const Name = "gvisor"
 // Backend runs sandboxes with runsc.
 type Backend struct {
 	runsc    string
-	netRunsc string // the newer runsc for networked sandboxes (runtime.go); "" if none
-	root     string // runsc's state directory
-	platform string
-	log      *slog.Logger
-	cg       *cgroups.Host // the node's cgroups
+	netRunsc string // the newer runsc (runtime.go); "" if none
+	// newerForAll: every new sandbox runs on the newer runsc, not only
+	// those with a network (option "runsc-newer-for" = "all").
+	newerForAll bool
+	root        string // runsc's state directory
+	platform    string
+	log         *slog.Logger
+	cg          *cgroups.Host // the node's cgroups
 
 	mu    sync.Mutex
 	boxes map[sandboxid.ID]*box // guarded by mu
@@ -86,6 +92,8 @@ type box struct {
 	net bool
 	// modern: it runs on the newer runsc (runtime.go).
 	modern bool
+	// diskMB bounds its writable layer on the newer runsc (0: in memory).
+	diskMB int64
 }
 
 type handleState struct {
@@ -93,6 +101,7 @@ type handleState struct {
 	RunscID string `json:"runsc_id"`
 	Net     bool   `json:"net,omitempty"`
 	Modern  bool   `json:"modern,omitempty"`
+	DiskMB  int64  `json:"disk_mb,omitempty"`
 }
 
 // newRunscID appends a generation to the sandbox id. Every runsc id of this
@@ -105,7 +114,7 @@ func newRunscID(id sandboxid.ID) string {
 }
 
 func (b *Backend) handle(id sandboxid.ID, bx *box) *backend.Handle {
-	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID, Net: bx.net, Modern: bx.modern})
+	state, _ := json.Marshal(handleState{Dir: bx.dir, RunscID: bx.runscID, Net: bx.net, Modern: bx.modern, DiskMB: bx.diskMB})
 	return &backend.Handle{ID: id, Backend: Name, Version: 2, State: state}
 }
 
@@ -121,7 +130,10 @@ var (
 
 // New returns a gvisor backend. Options: "runsc" (binary), "platform"
 // (ptrace, systrap or kvm where the release and host have them),
-// "runsc-network" (the newer runsc for sandboxes with a network).
+// "runsc-network" (the newer runsc), "runsc-newer-for" ("network", the
+// default: sandboxes with a network run on the newer runsc; "all": every
+// new sandbox does, and its writable layer is bounded by disk_mb on the
+// node's disk).
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	cg, err := oci.Cgroups(cfg.Options)
 	if err != nil {
@@ -135,6 +147,13 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		root:     filepath.Join(cfg.StateDir, "runsc"),
 		log:      logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
 		boxes:    map[sandboxid.ID]*box{},
+	}
+	switch cfg.Options[NewerForOption] {
+	case "", NewerForNetwork:
+	case NewerForAll:
+		b.newerForAll = true
+	default:
+		return nil, errdefs.InvalidArgument("gvisor backend: option %s is %q; want %q or %q", NewerForOption, errdefs.Clip(cfg.Options[NewerForOption], 40), NewerForNetwork, NewerForAll)
 	}
 	if b.runsc == "" {
 		b.runsc = "runsc"
@@ -151,13 +170,14 @@ func (b *Backend) Name() string { return Name }
 // concurrentCalls bounds a gVisor sandbox's unary agent calls at once.
 const concurrentCalls = 32
 
-// Capabilities: pause and memory snapshots; of networked sandboxes too
-// with the newer runsc.
+// Capabilities: pause and memory snapshots; with the newer runsc, of
+// networked sandboxes too, and, where every sandbox runs on it, the
+// writable layer on the node's disk.
 func (b *Backend) Capabilities() backend.Capabilities {
-	_, net := b.networked()
+	_, newer := b.newer()
 	// Each exec is new tasks in the sentry (host threads on ptrace): past a
 	// few dozen at once, every call slows and a flood runs into deadlines.
-	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: net, ConcurrentCalls: concurrentCalls}
+	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: newer, DiskFile: newer && b.newerForAll, ConcurrentCalls: concurrentCalls}
 }
 
 // Probe checks runsc and the platform.
@@ -206,14 +226,14 @@ func (b *Backend) run(ctx context.Context, rt runtime, logFile string, args ...s
 // launch starts a runsc command that leaves a sandbox running (run or
 // restore): its stdio is /dev/null and it gets its own session, so the
 // sandbox outlives the edge and never writes into a broken pipe.
-func (b *Backend) launch(ctx context.Context, rt runtime, logFile string, netns bool, args ...string) error {
+func (b *Backend) launch(ctx context.Context, rt runtime, logFile string, bx box, args ...string) error {
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}
 	defer null.Close()
-	argv := append([]string{rt.bin}, append(rt.args(logFile, netns), args...)...)
-	if netns && !rt.modern {
+	argv := append([]string{rt.bin}, append(rt.args(logFile, bx), args...)...)
+	if bx.net && !rt.modern {
 		// This runsc takes a namespace in which /proc/sys/net/core/rmem_default
 		// exists for the host's own and refuses it; on kernels since 6.x
 		// every namespace has that file. Hiding /proc/sys/net in a private
@@ -261,14 +281,26 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := rootfs.Mount(spec.Layers, rootfs.LayoutIn(spec.Dir)); err != nil {
 		return nil, err
 	}
-	_, modern := b.networked()
-	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != "", modern: modern && spec.NetNS != ""}
+	bx := b.newBox(spec)
 	if err := writeSpec(spec.Dir, runtimeSpec(spec, b.cg, bx.runscID)); err != nil {
 		rootfs.Unmount(filepath.Join(spec.Dir, "rootfs")) //nolint:errcheck // reporting the first error
 		return nil, err
 	}
 	b.track(spec.ID, bx)
 	return b.handle(spec.ID, bx), nil
+}
+
+// newBox is a new sandbox (or restored copy) of spec: on the newer runsc
+// if it has a network, or if every sandbox runs there (then with its
+// writable layer on the node's disk).
+func (b *Backend) newBox(spec *backend.Spec) *box {
+	_, newer := b.newer()
+	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != ""}
+	bx.modern = newer && (bx.net || b.newerForAll)
+	if newer && b.newerForAll {
+		bx.diskMB = spec.DiskMB
+	}
+	return bx
 }
 
 func (b *Backend) track(id sandboxid.ID, bx *box) {
@@ -293,7 +325,7 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	return b.launch(ctx, b.rtOf(bx), b.logFile(bx.dir), bx.net, "run", "--detach", "--bundle", bx.dir, bx.runscID)
+	return b.launch(ctx, b.rtOf(bx), b.logFile(bx.dir), bx, "run", "--detach", "--bundle", bx.dir, bx.runscID)
 }
 
 // Stop kills the sandbox (SIGTERM to its processes first).
@@ -446,7 +478,7 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	if hs.Modern && b.netRunsc == "" {
 		return errdefs.FailedPrecondition("recover %s: it runs on the newer runsc (option runsc-network), which this edge is not given", h.ID)
 	}
-	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID, net: hs.Net, modern: hs.Modern})
+	b.track(h.ID, &box{dir: hs.Dir, runscID: hs.RunscID, net: hs.Net, modern: hs.Modern, diskMB: hs.DiskMB})
 	waitCheckpoint(ctx, hs.RunscID)
 	st, err := b.Status(ctx, h.ID)
 	if err != nil {
@@ -459,7 +491,7 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 		if rid, ok := b.liveGeneration(ctx, h.ID, hs); ok {
 			stopped := hs.RunscID
 			hs.RunscID = rid
-			b.track(h.ID, &box{dir: hs.Dir, runscID: rid, net: hs.Net, modern: hs.Modern})
+			b.track(h.ID, &box{dir: hs.Dir, runscID: rid, net: hs.Net, modern: hs.Modern, diskMB: hs.DiskMB})
 			h.State, _ = json.Marshal(hs)
 			b.remove(ctx, box{runscID: stopped}, b.runtimes()...) //nolint:errcheck // a stopped generation; Destroy retries
 			b.log.Info("recovered the generation a restore in place had started", logging.SandboxID, h.ID, "runsc_id", rid)
@@ -611,10 +643,15 @@ func raisePidMax(log *slog.Logger) {
 }
 
 // HostThreads is how many host tasks (sentry, gofer and stub threads) the
-// sandbox holds: its host pids cgroup's count.
+// sandbox holds: its host pids cgroup's count. The edge compacts a sandbox
+// that holds many by a checkpoint and a restore in place, which only
+// Debian's runsc (ptrace) needs and does: the newer one checkpoints
+// leaving the sandbox running, and its systrap platform kept about two
+// host threads a task (two waves of 200 tasks: 35 -> 440), which the host
+// bound covers. So a sandbox on it reports none.
 func (b *Backend) HostThreads(id sandboxid.ID) int {
 	bx, err := b.get(id)
-	if err != nil {
+	if err != nil || bx.modern {
 		return 0
 	}
 	return b.cg.Group(bx.runscID).PidsCurrent()

@@ -7,7 +7,9 @@ import (
 	"github.com/opendsec/opendsec/internal/cgroups"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,28 +25,57 @@ func env(t *testing.T) backendtest.Env {
 	return backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
 }
 
+// factory is the backend on Debian's runsc alone.
 func factory(t *testing.T, stateDir string) backend.Backend {
-	b, err := New(context.Background(), backend.Config{StateDir: stateDir, Log: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Probe(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return factoryWith(nil)(t, stateDir)
 }
 
+// newerFactory is the backend with every new sandbox on the newer runsc
+// (runsc-newer-for=all).
+func newerFactory(t *testing.T, stateDir string) backend.Backend {
+	return factoryWith(map[string]string{"runsc-network": testutil.NewerRunsc(t), NewerForOption: NewerForAll})(t, stateDir)
+}
+
+func factoryWith(options map[string]string) backendtest.Factory {
+	return func(t *testing.T, stateDir string) backend.Backend {
+		b, err := New(context.Background(), backend.Config{StateDir: stateDir, Log: testutil.Logger(t), Options: options})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Probe(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := b.(*Backend).newer(); !ok && options["runsc-network"] != "" {
+			t.Fatalf("the newer runsc %s did not pass the probe", options["runsc-network"])
+		}
+		return b
+	}
+}
+
+// releases are the two runsc releases a node may run sandboxes on.
+var releases = []struct {
+	name    string
+	factory backendtest.Factory
+}{{"debian", factory}, {"newer", newerFactory}}
+
 func TestConformance(t *testing.T) {
-	backendtest.Run(t, factory, env(t))
+	e := env(t)
+	for _, r := range releases {
+		t.Run(r.name, func(t *testing.T) { backendtest.Run(t, r.factory, e) })
+	}
 }
 
 func TestSnapshotAndRestore(t *testing.T) {
 	e := env(t)
-	// RunSnapshot skips backends that declare no snapshots; this one must.
-	if c := factory(t, t.TempDir()).Capabilities(); !c.Snapshot {
-		t.Fatalf("the gvisor backend declares no memory snapshots: %+v", c)
+	for _, r := range releases {
+		t.Run(r.name, func(t *testing.T) {
+			// RunSnapshot skips backends that declare no snapshots; this one must.
+			if c := r.factory(t, t.TempDir()).Capabilities(); !c.Snapshot {
+				t.Fatalf("the gvisor backend declares no memory snapshots: %+v", c)
+			}
+			backendtest.RunSnapshot(t, r.factory, e)
+		})
 	}
-	backendtest.RunSnapshot(t, factory, e)
 }
 
 // TestRestoreAppliesCPULimit checks that the CPU quota lifted for the
@@ -96,5 +127,112 @@ func TestRestoreAppliesCPULimit(t *testing.T) {
 		if got := strings.TrimSpace(string(data)); got != want {
 			t.Fatalf("sandbox %s: cpu.cfs_quota_us = %s after restore, want %s", s.ID, got, want)
 		}
+	}
+}
+
+// TestWritableLayerIsBoundedByDiskMB: with every sandbox on the newer
+// runsc, a sandbox's writes go to a file system of disk_mb backed by the
+// node's disk: a fill gets ENOSPC inside and the sandbox answers on.
+func TestWritableLayerIsBoundedByDiskMB(t *testing.T) {
+	e := env(t)
+	b := newerFactory(t, t.TempDir())
+	if !b.Capabilities().DiskFile {
+		t.Fatalf("on the newer runsc the writable layer is a file on the node's disk, but the backend does not say so: %+v", b.Capabilities())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := backendtest.NewSpec(t, e, sandboxid.NewNodeID())
+	spec.DiskMB = 64
+	sb := backendtest.Attach(t, b, spec)
+	if _, err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	if err := b.Start(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := backendtest.WaitAgent(ctx, b, sb.Link); err != nil {
+		t.Fatal(err)
+	}
+	free := func() int64 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(spec.Dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	before := free()
+	out := sb.Sh(t, "dd if=/dev/urandom of=/root/fill bs=1M count=100 2>&1 | grep -o 'No space left on device' | head -1; sync; df -m / | tail -1")
+	if !strings.Contains(out, "No space left on device") {
+		t.Fatalf("100 MiB into a 64 MiB writable layer: %q", out)
+	}
+	fields := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1])
+	if size, err := strconv.Atoi(fields[1]); err != nil || size > 64 || size < 50 {
+		t.Fatalf("df / inside: %q, want the layer's 64 MiB", out)
+	}
+	// What was written is on the node's disk (the file behind the layer),
+	// and no more than the layer holds.
+	if used := before - free(); used < 40<<20 || used > 80<<20 {
+		t.Fatalf("filling a 64 MiB layer took %d MiB of the node's disk", used>>20)
+	}
+	sb.Sh(t, "rm /root/fill && echo again > /root/after")
+	if got := sb.Sh(t, "cat /root/after"); got != "again\n" {
+		t.Fatalf("after the fill: %q", got)
+	}
+}
+
+// TestNewBoxRelease: which runsc a new sandbox runs on, and where its
+// writable layer lives, by the node's newer runsc and runsc-newer-for.
+func TestNewBoxRelease(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		newer, all, net  bool
+		wantModern       bool
+		wantDiskMB       int64
+		wantDiskFileCaps bool
+	}{
+		{"no newer runsc", false, false, false, false, 0, false},
+		{"no newer runsc, networked", false, false, true, false, 0, false},
+		{"network: without one", true, false, false, false, 0, false},
+		{"network: with one", true, false, true, true, 0, false},
+		{"all: without one", true, true, false, true, 100, true},
+		{"all: with one", true, true, true, true, 100, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := map[string]string{}
+			if c.newer {
+				opts["runsc-network"] = "/opt/runsc-net"
+			}
+			if c.all {
+				opts[NewerForOption] = NewerForAll
+			}
+			be, err := New(context.Background(), backend.Config{StateDir: t.TempDir(), Options: opts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := be.(*Backend)
+			spec := &backend.Spec{ID: sandboxid.New(sandboxid.NewNodeID()), Dir: "/state/sb", Resources: backend.Resources{DiskMB: 100}}
+			if c.net {
+				spec.NetNS = "/run/netns/x"
+			}
+			bx := b.newBox(spec)
+			if bx.modern != c.wantModern || bx.diskMB != c.wantDiskMB {
+				t.Fatalf("modern %v, disk %d MiB; want %v, %d", bx.modern, bx.diskMB, c.wantModern, c.wantDiskMB)
+			}
+			if got := b.Capabilities().DiskFile; got != c.wantDiskFileCaps {
+				t.Fatalf("DiskFile %v, want %v", got, c.wantDiskFileCaps)
+			}
+			rt := b.rtOf(*bx)
+			want := "root:memory"
+			if c.wantDiskMB > 0 {
+				want = "root:dir=/state/sb,size=100m"
+			}
+			if got := rt.overlay(*bx); got != want {
+				t.Fatalf("overlay %q, want %q", got, want)
+			}
+		})
+	}
+	if _, err := New(context.Background(), backend.Config{StateDir: t.TempDir(), Options: map[string]string{NewerForOption: "some"}}); err == nil || !strings.Contains(err.Error(), `want "network" or "all"`) {
+		t.Fatalf("a bad runsc-newer-for: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -115,8 +116,11 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err := os.WriteFile(filepath.Join(ref.Dir, "config.json"), tmpl, 0o600); err != nil {
 		return nil, err
 	}
-	b.cg.Group(bx.runscID).SetCPUQuota(-1, 0) //nolint:errcheck // only slower with the quota kept
 	rt := b.rtOf(bx)
+	if err := os.WriteFile(filepath.Join(ref.Dir, releaseFile), []byte(releaseOf(rt)), 0o600); err != nil {
+		return nil, err
+	}
+	b.cg.Group(bx.runscID).SetCPUQuota(-1, 0) //nolint:errcheck // only slower with the quota kept
 	args := []string{"checkpoint", "--image-path", memoryDir(ref)}
 	if rt.modern {
 		args = append(args, "--leave-running")
@@ -171,10 +175,18 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	inPlace := lookupErr == nil
 	// A networked snapshot was taken by the newer runsc, which restores it
 	// into spec's namespace (the copy's own NIC and address).
-	_, modern := b.networked()
-	bx := &box{dir: spec.Dir, runscID: newRunscID(spec.ID), net: spec.NetNS != "", modern: modern && spec.NetNS != ""}
-	if bx.net && !bx.modern {
-		return nil, errdefs.Unsupported("snapshot %s is of a sandbox with a network, which this node's runsc cannot restore", ref.ID)
+	// The runsc that took the snapshot restores it.
+	bx := b.newBox(spec)
+	bx.modern = snapshotRelease(ref, spec) == releaseNewer
+	if bx.modern {
+		if _, ok := b.newer(); !ok {
+			return nil, errdefs.FailedPrecondition("snapshot %s was taken by the newer runsc, which this node lacks (option runsc-network)", ref.ID)
+		}
+	} else {
+		if bx.net {
+			return nil, errdefs.Unsupported("snapshot %s is of a sandbox with a network, which this node's runsc cannot restore", ref.ID)
+		}
+		bx.diskMB = 0
 	}
 	target := filepath.Join(spec.Dir, "rootfs")
 	if mounted, _ := rootfs.IsMounted(target); !mounted {
@@ -207,7 +219,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	rt := b.rtOf(*bx)
-	if err := b.launch(ctx, rt, b.logFile(spec.Dir), bx.net, "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
+	if err := b.launch(ctx, rt, b.logFile(spec.Dir), *bx, "restore", "--detach", "--bundle", spec.Dir, "--image-path", memoryDir(ref), bx.runscID); err != nil {
 		b.remove(context.WithoutCancel(ctx), box{runscID: bx.runscID}, rt) //nolint:errcheck // cleaning up a failed restore
 		if !inPlace {
 			rootfs.Unmount(target) //nolint:errcheck // reporting the restore's error
@@ -237,6 +249,34 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		}()
 	}
 	return b.handle(spec.ID, bx), nil
+}
+
+// releaseFile, in a snapshot's directory, names the runsc release that
+// took it (releaseNewer or releaseDebian): only that one restores it.
+const (
+	releaseFile   = "runsc-release"
+	releaseNewer  = "newer"
+	releaseDebian = "debian"
+)
+
+func releaseOf(rt runtime) string {
+	if rt.modern {
+		return releaseNewer
+	}
+	return releaseDebian
+}
+
+// snapshotRelease reads which runsc took ref. Snapshots from before the
+// file existed were taken by the newer runsc if and only if the sandbox
+// had a network.
+func snapshotRelease(ref backend.SnapshotRef, spec *backend.Spec) string {
+	if data, err := os.ReadFile(filepath.Join(ref.Dir, releaseFile)); err == nil {
+		return strings.TrimSpace(string(data))
+	}
+	if spec.NetNS != "" {
+		return releaseNewer
+	}
+	return releaseDebian
 }
 
 // CPU weights: the kernel's minimum while restoring a copy, then the default.
