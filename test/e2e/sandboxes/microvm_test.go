@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
@@ -162,6 +163,27 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(e2e.Shell(t, a, "cat /root/own").Stdout)); got != a.ID {
 		t.Fatalf("the source reads a copy's file: %q", got)
+	}
+	// A QEMU stopped from the node (SIGSTOP) is reported failed within
+	// seconds, with that reason, and its neighbours answer on.
+	qemu, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*/"+b.ID+"/").Output()
+	pids := strings.Fields(string(qemu))
+	if len(pids) != 1 {
+		t.Fatalf("QEMU processes of %s: %q, want one", b.ID, qemu)
+	}
+	pid, _ := strconv.Atoi(pids[0])
+	stopped := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) //nolint:errcheck // it may be gone
+	msg, took := e2e.WaitFailed(t, c, b.ID, stopped)
+	t.Logf("a microVM whose QEMU was stopped: reported failed %v after the SIGSTOP: %s", took.Round(time.Millisecond), msg)
+	if !strings.Contains(msg, "stopped by a signal on the node") {
+		t.Fatalf("reason: %q, want it to say the runtime was stopped on the node", msg)
+	}
+	if got := string(e2e.Shell(t, a, "echo alive").Stdout); got != "alive\n" {
+		t.Fatalf("its neighbour after the SIGSTOP: %q", got)
 	}
 	all := []string{a.ID, b.ID}
 	for _, r := range resp.Msg.Results {
