@@ -80,6 +80,9 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 		if err := p.Resume(ctx, sb.id); err != nil {
 			return errdefs.Wrap(errdefs.ErrUnavailable, err, "resume sandbox %s", sb.id)
 		}
+		if err := e.relinkLocked(ctx, sb); err != nil {
+			return err
+		}
 	}
 	e.startClock(sb)
 	sb.rec.State, sb.rec.PausedTask = stateRunning, false

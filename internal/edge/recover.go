@@ -142,14 +142,67 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		// The checkpoint left it running (or never began).
 		rec.Checkpoint = ""
 	}
-	if rec.State == statePaused {
-		if st, err := be.Status(ctx, rec.ID); err == nil && st.State == backend.StateRunning {
-			// Resumed just before the edge died: its clock runs again.
-			e.startClock(sb)
-			rec.State = stateRunning
+	st, err := be.Status(ctx, rec.ID)
+	switch {
+	case err != nil:
+	case rec.State == statePaused && st.State == backend.StateRunning:
+		// Resumed just before the edge died: its clock runs again.
+		e.startClock(sb)
+		rec.State = stateRunning
+	case rec.State == stateRunning && st.State == backend.StatePaused:
+		// The edge's own pause was in flight (a VM stops for its snapshot
+		// or a fork's, or a pause not yet recorded): it runs again.
+		if p, ok := be.(backend.Pauser); ok {
+			if err := p.Resume(ctx, rec.ID); err != nil {
+				e.failLocked(ctx, sb, "stopped by a snapshot in flight when the edge went down, and could not be resumed: "+err.Error())
+				return nil
+			}
+			e.log.Info("resumed: it was stopped for a snapshot in flight when the edge went down", logging.SandboxID, rec.ID)
+		}
+	}
+	if be.Capabilities().LinkBeforeAgent {
+		// A VM stopped while the edge was down did not see its link go:
+		// its agent may hold a session the new edge cannot speak to.
+		sb.relink = true
+		if rec.State == stateRunning {
+			e.relinkSoon(sb)
 		}
 	}
 	return sb.save()
+}
+
+// relinkLocked waits, for a VM re-attached while it was stopped, until its
+// agent serves the new edge: WaitServing drops a connection that does not
+// answer, so the guest sees its host go and opens its port afresh.
+// Callers hold sb.mu.
+func (e *Edge) relinkLocked(ctx context.Context, sb *sandbox) error {
+	if !sb.relink || sb.link == nil {
+		return nil
+	}
+	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
+	defer cancel()
+	if err := sb.link.WaitServing(wait); err != nil {
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "sandbox %s: its agent does not answer since the edge restarted", sb.id)
+	}
+	sb.relink = false
+	return nil
+}
+
+// relinkSoon runs relinkLocked for a running sb in the background, once
+// recovery has let go of it. A failure is left to the health loop.
+func (e *Edge) relinkSoon(sb *sandbox) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		if sb.rec.State != stateRunning {
+			return
+		}
+		if err := e.relinkLocked(context.Background(), sb); err != nil {
+			e.log.Warn("re-attached VM", logging.SandboxID, sb.id, logging.Error, err)
+		}
+	}()
 }
 
 func (e *Edge) recoverSpec(ctx context.Context, rec *record) (*backend.Spec, error) {

@@ -50,8 +50,13 @@ type sandbox struct {
 	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
 	// released is set once, under mu, when its capacity is given back (it
 	// failed and nothing of it is left); Status reads it without mu.
-	released  atomic.Bool
-	removed   bool      // guarded by mu; nothing of it is left
+	released atomic.Bool
+	removed  bool // guarded by mu; nothing of it is left
+	// relink is set, under mu, for a VM the edge re-attached while it was
+	// stopped (recover.go): its guest did not see the link go, and may
+	// answer the new edge on its old session; its next resume waits for
+	// the agent to serve.
+	relink    bool
 	compacted time.Time // guarded by mu; last compaction (compact.go)
 	// compacting is set while a compaction is started or running.
 	compacting atomic.Bool
