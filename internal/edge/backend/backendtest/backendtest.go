@@ -111,8 +111,13 @@ func Attach(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 // Start creates and starts a sandbox and waits for its agent.
 func Start(t *testing.T, b backend.Backend, env Env) *Sandbox {
 	t.Helper()
+	return StartSpec(t, b, NewSpec(t, env, sandboxid.NewNodeID()))
+}
+
+// StartSpec is Start of a spec the test has changed.
+func StartSpec(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
+	t.Helper()
 	ctx := ctxFor(t, 60*time.Second)
-	spec := NewSpec(t, env, sandboxid.NewNodeID())
 	sb := Attach(t, b, spec)
 	h, err := b.Create(ctx, spec)
 	if err != nil {

@@ -139,29 +139,9 @@ func TestWritableLayerIsBoundedByDiskMB(t *testing.T) {
 	if !b.Capabilities().DiskFile {
 		t.Fatalf("on the newer runsc the writable layer is a file on the node's disk, but the backend does not say so: %+v", b.Capabilities())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	spec := backendtest.NewSpec(t, e, sandboxid.NewNodeID())
 	spec.DiskMB = 64
-	sb := backendtest.Attach(t, b, spec)
-	if _, err := b.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
-	if err := b.Start(ctx, spec.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := backendtest.WaitAgent(ctx, b, sb.Link); err != nil {
-		t.Fatal(err)
-	}
-	free := func() int64 {
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(spec.Dir, &st); err != nil {
-			t.Fatal(err)
-		}
-		return int64(st.Bavail) * st.Bsize
-	}
-	before := free()
+	sb := backendtest.StartSpec(t, b, spec)
 	out := sb.Sh(t, "dd if=/dev/urandom of=/root/fill bs=1M count=100 2>&1 | grep -o 'No space left on device' | head -1; sync; df -m / | tail -1")
 	if !strings.Contains(out, "No space left on device") {
 		t.Fatalf("100 MiB into a 64 MiB writable layer: %q", out)
@@ -170,15 +150,47 @@ func TestWritableLayerIsBoundedByDiskMB(t *testing.T) {
 	if size, err := strconv.Atoi(fields[1]); err != nil || size > 64 || size < 50 {
 		t.Fatalf("df / inside: %q, want the layer's 64 MiB", out)
 	}
-	// What was written is on the node's disk (the file behind the layer),
-	// and no more than the layer holds.
-	if used := before - free(); used < 40<<20 || used > 80<<20 {
-		t.Fatalf("filling a 64 MiB layer took %d MiB of the node's disk", used>>20)
+	// What was written is on the node's disk, in the unlinked file behind
+	// the layer that runsc made in the sandbox's directory, and no more
+	// than the layer holds.
+	if held := filestoreBytes(t, b.(*Backend), spec); held < 40<<20 || held > 72<<20 {
+		t.Fatalf("the file behind a filled 64 MiB layer holds %d MiB of the node's disk", held>>20)
 	}
 	sb.Sh(t, "rm /root/fill && echo again > /root/after")
 	if got := sb.Sh(t, "cat /root/after"); got != "again\n" {
 		t.Fatalf("after the fill: %q", got)
 	}
+}
+
+// filestoreBytes is what the files behind spec's writable layer hold on
+// the node's disk: runsc's unlinked filestores in the sandbox's directory,
+// found among its processes' open files.
+func filestoreBytes(t *testing.T, b *Backend, spec *backend.Spec) int64 {
+	t.Helper()
+	bx, err := b.get(spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]uint64]bool{}
+	var n int64
+	for _, pid := range b.cg.Group(bx.runscID).Procs() {
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+		for _, fd := range fds {
+			target, err := os.Readlink(fd)
+			if err != nil || !strings.HasPrefix(target, filepath.Join(spec.Dir, "runsc-filestore-")) {
+				continue
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(fd, &st); err == nil && !seen[[2]uint64{st.Dev, st.Ino}] {
+				seen[[2]uint64{st.Dev, st.Ino}] = true
+				n += st.Blocks * 512
+			}
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatalf("no runsc filestore in %s among the sandbox's open files", spec.Dir)
+	}
+	return n
 }
 
 // TestNewBoxRelease: which runsc a new sandbox runs on, and where its

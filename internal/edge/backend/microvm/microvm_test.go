@@ -339,19 +339,7 @@ func TestGuestNetwork(t *testing.T) {
 	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
 	spec := backendtest.NewSpec(t, env, sandboxid.NewNodeID())
 	spec.NetNS = "/run/netns/" + sbNS
-	sb := backendtest.Attach(t, b, spec)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := b.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
-	if err := b.Start(ctx, spec.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := backendtest.WaitAgent(ctx, b, sb.Link); err != nil {
-		t.Fatal(err)
-	}
+	sb := backendtest.StartSpec(t, b, spec)
 	if got := sb.Sh(t, "ip -4 -o addr show | awk '{print $2, $4}'; ip route | sort"); got != "lo 127.0.0.1/8\neth0 10.99.0.2/32\n10.99.0.1 dev eth0 scope link \ndefault via 10.99.0.1 dev eth0 \n" {
 		t.Fatalf("the guest's addresses and routes:\n%s", got)
 	}
