@@ -71,21 +71,22 @@ func main() {
 		defer stop()
 	}
 	log := logging.New("text", level)
+	limits := aether.NewLimitEvents(cgroup)
 	if *memoryMax > 0 {
-		go aether.WatchMemory(ctx, *memoryMax, 50*time.Millisecond, log)
+		go aether.WatchMemory(ctx, *memoryMax, 50*time.Millisecond, limits, log)
 	}
-	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, cgroup, log); err != nil {
+	if err := run(ctx, *socket, *sudoDir, *machineID, *syncClock, *linkAuth, cgroup, limits, log); err != nil {
 		fmt.Fprintln(os.Stderr, "aether:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, linkAuth bool, cgroup *os.File, log *slog.Logger) error {
+func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, linkAuth bool, cgroup *os.File, limits *aether.LimitEvents, log *slog.Logger) error {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup}, log).Run(ctx)
+	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup, Limits: limits}, log).Run(ctx)
 }

@@ -238,14 +238,37 @@ func cmdLs(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROJECT\tBACKEND\tIMAGE\tSTATE\tCPU\tMEM\tAGE\tEXPIRES IN")
+	fmt.Fprintln(tw, "ID\tPROJECT\tBACKEND\tIMAGE\tSTATE\tCPU\tMEM\tAGE\tEXPIRES IN\tLIMITS HIT")
 	for _, sb := range all {
 		s := sb.Spec
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%g\t%dM\t%s\t%s\n", sb.Id, sb.Project, s.Backend, s.Image,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%g\t%dM\t%s\t%s\t%s\n", sb.Id, sb.Project, s.Backend, s.Image,
 			strings.ToLower(strings.TrimPrefix(sb.State.String(), "SANDBOX_STATE_")), s.Resources.GetCpuCores(), s.Resources.GetMemoryMb(),
-			time.Since(sb.CreatedAt.AsTime()).Round(time.Second), time.Until(sb.ExpiresAt.AsTime()).Round(time.Second))
+			time.Since(sb.CreatedAt.AsTime()).Round(time.Second), time.Until(sb.ExpiresAt.AsTime()).Round(time.Second), limitsHit(sb.LimitEvents))
 	}
 	return tw.Flush()
+}
+
+// limitsHit says what a sandbox's limits did inside it: "-" for nothing,
+// else e.g. "2 OOM kills, 40 forks refused".
+func limitsHit(le *sandboxv1.LimitEvents) string {
+	var parts []string
+	if n := le.GetOomKills(); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d OOM kill%s", n, plural(n)))
+	}
+	if n := le.GetForksRefused(); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d fork%s refused", n, plural(n)))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func plural(n int64) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 func listAll(ctx context.Context, c *client.Client, project, task string) ([]*sandboxv1.Sandbox, error) {

@@ -65,6 +65,9 @@ type Config struct {
 	// starts in (spawn.Spawner.Cgroup).
 	SpawnCgroup *os.File
 	LinkKey     string
+	// Limits, if set, counts what the sandbox's limits ended or refused;
+	// every answer carries its counts (limits.go).
+	Limits *LimitEvents
 }
 
 // Agent serves one sandbox.
@@ -152,7 +155,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			})
 		}
 	}
-	a.dialer.Handler = a.Handler()
+	a.dialer.Handler = reportLimits(a.Handler(), a.cfg.Limits)
 	if a.cfg.SyncClock {
 		a.dialer.Handler = syncClock(a.dialer.Handler, a.log)
 	}

@@ -26,7 +26,8 @@ import (
 // memory (a filled root file system, which lives in memory), killing
 // bystanders would not free it, and it is logged instead; the host's
 // limit then bounds it.
-func WatchMemory(ctx context.Context, max int64, interval time.Duration, log *slog.Logger) {
+// Each kill is counted in ev (nil: not counted).
+func WatchMemory(ctx context.Context, max int64, interval time.Duration, ev *LimitEvents, log *slog.Logger) {
 	log = logging.OrDiscard(log)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -51,7 +52,9 @@ func WatchMemory(ctx context.Context, max int64, interval time.Duration, log *sl
 			continue
 		}
 		log.Warn("the sandbox is over its memory limit: killing the process that holds the most", "used", used, "limit", max, "pid", pid, "comm", comm, "rss", rss)
-		syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // it may have ended
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			ev.memoryKill()
+		}
 		// One kill per excess: wait for its memory to go before the next.
 		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(interval) {
 			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {

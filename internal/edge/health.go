@@ -212,9 +212,10 @@ func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
 		})
 		defer check.Stop()
 		c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
-		_, err := c.Health(ctx, connect.NewRequest(&agentv1.HealthRequest{}))
+		resp, err := c.Health(ctx, connect.NewRequest(&agentv1.HealthRequest{}))
 		switch {
 		case err == nil:
+			sb.limits.fromAgent(resp.Header())
 			hb.lastOK.Store(time.Now().UnixNano())
 			hb.strikes.Store(0)
 			hb.continued.Store(false)

@@ -83,6 +83,7 @@ func (e *Edge) recordMetrics(sb *sandbox, now time.Time) {
 	if err != nil {
 		return // gone, or going: nothing to record
 	}
+	sb.limits.fromNode(u)
 	r := &sb.metrics
 	r.mu.Lock()
 	defer r.mu.Unlock()

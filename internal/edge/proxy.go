@@ -29,6 +29,7 @@ type agentCall struct {
 	link     *agentlink.Link
 	detaches uint64       // the link's Detaches when the call began
 	failed   *atomic.Bool // set when the agent did not answer it
+	limits   *limitCounts // the sandbox's, which every answer updates
 }
 
 // viaLink sends a request over the agent link put in its context.
@@ -54,7 +55,14 @@ func (e *Edge) AgentProxy() http.Handler {
 			pr.Out.Header.Del(headers.SandboxID)
 			pr.Out.Header.Del(headers.NoResume)
 		},
-		Transport:     viaLink{},
+		Transport: viaLink{},
+		// Every answer carries the agent's limit counts: the sandbox
+		// takes them, the caller does not see them.
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Request.Context().Value(callKey{}).(agentCall).limits.fromAgent(resp.Header)
+			resp.Header.Del(headers.LimitEvents)
+			return nil
+		},
 		FlushInterval: -1,
 		BufferPool:    &rpcproxy.BufferPool{},
 		// A stream cut by a stopping sandbox is normal; keep it out of stderr.
@@ -113,7 +121,7 @@ func (e *Edge) AgentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		call := agentCall{id: sb.id, link: link, detaches: link.Detaches(), failed: &atomic.Bool{}}
+		call := agentCall{id: sb.id, link: link, detaches: link.Detaches(), failed: &atomic.Bool{}, limits: &sb.limits}
 		defer func() { sb.callEnded(!call.failed.Load()) }()
 		ctx = context.WithValue(ctx, callKey{}, call)
 		rpcproxy.FullDuplex(w)

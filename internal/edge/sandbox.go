@@ -14,6 +14,7 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/protobuf/proto"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -66,6 +67,9 @@ type sandbox struct {
 	// paused from its start (a checkpoint takes seconds), and calls that
 	// must not resume it are refused at once instead of waiting on mu.
 	pausing atomic.Bool
+
+	// limits counts what its limits did inside it (limitevents.go).
+	limits limitCounts
 
 	// calls counts agent calls in flight; lastCallEnd is when the last one
 	// ended (unix nanoseconds). Compaction waits for quiet.
@@ -121,7 +125,14 @@ func (sb *sandbox) lastCall() time.Time {
 }
 
 // snapshot returns the published description; callers must not modify it.
-func (sb *sandbox) snapshot() *sandboxv1.Sandbox { return sb.view.Load() }
+func (sb *sandbox) snapshot() *sandboxv1.Sandbox {
+	v := sb.view.Load()
+	if le := sb.limits.proto(); le != nil && v != nil {
+		v = proto.Clone(v).(*sandboxv1.Sandbox)
+		v.LimitEvents = le
+	}
+	return v
+}
 
 // markCheckpoint records (dir) or clears ("") the checkpoint being taken
 // of sb, so an edge that goes down meanwhile can bring it back from

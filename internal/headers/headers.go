@@ -4,7 +4,10 @@
 // Scope: the apiserver removes it from every incoming request.
 package headers
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 const (
 	// SandboxID names the sandbox an agent call is for.
@@ -28,7 +31,41 @@ const (
 	// edge sends an agent: an agent whose clock stops when its sandbox is
 	// paused (a VM's) steps its clock to it.
 	HostTime = "Dsec-Host-Time"
+	// LimitEvents, on every answer of an agent, counts what the sandbox's
+	// limits ended or refused inside it so far (FormatLimitEvents); the
+	// edge takes it off the answer.
+	LimitEvents = "Dsec-Limit-Events"
 )
+
+// FormatLimitEvents is LimitEvents' value: processes ended at the memory
+// limit and forks refused at the task limit.
+func FormatLimitEvents(oomKills, forksRefused int64) string {
+	return "oom_kills=" + strconv.FormatInt(oomKills, 10) + " forks_refused=" + strconv.FormatInt(forksRefused, 10)
+}
+
+// ParseLimitEvents reads LimitEvents' value; ok is false if it is not one.
+func ParseLimitEvents(v string) (oomKills, forksRefused int64, ok bool) {
+	var hasOOM, hasForks bool
+	for _, f := range strings.Fields(v) {
+		k, val, found := strings.Cut(f, "=")
+		n, err := strconv.ParseInt(val, 10, 64)
+		if !found || err != nil || n < 0 {
+			return 0, 0, false
+		}
+		switch {
+		case k == "oom_kills" && !hasOOM:
+			oomKills, hasOOM = n, true
+		case k == "forks_refused" && !hasForks:
+			forksRefused, hasForks = n, true
+		case k == "oom_kills" || k == "forks_refused":
+			return 0, 0, false // said twice
+		}
+	}
+	if !hasOOM || !hasForks {
+		return 0, 0, false
+	}
+	return oomKills, forksRefused, true
+}
 
 // Internal are the headers only the apiserver may set: it removes them
 // from every incoming request.

@@ -163,6 +163,25 @@ func WaitFailed(t *testing.T, c *Cluster, id string, since time.Time) (string, t
 	return "", 0
 }
 
+// WaitLimitEvents waits up to 15 s (the edge learns a container's counts
+// at its 5 s metrics sample, an agent's at its next answer or heartbeat)
+// until sandbox id's limit events satisfy ok, and returns them.
+func WaitLimitEvents(t *testing.T, c *Cluster, id string, ok func(*sandboxv1.LimitEvents) bool) *sandboxv1.LimitEvents {
+	t.Helper()
+	var last *sandboxv1.LimitEvents
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		got, err := c.Client.Sandboxes.GetSandbox(Ctx(t), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last = got.Msg.Sandbox.LimitEvents; ok(last) {
+			return last
+		}
+	}
+	t.Fatalf("sandbox %s: its limit events %v after 15 s", id, last)
+	return nil
+}
+
 // Clusters on the real runtimes. Their guards skip where the host lacks a
 // runtime or image, and fail instead in a strict run (make test).
 

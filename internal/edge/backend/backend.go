@@ -283,6 +283,10 @@ type Usage struct {
 	// ActiveFileBytes is the part of MemoryBytes that is page cache of
 	// files used lately: the kernel drops it as well when memory is short.
 	ActiveFileBytes int64
+	// OOMKills and ForksRefused count the sandbox's processes ended at its
+	// memory limit and forks refused at its pids limit, where the node's
+	// cgroup is the sandbox's own (a container); 0 where it is not.
+	OOMKills, ForksRefused int64
 }
 
 // HeldBytes is what of the memory the kernel cannot simply drop: its use

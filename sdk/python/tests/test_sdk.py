@@ -251,3 +251,20 @@ async def test_projects_quotas_and_nodes(client):
     assert nodes and all(n.healthy for n in nodes)
     assert any(why == "" for n in nodes for why in n.backends.values())
     assert nodes[0].capacity_sandboxes > 0
+
+
+async def test_a_process_killed_at_its_memory_limit_is_reported(client):
+    # The kernel's OOM killer ends the hog; the sandbox lives on and counts it.
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox:latest", cpu_cores_limit=0.5, memory_limit_mb=64))
+    try:
+        res = await sb.run_shell("awk 'BEGIN { s = \"x\"; while (1) s = s s }'")
+        assert res.exit_code == 137
+        assert (await sb.run_shell("echo alive")).stdout == "alive\n"
+        for _ in range(75):  # the node's count reaches the edge at its 5 s sample
+            info = await sb.refresh()
+            if info.oom_kills:
+                break
+            await asyncio.sleep(0.2)
+        assert info.oom_kills >= 1 and info.forks_refused == 0 and info.state == "running"
+    finally:
+        await sb.stop()

@@ -336,6 +336,11 @@ for fam, name in ((38, "af-alg"), (40, "af-vsock")):
 			t.Fatalf("the bomb's command: exit %d, timed out %v, %v", r.GetExitCode(), r.GetTimedOut(), err)
 		}
 		answers(t, sb, 30*time.Second)
+		if !gvisor { // gVisor's limit in its own kernel is not counted
+			if le := e2e.WaitLimitEvents(t, c, sb.ID, func(le *sandboxv1.LimitEvents) bool { return le.GetForksRefused() > 0 }); le.GetOomKills() != 0 {
+				t.Fatalf("a fork bomb reported as OOM kills: %v", le)
+			}
+		}
 		// Nothing of the bomb outlives its command's timeout.
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -419,6 +424,8 @@ except OSError as e:
 			t.Fatalf("1 GiB under a 256 MiB limit: %+v %v", r, err)
 		}
 		answers(t, sb, 10*time.Second)
+		// ... and reported: the sandbox counts the kill.
+		e2e.WaitLimitEvents(t, c, sb.ID, func(le *sandboxv1.LimitEvents) bool { return le.GetOomKills() > 0 })
 	})
 
 	t.Run("disk fill", func(t *testing.T) {

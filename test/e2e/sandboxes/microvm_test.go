@@ -95,6 +95,8 @@ func TestMicrovmThroughTheAPI(t *testing.T) {
 	if got := string(e2e.Shell(t, b, "echo alive").Stdout); got != "alive\n" {
 		t.Fatalf("after the fork bomb and the hog: %q", got)
 	}
+	// Both are reported: the guest cgroup's counts reach the sandbox.
+	e2e.WaitLimitEvents(t, c, b.ID, func(le *sandboxv1.LimitEvents) bool { return le.GetOomKills() > 0 && le.GetForksRefused() > 0 })
 	// An impostor agent cannot take the link: the agent holds the
 	// virtio-serial port, which admits one opener.
 	port := `for p in /sys/class/virtio-ports/*; do if [ "$(cat $p/name)" = dsec.agent ]; then cat /dev/${p##*/} 2>&1; echo rc=$?; fi; done`

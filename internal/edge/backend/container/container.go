@@ -186,7 +186,14 @@ func tail(path string, n int64) string {
 
 // Usage reads the sandbox's cgroups.
 func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
-	return oci.ReadUsage(b.cg.Group(string(id)))
+	g := b.cg.Group(string(id))
+	u, err := oci.ReadUsage(g)
+	if err == nil {
+		// The cgroup holds the sandbox's processes and nothing else.
+		kills, _ := g.OOMKills()
+		u.OOMKills, u.ForksRefused = int64(kills), int64(g.PidsRefused())
+	}
+	return u, err
 }
 
 // Create mounts the rootfs and writes the bundle; Start runs it.

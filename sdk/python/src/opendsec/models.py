@@ -170,6 +170,13 @@ class SandboxInfo:
     expires_at is then the end of its paused lifetime)."""
     on_timeout: str = "kill"
     explicit_resume: bool = False
+    oom_kills: int = 0
+    """Processes its limits ended for using more than memory_mb while the
+    sandbox lived on (the kernel's OOM killer; under gVisor the agent's
+    memory watch)."""
+    forks_refused: int = 0
+    """Forks and new threads refused at its pids limit (container and
+    microvm)."""
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -196,6 +203,8 @@ class SandboxInfo:
             timeout_left_seconds=int(d.get("timeoutLeftSeconds", 0)),
             on_timeout="pause" if spec.get("onTimeout") == "ON_TIMEOUT_PAUSE" else "kill",
             explicit_resume=bool(spec.get("explicitResume", False)),
+            oom_kills=int(d.get("limitEvents", {}).get("oomKills", 0)),
+            forks_refused=int(d.get("limitEvents", {}).get("forksRefused", 0)),
         )
 
 

@@ -890,8 +890,10 @@ type Sandbox struct {
 	// live it resumes with.
 	PauseDepth         PauseDepth `protobuf:"varint,12,opt,name=pause_depth,json=pauseDepth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"pause_depth,omitempty"`
 	TimeoutLeftSeconds int64      `protobuf:"varint,13,opt,name=timeout_left_seconds,json=timeoutLeftSeconds,proto3" json:"timeout_left_seconds,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// What its limits ended or refused inside it so far while it lived on.
+	LimitEvents   *LimitEvents `protobuf:"bytes,14,opt,name=limit_events,json=limitEvents,proto3" json:"limit_events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -1015,6 +1017,72 @@ func (x *Sandbox) GetTimeoutLeftSeconds() int64 {
 	return 0
 }
 
+func (x *Sandbox) GetLimitEvents() *LimitEvents {
+	if x != nil {
+		return x.LimitEvents
+	}
+	return nil
+}
+
+// LimitEvents count what a sandbox's limits did to its processes, which a
+// running sandbox survives: the process at fault ends or is refused.
+type LimitEvents struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Processes ended for using more than memory_mb: by the kernel's OOM
+	// killer (container, a microVM's guest), by the agent's memory watch
+	// (gvisor).
+	OomKills int64 `protobuf:"varint,1,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
+	// Forks and new threads refused at the pids limit (container, microvm;
+	// gvisor's limit in its own kernel is not counted).
+	ForksRefused  int64 `protobuf:"varint,2,opt,name=forks_refused,json=forksRefused,proto3" json:"forks_refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitEvents) Reset() {
+	*x = LimitEvents{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitEvents) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitEvents) ProtoMessage() {}
+
+func (x *LimitEvents) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitEvents.ProtoReflect.Descriptor instead.
+func (*LimitEvents) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LimitEvents) GetOomKills() int64 {
+	if x != nil {
+		return x.OomKills
+	}
+	return 0
+}
+
+func (x *LimitEvents) GetForksRefused() int64 {
+	if x != nil {
+		return x.ForksRefused
+	}
+	return 0
+}
+
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *SandboxSpec           `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -1027,7 +1095,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1107,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1120,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateSandboxRequest) GetSpec() *SandboxSpec {
@@ -1078,7 +1146,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1158,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1171,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -1122,7 +1190,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1202,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1215,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -1166,7 +1234,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1246,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1259,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1221,7 +1289,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1301,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1314,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListSandboxesRequest) GetProject() string {
@@ -1301,7 +1369,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1381,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1394,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1352,7 +1420,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1432,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1445,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StopSandboxRequest) GetSandboxId() string {
@@ -1395,7 +1463,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1475,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1488,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 type GetSandboxMetricsRequest struct {
@@ -1436,7 +1504,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1516,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1529,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandboxId() string {
@@ -1507,7 +1575,7 @@ type MetricsSample struct {
 
 func (x *MetricsSample) Reset() {
 	*x = MetricsSample{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1587,7 @@ func (x *MetricsSample) String() string {
 func (*MetricsSample) ProtoMessage() {}
 
 func (x *MetricsSample) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1600,7 @@ func (x *MetricsSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsSample.ProtoReflect.Descriptor instead.
 func (*MetricsSample) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MetricsSample) GetTime() *timestamppb.Timestamp {
@@ -1600,7 +1668,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1680,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1693,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSandboxMetricsResponse) GetSamples() []*MetricsSample {
@@ -1648,7 +1716,7 @@ type SetSandboxTimeoutRequest struct {
 
 func (x *SetSandboxTimeoutRequest) Reset() {
 	*x = SetSandboxTimeoutRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1728,7 @@ func (x *SetSandboxTimeoutRequest) String() string {
 func (*SetSandboxTimeoutRequest) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1741,7 @@ func (x *SetSandboxTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetSandboxTimeoutRequest) GetSandboxId() string {
@@ -1699,7 +1767,7 @@ type SetSandboxTimeoutResponse struct {
 
 func (x *SetSandboxTimeoutResponse) Reset() {
 	*x = SetSandboxTimeoutResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1779,7 @@ func (x *SetSandboxTimeoutResponse) String() string {
 func (*SetSandboxTimeoutResponse) ProtoMessage() {}
 
 func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1792,7 @@ func (x *SetSandboxTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSandboxTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetSandboxTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetSandboxTimeoutResponse) GetSandbox() *Sandbox {
@@ -1744,7 +1812,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1824,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1837,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PauseSandboxRequest) GetSandboxId() string {
@@ -1799,7 +1867,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1879,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1892,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1861,7 +1929,7 @@ type PauseTaskRequest struct {
 
 func (x *PauseTaskRequest) Reset() {
 	*x = PauseTaskRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +1941,7 @@ func (x *PauseTaskRequest) String() string {
 func (*PauseTaskRequest) ProtoMessage() {}
 
 func (x *PauseTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +1954,7 @@ func (x *PauseTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseTaskRequest.ProtoReflect.Descriptor instead.
 func (*PauseTaskRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseTaskRequest) GetTask() string {
@@ -1930,7 +1998,7 @@ type TaskSandboxResult struct {
 
 func (x *TaskSandboxResult) Reset() {
 	*x = TaskSandboxResult{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2010,7 @@ func (x *TaskSandboxResult) String() string {
 func (*TaskSandboxResult) ProtoMessage() {}
 
 func (x *TaskSandboxResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2023,7 @@ func (x *TaskSandboxResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskSandboxResult.ProtoReflect.Descriptor instead.
 func (*TaskSandboxResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TaskSandboxResult) GetSandboxId() string {
@@ -2024,7 +2092,7 @@ type PauseTaskResponse struct {
 
 func (x *PauseTaskResponse) Reset() {
 	*x = PauseTaskResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2104,7 @@ func (x *PauseTaskResponse) String() string {
 func (*PauseTaskResponse) ProtoMessage() {}
 
 func (x *PauseTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2117,7 @@ func (x *PauseTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseTaskResponse.ProtoReflect.Descriptor instead.
 func (*PauseTaskResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PauseTaskResponse) GetResults() []*TaskSandboxResult {
@@ -2076,7 +2144,7 @@ type ResumeTaskRequest struct {
 
 func (x *ResumeTaskRequest) Reset() {
 	*x = ResumeTaskRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2156,7 @@ func (x *ResumeTaskRequest) String() string {
 func (*ResumeTaskRequest) ProtoMessage() {}
 
 func (x *ResumeTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2169,7 @@ func (x *ResumeTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeTaskRequest.ProtoReflect.Descriptor instead.
 func (*ResumeTaskRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResumeTaskRequest) GetTask() string {
@@ -2127,7 +2195,7 @@ type ResumeTaskResponse struct {
 
 func (x *ResumeTaskResponse) Reset() {
 	*x = ResumeTaskResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2207,7 @@ func (x *ResumeTaskResponse) String() string {
 func (*ResumeTaskResponse) ProtoMessage() {}
 
 func (x *ResumeTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2220,7 @@ func (x *ResumeTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeTaskResponse.ProtoReflect.Descriptor instead.
 func (*ResumeTaskResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeTaskResponse) GetResults() []*TaskSandboxResult {
@@ -2171,7 +2239,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2251,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2264,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeSandboxRequest) GetSandboxId() string {
@@ -2215,7 +2283,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2295,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2308,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -2272,7 +2340,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2352,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2365,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Snapshot) GetId() string {
@@ -2376,7 +2444,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2456,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2469,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -2427,7 +2495,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2507,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2520,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -2479,7 +2547,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2559,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2572,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -2551,7 +2619,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2631,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2644,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -2603,7 +2671,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2683,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2696,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2679,7 +2747,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +2759,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +2772,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2743,7 +2811,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +2823,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +2836,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*ForkResult {
@@ -2802,7 +2870,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +2882,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +2895,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -2846,7 +2914,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +2926,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +2939,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2890,7 +2958,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2902,7 +2970,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2915,7 +2983,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2933,7 +3001,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3013,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3026,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 type UpdateNetworkRequest struct {
@@ -2981,7 +3049,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3061,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3074,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -3060,7 +3128,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3072,7 +3140,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3085,7 +3153,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
@@ -3160,7 +3228,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04cidr\x18\x02 \x01(\tR\x04cidr\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x03(\tR\x05ports\"\xb9\x04\n" +
+	"\x05ports\x18\x04 \x03(\tR\x05ports\"\xfe\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x17\n" +
@@ -3178,7 +3246,11 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x0fnetwork_address\x18\v \x01(\tR\x0enetworkAddress\x12@\n" +
 	"\vpause_depth\x18\f \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\n" +
 	"pauseDepth\x120\n" +
-	"\x14timeout_left_seconds\x18\r \x01(\x03R\x12timeoutLeftSeconds\"f\n" +
+	"\x14timeout_left_seconds\x18\r \x01(\x03R\x12timeoutLeftSeconds\x12C\n" +
+	"\flimit_events\x18\x0e \x01(\v2 .opendsec.sandbox.v1.LimitEventsR\vlimitEvents\"O\n" +
+	"\vLimitEvents\x12\x1b\n" +
+	"\toom_kills\x18\x01 \x01(\x03R\boomKills\x12#\n" +
+	"\rforks_refused\x18\x02 \x01(\x03R\fforksRefused\"f\n" +
 	"\x14CreateSandboxRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\"O\n" +
@@ -3392,7 +3464,7 @@ func file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(OnTimeout)(0),                    // 0: opendsec.sandbox.v1.OnTimeout
 	(PauseDepth)(0),                   // 1: opendsec.sandbox.v1.PauseDepth
@@ -3407,141 +3479,143 @@ var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*NetworkPolicy)(nil),             // 10: opendsec.sandbox.v1.NetworkPolicy
 	(*NetworkRule)(nil),               // 11: opendsec.sandbox.v1.NetworkRule
 	(*Sandbox)(nil),                   // 12: opendsec.sandbox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),      // 13: opendsec.sandbox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 14: opendsec.sandbox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 15: opendsec.sandbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 16: opendsec.sandbox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 17: opendsec.sandbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 18: opendsec.sandbox.v1.ListSandboxesResponse
-	(*StopSandboxRequest)(nil),        // 19: opendsec.sandbox.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),       // 20: opendsec.sandbox.v1.StopSandboxResponse
-	(*GetSandboxMetricsRequest)(nil),  // 21: opendsec.sandbox.v1.GetSandboxMetricsRequest
-	(*MetricsSample)(nil),             // 22: opendsec.sandbox.v1.MetricsSample
-	(*GetSandboxMetricsResponse)(nil), // 23: opendsec.sandbox.v1.GetSandboxMetricsResponse
-	(*SetSandboxTimeoutRequest)(nil),  // 24: opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	(*SetSandboxTimeoutResponse)(nil), // 25: opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	(*PauseSandboxRequest)(nil),       // 26: opendsec.sandbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),      // 27: opendsec.sandbox.v1.PauseSandboxResponse
-	(*PauseTaskRequest)(nil),          // 28: opendsec.sandbox.v1.PauseTaskRequest
-	(*TaskSandboxResult)(nil),         // 29: opendsec.sandbox.v1.TaskSandboxResult
-	(*PauseTaskResponse)(nil),         // 30: opendsec.sandbox.v1.PauseTaskResponse
-	(*ResumeTaskRequest)(nil),         // 31: opendsec.sandbox.v1.ResumeTaskRequest
-	(*ResumeTaskResponse)(nil),        // 32: opendsec.sandbox.v1.ResumeTaskResponse
-	(*ResumeSandboxRequest)(nil),      // 33: opendsec.sandbox.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),     // 34: opendsec.sandbox.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),                  // 35: opendsec.sandbox.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),    // 36: opendsec.sandbox.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 37: opendsec.sandbox.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 38: opendsec.sandbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 39: opendsec.sandbox.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 40: opendsec.sandbox.v1.ForkSandboxRequest
-	(*ForkResult)(nil),                // 41: opendsec.sandbox.v1.ForkResult
-	(*ForkSandboxResponse)(nil),       // 42: opendsec.sandbox.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 43: opendsec.sandbox.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 44: opendsec.sandbox.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 45: opendsec.sandbox.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 46: opendsec.sandbox.v1.DeleteSnapshotResponse
-	(*UpdateNetworkRequest)(nil),      // 47: opendsec.sandbox.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 48: opendsec.sandbox.v1.UpdateNetworkResponse
-	nil,                               // 49: opendsec.sandbox.v1.Node.BackendsEntry
-	nil,                               // 50: opendsec.sandbox.v1.Node.BackendDetailsEntry
-	nil,                               // 51: opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	nil,                               // 52: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	nil,                               // 53: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	nil,                               // 54: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 55: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 56: google.protobuf.Timestamp
+	(*LimitEvents)(nil),               // 13: opendsec.sandbox.v1.LimitEvents
+	(*CreateSandboxRequest)(nil),      // 14: opendsec.sandbox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 15: opendsec.sandbox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 16: opendsec.sandbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 17: opendsec.sandbox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 18: opendsec.sandbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 19: opendsec.sandbox.v1.ListSandboxesResponse
+	(*StopSandboxRequest)(nil),        // 20: opendsec.sandbox.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),       // 21: opendsec.sandbox.v1.StopSandboxResponse
+	(*GetSandboxMetricsRequest)(nil),  // 22: opendsec.sandbox.v1.GetSandboxMetricsRequest
+	(*MetricsSample)(nil),             // 23: opendsec.sandbox.v1.MetricsSample
+	(*GetSandboxMetricsResponse)(nil), // 24: opendsec.sandbox.v1.GetSandboxMetricsResponse
+	(*SetSandboxTimeoutRequest)(nil),  // 25: opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	(*SetSandboxTimeoutResponse)(nil), // 26: opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	(*PauseSandboxRequest)(nil),       // 27: opendsec.sandbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 28: opendsec.sandbox.v1.PauseSandboxResponse
+	(*PauseTaskRequest)(nil),          // 29: opendsec.sandbox.v1.PauseTaskRequest
+	(*TaskSandboxResult)(nil),         // 30: opendsec.sandbox.v1.TaskSandboxResult
+	(*PauseTaskResponse)(nil),         // 31: opendsec.sandbox.v1.PauseTaskResponse
+	(*ResumeTaskRequest)(nil),         // 32: opendsec.sandbox.v1.ResumeTaskRequest
+	(*ResumeTaskResponse)(nil),        // 33: opendsec.sandbox.v1.ResumeTaskResponse
+	(*ResumeSandboxRequest)(nil),      // 34: opendsec.sandbox.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 35: opendsec.sandbox.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),                  // 36: opendsec.sandbox.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),    // 37: opendsec.sandbox.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 38: opendsec.sandbox.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 39: opendsec.sandbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 40: opendsec.sandbox.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 41: opendsec.sandbox.v1.ForkSandboxRequest
+	(*ForkResult)(nil),                // 42: opendsec.sandbox.v1.ForkResult
+	(*ForkSandboxResponse)(nil),       // 43: opendsec.sandbox.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 44: opendsec.sandbox.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 45: opendsec.sandbox.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 46: opendsec.sandbox.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 47: opendsec.sandbox.v1.DeleteSnapshotResponse
+	(*UpdateNetworkRequest)(nil),      // 48: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 49: opendsec.sandbox.v1.UpdateNetworkResponse
+	nil,                               // 50: opendsec.sandbox.v1.Node.BackendsEntry
+	nil,                               // 51: opendsec.sandbox.v1.Node.BackendDetailsEntry
+	nil,                               // 52: opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	nil,                               // 53: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	nil,                               // 54: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	nil,                               // 55: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 56: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 57: google.protobuf.Timestamp
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
 	5,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
-	49, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
-	56, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
-	50, // 4: opendsec.sandbox.v1.Node.backend_details:type_name -> opendsec.sandbox.v1.Node.BackendDetailsEntry
+	50, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
+	57, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
+	51, // 4: opendsec.sandbox.v1.Node.backend_details:type_name -> opendsec.sandbox.v1.Node.BackendDetailsEntry
 	6,  // 5: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
 	8,  // 6: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
-	51, // 7: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	52, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	52, // 7: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	53, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
 	10, // 9: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
 	0,  // 10: opendsec.sandbox.v1.SandboxSpec.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
 	11, // 11: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
 	9,  // 12: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	2,  // 13: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	56, // 14: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	56, // 15: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	57, // 14: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	57, // 15: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 16: opendsec.sandbox.v1.Sandbox.pause_depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	9,  // 17: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	12, // 18: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	12, // 19: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	53, // 20: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	2,  // 21: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
-	12, // 22: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	56, // 23: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	56, // 24: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	56, // 25: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
-	22, // 26: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	12, // 27: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	1,  // 28: opendsec.sandbox.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	12, // 29: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	1,  // 30: opendsec.sandbox.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	12, // 31: opendsec.sandbox.v1.TaskSandboxResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	29, // 32: opendsec.sandbox.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	29, // 33: opendsec.sandbox.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	12, // 34: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	9,  // 35: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	56, // 36: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	35, // 37: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	54, // 38: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	0,  // 39: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	12, // 40: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	55, // 41: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	3,  // 42: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
-	12, // 43: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	41, // 44: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	35, // 45: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	11, // 46: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 47: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 48: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	12, // 49: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	13, // 50: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	15, // 51: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	17, // 52: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	19, // 53: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	24, // 54: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	26, // 55: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	33, // 56: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	28, // 57: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
-	31, // 58: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
-	36, // 59: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	38, // 60: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	40, // 61: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	43, // 62: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	45, // 63: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	47, // 64: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	21, // 65: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	4,  // 66: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
-	14, // 67: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	16, // 68: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	18, // 69: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	20, // 70: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	25, // 71: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	27, // 72: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	34, // 73: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	30, // 74: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
-	32, // 75: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
-	37, // 76: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	39, // 77: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	42, // 78: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	44, // 79: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	46, // 80: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	48, // 81: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	23, // 82: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	7,  // 83: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
-	67, // [67:84] is the sub-list for method output_type
-	50, // [50:67] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	13, // 17: opendsec.sandbox.v1.Sandbox.limit_events:type_name -> opendsec.sandbox.v1.LimitEvents
+	9,  // 18: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	12, // 19: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	12, // 20: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	54, // 21: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	2,  // 22: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
+	12, // 23: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	57, // 24: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	57, // 25: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	57, // 26: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	23, // 27: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	12, // 28: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	1,  // 29: opendsec.sandbox.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	12, // 30: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	1,  // 31: opendsec.sandbox.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	12, // 32: opendsec.sandbox.v1.TaskSandboxResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	30, // 33: opendsec.sandbox.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	30, // 34: opendsec.sandbox.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	12, // 35: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	9,  // 36: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	57, // 37: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	36, // 38: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	55, // 39: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	0,  // 40: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	12, // 41: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	56, // 42: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	3,  // 43: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
+	12, // 44: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	42, // 45: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	36, // 46: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	11, // 47: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 48: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 49: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	12, // 50: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	14, // 51: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	16, // 52: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	18, // 53: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	20, // 54: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	25, // 55: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	27, // 56: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	34, // 57: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	29, // 58: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
+	32, // 59: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
+	37, // 60: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	39, // 61: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	41, // 62: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	44, // 63: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	46, // 64: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	48, // 65: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	22, // 66: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	4,  // 67: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	15, // 68: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	17, // 69: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	19, // 70: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	21, // 71: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	26, // 72: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	28, // 73: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	35, // 74: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	31, // 75: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
+	33, // 76: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
+	38, // 77: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	40, // 78: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	43, // 79: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	45, // 80: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	47, // 81: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	49, // 82: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	24, // 83: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	7,  // 84: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	68, // [68:85] is the sub-list for method output_type
+	51, // [51:68] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
@@ -3549,15 +3623,15 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 	if File_opendsec_sandbox_v1_sandbox_proto != nil {
 		return
 	}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_sandbox_v1_sandbox_proto_rawDesc), len(file_opendsec_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
