@@ -238,11 +238,7 @@ func TestKillDsecUpDuringASnapshotKeepsTheSource(t *testing.T) {
 	}{
 		{"gvisor", "gvisor", nil, all, 6},
 		{"gvisor-newer-runsc", "gvisor", []string{"--gvisor-runsc-network", testutil.NewerRunsc(t), "--gvisor-newer-runsc-for", "all"}, all, 6},
-		// A microVM's snapshot or fork cut by the kill is left out: in 1
-		// of 4 to 6 rounds here its QEMU never connected to the restarted
-		// edge again (the agent never answered; the sandbox was failed
-		// after 3 health checks). Known and open (issue 21).
-		{"microvm", "microvm", e2e.MicrovmUpFlags(t), []string{"pause-task"}, 3},
+		{"microvm", "microvm", e2e.MicrovmUpFlags(t), all, 6},
 	} {
 		t.Run(k.name, func(t *testing.T) { killDuringSnapshots(t, k.backend, k.ops, k.rounds, k.flags...) })
 	}

@@ -512,11 +512,26 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 			Running bool   `json:"running"`
 			Status  string `json:"status"`
 		}
-		if json.Unmarshal(out, &s) == nil && !s.Running && s.Status == "paused" {
+		if json.Unmarshal(out, &s) == nil && stoppedByMonitor(s.Running, s.Status) {
 			st.State = backend.StatePaused
 		}
 	}
 	return st, nil
+}
+
+// stoppedByMonitor reports whether QEMU's run state (query-status) is a
+// guest stopped by its monitor, which "cont" runs again: a pause, or a
+// snapshot's migration to a file, under way or done, whose "cont" never
+// came (the edge went down during it). QEMU then stays "postmigrate".
+func stoppedByMonitor(running bool, status string) bool {
+	if running {
+		return false
+	}
+	switch status {
+	case "paused", "postmigrate", "finish-migrate", "suspended":
+		return true
+	}
+	return false
 }
 
 // Stop implements backend.Backend: QEMU quits at SIGTERM; SIGKILL after
