@@ -452,6 +452,13 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 			return err
 		}
 		detail := consoleTail(sb.dir)
+		if cr, ok := sb.be.(backend.ConsoleReader); ok {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			if t := cr.ConsoleTail(cctx, sb.id); t != "" {
+				detail = t
+			}
+			cancel()
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -243,6 +243,13 @@ type Diagnoser interface {
 	Diagnose(ctx context.Context, id sandboxid.ID) string
 }
 
+// ConsoleReader is implemented by backends that keep a sandbox's console
+// themselves (a VM's, in its VMM's memory, bounded): the edge quotes its
+// end when the agent does not come up.
+type ConsoleReader interface {
+	ConsoleTail(ctx context.Context, id sandboxid.ID) string
+}
+
 // HostThreads is implemented by backends whose runtime holds host threads
 // it does not give back (gVisor's ptrace platform): the edge compacts a
 // sandbox that holds too many (checkpoint and restore in place).

@@ -324,7 +324,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	}
 	guest := Guest{Root: root,
 		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))), CPUCores: spec.CPUCores,
-		Initrd: filepath.Join(bx.Dir, "initrd.cpio"), Console: filepath.Join(bx.Dir, "console.log"),
+		Initrd:   filepath.Join(bx.Dir, "initrd.cpio"),
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
 		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
 	}
@@ -612,6 +612,36 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	return nil
 }
 
+// ConsoleTail implements backend.ConsoleReader: the end of the guest's
+// console, which QEMU keeps in a ring in its memory (a Firecracker
+// guest's is its console.log).
+func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
+	bx, err := b.get(id)
+	if err != nil {
+		return ""
+	}
+	g, err := bx.loadGuest()
+	if err != nil {
+		return ""
+	}
+	if bx.firecracker() {
+		return strings.TrimPrefix(tail(filepath.Join(bx.Dir, "console.log")), "; console: ")
+	}
+	if g.Console != "" {
+		return strings.TrimPrefix(tail(g.Console), "; console: ")
+	}
+	out, err := qmp(ctx, bx.qmpSock(), "ringbuf-read", map[string]any{"device": consoleChardev, "size": consoleRingBytes, "format": "utf8"})
+	if err != nil {
+		return ""
+	}
+	var text string
+	json.Unmarshal(out, &text) //nolint:errcheck // nothing to quote
+	if len(text) > 1024 {
+		text = text[len(text)-1024:]
+	}
+	return strings.TrimSpace(text)
+}
+
 // Pause implements backend.Pauser: the guest's vCPUs stop (QMP stop).
 func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
 	bx, err := b.get(id)
@@ -639,7 +669,8 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 }
 
 var (
-	_ backend.Backend   = (*Backend)(nil)
-	_ backend.Pauser    = (*Backend)(nil)
-	_ backend.Inventory = (*Backend)(nil)
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.Pauser        = (*Backend)(nil)
+	_ backend.Inventory     = (*Backend)(nil)
+	_ backend.ConsoleReader = (*Backend)(nil)
 )

@@ -367,3 +367,42 @@ func TestGuestNetwork(t *testing.T) {
 }
 
 func randSuffix() string { return strconv.FormatInt(time.Now().UnixNano()%1e6, 36) }
+
+// TestConsoleStaysInQEMUMemory: what the guest writes to its console
+// (root in it can write without end) fills a 64 KiB ring in QEMU's memory,
+// never a file on the node's disk, and its end is what the edge quotes.
+func TestConsoleStaysInQEMUMemory(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	q := testQEMU(t)
+	b := factory(q)(t, t.TempDir())
+	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
+	sb := backendtest.Start(t, b, env)
+	sb.Sh(t, "head -c 4194304 /dev/zero | tr '\\0' x > /dev/ttyS0; echo the-last-words > /dev/ttyS0")
+	var files int64
+	filepath.Walk(sb.Dir, func(_ string, fi os.FileInfo, err error) error { //nolint:errcheck // a sum
+		if err == nil && fi.Mode().IsRegular() && strings.Contains(fi.Name(), "console") {
+			files += fi.Size()
+		}
+		return nil
+	})
+	if files > 0 {
+		t.Fatalf("the guest's console wrote %d bytes of files in the sandbox's directory", files)
+	}
+	if got := b.(backend.ConsoleReader).ConsoleTail(context.Background(), sb.ID); !strings.HasSuffix(got, "the-last-words") || len(got) > 1024 {
+		t.Fatalf("console tail (%d bytes) ends %q", len(got), got[max(0, len(got)-40):])
+	}
+}
+
+// TestConsoleArgs: a sandbox's console is a ring chardev of a power of two
+// (QEMU refuses others); a probe's, a file.
+func TestConsoleArgs(t *testing.T) {
+	q := &QEMU{Binary: "qemu-system-x86_64", Kernel: "/k"}
+	args := strings.Join(q.Args(Guest{Initrd: "/i", AgentChardev: "socket,id=agent,path=/s"}), " ")
+	if !strings.Contains(args, "-chardev ringbuf,id=console,size=65536 -serial chardev:console") || consoleRingBytes&(consoleRingBytes-1) != 0 {
+		t.Fatalf("a sandbox's console: %s", args)
+	}
+	if args := strings.Join(q.Args(Guest{Initrd: "/i", Console: "/c.log", AgentChardev: "file,id=agent,path=/a"}), " "); !strings.Contains(args, "-serial file:/c.log") || strings.Contains(args, "ringbuf") {
+		t.Fatalf("a probe's console: %s", args)
+	}
+}

@@ -107,9 +107,13 @@ type Guest struct {
 	SMP        int // vCPUs; 1 when 0
 	// CPUCores is the sandbox's CPU limit, held on the node (cpu.go); 0:
 	// the vCPUs only.
-	CPUCores     float64 `json:",omitempty"`
-	Initrd       string
-	Console      string // the serial console's log file
+	CPUCores float64 `json:",omitempty"`
+	Initrd   string
+	// Console is the serial console's log file; "" keeps the console in
+	// a ring of consoleRingBytes in QEMU's memory instead (a sandbox's:
+	// its guest's root could write to a file without end), which
+	// ConsoleTail reads.
+	Console      string
 	AgentChardev string // QEMU -chardev for the agent's port (id=agent)
 	// AgentSocket is the edge's socket for the agent (Firecracker's vsock
 	// leads there; QEMU's AgentChardev names it).
@@ -159,10 +163,16 @@ func (q *QEMU) Args(g Guest) []string {
 		"-M", machine, "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", fmt.Sprint(max(g.SMP, 1)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", KernelArgs(),
-		"-serial", "file:" + g.Console,
-		"-device", "virtio-serial-device", "-chardev", g.AgentChardev,
-		"-device", "virtserialport,chardev=agent,name=" + AgentPort,
 	}
+	if g.Console != "" {
+		args = append(args, "-serial", "file:"+g.Console)
+	} else {
+		args = append(args, "-chardev", fmt.Sprintf("ringbuf,id=%s,size=%d", consoleChardev, consoleRingBytes), "-serial", "chardev:"+consoleChardev)
+	}
+	args = append(args,
+		"-device", "virtio-serial-device", "-chardev", g.AgentChardev,
+		"-device", "virtserialport,chardev=agent,name="+AgentPort,
+	)
 	if g.RootDisk != "" && g.WritableDisk != "" {
 		args = append(args,
 			"-drive", "id=root,file="+g.RootDisk+",format=raw,if=none,readonly=on",
@@ -255,6 +265,13 @@ func hostTSCkHz() int64 {
 	}
 	return 0
 }
+
+// A sandbox's console, in QEMU's memory: a ring of its last 64 KiB (QEMU
+// wants a power of two), never on the node's disk.
+const (
+	consoleChardev   = "console"
+	consoleRingBytes = 64 << 10
+)
 
 // tail is the end of a console log, for errors.
 func tail(path string) string {

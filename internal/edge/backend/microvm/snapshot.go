@@ -204,7 +204,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	g.RootDisk = filepath.Join(bx.Dir, "root.ext4")
-	g.Console, g.AgentChardev, g.AgentSocket = filepath.Join(bx.Dir, "console.log"), agentChardev(spec), agentSocket(spec)
+	g.Console, g.AgentChardev, g.AgentSocket = "", agentChardev(spec), agentSocket(spec)
 	if bx.firecracker() {
 		return b.restoreFirecracker(ctx, bx, g, ref, spec)
 	}
