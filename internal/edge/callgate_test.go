@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 // TestCallsBeyondTheBoundAreRefusedPromptly: with two call slots, two long
@@ -73,5 +74,44 @@ func TestCallsBeyondTheBoundAreRefusedPromptly(t *testing.T) {
 	}
 	if _, err := run(context.Background(), "true"); err != nil {
 		t.Errorf("a call once the slots are free: %v", err)
+	}
+}
+
+// TestAQueuedCallWithLessTimeThanCallsTakeIsRefused: once calls take
+// about a second, a call that waited for a slot and has less left of its
+// deadline is refused at once instead of being served into its deadline.
+func TestAQueuedCallWithLessTimeThanCallsTakeIsRefused(t *testing.T) {
+	sb := &sandbox{id: "n-1", slots: make(chan struct{}, 1)}
+	sb.callTimes.observe(time.Second)
+	hold, err := sb.acquireCall(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(300 * time.Millisecond); hold() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = sb.acquireCall(ctx)
+	if connect.CodeOf(errdefs.ToConnect(err)) != connect.CodeResourceExhausted || time.Since(began) > time.Second {
+		t.Fatalf("after %v: %v, want resource-exhausted once the slot came free", time.Since(began), err)
+	}
+	if len(sb.slots) != 0 {
+		t.Fatal("the refused call kept its slot")
+	}
+	// With time enough left, the queued call is served.
+	hold, _ = sb.acquireCall(context.Background())
+	go func() { time.Sleep(100 * time.Millisecond); hold() }()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	release, err := sb.acquireCall(ctx2)
+	if err != nil {
+		t.Fatalf("a queued call with time enough: %v", err)
+	}
+	release()
+	var c callTimes
+	c.observe(800 * time.Millisecond)
+	c.observe(1600 * time.Millisecond)
+	if got := c.typical(); got != 900*time.Millisecond {
+		t.Fatalf("average %v, want 900ms", got)
 	}
 }

@@ -75,6 +75,7 @@ type sandbox struct {
 	// ended (unix nanoseconds). Compaction waits for quiet.
 	calls       atomic.Int64
 	slots       chan struct{} // its unary calls in flight (callgate.go)
+	callTimes   callTimes     // how long they hold a slot (callgate.go)
 	lastCallEnd atomic.Int64
 	// lastAnswered is when a call the agent answered last ended.
 	lastAnswered atomic.Int64
