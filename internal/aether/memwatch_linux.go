@@ -29,16 +29,19 @@ import (
 // Each kill is counted in ev (nil: not counted).
 func WatchMemory(ctx context.Context, max int64, interval time.Duration, ev *LimitEvents, log *slog.Logger) {
 	log = logging.OrDiscard(log)
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
 	warned := false
+	next := interval
 	for {
+		timer.Reset(next)
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-timer.C:
 		}
 		used, err := memoryUsed("/proc/meminfo")
+		next = watchInterval(used, max, interval)
 		if err != nil || used <= max {
 			warned = false
 			continue
@@ -62,6 +65,21 @@ func WatchMemory(ctx context.Context, max int64, interval time.Duration, ev *Lim
 			}
 		}
 	}
+}
+
+// nearInterval is how often the watch reads once the sandbox is near its
+// limit: a process that writes its memory as fast as the kernel copies
+// (dd's read of /dev/zero into a 512 MiB buffer) would otherwise pass the
+// sentry's reserve between two reads of interval.
+const nearInterval = 2 * time.Millisecond
+
+// watchInterval is the wait before the next reading: nearInterval above
+// three quarters of max, else interval.
+func watchInterval(used, max int64, interval time.Duration) time.Duration {
+	if used > max/4*3 {
+		return min(nearInterval, interval)
+	}
+	return interval
 }
 
 // memoryUsed reads what a meminfo file counts as used: MemTotal less

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // What a meminfo file counts as used, and which process the watch would
@@ -36,5 +37,27 @@ func TestMemoryWatchReadsUseAndPicksTheLargest(t *testing.T) {
 	os.RemoveAll(filepath.Join(dir, "42"))
 	if pid, _, _, _ := largestProcess(dir); pid != 0 {
 		t.Fatalf("with only the agent and a process without memory: pid %d, want none", pid)
+	}
+}
+
+// TestWatchReadsOftenNearTheLimit: the watch reads every interval while
+// the sandbox is well under its limit, and every nearInterval above three
+// quarters of it.
+func TestWatchReadsOftenNearTheLimit(t *testing.T) {
+	for _, c := range []struct {
+		used, max int64
+		want      time.Duration
+	}{
+		{0, 1000, 50 * time.Millisecond},
+		{750, 1000, 50 * time.Millisecond},
+		{751, 1000, nearInterval},
+		{2000, 1000, nearInterval},
+	} {
+		if got := watchInterval(c.used, c.max, 50*time.Millisecond); got != c.want {
+			t.Errorf("%d of %d: %v, want %v", c.used, c.max, got, c.want)
+		}
+	}
+	if got := watchInterval(900, 1000, time.Millisecond); got != time.Millisecond {
+		t.Errorf("an interval below nearInterval: %v", got)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
+	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
@@ -209,6 +210,24 @@ func GvisorPyCluster(t *testing.T) *Cluster {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc")
 	return StartClusterWithStore(t, PyStore(t), "gvisor", "container")
+}
+
+// MicrovmOptions are the microvm backend's options for a cluster of a
+// test's own: the guest kernel and init make deps and the tests build.
+func MicrovmOptions(t *testing.T) map[string]string {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "qemu-system-x86_64")
+	testutil.RequireBinary(t, "mkfs.ext4")
+	return map[string]string{"guest": testutil.GuestKernelDir(t), "init": testutil.VMInitBinary(t)}
+}
+
+// AllBackendsPyCluster runs the container, gvisor and microvm backends on
+// the image store `make images` fills.
+func AllBackendsPyCluster(t *testing.T) *Cluster {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc")
+	vm := MicrovmOptions(t)
+	return StartClusterWith(t, PyStore(t), func(cfg *embed.Config) { cfg.Backends["microvm"] = vm }, "gvisor", "container", "microvm")
 }
 
 // PyStore is the image store `make images` fills, with root/py:3.11.

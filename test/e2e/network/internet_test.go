@@ -36,10 +36,10 @@ func TestSandboxNetwork(t *testing.T) {
 	in := newInternet(t)
 	store := e2e.PyStore(t)
 	runscNet := testutil.NewerRunsc(t)
-	guest := testutil.GuestKernelDir(t)
+	vm := e2e.MicrovmOptions(t)
 	c := e2e.StartClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}
-		cfg.Backends["microvm"] = map[string]string{"guest": guest, "init": testutil.VMInitBinary(t)}
+		cfg.Backends["microvm"] = vm
 		cfg.Network = &edge.NetworkConfig{Upstream: []string{in.web + ":53"}}
 		cfg.GatewayListen = "127.0.0.1:0"
 		cfg.Gateway = e2b.Config{Backend: "container", DefaultUser: "root"}

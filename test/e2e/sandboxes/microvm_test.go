@@ -15,7 +15,6 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/embed"
-	"github.com/opendsec/opendsec/internal/testutil"
 	"github.com/opendsec/opendsec/test/e2e"
 	"google.golang.org/protobuf/proto"
 )
@@ -27,13 +26,9 @@ import (
 // resumes, forks into copies that carry its memory, and leaves no QEMU
 // behind when stopped.
 func TestMicrovmThroughTheAPI(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "qemu-system-x86_64")
-	testutil.RequireBinary(t, "mkfs.ext4")
-	guest := testutil.GuestKernelDir(t)
-	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
-		cfg.Backends["microvm"] = map[string]string{"guest": guest, "init": testutil.VMInitBinary(t)}
-	}, "container", "microvm")
+	vm := e2e.MicrovmOptions(t)
+	guest := vm["guest"]
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.Backends["microvm"] = vm }, "container", "microvm")
 	ctx := e2e.Ctx(t)
 	// The node says which hypervisor and accelerator it uses, and why not
 	// a faster one.
