@@ -4,12 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/headers"
 )
 
@@ -30,7 +29,7 @@ type LimitEvents struct {
 	forks int64
 	ttl   time.Duration
 	// readCgroup reads a keyed file of the spawn cgroup; nil without one.
-	readCgroup func(name string) (map[string]int64, error)
+	readCgroup func(name string) (map[string]uint64, error)
 }
 
 // NewLimitEvents counts events, reading the kernel's counts from cgroup
@@ -38,12 +37,12 @@ type LimitEvents struct {
 func NewLimitEvents(cgroup *os.File) *LimitEvents {
 	ev := &LimitEvents{ttl: 250 * time.Millisecond}
 	if cgroup != nil {
-		ev.readCgroup = func(name string) (map[string]int64, error) {
+		ev.readCgroup = func(name string) (map[string]uint64, error) {
 			data, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d/%s", cgroup.Fd(), name))
 			if err != nil {
 				return nil, err
 			}
-			return ParseKeyed(string(data)), nil
+			return cgroups.ParseKeyed(string(data)), nil
 		}
 	}
 	return ev
@@ -74,30 +73,14 @@ func (ev *LimitEvents) kernelCounts() (oom, forks int64) {
 	defer ev.mu.Unlock()
 	if time.Since(ev.read) >= ev.ttl {
 		if m, err := ev.readCgroup("memory.events"); err == nil {
-			ev.oom = m["oom_kill"]
+			ev.oom = int64(min(m["oom_kill"], 1<<62))
 		}
 		if p, err := ev.readCgroup("pids.events"); err == nil {
-			ev.forks = p["max"]
+			ev.forks = int64(min(p["max"], 1<<62))
 		}
 		ev.read = time.Now()
 	}
 	return ev.oom, ev.forks
-}
-
-// ParseKeyed parses a cgroup's flat keyed file: "key value" lines; lines
-// that are not are skipped.
-func ParseKeyed(s string) map[string]int64 {
-	out := map[string]int64{}
-	for _, line := range strings.Split(s, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-			out[k] = n
-		}
-	}
-	return out
 }
 
 // reportLimits puts the counts on every answer (headers.LimitEvents), as

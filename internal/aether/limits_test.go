@@ -12,13 +12,6 @@ import (
 	"github.com/opendsec/opendsec/internal/headers"
 )
 
-func TestParseKeyed(t *testing.T) {
-	got := ParseKeyed("low 0\nhigh 3\nmax 12\noom 2\noom_kill 1\nbroken\n\nx y\n")
-	if got["oom_kill"] != 1 || got["max"] != 12 || got["high"] != 3 || len(got) != 5 {
-		t.Fatalf("parsed %v", got)
-	}
-}
-
 // TestLimitEventsCount: the memory watch's kills and the guest cgroup's
 // own counts add up, the cgroup is read at most once per ttl, and every
 // answer carries the counts.
@@ -29,9 +22,9 @@ func TestLimitEventsCount(t *testing.T) {
 		t.Fatalf("nil counts %d %d", oom, forks)
 	}
 	reads := 0
-	files := map[string]map[string]int64{"memory.events": {"oom": 2, "oom_kill": 2}, "pids.events": {"max": 7}}
+	files := map[string]map[string]uint64{"memory.events": {"oom": 2, "oom_kill": 2}, "pids.events": {"max": 7}}
 	ev := &LimitEvents{ttl: time.Hour}
-	read := func(name string) (map[string]int64, error) {
+	read := func(name string) (map[string]uint64, error) {
 		reads++
 		if m, ok := files[name]; ok {
 			return m, nil

@@ -207,12 +207,18 @@ func readUint(p string) (uint64, error) {
 // keyed reads a flat keyed file ("key value" lines: memory.stat,
 // memory.events, cpu.stat, pids.events, memory.oom_control).
 func keyed(p string) map[string]uint64 {
-	out := map[string]uint64{}
 	data, err := os.ReadFile(p)
 	if err != nil {
-		return out
+		return map[string]uint64{}
 	}
-	for _, line := range strings.Split(string(data), "\n") {
+	return ParseKeyed(string(data))
+}
+
+// ParseKeyed parses a flat keyed file's text; lines that are not
+// "key value" with a number are skipped.
+func ParseKeyed(s string) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, line := range strings.Split(s, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
 		if !ok {
 			continue

@@ -222,3 +222,10 @@ func TestParentMustBeAnAbsoluteCleanPath(t *testing.T) {
 		}
 	}
 }
+
+func TestParseKeyed(t *testing.T) {
+	got := ParseKeyed("low 0\nhigh 3\nmax 12\noom 2\noom_kill 1\nbroken\n\nx y\nneg -1\n")
+	if got["oom_kill"] != 1 || got["max"] != 12 || got["high"] != 3 || len(got) != 5 {
+		t.Fatalf("parsed %v", got)
+	}
+}
