@@ -137,6 +137,16 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	info, err := detachedSnapshot(ctx, sb, sn, ref)
 	note := ""
 	if err == nil {
+		// The checkpoint is whole: from here an edge that goes down
+		// finishes the offload at its restart (recover.go) instead of
+		// taking a sandbox the release is ending for running.
+		e.stopClock(sb)
+		sb.rec.Offloaded, sb.rec.State = string(ref.ID), statePaused
+		if serr := sb.save(); serr != nil {
+			err = serr
+		}
+	}
+	if err == nil {
 		if rerr := sb.be.(backend.Releaser).Release(ctx, sb.id); rerr != nil {
 			// The checkpoint is good: if nothing of the sandbox runs, it is
 			// offloaded all the same; if it still runs, it stays as it was.
@@ -149,6 +159,10 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	}
 	if err != nil {
 		os.RemoveAll(ref.Dir)
+		if sb.rec.Offloaded != "" {
+			e.startClock(sb)
+			sb.rec.Offloaded, sb.rec.State = "", stateRunning
+		}
 		sb.rec.Checkpoint = ""
 		if info != nil && info.Stopped {
 			e.failLocked(ctx, sb, "offloading it failed and stopped it: "+err.Error())

@@ -121,6 +121,18 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 			return nil
 		}
 		be.Recover(ctx, rec.Handle, bspec) //nolint:errcheck // see above
+		if st, err := be.Status(ctx, rec.ID); err == nil && (st.State == backend.StateRunning || st.State == backend.StatePaused) {
+			// The edge went down between the offload's checkpoint and its
+			// release: what still runs is ended, as the release would.
+			if r, ok := be.(backend.Releaser); ok {
+				if err := r.Release(ctx, rec.ID); err != nil {
+					e.failLocked(ctx, sb, "its offload was cut by the edge going down, and what still ran of it could not be ended: "+err.Error())
+					return nil
+				}
+				e.log.Info("finished an offload the edge's restart cut", logging.SandboxID, rec.ID)
+			}
+		}
+		rec.Checkpoint = ""
 		return sb.save()
 	}
 	if err := be.Recover(ctx, rec.Handle, bspec); err != nil {
