@@ -24,6 +24,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
 	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	diskOver := fs.Float64("disk-overcommit", 1, "above 1, the sandboxes' disk limits may add up to this many times the free space of the layers' disk; a sandbox that fills it then loses its neighbours' writes; 1: every layer can be written in full")
+	diskLedger := fs.String("disk-ledger", "/run/opendsec/disk-ledger", "directory where the edges of this host count what each promised of a disk they share; empty: this edge counts only its own sandboxes")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec)")
 	runBase := fs.String("run-base", "", "directory of the agents' sockets (default /run/opendsec)")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
@@ -60,7 +61,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := edge.ServeConfig{
-		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, DiskOvercommit: *diskOver, PeerTLS: ident.ClientConfig()},
+		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, DiskOvercommit: *diskOver, DiskLedgerDir: *diskLedger, PeerTLS: ident.ClientConfig()},
 		// Other edges pull exported snapshots (cross-node fork and restore).
 		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher, pki.RoleEdge),
 	}

@@ -1,11 +1,13 @@
 package edge
 
 import (
+	"fmt"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // The state disk [ours]. A writable layer is a sparse image (layerfs): its
@@ -66,45 +68,107 @@ func (e *Edge) admitLayerLocked(sizeMB int64) error {
 		}
 		return nil
 	}
-	free, promised, err := e.diskPromisedLocked(d.dir, sizeMB)
-	if err != nil {
-		return errdefs.Unavailable("writable layers: cannot read the free space of %s: %v", d.dir, err)
+	return e.raiseDiskLocked(d.dir, sizeMB<<20, func(free, promised, others int64, err error) error {
+		if err != nil {
+			return errdefs.Unavailable("writable layers: cannot read the free space of %s: %v", d.dir, err)
+		}
+		return errdefs.ResourceExhausted("node disk full: a writable layer of %d MiB (disk_mb) asked; %s has %d MiB free, %d MiB of it promised to the layers of this node's sandboxes%s and %d MiB kept free; ask for a smaller disk_mb or free space on the node",
+			sizeMB, d.dir, free>>20, promised>>20, othersPhrase(others), d.keepFree>>20)
+	})
+}
+
+func othersPhrase(others int64) string {
+	if others == 0 {
+		return ""
 	}
-	if free-promised-d.keepFree < sizeMB<<20 {
-		return errdefs.ResourceExhausted("node disk full: a writable layer of %d MiB (disk_mb) asked; %s has %d MiB free, %d MiB of it promised to the layers of this node's sandboxes and %d MiB kept free; ask for a smaller disk_mb or free space on the node",
-			sizeMB, d.dir, free>>20, promised>>20, d.keepFree>>20)
+	return fmt.Sprintf(", %d MiB to other edges' sandboxes on this disk,", others>>20)
+}
+
+// raiseDiskLocked checks that dir's file system has need bytes beyond what
+// is promised (this edge's sandboxes' disks and writes in progress, and,
+// on the layers' file system, what the other edges sharing it promised:
+// the disk ledger) and what it keeps free, and promises them in the
+// ledger; else it returns refuse's error. Callers hold e.mu, and count
+// need in diskMB or diskPending once it returns nil.
+func (e *Edge) raiseDiskLocked(dir string, need int64, refuse func(free, promised, others int64, err error) error) error {
+	var refused error
+	check := func(others int64) (int64, error) {
+		free, promised, err := e.diskPromisedLocked(dir, need, others)
+		if err != nil {
+			refused = refuse(0, 0, others, err)
+		} else if free-promised-others-e.disk.keepFree < need {
+			refused = refuse(free, promised, others, nil)
+		}
+		return promised + need, refused
 	}
-	return nil
+	if e.ledger == nil || !e.onLayerDisk(dir) {
+		_, err := check(0)
+		return err
+	}
+	if err := e.ledger.Raise(check); err != nil && refused == nil {
+		// The ledger itself failed (its directory, its lock): the edge
+		// cannot know what others promised, so it promises nothing more.
+		return errdefs.Unavailable("disk ledger %s: %v", e.ledger.Dir(), err)
+	}
+	return refused
+}
+
+// onLayerDisk tells whether dir is on the file system of the layers.
+func (e *Edge) onLayerDisk(dir string) bool {
+	if dir == e.disk.dir {
+		return true
+	}
+	var fi unix.Stat_t
+	return unix.Stat(dir, &fi) == nil && fi.Dev == e.disk.dev
 }
 
 // diskPromisedLocked returns the free bytes of dir's file system and, if
-// it holds the layers, what they may still write. extraMB is about to be
-// added: when even every admitted layer written in full leaves room for
-// it, the layers are not looked at (one statfs per admission in the common
-// case). Callers hold e.mu.
-func (e *Edge) diskPromisedLocked(dir string, extraMB int64) (free, promised int64, err error) {
+// it holds the layers, what they may still write. extra bytes are about to
+// be added: when even every admitted layer written in full leaves room for
+// them beside others' promise, the layers are not looked at (one statfs
+// per admission in the common case). Callers hold e.mu.
+func (e *Edge) diskPromisedLocked(dir string, extra, others int64) (free, promised int64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, 0, err
 	}
 	free = int64(st.Bavail) * st.Bsize
-	if dir != e.disk.dir {
-		var fi unix.Stat_t
-		if err := unix.Stat(dir, &fi); err != nil {
-			return 0, 0, err
-		}
-		if fi.Dev != e.disk.dev {
-			return free, 0, nil
-		}
+	if !e.onLayerDisk(dir) {
+		return free, 0, nil
 	}
 	admitted := e.diskMB << 20
-	if free-admitted-e.diskPending-e.disk.keepFree >= extraMB<<20 || e.layers == nil {
+	if free-admitted-e.diskPending-others-e.disk.keepFree >= extra || e.layers == nil {
 		return free, admitted + e.diskPending, nil
 	}
-	unwritten, sizes := e.layers.Promised()
-	// Admitted layers not made yet, and VMs' disks (not counted by the
-	// layers), owe their whole size; snapshots being written, theirs.
-	return free, unwritten + max(admitted-sizes, 0) + e.diskPending, nil
+	return free, e.promisedExactlyLocked(e.layers.Promised()), nil
+}
+
+// promisedExactlyLocked is what this edge's sandboxes may still write to
+// the layers' file system, given what its layers may still write and
+// their sizes: admitted layers not made yet, and VMs' disks (not counted
+// by the layers), owe their whole size; snapshots being written, theirs.
+// Callers hold e.mu.
+func (e *Edge) promisedExactlyLocked(unwritten, sizes int64) int64 {
+	return unwritten + max(e.diskMB<<20-sizes, 0) + e.diskPending
+}
+
+// publishDisk lowers this edge's promise in the disk ledger to what its
+// sandboxes may still write (a raise promises a layer or a snapshot in
+// full; the layers' writes and removals lower it). Called on the metrics
+// tick and when a sandbox gives its disk back.
+func (e *Edge) publishDisk() {
+	if e.ledger == nil {
+		return
+	}
+	var unwritten, sizes int64
+	if e.layers != nil {
+		unwritten, sizes = e.layers.Promised()
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.ledger.Set(e.promisedExactlyLocked(unwritten, sizes)); err != nil {
+		e.log.Warn("record this edge's disk promise in the ledger", logging.Error, err)
+	}
 }
 
 // reserveDiskFor holds room on dir's file system for need bytes of new
@@ -117,13 +181,15 @@ func (e *Edge) reserveDiskFor(dir string, need int64, what string) (release func
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	free, promised, err := e.diskPromisedLocked(dir, need>>20+1)
+	err = e.raiseDiskLocked(dir, need, func(free, promised, others int64, err error) error {
+		if err != nil {
+			return errdefs.Unavailable("%s: cannot read the free space of %s: %v", what, dir, err)
+		}
+		return errdefs.ResourceExhausted("node disk full: %s needs about %d MiB; %s has %d MiB free, %d MiB of it promised to this node's sandboxes' disks and writes in progress%s and %d MiB kept free",
+			what, need>>20, dir, free>>20, promised>>20, othersPhrase(others), e.disk.keepFree>>20)
+	})
 	if err != nil {
-		return nil, errdefs.Unavailable("%s: cannot read the free space of %s: %v", what, dir, err)
-	}
-	if free-promised-e.disk.keepFree < need {
-		return nil, errdefs.ResourceExhausted("node disk full: %s needs about %d MiB; %s has %d MiB free, %d MiB of it promised to this node's sandboxes' disks and writes in progress, and %d MiB kept free",
-			what, need>>20, dir, free>>20, promised>>20, e.disk.keepFree>>20)
+		return nil, err
 	}
 	e.diskPending += need
 	var once sync.Once
@@ -132,6 +198,7 @@ func (e *Edge) reserveDiskFor(dir string, need int64, what string) (release func
 			e.mu.Lock()
 			e.diskPending -= need
 			e.mu.Unlock()
+			e.publishDisk()
 		})
 	}, nil
 }

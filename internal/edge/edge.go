@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/cgroups"
+	"github.com/opendsec/opendsec/internal/diskledger"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -68,6 +69,11 @@ type Config struct {
 	// DiskKeepFreeMB is what LayerDir's file system keeps free beyond what
 	// the layers may write; default 2 % of its size, 64 MiB to 1 GiB.
 	DiskKeepFreeMB int64
+	// DiskLedgerDir is where the edges of one host count what each
+	// promised of a file system they share (internal/diskledger): each
+	// admits against the free space less the others' promise. Empty: this
+	// edge counts only its own sandboxes, as if it had the disk alone.
+	DiskLedgerDir string
 	// Network turns on sandbox networking (network.go); nil: sandboxes
 	// have loopback only and a create that asks for a network fails.
 	Network *NetworkConfig
@@ -108,6 +114,9 @@ type Edge struct {
 	layers *layerfs.FS
 	// disk is LayerDir's file system and what it keeps free (diskroom.go).
 	disk diskRoom
+	// ledger holds this edge's promise of disk's free space beside other
+	// edges' on it; nil without Config.DiskLedgerDir.
+	ledger *diskledger.Ledger
 	// recoveryIncomplete is set when recovery could not read every record:
 	// nothing found running is then taken for an orphan.
 	recoveryIncomplete bool
@@ -222,6 +231,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB); err != nil {
 		return nil, fmt.Errorf("edge: state directory %s: %w", cfg.StateDir, err)
 	}
+	if cfg.DiskLedgerDir != "" && e.disk.overcommit <= 1 {
+		if e.ledger, err = diskledger.Open(cfg.DiskLedgerDir, e.disk.dir, string(e.node)); err != nil {
+			return nil, fmt.Errorf("edge: %w", err)
+		}
+	}
 	e.netOff = "not configured"
 	if cfg.Network != nil {
 		if err := e.openNetwork(ctx, *cfg.Network, e.networkedRecords()); err != nil {
@@ -237,6 +251,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.loadSnapshots()
+	e.publishDisk() // what recovery found
 	e.wg.Add(5)
 	go e.transferLoop()
 	go e.expireLoop()
@@ -263,6 +278,11 @@ func (e *Edge) Close() {
 	e.wg.Wait()
 	if e.layers != nil {
 		e.layers.Close() // removes the warm layers; sandboxes' stay
+	}
+	if e.ledger != nil {
+		// Its sandboxes' layers stay promised by their blocks on disk
+		// until an edge takes them back at its start.
+		e.ledger.Close()
 	}
 	for _, sb := range e.all() {
 		sb.mu.Lock()

@@ -64,6 +64,7 @@ func (e *Edge) metricsLoop() {
 			for _, sb := range e.all() {
 				e.recordMetrics(sb, now)
 			}
+			e.publishDisk()
 		}
 	}
 }

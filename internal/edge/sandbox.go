@@ -290,10 +290,11 @@ func (e *Edge) release(sb *sandbox) {
 	sb.released.Store(true)
 	r := sb.rec.spec.Resources
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.allocated.add(r.CpuCores, r.MemoryMb, -1)
 	e.diskMB -= e.diskOf(sb.be, r)
 	e.usageSeq++ // a failed sandbox that holds nothing is no longer counted
+	e.mu.Unlock()
+	e.publishDisk()
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its

@@ -16,8 +16,10 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/backend/fake"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 func TestSnapshotRestoreDelete(t *testing.T) {
@@ -316,5 +318,57 @@ func TestAVMsDiskIsAdmittedAgainstTheStateDisk(t *testing.T) {
 	small.Resources.DiskMb = 64
 	if _, err := f.edge.Create(context.Background(), small, "root/a"); err != nil {
 		t.Fatalf("a 64 MiB disk: %v", err)
+	}
+}
+
+// Two edges on one disk (the edges of one `dsec up --edges N`) count each
+// other's promise through the disk ledger: what one admitted is not
+// promised again by the other, the refusal says so, and what one gives
+// back the other can have.
+func TestEdgesSharingADiskCountEachOthersPromise(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.DiskFile = true
+	ledger := filepath.Join(f.dir, "ledger")
+	open := func(name string, be *fake.Backend) *Edge {
+		e, err := New(context.Background(), Config{
+			StateDir: filepath.Join(f.dir, name), AgentPath: filepath.Join(f.dir, "aether"), RunBase: f.runBase,
+			Capacity: smallCapacity(), AgentTimeout: 5 * time.Second, DiskLedgerDir: ledger,
+		}, Deps{Store: f.store, Backends: []backend.Backend{be}, Log: testutil.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		e.disk.keepFree = 0
+		return e
+	}
+	other, _ := fake.New(context.Background(), backend.Config{})
+	other.(*fake.Backend).Knobs.DiskFile = true
+	a, b := open("edge-a", f.fake), open("edge-b", other.(*fake.Backend))
+	var st unix.Statfs_t
+	if err := unix.Statfs(f.dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize >> 20
+	sized := func(mb int64) *sandboxv1.SandboxSpec {
+		s := spec()
+		s.Resources.DiskMb = mb
+		return s
+	}
+	big, err := a.Create(context.Background(), sized(free*6/10), "root/a")
+	if err != nil {
+		t.Fatalf("%d MiB of %d free on edge a: %v", free*6/10, free, err)
+	}
+	_, err = b.Create(context.Background(), sized(free*6/10), "root/a")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "to other edges' sandboxes on this disk") {
+		t.Fatalf("the same again on edge b: %v, want refused naming the other edges' promise", err)
+	}
+	if _, err := b.Create(context.Background(), sized(free*3/10), "root/a"); err != nil {
+		t.Fatalf("%d MiB on edge b beside a's %d: %v", free*3/10, free*6/10, err)
+	}
+	if _, err := a.Destroy(context.Background(), big.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Create(context.Background(), sized(free*6/10), "root/a"); err != nil {
+		t.Fatalf("%d MiB on edge b once a's sandbox is gone: %v", free*6/10, err)
 	}
 }
