@@ -439,9 +439,10 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 		return backend.Status{ID: id, State: backend.StatePaused}, nil
 	}
 	// A sentry or gofer stopped from the node: runsc state would wait on
-	// it, and nothing in the sandbox answers.
+	// it, and nothing in the sandbox answers. Not the platform's stub
+	// processes, which systrap keeps stopped while it sets them up.
 	for _, pid := range b.cg.Group(bx.runscID).Procs() {
-		if backend.ProcessStopped(pid) {
+		if runscProcess(pid) && backend.ProcessStopped(pid) {
 			return backend.Status{ID: id, State: backend.StateRunning, Pid: pid, HostStopped: true}, nil
 		}
 	}
@@ -679,4 +680,12 @@ func (b *Backend) Continue(ctx context.Context, id sandboxid.ID) error {
 	defer cancel()
 	_, err = b.run(ctx, b.rtOf(bx), "", "kill", bx.runscID, "CONT")
 	return err
+}
+
+// runscProcess tells whether pid is one of runsc's own processes (the
+// sentry "runsc-sandbox", the gofer "runsc-gofer"), not one of the
+// platform's stubs, which share its cgroup and have no command line.
+func runscProcess(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return err == nil && bytes.HasPrefix(data, []byte("runsc"))
 }
