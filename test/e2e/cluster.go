@@ -120,7 +120,9 @@ func (c *Cluster) start(t testing.TB) {
 	t.Cleanup(func() {
 		// Leave nothing behind, whatever the test did.
 		if c.Cluster == ec {
-			ec.Edge.DestroyAll(context.Background(), "root")
+			for _, e := range ec.Edges { // every edge's, not only the first's
+				e.DestroyAll(context.Background(), "root")
+			}
 			ec.Close()
 		}
 	})
