@@ -125,6 +125,7 @@ func (g *Gateway) toDetail(sb *sandboxv1.Sandbox, withToken bool) detailJSON {
 		EnvdVersion: EnvdVersion,
 		CPUCount:    int(math.Ceil(sb.Spec.GetResources().GetCpuCores())),
 		MemoryMB:    sb.Spec.GetResources().GetMemoryMb(),
+		DiskSizeMB:  sb.Spec.GetResources().GetDiskMb(),
 		State:       "running",
 		Metadata:    userMetadata(sb.Spec.GetMetadata()),
 	}

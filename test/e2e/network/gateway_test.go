@@ -57,6 +57,9 @@ func TestGatewayControlPlane(t *testing.T) {
 			t.Fatalf("detail lacks %s: %v", f, detail)
 		}
 	}
+	if disk, _ := detail["diskSizeMB"].(float64); disk <= 0 {
+		t.Fatalf("diskSizeMB %v, want the sandbox's disk_mb", detail["diskSizeMB"])
+	}
 	if detail["templateID"] != "base" || detail["state"] != "running" || len(detail["metadata"].(map[string]any)) != 1 {
 		t.Fatalf("detail: %v", detail)
 	}
