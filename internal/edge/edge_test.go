@@ -387,3 +387,23 @@ func TestEndedOnceRemovedOrFailed(t *testing.T) {
 		}
 	}
 }
+
+// A backend's least memory is refused below with the reason, before
+// anything is admitted, rather than raised behind the caller's back.
+func TestABackendsMinimumMemoryIsRefusedBelow(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.MinMemoryMB = 128
+	small := spec()
+	small.Resources.MemoryMb = 64
+	_, err := f.edge.Create(context.Background(), small, "root/a")
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `resources.memory_mb 64: backend "fake" needs at least 128`) {
+		t.Fatalf("64 MiB on a backend that needs 128: %v", err)
+	}
+	if n := len(f.edge.all()); n != 0 {
+		t.Fatalf("a refused create left %d sandboxes", n)
+	}
+	small.Resources.MemoryMb = 128
+	if _, err := f.edge.Create(context.Background(), small, "root/a"); err != nil {
+		t.Fatalf("128 MiB: %v", err)
+	}
+}

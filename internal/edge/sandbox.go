@@ -215,6 +215,9 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	if err != nil {
 		return nil, err
 	}
+	if least := be.Capabilities().MinMemoryMB; spec.Resources.MemoryMb < least {
+		return nil, errdefs.InvalidArgument("resources.memory_mb %d: backend %q needs at least %d (its guest kernel and agent)", spec.Resources.MemoryMb, be.Name(), least)
+	}
 	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
 		return nil, err
 	}

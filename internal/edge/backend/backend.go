@@ -52,6 +52,10 @@ type Capabilities struct {
 	// once (the edge's call gate; 0: its default): past it, more
 	// concurrency only slows every call.
 	ConcurrentCalls int
+	// MinMemoryMB is the least memory_mb a sandbox of this backend runs
+	// in (a VM's kernel and agent); the edge refuses less (0: no minimum
+	// beyond the API's).
+	MinMemoryMB int64
 }
 
 // Resources are the limits a sandbox runs under.

@@ -43,6 +43,8 @@ type Knobs struct {
 	ConcurrentCalls int
 	// DiskFile is the backend's Capabilities.DiskFile (a VM's disk).
 	DiskFile bool
+	// MinMemoryMB is the backend's Capabilities.MinMemoryMB.
+	MinMemoryMB int64
 	// SnapshotStops makes Snapshot stop the sandbox, as Debian's runsc's
 	// checkpoint does (the caller must restore it).
 	SnapshotStops bool
@@ -182,7 +184,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities: everything.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls, DiskFile: b.Knobs.DiskFile}
+	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls, DiskFile: b.Knobs.DiskFile, MinMemoryMB: b.Knobs.MinMemoryMB}
 }
 
 // Probe always succeeds.

@@ -31,6 +31,10 @@ import (
 // Name is the backend's name.
 const Name = "microvm"
 
+// MinMemoryMB is the least guest memory a microVM sandbox runs in: the
+// guest kernel, dsec-vminit and the agent take about 60 MiB of it.
+const MinMemoryMB = 128
+
 // Backend runs each sandbox in a QEMU microvm guest.
 //
 // Lock order: mu guards boxes and roots; it is never held over QEMU, mkfs
@@ -124,7 +128,7 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	if b.Accel() == "tcg" {
 		calls = 8
 	}
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: calls, DiskFile: true}
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: MinMemoryMB}
 }
 
 // Probe implements backend.Backend: the parts are there and a probe guest
@@ -329,7 +333,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		return nil, err
 	}
 	guest := Guest{Root: root,
-		Accel: b.Accel(), MemoryMB: int(max(spec.MemoryMB, 128)), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))), CPUCores: spec.CPUCores,
+		Accel: b.Accel(), MemoryMB: int(spec.MemoryMB), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))), CPUCores: spec.CPUCores,
 		Initrd:   filepath.Join(bx.Dir, "initrd.cpio"),
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
 		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
