@@ -15,6 +15,7 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/placement"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
 // Cross-node fork and restore [ours]. The copies' nodes are chosen by
@@ -174,8 +175,8 @@ func forkError(err error) *sandboxv1.ForkResult {
 
 func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[sandboxv1.ForkSandboxRequest]) (*connect.Response[sandboxv1.ForkSandboxResponse], error) {
 	m := req.Msg
-	if m.Count < 1 || m.Count > maxForkCount {
-		return nil, errdefs.InvalidArgument("count %d: want 1 to %d", m.Count, maxForkCount)
+	if m.Count < 1 || m.Count > sandboxspec.MaxForkCount {
+		return nil, errdefs.InvalidArgument("count %d: want 1 to %d", m.Count, sandboxspec.MaxForkCount)
 	}
 	if _, ok := sandboxv1.ForkPlacement_name[int32(m.Placement)]; !ok {
 		return nil, errdefs.InvalidArgument("placement %d: want FORK_PLACEMENT_UNSPECIFIED (the source's node first) or FORK_PLACEMENT_SPREAD", m.Placement)

@@ -16,9 +16,6 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
-// maxForkCount bounds one fork call.
-const maxForkCount = 100
-
 func (s *Server) snapshotEdge(id string) (*edgeclient.Conn, error) {
 	_, node, err := sandboxid.ParseSnapshot(id)
 	if err != nil {

@@ -57,9 +57,6 @@ type snapshot struct {
 
 const snapshotFile = "snapshot.json"
 
-// MaxForkCount bounds one fork call.
-const MaxForkCount = 100
-
 func (s *snapshot) ref() backend.SnapshotRef { return backend.SnapshotRef{ID: s.ID, Dir: s.dir} }
 
 func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
@@ -578,8 +575,8 @@ type ForkRequest struct {
 // of it. Each copy's outcome is reported; a failed copy leaves nothing.
 func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*ForkOutcome, error) {
 	count, timeout, metadata := req.Count, req.Timeout, req.Metadata
-	if count < 0 || count > MaxForkCount || count == 0 && !req.Export {
-		return nil, errdefs.InvalidArgument("count %d: want 1 to %d (0 only with export)", count, MaxForkCount)
+	if count < 0 || count > sandboxspec.MaxForkCount || count == 0 && !req.Export {
+		return nil, errdefs.InvalidArgument("count %d: want 1 to %d (0 only with export)", count, sandboxspec.MaxForkCount)
 	}
 	if len(metadata) > 0 {
 		if err := sandboxspec.CheckMetadata(metadata); err != nil {

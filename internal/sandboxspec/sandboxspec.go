@@ -41,6 +41,10 @@ func DefaultLimits() Limits {
 	}
 }
 
+// MaxForkCount bounds the copies of one fork call, wherever it arrives
+// (the API, an edge, the E2B gateway).
+const MaxForkCount = 100
+
 // Bounds of the small fields.
 const (
 	MinCPUCores   = 0.1

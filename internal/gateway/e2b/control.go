@@ -18,6 +18,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
 // maxBody bounds a control-plane request body.
@@ -555,8 +556,8 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request) {
 	if req.Count != nil {
 		count = *req.Count
 	}
-	if count < 1 || count > 100 {
-		writeStatus(w, http.StatusBadRequest, "count "+strconv.Itoa(int(count))+": want 1 to 100")
+	if count < 1 || count > sandboxspec.MaxForkCount {
+		writeStatus(w, http.StatusBadRequest, "count "+strconv.Itoa(int(count))+": want 1 to "+strconv.Itoa(sandboxspec.MaxForkCount))
 		return
 	}
 	fr := &sandboxv1.ForkSandboxRequest{SandboxId: r.PathValue("id"), Count: count}
