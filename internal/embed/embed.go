@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/apiserver"
+	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edgeclient"
@@ -255,7 +256,8 @@ func (c *Cluster) writeClientEnv(ctx context.Context, secret string) error {
 		}
 		content += fmt.Sprintf("# E2B's SDKs, through the gateway:\nexport E2B_API_URL=%s\nexport E2B_SANDBOX_URL=%s\nexport E2B_API_KEY=%s\n", c.GatewayURL, c.GatewayURL, key)
 	}
-	return os.WriteFile(c.ClientEnv, []byte(content), 0o600)
+	// Scripts and tests wait for the file to appear, then read it.
+	return atomicfile.Write(c.ClientEnv, []byte(content), 0o600)
 }
 
 func envValue(content, name string) string {

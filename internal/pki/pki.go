@@ -22,6 +22,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/atomicfile"
 )
 
 // Roles a certificate can carry.
@@ -184,20 +186,10 @@ func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) erro
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+	if err := atomicfile.Write(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
 		return err
 	}
-	return writeAtomic(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
-}
-
-// writeAtomic replaces path whole: a component re-reading it (Identity)
-// sees the old file or the new one, never half of one.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
 }
 
 func readPair(certPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
