@@ -49,9 +49,10 @@ func callSlots(n int, openFiles int64) chan struct{} {
 
 // acquireCall takes one of sb's call slots, waiting as above; the release
 // function gives it back. A call that waited for its slot is refused too
-// if what is left of its deadline is less than sb's calls have been
-// taking (callTimes): served, it would run into its deadline (a microVM
-// under TCG answered 10 of 500 such calls too late).
+// if what is left of its deadline is less than twice what sb's calls have
+// been taking (callTimes; twice, for how much slower they get while a
+// flood is refused around them): served, it would run into its deadline
+// (a microVM under TCG answered 10 of 500 such calls too late).
 func (sb *sandbox) acquireCall(ctx context.Context) (release func(), err error) {
 	start := time.Now()
 	release = func() {
@@ -73,7 +74,7 @@ func (sb *sandbox) acquireCall(ctx context.Context) (release func(), err error) 
 	select {
 	case sb.slots <- struct{}{}:
 		if d, ok := ctx.Deadline(); ok {
-			if typical := sb.callTimes.typical(); typical > 0 && time.Until(d) < typical {
+			if typical := sb.callTimes.typical(); typical > 0 && time.Until(d) < 2*typical {
 				<-sb.slots
 				return nil, errdefs.ResourceExhausted("sandbox %s: its calls take about %s now and this one has %s left of its deadline after waiting %s for one of its %d call slots; retry after %d s, or send fewer at once",
 					sb.id, typical.Round(time.Millisecond), time.Until(d).Round(time.Millisecond), time.Since(start).Round(time.Millisecond), cap(sb.slots), RetryAfter)

@@ -108,6 +108,18 @@ func TestAQueuedCallWithLessTimeThanCallsTakeIsRefused(t *testing.T) {
 		t.Fatalf("a queued call with time enough: %v", err)
 	}
 	release()
+	// Calls get slower while a flood is refused around them, so twice the
+	// typical time must be left: with calls at about 2 s, a queued call
+	// with 2.9 s left is refused.
+	slow := &sandbox{id: "n-2", slots: make(chan struct{}, 1)}
+	slow.callTimes.observe(2 * time.Second)
+	hold, _ = slow.acquireCall(context.Background())
+	go func() { time.Sleep(100 * time.Millisecond); hold() }()
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel3()
+	if _, err := slow.acquireCall(ctx3); connect.CodeOf(errdefs.ToConnect(err)) != connect.CodeResourceExhausted {
+		t.Fatalf("a queued call with 2.9 s left where calls take about 2 s: %v, want resource-exhausted", err)
+	}
 	var c callTimes
 	c.observe(800 * time.Millisecond)
 	c.observe(1600 * time.Millisecond)

@@ -186,7 +186,10 @@ func hostileCases(t *testing.T, c *e2e.Cluster, backend string) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
-		flood := func(n int, deadline time.Duration) {
+		// At least least calls are answered: with a far deadline every
+		// slot serves many; with a near one a TCG guest may serve only what
+		// it admits at once (each exec takes it some 0.4 s).
+		flood := func(n int, deadline time.Duration, least int32) {
 			var wg sync.WaitGroup
 			var ok, refused, other atomic.Int32
 			var firstOther atomic.Value
@@ -210,12 +213,12 @@ func hostileCases(t *testing.T, c *e2e.Cluster, backend string) {
 			}
 			wg.Wait()
 			t.Logf("%d concurrent execs, %s deadline: %d answered, %d refused", n, deadline, ok.Load(), refused.Load())
-			if other.Load() != 0 || ok.Load() < 8 {
+			if other.Load() != 0 || ok.Load() < least {
 				t.Fatalf("%d concurrent execs, %s deadline: %d answered, %d refused, %d neither (first: %v)", n, deadline, ok.Load(), refused.Load(), other.Load(), firstOther.Load())
 			}
 		}
-		flood(500, 90*time.Second)
-		flood(500, 3*time.Second)
+		flood(500, 90*time.Second, 8)
+		flood(500, 3*time.Second, 1)
 		answers(t, sb, 30*time.Second)
 	})
 
