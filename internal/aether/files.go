@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/filemeta"
 	"github.com/opendsec/opendsec/internal/sysuser"
 )
 
@@ -101,6 +102,10 @@ func (s *fileService) entryFrom(path string, fi fs.FileInfo) *agentv1.EntryInfo 
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner = s.users.NameOf(st.Uid)
 		e.Group = s.users.GroupNameOf(st.Gid)
+	}
+	if e.Type != agentv1.FileType_FILE_TYPE_SYMLINK {
+		// What the caller may not read of it (its rights) it goes without.
+		e.Metadata, _ = filemeta.Read(path)
 	}
 	return e
 }
@@ -337,6 +342,12 @@ func (s *fileService) WriteFile(ctx context.Context, req *connect.Request[agentv
 	if m.Offset < 0 {
 		return nil, errdefs.InvalidArgument("offset must not be negative")
 	}
+	if err := filemeta.Validate(m.Metadata); err != nil {
+		return nil, errdefs.InvalidArgument("%v", err)
+	}
+	if len(m.Metadata) > 0 && !m.ReplaceMetadata {
+		return nil, errdefs.InvalidArgument("metadata: given without replace_metadata, which it needs to be stored")
+	}
 	perm := fs.FileMode(m.Perm & 0o7777)
 	if perm == 0 {
 		perm = 0o644
@@ -362,7 +373,7 @@ func (s *fileService) write(p string, perm fs.FileMode, u sysuser.User, m *agent
 		flags |= os.O_APPEND
 	case agentv1.WriteMode_WRITE_MODE_AT_OFFSET:
 	case agentv1.WriteMode_WRITE_MODE_REPLACE:
-		return s.replace(p, m.Data, perm, u)
+		return s.replace(p, m, perm, u)
 	default:
 		return nil, errdefs.InvalidArgument("mode %d: want UNSPECIFIED (truncate), APPEND, AT_OFFSET or REPLACE", m.Mode)
 	}
@@ -376,6 +387,9 @@ func (s *fileService) write(p string, perm fs.FileMode, u sysuser.User, m *agent
 		_, err = f.WriteAt(m.Data, m.Offset)
 	} else {
 		_, err = f.Write(m.Data)
+	}
+	if err == nil {
+		err = setMetadata(f, m)
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -393,4 +407,16 @@ func (s *fileService) write(p string, perm fs.FileMode, u sysuser.User, m *agent
 		return nil, err
 	}
 	return connect.NewResponse(&agentv1.WriteFileResponse{Entry: e}), nil
+}
+
+// setMetadata gives the open file f the metadata m asks for, if it asks.
+func setMetadata(f *os.File, m *agentv1.WriteFileRequest) error {
+	if !m.ReplaceMetadata {
+		return nil
+	}
+	err := filemeta.Replace(int(f.Fd()), m.Metadata)
+	if errors.Is(err, syscall.ENOTSUP) {
+		return errdefs.FailedPrecondition("metadata: the file system of %s keeps no extended attributes", m.Path)
+	}
+	return err
 }

@@ -18,7 +18,7 @@ import (
 // replace writes data to a new file beside p and renames it over p, so p
 // is never seen half written. An existing file keeps its mode and owner;
 // a new one gets perm and user u.
-func (s *fileService) replace(p string, data []byte, perm fs.FileMode, u sysuser.User) (*connect.Response[agentv1.WriteFileResponse], error) {
+func (s *fileService) replace(p string, m *agentv1.WriteFileRequest, perm fs.FileMode, u sysuser.User) (*connect.Response[agentv1.WriteFileResponse], error) {
 	uid, gid := int(u.UID), int(u.GID)
 	if fi, err := os.Stat(p); err == nil {
 		if fi.IsDir() {
@@ -38,7 +38,10 @@ func (s *fileService) replace(p string, data []byte, perm fs.FileMode, u sysuser
 	if err != nil {
 		return nil, fsError("write", p, err)
 	}
-	_, err = f.Write(data)
+	_, err = f.Write(m.Data)
+	if err == nil {
+		err = setMetadata(f, m)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

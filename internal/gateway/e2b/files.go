@@ -17,6 +17,7 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/filemeta"
 )
 
 // fileChunk is how much of a file one agent call moves. Files of any size
@@ -25,9 +26,34 @@ const fileChunk = 4 << 20
 
 // writeInfo is one entry of the /files upload answer.
 type writeInfo struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// metadataHeader starts the upload headers whose rest names a metadata key
+// of every uploaded file (X-Metadata-Author: mish), as envd takes them.
+const metadataHeader = "X-Metadata-"
+
+// uploadMetadata is the metadata an upload's headers give its files, keys
+// lowercased, as envd stores them (internal/filemeta).
+func uploadMetadata(h http.Header) (map[string]string, error) {
+	var out map[string]string
+	for name, values := range h {
+		key, ok := strings.CutPrefix(http.CanonicalHeaderKey(name), metadataHeader)
+		if !ok || len(values) == 0 {
+			continue
+		}
+		if len(values) > 1 {
+			return nil, errors.New("header " + name + " is given more than once")
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[strings.ToLower(key)] = values[0]
+	}
+	return out, filemeta.Validate(out)
 }
 
 // download serves GET /files?path=…: the file's bytes, read from the
@@ -78,11 +104,10 @@ func (g *Gateway) download(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) upload(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	user := callOf(ctx).user
-	for k := range r.Header {
-		if strings.HasPrefix(strings.ToLower(k), "x-metadata-") {
-			writeStatus(w, http.StatusNotImplemented, "file metadata ("+k+") is not supported by the OpenDsec gateway (see docs/e2b.md)")
-			return
-		}
+	metadata, err := uploadMetadata(r.Header)
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, "invalid metadata: "+err.Error())
+		return
 	}
 	queryPath := r.URL.Query().Get("path")
 	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -108,7 +133,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request) {
 			writeStatus(w, http.StatusBadRequest, "Content-Encoding "+enc+": only gzip is supported")
 			return
 		}
-		info, err := g.writeFile(ctx, user, resolve(user, queryPath), body)
+		info, err := g.writeFile(ctx, user, resolve(user, queryPath), body, metadata)
 		if err != nil {
 			g.writeFileError(w, r, err)
 			return
@@ -149,7 +174,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request) {
 				writeStatus(w, http.StatusBadRequest, "file: a part without a filename and no path in the query")
 				return
 			}
-			info, err := g.writeFile(ctx, user, resolve(user, target), part)
+			info, err := g.writeFile(ctx, user, resolve(user, target), part, metadata)
 			part.Close()
 			if err != nil {
 				g.writeFileError(w, r, err)
@@ -181,12 +206,14 @@ func rawFileName(part *multipart.Part) string {
 // writeFile streams body into the sandbox file p, owned by user, as envd
 // does: the file is created or truncated in place and written chunk by
 // chunk, so a directory watcher sees the create and writes on p itself.
-func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader) (writeInfo, error) {
+// Its metadata becomes metadata, none included: an upload replaces it.
+func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader, metadata map[string]string) (writeInfo, error) {
 	if p == "/" {
 		return writeInfo{}, errdefs.InvalidArgument("path: / is a directory")
 	}
 	buf := make([]byte, fileChunk)
 	mode := agentv1.WriteMode_WRITE_MODE_UNSPECIFIED // the first write creates or truncates
+	var stored map[string]string
 	for {
 		n, rerr := io.ReadFull(body, buf)
 		last := errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF)
@@ -194,15 +221,19 @@ func (g *Gateway) writeFile(ctx context.Context, user, p string, body io.Reader)
 			return writeInfo{}, errdefs.InvalidArgument("body: reading the upload: %v", rerr)
 		}
 		if n > 0 || mode == agentv1.WriteMode_WRITE_MODE_UNSPECIFIED {
-			if _, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
-				Path: p, Data: buf[:n], Mode: mode, User: user,
-			})); err != nil {
+			first := mode == agentv1.WriteMode_WRITE_MODE_UNSPECIFIED
+			resp, err := g.files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{
+				Path: p, Data: buf[:n], Mode: mode, User: user, Metadata: metadata, ReplaceMetadata: first,
+			}))
+			if err != nil {
 				return writeInfo{}, err
 			}
-			mode = agentv1.WriteMode_WRITE_MODE_APPEND
+			stored = resp.Msg.Entry.GetMetadata()
+			mode, metadata = agentv1.WriteMode_WRITE_MODE_APPEND, nil
 		}
 		if last {
-			return writeInfo{Name: path.Base(p), Type: "file", Path: p}, nil
+			// What the file holds, as envd reads it back.
+			return writeInfo{Name: path.Base(p), Type: "file", Path: p, Metadata: stored}, nil
 		}
 	}
 }

@@ -42,7 +42,7 @@ func permissions(t agentv1.FileType, mode uint32) string {
 func entry(e *agentv1.EntryInfo) *envdfs.EntryInfo {
 	out := &envdfs.EntryInfo{
 		Name: e.Name, Path: e.Path, Size: e.Size, Mode: e.Mode, Permissions: permissions(e.Type, e.Mode),
-		Owner: e.Owner, Group: e.Group, ModifiedTime: e.ModifiedAt,
+		Owner: e.Owner, Group: e.Group, ModifiedTime: e.ModifiedAt, Metadata: e.Metadata,
 	}
 	switch e.Type {
 	case agentv1.FileType_FILE_TYPE_FILE:

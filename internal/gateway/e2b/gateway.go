@@ -61,7 +61,7 @@ type Config struct {
 // EnvdVersion is the envd version the gateway reports. The SDKs turn
 // features on by it; 0.6.4 is default user, stdin, close-stdin,
 // octet-stream uploads, watch events with entry info and watches that
-// allow network mounts. File metadata (0.6.2) is answered 501.
+// allow network mounts, and file metadata (0.6.2).
 const EnvdVersion = "0.6.4"
 
 // clientID is the constant E2B reports for every sandbox's client.

@@ -3,6 +3,7 @@ package e2b
 import (
 	"encoding/base64"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -126,5 +127,30 @@ func TestAutoResumeShapes(t *testing.T) {
 		if err != nil || got != c.resumes {
 			t.Errorf("%+v: %v, %v; want %v", c.in, got, err, c.resumes)
 		}
+	}
+}
+
+// An upload's X-Metadata-* headers are its files' metadata, keys
+// lowercased as envd stores them; a header given twice or a value envd
+// would refuse is an error naming it.
+func TestUploadMetadata(t *testing.T) {
+	h := http.Header{}
+	h.Set("X-Metadata-Author", "mish")
+	h.Set("x-metadata-PURPOSE", "upload")
+	h.Set("Content-Type", "application/octet-stream")
+	got, err := uploadMetadata(h)
+	if err != nil || len(got) != 2 || got["author"] != "mish" || got["purpose"] != "upload" {
+		t.Fatalf("metadata %v %v", got, err)
+	}
+	if got, err := uploadMetadata(http.Header{"Accept": {"*/*"}}); got != nil || err != nil {
+		t.Fatalf("no metadata headers: %v %v, want none", got, err)
+	}
+	twice := http.Header{"X-Metadata-A": {"1", "2"}}
+	if _, err := uploadMetadata(twice); err == nil || !strings.Contains(err.Error(), "more than once") {
+		t.Fatalf("a header given twice: %v", err)
+	}
+	bad := http.Header{"X-Metadata-A": {"caf\xe9"}}
+	if _, err := uploadMetadata(bad); err == nil || !strings.Contains(err.Error(), `key "a"`) {
+		t.Fatalf("a value that is not ASCII: %v", err)
 	}
 }

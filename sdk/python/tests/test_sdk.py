@@ -75,6 +75,17 @@ async def test_files(sandbox):
         await sandbox.files.read("/root/nope")
 
 
+async def test_file_metadata(sandbox):
+    md = {"author": "mish", "purpose": "upload"}
+    assert (await sandbox.files.write("/root/m.txt", "x", metadata=md)).metadata == md
+    assert (await sandbox.files.write("/root/m.txt", "y")).metadata == md  # left as it is
+    assert [e.metadata for e in await sandbox.files.list("/root") if e.name == "m.txt"] == [md]
+    assert (await sandbox.files.write("/root/m.txt", "z", metadata={})).metadata == {}
+    with pytest.raises(InvalidArgumentError, match="not printable"):
+        await sandbox.files.write("/root/bad.txt", "x", metadata={"k": "line\nbreak"})
+    assert not await sandbox.files.exists("/root/bad.txt")
+
+
 async def test_files_as_a_user_have_its_rights(sandbox):
     # nobody plants a link to /etc/passwd in a directory of its own.
     await sandbox.run_shell("mkdir -p /srv/nb && chown nobody /srv/nb && "

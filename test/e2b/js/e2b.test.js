@@ -4,7 +4,7 @@ import assert from 'node:assert/strict'
 import { randomBytes, createHash, randomUUID } from 'node:crypto'
 import { after, afterEach, before, describe } from 'node:test'
 
-import { CommandExitError, FileType, FilesystemEventType, NotFoundError, Sandbox } from 'e2b'
+import { CommandExitError, FileType, FilesystemEventType, InvalidArgumentError, NotFoundError, Sandbox } from 'e2b'
 
 import { execFileSync, spawn } from 'node:child_process'
 import { mkdtempSync, writeFileSync } from 'node:fs'
@@ -154,6 +154,22 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     await sb.files.remove('multi')
     assert.equal(await sb.files.exists('multi/z'), false)
     await assert.rejects(sb.files.read('no/such/file'), NotFoundError)
+  })
+
+  it('keeps file metadata as user.e2b.* attributes', async () => {
+    // Issue 23 item 8: metadata on upload, shown by getInfo, list and
+    // rename, replaced by an overwrite, refused when invalid.
+    const sb = await create()
+    const md = { author: 'mish', purpose: 'upload' }
+    assert.deepEqual((await sb.files.write('meta/a.txt', 'x', { metadata: md })).metadata, md)
+    assert.deepEqual((await sb.files.getInfo('meta/a.txt')).metadata, md)
+    const listed = await sb.files.list('meta')
+    assert.deepEqual(listed.map((e) => e.metadata), [md])
+    assert.deepEqual((await sb.files.rename('meta/a.txt', 'meta/b.txt')).metadata, md)
+    assert.equal((await sb.files.write('meta/b.txt', 'again')).metadata, undefined)
+    assert.equal((await sb.files.getInfo('meta/b.txt')).metadata, undefined)
+    await assert.rejects(sb.files.write('meta/bad.txt', 'x', { metadata: { 'bad key': 'v' } }), InvalidArgumentError)
+    assert.equal(await sb.files.exists('meta/bad.txt'), false)
   })
 
   it('runs a PTY session and resizes it', async () => {

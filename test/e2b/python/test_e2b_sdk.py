@@ -16,6 +16,7 @@ from e2b import (
     CommandExitException,
     FilesystemEventType,
     FileType,
+    InvalidArgumentException,
     NotFoundException,
     PtySize,
     Sandbox,
@@ -185,6 +186,30 @@ def test_connect_to_a_running_command(sandbox: Sandbox):
     h = sandbox.commands.run("sleep 0.5; echo done", background=True)
     again = sandbox.commands.connect(h.pid)
     assert again.wait().stdout.endswith("done\n")
+
+
+def test_file_metadata(sandbox: Sandbox):
+    # Issue 23 item 8: X-Metadata-* uploads become user.e2b.* attributes,
+    # shown by get_info, list and rename; an overwrite replaces them; set
+    # inside the sandbox, they show too.
+    md = {"author": "mish", "purpose": "upload"}
+    assert sandbox.files.write("meta/a.txt", "x", metadata=md).metadata == md
+    assert sandbox.files.get_info("meta/a.txt").metadata == md
+    assert sandbox.files.write("meta/b.txt", "x", metadata=md, use_octet_stream=True).metadata == md
+    infos = sandbox.files.write_files([{"path": "meta/c.txt", "data": "1"}, {"path": "meta/d.txt", "data": "2"}], metadata={"source": "suite"})
+    assert [i.metadata for i in infos] == [{"source": "suite"}] * 2
+    listed = {e.name: e.metadata for e in sandbox.files.list("meta")}
+    assert listed == {"a.txt": md, "b.txt": md, "c.txt": {"source": "suite"}, "d.txt": {"source": "suite"}}, listed
+    assert sandbox.files.rename("meta/a.txt", "meta/e.txt").metadata == md
+    assert sandbox.files.write("meta/e.txt", "again").metadata is None
+    assert sandbox.files.get_info("meta/e.txt").metadata is None
+    assert sandbox.files.write("meta/plain.txt", "x").metadata is None
+    path = sandbox.commands.run("realpath meta/plain.txt").stdout.strip()
+    sandbox.commands.run(f"python3 -c \"import os; os.setxattr('{path}', 'user.e2b.author', b'mish')\"")
+    assert sandbox.files.get_info("meta/plain.txt").metadata == {"author": "mish"}
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write("meta/bad.txt", "x", metadata={"good": "bad\nvalue"})
+    assert not sandbox.files.exists("meta/bad.txt")
 
 
 def test_files(sandbox: Sandbox):

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
@@ -232,7 +233,14 @@ func TestGatewayEnvdFilesProcessesAndIsolation(t *testing.T) {
 	e2e.Do(t, "GET", gw+"/files?path="+url.QueryEscape(dir), envd, nil).ErrorBody(t, 400, "directory")
 	e2e.Do(t, "GET", gw+"/files?path="+url.QueryEscape(filepath.Join(dir, "nope")), envd, nil).ErrorBody(t, 404, "")
 	e2e.Do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "text/plain"}), strings.NewReader("x")).ErrorBody(t, 400, "Content-Type")
-	e2e.Do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Owner": "me"}), strings.NewReader("x")).ErrorBody(t, 501, "metadata")
+	e2e.Do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Owner": "caf\xe9"}), strings.NewReader("x")).ErrorBody(t, 400, `invalid metadata: metadata value of key "owner"`)
+	// File metadata: X-Metadata-* headers, keys lowercased, read back.
+	r = e2e.Do(t, "POST", gw+"/files"+q, with(map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Owner": "me"}), strings.NewReader("x"))
+	var written []map[string]any
+	r.JSON(t, &written)
+	if r.Status != 200 || len(written) != 1 || fmt.Sprint(written[0]["metadata"]) != "map[owner:me]" {
+		t.Fatalf("an upload with metadata: %d %s", r.Status, r.Body)
+	}
 	e2e.Do(t, "GET", gw+"/files"+q, with(map[string]string{"X-Access-Token": "wrong"}), nil).ErrorBody(t, 401, "X-Access-Token")
 	e2e.Do(t, "GET", gw+"/files"+q, with(map[string]string{"E2b-Sandbox-Port": "8080"}), nil).ErrorBody(t, 400, "has no network")
 

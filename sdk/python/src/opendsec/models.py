@@ -254,6 +254,9 @@ class EntryInfo:
     group: str
     modified_at: Optional[datetime]
     symlink_target: str = ""
+    metadata: Dict[str, str] = field(default_factory=dict)
+    """User-defined metadata (``Files.write(metadata=...)``, or set in the
+    sandbox as ``user.e2b.KEY`` extended attributes)."""
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "EntryInfo":
@@ -267,6 +270,7 @@ class EntryInfo:
             group=d.get("group", ""),
             modified_at=_time(d.get("modifiedAt")),
             symlink_target=d.get("symlinkTarget", ""),
+            metadata=dict(d.get("metadata") or {}),
         )
 
 

@@ -230,8 +230,15 @@ class Files:
         """Reads a whole file as text."""
         return (await self.read(path, user=user)).decode(encoding)
 
-    async def write(self, path: str, data: Union[bytes, str], *, mode: int = 0, user: str = "") -> EntryInfo:
-        """Creates or replaces a file, creating parent directories."""
+    async def write(self, path: str, data: Union[bytes, str], *, mode: int = 0, user: str = "",
+                    metadata: Optional[Dict[str, str]] = None) -> EntryInfo:
+        """Creates or replaces a file, creating parent directories.
+
+        ``metadata`` (printable ASCII keys and values) becomes the file's
+        metadata, replacing what it had (``{}`` clears it); without it the
+        file's metadata is left as it is. It is kept as the file's
+        ``user.e2b.KEY`` extended attributes, as E2B keeps it.
+        """
         raw = data.encode() if isinstance(data, str) else data
         entry: Dict[str, Any] = {}
         first = True
@@ -239,6 +246,8 @@ class Files:
             req: Dict[str, Any] = {"path": path, "data": b64(raw[start : start + _CHUNK])}
             if not first:
                 req["mode"] = "WRITE_MODE_APPEND"
+            elif metadata is not None:
+                req["metadata"], req["replaceMetadata"] = dict(metadata), True
             if mode:
                 req["perm"] = mode
             if user:

@@ -204,6 +204,11 @@ type EntryInfo struct {
 	Group         string                 `protobuf:"bytes,7,opt,name=group,proto3" json:"group,omitempty"`
 	ModifiedAt    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
 	SymlinkTarget string                 `protobuf:"bytes,9,opt,name=symlink_target,json=symlinkTarget,proto3" json:"symlink_target,omitempty"`
+	// User-defined metadata: the entry's extended attributes named
+	// user.e2b.KEY (E2B's namespace, so both agree on a file), by KEY. Those
+	// with a name or value that is not UTF-8 are left out; a symlink has
+	// none.
+	Metadata      map[string]string `protobuf:"bytes,10,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -299,6 +304,13 @@ func (x *EntryInfo) GetSymlinkTarget() string {
 		return x.SymlinkTarget
 	}
 	return ""
+}
+
+func (x *EntryInfo) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
 }
 
 type StatRequest struct {
@@ -967,9 +979,17 @@ type WriteFileRequest struct {
 	// The user the call acts as, who owns a new file and created parent
 	// directories: with that user's rights (a link the user planted to a
 	// file only root may write opens nothing); empty means root.
-	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// With replace_metadata, the file's metadata (EntryInfo.metadata)
+	// becomes exactly metadata once the data is written: keys missing from
+	// it are removed, so none at all clears it. Keys and values are
+	// printable US-ASCII, keys not empty and at most 246 bytes, all of it at
+	// most 4096 bytes (what one ext4 block holds). Without it, the file's
+	// metadata is left as it is.
+	Metadata        map[string]string `protobuf:"bytes,7,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ReplaceMetadata bool              `protobuf:"varint,8,opt,name=replace_metadata,json=replaceMetadata,proto3" json:"replace_metadata,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WriteFileRequest) Reset() {
@@ -1042,6 +1062,20 @@ func (x *WriteFileRequest) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *WriteFileRequest) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetReplaceMetadata() bool {
+	if x != nil {
+		return x.ReplaceMetadata
+	}
+	return false
 }
 
 type WriteFileResponse struct {
@@ -1280,7 +1314,7 @@ var File_opendsec_agent_v1_filesystem_proto protoreflect.FileDescriptor
 
 const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\n" +
-	"\"opendsec/agent/v1/filesystem.proto\x12\x11opendsec.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x02\n" +
+	"\"opendsec/agent/v1/filesystem.proto\x12\x11opendsec.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x03\n" +
 	"\tEntryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12/\n" +
@@ -1291,7 +1325,12 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x05group\x18\a \x01(\tR\x05group\x12;\n" +
 	"\vmodified_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"modifiedAt\x12%\n" +
-	"\x0esymlink_target\x18\t \x01(\tR\rsymlinkTarget\"5\n" +
+	"\x0esymlink_target\x18\t \x01(\tR\rsymlinkTarget\x12F\n" +
+	"\bmetadata\x18\n" +
+	" \x03(\v2*.opendsec.agent.v1.EntryInfo.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"5\n" +
 	"\vStatRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"B\n" +
@@ -1328,14 +1367,19 @@ const file_opendsec_agent_v1_filesystem_proto_rawDesc = "" +
 	"\x10ReadFileResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x03R\x04size\"\xac\x01\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\"\xe3\x02\n" +
 	"\x10WriteFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x120\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1c.opendsec.agent.v1.WriteModeR\x04mode\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04perm\x18\x05 \x01(\rR\x04perm\x12\x12\n" +
-	"\x04user\x18\x06 \x01(\tR\x04user\"G\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12M\n" +
+	"\bmetadata\x18\a \x03(\v21.opendsec.agent.v1.WriteFileRequest.MetadataEntryR\bmetadata\x12)\n" +
+	"\x10replace_metadata\x18\b \x01(\bR\x0freplaceMetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"G\n" +
 	"\x11WriteFileResponse\x122\n" +
 	"\x05entry\x18\x01 \x01(\v2\x1c.opendsec.agent.v1.EntryInfoR\x05entry\"|\n" +
 	"\x0fWatchDirRequest\x12\x12\n" +
@@ -1391,7 +1435,7 @@ func file_opendsec_agent_v1_filesystem_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_agent_v1_filesystem_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_opendsec_agent_v1_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_opendsec_agent_v1_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_opendsec_agent_v1_filesystem_proto_goTypes = []any{
 	(FileType)(0),                 // 0: opendsec.agent.v1.FileType
 	(WriteMode)(0),                // 1: opendsec.agent.v1.WriteMode
@@ -1414,41 +1458,45 @@ var file_opendsec_agent_v1_filesystem_proto_goTypes = []any{
 	(*WatchDirRequest)(nil),       // 18: opendsec.agent.v1.WatchDirRequest
 	(*FileEvent)(nil),             // 19: opendsec.agent.v1.FileEvent
 	(*WatchDirResponse)(nil),      // 20: opendsec.agent.v1.WatchDirResponse
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	nil,                           // 21: opendsec.agent.v1.EntryInfo.MetadataEntry
+	nil,                           // 22: opendsec.agent.v1.WriteFileRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_opendsec_agent_v1_filesystem_proto_depIdxs = []int32{
 	0,  // 0: opendsec.agent.v1.EntryInfo.type:type_name -> opendsec.agent.v1.FileType
-	21, // 1: opendsec.agent.v1.EntryInfo.modified_at:type_name -> google.protobuf.Timestamp
-	3,  // 2: opendsec.agent.v1.StatResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	3,  // 3: opendsec.agent.v1.ListDirResponse.entries:type_name -> opendsec.agent.v1.EntryInfo
-	3,  // 4: opendsec.agent.v1.MakeDirResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	3,  // 5: opendsec.agent.v1.MoveResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	1,  // 6: opendsec.agent.v1.WriteFileRequest.mode:type_name -> opendsec.agent.v1.WriteMode
-	3,  // 7: opendsec.agent.v1.WriteFileResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
-	2,  // 8: opendsec.agent.v1.FileEvent.type:type_name -> opendsec.agent.v1.FileEventType
-	3,  // 9: opendsec.agent.v1.FileEvent.entry:type_name -> opendsec.agent.v1.EntryInfo
-	19, // 10: opendsec.agent.v1.WatchDirResponse.event:type_name -> opendsec.agent.v1.FileEvent
-	4,  // 11: opendsec.agent.v1.FilesystemService.Stat:input_type -> opendsec.agent.v1.StatRequest
-	6,  // 12: opendsec.agent.v1.FilesystemService.ListDir:input_type -> opendsec.agent.v1.ListDirRequest
-	8,  // 13: opendsec.agent.v1.FilesystemService.MakeDir:input_type -> opendsec.agent.v1.MakeDirRequest
-	10, // 14: opendsec.agent.v1.FilesystemService.Remove:input_type -> opendsec.agent.v1.RemoveRequest
-	12, // 15: opendsec.agent.v1.FilesystemService.Move:input_type -> opendsec.agent.v1.MoveRequest
-	14, // 16: opendsec.agent.v1.FilesystemService.ReadFile:input_type -> opendsec.agent.v1.ReadFileRequest
-	16, // 17: opendsec.agent.v1.FilesystemService.WriteFile:input_type -> opendsec.agent.v1.WriteFileRequest
-	18, // 18: opendsec.agent.v1.FilesystemService.WatchDir:input_type -> opendsec.agent.v1.WatchDirRequest
-	5,  // 19: opendsec.agent.v1.FilesystemService.Stat:output_type -> opendsec.agent.v1.StatResponse
-	7,  // 20: opendsec.agent.v1.FilesystemService.ListDir:output_type -> opendsec.agent.v1.ListDirResponse
-	9,  // 21: opendsec.agent.v1.FilesystemService.MakeDir:output_type -> opendsec.agent.v1.MakeDirResponse
-	11, // 22: opendsec.agent.v1.FilesystemService.Remove:output_type -> opendsec.agent.v1.RemoveResponse
-	13, // 23: opendsec.agent.v1.FilesystemService.Move:output_type -> opendsec.agent.v1.MoveResponse
-	15, // 24: opendsec.agent.v1.FilesystemService.ReadFile:output_type -> opendsec.agent.v1.ReadFileResponse
-	17, // 25: opendsec.agent.v1.FilesystemService.WriteFile:output_type -> opendsec.agent.v1.WriteFileResponse
-	20, // 26: opendsec.agent.v1.FilesystemService.WatchDir:output_type -> opendsec.agent.v1.WatchDirResponse
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	23, // 1: opendsec.agent.v1.EntryInfo.modified_at:type_name -> google.protobuf.Timestamp
+	21, // 2: opendsec.agent.v1.EntryInfo.metadata:type_name -> opendsec.agent.v1.EntryInfo.MetadataEntry
+	3,  // 3: opendsec.agent.v1.StatResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	3,  // 4: opendsec.agent.v1.ListDirResponse.entries:type_name -> opendsec.agent.v1.EntryInfo
+	3,  // 5: opendsec.agent.v1.MakeDirResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	3,  // 6: opendsec.agent.v1.MoveResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	1,  // 7: opendsec.agent.v1.WriteFileRequest.mode:type_name -> opendsec.agent.v1.WriteMode
+	22, // 8: opendsec.agent.v1.WriteFileRequest.metadata:type_name -> opendsec.agent.v1.WriteFileRequest.MetadataEntry
+	3,  // 9: opendsec.agent.v1.WriteFileResponse.entry:type_name -> opendsec.agent.v1.EntryInfo
+	2,  // 10: opendsec.agent.v1.FileEvent.type:type_name -> opendsec.agent.v1.FileEventType
+	3,  // 11: opendsec.agent.v1.FileEvent.entry:type_name -> opendsec.agent.v1.EntryInfo
+	19, // 12: opendsec.agent.v1.WatchDirResponse.event:type_name -> opendsec.agent.v1.FileEvent
+	4,  // 13: opendsec.agent.v1.FilesystemService.Stat:input_type -> opendsec.agent.v1.StatRequest
+	6,  // 14: opendsec.agent.v1.FilesystemService.ListDir:input_type -> opendsec.agent.v1.ListDirRequest
+	8,  // 15: opendsec.agent.v1.FilesystemService.MakeDir:input_type -> opendsec.agent.v1.MakeDirRequest
+	10, // 16: opendsec.agent.v1.FilesystemService.Remove:input_type -> opendsec.agent.v1.RemoveRequest
+	12, // 17: opendsec.agent.v1.FilesystemService.Move:input_type -> opendsec.agent.v1.MoveRequest
+	14, // 18: opendsec.agent.v1.FilesystemService.ReadFile:input_type -> opendsec.agent.v1.ReadFileRequest
+	16, // 19: opendsec.agent.v1.FilesystemService.WriteFile:input_type -> opendsec.agent.v1.WriteFileRequest
+	18, // 20: opendsec.agent.v1.FilesystemService.WatchDir:input_type -> opendsec.agent.v1.WatchDirRequest
+	5,  // 21: opendsec.agent.v1.FilesystemService.Stat:output_type -> opendsec.agent.v1.StatResponse
+	7,  // 22: opendsec.agent.v1.FilesystemService.ListDir:output_type -> opendsec.agent.v1.ListDirResponse
+	9,  // 23: opendsec.agent.v1.FilesystemService.MakeDir:output_type -> opendsec.agent.v1.MakeDirResponse
+	11, // 24: opendsec.agent.v1.FilesystemService.Remove:output_type -> opendsec.agent.v1.RemoveResponse
+	13, // 25: opendsec.agent.v1.FilesystemService.Move:output_type -> opendsec.agent.v1.MoveResponse
+	15, // 26: opendsec.agent.v1.FilesystemService.ReadFile:output_type -> opendsec.agent.v1.ReadFileResponse
+	17, // 27: opendsec.agent.v1.FilesystemService.WriteFile:output_type -> opendsec.agent.v1.WriteFileResponse
+	20, // 28: opendsec.agent.v1.FilesystemService.WatchDir:output_type -> opendsec.agent.v1.WatchDirResponse
+	21, // [21:29] is the sub-list for method output_type
+	13, // [13:21] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_agent_v1_filesystem_proto_init() }
@@ -1462,7 +1510,7 @@ func file_opendsec_agent_v1_filesystem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_filesystem_proto_rawDesc), len(file_opendsec_agent_v1_filesystem_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
