@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -108,11 +109,7 @@ func (r *record) save(dir string) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, recordFile+".tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, recordFile))
+	return atomicfile.Write(filepath.Join(dir, recordFile), data, 0o600)
 }
 
 func loadRecord(dir string) (*record, error) {

@@ -25,6 +25,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
@@ -72,11 +73,7 @@ func (s *snapshot) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.dir, snapshotFile+".tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(s.dir, snapshotFile))
+	return atomicfile.Write(filepath.Join(s.dir, snapshotFile), data, 0o600)
 }
 
 // parseSpec reads the spec the snapshot's JSON carries.

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/opendsec/opendsec/internal/atomicfile"
 )
 
 // The probe boot takes seconds (3.7 s under TCG here) and would delay
@@ -73,8 +75,5 @@ func (b *Backend) saveProbe(key string, res *ProbeResult) {
 	if err != nil {
 		return
 	}
-	tmp := filepath.Join(b.cfg.StateDir, probeCacheFile+".tmp")
-	if os.WriteFile(tmp, data, 0o600) == nil {
-		os.Rename(tmp, filepath.Join(b.cfg.StateDir, probeCacheFile)) //nolint:errcheck // only a later start is slower without it
-	}
+	atomicfile.Write(filepath.Join(b.cfg.StateDir, probeCacheFile), data, 0o600) //nolint:errcheck // only a later start is slower without it
 }
