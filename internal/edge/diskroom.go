@@ -92,8 +92,9 @@ func othersPhrase(others int64) string {
 // need in diskMB or diskPending once it returns nil.
 func (e *Edge) raiseDiskLocked(dir string, need int64, refuse func(free, promised, others int64, err error) error) error {
 	var refused error
+	onLayers := e.onLayerDisk(dir)
 	check := func(others int64) (int64, error) {
-		free, promised, err := e.diskPromisedLocked(dir, need, others)
+		free, promised, err := e.diskPromisedLocked(dir, onLayers, need, others)
 		if err != nil {
 			refused = refuse(0, 0, others, err)
 		} else if free-promised-others-e.disk.keepFree < need {
@@ -101,7 +102,7 @@ func (e *Edge) raiseDiskLocked(dir string, need int64, refuse func(free, promise
 		}
 		return promised + need, refused
 	}
-	if e.ledger == nil || !e.onLayerDisk(dir) {
+	if e.ledger == nil || !onLayers {
 		_, err := check(0)
 		return err
 	}
@@ -123,17 +124,17 @@ func (e *Edge) onLayerDisk(dir string) bool {
 }
 
 // diskPromisedLocked returns the free bytes of dir's file system and, if
-// it holds the layers, what they may still write. extra bytes are about to
+// it holds the layers (onLayers), what they may still write. extra bytes are about to
 // be added: when even every admitted layer written in full leaves room for
 // them beside others' promise, the layers are not looked at (one statfs
 // per admission in the common case). Callers hold e.mu.
-func (e *Edge) diskPromisedLocked(dir string, extra, others int64) (free, promised int64, err error) {
+func (e *Edge) diskPromisedLocked(dir string, onLayers bool, extra, others int64) (free, promised int64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, 0, err
 	}
 	free = int64(st.Bavail) * st.Bsize
-	if !e.onLayerDisk(dir) {
+	if !onLayers {
 		return free, 0, nil
 	}
 	admitted := e.diskMB << 20
