@@ -77,6 +77,14 @@ func newBox(spec *backend.Spec, vmm string) *box {
 // firecracker says whether the box's guest runs on Firecracker.
 func (b box) firecracker() bool { return b.VMM == vmmFirecracker }
 
+// vmmName names the box's VMM, for messages.
+func (b box) vmmName() string {
+	if b.firecracker() {
+		return "Firecracker"
+	}
+	return "QEMU"
+}
+
 // vmmFirecracker is Guest.VMM of a Firecracker guest.
 const vmmFirecracker = "firecracker"
 
@@ -111,7 +119,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		return nil, err
 	}
 	if o["firecracker"] != "" {
-		b.fc = &Firecracker{Binary: o["firecracker"], Kernel: q.Kernel, Modules: q.Modules, Init: q.Init}
+		b.fc = &Firecracker{Binary: o["firecracker"], Kernel: q.Kernel, Modules: q.Modules, Init: q.Init, Log: b.log}
 	}
 	return b, nil
 }
@@ -618,14 +626,20 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	b.boxes[h.ID] = &bx
 	b.mu.Unlock()
 	if _, ok := bx.pid(); !ok {
-		return errdefs.Unavailable("microvm: sandbox %s: its QEMU is gone", h.ID)
+		return errdefs.Unavailable("microvm: sandbox %s: its %s is gone", h.ID, bx.vmmName())
+	}
+	if bx.firecracker() {
+		// The console FIFO filled while no edge drained it; drain it again.
+		if _, err := drainConsole(bx.Dir, b.log); err != nil {
+			b.log.Warn("microvm: the guest's console is not drained", "sandbox", h.ID, "err", err)
+		}
 	}
 	return nil
 }
 
 // ConsoleTail implements backend.ConsoleReader: the end of the guest's
 // console, which QEMU keeps in a ring in its memory (a Firecracker
-// guest's is its console.log).
+// guest's is its console ring, see fcConsoleFIFO).
 func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
 	bx, err := b.get(id)
 	if err != nil {
@@ -636,7 +650,7 @@ func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
 		return ""
 	}
 	if bx.firecracker() {
-		return strings.TrimPrefix(tail(filepath.Join(bx.Dir, "console.log")), "; console: ")
+		return strings.TrimPrefix(consoleTail(bx.Dir), "; console: ")
 	}
 	if g.Console != "" {
 		return strings.TrimPrefix(tail(g.Console), "; console: ")

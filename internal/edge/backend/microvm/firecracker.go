@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // Firecracker runs guests on Firecracker [ours]. It needs a KVM that
@@ -34,7 +37,11 @@ type Firecracker struct {
 	Kernel  string // an uncompressed vmlinux
 	Init    string // the static dsec-vminit
 	Modules string // directory of the guest kernel's .ko files
+	Log     *slog.Logger
 }
+
+// logger is f.Log, or one that discards.
+func (f *Firecracker) logger() *slog.Logger { return logging.OrDiscard(f.Log) }
 
 // FirecrackerModules are the modules a Firecracker guest loads, in order:
 // virtio-mmio devices, block, and the vsock transport for the agent.
@@ -97,16 +104,15 @@ func (f *Firecracker) Probe(ctx context.Context, dir string) (*ProbeResult, erro
 	if err := f.configure(ctx, vm.api, Guest{MemoryMB: 128, SMP: 1, Initrd: initrd}); err != nil {
 		return nil, err
 	}
-	console := filepath.Join(dir, "console.log")
 	for {
-		if out, _ := os.ReadFile(console); bytes.Contains(out, []byte(VMInitMarker)) {
+		if out, _ := readRing(filepath.Join(dir, fcConsoleRing)); bytes.Contains(out, []byte(VMInitMarker)) {
 			return &ProbeResult{Driver: f.Name(), Accel: "kvm", Boot: time.Since(began)}, nil
 		}
 		select {
 		case <-vm.exited:
-			return nil, fmt.Errorf("the guest ended without its marker%s", tail(console))
+			return nil, fmt.Errorf("the guest ended without its marker%s", consoleTail(dir))
 		case <-ctx.Done():
-			return nil, fmt.Errorf("the probe guest did not reach userspace in %s%s", fcProbeTimeout, tail(console))
+			return nil, fmt.Errorf("the probe guest did not reach userspace in %s%s", fcProbeTimeout, consoleTail(dir))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -127,15 +133,18 @@ func (vm *fcVM) kill() {
 
 // spawn starts Firecracker in dir, its own session (it outlives the
 // edge), in the network namespace netns if set, with its console and log
-// appended to dir/console.log, and waits until its API answers.
+// drained into dir's console ring, and waits until its API answers.
 func (f *Firecracker) spawn(ctx context.Context, dir, id, netns string) (*fcVM, error) {
 	sock := filepath.Join(dir, fcSocket)
 	os.Remove(sock) // Firecracker refuses a socket path that exists
-	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	console, err := openConsoleFIFO(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer console.Close()
+	if _, err := drainConsole(dir, f.logger()); err != nil { // ends with the VMM
+		return nil, err
+	}
 	argv := []string{f.Binary, "--api-sock", sock, "--id", fcID(id), "--level", "Warning"}
 	if netns != "" {
 		argv = inNetNS(netns, argv...)
@@ -147,6 +156,11 @@ func (f *Firecracker) spawn(ctx context.Context, dir, id, netns string) (*fcVM, 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start firecracker: %w", err)
 	}
+	if err := handOver(console); err != nil {
+		cmd.Process.Kill() //nolint:errcheck // reaped below
+		cmd.Wait()         //nolint:errcheck // the error is the handover's
+		return nil, fmt.Errorf("firecracker's console: %w", err)
+	}
 	vm := &fcVM{cmd: cmd, api: newFCAPI(sock), exited: make(chan struct{})}
 	go func() {
 		cmd.Wait() //nolint:errcheck // reaped only; its console says why it ended
@@ -154,7 +168,7 @@ func (f *Firecracker) spawn(ctx context.Context, dir, id, netns string) (*fcVM, 
 	}()
 	if err := vm.api.waitAPI(ctx, vm.exited); err != nil {
 		vm.kill()
-		return nil, fmt.Errorf("%w%s", err, tail(filepath.Join(dir, "console.log")))
+		return nil, fmt.Errorf("%w%s", err, consoleTail(dir))
 	}
 	return vm, nil
 }

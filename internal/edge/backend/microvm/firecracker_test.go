@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func TestFirecrackerAPIOnTheRealBinary(t *testing.T) {
 		t.Fatalf("0 vCPUs: %v, want Firecracker's 400 with its fault", err)
 	}
 	if err := f.configure(ctx, vm.api, g); err != nil {
-		t.Fatalf("configure and start: %v; console: %s", err, tail(filepath.Join(dir, "console.log")))
+		t.Fatalf("configure and start: %v; console: %s", err, consoleTail(dir))
 	}
 	state := func(id sandboxid.ID) backend.State {
 		t.Helper()
@@ -102,7 +103,7 @@ func TestFirecrackerAPIOnTheRealBinary(t *testing.T) {
 	}
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: t.TempDir()}
 	if _, err := b.Snapshot(ctx, src, ref); err != nil {
-		t.Fatalf("snapshot: %v; console: %s", err, tail(filepath.Join(dir, "console.log")))
+		t.Fatalf("snapshot: %v; console: %s", err, consoleTail(dir))
 	}
 	if fi, err := os.Stat(filepath.Join(ref.Dir, "mem")); err != nil || fi.Size() != 128<<20 {
 		t.Fatalf("the snapshot's memory file: %v %v", fi, err)
@@ -117,7 +118,7 @@ func TestFirecrackerAPIOnTheRealBinary(t *testing.T) {
 	}
 	spec := &backend.Spec{ID: "fc-api-copy", Dir: filepath.Join(t.TempDir(), "copy"), RunDir: t.TempDir()}
 	if _, err := b.Restore(ctx, ref, spec); err != nil {
-		t.Fatalf("restore: %v; console: %s", err, tail(filepath.Join(spec.Dir, "vm", "console.log")))
+		t.Fatalf("restore: %v; console: %s", err, consoleTail(filepath.Join(spec.Dir, "vm")))
 	}
 	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
 	if got := state(spec.ID); got != backend.StateRunning {
@@ -142,6 +143,24 @@ func TestFirecrackerAPIOnTheRealBinary(t *testing.T) {
 	}
 	if !opened[filepath.Join(cb.Dir, "rw.ext4")] || opened[g.WritableDisk] {
 		t.Fatalf("the copy's open files: %v", opened)
+	}
+	// Its console is the FIFO, held read-write and non-blocking (see
+	// fcConsoleFIFO), for its output and its log alike.
+	for _, fd := range []string{"1", "2"} {
+		if p, _ := os.Readlink(filepathProc(pid, "fd/"+fd)); p != filepath.Join(cb.Dir, fcConsoleFIFO) {
+			t.Fatalf("the copy's fd %s is %q, want its console FIFO", fd, p)
+		}
+		info, _ := os.ReadFile(filepathProc(pid, "fdinfo/"+fd))
+		var flags int
+		for _, l := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(l, "flags:"); ok {
+				flags64, _ := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+				flags = int(flags64)
+			}
+		}
+		if flags&syscall.O_ACCMODE != syscall.O_RDWR || flags&syscall.O_NONBLOCK == 0 {
+			t.Fatalf("the copy's console (fd %s) has flags %o, want read-write and non-blocking", fd, flags)
+		}
 	}
 	if l, _ := os.Readlink(filepath.Join(cb.Dir, "v.sock_1024")); l != filepath.Join(spec.RunDir, "edge.sock") {
 		t.Fatalf("the copy's agent socket leads to %q", l)

@@ -1,0 +1,104 @@
+package microvm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// A Firecracker guest's console is bounded [ours]. Firecracker writes the
+// guest's serial port, and its own log, to its standard output: no size
+// limit, no ring of its own (v1.12 has no serial API), so a guest that
+// prints without end would fill the node's disk through a log file.
+// Instead its standard output and error are a FIFO in the guest's
+// directory, which Firecracker holds open read-write and non-blocking: it
+// never waits on the FIFO and never gets EPIPE, and while nobody drains
+// it a full pipe drops the guest's output (Firecracker counts each lost
+// byte as a uart error and goes on). The edge drains the FIFO into
+// console.ring, a file of fixed size that keeps the last consoleRingBytes,
+// as QEMU's ring does in memory; after an edge restart, Recover drains it
+// again. Verified with a stand-in writer and with the real binary's own
+// output; a guest's serial output is not (no host here boots a
+// Firecracker guest).
+const (
+	fcConsoleFIFO = "console.fifo"
+	fcConsoleRing = "console.ring"
+)
+
+// openConsoleFIFO makes dir's console FIFO if it is missing and opens it
+// for a VMM's output. The caller hands the file to the VMM, and once the
+// VMM started calls handOver.
+func openConsoleFIFO(dir string) (*os.File, error) {
+	path := filepath.Join(dir, fcConsoleFIFO)
+	if err := unix.Mkfifo(path, 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("console fifo: %w", err)
+	}
+	// Read-write: the VMM counts as a reader too, so it never gets EPIPE
+	// while the edge is away, and opening never waits for one.
+	return os.OpenFile(path, os.O_RDWR, 0)
+}
+
+// handOver makes the FIFO the VMM now holds non-blocking and closes the
+// edge's copy. os/exec put the file in blocking mode to pass it on; the
+// mode belongs to the open file, shared with the VMM, so setting it here
+// sets it for the VMM.
+func handOver(out *os.File) error {
+	defer out.Close()
+	return unix.SetNonblock(int(out.Fd()), true)
+}
+
+// drainConsole copies dir's console FIFO into its ring until every writer
+// is gone (the VMM ended) or stop is called; stop waits for the copy to
+// end. It returns once the reader is open, so output written after it
+// returns is not lost. A second drain of one directory (Recover of a
+// guest whose drain runs) does nothing.
+func drainConsole(dir string, log *slog.Logger) (stop func(), err error) {
+	ring, err := openRing(filepath.Join(dir, fcConsoleRing), consoleRingBytes)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(ring.f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		ring.f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return func() {}, nil // drained already
+		}
+		return nil, fmt.Errorf("console ring: %w", err)
+	}
+	// Non-blocking open: it returns at once; reads then wait in Go's
+	// poller. With no writer left a read answers end of file.
+	in, err := os.OpenFile(filepath.Join(dir, fcConsoleFIFO), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		ring.f.Close()
+		return nil, fmt.Errorf("console fifo: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer ring.f.Close()
+		defer in.Close()
+		if _, err := io.Copy(ring, in); err != nil && !errors.Is(err, os.ErrClosed) {
+			log.Warn("microvm: console drain ended", "dir", dir, "err", err)
+		}
+	}()
+	return func() { in.Close(); <-done }, nil
+}
+
+// consoleTail is the end of dir's console ring, for errors: "" if it is
+// empty, else "; console: " and its last 800 bytes.
+func consoleTail(dir string) string {
+	data, _ := readRing(filepath.Join(dir, fcConsoleRing))
+	if len(data) > 800 {
+		data = data[len(data)-800:]
+	}
+	if len(data) == 0 {
+		return ""
+	}
+	return "; console: " + strings.TrimSpace(string(data))
+}
