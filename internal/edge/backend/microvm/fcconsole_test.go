@@ -26,9 +26,11 @@ func TestMain(m *testing.M) {
 // consoleWriter writes numbered 100-byte lines to its standard output as
 // Firecracker writes a guest's serial port: one write(2) each, a refused
 // write dropped. Every 256 lines it records in beat how many lines it
-// tried and how many were refused.
+// tried and how many were refused. It ends after two minutes, whatever
+// became of its test.
 func consoleWriter(beat string) {
-	for i, dropped := 0, 0; ; i++ {
+	end := time.Now().Add(2 * time.Minute)
+	for i, dropped := 0, 0; time.Now().Before(end); i++ {
 		line := fmt.Appendf(nil, "line %09d %s\n", i, strings.Repeat("x", 84))
 		if _, err := syscall.Write(1, line); err == syscall.EAGAIN {
 			dropped++
@@ -122,6 +124,7 @@ func TestConsoleIsBoundedAndNeverStopsItsVMM(t *testing.T) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "DSEC_TEST_CONSOLE_WRITER="+beat)
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
