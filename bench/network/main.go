@@ -143,7 +143,7 @@ func run(ctx context.Context, reps int, dnsFor time.Duration) error {
 				}
 				*c.out = append(*c.out, time.Since(start))
 				start = time.Now()
-				err = nw.Detach(ctx, l, c.p)
+				err = nw.Detach(ctx, l)
 				detach = append(detach, time.Since(start))
 				return err
 			}(); err != nil {
@@ -214,7 +214,7 @@ func benchDNS(ctx context.Context, nw *sandboxnet.Network, d time.Duration) erro
 	if err != nil {
 		return err
 	}
-	defer nw.Detach(context.Background(), l, p) //nolint:errcheck // cleanup
+	defer nw.Detach(context.Background(), l) //nolint:errcheck // cleanup
 	sbNS := filepath.Base(l.NetNS)
 	rate := func(ns, server, name string) (float64, error) {
 		var n int
@@ -308,7 +308,7 @@ func benchStream(ctx context.Context, nw *sandboxnet.Network, d time.Duration) e
 	if err != nil {
 		return err
 	}
-	defer nw.Detach(context.Background(), l, p) //nolint:errcheck // cleanup
+	defer nw.Detach(context.Background(), l) //nolint:errcheck // cleanup
 	// Single runs on a small machine swing by +-30 %: alternate short
 	// rounds of both and compare medians.
 	const rounds = 9

@@ -159,11 +159,16 @@ func (e *Edge) networkedRecords() []string {
 	return out
 }
 
-// policyOf is the sandbox's policy as its record holds it (checked when
-// it was accepted).
-func policyOf(rec *record) sandboxnet.Policy {
-	p, _ := sandboxspec.NetworkPolicy(rec.spec.Network)
-	return p
+// policyOf is the sandbox's policy as its record holds it. It was checked
+// when the sandbox was accepted, so an error means a record this release
+// reads differently (or one changed by hand): the sandbox gets no network
+// rather than a policy other than its own.
+func policyOf(rec *record) (sandboxnet.Policy, error) {
+	p, err := sandboxspec.NetworkPolicy(rec.spec.Network)
+	if err != nil {
+		return p, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "its recorded network policy")
+	}
+	return p, nil
 }
 
 // checkPolicy refuses a policy this node keeps closed (a rule naming its
@@ -188,7 +193,11 @@ func (e *Edge) attachNetwork(ctx context.Context, sb *sandbox) error {
 	if e.net == nil {
 		return errdefs.FailedPrecondition("network: node %s runs without sandbox networking (%s); create the sandbox without a network policy", e.node, e.netOff)
 	}
-	l, err := e.net.Attach(ctx, string(sb.id), netip.Addr{}, policyOf(sb.rec))
+	p, err := policyOf(sb.rec)
+	if err != nil {
+		return err
+	}
+	l, err := e.net.Attach(ctx, string(sb.id), netip.Addr{}, p)
 	if err != nil {
 		return err
 	}
@@ -210,7 +219,11 @@ func (e *Edge) adoptNetwork(ctx context.Context, sb *sandbox) error {
 	if err != nil {
 		return errdefs.FailedPrecondition("its record has no network address (%q)", sb.rec.NetAddr)
 	}
-	l, err := e.net.Adopt(ctx, string(sb.id), addr, policyOf(sb.rec))
+	p, err := policyOf(sb.rec)
+	if err != nil {
+		return err
+	}
+	l, err := e.net.Adopt(ctx, string(sb.id), addr, p)
 	if err != nil {
 		return err
 	}
@@ -226,7 +239,7 @@ func (e *Edge) detachNetwork(ctx context.Context, sb *sandbox) error {
 	}
 	var err error
 	if sb.net != nil {
-		err = e.net.Detach(ctx, sb.net, policyOf(sb.rec))
+		err = e.net.Detach(ctx, sb.net)
 	} else {
 		err = e.net.Forget(ctx, string(sb.id))
 	}
@@ -252,7 +265,10 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if sb.rec.spec.Network == nil || sb.net == nil {
 		return nil, errdefs.FailedPrecondition("sandbox %s has no network (loopback only); a network policy is chosen at create", sb.id)
 	}
-	old := policyOf(sb.rec)
+	old, err := e.net.Policy(sb.net)
+	if err != nil {
+		return nil, err
+	}
 	p, err := sandboxspec.NetworkUpdate(old, req)
 	if err != nil {
 		return nil, err
@@ -260,7 +276,7 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if err := e.net.Node().CheckPolicy("the updated policy's rules", p); err != nil {
 		return nil, err
 	}
-	if err := e.net.Update(ctx, sb.net, old, p); err != nil {
+	if err := e.net.Update(ctx, sb.net, p); err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "update the network policy of %s", sb.id)
 	}
 	public := sb.rec.spec.Network.AllowPublicTraffic

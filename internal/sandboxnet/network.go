@@ -303,16 +303,25 @@ func (n *Network) setAttached(sb Sandbox, p Policy) {
 	n.attached[sb.Addr] = attached{sb, p}
 }
 
-// Update replaces l's policy old with p in one transaction.
-// The link must be attached (an update after a Detach would bring back a
-// chain for an address another sandbox may have now). Callers serialise a
-// sandbox's Update and Detach.
-func (n *Network) Update(ctx context.Context, l *Link, old, p Policy) error {
+// Policy is the policy attached link l has now.
+func (n *Network) Policy(l *Link) (Policy, error) {
 	n.mu.Lock()
 	a, ok := n.attached[l.Addr]
 	n.mu.Unlock()
 	if !ok || a.sb.Name != l.Name {
-		return errdefs.FailedPrecondition("network update of %s: it is not attached", l.Name)
+		return Policy{}, errdefs.FailedPrecondition("network of %s: it is not attached", l.Name)
+	}
+	return a.pol, nil
+}
+
+// Update replaces l's policy with p in one transaction.
+// The link must be attached (an update after a Detach would bring back a
+// chain for an address another sandbox may have now). Callers serialise a
+// sandbox's Update and Detach.
+func (n *Network) Update(ctx context.Context, l *Link, p Policy) error {
+	old, err := n.Policy(l)
+	if err != nil {
+		return err
 	}
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
 		return err
@@ -379,14 +388,23 @@ func (n *Network) Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, 
 	return nft(ctx, LearnScript(n.node, sb, p, rules, addrs, ttl))
 }
 
-// Detach removes what Attach made. It goes on past a failed step and
-// returns every failure; a part already gone is not one.
-func (n *Network) Detach(ctx context.Context, l *Link, p Policy) error {
+// Detach removes what Attach made, under the policy the link has now (as
+// Attach, Adopt and Update recorded it: the caller need not parse it
+// again). It goes on past a failed step and returns every failure; a
+// part already gone is not one. After a failure the link stays attached,
+// so a retry removes the rest.
+func (n *Network) Detach(ctx context.Context, l *Link) error {
 	n.mu.Lock()
-	if a, ok := n.attached[l.Addr]; ok && a.sb.Name == l.Name {
+	a, ok := n.attached[l.Addr]
+	ok = ok && a.sb.Name == l.Name
+	if ok {
 		delete(n.attached, l.Addr)
 	}
 	n.mu.Unlock()
+	var p Policy // a link no longer attached has no sets left
+	if ok {
+		p = a.pol
+	}
 	var errs []error
 	if err := nft(ctx, RemoveScript(n.node, l.Sandbox, p)); err != nil && !isGone(err) {
 		errs = append(errs, fmt.Errorf("remove the network policy of %s: %w", l.Name, err))
@@ -400,6 +418,11 @@ func (n *Network) Detach(ctx context.Context, l *Link, p Policy) error {
 	if len(errs) == 0 {
 		n.release(l.Addr, l.Name)
 	} else {
+		if ok { // its address is not released: nobody else has it
+			n.mu.Lock()
+			n.attached[l.Addr] = a
+			n.mu.Unlock()
+		}
 		n.log.Error("detach a sandbox from the network", logging.SandboxID, l.Name, logging.Error, errors.Join(errs...))
 	}
 	return errors.Join(errs...)

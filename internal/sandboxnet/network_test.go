@@ -48,7 +48,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { inNS(t, node, func() { nw.Detach(ctx, l, p) }) })
+		t.Cleanup(func() { inNS(t, node, func() { nw.Detach(ctx, l) }) })
 		return l
 	}
 	a, b := attach("a"), attach("b")
@@ -67,7 +67,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "make its network namespace") {
 		t.Fatalf("attach under a name in use: %v", err)
 	}
-	inNS(t, node, func() { err = nw.Detach(ctx, a, p) })
+	inNS(t, node, func() { err = nw.Detach(ctx, a) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	}
 	// Detaching again finds nothing left, is no error, and leaves the
 	// address with the sandbox that has it now.
-	inNS(t, node, func() { err = nw.Detach(ctx, a, p) })
+	inNS(t, node, func() { err = nw.Detach(ctx, a) })
 	if err != nil {
 		t.Fatalf("a second detach: %v", err)
 	}
@@ -99,7 +99,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 		t.Fatalf("close with sandboxes attached: removed %v, %v", removed, err)
 	}
 	for _, l := range []*Link{b, c, d} {
-		inNS(t, node, func() { err = nw.Detach(ctx, l, p) })
+		inNS(t, node, func() { err = nw.Detach(ctx, l) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +143,7 @@ func TestDomainPolicyThroughTheDNSProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { inNS(t, node, func() { nw.Detach(context.Background(), l, p) }) })
+	t.Cleanup(func() { inNS(t, node, func() { nw.Detach(context.Background(), l) }) })
 	sbNS := nsName(l.Name)
 
 	resolve := func(name string) (*dns.Msg, error) {
@@ -168,6 +168,31 @@ func TestDomainPolicyThroughTheDNSProxy(t *testing.T) {
 	}
 	if r, err := resolve("evil.example.com."); err != nil || r.Rcode != dns.RcodeNameError {
 		t.Fatalf("a name not allowed: %v %v", r, err)
+	}
+
+	// Detach removes the sets of the policy the link has now, an updated
+	// one's too, without being told it.
+	p2 := policy(t, false, RuleSpec{Domain: "other.example.org"})
+	inNS(t, node, func() { err = nw.Update(ctx, l, p2) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := nw.Policy(l); err != nil || len(got.Rules) != 1 || got.Rules[0].Domain != "other.example.org" {
+		t.Fatalf("the link's policy after the update: %+v, %v", got, err)
+	}
+	sets := func() string { return tn.in(node, "nft", "list", "sets", "inet") }
+	if out := sets(); !strings.Contains(out, setName(l.Name, p2.Rules[0])) {
+		t.Fatalf("the updated policy's set is missing:\n%s", out)
+	}
+	inNS(t, node, func() { err = nw.Detach(ctx, l) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := sets(); strings.Contains(out, setName(l.Name, p.Rules[0])) || strings.Contains(out, setName(l.Name, p2.Rules[0])) {
+		t.Fatalf("sets of the sandbox are left after its detach:\n%s", out)
+	}
+	if _, err := nw.Policy(l); err == nil {
+		t.Fatal("a detached link still has a policy")
 	}
 }
 
@@ -223,7 +248,7 @@ func TestNarrowingUpdatesCutOpenConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { inNS(t, node, func() { nw.Detach(ctx, link, p1) }) })
+	t.Cleanup(func() { inNS(t, node, func() { nw.Detach(ctx, link) }) })
 	var conn net.Conn
 	inNS(t, nsName(link.Name), func() { conn, err = net.DialTimeout("tcp", "203.0.113.10:9191", 2*time.Second) })
 	if err != nil {
@@ -242,25 +267,25 @@ func TestNarrowingUpdatesCutOpenConnections(t *testing.T) {
 	if err := echo(); err != nil {
 		t.Fatalf("before any update: %v", err)
 	}
-	update := func(old, p Policy) {
+	update := func(p Policy) {
 		t.Helper()
-		inNS(t, node, func() { err = nw.Update(ctx, link, old, p) })
+		inNS(t, node, func() { err = nw.Update(ctx, link, p) })
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	p2 := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}}, RuleSpec{CIDR: "198.51.100.0/24"})
-	update(p1, p2)
+	update(p2)
 	if err := echo(); err != nil {
 		t.Fatalf("after an update that only adds: %v", err)
 	}
 	p3 := policy(t, false, RuleSpec{CIDR: "198.51.100.0/24"})
-	update(p2, p3)
+	update(p3)
 	if err := echo(); err == nil {
 		t.Fatal("a connection the policy no longer allows still works after the update")
 	}
 	// Allowed again, a new connection: it is tracked until the detach.
-	update(p3, p1)
+	update(p1)
 	conn.Close()
 	inNS(t, nsName(link.Name), func() { conn, err = net.DialTimeout("tcp", "203.0.113.10:9191", 2*time.Second) })
 	if err != nil {
@@ -272,7 +297,7 @@ func TestNarrowingUpdatesCutOpenConnections(t *testing.T) {
 	if out := tn.in(node, "conntrack", "-L", "-f", "ipv4", "-s", link.Addr.String()); !strings.Contains(out, link.Addr.String()) {
 		t.Fatalf("the open connection is not tracked:\n%s", out)
 	}
-	inNS(t, node, func() { err = nw.Detach(ctx, link, p1) })
+	inNS(t, node, func() { err = nw.Detach(ctx, link) })
 	if err != nil {
 		t.Fatal(err)
 	}
