@@ -264,9 +264,6 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 // Node returns the node id.
 func (e *Edge) Node() sandboxid.NodeID { return e.node }
 
-// Limits returns the request limits of this node.
-func (e *Edge) Limits() sandboxspec.Limits { return e.cfg.Limits }
-
 // Close stops background work. Sandboxes keep running.
 func (e *Edge) Close() {
 	e.stopOnce.Do(func() {

@@ -261,7 +261,7 @@ func TestPausedSandboxResumesOnCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil || p.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+	if p, err := freeze(ctx, f.edge, sb.Id, "root"); err != nil || p.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Fatalf("pause: %+v, %v", p, err)
 	}
 	// A call that asks not to resume fails and leaves it paused.
@@ -296,7 +296,7 @@ func TestExplicitResumeSandboxStaysPausedUntilResumed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil {
+	if _, err := freeze(ctx, f.edge, sb.Id, "root"); err != nil {
 		t.Fatal(err)
 	}
 	f.edge.Close()
@@ -406,4 +406,13 @@ func TestABackendsMinimumMemoryIsRefusedBelow(t *testing.T) {
 	if _, err := f.edge.Create(context.Background(), small, "root/a"); err != nil {
 		t.Fatalf("128 MiB: %v", err)
 	}
+}
+
+// freeze pauses a sandbox at the freeze depth, as the API's default pause.
+func freeze(ctx context.Context, e *Edge, id, scope string) (*sandboxv1.Sandbox, error) {
+	out, err := e.PauseAt(ctx, id, scope, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE)
+	if err != nil {
+		return nil, err
+	}
+	return out.Sandbox, nil
 }

@@ -10,20 +10,6 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
-// Pause freezes a running sandbox.
-func (e *Edge) Pause(ctx context.Context, id, scope string) (*sandboxv1.Sandbox, error) {
-	sb, err := e.lookup(id, scope)
-	if err != nil {
-		return nil, err
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if err := e.pauseLocked(ctx, sb); err != nil {
-		return nil, err
-	}
-	return sb.snapshot(), nil
-}
-
 func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
 	switch sb.rec.State {
 	case statePaused:

@@ -166,7 +166,7 @@ func TestRecoverKeepsPausedSandboxesPaused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.edge.Pause(ctx, sb.Id, "root"); err != nil {
+	if _, err := freeze(ctx, f.edge, sb.Id, "root"); err != nil {
 		t.Fatal(err)
 	}
 	f.edge.Close()
@@ -219,7 +219,7 @@ func TestTimeToLiveAcrossRestartPauseAndFork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sb, err = f.edge.Pause(ctx, sb.Id, "root"); err != nil {
+		if sb, err = freeze(ctx, f.edge, sb.Id, "root"); err != nil {
 			t.Fatal(err)
 		}
 		if sb.TimeoutLeftSeconds < 1 || sb.TimeoutLeftSeconds > 2 || time.Until(sb.ExpiresAt.AsTime()) < 3*time.Second {
@@ -288,7 +288,7 @@ func TestOtherProjectsCannotTouchSandboxesOrSnapshots(t *testing.T) {
 	const other = "root/b"
 	_, err = f.edge.Get(sb.Id, other)
 	notFound("get", err)
-	_, err = f.edge.Pause(ctx, sb.Id, other)
+	_, err = freeze(ctx, f.edge, sb.Id, other)
 	notFound("pause", err)
 	_, err = f.edge.Resume(ctx, sb.Id, other)
 	notFound("resume", err)
@@ -383,7 +383,7 @@ func TestTimeoutZeroEndsItNow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.edge.Pause(ctx, pausedKill.Id, "root"); err != nil {
+	if _, err := freeze(ctx, f.edge, pausedKill.Id, "root"); err != nil {
 		t.Fatal(err)
 	}
 	for _, sb := range []*sandboxv1.Sandbox{killed, paused, pausedKill} {

@@ -34,8 +34,9 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
-// snapshot is a memory snapshot held by this node: runsc's image plus the
-// bundle template, under snapshots/<id>/, described by snapshot.json.
+// snapshot is a memory snapshot held by this node, under snapshots/<id>/:
+// what its backend wrote (a runsc checkpoint, a microVM's RAM and device
+// state), described by snapshot.json.
 type snapshot struct {
 	ID            sandboxid.SnapshotID `json:"id"`
 	Project       string               `json:"project"`

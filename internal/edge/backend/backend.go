@@ -7,7 +7,6 @@ package backend
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -341,9 +340,6 @@ type Snapshotter interface {
 	// new sandbox's own id, Dir and RunDir.
 	Restore(ctx context.Context, ref SnapshotRef, spec *Spec) (*Handle, error)
 }
-
-// ErrUnsupported is returned for operations a backend cannot do.
-var ErrUnsupported = errors.New("backend: operation not supported")
 
 // Config is what every factory receives.
 type Config struct {

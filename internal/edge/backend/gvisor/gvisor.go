@@ -237,8 +237,9 @@ func (b *Backend) launch(ctx context.Context, rt runtime, logFile string, bx box
 		// This runsc takes a namespace in which /proc/sys/net/core/rmem_default
 		// exists for the host's own and refuses it; on kernels since 6.x
 		// every namespace has that file. Hiding /proc/sys/net in a private
-		// mount namespace of runsc's alone gets past the check (RUNTIMES.md
-		// 1.7); "$0" "$@" passes runsc's arguments through unquoted.
+		// mount namespace of runsc's alone gets past the check (found with
+		// Debian's runsc on kernel 6.18); "$0" "$@" passes runsc's
+		// arguments through unquoted.
 		argv = append([]string{"unshare", "-m", "--propagation", "private", "--", "sh", "-c",
 			`mount -t tmpfs -o ro,size=4k dsec-hide /proc/sys/net && exec "$0" "$@"`}, argv...)
 	}
