@@ -279,9 +279,7 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if err := e.net.Update(ctx, sb.net, p); err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "update the network policy of %s", sb.id)
 	}
-	public := sb.rec.spec.Network.AllowPublicTraffic
-	sb.rec.spec.Network = sandboxspec.NetworkPolicyProto(p)
-	sb.rec.spec.Network.AllowPublicTraffic = public
+	sb.rec.spec.Network = sandboxspec.NetworkPolicyProto(p, sb.rec.spec.Network)
 	if err := sb.save(); err != nil {
 		return nil, err
 	}

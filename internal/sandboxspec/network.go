@@ -17,10 +17,11 @@ func NetworkPolicy(p *sandboxv1.NetworkPolicy) (sandboxnet.Policy, error) {
 }
 
 // NetworkPolicyProto is p as the API carries it, each rule in its
-// canonical form (lower-case domain, masked prefix, merged ports). The
-// inbound setting (allow_public_traffic) is not part of p: callers copy it.
-func NetworkPolicyProto(p sandboxnet.Policy) *sandboxv1.NetworkPolicy {
-	out := &sandboxv1.NetworkPolicy{Internet: p.Internet}
+// canonical form (lower-case domain, masked prefix, merged ports), with
+// the inbound setting, which p does not hold (allow_public_traffic), kept
+// from was (nil: off).
+func NetworkPolicyProto(p sandboxnet.Policy, was *sandboxv1.NetworkPolicy) *sandboxv1.NetworkPolicy {
+	out := &sandboxv1.NetworkPolicy{Internet: p.Internet, AllowPublicTraffic: was.GetAllowPublicTraffic()}
 	for _, r := range p.Rules {
 		nr := &sandboxv1.NetworkRule{Domain: r.Domain}
 		if r.Domain == "" {

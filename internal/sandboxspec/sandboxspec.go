@@ -139,9 +139,7 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 		if err != nil {
 			return err
 		}
-		public := spec.Network.AllowPublicTraffic
-		spec.Network = NetworkPolicyProto(p)
-		spec.Network.AllowPublicTraffic = public
+		spec.Network = NetworkPolicyProto(p, spec.Network)
 	}
 	return nil
 }
