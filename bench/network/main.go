@@ -24,6 +24,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 )
 
@@ -101,12 +102,12 @@ func run(ctx context.Context, reps int, dnsFor time.Duration) error {
 	if err != nil {
 		return err
 	}
-	var specs []sandboxnet.RuleSpec
+	var specs []netpolicy.RuleSpec
 	for i := 0; i < 10; i++ {
-		specs = append(specs, sandboxnet.RuleSpec{Domain: fmt.Sprintf("host%d.example.org", i), Protocol: "tcp", Ports: []string{"443"}})
-		specs = append(specs, sandboxnet.RuleSpec{CIDR: fmt.Sprintf("10.%d.0.0/16", 100+i), Ports: []string{"80", "8000-8100"}})
+		specs = append(specs, netpolicy.RuleSpec{Domain: fmt.Sprintf("host%d.example.org", i), Protocol: "tcp", Ports: []string{"443"}})
+		specs = append(specs, netpolicy.RuleSpec{CIDR: fmt.Sprintf("10.%d.0.0/16", 100+i), Ports: []string{"80", "8000-8100"}})
 	}
-	twenty, err := sandboxnet.Parse("rules", false, specs)
+	twenty, err := netpolicy.Parse("rules", false, specs)
 	if err != nil {
 		return err
 	}
@@ -132,9 +133,9 @@ func run(ctx context.Context, reps int, dnsFor time.Duration) error {
 			return err
 		}
 		for _, c := range []struct {
-			p   sandboxnet.Policy
+			p   netpolicy.Policy
 			out *[]time.Duration
-		}{{sandboxnet.Policy{}, &empty}, {twenty, &full}} {
+		}{{netpolicy.Policy{}, &empty}, {twenty, &full}} {
 			if err := func() error {
 				start := time.Now()
 				l, err := nw.Attach(ctx, fmt.Sprintf("bench-%d-%d", i, len(c.p.Rules)), netip.Addr{}, c.p)
@@ -206,7 +207,7 @@ func benchDNS(ctx context.Context, nw *sandboxnet.Network, d time.Duration) erro
 	proxy := sandboxnet.NewDNSProxy(nw, []string{up}, log)
 	proxy.Limit(1e9, 1e9) // the proxy's own cost, not its per-sandbox limit
 	go proxy.Serve(ctx, pc, ln)
-	p, err := sandboxnet.Parse("rules", false, []sandboxnet.RuleSpec{{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"443"}}})
+	p, err := netpolicy.Parse("rules", false, []netpolicy.RuleSpec{{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"443"}}})
 	if err != nil {
 		return err
 	}
@@ -300,7 +301,7 @@ func benchStream(ctx context.Context, nw *sandboxnet.Network, d time.Duration) e
 			return err
 		}
 	}
-	p, err := sandboxnet.Parse("rules", false, []sandboxnet.RuleSpec{{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"5001"}}})
+	p, err := netpolicy.Parse("rules", false, []netpolicy.RuleSpec{{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"5001"}}})
 	if err != nil {
 		return err
 	}

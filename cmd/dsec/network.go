@@ -10,7 +10,7 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/sandboxnet"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 // networkRules turns --allow texts ("tcp pypi.example.org:443") into API
@@ -18,7 +18,7 @@ import (
 func networkRules(texts []string) []*sandboxv1.NetworkRule {
 	out := make([]*sandboxv1.NetworkRule, 0, len(texts))
 	for _, t := range texts {
-		r := sandboxnet.RuleSpecFromText(t)
+		r := netpolicy.RuleSpecFromText(t)
 		out = append(out, &sandboxv1.NetworkRule{Domain: r.Domain, Cidr: r.CIDR, Protocol: r.Protocol, Ports: r.Ports})
 	}
 	return out

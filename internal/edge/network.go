@@ -14,6 +14,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -163,7 +164,7 @@ func (e *Edge) networkedRecords() []string {
 // when the sandbox was accepted, so an error means a record this release
 // reads differently (or one changed by hand): the sandbox gets no network
 // rather than a policy other than its own.
-func policyOf(rec *record) (sandboxnet.Policy, error) {
+func policyOf(rec *record) (netpolicy.Policy, error) {
 	p, err := sandboxspec.NetworkPolicy(rec.spec.Network)
 	if err != nil {
 		return p, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "its recorded network policy")

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 // AllowClosedFlag is the operator's setting that lets a rule name a closed
@@ -57,7 +58,7 @@ func closedRangeName(c netip.Prefix) string {
 // rules in errors ("network.rules"). The edge checks every policy it
 // admits (a create, a copy, an update); whatever is installed, a chain
 // opens no closed range unless the operator allowed it (nft.go).
-func (n Node) CheckPolicy(field string, p Policy) error {
+func (n Node) CheckPolicy(field string, p netpolicy.Policy) error {
 	for i, r := range p.Rules {
 		if r.Domain != "" {
 			continue

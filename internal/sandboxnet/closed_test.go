@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 func TestCheckPolicyRefusesClosedRules(t *testing.T) {
@@ -21,7 +23,7 @@ func TestCheckPolicyRefusesClosedRules(t *testing.T) {
 		"10.88.0.9":        "sandbox subnet",
 	}
 	for cidr, want := range cases {
-		p, err := Parse("rules", false, []RuleSpec{{CIDR: "203.0.113.0/24"}, {CIDR: cidr, Protocol: "tcp", Ports: []string{"80"}}})
+		p, err := netpolicy.Parse("rules", false, []netpolicy.RuleSpec{{CIDR: "203.0.113.0/24"}, {CIDR: cidr, Protocol: "tcp", Ports: []string{"80"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,16 +34,16 @@ func TestCheckPolicyRefusesClosedRules(t *testing.T) {
 	}
 	// Rules that only contain a closed range, domains and public
 	// addresses pass.
-	ok, _ := Parse("rules", true, []RuleSpec{{CIDR: "0.0.0.0/0"}, {CIDR: "192.0.0.0/8"}, {CIDR: "10.88.0.0/16"}, {Domain: "pypi.org"}, {CIDR: "203.0.113.9"}})
+	ok, _ := netpolicy.Parse("rules", true, []netpolicy.RuleSpec{{CIDR: "0.0.0.0/0"}, {CIDR: "192.0.0.0/8"}, {CIDR: "10.88.0.0/16"}, {Domain: "pypi.org"}, {CIDR: "203.0.113.9"}})
 	if err := n.CheckPolicy("network.rules", ok); err != nil {
 		t.Errorf("a policy naming no closed range: %v", err)
 	}
 	n.AllowClosed = true
-	meta, _ := Parse("rules", false, []RuleSpec{{CIDR: "169.254.169.254"}, {CIDR: "192.0.2.7"}})
+	meta, _ := netpolicy.Parse("rules", false, []netpolicy.RuleSpec{{CIDR: "169.254.169.254"}, {CIDR: "192.0.2.7"}})
 	if err := n.CheckPolicy("network.rules", meta); err != nil {
 		t.Errorf("closed rules allowed by the operator: %v", err)
 	}
-	sub, _ := Parse("rules", false, []RuleSpec{{CIDR: "10.88.0.9"}})
+	sub, _ := netpolicy.Parse("rules", false, []netpolicy.RuleSpec{{CIDR: "10.88.0.9"}})
 	if err := n.CheckPolicy("network.rules", sub); err == nil {
 		t.Error("a rule naming a sandbox's address passed with closed rules allowed: sandboxes never reach each other")
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 // Resolver answers for the DNS proxy which sandbox sent a query (by its
@@ -19,9 +20,9 @@ import (
 // answered. Network plus the edge's sandbox table implement it.
 type Resolver interface {
 	// Sandbox returns the sandbox that has addr and its current policy.
-	Sandbox(addr netip.Addr) (Sandbox, Policy, bool)
+	Sandbox(addr netip.Addr) (Sandbox, netpolicy.Policy, bool)
 	// Learn opens addrs for the domain rules (indexes into p.Rules) for ttl.
-	Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error
+	Learn(ctx context.Context, sb Sandbox, p netpolicy.Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error
 }
 
 // DNSProxy answers sandboxes' DNS queries: names their policy allows are

@@ -11,27 +11,28 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // fakeResolver knows one sandbox at 127.0.0.1 and records what it learns.
 type fakeResolver struct {
-	pol     Policy
+	pol     netpolicy.Policy
 	gen     uint64
 	mu      sync.Mutex
 	learned []string
 }
 
-func (f *fakeResolver) Sandbox(addr netip.Addr) (Sandbox, Policy, bool) {
+func (f *fakeResolver) Sandbox(addr netip.Addr) (Sandbox, netpolicy.Policy, bool) {
 	if addr != netip.MustParseAddr("127.0.0.1") {
-		return Sandbox{}, Policy{}, false
+		return Sandbox{}, netpolicy.Policy{}, false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return Sandbox{Name: "sb1", Addr: addr, Generation: f.gen}, f.pol, true
 }
 
-func (f *fakeResolver) Learn(_ context.Context, _ Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
+func (f *fakeResolver) Learn(_ context.Context, _ Sandbox, p netpolicy.Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, i := range rules {
@@ -122,8 +123,8 @@ func ede(m *dns.Msg) string {
 
 func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 	res := &fakeResolver{pol: policy(t, false,
-		RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"443"}},
-		RuleSpec{Domain: "*.example.org"})}
+		netpolicy.RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"443"}},
+		netpolicy.RuleSpec{Domain: "*.example.org"})}
 	proxy := startProxy(t, res)
 
 	r := ask(t, proxy, "PKG.example.org.", dns.TypeA)
@@ -165,7 +166,7 @@ func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 }
 
 func TestDNSProxyRateLimitsASandbox(t *testing.T) {
-	proxy := startProxy(t, &fakeResolver{pol: policy(t, false, RuleSpec{Domain: "pkg.example.org"})})
+	proxy := startProxy(t, &fakeResolver{pol: policy(t, false, netpolicy.RuleSpec{Domain: "pkg.example.org"})})
 	refused := 0
 	for i := 0; i < queryBurst+50; i++ {
 		if r := ask(t, proxy, "nope.example.com.", dns.TypeA); r.Rcode == dns.RcodeRefused {
@@ -184,7 +185,7 @@ func TestDNSProxyRateLimitsASandbox(t *testing.T) {
 // holds; a policy change (a new generation: its sets may be new) opens it
 // again.
 func TestDNSProxyOpensARepeatedAnswerOncePerPolicy(t *testing.T) {
-	res := &fakeResolver{pol: policy(t, false, RuleSpec{Domain: "pkg.example.org"})}
+	res := &fakeResolver{pol: policy(t, false, netpolicy.RuleSpec{Domain: "pkg.example.org"})}
 	proxy := startProxy(t, res)
 	count := func() int { return len(res.seen()) }
 	for i := 0; i < 3; i++ {

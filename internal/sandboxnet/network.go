@@ -21,6 +21,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 // Config is the node's side of sandbox networking.
@@ -68,7 +69,7 @@ type Network struct {
 // attached is what the DNS proxy needs of an attached sandbox.
 type attached struct {
 	sb  Sandbox
-	pol Policy
+	pol netpolicy.Policy
 }
 
 // Open loads the node's table (which drops any sandbox chains a previous
@@ -200,7 +201,7 @@ func (n *Network) release(addr netip.Addr, name string) {
 // Attach makes name's namespace and veth, with addr (or the next free
 // address when addr is the zero value), and installs policy p. On failure
 // nothing of it is left.
-func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p Policy) (_ *Link, err error) {
+func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p netpolicy.Policy) (_ *Link, err error) {
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -255,7 +256,7 @@ func (n *Network) Reset(ctx context.Context, l *Link) error {
 
 // Adopt takes back a sandbox whose namespace and veth outlived the edge
 // (Open dropped its chain): its address addr, and policy p installed anew.
-func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p Policy) (_ *Link, err error) {
+func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p netpolicy.Policy) (_ *Link, err error) {
 	if addr, err = n.allocate(name, addr); err != nil {
 		return nil, err
 	}
@@ -295,7 +296,7 @@ func (n *Network) Forget(ctx context.Context, name string) error {
 // setAttached records sb's policy, under a new generation: the sets of its
 // domain rules may have been made anew, so what the DNS proxy remembers
 // having opened no longer holds.
-func (n *Network) setAttached(sb Sandbox, p Policy) {
+func (n *Network) setAttached(sb Sandbox, p netpolicy.Policy) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.gen++
@@ -304,12 +305,12 @@ func (n *Network) setAttached(sb Sandbox, p Policy) {
 }
 
 // Policy is the policy attached link l has now.
-func (n *Network) Policy(l *Link) (Policy, error) {
+func (n *Network) Policy(l *Link) (netpolicy.Policy, error) {
 	n.mu.Lock()
 	a, ok := n.attached[l.Addr]
 	n.mu.Unlock()
 	if !ok || a.sb.Name != l.Name {
-		return Policy{}, errdefs.FailedPrecondition("network of %s: it is not attached", l.Name)
+		return netpolicy.Policy{}, errdefs.FailedPrecondition("network of %s: it is not attached", l.Name)
 	}
 	return a.pol, nil
 }
@@ -318,7 +319,7 @@ func (n *Network) Policy(l *Link) (Policy, error) {
 // The link must be attached (an update after a Detach would bring back a
 // chain for an address another sandbox may have now). Callers serialise a
 // sandbox's Update and Detach.
-func (n *Network) Update(ctx context.Context, l *Link, p Policy) error {
+func (n *Network) Update(ctx context.Context, l *Link, p netpolicy.Policy) error {
 	old, err := n.Policy(l)
 	if err != nil {
 		return err
@@ -338,7 +339,7 @@ func (n *Network) Update(ctx context.Context, l *Link, p Policy) error {
 }
 
 // narrows reports whether p allows anything less than old does.
-func narrows(old, p Policy) bool {
+func narrows(old, p netpolicy.Policy) bool {
 	if old.Internet && !p.Internet {
 		return true
 	}
@@ -375,7 +376,7 @@ func forgetFlows(ctx context.Context, addr netip.Addr, inbound bool) error {
 
 // Sandbox is the attached sandbox that has addr, and its policy (the DNS
 // proxy's Resolver).
-func (n *Network) Sandbox(addr netip.Addr) (Sandbox, Policy, bool) {
+func (n *Network) Sandbox(addr netip.Addr) (Sandbox, netpolicy.Policy, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	a, ok := n.attached[addr]
@@ -384,7 +385,7 @@ func (n *Network) Sandbox(addr netip.Addr) (Sandbox, Policy, bool) {
 
 // Learn opens addrs, which the DNS proxy answered for a name that rules
 // (indexes into p.Rules) allow, for ttl.
-func (n *Network) Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
+func (n *Network) Learn(ctx context.Context, sb Sandbox, p netpolicy.Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
 	return nft(ctx, LearnScript(n.node, sb, p, rules, addrs, ttl))
 }
 
@@ -401,7 +402,7 @@ func (n *Network) Detach(ctx context.Context, l *Link) error {
 		delete(n.attached, l.Addr)
 	}
 	n.mu.Unlock()
-	var p Policy // a link no longer attached has no sets left
+	var p netpolicy.Policy // a link no longer attached has no sets left
 	if ok {
 		p = a.pol
 	}

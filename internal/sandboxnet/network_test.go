@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -39,7 +40,7 @@ func TestAttachAndDetachSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"8080"}})
+	p := policy(t, false, netpolicy.RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"8080"}})
 	attach := func(name string) *Link {
 		t.Helper()
 		var l *Link
@@ -137,7 +138,7 @@ func TestDomainPolicyThroughTheDNSProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	go NewDNSProxy(nodeResolver{nw, t, node}, []string{up}, testutil.Logger(t)).Serve(ctx, pc, ln)
-	p := policy(t, false, RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"8080"}})
+	p := policy(t, false, netpolicy.RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"8080"}})
 	var l *Link
 	inNS(t, node, func() { l, err = nw.Attach(ctx, fmt.Sprintf("t%d-dns", os.Getpid()%100000), netip.Addr{}, p) })
 	if err != nil {
@@ -172,7 +173,7 @@ func TestDomainPolicyThroughTheDNSProxy(t *testing.T) {
 
 	// Detach removes the sets of the policy the link has now, an updated
 	// one's too, without being told it.
-	p2 := policy(t, false, RuleSpec{Domain: "other.example.org"})
+	p2 := policy(t, false, netpolicy.RuleSpec{Domain: "other.example.org"})
 	inNS(t, node, func() { err = nw.Update(ctx, l, p2) })
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +205,7 @@ type nodeResolver struct {
 	node string
 }
 
-func (r nodeResolver) Learn(ctx context.Context, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
+func (r nodeResolver) Learn(ctx context.Context, sb Sandbox, p netpolicy.Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
 	var err error
 	inNS(r.t, r.node, func() { err = r.Network.Learn(ctx, sb, p, rules, addrs, ttl) })
 	return err
@@ -242,7 +243,7 @@ func TestNarrowingUpdatesCutOpenConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p1 := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}})
+	p1 := policy(t, false, netpolicy.RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}})
 	var link *Link
 	inNS(t, node, func() { link, err = nw.Attach(ctx, fmt.Sprintf("t%d-flows", os.Getpid()%100000), netip.Addr{}, p1) })
 	if err != nil {
@@ -267,19 +268,19 @@ func TestNarrowingUpdatesCutOpenConnections(t *testing.T) {
 	if err := echo(); err != nil {
 		t.Fatalf("before any update: %v", err)
 	}
-	update := func(p Policy) {
+	update := func(p netpolicy.Policy) {
 		t.Helper()
 		inNS(t, node, func() { err = nw.Update(ctx, link, p) })
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	p2 := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}}, RuleSpec{CIDR: "198.51.100.0/24"})
+	p2 := policy(t, false, netpolicy.RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"9191"}}, netpolicy.RuleSpec{CIDR: "198.51.100.0/24"})
 	update(p2)
 	if err := echo(); err != nil {
 		t.Fatalf("after an update that only adds: %v", err)
 	}
-	p3 := policy(t, false, RuleSpec{CIDR: "198.51.100.0/24"})
+	p3 := policy(t, false, netpolicy.RuleSpec{CIDR: "198.51.100.0/24"})
 	update(p3)
 	if err := echo(); err == nil {
 		t.Fatal("a connection the policy no longer allows still works after the update")

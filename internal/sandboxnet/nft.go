@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 // Node is what the node's nftables table needs. Sandboxes reach the node
@@ -127,7 +129,7 @@ func NodeScript(n Node) string {
 // ones. old, if not nil, is the policy being replaced: the address sets of
 // its domain rules that p no longer has are deleted; those it keeps keep
 // the addresses the proxy learned.
-func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
+func SandboxScript(n Node, sb Sandbox, old *netpolicy.Policy, p netpolicy.Policy) string {
 	var b strings.Builder
 	t := "inet " + n.Table
 	c := chainName(sb.Name)
@@ -194,7 +196,7 @@ func SandboxScript(n Node, sb Sandbox, old *Policy, p Policy) string {
 
 // RemoveScript takes sb out of the table: its map element, chain and
 // address sets.
-func RemoveScript(n Node, sb Sandbox, p Policy) string {
+func RemoveScript(n Node, sb Sandbox, p netpolicy.Policy) string {
 	var b strings.Builder
 	t := "inet " + n.Table
 	c := chainName(sb.Name)
@@ -212,7 +214,7 @@ func RemoveScript(n Node, sb Sandbox, p Policy) string {
 // LearnScript adds IPv4 addresses the DNS proxy answered for a name to the
 // sets of the domain rules (indexes into p.Rules) that allow it, for ttl.
 // Other addresses are skipped: sandboxes have IPv4 only.
-func LearnScript(n Node, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, ttl time.Duration) string {
+func LearnScript(n Node, sb Sandbox, p netpolicy.Policy, rules []int, addrs []netip.Addr, ttl time.Duration) string {
 	var b strings.Builder
 	t := "inet " + n.Table
 	secs := max(int(ttl/time.Second), 1)
@@ -228,12 +230,12 @@ func LearnScript(n Node, sb Sandbox, p Policy, rules []int, addrs []netip.Addr, 
 }
 
 // match is the rule's match on dst, narrowed to its protocol and ports.
-func match(r Rule, dst string) string {
+func match(r netpolicy.Rule, dst string) string {
 	var l4 string
 	switch r.Protocol {
-	case TCP:
+	case netpolicy.TCP:
 		l4 = "meta l4proto tcp"
-	case UDP:
+	case netpolicy.UDP:
 		l4 = "meta l4proto udp"
 	default:
 		if len(r.Ports) > 0 {
@@ -283,7 +285,7 @@ func v4only(ps []netip.Prefix) []netip.Prefix {
 // underscores only.
 func chainName(sandbox string) string { return "sb_" + ident(sandbox) }
 
-func setName(sandbox string, r Rule) string {
+func setName(sandbox string, r netpolicy.Rule) string {
 	h := fnv.New32a()
 	h.Write([]byte(r.String()))
 	return fmt.Sprintf("sb_%s_d%08x", ident(sandbox), h.Sum32())

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/netpolicy"
 )
 
 // enforcement builds, in namespaces of its own, a node routing two
@@ -65,7 +67,7 @@ func newEnforcement(t *testing.T) *enforcement {
 	return e
 }
 
-func (e *enforcement) set(t *testing.T, old *Policy, p Policy) {
+func (e *enforcement) set(t *testing.T, old *netpolicy.Policy, p netpolicy.Policy) {
 	t.Helper()
 	if err := e.net.nft(e.node, SandboxScript(e.n, e.sb, old, p)); err != nil {
 		t.Fatal(err)
@@ -82,9 +84,9 @@ func (e *enforcement) expect(t *testing.T, step string, want map[string]string) 
 	}
 }
 
-func policy(t *testing.T, internet bool, specs ...RuleSpec) Policy {
+func policy(t *testing.T, internet bool, specs ...netpolicy.RuleSpec) netpolicy.Policy {
 	t.Helper()
-	p, err := Parse("network.rules", internet, specs)
+	p, err := netpolicy.Parse("network.rules", internet, specs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +105,7 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 		"10.88.0.1:7000":       "refused", // the node, through the gateway address
 		"10.88.0.3:8080":       "refused", // another sandbox
 	}
-	p1 := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"8080"}}, RuleSpec{CIDR: "10.77.0.0/24"})
+	p1 := policy(t, false, netpolicy.RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp", Ports: []string{"8080"}}, netpolicy.RuleSpec{CIDR: "10.77.0.0/24"})
 	e.set(t, nil, p1)
 	e.expect(t, "cidr rules", map[string]string{
 		"203.0.113.10:8080": "ok", "203.0.113.10:9090": "refused", "203.0.113.11:8080": "refused", "10.77.0.10:9090": "ok",
@@ -117,13 +119,13 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 	}
 
 	on, off := true, false
-	p2, _ := p1.Apply(Update{Internet: &on})
+	p2, _ := p1.Apply(netpolicy.Update{Internet: &on})
 	e.set(t, &p1, p2)
 	e.expect(t, "internet", map[string]string{"203.0.113.11:8080": "ok", "203.0.113.11:9090": "ok"})
 	e.expect(t, "internet", closed)
 
 	// A rule that only contains a closed range opens the rest of it, not it.
-	wide := policy(t, false, RuleSpec{CIDR: "0.0.0.0/0", Protocol: "tcp", Ports: []string{"8080", "7000"}})
+	wide := policy(t, false, netpolicy.RuleSpec{CIDR: "0.0.0.0/0", Protocol: "tcp", Ports: []string{"8080", "7000"}})
 	e.set(t, &p2, wide)
 	e.expect(t, "0.0.0.0/0", map[string]string{"203.0.113.11:8080": "ok", "10.77.0.10:8080": "ok", "10.77.0.10:9090": "refused"})
 	e.expect(t, "0.0.0.0/0", closed)
@@ -132,10 +134,10 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 	// installed all the same, unless the operator allows them; then they
 	// open it, and the sandboxes' subnet stays closed even so.
 	named := policy(t, false,
-		RuleSpec{CIDR: "169.254.169.254", Protocol: "tcp", Ports: []string{"8080"}},
-		RuleSpec{CIDR: "203.0.113.1", Protocol: "tcp", Ports: []string{"7000"}},
-		RuleSpec{CIDR: "10.88.0.3"},
-		RuleSpec{CIDR: "10.88.0.0/15"})
+		netpolicy.RuleSpec{CIDR: "169.254.169.254", Protocol: "tcp", Ports: []string{"8080"}},
+		netpolicy.RuleSpec{CIDR: "203.0.113.1", Protocol: "tcp", Ports: []string{"7000"}},
+		netpolicy.RuleSpec{CIDR: "10.88.0.3"},
+		netpolicy.RuleSpec{CIDR: "10.88.0.0/15"})
 	if err := e.n.CheckPolicy("rules", named); err == nil || !strings.Contains(err.Error(), "metadata") || !strings.Contains(err.Error(), AllowClosedFlag) {
 		t.Errorf("a rule naming the metadata address: %v, want refused naming it and %s", err, AllowClosedFlag)
 	}
@@ -150,7 +152,7 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 		"169.254.169.254:8080": "ok", "203.0.113.1:7000": "ok", "10.88.0.3:8080": "refused", "203.0.113.10:8080": "refused",
 	})
 
-	p3, err := p2.Apply(Update{Remove: []Rule{p1.Rules[1]}, Internet: &off})
+	p3, err := p2.Apply(netpolicy.Update{Remove: []netpolicy.Rule{p1.Rules[1]}, Internet: &off})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +172,7 @@ func TestPolicyEnforcedInNamespaces(t *testing.T) {
 // for the answer's TTL; an update that drops a domain rule drops its set.
 func TestDomainRulesOpenLearnedAddressesForTheirTTL(t *testing.T) {
 	e := newEnforcement(t)
-	p := policy(t, false, RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"9090"}}, RuleSpec{Domain: "*.example.org", Protocol: "tcp", Ports: []string{"8080"}})
+	p := policy(t, false, netpolicy.RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"9090"}}, netpolicy.RuleSpec{Domain: "*.example.org", Protocol: "tcp", Ports: []string{"8080"}})
 	e.set(t, nil, p)
 	e.expect(t, "nothing learned", map[string]string{"203.0.113.11:9090": "refused", "203.0.113.10:8080": "refused"})
 
@@ -192,7 +194,7 @@ func TestDomainRulesOpenLearnedAddressesForTheirTTL(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond)
 	e.expect(t, "after a 1 s TTL", map[string]string{"203.0.113.10:8080": "refused", "203.0.113.11:9090": "ok"})
 
-	only := policy(t, false, RuleSpec{Domain: "*.example.org", Protocol: "tcp", Ports: []string{"8080"}})
+	only := policy(t, false, netpolicy.RuleSpec{Domain: "*.example.org", Protocol: "tcp", Ports: []string{"8080"}})
 	e.set(t, &p, only)
 	out := e.net.in(e.node, "nft", "list", "sets", "inet")
 	if strings.Contains(out, setName(e.sb.Name, p.Rules[0])) || !strings.Contains(out, setName(e.sb.Name, p.Rules[1])) {
@@ -206,7 +208,7 @@ func TestDomainRulesOpenLearnedAddressesForTheirTTL(t *testing.T) {
 // refused past its limits; a neighbour's connections are not.
 func TestFlowLimitsRefuseOneSandboxAndNotItsNeighbour(t *testing.T) {
 	e := newEnforcement(t)
-	p := policy(t, false, RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp"})
+	p := policy(t, false, netpolicy.RuleSpec{CIDR: "203.0.113.10", Protocol: "tcp"})
 	sb2 := Sandbox{Name: "node1-sandbox2", HostIf: "dsvt2", Addr: netip.MustParseAddr("10.88.0.3")}
 	install := func(f FlowLimits) {
 		t.Helper()

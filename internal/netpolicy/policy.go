@@ -1,15 +1,15 @@
-// Package sandboxnet gives sandboxes the network their policy allows: the
-// policy a create or an update carries and its checks (policy.go,
-// update.go), which names the DNS proxy may answer (match.go), and the
-// nftables rules that enforce it on the node (nft.go). It knows nothing of
-// a backend: the container, gVisor and microVM backends share it.
+// Package netpolicy is a sandbox's network policy as a create or an
+// update carries it, and its checks (policy.go, update.go), and which
+// names the DNS proxy may answer (match.go). It is pure: no host calls,
+// so the apiserver checks policies without the node's network plumbing
+// (internal/sandboxnet, which enforces them).
 //
 // A policy denies by default. It allows destinations by domain (exact, or
 // every name below one with "*.example.org"), by CIDR, each optionally
 // narrowed to a protocol and ports, and the shorthand "internet": every
 // public address on any port. Whatever a policy allows, some addresses stay
-// closed unless a rule names them (see nft.go).
-package sandboxnet
+// closed unless a rule names them (see sandboxnet's nft.go).
+package netpolicy
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package sandboxnet
+package netpolicy
 
 import (
 	"slices"
