@@ -420,7 +420,7 @@ func (e *Edge) expireLoop() {
 func (e *Edge) untilNextExpiry(now time.Time) time.Duration {
 	wait := time.Second
 	for _, sb := range e.all() {
-		v := sb.snapshot()
+		v := sb.published()
 		if v.State != stateProto[stateRunning] && v.State != stateProto[statePaused] {
 			continue
 		}

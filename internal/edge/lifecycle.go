@@ -43,7 +43,7 @@ func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox
 	if err := e.resumeLocked(ctx, sb); err != nil {
 		return nil, err
 	}
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }
 
 func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {

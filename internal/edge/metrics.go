@@ -76,7 +76,7 @@ func (e *Edge) recordMetrics(sb *sandbox, now time.Time) {
 	if !ok {
 		return
 	}
-	view := sb.snapshot()
+	view := sb.published()
 	if st := view.GetState(); st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 		return
 	}

@@ -285,5 +285,5 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 		return nil, err
 	}
 	e.log.Info("sandbox network policy updated", logging.SandboxID, sb.id, "rules", len(p.Rules), "internet", p.Internet)
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }

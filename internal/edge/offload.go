@@ -51,7 +51,7 @@ func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.Pa
 	if err != nil {
 		return nil, err
 	}
-	return &PauseOutcome{Sandbox: sb.snapshot(), Released: released, Note: note}, nil
+	return &PauseOutcome{Sandbox: sb.published(), Released: released, Note: note}, nil
 }
 
 // pauseAtLocked pauses sb at depth. Callers hold sb.mu.
@@ -326,7 +326,7 @@ func taskParallel(depth sandboxv1.PauseDepth) int {
 func (e *Edge) ofTask(task, scope string) []*sandbox {
 	var out []*sandbox
 	for _, sb := range e.all() {
-		v := sb.snapshot()
+		v := sb.published()
 		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
 			out = append(out, sb)
 		}
@@ -391,7 +391,7 @@ func (e *Edge) eachOfTask(ctx context.Context, task, scope string, n int, do fun
 			released, note, err, did := do(sb)
 			sb.mu.Unlock()
 			acted[i] = did
-			results[i] = TaskResult{ID: string(sb.id), Sandbox: sb.snapshot(), Err: err, Released: released, Note: note, Took: time.Since(began)}
+			results[i] = TaskResult{ID: string(sb.id), Sandbox: sb.published(), Err: err, Released: released, Note: note, Took: time.Since(began)}
 		}()
 	}
 	for range sbs {

@@ -51,7 +51,7 @@ func (e *Edge) dialSandboxPort(ctx context.Context, network, hostport string) (n
 	if err != nil {
 		return nil, err
 	}
-	addr := sb.snapshot().NetworkAddress
+	addr := sb.published().NetworkAddress
 	if addr == "" {
 		return nil, errdefs.FailedPrecondition("sandbox %s has no network address", id)
 	}
@@ -126,7 +126,7 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	if err != nil {
 		return portCall{}, nil, err
 	}
-	view := sb.snapshot()
+	view := sb.published()
 	netp := view.GetSpec().GetNetwork()
 	if netp == nil || view.NetworkAddress == "" {
 		return portCall{}, nil, errdefs.FailedPrecondition("sandbox %s has no network, so its ports cannot be reached; create it with a network policy (an empty one denies all egress)", id)

@@ -125,8 +125,9 @@ func (sb *sandbox) lastCall() time.Time {
 	return time.Time{}
 }
 
-// snapshot returns the published description; callers must not modify it.
-func (sb *sandbox) snapshot() *sandboxv1.Sandbox {
+// published is the sandbox's published description (its API view; not
+// to be confused with a snapshot of its memory); callers must not modify it.
+func (sb *sandbox) published() *sandboxv1.Sandbox {
 	v := sb.view.Load()
 	if le := sb.limits.proto(); le != nil && v != nil {
 		v = proto.Clone(v).(*sandboxv1.Sandbox)
@@ -245,7 +246,7 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return nil, err
 	}
 	log.Info("sandbox started", logging.Project, project, logging.Image, spec.Image, "took", time.Since(now).Round(time.Millisecond))
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }
 
 // admit reserves capacity for rec and registers it.
@@ -586,7 +587,7 @@ func (e *Edge) Destroy(ctx context.Context, id, scope string) (*sandboxv1.Sandbo
 	if err := e.destroy(ctx, sb); err != nil {
 		return nil, err
 	}
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }
 
 // DestroyAll removes every sandbox in scope and returns how many.
@@ -642,14 +643,14 @@ func (e *Edge) Get(id, scope string) (*sandboxv1.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }
 
 // List lists the sandboxes in scope, oldest first.
 func (e *Edge) List(scope string) []*sandboxv1.Sandbox {
 	var out []*sandboxv1.Sandbox
 	for _, sb := range e.all() {
-		s := sb.snapshot()
+		s := sb.published()
 		if inScope(s.Project, scope) {
 			out = append(out, s)
 		}
@@ -676,7 +677,7 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	switch {
 	case sb.rec.State == statePaused && seconds == 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
 		// Paused already: what its time to live running out would do.
-		return sb.snapshot(), nil
+		return sb.published(), nil
 	case sb.rec.State == statePaused && seconds == 0:
 		// Removed now, as at the end of its paused lifetime.
 		sb.rec.ExpiresAt = time.Now()
@@ -694,7 +695,7 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 		return nil, err
 	}
 	e.wakeExpiry()
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }
 
 // heartbeatState is the health loop's record of a sandbox's heartbeats.
@@ -745,7 +746,7 @@ func (e *Edge) Fence(reservation string) ([]*sandboxv1.Sandbox, error) {
 	e.mu.Unlock()
 	out := make([]*sandboxv1.Sandbox, 0, len(boxes))
 	for _, sb := range boxes {
-		out = append(out, sb.snapshot())
+		out = append(out, sb.published())
 	}
 	return out, nil
 }

@@ -408,7 +408,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 		}
 		return nil, err
 	}
-	return sb.snapshot(), nil
+	return sb.published(), nil
 }
 
 func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn backend.Snapshotter) error {

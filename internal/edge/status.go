@@ -38,7 +38,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	boxes, stamp := e.allStamped()
 	st.Usage = stamp
 	for _, sb := range boxes {
-		v := sb.snapshot()
+		v := sb.published()
 		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED && sb.released.Load() {
 			continue // holds nothing: not counted against node or quota
 		}
