@@ -13,8 +13,8 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
-// Memory snapshots [ours; docs/design.md, "microvm backend"]. A guest's RAM is a file in
-// shared memory that QEMU maps shared. A snapshot stops the guest, has
+// Memory snapshots [ours; docs/design.md, "microvm backend"]. A guest's
+// RAM is a file in shared memory that QEMU maps shared. A snapshot stops the guest, has
 // QEMU write only its device state (x-ignore-shared: RAM stays in the
 // file, so this takes milliseconds and kilobytes), copies the RAM file and
 // the writable disk next to it (sparse; a reflink where the file system
