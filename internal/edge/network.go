@@ -167,7 +167,9 @@ func (e *Edge) networkedRecords() []string {
 func policyOf(rec *record) (netpolicy.Policy, error) {
 	p, err := sandboxspec.NetworkPolicy(rec.spec.Network)
 	if err != nil {
-		return p, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "its recorded network policy")
+		// Not a wrap: the parser's InvalidArgument would be the class, and
+		// the request at hand is not what is wrong.
+		return p, errdefs.FailedPrecondition("its recorded network policy: %v", err)
 	}
 	return p, nil
 }

@@ -1,9 +1,10 @@
 package edge
 
 import (
-	"errors"
 	"strings"
 	"testing"
+
+	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -16,7 +17,7 @@ func TestPolicyOfARecordThatDoesNotParse(t *testing.T) {
 	rec := &record{spec: &sandboxv1.SandboxSpec{Network: &sandboxv1.NetworkPolicy{
 		Rules: []*sandboxv1.NetworkRule{{Cidr: "300.1.2.3/8", Protocol: "tcp", Ports: []string{"80"}}}}}}
 	_, err := policyOf(rec)
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "recorded network policy") || !strings.Contains(err.Error(), "300.1.2.3/8") {
+	if errdefs.Code(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "recorded network policy") || !strings.Contains(err.Error(), "300.1.2.3/8") {
 		t.Fatalf("policyOf of a rule that does not parse: %v; want FailedPrecondition naming the record's rule", err)
 	}
 	rec.spec.Network.Rules[0].Cidr = "203.0.113.0/24"

@@ -419,11 +419,11 @@ func (n *Network) Detach(ctx context.Context, l *Link) error {
 	if len(errs) == 0 {
 		n.release(l.Addr, l.Name)
 	} else {
-		if ok { // its address is not released: nobody else has it
-			n.mu.Lock()
-			n.attached[l.Addr] = a
-			n.mu.Unlock()
+		n.mu.Lock()
+		if _, taken := n.attached[l.Addr]; ok && !taken && n.used[l.Addr] == l.Name {
+			n.attached[l.Addr] = a // its address is not released: still its own
 		}
+		n.mu.Unlock()
 		n.log.Error("detach a sandbox from the network", logging.SandboxID, l.Name, logging.Error, errors.Join(errs...))
 	}
 	return errors.Join(errs...)

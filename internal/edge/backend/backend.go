@@ -247,8 +247,9 @@ type Diagnoser interface {
 }
 
 // ConsoleReader is implemented by backends that keep a sandbox's console
-// themselves (a VM's, in its VMM's memory, bounded): the edge quotes its
-// end when the agent does not come up.
+// themselves, bounded (a VM's: in QEMU's memory, or a ring file the edge
+// drains Firecracker's output into): the edge quotes its end when the
+// agent does not come up.
 type ConsoleReader interface {
 	ConsoleTail(ctx context.Context, id sandboxid.ID) string
 }

@@ -628,9 +628,10 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	if _, ok := bx.pid(); !ok {
 		return errdefs.Unavailable("microvm: sandbox %s: its %s is gone", h.ID, bx.vmmName())
 	}
-	if bx.firecracker() {
+	if _, err := os.Stat(filepath.Join(bx.Dir, fcConsoleFIFO)); err == nil && bx.firecracker() {
 		// The console FIFO filled while no edge drained it; drain it again.
-		if _, err := drainConsole(bx.Dir, b.log); err != nil {
+		// (A guest started by an older release writes console.log instead.)
+		if _, err := drainConsole(bx.Dir, b.log, 0); err != nil {
 			b.log.Warn("microvm: the guest's console is not drained", "sandbox", h.ID, "err", err)
 		}
 	}
@@ -650,6 +651,9 @@ func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
 		return ""
 	}
 	if bx.firecracker() {
+		if _, err := os.Stat(filepath.Join(bx.Dir, fcConsoleFIFO)); err != nil { // started by an older release
+			return strings.TrimPrefix(tail(filepath.Join(bx.Dir, "console.log")), "; console: ")
+		}
 		return strings.TrimPrefix(consoleTail(bx.Dir), "; console: ")
 	}
 	if g.Console != "" {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -57,31 +58,29 @@ func handOver(out *os.File) error {
 // drainConsole copies dir's console FIFO into its ring until every writer
 // is gone (the VMM ended) or stop is called; stop waits for the copy to
 // end. It returns once the reader is open, so output written after it
-// returns is not lost. A second drain of one directory (Recover of a
-// guest whose drain runs) does nothing.
-func drainConsole(dir string, log *slog.Logger) (stop func(), err error) {
-	ring, err := openRing(filepath.Join(dir, fcConsoleRing), consoleRingBytes)
+// returns is not lost. One drain holds a directory's ring at a time: a new
+// VMM in the directory (a guest restored in place) waits up to wait for
+// the drain of the one before to end; Recover, which passes 0, finds a
+// guest whose drain runs drained already and does nothing.
+func drainConsole(dir string, log *slog.Logger, wait time.Duration) (stop func(), err error) {
+	ring, err := openRing(filepath.Join(dir, fcConsoleRing), consoleRingBytes, wait)
+	if errors.Is(err, errRingBusy) {
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, err
-	}
-	if err := unix.Flock(int(ring.f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		ring.f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return func() {}, nil // drained already
-		}
-		return nil, fmt.Errorf("console ring: %w", err)
 	}
 	// Non-blocking open: it returns at once; reads then wait in Go's
 	// poller. With no writer left a read answers end of file.
 	in, err := os.OpenFile(filepath.Join(dir, fcConsoleFIFO), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		ring.f.Close()
+		ring.Close()
 		return nil, fmt.Errorf("console fifo: %w", err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer ring.f.Close()
+		defer ring.Close()
 		defer in.Close()
 		if _, err := io.Copy(ring, in); err != nil && !errors.Is(err, os.ErrClosed) {
 			log.Warn("microvm: console drain ended", "dir", dir, "err", err)
@@ -89,6 +88,10 @@ func drainConsole(dir string, log *slog.Logger) (stop func(), err error) {
 	}()
 	return func() { in.Close(); <-done }, nil
 }
+
+// drainWait is how long a new VMM's drain waits for the one before it in
+// the same directory, whose VMM has ended, to let the ring go.
+const drainWait = 2 * time.Second
 
 // consoleTail is the end of dir's console ring, for errors: "" if it is
 // empty, else "; console: " and its last 800 bytes.

@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -26,10 +27,10 @@ func TestMain(m *testing.M) {
 // consoleWriter writes numbered 100-byte lines to its standard output as
 // Firecracker writes a guest's serial port: one write(2) each, a refused
 // write dropped. Every 256 lines it records in beat how many lines it
-// tried and how many were refused. It ends after two minutes, whatever
+// tried and how many were refused. It ends after five minutes, whatever
 // became of its test.
 func consoleWriter(beat string) {
-	end := time.Now().Add(2 * time.Minute)
+	end := time.Now().Add(5 * time.Minute)
 	for i, dropped := 0, 0; time.Now().Before(end); i++ {
 		line := fmt.Appendf(nil, "line %09d %s\n", i, strings.Repeat("x", 84))
 		if _, err := syscall.Write(1, line); err == syscall.EAGAIN {
@@ -52,7 +53,7 @@ func consoleWriter(beat string) {
 func TestRingFileKeepsTheLastBytes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ring")
 	const size = 100
-	r, err := openRing(path, size)
+	r, err := openRing(path, size, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,18 +84,33 @@ func TestRingFileKeepsTheLastBytes(t *testing.T) {
 		all = append(all, p...)
 		check(fmt.Sprintf("after %d bytes", len(all)))
 	}
-	r.f.Close()
-	if r, err = openRing(path, size); err != nil {
-		t.Fatal(err)
+	// One writer at a time: a second waits for the first to let go.
+	if _, err := openRing(path, size, 0); !errors.Is(err, errRingBusy) {
+		t.Fatalf("a second writer while the first holds the ring: %v, want errRingBusy", err)
+	}
+	go func() { time.Sleep(50 * time.Millisecond); r.Close() }()
+	if r, err = openRing(path, size, 10*time.Second); err != nil {
+		t.Fatalf("a second writer once the first let go: %v", err)
 	}
 	r.Write([]byte("after a reopen"))
 	all = append(all, "after a reopen"...)
 	check("reopened")
-	r.f.Close()
-	if r, err = openRing(path, 2*size); err != nil {
+	// A writer killed in a write leaves the sequence odd: a reader still
+	// answers, and the next writer takes the ring on.
+	r.header(r.seq + 1)
+	check("cut mid-write")
+	r.Close()
+	if r, err = openRing(path, size, 0); err != nil || r.seq&1 != 0 {
+		t.Fatalf("the ring after a cut write: sequence %d, %v", r.seq, err)
+	}
+	r.Write([]byte("!"))
+	all = append(all, '!')
+	check("after a cut write")
+	r.Close()
+	if r, err = openRing(path, 2*size, 0); err != nil {
 		t.Fatal(err)
 	}
-	defer r.f.Close()
+	defer r.Close()
 	if got, _ := readRing(path); len(got) != 0 {
 		t.Fatalf("a ring opened at another size kept %q", got)
 	}
@@ -102,6 +118,61 @@ func TestRingFileKeepsTheLastBytes(t *testing.T) {
 		t.Fatalf("a missing ring: %q, %v", got, err)
 	}
 }
+
+// TestRingReadersNeverSeeAWriteHalfDone: while one writer adds numbered
+// lines, every read holds whole lines in order.
+func TestRingReadersNeverSeeAWriteHalfDone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ring")
+	r, err := openRing(path, 1050, 0) // not a whole number of lines
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 20000; i++ {
+			r.Write([]byte(line(i)))
+		}
+	}()
+	for reads := 0; ; reads++ {
+		select {
+		case <-done:
+			r.Close()
+			if reads < 10 {
+				t.Fatalf("only %d reads while the writer wrote", reads)
+			}
+			return
+		default:
+		}
+		data, err := readRing(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Whole lines in a row, the first line's end before them and the
+		// last one's start after them: a write half seen breaks the row.
+		lines := strings.Split(string(data), "\n")
+		if len(lines) < 3 {
+			continue
+		}
+		prev := -1
+		for _, l := range lines[1 : len(lines)-1] {
+			var n int
+			if _, err := fmt.Sscanf(l, "%d ", &n); err != nil || len(l) != 99 || n != prev+1 && prev != -1 {
+				t.Fatalf("read %d: line %q after %d", reads, l, prev)
+			}
+			if prev == -1 && !strings.HasSuffix(line(n-1), lines[0]+"\n") {
+				t.Fatalf("read %d: %q before line %d", reads, lines[0], n)
+			}
+			prev = n
+		}
+		if last := lines[len(lines)-1]; !strings.HasPrefix(line(prev+1), last) {
+			t.Fatalf("read %d: %q after line %d", reads, last, prev)
+		}
+	}
+}
+
+// line is the ring test's line i, 100 bytes.
+func line(i int) string { return fmt.Sprintf("%09d %s\n", i, strings.Repeat("y", 89)) }
 
 // TestConsoleIsBoundedAndNeverStopsItsVMM: a stand-in VMM prints 100-byte
 // lines without end through the console FIFO. The ring stays at its size
@@ -117,7 +188,7 @@ func TestConsoleIsBoundedAndNeverStopsItsVMM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, err := drainConsole(dir, log)
+	stop, err := drainConsole(dir, log, drainWait)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +231,9 @@ func TestConsoleIsBoundedAndNeverStopsItsVMM(t *testing.T) {
 		}
 		lines := strings.Split(string(data), "\n")
 		prev := -1
+		if len(lines) < 3 {
+			return prev
+		}
 		for i, l := range lines[1 : len(lines)-1] { // the first may be cut
 			var n int
 			if _, err := fmt.Sscanf(l, "line %d ", &n); err != nil || len(l) != 99 || n <= prev {
@@ -178,11 +252,15 @@ func TestConsoleIsBoundedAndNeverStopsItsVMM(t *testing.T) {
 	if n := lastLine(); n < 10000 {
 		t.Fatalf("the ring's newest line is %d, want the stand-in's recent output", n)
 	}
-	if again, err := drainConsole(dir, log); err != nil {
+	// A second drain (Recover's, while the first runs) opens no reader.
+	again, err := drainConsole(dir, log, 0)
+	if err != nil {
 		t.Fatalf("a second drain: %v", err)
-	} else {
-		again()
 	}
+	if n := fifoReaders(t, dir); n != 1 {
+		t.Fatalf("%d readers of the console FIFO after a second drain, want 1", n)
+	}
+	again()
 
 	stop() // the edge is away
 	tried, dropped := progress()
@@ -190,13 +268,25 @@ func TestConsoleIsBoundedAndNeverStopsItsVMM(t *testing.T) {
 	waitFor("writes going on while nobody drains", func() bool { t2, _ := progress(); return t2 > tried+5000 })
 	before := lastLine()
 
-	stop, err = drainConsole(dir, log) // Recover's
+	stop, err = drainConsole(dir, log, 0) // Recover's
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
 	waitFor("newer lines after a new drain", func() bool { return lastLine() > before+5000 })
-	if _, err := os.Stat(filepath.Join(dir, "console.log")); err == nil {
-		t.Fatal("a console.log was written")
+}
+
+// fifoReaders counts this process's open files on dir's console FIFO.
+func fifoReaders(t *testing.T, dir string) int {
+	fds, err := filepath.Glob("/proc/self/fd/*")
+	if err != nil {
+		t.Fatal(err)
 	}
+	n := 0
+	for _, fd := range fds {
+		if p, _ := os.Readlink(fd); p == filepath.Join(dir, fcConsoleFIFO) {
+			n++
+		}
+	}
+	return n
 }

@@ -142,7 +142,7 @@ func (f *Firecracker) spawn(ctx context.Context, dir, id, netns string) (*fcVM, 
 		return nil, err
 	}
 	defer console.Close()
-	if _, err := drainConsole(dir, f.logger()); err != nil { // ends with the VMM
+	if _, err := drainConsole(dir, f.logger(), drainWait); err != nil { // ends with the VMM
 		return nil, err
 	}
 	argv := []string{f.Binary, "--api-sock", sock, "--id", fcID(id), "--level", "Warning"}

@@ -145,7 +145,9 @@ func TestFirecrackerAPIOnTheRealBinary(t *testing.T) {
 		t.Fatalf("the copy's open files: %v", opened)
 	}
 	// Its console is the FIFO, held read-write and non-blocking (see
-	// fcConsoleFIFO), for its output and its log alike.
+	// fcConsoleFIFO), for its output and its log alike. (Firecracker also
+	// makes its standard output non-blocking itself; the stand-in VMM of
+	// TestConsoleIsBoundedAndNeverStopsItsVMM tests the edge's handover.)
 	for _, fd := range []string{"1", "2"} {
 		if p, _ := os.Readlink(filepathProc(pid, "fd/"+fd)); p != filepath.Join(cb.Dir, fcConsoleFIFO) {
 			t.Fatalf("the copy's fd %s is %q, want its console FIFO", fd, p)

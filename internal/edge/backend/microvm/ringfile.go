@@ -2,46 +2,74 @@ package microvm
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ringFile is a file of fixed size that keeps the last bytes written to
-// it: a header holding how many bytes were ever written, then the ring.
-// It survives its writer's end (kill -9 included); after a crash between
-// a write and its header the ring may hold a few bytes out of order,
-// which a console can bear.
+// it: a header, then the ring. The header holds a sequence number, odd
+// while a write is under way, and how many bytes were ever written;
+// readers retry while it is odd or moved under them. One writer holds the
+// file's lock. The ring survives its writer's end (kill -9 included):
+// after a crash in a write, the next writer evens the sequence, and the
+// ring may hold a few bytes out of order, which a console can bear.
 type ringFile struct {
 	f       *os.File
 	size    int64
+	seq     uint64
 	written uint64
 }
 
-const ringHeader = 8
+const ringHeader = 16 // sequence, written: little-endian uint64s
 
-// openRing opens the ring at path, making it (or remaking it, if it is
-// not a ring of size) as needed.
-func openRing(path string, size int64) (*ringFile, error) {
+// errRingBusy: another writer holds the ring.
+var errRingBusy = errors.New("ring: another writer holds it")
+
+// openRing takes the ring at path for writing, making it (or remaking it,
+// if it is not a ring of size) as needed; its blocks are allocated, so a
+// full disk cannot stop its writes. It waits up to wait for another writer
+// to let go, then answers errRingBusy.
+func openRing(path string, size int64, wait time.Duration) (*ringFile, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
+	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || !time.Now().Before(deadline) {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, errRingBusy
+			}
+			return nil, fmt.Errorf("ring %s: %w", path, err)
+		}
+	}
 	r := &ringFile{f: f, size: size}
 	var hdr [ringHeader]byte
-	st, err := f.Stat()
-	if err == nil && st.Size() == ringHeader+size {
-		if _, err = f.ReadAt(hdr[:], 0); err == nil {
-			r.written = binary.LittleEndian.Uint64(hdr[:])
+	if st, err := f.Stat(); err == nil && st.Size() == ringHeader+size {
+		if _, err := f.ReadAt(hdr[:], 0); err == nil {
+			r.seq = binary.LittleEndian.Uint64(hdr[:8]) &^ 1 // a write cut by a crash ends here
+			r.written = binary.LittleEndian.Uint64(hdr[8:])
 			return r, nil
 		}
 	}
-	if err := f.Truncate(0); err != nil {
-		f.Close()
-		return nil, err
+	err = f.Truncate(0)
+	if err == nil {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, ringHeader+size)
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			err = f.Truncate(ringHeader + size)
+		}
 	}
-	if err := f.Truncate(ringHeader + size); err != nil {
+	if err != nil {
 		f.Close()
-		return nil, err
+		return nil, fmt.Errorf("ring %s: %w", path, err)
 	}
 	return r, nil
 }
@@ -49,6 +77,9 @@ func openRing(path string, size int64) (*ringFile, error) {
 // Write keeps the end of p in the ring; it never grows the file.
 func (r *ringFile) Write(p []byte) (int, error) {
 	n := len(p)
+	if err := r.header(r.seq + 1); err != nil { // odd: under way
+		return 0, err
+	}
 	if int64(len(p)) > r.size {
 		r.written += uint64(int64(len(p)) - r.size)
 		p = p[int64(len(p))-r.size:]
@@ -62,28 +93,62 @@ func (r *ringFile) Write(p []byte) (int, error) {
 		r.written += uint64(k)
 		p = p[k:]
 	}
-	var hdr [ringHeader]byte
-	binary.LittleEndian.PutUint64(hdr[:], r.written)
-	if _, err := r.f.WriteAt(hdr[:], 0); err != nil {
+	if err := r.header(r.seq + 2); err != nil {
 		return 0, err
 	}
+	r.seq += 2
 	return n, nil
 }
 
+// header writes the header with sequence seq.
+func (r *ringFile) header(seq uint64) error {
+	var hdr [ringHeader]byte
+	binary.LittleEndian.PutUint64(hdr[:8], seq)
+	binary.LittleEndian.PutUint64(hdr[8:], r.written)
+	_, err := r.f.WriteAt(hdr[:], 0)
+	return err
+}
+
+// Close lets the ring go.
+func (r *ringFile) Close() error { return r.f.Close() }
+
 // readRing is the ring's content, oldest byte first; a missing file is
-// an empty ring.
+// an empty ring. It retries a read a write moved under it, and after a
+// while takes what it read (a writer that died mid-write leaves the
+// sequence odd).
 func readRing(path string) ([]byte, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if len(data) <= ringHeader {
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() <= ringHeader {
 		return nil, fmt.Errorf("%s: not a ring", path)
 	}
-	written := binary.LittleEndian.Uint64(data[:ringHeader])
+	data := make([]byte, st.Size())
+	seq := func() uint64 {
+		var b [8]byte
+		f.ReadAt(b[:], 0) //nolint:errcheck // a short read is a retry
+		return binary.LittleEndian.Uint64(b[:])
+	}
+	for try := 0; try < 50; try++ {
+		before := seq()
+		if _, err := f.ReadAt(data, 0); err != nil {
+			return nil, err
+		}
+		if before&1 == 0 && seq() == before {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	written := binary.LittleEndian.Uint64(data[8:ringHeader])
 	ring := data[ringHeader:]
 	size := uint64(len(ring))
 	if written <= size {
