@@ -169,8 +169,8 @@ func (s *Server) releaseExport(src *edgeclient.Conn, x *edgev1.SnapshotExport) {
 }
 
 func forkError(err error) *sandboxv1.ForkResult {
-	ce := errdefs.ToConnect(err).(*connect.Error)
-	return &sandboxv1.ForkResult{ErrorCode: ce.Code().String(), ErrorMessage: ce.Message()}
+	code, msg := errdefs.ItemError(err)
+	return &sandboxv1.ForkResult{ErrorCode: code, ErrorMessage: msg}
 }
 
 func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[sandboxv1.ForkSandboxRequest]) (*connect.Response[sandboxv1.ForkSandboxResponse], error) {

@@ -94,8 +94,8 @@ func (s *Server) eachEdge(ctx context.Context, call func(context.Context, edgev1
 				if node == "" {
 					node = n.Addr
 				}
-				ce := errdefs.ToConnect(errdefs.OnNode(node, err)).(*connect.Error)
-				out = append(out, &sandboxv1.TaskSandboxResult{NodeId: node, ErrorCode: ce.Code().String(), ErrorMessage: ce.Message()})
+				code, msg := errdefs.ItemError(errdefs.OnNode(node, err))
+				out = append(out, &sandboxv1.TaskSandboxResult{NodeId: node, ErrorCode: code, ErrorMessage: msg})
 				return
 			}
 			out = append(out, rs...)

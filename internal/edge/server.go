@@ -134,10 +134,7 @@ func (s *server) taskResults(rs []TaskResult) []*sandboxv1.TaskSandboxResult {
 	for _, r := range rs {
 		res := &sandboxv1.TaskSandboxResult{SandboxId: r.ID, NodeId: string(s.e.node), Sandbox: r.Sandbox,
 			MemoryReleasedBytes: r.Released, Note: r.Note, TookUs: r.Took.Microseconds()}
-		if r.Err != nil {
-			ce := errdefs.ToConnect(r.Err).(*connect.Error)
-			res.ErrorCode, res.ErrorMessage = ce.Code().String(), ce.Message()
-		}
+		res.ErrorCode, res.ErrorMessage = errdefs.ItemError(r.Err)
 		out = append(out, res)
 	}
 	return out
@@ -184,10 +181,7 @@ func (s *server) ForkSandbox(ctx context.Context, req *connect.Request[edgev1.Fo
 	var ids []string // the copies made, for the stamp
 	for _, r := range fo.Results {
 		res := &sandboxv1.ForkResult{Sandbox: r.Sandbox}
-		if r.Err != nil {
-			ce := errdefs.ToConnect(r.Err).(*connect.Error)
-			res.ErrorCode, res.ErrorMessage = ce.Code().String(), ce.Message()
-		}
+		res.ErrorCode, res.ErrorMessage = errdefs.ItemError(r.Err)
 		if r.Sandbox != nil {
 			ids = append(ids, r.Sandbox.Id)
 		}

@@ -78,3 +78,20 @@ func TestClip(t *testing.T) {
 		}
 	}
 }
+
+// An item's error (a fork's copy, a task's sandbox) keeps its class's code
+// by name, and the name reads back as that code.
+func TestItemErrorsKeepTheirCode(t *testing.T) {
+	for _, c := range classes {
+		code, msg := ItemError(Wrap(c.class, errors.New("cause"), "copy 2"))
+		if ItemCode(code) != c.code || msg != "copy 2: cause" {
+			t.Errorf("%v: item error %q %q, reads back as %v; want %v", c.class, code, msg, ItemCode(code), c.code)
+		}
+	}
+	if code, msg := ItemError(nil); code != "" || msg != "" {
+		t.Fatalf("no error: %q %q", code, msg)
+	}
+	if ItemCode("") != connect.CodeUnknown || ItemCode("no_such_code") != connect.CodeUnknown {
+		t.Fatal("an unknown code name is not CodeUnknown")
+	}
+}

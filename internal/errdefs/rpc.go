@@ -63,6 +63,27 @@ func (r retry) Unwrap() error { return r.error }
 // Retry marks err so ToConnect sets RetryHeader.
 func Retry(err error) error { return retry{err} }
 
+// ItemError is err as a per-item result (a fork's copy, one sandbox of a
+// task-wide call) carries it: the name of its RPC code, as Connect spells
+// it ("resource_exhausted"), and its message; both "" for nil.
+func ItemError(err error) (code, message string) {
+	if err == nil {
+		return "", ""
+	}
+	ce := ToConnect(err).(*connect.Error)
+	return ce.Code().String(), ce.Message()
+}
+
+// ItemCode is the RPC code an item's error code names; CodeUnknown for a
+// name it does not know.
+func ItemCode(name string) connect.Code {
+	var c connect.Code
+	if err := c.UnmarshalText([]byte(name)); err != nil {
+		return connect.CodeUnknown
+	}
+	return c
+}
+
 // ToConnect turns err into a *connect.Error with its class's code. A Connect
 // error passes through unchanged so codes survive proxying.
 func ToConnect(err error) error {

@@ -576,18 +576,10 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request) {
 			out = append(out, forkResultJSON{Sandbox: &s})
 			continue
 		}
-		code := statusOf(codeFromName(res.ErrorCode))
+		code := statusOf(errdefs.ItemCode(res.ErrorCode))
 		out = append(out, forkResultJSON{Error: &apiError{Code: code, Message: res.ErrorMessage}})
 	}
 	writeJSON(w, http.StatusCreated, out)
-}
-
-func codeFromName(name string) connect.Code {
-	var c connect.Code
-	if err := c.UnmarshalText([]byte(name)); err != nil {
-		return connect.CodeUnknown
-	}
-	return c
 }
 
 type snapshotJSON struct {
