@@ -88,7 +88,8 @@ func TestRingFileKeepsTheLastBytes(t *testing.T) {
 	if _, err := openRing(path, size, 0); !errors.Is(err, errRingBusy) {
 		t.Fatalf("a second writer while the first holds the ring: %v, want errRingBusy", err)
 	}
-	go func() { time.Sleep(50 * time.Millisecond); r.Close() }()
+	first := r
+	go func() { time.Sleep(50 * time.Millisecond); first.Close() }()
 	if r, err = openRing(path, size, 10*time.Second); err != nil {
 		t.Fatalf("a second writer once the first let go: %v", err)
 	}
