@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -93,15 +92,9 @@ func drainConsole(dir string, log *slog.Logger, wait time.Duration) (stop func()
 // the same directory, whose VMM has ended, to let the ring go.
 const drainWait = 2 * time.Second
 
-// consoleTail is the end of dir's console ring, for errors: "" if it is
-// empty, else "; console: " and its last 800 bytes.
+// consoleTail is the end of dir's console ring, for errors (see
+// quoteConsole).
 func consoleTail(dir string) string {
 	data, _ := readRing(filepath.Join(dir, fcConsoleRing))
-	if len(data) > 800 {
-		data = data[len(data)-800:]
-	}
-	if len(data) == 0 {
-		return ""
-	}
-	return "; console: " + strings.TrimSpace(string(data))
+	return quoteConsole(data)
 }

@@ -276,6 +276,12 @@ const (
 // tail is the end of a console log, for errors.
 func tail(path string) string {
 	data, _ := os.ReadFile(path)
+	return quoteConsole(data)
+}
+
+// quoteConsole is the end of a console's output, for errors: "" if there
+// is none, else "; console: " and its last 800 bytes.
+func quoteConsole(data []byte) string {
 	if len(data) > 800 {
 		data = data[len(data)-800:]
 	}
