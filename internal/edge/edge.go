@@ -402,11 +402,7 @@ func (e *Edge) expireLoop() {
 			go func() {
 				defer e.wg.Done()
 				defer sb.expiring.Store(false)
-				if e.keepOnTimeout(sb) {
-					return
-				}
-				e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
-				if err := e.destroy(context.Background(), sb); err != nil {
+				if err := e.expire(sb); err != nil {
 					e.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
 				}
 			}()

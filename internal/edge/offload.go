@@ -277,30 +277,31 @@ func (e *Edge) startClock(sb *sandbox) {
 	e.wakeExpiry()
 }
 
-// keepOnTimeout decides, under the sandbox's lock, whether a sandbox the
-// expiry loop picked is kept: one whose deadline moved meanwhile (a
-// pause, a resume, a new timeout) is, and a running one whose spec says
-// on_timeout PAUSE is paused (offloaded where the backend can, else
-// frozen) instead of removed. A paused one whose paused lifetime ran out
-// is removed as any other.
-func (e *Edge) keepOnTimeout(sb *sandbox) bool {
+// expire ends a sandbox the expiry loop picked, holding its lock from
+// the deadline check to the end, so a new timeout that was answered is
+// never undone by a removal already on its way. One whose deadline moved
+// meanwhile (a pause, a resume, a new timeout) is kept; a running one
+// whose spec says on_timeout PAUSE is paused (offloaded where the backend
+// can, else frozen) instead of removed. A paused one whose paused
+// lifetime ran out is removed as any other.
+func (e *Edge) expire(sb *sandbox) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if time.Now().Before(sb.rec.ExpiresAt) {
-		return true
+	if sb.removed || time.Now().Before(sb.rec.ExpiresAt) {
+		return nil
 	}
-	if sb.rec.State != stateRunning || sb.rec.spec.GetOnTimeout() != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	_, note, err := e.pauseAtLocked(ctx, sb, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
-	if err != nil {
+	if sb.rec.State == stateRunning && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		_, note, err := e.pauseAtLocked(ctx, sb, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+		cancel()
+		if err == nil {
+			e.log.Info("sandbox time to live ran out; paused", logging.SandboxID, sb.id, "depth", sb.rec.pauseDepth().String(), "note", note)
+			return nil
+		}
 		e.log.Error("pause a sandbox whose time to live ran out; removing it", logging.SandboxID, sb.id, logging.Error, err)
-		return false
 	}
-	e.log.Info("sandbox time to live ran out; paused", logging.SandboxID, sb.id, "depth", sb.rec.pauseDepth().String(), "note", note)
-	return true
+	e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
+	return e.destroyLocked(context.Background(), sb)
 }
 
 // TaskResult is what a task-wide call did to one sandbox.

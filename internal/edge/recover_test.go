@@ -403,3 +403,40 @@ func TestTimeoutZeroEndsItNow(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox the expiry loop picked whose time to live was set again
+// before the removal took its lock is kept: the answered timeout wins.
+// (The check and the removal once took the lock apart, and a timeout
+// answered between them was undone.)
+func TestExpireKeepsAMovedDeadline(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	made, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := f.edge.lookup(made.Id, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loop picked it, and a new timeout was answered before the
+	// removal took the lock.
+	if _, err := f.edge.SetTimeout(made.Id, "root", 3600); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.edge.expire(sb); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.edge.Get(made.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after a new timeout: %v %v; want it running", got, err)
+	}
+	// Still past its deadline: removed.
+	sb.mu.Lock()
+	sb.rec.ExpiresAt = time.Now().Add(-time.Second)
+	sb.mu.Unlock()
+	if err := f.edge.expire(sb); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, f.edge, made.Id, 5*time.Second)
+}

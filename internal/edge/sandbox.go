@@ -565,6 +565,11 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 func (e *Edge) destroy(ctx context.Context, sb *sandbox) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	return e.destroyLocked(ctx, sb)
+}
+
+// destroyLocked is destroy with the sandbox's lock held.
+func (e *Edge) destroyLocked(ctx context.Context, sb *sandbox) error {
 	if sb.removed {
 		return nil // removed meanwhile
 	}
