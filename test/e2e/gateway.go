@@ -107,3 +107,19 @@ func CreateE2B(t testing.TB, gw, key, body string) E2BSandbox {
 	}
 	return sb
 }
+
+// WaitE2BGone waits until the gateway no longer knows sandbox id.
+func WaitE2BGone(t testing.TB, gw, key, id string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r := Do(t, "GET", gw+"/sandboxes/"+id, map[string]string{"X-API-Key": key}, nil)
+		if r.Status == http.StatusNotFound {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still there a minute after its end: %d %s", id, r.Status, r.Body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -98,6 +98,7 @@ func FuzzGatewayRequests(f *testing.F) {
 	f.Add(uint8(2), []byte(`{"timeout":99999999999999}`))
 	f.Add(uint8(3), []byte(`{"timeout":"ten"}`))
 	f.Add(uint8(2), []byte(`{"timeout":1}`)) // once ended the shared sandbox under later inputs
+	f.Add(uint8(2), []byte(`{"timeout":0}`)) // ends it now, by design
 	f.Add(uint8(4), []byte("--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n\r\nhi\r\n--b--\r\n"))
 	f.Add(uint8(5), []byte{0x1f, 0x8b, 0x08, 0x00, 0x00})
 	f.Add(uint8(6), []byte(`{"path":"/proc/self/status","depth":4294967295}`))
@@ -132,6 +133,16 @@ func FuzzGatewayRequests(f *testing.F) {
 			r = e2e.Do(t, "GET", gw+"/v2/sandboxes?"+q, ctl, nil)
 		case 2:
 			r = e2e.Do(t, "POST", gw+"/sandboxes/"+sb.SandboxID+"/timeout", ctl, bytes.NewReader(body))
+			if endsNow(body) {
+				// Its time to live ends now: the shared sandbox goes,
+				// and the next inputs get a new one.
+				if r.Status != 204 {
+					t.Fatalf("timeout 0 (%q): %d %s; want 204", body, r.Status, r.Body)
+				}
+				e2e.WaitE2BGone(t, gw, key, sb.SandboxID)
+				sb = e2e.CreateE2B(t, gw, key, `{"templateID":"base"}`)
+				return
+			}
 		case 3:
 			r = e2e.Do(t, "POST", gw+"/v2/sandboxes/"+sb.SandboxID+"/connect", ctl, bytes.NewReader(body))
 		case 4:
@@ -180,6 +191,15 @@ func FuzzGatewayRequests(f *testing.F) {
 		}
 	})
 	_ = c
+}
+
+// endsNow reports whether body is a timeout request the gateway reads as
+// 0 seconds: the sandbox's time to live ends at once.
+func endsNow(body []byte) bool {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	return json.Unmarshal(body, &req) == nil && req.Timeout != nil && *req.Timeout == 0
 }
 
 // confineWrite decodes body as the server will; if it is a WriteFileRequest
