@@ -117,6 +117,8 @@ type Edge struct {
 	// ledger holds this edge's promise of disk's free space beside other
 	// edges' on it; nil without Config.DiskLedgerDir.
 	ledger *diskledger.Ledger
+	// records keeps the sandboxes' records (recordstore.go).
+	records recordStore
 	// recoveryIncomplete is set when recovery could not read every record:
 	// nothing found running is then taken for an orphan.
 	recoveryIncomplete bool
@@ -196,7 +198,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
-		store: deps.Store, cache: cache,
+		store: deps.Store, cache: cache, records: dirRecords{root: filepath.Join(cfg.StateDir, "sandboxes")},
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
 		exports: map[string]*export{}, pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{},

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -149,13 +148,17 @@ func resolvConfServers(path string) ([]string, error) {
 // networkedRecords lists the sandboxes whose records say they are
 // attached, for Open to accept their veths.
 func (e *Edge) networkedRecords() []string {
-	root := filepath.Join(e.cfg.StateDir, "sandboxes")
-	ents, _ := os.ReadDir(root)
+	recs, unreadable := e.records.List()
 	var out []string
-	for _, ent := range ents {
-		if rec, err := loadRecord(filepath.Join(root, ent.Name())); err == nil && rec.spec.Network != nil {
+	for _, rec := range recs {
+		if rec.spec.Network != nil {
 			out = append(out, string(rec.ID))
 		}
+	}
+	// A record this release cannot read keeps its veth, for the release
+	// that can.
+	for id := range unreadable {
+		out = append(out, string(id))
 	}
 	return out
 }

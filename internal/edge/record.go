@@ -2,11 +2,6 @@ package edge
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -14,7 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -22,6 +16,9 @@ import (
 // record is what the edge keeps on disk for a sandbox, so a restarted edge
 // finds its sandboxes again.
 type record struct {
+	// Layout is the record's layout version (recordstore.go); records of
+	// releases before it had one are layout 0.
+	Layout         int             `json:"layout"`
 	ID             sandboxid.ID    `json:"id"`
 	Project        string          `json:"project"`
 	Spec           json.RawMessage `json:"spec"` // protojson SandboxSpec
@@ -97,38 +94,6 @@ func (r *record) proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
 		PauseDepth: r.pauseDepth(), TimeoutLeftSeconds: int64(r.TimeoutLeft / time.Second),
 		NetworkAddress: r.NetAddr,
 	}
-}
-
-const recordFile = "record.json"
-
-func (r *record) save(dir string) error {
-	if err := r.setSpec(r.spec); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(r, "", " ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(dir, recordFile), data, 0o600)
-}
-
-func loadRecord(dir string) (*record, error) {
-	data, err := os.ReadFile(filepath.Join(dir, recordFile))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
-		return nil, err
-	}
-	var r record
-	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("record %s: %w", dir, err)
-	}
-	r.spec = &sandboxv1.SandboxSpec{}
-	if err := protojson.Unmarshal(r.Spec, r.spec); err != nil {
-		return nil, fmt.Errorf("record %s spec: %w", dir, err)
-	}
-	return &r, nil
 }
 
 // pauseDepth is how deep a paused sandbox's pause went.

@@ -31,9 +31,17 @@ func (e *Edge) recover(ctx context.Context) {
 	}
 	for _, ent := range ents {
 		dir := filepath.Join(root, ent.Name())
-		rec, err := loadRecord(dir)
-		if err != nil {
+		rec, err := e.records.Get(sandboxid.ID(ent.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
 			e.removeOrphanDir(dir, err)
+			continue
+		}
+		if err != nil {
+			// A newer release's layout (a node downgraded), or a record
+			// changed by hand: kept, with all it names, for the release
+			// that reads it; nothing running is taken for an orphan.
+			e.log.Error("could not read a sandbox's record; it is kept, and nothing is swept while it is there", "dir", dir, logging.Error, err)
+			e.recoveryIncomplete = true
 			continue
 		}
 		log := e.log.With(logging.SandboxID, rec.ID)
@@ -57,7 +65,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	if !ok {
 		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
 	}
-	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
+	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be, e.records)
 	r := rec.spec.Resources
 	// A failed sandbox holds nothing once its backend has nothing of it;
 	// one whose removal failed before the restart is retried here, and
@@ -286,10 +294,14 @@ func (e *Edge) sweepLayers() {
 	if e.layers == nil {
 		return
 	}
+	recs, unreadable := e.records.List()
+	if len(unreadable) > 0 {
+		e.log.Warn("not removing writable layers no record names: a record could not be read", "records", len(unreadable))
+		return
+	}
 	named := map[string]bool{}
-	ents, _ := os.ReadDir(filepath.Join(e.cfg.StateDir, "sandboxes"))
-	for _, ent := range ents {
-		if rec, err := loadRecord(filepath.Join(e.cfg.StateDir, "sandboxes", ent.Name())); err == nil && rec.LayerDir != "" {
+	for _, rec := range recs {
+		if rec.LayerDir != "" {
 			named[rec.LayerDir] = true
 		}
 	}

@@ -39,6 +39,8 @@ type sandbox struct {
 	dir  string
 	be   backend.Backend
 	proj string // immutable
+	// records is where save writes rec (the edge's record store).
+	records recordStore
 
 	// view is the latest published description. Readers (Get, List,
 	// Status) use it without the lifecycle lock, so a slow create or removal
@@ -93,8 +95,8 @@ type sandbox struct {
 	end   context.CancelFunc
 }
 
-func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend) *sandbox {
-	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec, slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
+func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend, records recordStore) *sandbox {
+	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec, records: records, slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.proto(node))
 	return sb
@@ -149,7 +151,7 @@ func (sb *sandbox) markCheckpoint(dir string) error {
 
 // save persists the record and publishes it. Callers hold sb.mu.
 func (sb *sandbox) save() error {
-	err := sb.rec.save(sb.dir)
+	err := sb.records.Put(sb.rec)
 	sb.publish()
 	return err
 }
@@ -268,7 +270,7 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 	}
 	e.diskMB += disk
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
-	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be)
+	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be, e.records)
 	e.boxes[rec.ID] = sb
 	e.usageSeq++
 	sb.admitSeq = e.usageSeq
@@ -555,6 +557,9 @@ func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
 	os.RemoveAll(e.runDir(sb.id)) //nolint:errcheck // only the socket and two small files were in it
 	if err := os.RemoveAll(sb.dir); err != nil {
 		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)
+	}
+	if err := e.records.Delete(sb.id); err != nil {
+		return fmt.Errorf("remove sandbox %s record: %w", sb.id, err)
 	}
 	e.forget(sb)
 	sb.removed = true
