@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/hex"
-	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -78,7 +77,7 @@ func peerClient(cfg *tls.Config) *http.Client {
 // openExport opens an export of snap. Callers must not hold e.mu (the
 // manifest hashes the snapshot's files).
 func (e *Edge) openExport(snap *snapshot) (*edgev1.SnapshotExport, error) {
-	meta, err := json.Marshal(snap)
+	meta, err := snap.encode()
 	if err != nil {
 		return nil, err
 	}
@@ -217,19 +216,16 @@ func (e *Edge) fetch(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.S
 		log.Warn("snapshot pull failed", logging.Error, err)
 		return nil, err
 	}
-	var s snapshot
-	if err := json.Unmarshal(m.Snapshot, &s); err != nil {
+	s, err := decodeSnapshot(m.Snapshot)
+	if err != nil {
 		return nil, errdefs.FailedPrecondition("snapshot %s: the holder's description: %v", id, err)
 	}
 	if s.ID != id {
 		return nil, errdefs.FailedPrecondition("snapshot %s: the holder described snapshot %q", id, s.ID)
 	}
-	if err := s.parseSpec(); err != nil {
-		return nil, errdefs.FailedPrecondition("snapshot %s: the holder's spec: %v", id, err)
-	}
 	s.dir = dir
 	log.Info("snapshot pulled", "size", m.Total(), "took", time.Since(began).Round(time.Millisecond))
-	return &s, nil
+	return s, nil
 }
 
 // sweepTransfers ends lapsed exports and drops pulled snapshots nobody

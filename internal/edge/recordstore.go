@@ -18,15 +18,12 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
-// recordLayout is the layout of the records this release writes. A change
-// to what a record's fields mean or how they are spelled raises it and
-// adds the step from the old layout to recordUpgrades, so that a node
-// upgraded in place reads the records of its running sandboxes.
-const recordLayout = 1
-
 // recordUpgrades[v] turns a record of layout v, as a JSON object, into
-// layout v+1.
-var recordUpgrades = [recordLayout]func(map[string]json.RawMessage) error{
+// layout v+1; its length is the layout this release writes. A change to
+// what a record's fields mean or how they are spelled adds a step here, so
+// that a node upgraded in place reads the records of its running
+// sandboxes.
+var recordUpgrades = []func(map[string]json.RawMessage) error{
 	// 0 → 1: releases before layouts were numbered wrote the same fields.
 	0: func(map[string]json.RawMessage) error { return nil },
 }
@@ -53,7 +50,7 @@ func encodeRecord(r *record) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("record %s spec: %w", r.ID, err)
 	}
-	r.Spec, r.Layout = data, recordLayout
+	r.Spec, r.Layout = data, len(recordUpgrades)
 	return json.MarshalIndent(r, "", " ")
 }
 
@@ -62,32 +59,9 @@ func encodeRecord(r *record) ([]byte, error) {
 // guessed at: a node downgraded past a layout change keeps such records
 // for the release that wrote them.
 func decodeRecord(data []byte) (*record, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(data, &obj); err != nil {
-		return nil, errdefs.FailedPrecondition("record: not a JSON object: %v", err)
-	}
-	layout := 0
-	if raw, ok := obj["layout"]; ok {
-		if err := json.Unmarshal(raw, &layout); err != nil || layout < 0 {
-			return nil, errdefs.FailedPrecondition("record: layout %s: want a whole number from 0", raw)
-		}
-	}
-	if layout > recordLayout {
-		return nil, errdefs.FailedPrecondition("record: layout %d was written by a newer release; this one reads layouts 0 to %d", layout, recordLayout)
-	}
-	for v := layout; v < recordLayout; v++ {
-		if err := recordUpgrades[v](obj); err != nil {
-			return nil, errdefs.FailedPrecondition("record: upgrade from layout %d: %v", v, err)
-		}
-	}
-	obj["layout"] = json.RawMessage(fmt.Sprint(recordLayout))
-	data, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
 	var r record
-	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, errdefs.FailedPrecondition("record: %v", err)
+	if err := readLayout("record", data, recordUpgrades, &r); err != nil {
+		return nil, err
 	}
 	r.spec = &sandboxv1.SandboxSpec{}
 	if err := protojson.Unmarshal(r.Spec, r.spec); err != nil {

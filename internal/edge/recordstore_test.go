@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -24,7 +25,7 @@ import (
 // so that every later release is held to reading it.
 func layoutZero() *record {
 	return &record{
-		Layout: recordLayout, ID: "n0d3n0d3-abcdefghijklmnop", Project: "root/team", State: statePaused,
+		Layout: len(recordUpgrades), ID: "n0d3n0d3-abcdefghijklmnop", Project: "root/team", State: statePaused,
 		CreatedAt: time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC), ExpiresAt: time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC),
 		ImageDigest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		Handle:      &backend.Handle{Backend: "container", ID: "n0d3n0d3-abcdefghijklmnop"}, LayerDir: "/var/lib/opendsec/layers/l-1",
@@ -147,7 +148,7 @@ func TestARecordOfANewerLayoutIsKept(t *testing.T) {
 	id := sandboxIDOf(sb)
 	dir := f.edge.sandboxDir(id)
 	f.edge.Close()
-	editRecord(t, dir, func(m map[string]any) { m["layout"] = recordLayout + 1 })
+	editRecord(t, dir, func(m map[string]any) { m["layout"] = len(recordUpgrades) + 1 })
 
 	e2 := f.open(t, smallCapacity())
 	if got := e2.List("root"); len(got) != 0 {
@@ -164,10 +165,68 @@ func TestARecordOfANewerLayoutIsKept(t *testing.T) {
 	}
 	e2.Close()
 
-	editRecord(t, dir, func(m map[string]any) { m["layout"] = recordLayout })
+	editRecord(t, dir, func(m map[string]any) { m["layout"] = len(recordUpgrades) })
 	e3 := f.open(t, smallCapacity())
 	got, err := e3.Get(sb.Id, "root")
 	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after the upgrade back: %v %v; want it running", got, err)
+	}
+}
+
+// A snapshot's description follows the same rule: one an older release
+// wrote (no layout) is read, one of a newer layout is kept unlisted until
+// a release that reads it starts.
+func TestSnapshotDescriptionLayouts(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := f.edge.Snapshot(ctx, sb.Id, "root", "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(f.edge.cfg.StateDir, "snapshots", snap.Id)
+	f.edge.Close()
+	listed := func(e *Edge) bool {
+		t.Helper()
+		snaps, err := e.ListSnapshots("root", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(snaps) == 1 && snaps[0].Id == snap.Id && snaps[0].Name == "kept"
+	}
+	for _, step := range []struct {
+		what   string
+		layout any // nil: no layout, as before layouts
+		listed bool
+	}{
+		{"written before layouts", nil, true},
+		{"of a newer layout", len(snapshotUpgrades) + 1, false},
+		{"back to this release's layout", len(snapshotUpgrades), true},
+	} {
+		p := filepath.Join(dir, snapshotFile)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(data, &m); err != nil {
+			t.Fatal(err)
+		}
+		delete(m, "layout")
+		if step.layout != nil {
+			m["layout"] = step.layout
+		}
+		data, _ = json.Marshal(m)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e := f.open(t, smallCapacity())
+		if got := listed(e); got != step.listed {
+			t.Fatalf("snapshot description %s: listed %v, want %v", step.what, got, step.listed)
+		}
+		e.Close()
 	}
 }

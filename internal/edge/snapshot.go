@@ -38,6 +38,8 @@ import (
 // what its backend wrote (a runsc checkpoint, a microVM's RAM and device
 // state), described by snapshot.json.
 type snapshot struct {
+	// Layout is the description's layout version (layout.go).
+	Layout        int                  `json:"layout"`
 	ID            sandboxid.SnapshotID `json:"id"`
 	Project       string               `json:"project"`
 	SourceSandbox sandboxid.ID         `json:"source_sandbox"`
@@ -59,6 +61,32 @@ type snapshot struct {
 
 const snapshotFile = "snapshot.json"
 
+// snapshotUpgrades[v] turns a snapshot description of layout v into
+// layout v+1; its length is the layout this release writes.
+var snapshotUpgrades = []func(map[string]json.RawMessage) error{
+	// 0 → 1: releases before layouts were numbered wrote the same fields.
+	0: func(map[string]json.RawMessage) error { return nil },
+}
+
+// encode is the snapshot's description in this release's layout.
+func (s *snapshot) encode() ([]byte, error) {
+	s.Layout = len(snapshotUpgrades)
+	return json.MarshalIndent(s, "", " ")
+}
+
+// decodeSnapshot reads a snapshot description of any layout this release
+// knows, with its spec.
+func decodeSnapshot(data []byte) (*snapshot, error) {
+	var s snapshot
+	if err := readLayout("snapshot", data, snapshotUpgrades, &s); err != nil {
+		return nil, err
+	}
+	if err := s.parseSpec(); err != nil {
+		return nil, errdefs.FailedPrecondition("snapshot %s spec: %v", s.ID, err)
+	}
+	return &s, nil
+}
+
 func (s *snapshot) ref() backend.SnapshotRef { return backend.SnapshotRef{ID: s.ID, Dir: s.dir} }
 
 func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
@@ -70,7 +98,7 @@ func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
 }
 
 func (s *snapshot) save() error {
-	data, err := json.MarshalIndent(s, "", " ")
+	data, err := s.encode()
 	if err != nil {
 		return err
 	}
@@ -84,27 +112,32 @@ func (s *snapshot) parseSpec() error {
 }
 
 // loadSnapshots finds the snapshots a previous run left; the ephemeral
-// ones of an interrupted fork, and half-written ones, are deleted.
+// ones of an interrupted fork, and half-written ones (no description), are
+// deleted. One whose description this release cannot read (a newer
+// release's layout) is kept for the release that can, and not listed.
 func (e *Edge) loadSnapshots() {
 	root := filepath.Join(e.cfg.StateDir, "snapshots")
 	ents, _ := os.ReadDir(root)
 	for _, ent := range ents {
 		dir := filepath.Join(root, ent.Name())
 		data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
-		var s snapshot
-		if err == nil {
-			err = json.Unmarshal(data, &s)
+		if err != nil {
+			e.log.Info("removing leftover snapshot directory", "dir", dir, logging.Error, err)
+			os.RemoveAll(dir)
+			continue
 		}
-		if err == nil {
-			err = s.parseSpec()
+		s, err := decodeSnapshot(data)
+		if err != nil {
+			e.log.Error("could not read a snapshot's description; it is kept", "dir", dir, logging.Error, err)
+			continue
 		}
-		if err != nil || s.Ephemeral {
-			e.log.Info("removing leftover snapshot directory", "dir", dir)
+		if s.Ephemeral {
+			e.log.Info("removing an interrupted fork's snapshot", "dir", dir)
 			os.RemoveAll(dir)
 			continue
 		}
 		s.dir = dir
-		e.snapshots[s.ID] = &s
+		e.snapshots[s.ID] = s
 	}
 }
 
