@@ -9,7 +9,6 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
-	"github.com/opendsec/opendsec/internal/edge/backend/oci"
 )
 
 // registry lists the backends built into this binary; this is the one
@@ -44,27 +43,40 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 	}
 }
 
-// options are the options every backend gets (each reads its own): the
-// container backend's OCI runtime, gVisor's platform and newer runsc,
-// and the microvm backend's guest kernel directory and init, found next
-// to dsec (make build and make deps put them there) unless given, and its
-// Firecracker if given.
-func (f *backendFlags) options() map[string]string {
-	o := map[string]string{"runtime": *f.runtime, "platform": *f.platform, "runsc-network": findRunscNet(*f.runscNet), gvisor.NewerForOption: *f.newerFor, oci.CgroupParentOption: *f.cgroupParent}
-	guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
-	if self, err := os.Executable(); err == nil {
-		bin := filepath.Dir(self)
-		if init == "" {
-			init = filepath.Join(bin, "dsec-vminit")
+// options are backend name's options from the flags (each backend refuses
+// an option it does not take): the container backend's OCI runtime,
+// gVisor's platform and newer runsc, the microvm backend's guest kernel
+// directory and init, found next to dsec (make build and make deps put
+// them there) unless given, and its Firecracker if given; and every one's
+// parent cgroup. A backend this binary does not know gets none.
+func (f *backendFlags) options(name string) map[string]string {
+	o := map[string]string{}
+	switch name {
+	case container.Name:
+		o["runtime"] = *f.runtime
+	case gvisor.Name:
+		o["platform"], o["runsc-network"], o[gvisor.NewerForOption] = *f.platform, findRunscNet(*f.runscNet), *f.newerFor
+	case microvm.Name:
+		guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
+		if self, err := os.Executable(); err == nil {
+			bin := filepath.Dir(self)
+			if init == "" {
+				init = filepath.Join(bin, "dsec-vminit")
+			}
+			if guest == "" {
+				guest = filepath.Join(bin, "..", ".cache", "guest")
+			}
 		}
-		if guest == "" {
-			guest = filepath.Join(bin, "..", ".cache", "guest")
+		for k, v := range map[string]string{"guest": guest, "init": init, "firecracker": fc} {
+			if v != "" {
+				o[k], _ = filepath.Abs(v)
+			}
 		}
+	default:
+		return o
 	}
-	for k, v := range map[string]string{"guest": guest, "init": init, "firecracker": fc} {
-		if v != "" {
-			o[k], _ = filepath.Abs(v)
-		}
+	if *f.cgroupParent != "" {
+		o["cgroup-parent"] = *f.cgroupParent
 	}
 	return o
 }

@@ -53,7 +53,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	opts := map[string]map[string]string{}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			opts[b] = bf.options()
+			opts[b] = bf.options(b)
 		}
 	}
 	bs, err := registry().Open(ctx, opts, filepath.Join(*stateDir, "backends"), log)

@@ -57,7 +57,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			cfg.Backends[b] = bf.options()
+			cfg.Backends[b] = bf.options(b)
 		}
 	}
 	log := lf.logger()

@@ -69,16 +69,28 @@ var (
 	_ backend.Continuer = (*Backend)(nil)
 )
 
-// New returns a container backend. Option "runtime" picks crun (default) or runc.
+// Options are the container backend's options.
+type Options struct {
+	// Runtime is the OCI runtime: crun (the default) or runc.
+	Runtime string `option:"runtime"`
+	// CgroupParent is the sandboxes' parent cgroup (oci.Cgroups).
+	CgroupParent string `option:"cgroup-parent"`
+}
+
+// New returns a container backend.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
-	rt := cfg.Options["runtime"]
+	var o Options
+	if err := backend.DecodeOptions(Name, cfg.Options, &o); err != nil {
+		return nil, err
+	}
+	rt := o.Runtime
 	if rt == "" {
 		rt = "crun"
 	}
 	if rt != "crun" && rt != "runc" {
 		return nil, errdefs.InvalidArgument("container backend: runtime %q; want crun or runc", rt)
 	}
-	cg, err := oci.Cgroups(cfg.Options)
+	cg, err := oci.Cgroups(o.CgroupParent)
 	if err != nil {
 		return nil, err
 	}

@@ -165,17 +165,21 @@ var (
 	_ backend.Releaser    = (*Backend)(nil)
 )
 
-// New returns a fake backend. Option "create_delay" (a Go duration) sets
-// Knobs.CreateDelay, for tests that run it through a whole cluster.
+// Options are the fake backend's options.
+type Options struct {
+	// CreateDelay sets Knobs.CreateDelay, for tests that run the fake
+	// through a whole cluster.
+	CreateDelay time.Duration `option:"create_delay"`
+}
+
+// New returns a fake backend.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
-	b := &Backend{boxes: map[sandboxid.ID]*box{}}
-	if v := cfg.Options["create_delay"]; v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return nil, fmt.Errorf("fake backend: create_delay %q: %w", v, err)
-		}
-		b.Knobs.CreateDelay = d
+	var o Options
+	if err := backend.DecodeOptions(Name, cfg.Options, &o); err != nil {
+		return nil, err
 	}
+	b := &Backend{boxes: map[sandboxid.ID]*box{}}
+	b.Knobs.CreateDelay = o.CreateDelay
 	return b, nil
 }
 

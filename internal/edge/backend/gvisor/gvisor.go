@@ -128,32 +128,48 @@ var (
 	_ backend.Continuer   = (*Backend)(nil)
 )
 
-// New returns a gvisor backend. Options: "runsc" (binary), "platform"
-// (ptrace, systrap or kvm where the release and host have them),
-// "runsc-network" (the newer runsc), "runsc-newer-for" ("network", the
-// default: sandboxes with a network run on the newer runsc; "all": every
-// new sandbox does, and its writable layer is bounded by disk_mb on the
-// node's disk).
+// Options are the gvisor backend's options.
+type Options struct {
+	// Runsc is Debian's runsc (default: runsc on PATH).
+	Runsc string `option:"runsc"`
+	// Platform is its platform: ptrace, or systrap or kvm where the
+	// release and host have them.
+	Platform string `option:"platform"`
+	// RunscNetwork is the newer runsc.
+	RunscNetwork string `option:"runsc-network"`
+	// NewerFor is which new sandboxes run on the newer runsc: "network"
+	// (the default: those with a network) or "all" (every one, with its
+	// writable layer bounded by disk_mb on the node's disk).
+	NewerFor string `option:"runsc-newer-for"`
+	// CgroupParent is the sandboxes' parent cgroup (oci.Cgroups).
+	CgroupParent string `option:"cgroup-parent"`
+}
+
+// New returns a gvisor backend.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
-	cg, err := oci.Cgroups(cfg.Options)
+	var o Options
+	if err := backend.DecodeOptions(Name, cfg.Options, &o); err != nil {
+		return nil, err
+	}
+	cg, err := oci.Cgroups(o.CgroupParent)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{
 		cg:       cg,
-		runsc:    cfg.Options["runsc"],
-		netRunsc: cfg.Options["runsc-network"],
-		platform: cfg.Options["platform"],
+		runsc:    o.Runsc,
+		netRunsc: o.RunscNetwork,
+		platform: o.Platform,
 		root:     filepath.Join(cfg.StateDir, "runsc"),
 		log:      logging.OrDiscard(cfg.Log).With(logging.Backend, Name),
 		boxes:    map[sandboxid.ID]*box{},
 	}
-	switch cfg.Options[NewerForOption] {
+	switch o.NewerFor {
 	case "", NewerForNetwork:
 	case NewerForAll:
 		b.newerForAll = true
 	default:
-		return nil, errdefs.InvalidArgument("gvisor backend: option %s is %q; want %q or %q", NewerForOption, errdefs.Clip(cfg.Options[NewerForOption], 40), NewerForNetwork, NewerForAll)
+		return nil, errdefs.InvalidArgument("gvisor backend: option %s is %q; want %q or %q", NewerForOption, errdefs.Clip(o.NewerFor, 40), NewerForNetwork, NewerForAll)
 	}
 	if b.runsc == "" {
 		b.runsc = "runsc"

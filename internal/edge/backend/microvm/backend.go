@@ -96,12 +96,27 @@ func (b box) qmpSock() string {
 	return filepath.Join(b.Dir, "qmp.sock")
 }
 
-// New makes the backend. Options: "qemu" (the binary), "guest" (the
-// directory scripts/guest-kernel.sh filled), "init" (dsec-vminit),
-// "firecracker" (a binary the probe tries before QEMU).
+// Options are the microvm backend's options.
+type Options struct {
+	// QEMU is the QEMU binary (default: qemu-system-x86_64 on PATH).
+	QEMU string `option:"qemu"`
+	// Guest is the directory scripts/guest-kernel.sh filled.
+	Guest string `option:"guest"`
+	// Init is the guest's init, dsec-vminit.
+	Init string `option:"init"`
+	// Firecracker is a binary the probe tries before QEMU (none: QEMU only).
+	Firecracker string `option:"firecracker"`
+	// CgroupParent is the VMMs' parent cgroup (oci.Cgroups).
+	CgroupParent string `option:"cgroup-parent"`
+}
+
+// New makes the backend.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
-	o := cfg.Options
-	q := &QEMU{Binary: o["qemu"], Kernel: filepath.Join(o["guest"], "vmlinux"), Modules: filepath.Join(o["guest"], "modules"), Init: o["init"]}
+	var o Options
+	if err := backend.DecodeOptions(Name, cfg.Options, &o); err != nil {
+		return nil, err
+	}
+	q := &QEMU{Binary: o.QEMU, Kernel: filepath.Join(o.Guest, "vmlinux"), Modules: filepath.Join(o.Guest, "modules"), Init: o.Init}
 	if q.Binary == "" {
 		q.Binary = "qemu-system-x86_64"
 	}
@@ -110,7 +125,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	b := &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
 		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}
-	if cg, err := oci.Cgroups(o); err == nil {
+	if cg, err := oci.Cgroups(o.CgroupParent); err == nil {
 		b.cg = cg
 		if err := cg.Prepare(b.log, false); err != nil {
 			b.log.Warn("no CPU limit for microVMs beyond their vCPU count", "err", err)
@@ -118,8 +133,8 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	} else {
 		return nil, err
 	}
-	if o["firecracker"] != "" {
-		b.fc = &Firecracker{Binary: o["firecracker"], Kernel: q.Kernel, Modules: q.Modules, Init: q.Init, Log: b.log}
+	if o.Firecracker != "" {
+		b.fc = &Firecracker{Binary: o.Firecracker, Kernel: q.Kernel, Modules: q.Modules, Init: q.Init, Log: b.log}
 	}
 	return b, nil
 }

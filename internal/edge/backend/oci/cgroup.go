@@ -6,13 +6,11 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
-// CgroupParentOption is the backend option naming the sandboxes' parent
-// cgroup (`--cgroup-parent`); empty for cgroups.DefaultParent.
-const CgroupParentOption = "cgroup-parent"
-
-// Cgroups finds the node's cgroup layout for a backend with options opts.
-func Cgroups(opts map[string]string) (*cgroups.Host, error) {
-	h, err := cgroups.Detect(cgroups.DefaultRoot, opts[CgroupParentOption])
+// Cgroups finds the node's cgroup layout with the sandboxes under parent
+// (a backend's "cgroup-parent" option, `--cgroup-parent`; empty for
+// cgroups.DefaultParent).
+func Cgroups(parent string) (*cgroups.Host, error) {
+	h, err := cgroups.Detect(cgroups.DefaultRoot, parent)
 	if err != nil {
 		return nil, errdefs.InvalidArgument("%v", err)
 	}

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"flag"
+	"slices"
+	"testing"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
+	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+)
+
+// Every backend built in takes every option the flags give it: each
+// refuses one it does not know, so a flag handed to the wrong backend
+// would stop the edge at start.
+func TestEveryBackendTakesItsFlags(t *testing.T) {
+	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+	bf := addBackendFlags(fs)
+	if err := fs.Parse([]string{"--cgroup-parent", "/opendsec.slice", "--microvm-firecracker", "/usr/bin/firecracker", "--gvisor-runsc-network", "none"}); err != nil {
+		t.Fatal(err)
+	}
+	into := map[string]any{container.Name: &container.Options{}, gvisor.Name: &gvisor.Options{}, microvm.Name: &microvm.Options{}}
+	var names []string
+	for name := range into {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	if got := registry().Names(); !slices.Equal(got, names) {
+		t.Fatalf("registered %v; this test covers %v", got, names)
+	}
+	for name, dst := range into {
+		opts := bf.options(name)
+		if opts["cgroup-parent"] != "/opendsec.slice" {
+			t.Errorf("%s: options %v lack the cgroup parent", name, opts)
+		}
+		if err := backend.DecodeOptions(name, opts, dst); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if o := into[microvm.Name].(*microvm.Options); o.Firecracker != "/usr/bin/firecracker" || o.Init == "" {
+		t.Errorf("microvm options %+v", o)
+	}
+}
