@@ -74,17 +74,6 @@ func newBox(spec *backend.Spec, vmm string) *box {
 	return bx
 }
 
-// firecracker says whether the box's guest runs on Firecracker.
-func (b box) firecracker() bool { return b.VMM == vmmFirecracker }
-
-// vmmName names the box's VMM, for messages.
-func (b box) vmmName() string {
-	if b.firecracker() {
-		return "Firecracker"
-	}
-	return "QEMU"
-}
-
 // vmmFirecracker is Guest.VMM of a Firecracker guest.
 const vmmFirecracker = "firecracker"
 
@@ -325,14 +314,12 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		data, _ := os.ReadFile(spec.ResolvConf)
 		gc.ResolvConf = string(data)
 	}
-	modules := ModuleOrder
 	if spec.NetNS != "" {
 		n, err := readGuestNet(ctx, spec.NetNS)
 		if err != nil {
 			return nil, err
 		}
 		gc.Net = &n
-		modules = append(append([]string{}, ModuleOrder...), NetModules...)
 	}
 	cfgJSON, _ := json.Marshal(gc)
 	agent, err := os.ReadFile(spec.AgentPath)
@@ -341,14 +328,9 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	}
 	initrd := filepath.Join(bx.Dir, "initrd.cpio")
 	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfgJSON}}
-	if b.probe != nil && b.probe.Driver == vmmFirecracker && b.fc != nil {
-		bx.VMM = vmmFirecracker
-		modules = FirecrackerModules
-		if spec.NetNS != "" {
-			modules = append(append([]string{}, FirecrackerModules...), NetModules...)
-		}
-	}
-	err = writeGuestInitramfs(initrd, b.qemu.Init, b.qemu.Modules, modules, extra)
+	v := b.booting()
+	bx.VMM = v.id()
+	err = writeGuestInitramfs(initrd, b.qemu.Init, b.qemu.Modules, v.modules(spec.NetNS != ""), extra)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +347,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if gc.Net != nil {
 		guest.NetNS, guest.MAC = spec.NetNS, gc.Net.MAC
 	}
-	if !bx.firecracker() {
+	if v.sharesMemory() {
 		guest.MemFile, guest.MemShared = memFile(spec.ID), true
 	}
 	if guest.Accel == "kvm" {
@@ -406,36 +388,26 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 	return b.launch(ctx, bx, g)
 }
 
-// launch starts QEMU for g, daemonized, with the box's QMP socket and
-// pid file.
+// launch starts the VMM of g and puts it under the guest's CPU limit.
 func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
-	if g.VMM == vmmFirecracker {
-		if b.fc == nil {
-			return errdefs.FailedPrecondition("microvm: sandbox %s runs on Firecracker, and this edge has none configured (--microvm-firecracker)", filepath.Base(filepath.Dir(bx.Dir)))
-		}
-		return b.fc.launch(ctx, bx, g)
-	}
-	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
+	v, err := b.vmmOf(bx)
+	if err != nil {
 		return err
 	}
-	argv := append([]string{b.qemu.Binary}, b.qemu.Args(g)...)
-	argv = append(argv, "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
-	if g.NetNS != "" {
-		if err := plugTap(ctx, g.NetNS); err != nil {
-			return err
-		}
-		argv = inNetNS(g.NetNS, argv...)
+	if err := v.launch(ctx, bx, g); err != nil {
+		return err
 	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))
-	}
+	return b.limitGuestCPU(bx, g, v)
+}
+
+// limitGuestCPU puts a started guest's VMM under its CPU limit; a guest
+// that cannot be limited is ended.
+func (b *Backend) limitGuestCPU(bx *box, g Guest, v vmm) error {
 	if g.CPUCores > 0 {
 		id := sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))
 		pid, ok := bx.pid()
 		if !ok {
-			return fmt.Errorf("microvm: QEMU of %s ended as it started; console: %s", id, tail(g.Console))
+			return fmt.Errorf("microvm: %s of %s ended as it started; console: %s", v.title(), id, tail(g.Console))
 		}
 		if err := b.limitCPU(id, pid, g.CPUCores); err != nil && !errors.Is(err, errNoCPUController) {
 			bx.kill(0) //nolint:errcheck // a VM without its limit does not run
@@ -535,20 +507,12 @@ func (b *Backend) Status(ctx context.Context, id sandboxid.ID) (backend.Status, 
 		st.HostStopped = true // its monitor would not answer either
 		return st, nil
 	}
-	if bx.firecracker() {
-		if i, err := newFCAPI(filepath.Join(bx.Dir, fcSocket)).info(ctx); err == nil && i.State == "Paused" {
-			st.State = backend.StatePaused
-		}
-		return st, nil
+	v, err := b.vmmOf(bx)
+	if err != nil {
+		return st, err
 	}
-	if out, err := qmp(ctx, bx.qmpSock(), "query-status", nil); err == nil {
-		var s struct {
-			Running bool   `json:"running"`
-			Status  string `json:"status"`
-		}
-		if json.Unmarshal(out, &s) == nil && stoppedByMonitor(s.Running, s.Status) {
-			st.State = backend.StatePaused
-		}
+	if v.paused(ctx, bx) {
+		st.State = backend.StatePaused
 	}
 	return st, nil
 }
@@ -640,22 +604,19 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 	b.mu.Lock()
 	b.boxes[h.ID] = &bx
 	b.mu.Unlock()
+	v, err := b.vmmOf(&bx)
+	if err != nil {
+		return err
+	}
 	if _, ok := bx.pid(); !ok {
-		return errdefs.Unavailable("microvm: sandbox %s: its %s is gone", h.ID, bx.vmmName())
+		return errdefs.Unavailable("microvm: sandbox %s: its %s is gone", h.ID, v.title())
 	}
-	if _, err := os.Stat(filepath.Join(bx.Dir, fcConsoleFIFO)); err == nil && bx.firecracker() {
-		// The console FIFO filled while no edge drained it; drain it again.
-		// (A guest started by an older release writes console.log instead.)
-		if _, err := drainConsole(bx.Dir, b.log, 0); err != nil {
-			b.log.Warn("microvm: the guest's console is not drained", "sandbox", h.ID, "err", err)
-		}
-	}
+	v.reattach(&bx, b.log.With("sandbox", h.ID))
 	return nil
 }
 
 // ConsoleTail implements backend.ConsoleReader: the end of the guest's
-// console, which QEMU keeps in a ring in its memory (a Firecracker
-// guest's is its console ring, see fcConsoleFIFO).
+// console, as its VMM keeps it.
 func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
 	bx, err := b.get(id)
 	if err != nil {
@@ -665,38 +626,24 @@ func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
 	if err != nil {
 		return ""
 	}
-	if bx.firecracker() {
-		if _, err := os.Stat(filepath.Join(bx.Dir, fcConsoleFIFO)); err != nil { // started by an older release
-			return strings.TrimPrefix(tail(filepath.Join(bx.Dir, "console.log")), "; console: ")
-		}
-		return strings.TrimPrefix(consoleTail(bx.Dir), "; console: ")
-	}
-	if g.Console != "" {
-		return strings.TrimPrefix(tail(g.Console), "; console: ")
-	}
-	out, err := qmp(ctx, bx.qmpSock(), "ringbuf-read", map[string]any{"device": consoleChardev, "size": consoleRingBytes, "format": "utf8"})
+	v, err := b.vmmOf(bx)
 	if err != nil {
 		return ""
 	}
-	var text string
-	json.Unmarshal(out, &text) //nolint:errcheck // nothing to quote
-	if len(text) > 1024 {
-		text = text[len(text)-1024:]
-	}
-	return strings.TrimSpace(text)
+	return v.consoleTail(ctx, bx, g)
 }
 
-// Pause implements backend.Pauser: the guest's vCPUs stop (QMP stop).
+// Pause implements backend.Pauser: the guest's vCPUs stop.
 func (b *Backend) Pause(ctx context.Context, id sandboxid.ID) error {
 	bx, err := b.get(id)
 	if err != nil {
 		return err
 	}
-	if bx.firecracker() {
-		return newFCAPI(filepath.Join(bx.Dir, fcSocket)).pause(ctx)
+	v, err := b.vmmOf(bx)
+	if err != nil {
+		return err
 	}
-	_, err = qmp(ctx, bx.qmpSock(), "stop", nil)
-	return err
+	return v.pause(ctx, bx)
 }
 
 // Resume implements backend.Pauser.
@@ -705,11 +652,11 @@ func (b *Backend) Resume(ctx context.Context, id sandboxid.ID) error {
 	if err != nil {
 		return err
 	}
-	if bx.firecracker() {
-		return newFCAPI(filepath.Join(bx.Dir, fcSocket)).resume(ctx)
+	v, err := b.vmmOf(bx)
+	if err != nil {
+		return err
 	}
-	_, err = qmp(ctx, bx.qmpSock(), "cont", nil)
-	return err
+	return v.resume(ctx, bx)
 }
 
 var (

@@ -3,6 +3,9 @@
 // such VMs]. A Driver is the hypervisor seam: QEMU's microvm machine
 // (TCG, or KVM where a probe boot succeeds) and Firecracker (tried first
 // when a binary is configured; used only where its probe guest boots).
+// Each also carries what the backend does to one guest on it (vmm.go:
+// launch, pause, resume, snapshot, restore, its paused state, console);
+// the backend picks it by the guest's recorded VMM and asks no other way.
 //
 // Built: the guest kernel from Debian's packages
 // (scripts/guest-kernel.sh), the guest's init (cmd/dsec-vminit), the

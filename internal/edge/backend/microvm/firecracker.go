@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -232,6 +233,9 @@ func linkAgent(dir, edgeSocket string) error {
 // launch starts a sandbox's Firecracker, booting g, in the box's
 // directory, and records its pid.
 func (f *Firecracker) launch(ctx context.Context, bx *box, g Guest) error {
+	if err := f.configured(bx); err != nil {
+		return err
+	}
 	vm, err := f.start(ctx, bx, g)
 	if err != nil {
 		return err
@@ -267,17 +271,12 @@ func (f *Firecracker) start(ctx context.Context, bx *box, g Guest) (*fcVM, error
 	return vm, nil
 }
 
-// restore starts a copy in bx from the snapshot in dir: Firecracker maps
-// the memory file privately, so copies share its pages copy-on-write.
-func (f *Firecracker) restore(ctx context.Context, bx *box, g Guest, dir string) error {
-	vm, err := f.start(ctx, bx, g)
-	if err != nil {
-		return err
+// configured refuses to start a guest without a Firecracker binary (an
+// edge restarted without --microvm-firecracker still serves the guests
+// that run, through their API sockets).
+func (f *Firecracker) configured(bx *box) error {
+	if f.Binary == "" {
+		return errdefs.FailedPrecondition("microvm: sandbox %s runs on Firecracker, and this edge has none configured (--microvm-firecracker)", filepath.Base(filepath.Dir(bx.Dir)))
 	}
-	err = vm.api.loadSnapshot(ctx, fcSnapshotLoad{SnapshotPath: filepath.Join(dir, "state"),
-		MemBackend: fcMemoryBackend{BackendType: "File", BackendPath: filepath.Join(dir, "mem")}, ResumeVM: true})
-	if err != nil {
-		vm.kill()
-	}
-	return err
+	return nil
 }

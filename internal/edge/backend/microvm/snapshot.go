@@ -34,39 +34,11 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	if err != nil {
 		return nil, err
 	}
-	if bx.firecracker() {
-		return b.snapshotFirecracker(ctx, bx, g, ref)
-	}
-	if !g.MemShared {
-		return nil, errdefs.Unsupported("sandbox %s was restored from a snapshot; a snapshot of a copy is not built yet", id)
-	}
-	sock := bx.qmpSock()
-	q, err := dialQMP(ctx, sock)
+	v, err := b.vmmOf(bx)
 	if err != nil {
 		return nil, err
 	}
-	// Whatever happens (ctx ended too), the source runs again, on this
-	// session: QEMU's monitor serves one client at a time.
-	defer func() {
-		q.c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a failed call says it
-		q.call("cont", nil)                               //nolint:errcheck // reported by Status if it fails
-		q.Close()
-	}()
-	if _, err := q.call("migrate-set-capabilities", ignoreShared); err != nil {
-		return nil, err
-	}
-	agentLeft(ctx, q, agentLeftWait)
-	if _, err := q.call("stop", nil); err != nil {
-		return nil, err
-	}
-	state := filepath.Join(ref.Dir, "state")
-	if _, err := q.call("migrate", map[string]any{"uri": "exec:cat > " + state}); err != nil {
-		return nil, err
-	}
-	if err := waitMigration(ctx, q); err != nil {
-		return nil, err
-	}
-	return keepGuestFiles(ctx, g, ref)
+	return v.snapshot(ctx, bx, g, ref)
 }
 
 // keepGuestFiles puts in a snapshot what a copy needs beside the VMM's
@@ -205,43 +177,16 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	}
 	g.RootDisk = filepath.Join(bx.Dir, "root.ext4")
 	g.Console, g.AgentChardev, g.AgentSocket = "", agentChardev(spec), agentSocket(spec)
-	if bx.firecracker() {
-		return b.restoreFirecracker(ctx, bx, g, ref, spec)
-	}
-	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
 	g.CPUCores = spec.CPUCores
-	if err := bx.saveGuest(g); err != nil {
-		return nil, err
-	}
-	if err := b.launch(ctx, bx, g); err != nil {
-		return nil, err
-	}
-	fail := func(err error) (*backend.Handle, error) {
-		bx.kill(0) //nolint:errcheck // reporting err
-		return nil, err
-	}
-	q, err := dialQMP(ctx, bx.qmpSock())
+	v, err := b.vmmOf(bx)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	defer q.Close()
-	if _, err := q.call("migrate-set-capabilities", ignoreShared); err != nil {
-		return fail(err)
+	if err := v.restore(ctx, bx, g, ref); err != nil {
+		return nil, err
 	}
-	if _, err := q.call("migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
-		return fail(err)
-	}
-	if err := waitMigration(ctx, q); err != nil {
-		return fail(err)
-	}
-	if _, err := q.call("cont", nil); err != nil {
-		return fail(err)
-	}
-	// Started again later (after a stop), it boots: the description it
-	// keeps is of a fresh guest on its own disk.
-	g.Incoming, g.MemFile, g.MemShared = false, "", false
-	if err := bx.saveGuest(g); err != nil {
-		return fail(err)
+	if err := b.limitGuestCPU(bx, g, v); err != nil {
+		return nil, err
 	}
 	b.mu.Lock()
 	b.boxes[spec.ID] = bx
@@ -251,39 +196,3 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 }
 
 var _ backend.Snapshotter = (*Backend)(nil)
-
-// snapshotFirecracker pauses the guest, has Firecracker write its state
-// and memory, copies the writable disk while the guest is still paused
-// (so disk and memory are of one moment), and resumes it.
-func (b *Backend) snapshotFirecracker(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	api := newFCAPI(filepath.Join(bx.Dir, fcSocket))
-	if err := api.pause(ctx); err != nil {
-		return nil, err
-	}
-	defer api.resume(context.WithoutCancel(ctx)) //nolint:errcheck // Status reports a guest left paused
-	if err := api.createSnapshot(ctx, fcSnapshotCreate{SnapshotType: "Full", SnapshotPath: filepath.Join(ref.Dir, "state"), MemFilePath: filepath.Join(ref.Dir, "mem")}); err != nil {
-		return nil, err
-	}
-	g.MemFile = "" // Firecracker wrote the RAM itself
-	return keepGuestFiles(ctx, g, ref)
-}
-
-// restoreFirecracker starts a copy from a Firecracker snapshot in bx,
-// whose files the caller made (Firecracker reopens the disks and the vsock
-// socket by the relative names in the snapshot, in the copy's directory).
-func (b *Backend) restoreFirecracker(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
-	if b.fc == nil {
-		return nil, errdefs.FailedPrecondition("snapshot %s is of a Firecracker guest, and this edge has no Firecracker configured (--microvm-firecracker)", ref.ID)
-	}
-	if err := bx.saveGuest(g); err != nil {
-		return nil, err
-	}
-	if err := b.fc.restore(ctx, bx, g, ref.Dir); err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	b.boxes[spec.ID] = bx
-	b.mu.Unlock()
-	state, _ := json.Marshal(bx)
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
-}

@@ -1,0 +1,176 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// QEMU as the backend's vmm: one daemonized QEMU per guest, driven through
+// its monitor (QMP) socket.
+
+func (q *QEMU) title() string { return "QEMU" }
+
+// id is "": handles from before Firecracker name no VMM.
+func (q *QEMU) id() string { return "" }
+
+func (q *QEMU) modules(net bool) []string {
+	if net {
+		return append(append([]string{}, ModuleOrder...), NetModules...)
+	}
+	return ModuleOrder
+}
+
+func (q *QEMU) sharesMemory() bool { return true }
+
+// launch starts QEMU for g, daemonized, with the box's QMP socket and
+// pid file.
+func (q *QEMU) launch(ctx context.Context, bx *box, g Guest) error {
+	if err := os.WriteFile(bx.started(), nil, 0o600); err != nil {
+		return err
+	}
+	argv := append([]string{q.Binary}, q.Args(g)...)
+	argv = append(argv, "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile(), "-daemonize")
+	if g.NetNS != "" {
+		if err := plugTap(ctx, g.NetNS); err != nil {
+			return err
+		}
+		argv = inNetNS(g.NetNS, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("microvm: start QEMU: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// pause stops the guest's vCPUs (QMP stop).
+func (q *QEMU) pause(ctx context.Context, bx *box) error {
+	_, err := qmp(ctx, bx.qmpSock(), "stop", nil)
+	return err
+}
+
+func (q *QEMU) resume(ctx context.Context, bx *box) error {
+	_, err := qmp(ctx, bx.qmpSock(), "cont", nil)
+	return err
+}
+
+func (q *QEMU) paused(ctx context.Context, bx *box) bool {
+	out, err := qmp(ctx, bx.qmpSock(), "query-status", nil)
+	if err != nil {
+		return false
+	}
+	var s struct {
+		Running bool   `json:"running"`
+		Status  string `json:"status"`
+	}
+	return json.Unmarshal(out, &s) == nil && stoppedByMonitor(s.Running, s.Status)
+}
+
+// snapshot stops the guest, has QEMU write only its device state
+// (x-ignore-shared: the RAM stays in its shared file), keeps the RAM file
+// and the writable disk beside it, and lets the guest run on.
+func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
+	if !g.MemShared {
+		return nil, errdefs.Unsupported("sandbox %s was restored from a snapshot; a snapshot of a copy is not built yet", filepath.Base(filepath.Dir(bx.Dir)))
+	}
+	m, err := dialQMP(ctx, bx.qmpSock())
+	if err != nil {
+		return nil, err
+	}
+	// Whatever happens (ctx ended too), the source runs again, on this
+	// session: QEMU's monitor serves one client at a time.
+	defer func() {
+		m.c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a failed call says it
+		m.call("cont", nil)                               //nolint:errcheck // reported by Status if it fails
+		m.Close()
+	}()
+	if _, err := m.call("migrate-set-capabilities", ignoreShared); err != nil {
+		return nil, err
+	}
+	agentLeft(ctx, m, agentLeftWait)
+	if _, err := m.call("stop", nil); err != nil {
+		return nil, err
+	}
+	state := filepath.Join(ref.Dir, "state")
+	if _, err := m.call("migrate", map[string]any{"uri": "exec:cat > " + state}); err != nil {
+		return nil, err
+	}
+	if err := waitMigration(ctx, m); err != nil {
+		return nil, err
+	}
+	return keepGuestFiles(ctx, g, ref)
+}
+
+// restore starts a QEMU that maps the snapshot's RAM file privately
+// (copy-on-write), takes the device state in and runs on.
+func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) error {
+	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
+	if err := bx.saveGuest(g); err != nil {
+		return err
+	}
+	if err := q.launch(ctx, bx, g); err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		bx.kill(0) //nolint:errcheck // reporting err
+		return err
+	}
+	m, err := dialQMP(ctx, bx.qmpSock())
+	if err != nil {
+		return fail(err)
+	}
+	defer m.Close()
+	if _, err := m.call("migrate-set-capabilities", ignoreShared); err != nil {
+		return fail(err)
+	}
+	if _, err := m.call("migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
+		return fail(err)
+	}
+	if err := waitMigration(ctx, m); err != nil {
+		return fail(err)
+	}
+	if _, err := m.call("cont", nil); err != nil {
+		return fail(err)
+	}
+	// Started again later (after a stop), it boots: the description it
+	// keeps is of a fresh guest on its own disk.
+	g.Incoming, g.MemFile, g.MemShared = false, "", false
+	if err := bx.saveGuest(g); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// consoleTail is the end of the guest's console, which QEMU keeps in a
+// ring in its memory (or, for a guest whose console was a file, that
+// file's end).
+func (q *QEMU) consoleTail(ctx context.Context, bx *box, g Guest) string {
+	if g.Console != "" {
+		return strings.TrimPrefix(tail(g.Console), "; console: ")
+	}
+	out, err := qmp(ctx, bx.qmpSock(), "ringbuf-read", map[string]any{"device": consoleChardev, "size": consoleRingBytes, "format": "utf8"})
+	if err != nil {
+		return ""
+	}
+	var text string
+	json.Unmarshal(out, &text) //nolint:errcheck // nothing to quote
+	if len(text) > 1024 {
+		text = text[len(text)-1024:]
+	}
+	return strings.TrimSpace(text)
+}
+
+// reattach has nothing to do: QEMU dials the edge's new socket itself.
+func (q *QEMU) reattach(*box, *slog.Logger) {}
