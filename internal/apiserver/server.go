@@ -38,11 +38,19 @@ type Config struct {
 	MaxTries int
 }
 
+// EdgeDialer hands out the connection to an edge by its address
+// (*edgeclient.Pool; an in-memory edge in tests, edgeclient/edgefake).
+type EdgeDialer interface {
+	Get(addr string) *edgeclient.Conn
+}
+
+var _ EdgeDialer = (*edgeclient.Pool)(nil)
+
 // Deps are the apiserver's collaborators.
 type Deps struct {
 	IAM     *iam.Service
 	Watcher watcher.Source
-	Edges   *edgeclient.Pool
+	Edges   EdgeDialer
 	Images  *image.Store
 	Log     *slog.Logger
 }
@@ -52,7 +60,7 @@ type Server struct {
 	cfg      Config
 	iam      *iam.Service
 	watcher  watcher.Source
-	edges    *edgeclient.Pool
+	edges    EdgeDialer
 	images   *image.Store
 	log      *slog.Logger
 	inflight *inflight

@@ -161,8 +161,14 @@ func (w *Watcher) Poll(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+	w.view.Store(NewView(results))
+}
+
+// NewView is the view of nodes, sorted by id; nodes without an id (never
+// reached) are left out.
+func NewView(nodes []*NodeView) *View {
 	v := &View{byID: map[string]*NodeView{}}
-	for _, n := range results {
+	for _, n := range nodes {
 		if n.ID == "" {
 			continue
 		}
@@ -170,7 +176,7 @@ func (w *Watcher) Poll(ctx context.Context) {
 		v.byID[n.ID] = n
 	}
 	sort.Slice(v.Nodes, func(i, j int) bool { return v.Nodes[i].ID < v.Nodes[j].ID })
-	w.view.Store(v)
+	return v
 }
 
 func (w *Watcher) pollOne(ctx context.Context, addr string, prev *NodeView) *NodeView {
