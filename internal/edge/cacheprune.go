@@ -47,10 +47,10 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 	for _, sb := range e.boxes {
 		use(sb.view.Load().GetImageDigest())
 	}
-	for _, sn := range e.snapshots {
-		use(sn.ImageDigest)
-	}
 	e.mu.Unlock()
+	for _, d := range e.snaps.imageDigests() {
+		use(d)
+	}
 	freed, err := e.cache.Prune(inUse, grace)
 	if err != nil {
 		e.log.Warn("prune the layer cache", logging.Error, err)

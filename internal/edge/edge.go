@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -127,17 +126,15 @@ type Edge struct {
 	net     *sandboxnet.Network
 	netOff  string
 	stopDNS context.CancelFunc
+	// snaps keeps the node's snapshots, exports and pulled snapshots
+	// (snapstore.go), under a lock of its own.
+	snaps *snapshotStore
 
 	mu        sync.Mutex
-	boxes     map[sandboxid.ID]*sandbox          // guarded by mu
-	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
-	exports   map[string]*export                 // guarded by mu; by token
-	pulled    map[sandboxid.SnapshotID]*pulled   // guarded by mu
-	pulls     map[sandboxid.SnapshotID]*pull     // guarded by mu
-	fenced    map[string]time.Time               // guarded by mu; reservations taken over, when
-	peers     *http.Client                       // pulls from other edges; nil without PeerTLS
-	allocated usage                              // guarded by mu
-	diskMB    int64                              // guarded by mu; disk limits admitted on LayerDir
+	boxes     map[sandboxid.ID]*sandbox // guarded by mu
+	fenced    map[string]time.Time      // guarded by mu; reservations taken over, when
+	allocated usage                     // guarded by mu
+	diskMB    int64                     // guarded by mu; disk limits admitted on LayerDir
 	// diskPending is what snapshots and offloads being written hold of the
 	// state disk (reserveDiskFor), in bytes.
 	diskPending int64 // guarded by mu
@@ -200,12 +197,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
 		store: deps.Store, cache: cache, records: dirRecords{root: filepath.Join(cfg.StateDir, "sandboxes")},
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
-		boxes: map[sandboxid.ID]*sandbox{}, snapshots: map[sandboxid.SnapshotID]*snapshot{},
-		exports: map[string]*export{}, pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{},
+		boxes:  map[sandboxid.ID]*sandbox{},
 		fenced: map[string]time.Time{},
-		peers:  peerClient(cfg.PeerTLS),
 		stop:   make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
 	}
+	e.snaps = newSnapshotStore(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
 	}
@@ -252,7 +248,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if e.layers != nil {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
-	e.loadSnapshots()
+	e.snaps.load()
 	e.publishDisk() // what recovery found
 	e.wg.Add(5)
 	go e.transferLoop()

@@ -111,36 +111,6 @@ func (s *snapshot) parseSpec() error {
 	return protojson.Unmarshal(s.Spec, s.spec)
 }
 
-// loadSnapshots finds the snapshots a previous run left; the ephemeral
-// ones of an interrupted fork, and half-written ones (no description), are
-// deleted. One whose description this release cannot read (a newer
-// release's layout) is kept for the release that can, and not listed.
-func (e *Edge) loadSnapshots() {
-	root := filepath.Join(e.cfg.StateDir, "snapshots")
-	ents, _ := os.ReadDir(root)
-	for _, ent := range ents {
-		dir := filepath.Join(root, ent.Name())
-		data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
-		if err != nil {
-			e.log.Info("removing leftover snapshot directory", "dir", dir, logging.Error, err)
-			os.RemoveAll(dir)
-			continue
-		}
-		s, err := decodeSnapshot(data)
-		if err != nil {
-			e.log.Error("could not read a snapshot's description; it is kept", "dir", dir, logging.Error, err)
-			continue
-		}
-		if s.Ephemeral {
-			e.log.Info("removing an interrupted fork's snapshot", "dir", dir)
-			os.RemoveAll(dir)
-			continue
-		}
-		s.dir = dir
-		e.snapshots[s.ID] = s
-	}
-}
-
 // snapshotter returns the backend's snapshot capability or why it has none.
 func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
 	caps := be.Capabilities()
@@ -214,9 +184,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		os.RemoveAll(snap.dir)
 		return nil, began, info.Stopped, err
 	}
-	e.mu.Lock()
-	e.snapshots[snap.ID] = snap
-	e.mu.Unlock()
+	e.snaps.add(snap)
 	return snap, began, info.Stopped, nil
 }
 
@@ -276,7 +244,7 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if name != "" && e.snapshotNamed(sb.rec.Project, name) != nil {
+	if name != "" && e.snaps.named(sb.rec.Project, name) != nil {
 		return nil, errdefs.AlreadyExists("snapshot name %q: project %s has a snapshot of that name on node %s", name, sb.rec.Project, e.node)
 	}
 	snap, began, stopped, err := e.checkpoint(ctx, sb, false)
@@ -286,12 +254,12 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	if name != "" {
 		snap.Name = name
 		if err := snap.save(); err != nil {
-			e.dropSnapshot(snap) //nolint:errcheck // reporting the save's error
+			e.snaps.drop(snap) //nolint:errcheck // reporting the save's error
 			return nil, err
 		}
 	}
 	if _, err := e.bringBack(ctx, sb, snap, began, stopped); err != nil {
-		e.dropSnapshot(snap) //nolint:errcheck // reporting the restore's error
+		e.snaps.drop(snap) //nolint:errcheck // reporting the restore's error
 		return nil, err
 	}
 	return snap.proto(e.node), nil
@@ -299,51 +267,9 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
-// snapshotNamed is project's snapshot called name on this node, if any.
-func (e *Edge) snapshotNamed(project, name string) *snapshot {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, s := range e.snapshots {
-		if s.Name == name && s.Project == project && !s.Ephemeral {
-			return s
-		}
-	}
-	return nil
-}
-
-func (e *Edge) lookupSnapshot(id, scope string) (*snapshot, error) {
-	sid, node, err := sandboxid.ParseSnapshot(id)
-	if err != nil {
-		return nil, err
-	}
-	if node != e.node {
-		return nil, errdefs.NotFound("snapshot %s: held by node %s, not %s", id, node, e.node)
-	}
-	e.mu.Lock()
-	s, ok := e.snapshots[sid]
-	e.mu.Unlock()
-	if !ok || s.Ephemeral || !inScope(s.Project, scope) {
-		return nil, errdefs.NotFound("snapshot %s: no such snapshot", id)
-	}
-	return s, nil
-}
-
 // ListSnapshots lists the snapshots in scope, of one sandbox if given.
 func (e *Edge) ListSnapshots(scope, sandbox string) ([]*sandboxv1.Snapshot, error) {
-	e.mu.Lock()
-	var out []*sandboxv1.Snapshot
-	foreign := false // a snapshot of that sandbox outside the caller's scope
-	for _, s := range e.snapshots {
-		if s.Ephemeral || (sandbox != "" && string(s.SourceSandbox) != sandbox) {
-			continue
-		}
-		if inScope(s.Project, scope) {
-			out = append(out, s.proto(e.node))
-		} else {
-			foreign = true
-		}
-	}
-	e.mu.Unlock()
+	out, foreign := e.snaps.list(scope, sandbox)
 	if sandbox != "" && len(out) == 0 {
 		// Another project's sandbox is not found here, as in every other
 		// call; an empty list would say it exists. (The caller's own
@@ -361,21 +287,11 @@ func (e *Edge) ListSnapshots(scope, sandbox string) ([]*sandboxv1.Snapshot, erro
 
 // DeleteSnapshot deletes a snapshot and frees its storage.
 func (e *Edge) DeleteSnapshot(id, scope string) error {
-	s, err := e.lookupSnapshot(id, scope)
+	s, err := e.snaps.lookup(id, scope)
 	if err != nil {
 		return err
 	}
-	return e.dropSnapshot(s)
-}
-
-func (e *Edge) dropSnapshot(s *snapshot) error {
-	e.mu.Lock()
-	delete(e.snapshots, s.ID)
-	e.mu.Unlock()
-	if err := os.RemoveAll(s.dir); err != nil {
-		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
-	}
-	return nil
+	return e.snaps.drop(s)
 }
 
 // copyOptions are the differences a restored copy may have: its project
@@ -544,7 +460,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 		if src.Addr == "" || src.Token == "" {
 			return nil, errdefs.InvalidArgument("source: the holder's addr and the export's token are both required")
 		}
-		s, release, err := e.pulledSnapshot(ctx, sid, src)
+		s, release, err := e.snaps.pulledSnapshot(ctx, sid, src)
 		if err != nil {
 			return nil, err
 		}
@@ -553,7 +469,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 			return nil, errdefs.NotFound("snapshot %s: no such snapshot", snapID)
 		}
 		snap = s
-	} else if snap, err = e.lookupSnapshot(snapID, scope); err != nil {
+	} else if snap, err = e.snaps.lookup(snapID, scope); err != nil {
 		return nil, err
 	}
 	if project == "" {
@@ -640,7 +556,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		// Hashed for the manifest while the copies here start.
 		go func() {
 			defer close(exported)
-			export, exportErr = e.openExport(snap)
+			export, exportErr = e.snaps.openExport(snap)
 		}()
 	} else {
 		close(exported)
@@ -650,7 +566,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		if export != nil {
 			return // deleted when the export is released or lapses
 		}
-		if err := e.dropSnapshot(snap); err != nil {
+		if err := e.snaps.drop(snap); err != nil {
 			e.log.Error("drop fork snapshot", logging.Error, err)
 		}
 	}()

@@ -1,0 +1,350 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/snapxfer"
+)
+
+// snapshotStore keeps this node's snapshots (named ones, and a fork's
+// ephemeral one while its copies start), the exports that let other edges
+// pull them, and the snapshots pulled from other edges for restores here.
+// Its lock is its own, apart from the sandboxes' registry (Edge.mu): no
+// other lock is taken under it, and no I/O is done under it. What spans
+// sandboxes and snapshots (take one, start copies from it) is the edge's.
+type snapshotStore struct {
+	node       sandboxid.NodeID
+	dir        string       // this node's snapshots, one directory each
+	pulledRoot string       // snapshots pulled from other nodes
+	peers      *http.Client // pulls from other edges; nil without PeerTLS
+	log        *slog.Logger
+
+	mu        sync.Mutex
+	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
+	exports   map[string]*export                 // guarded by mu; by token
+	pulled    map[sandboxid.SnapshotID]*pulled   // guarded by mu
+	pulls     map[sandboxid.SnapshotID]*pull     // guarded by mu
+}
+
+func newSnapshotStore(node sandboxid.NodeID, stateDir string, peers *http.Client, log *slog.Logger) *snapshotStore {
+	return &snapshotStore{node: node, dir: filepath.Join(stateDir, "snapshots"), pulledRoot: filepath.Join(stateDir, "pulled"), peers: peers, log: log,
+		snapshots: map[sandboxid.SnapshotID]*snapshot{}, exports: map[string]*export{},
+		pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{}}
+}
+
+// add keeps a snapshot just written.
+func (st *snapshotStore) add(s *snapshot) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.snapshots[s.ID] = s
+}
+
+// list is the snapshots in scope, of one sandbox if given; foreign says a
+// snapshot of that sandbox is outside the scope.
+func (st *snapshotStore) list(scope, sandbox string) (out []*sandboxv1.Snapshot, foreign bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, s := range st.snapshots {
+		if s.Ephemeral || (sandbox != "" && string(s.SourceSandbox) != sandbox) {
+			continue
+		}
+		if inScope(s.Project, scope) {
+			out = append(out, s.proto(st.node))
+		} else {
+			foreign = true
+		}
+	}
+	return out, foreign
+}
+
+// imageDigests are the images the snapshots were taken on, whose layers
+// the cache keeps.
+func (st *snapshotStore) imageDigests() []string {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := make([]string, 0, len(st.snapshots))
+	for _, s := range st.snapshots {
+		out = append(out, s.ImageDigest)
+	}
+	return out
+}
+
+// openExport opens an export of snap. Callers must not hold st.mu (the
+// manifest hashes the snapshot's files).
+func (st *snapshotStore) openExport(snap *snapshot) (*edgev1.SnapshotExport, error) {
+	meta, err := snap.encode()
+	if err != nil {
+		return nil, err
+	}
+	m, err := snapxfer.Build(snap.dir, meta, snapshotFile)
+	if err != nil {
+		return nil, err
+	}
+	tok := make([]byte, 32)
+	rand.Read(tok) //nolint:errcheck // crypto/rand does not fail on Linux
+	x := &export{snap: snap, token: hex.EncodeToString(tok), manifest: m, expires: time.Now().Add(exportLease)}
+	st.mu.Lock()
+	st.exports[x.token] = x
+	st.mu.Unlock()
+	st.log.Info("snapshot exported", logging.SnapshotID, snap.ID, "size", m.Total(), "files", len(m.Files))
+	return &edgev1.SnapshotExport{SnapshotId: string(snap.ID), Token: x.token, SizeBytes: m.Total(), ExpiresAt: timestamppb.New(x.expires)}, nil
+}
+
+// export lets other edges pull a snapshot of this node for a while.
+func (st *snapshotStore) export(snapID, scope string) (*edgev1.SnapshotExport, error) {
+	snap, err := st.lookup(snapID, scope)
+	if err != nil {
+		return nil, err
+	}
+	return st.openExport(snap)
+}
+
+// releaseExport ends an export; an ephemeral (fork) snapshot with no other
+// export goes with it.
+func (st *snapshotStore) releaseExport(snapID, token string) error {
+	st.mu.Lock()
+	x, ok := st.exports[token]
+	if !ok || string(x.snap.ID) != snapID {
+		st.mu.Unlock()
+		return errdefs.NotFound("snapshot %s: no export with that token", snapID)
+	}
+	delete(st.exports, token)
+	drop := x.snap.Ephemeral && !st.exportedLocked(x.snap)
+	st.mu.Unlock()
+	if drop {
+		return st.drop(x.snap)
+	}
+	return nil
+}
+
+func (st *snapshotStore) exportedLocked(s *snapshot) bool {
+	for _, x := range st.exports {
+		if x.snap == s {
+			return true
+		}
+	}
+	return false
+}
+
+// exportedFile serves the files of exported snapshots to other edges.
+func (st *snapshotStore) exportedFile(id, token string) (string, *snapxfer.Manifest, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for tok, x := range st.exports {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(token)) == 1 && string(x.snap.ID) == id && time.Now().Before(x.expires) {
+			return x.snap.dir, x.manifest, nil
+		}
+	}
+	return "", nil, errdefs.PermissionDenied("snapshot %s: not exported to this token (or its lease ended)", errdefs.Clip(id, 140))
+}
+
+// pulledSnapshot returns the snapshot id, pulling it from src unless it is
+// here already, and counts a user of it until release is called.
+func (st *snapshotStore) pulledSnapshot(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.SnapshotSource) (*snapshot, func(), error) {
+	if st.peers == nil {
+		return nil, nil, errdefs.FailedPrecondition("snapshot %s is held by another node, and this edge has no certificate to pull it (edge.Config.PeerTLS)", id)
+	}
+	for {
+		st.mu.Lock()
+		if p, ok := st.pulled[id]; ok {
+			p.users++
+			st.mu.Unlock()
+			return p.snap, func() { st.releasePulled(id) }, nil
+		}
+		if p, ok := st.pulls[id]; ok {
+			st.mu.Unlock()
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+			if p.err != nil {
+				return nil, nil, p.err
+			}
+			continue
+		}
+		p := &pull{done: make(chan struct{})}
+		st.pulls[id] = p
+		st.mu.Unlock()
+		snap, err := st.fetch(context.WithoutCancel(ctx), id, src)
+		st.mu.Lock()
+		delete(st.pulls, id)
+		if err == nil {
+			st.pulled[id] = &pulled{snap: snap, lastUsed: time.Now()}
+		}
+		p.err = err
+		st.mu.Unlock()
+		close(p.done)
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+func (st *snapshotStore) releasePulled(id sandboxid.SnapshotID) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if p, ok := st.pulled[id]; ok {
+		p.users--
+		p.lastUsed = time.Now()
+	}
+}
+
+// pulledDir is where pulled snapshots are kept, apart from this node's own.
+func (st *snapshotStore) pulledDir(id sandboxid.SnapshotID) string {
+	return filepath.Join(st.pulledRoot, string(id))
+}
+
+// fetch copies a snapshot from its holder and reads its description.
+func (st *snapshotStore) fetch(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.SnapshotSource) (*snapshot, error) {
+	log := st.log.With(logging.SnapshotID, id, "from", src.Addr)
+	began := time.Now()
+	dir := st.pulledDir(id)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	m, err := snapxfer.Pull(ctx, snapxfer.Source{Client: st.peers, BaseURL: "https://" + src.Addr, ID: string(id), Token: src.Token}, dir, nil)
+	if err != nil {
+		// What arrived stays for a retry to resume, until the sweep.
+		log.Warn("snapshot pull failed", logging.Error, err)
+		return nil, err
+	}
+	s, err := decodeSnapshot(m.Snapshot)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("snapshot %s: the holder's description: %v", id, err)
+	}
+	if s.ID != id {
+		return nil, errdefs.FailedPrecondition("snapshot %s: the holder described snapshot %q", id, s.ID)
+	}
+	s.dir = dir
+	log.Info("snapshot pulled", "size", m.Total(), "took", time.Since(began).Round(time.Millisecond))
+	return s, nil
+}
+
+// sweep ends lapsed exports and drops pulled snapshots nobody
+// restored from for pulledIdle, and pulls left half done as long.
+func (st *snapshotStore) sweep(now time.Time) {
+	var drop []*snapshot
+	var dirs []string
+	st.mu.Lock()
+	for tok, x := range st.exports {
+		if now.After(x.expires) {
+			delete(st.exports, tok)
+			if x.snap.Ephemeral && !st.exportedLocked(x.snap) {
+				drop = append(drop, x.snap)
+			}
+		}
+	}
+	for id, p := range st.pulled {
+		if p.users == 0 && now.Sub(p.lastUsed) > pulledIdle {
+			delete(st.pulled, id)
+			dirs = append(dirs, p.snap.dir)
+		}
+	}
+	ents, _ := os.ReadDir(st.pulledRoot)
+	for _, ent := range ents {
+		id := sandboxid.SnapshotID(ent.Name())
+		_, kept := st.pulled[id]
+		_, pulling := st.pulls[id]
+		if fi, err := ent.Info(); err == nil && !kept && !pulling && now.Sub(fi.ModTime()) > pulledIdle {
+			dirs = append(dirs, st.pulledDir(id))
+		}
+	}
+	st.mu.Unlock()
+	for _, s := range drop {
+		st.log.Info("export lease ended; fork snapshot deleted", logging.SnapshotID, s.ID)
+		if err := st.drop(s); err != nil {
+			st.log.Warn("drop a lapsed fork snapshot", logging.Error, err)
+		}
+	}
+	for _, d := range dirs {
+		if err := os.RemoveAll(d); err != nil {
+			st.log.Warn("drop a pulled snapshot", "dir", d, logging.Error, err)
+		}
+	}
+}
+
+// load finds the snapshots a previous run left; the ephemeral
+// ones of an interrupted fork, and half-written ones (no description), are
+// deleted. One whose description this release cannot read (a newer
+// release's layout) is kept for the release that can, and not listed.
+func (st *snapshotStore) load() {
+	root := st.dir
+	ents, _ := os.ReadDir(root)
+	for _, ent := range ents {
+		dir := filepath.Join(root, ent.Name())
+		data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+		if err != nil {
+			st.log.Info("removing leftover snapshot directory", "dir", dir, logging.Error, err)
+			os.RemoveAll(dir)
+			continue
+		}
+		s, err := decodeSnapshot(data)
+		if err != nil {
+			st.log.Error("could not read a snapshot's description; it is kept", "dir", dir, logging.Error, err)
+			continue
+		}
+		if s.Ephemeral {
+			st.log.Info("removing an interrupted fork's snapshot", "dir", dir)
+			os.RemoveAll(dir)
+			continue
+		}
+		s.dir = dir
+		st.snapshots[s.ID] = s
+	}
+}
+
+// named is project's snapshot called name on this node, if any.
+func (st *snapshotStore) named(project, name string) *snapshot {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, s := range st.snapshots {
+		if s.Name == name && s.Project == project && !s.Ephemeral {
+			return s
+		}
+	}
+	return nil
+}
+
+func (st *snapshotStore) lookup(id, scope string) (*snapshot, error) {
+	sid, node, err := sandboxid.ParseSnapshot(id)
+	if err != nil {
+		return nil, err
+	}
+	if node != st.node {
+		return nil, errdefs.NotFound("snapshot %s: held by node %s, not %s", id, node, st.node)
+	}
+	st.mu.Lock()
+	s, ok := st.snapshots[sid]
+	st.mu.Unlock()
+	if !ok || s.Ephemeral || !inScope(s.Project, scope) {
+		return nil, errdefs.NotFound("snapshot %s: no such snapshot", id)
+	}
+	return s, nil
+}
+
+func (st *snapshotStore) drop(s *snapshot) error {
+	st.mu.Lock()
+	delete(st.snapshots, s.ID)
+	st.mu.Unlock()
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
+	}
+	return nil
+}
