@@ -1,4 +1,4 @@
-package hostile
+package crash
 
 import (
 	"context"

@@ -1,4 +1,8 @@
-package hostile
+// Package crash kills dsec up with SIGKILL during creates, forks, snapshots
+// and task pauses, and preempts whole tasks: afterwards nothing is lost or
+// stuck. It was part of test/e2e/hostile, split off so that neither
+// package comes near its timeout on a busy machine.
+package crash
 
 import (
 	"bufio"
