@@ -1,12 +1,11 @@
 package main
 
 import (
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // allowedDeps is every package outside the standard library that the
@@ -43,18 +42,11 @@ var allowedDeps = struct{ modules, ours []string }{
 // TestTheAgentLinksOnlyWhatItMay pins the agent's dependencies, as
 // tailscale's depaware pins its binaries' (see allowedDeps).
 func TestTheAgentLinksOnlyWhatItMay(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out, err := exec.Command(goTool, "list", "-deps", "-f",
-		"{{if not .Standard}}{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}{{end}}", ".").Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
+	out := testutil.GoList(t, "-deps", "-f",
+		"{{if not .Standard}}{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}{{end}}", ".")
 	const self = "github.com/opendsec/opendsec"
 	modules, ours := map[string]bool{}, map[string]bool{}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		pkg, module, _ := strings.Cut(line, " ")
 		if module == self {
 			ours[strings.TrimPrefix(pkg, self+"/")] = true
