@@ -32,7 +32,7 @@ const (
 // sandbox's lock itself. Callers hold sb.mu.
 func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 	ht, ok := sb.be.(backend.HostThreads)
-	if !ok || !e.compactable(sb, now) {
+	if !ok || !sb.compactable(now) {
 		return
 	}
 	n := ht.HostThreads(sb.id)
@@ -56,7 +56,7 @@ func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 // compactable reports whether sb is running and quiet. Calls are counted
 // under sb.mu (ensureRunning), which callers hold, so none can start while
 // a compaction that saw none runs. Callers hold sb.mu.
-func (e *Edge) compactable(sb *sandbox, now time.Time) bool {
+func (sb *sandbox) compactable(now time.Time) bool {
 	return sb.rec.State == stateRunning && sb.calls.Load() == 0 &&
 		now.Sub(sb.lastCall()) >= compactQuiet && now.Sub(sb.compacted) >= compactEvery
 }

@@ -158,7 +158,9 @@ func (e *Edge) networkedRecords() []string {
 	// A record this release cannot read keeps its veth, for the release
 	// that can.
 	for id := range unreadable {
-		out = append(out, string(id))
+		if id != "" { // "": the directory itself could not be read
+			out = append(out, string(id))
+		}
 	}
 	return out
 }

@@ -69,7 +69,7 @@ func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.P
 	if sb.rec.State == stateRunning || sb.rec.State == statePaused {
 		defer sb.beginPause()()
 	}
-	if why := e.cannotOffload(sb); why != "" {
+	if why := sb.cannotOffload(); why != "" {
 		return 0, why, e.pauseLocked(ctx, sb)
 	}
 	released, note, err = e.offloadLocked(ctx, sb)
@@ -83,7 +83,7 @@ func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.P
 }
 
 // cannotOffload says why sb's memory cannot go to disk ("" if it can).
-func (e *Edge) cannotOffload(sb *sandbox) string {
+func (sb *sandbox) cannotOffload() string {
 	caps := sb.be.Capabilities()
 	_, snaps := sb.be.(backend.Snapshotter)
 	_, releases := sb.be.(backend.Releaser)
@@ -114,9 +114,9 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 		return 0, "", errdefs.FailedPrecondition("sandbox %s is %s; only a running or paused sandbox can be offloaded", sb.id, sb.rec.State)
 	}
 	sn := sb.be.(backend.Snapshotter)
-	before := e.heldMemoryOf(sb)
+	before := sb.heldMemory()
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(e.node), Dir: offloadDir(sb)}
-	release, err := e.reserveDiskFor(sb.dir, e.stateSizeOf(sb), "offloading sandbox "+string(sb.id))
+	release, err := e.reserveDiskFor(sb.dir, sb.stateSize(), "offloading sandbox "+string(sb.id))
 	if err != nil {
 		return 0, "", err
 	}
@@ -178,7 +178,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	if err := sb.save(); err != nil {
 		return 0, "", err
 	}
-	after := e.heldMemoryOf(sb)
+	after := sb.heldMemory()
 	released := max(before-after, 0)
 	log.Info("sandbox offloaded", "took", time.Since(began).Round(time.Millisecond), "memory_released", released, "before", before, "after", after)
 	return released, note, nil
@@ -187,22 +187,22 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 // offloadTimeout bounds one offload once it has begun.
 const offloadTimeout = 5 * time.Minute
 
-// memoryOf is sb's memory use as its backend reads it (0 if it cannot).
-func (e *Edge) memoryOf(sb *sandbox) int64 {
-	return e.usageOf(sb).MemoryBytes
+// memory is sb's memory use as its backend reads it (0 if it cannot).
+func (sb *sandbox) memory() int64 {
+	return sb.usage().MemoryBytes
 }
 
-// heldMemoryOf is what of sb's memory the kernel cannot simply drop: its
+// heldMemory is what of sb's memory the kernel cannot simply drop: its
 // use less all page cache of files. What an offload gives back is the fall
 // of it; the checkpoint the offload writes is page cache charged to the
 // sandbox, and under a busy disk much of it is still there, recently used,
 // when the offload ends.
-func (e *Edge) heldMemoryOf(sb *sandbox) int64 {
-	return e.usageOf(sb).HeldBytes()
+func (sb *sandbox) heldMemory() int64 {
+	return sb.usage().HeldBytes()
 }
 
-// usageOf reads sb's use from its backend; zero if it cannot be read.
-func (e *Edge) usageOf(sb *sandbox) backend.Usage {
+// usage reads sb's use from its backend; zero if it cannot be read.
+func (sb *sandbox) usage() backend.Usage {
 	ur, ok := sb.be.(backend.UsageReader)
 	if !ok {
 		return backend.Usage{}
@@ -214,11 +214,11 @@ func (e *Edge) usageOf(sb *sandbox) backend.Usage {
 	return u
 }
 
-// stateSizeOf bounds what a checkpoint of sb writes: its memory in use
+// stateSize bounds what a checkpoint of sb writes: its memory in use
 // (a gVisor sandbox's root file system is in it) and what its writable
 // layer holds, and a little for the checkpoint's own files.
-func (e *Edge) stateSizeOf(sb *sandbox) int64 {
-	need := e.memoryOf(sb) + 16<<20
+func (sb *sandbox) stateSize() int64 {
+	need := sb.memory() + 16<<20
 	if sb.rec.LayerDir != "" {
 		if used, _, err := layerfs.Usage(sb.rec.LayerDir); err == nil {
 			need += used

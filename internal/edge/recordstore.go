@@ -40,7 +40,8 @@ type recordStore interface {
 	Delete(id sandboxid.ID) error
 	// List reads every record, upgraded. Those that cannot be read (a
 	// newer release's layout, one changed by hand) are kept where they
-	// are and reported in unreadable.
+	// are and reported in unreadable; a listing that failed whole is
+	// reported there under the empty id.
 	List() (recs []*record, unreadable map[sandboxid.ID]error)
 }
 

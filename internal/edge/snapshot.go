@@ -150,7 +150,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		AgentKey: sb.rec.AgentKey, spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
-	release, err := e.reserveDiskFor(e.cfg.StateDir, e.stateSizeOf(sb), "a snapshot of sandbox "+string(sb.id))
+	release, err := e.reserveDiskFor(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
 	if err != nil {
 		return nil, began, false, err
 	}
