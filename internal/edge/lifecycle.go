@@ -10,7 +10,9 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
-func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
+// freeze stops sb's processes where they are (the backend's Pause) and
+// starts its paused lifetime. Callers hold sb.mu.
+func (sb *sandbox) freeze(ctx context.Context) error {
 	switch sb.rec.State {
 	case statePaused:
 		return nil
@@ -26,9 +28,9 @@ func (e *Edge) pauseLocked(ctx context.Context, sb *sandbox) error {
 	if err := p.Pause(ctx, sb.id); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pause sandbox %s", sb.id)
 	}
-	e.stopClock(sb)
+	sb.stopClock()
 	sb.rec.State = statePaused
-	e.log.Info("sandbox paused", logging.SandboxID, sb.id)
+	sb.log.Info("sandbox paused")
 	return sb.save()
 }
 
@@ -70,7 +72,7 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 			return err
 		}
 	}
-	e.startClock(sb)
+	sb.startClock()
 	sb.rec.State, sb.rec.PausedTask = stateRunning, false
 	e.log.Info("sandbox resumed", logging.SandboxID, sb.id)
 	return sb.save()

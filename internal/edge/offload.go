@@ -58,7 +58,7 @@ func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.Pa
 func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.PauseDepth) (released int64, note string, err error) {
 	switch depth {
 	case sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE:
-		return 0, "", e.pauseLocked(ctx, sb)
+		return 0, "", sb.freeze(ctx)
 	case sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD:
 	default:
 		return 0, "", errdefs.InvalidArgument("depth %d: want FREEZE or OFFLOAD", depth)
@@ -70,12 +70,12 @@ func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.P
 		defer sb.beginPause()()
 	}
 	if why := sb.cannotOffload(); why != "" {
-		return 0, why, e.pauseLocked(ctx, sb)
+		return 0, why, sb.freeze(ctx)
 	}
 	released, note, err = e.offloadLocked(ctx, sb)
 	if err != nil && (sb.rec.State == stateRunning || sb.rec.State == statePaused) {
 		// It still runs (or is frozen): a pause it still gets.
-		if ferr := e.pauseLocked(ctx, sb); ferr == nil {
+		if ferr := sb.freeze(ctx); ferr == nil {
 			return 0, "frozen, not offloaded: " + err.Error(), nil
 		}
 	}
@@ -140,7 +140,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 		// The checkpoint is whole: from here an edge that goes down
 		// finishes the offload at its restart (recover.go) instead of
 		// taking a sandbox the release is ending for running.
-		e.stopClock(sb)
+		sb.stopClock()
 		sb.rec.Offloaded, sb.rec.State = string(ref.ID), statePaused
 		if serr := sb.save(); serr != nil {
 			err = serr
@@ -160,7 +160,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	if err != nil {
 		os.RemoveAll(ref.Dir)
 		if sb.rec.Offloaded != "" {
-			e.startClock(sb)
+			sb.startClock()
 			sb.rec.Offloaded, sb.rec.State = "", stateRunning
 		}
 		sb.rec.Checkpoint = ""
@@ -173,7 +173,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	}
 	sb.rec.Checkpoint = "" // Offloaded names it from now on
 	sb.rec.Offloaded = string(ref.ID)
-	e.stopClock(sb)
+	sb.stopClock()
 	sb.rec.State = statePaused
 	if err := sb.save(); err != nil {
 		return 0, "", err
@@ -254,27 +254,27 @@ func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
 // stopClock starts a pause's lifetime: the time to live stands still
 // (kept in TimeoutLeft) and the sandbox is removed if it stays paused for
 // PausedLifetime. Callers hold sb.mu.
-func (e *Edge) stopClock(sb *sandbox) {
+func (sb *sandbox) stopClock() {
 	if sb.rec.State == statePaused {
 		return // already stopped
 	}
 	sb.rec.TimeoutLeft = max(time.Until(sb.rec.ExpiresAt), 0)
-	sb.rec.ExpiresAt = time.Now().Add(e.cfg.PausedLifetime)
-	e.wakeExpiry()
+	sb.rec.ExpiresAt = time.Now().Add(sb.host.pausedLifetime())
+	sb.host.wakeExpiry()
 }
 
 // startClock ends a pause's lifetime: the time to live goes on from
 // where it stopped, or, for a sandbox its time to live had paused, starts
 // afresh from its spec's (else it would be paused again at once).
 // Callers hold sb.mu.
-func (e *Edge) startClock(sb *sandbox) {
+func (sb *sandbox) startClock() {
 	left := sb.rec.TimeoutLeft
 	if left <= 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
 		left = time.Duration(sb.rec.spec.GetTimeoutSeconds()) * time.Second
 	}
 	sb.rec.ExpiresAt = time.Now().Add(left)
 	sb.rec.TimeoutLeft = 0
-	e.wakeExpiry()
+	sb.host.wakeExpiry()
 }
 
 // expire ends a sandbox the expiry loop picked, holding its lock from

@@ -65,7 +65,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	if !ok {
 		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
 	}
-	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be, e.records)
+	sb := e.newSandbox(rec, be)
 	r := rec.spec.Resources
 	// A failed sandbox holds nothing once its backend has nothing of it;
 	// one whose removal failed before the restart is retried here, and
@@ -167,7 +167,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	case err != nil:
 	case rec.State == statePaused && st.State == backend.StateRunning:
 		// Resumed just before the edge died: its clock runs again.
-		e.startClock(sb)
+		sb.startClock()
 		rec.State = stateRunning
 	case rec.State == stateRunning && st.State == backend.StatePaused:
 		// The edge's own pause was in flight (a VM stops for its snapshot

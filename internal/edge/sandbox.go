@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -41,6 +42,9 @@ type sandbox struct {
 	proj string // immutable
 	// records is where save writes rec (the edge's record store).
 	records recordStore
+	// host is what it reaches of the edge that runs it.
+	host host
+	log  *slog.Logger // the edge's, with its id
 
 	// view is the latest published description. Readers (Get, List,
 	// Status) use it without the lifecycle lock, so a slow create or removal
@@ -95,10 +99,22 @@ type sandbox struct {
 	end   context.CancelFunc
 }
 
-func newSandbox(rec *record, node sandboxid.NodeID, dir string, be backend.Backend, records recordStore) *sandbox {
-	sb := &sandbox{id: rec.ID, node: node, dir: dir, be: be, proj: rec.Project, rec: rec, records: records, slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
+// host is what a sandbox reaches of the edge that runs it; the rest of
+// its lifecycle is its own.
+type host interface {
+	// wakeExpiry tells the expiry loop that a deadline changed.
+	wakeExpiry()
+	// pausedLifetime is how long a paused sandbox is kept.
+	pausedLifetime() time.Duration
+}
+
+func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }
+
+// newSandbox is the sandbox of rec on backend be, on this edge.
+func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
+	sb := &sandbox{id: rec.ID, node: e.node, dir: e.sandboxDir(rec.ID), be: be, proj: rec.Project, rec: rec, records: e.records, host: e, log: e.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
-	sb.view.Store(rec.proto(node))
+	sb.view.Store(rec.proto(e.node))
 	return sb
 }
 
@@ -270,7 +286,7 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 	}
 	e.diskMB += disk
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
-	sb := newSandbox(rec, e.node, e.sandboxDir(rec.ID), be, e.records)
+	sb := e.newSandbox(rec, be)
 	e.boxes[rec.ID] = sb
 	e.usageSeq++
 	sb.admitSeq = e.usageSeq
