@@ -377,7 +377,7 @@ func TestEndedOnceRemovedOrFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	failed.mu.Lock()
-	f.edge.failLocked(ctx, failed, "test")
+	failed.fail(ctx, "test")
 	failed.mu.Unlock()
 	for name, sb := range map[string]*sandbox{"removed": removed, "failed": failed} {
 		select {

@@ -94,7 +94,7 @@ func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now tim
 	isDown, since := sb.link.Down()
 	if !isDown {
 		delete(down, sb.id)
-		if e.heartbeat(sb, now) {
+		if sb.heartbeat(now) {
 			return
 		}
 		e.maybeCompact(sb, now)
@@ -114,14 +114,14 @@ func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now tim
 	if alive && now.Sub(since) < agentAbsence {
 		return // the agent is redialling
 	}
-	reason := e.whyDead(ctx, sb, alive)
+	reason := sb.whyDead(ctx, alive)
 	delete(down, sb.id)
-	e.failLocked(ctx, sb, reason)
+	sb.fail(ctx, reason)
 }
 
 // whyDead says why a sandbox stopped answering, as precisely as the
 // backend can tell.
-func (e *Edge) whyDead(ctx context.Context, sb *sandbox, backendAlive bool) string {
+func (sb *sandbox) whyDead(ctx context.Context, backendAlive bool) string {
 	if d, ok := sb.be.(backend.Diagnoser); ok {
 		if why := d.Diagnose(ctx, sb.id); why != "" {
 			return why
@@ -133,11 +133,11 @@ func (e *Edge) whyDead(ctx context.Context, sb *sandbox, backendAlive bool) stri
 	return "it ended: its agent and every process in it are gone"
 }
 
-// failLocked marks a sandbox failed with reason, removes what it holds on
+// fail marks a sandbox failed with reason, removes what it holds on
 // the node (processes, mounts, cgroups, writable layer) and frees its
 // capacity; the record stays for the reason to be read. Callers hold sb.mu.
-func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
-	log := e.log.With(logging.SandboxID, sb.id)
+func (sb *sandbox) fail(ctx context.Context, reason string) {
+	log := sb.log
 	log.Warn("sandbox failed", "reason", reason)
 	if sb.link != nil {
 		sb.link.Fail(errdefs.FailedPrecondition("sandbox %s failed: %s", sb.id, reason))
@@ -148,15 +148,13 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 		log.Error("remove a failed sandbox's processes and mounts", logging.Error, err)
 		reason += "; removing what it left failed (stop it to retry): " + err.Error()
 	} else {
-		if sb.rec.LayerDir != "" && e.layers != nil {
-			if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
-				log.Error("remove a failed sandbox's writable layer", logging.Error, err)
-			}
+		if err := sb.host.removeLayer(sb.rec.LayerDir); err != nil {
+			log.Error("remove a failed sandbox's writable layer", logging.Error, err)
 		}
-		if err := e.detachNetwork(ctx, sb); err != nil {
+		if err := sb.host.detachNetwork(ctx, sb); err != nil {
 			log.Error("detach a failed sandbox from the network", logging.Error, err)
 		}
-		e.release(sb)
+		sb.host.release(sb)
 	}
 	sb.rec.State, sb.rec.Message = stateFailed, reason
 	sb.end()
@@ -168,24 +166,24 @@ func (e *Edge) failLocked(ctx context.Context, sb *sandbox, reason string) {
 // heartbeat asks an idle sandbox's agent whether it answers, acts on the
 // answers so far, and reports whether it failed the sandbox. Callers hold
 // sb.mu.
-func (e *Edge) heartbeat(sb *sandbox, now time.Time) bool {
+func (sb *sandbox) heartbeat(now time.Time) bool {
 	hb := &sb.hb
 	// A runtime stopped from the node (SIGSTOP to gVisor's sentry or to
 	// QEMU) answers nothing, SIGCONT from inside included: it is reported
 	// as soon as a check has gone unanswered for hostStopCheck.
 	if pid := hb.stoppedPid.Load(); pid != 0 {
-		e.failLocked(context.Background(), sb, fmt.Sprintf("its runtime process (pid %d) was stopped by a signal on the node (SIGSTOP); nothing in it answers", pid))
+		sb.fail(context.Background(), fmt.Sprintf("its runtime process (pid %d) was stopped by a signal on the node (SIGSTOP); nothing in it answers", pid))
 		return true
 	}
 	if strikes := hb.strikes.Load(); strikes > 0 && !hb.running.Load() {
 		if strikes >= heartbeatStrikes {
-			e.failLocked(context.Background(), sb, fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered, and SIGCONT did not help)", strikes, heartbeatTimeout))
+			sb.fail(context.Background(), fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered, and SIGCONT did not help)", strikes, heartbeatTimeout))
 			return true
 		}
 		if !hb.continued.Load() {
 			hb.continued.Store(true)
 			if c, ok := sb.be.(backend.Continuer); ok {
-				e.log.Warn("agent did not answer a health check; sending its sandbox's first process SIGCONT", logging.SandboxID, sb.id)
+				sb.log.Warn("agent did not answer a health check; sending its sandbox's first process SIGCONT")
 				c.Continue(context.Background(), sb.id) //nolint:errcheck // the next check tells
 			}
 		}

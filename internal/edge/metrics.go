@@ -62,7 +62,7 @@ func (e *Edge) metricsLoop() {
 			return
 		case now := <-tick.C:
 			for _, sb := range e.all() {
-				e.recordMetrics(sb, now)
+				sb.recordMetrics(now)
 			}
 			e.publishDisk()
 		}
@@ -71,7 +71,7 @@ func (e *Edge) metricsLoop() {
 
 // recordMetrics takes one sample of sb, if its backend can read its use
 // and it is running or paused.
-func (e *Edge) recordMetrics(sb *sandbox, now time.Time) {
+func (sb *sandbox) recordMetrics(now time.Time) {
 	ur, ok := sb.be.(backend.UsageReader)
 	if !ok {
 		return

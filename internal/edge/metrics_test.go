@@ -29,9 +29,9 @@ func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
 	}
 	t0 := first[0].Time.AsTime()
 	f.fake.SetUsage(sb.id, backend.Usage{CPUNanos: uint64(500 * time.Millisecond), MemoryBytes: 1 << 40, LimitBytes: 1 << 50})
-	f.edge.recordMetrics(sb, t0.Add(time.Second))
+	sb.recordMetrics(t0.Add(time.Second))
 	f.fake.SetUsage(sb.id, backend.Usage{CPUNanos: uint64(600 * time.Millisecond), MemoryBytes: 1 << 20})
-	f.edge.recordMetrics(sb, t0.Add(2*time.Second))
+	sb.recordMetrics(t0.Add(2 * time.Second))
 	all, _ := f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
 	if len(all) != 3 {
 		t.Fatalf("%d samples, want 3", len(all))
@@ -59,7 +59,7 @@ func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
 		t.Fatalf("another project: %v", err)
 	}
 	for i := 0; i < metricsKept+5; i++ {
-		f.edge.recordMetrics(sb, t0.Add(time.Duration(3+i)*time.Second))
+		sb.recordMetrics(t0.Add(time.Duration(3+i) * time.Second))
 	}
 	all, _ = f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
 	if len(all) != metricsKept || !all[len(all)-1].Time.AsTime().Equal(t0.Add(time.Duration(metricsKept+7)*time.Second)) {

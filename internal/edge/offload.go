@@ -165,7 +165,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 		}
 		sb.rec.Checkpoint = ""
 		if info != nil && info.Stopped {
-			e.failLocked(ctx, sb, "offloading it failed and stopped it: "+err.Error())
+			sb.fail(ctx, "offloading it failed and stopped it: "+err.Error())
 		} else if serr := sb.save(); serr != nil {
 			log.Warn("record that the offload is over", logging.Error, serr)
 		}

@@ -113,7 +113,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	// stays, with the reason, until it is stopped or its time runs out;
 	// what is left of it on the node is removed and its capacity freed.
 	if err := e.adoptNetwork(ctx, sb); err != nil {
-		e.failLocked(ctx, sb, "lost its network while the edge was down: "+err.Error())
+		sb.fail(ctx, "lost its network while the edge was down: "+err.Error())
 		return nil
 	}
 	if sb.net != nil {
@@ -125,7 +125,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		// (a stopped runtime container, for a restore in place); that it
 		// does not run is expected.
 		if _, err := os.Stat(offloadDir(sb)); err != nil {
-			e.failLocked(ctx, sb, "its offloaded memory is gone: "+err.Error())
+			sb.fail(ctx, "its offloaded memory is gone: "+err.Error())
 			return nil
 		}
 		be.Recover(ctx, rec.Handle, bspec) //nolint:errcheck // see above
@@ -134,7 +134,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 			// release: what still runs is ended, as the release would.
 			if r, ok := be.(backend.Releaser); ok {
 				if err := r.Release(ctx, rec.ID); err != nil {
-					e.failLocked(ctx, sb, "its offload was cut by the edge going down, and what still ran of it could not be ended: "+err.Error())
+					sb.fail(ctx, "its offload was cut by the edge going down, and what still ran of it could not be ended: "+err.Error())
 					return nil
 				}
 				e.log.Info("finished an offload the edge's restart cut", logging.SandboxID, rec.ID)
@@ -155,7 +155,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 			err = fmt.Errorf("%w; restoring it from the checkpoint in flight failed: %v", err, rerr)
 		}
 		rec.Checkpoint = ""
-		e.failLocked(ctx, sb, "lost while the edge was down: "+err.Error())
+		sb.fail(ctx, "lost while the edge was down: "+err.Error())
 		return nil
 	}
 	if rec.Checkpoint != "" {
@@ -174,7 +174,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		// or a fork's, or a pause not yet recorded): it runs again.
 		if p, ok := be.(backend.Pauser); ok {
 			if err := p.Resume(ctx, rec.ID); err != nil {
-				e.failLocked(ctx, sb, "stopped by a snapshot in flight when the edge went down, and could not be resumed: "+err.Error())
+				sb.fail(ctx, "stopped by a snapshot in flight when the edge went down, and could not be resumed: "+err.Error())
 				return nil
 			}
 			e.log.Info("resumed: it was stopped for a snapshot in flight when the edge went down", logging.SandboxID, rec.ID)

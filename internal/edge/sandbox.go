@@ -106,9 +106,22 @@ type host interface {
 	wakeExpiry()
 	// pausedLifetime is how long a paused sandbox is kept.
 	pausedLifetime() time.Duration
+	// release gives back what sb was admitted with, once.
+	release(sb *sandbox)
+	// removeLayer removes a writable layer the node made.
+	removeLayer(dir string) error
+	// detachNetwork takes sb off the node's sandbox network.
+	detachNetwork(ctx context.Context, sb *sandbox) error
 }
 
 func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }
+
+func (e *Edge) removeLayer(dir string) error {
+	if dir == "" || e.layers == nil {
+		return nil
+	}
+	return e.layers.Remove(dir)
+}
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
@@ -500,7 +513,7 @@ func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
 	if err := sb.save(); err != nil {
 		return err
 	}
-	e.recordMetrics(sb, time.Now()) // the first sample: its use from the start
+	sb.recordMetrics(time.Now()) // the first sample: its use from the start
 	return nil
 }
 

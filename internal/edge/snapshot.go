@@ -174,7 +174,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 			// runsc kills a sandbox whose checkpoint failed: it is failed,
 			// with the reason, until a stop removes it (never silently gone).
 			log.Error("snapshot failed and stopped the sandbox", logging.Error, serr)
-			e.failLocked(context.WithoutCancel(ctx), sb, "a snapshot failed and stopped it: "+serr.Error())
+			sb.fail(context.WithoutCancel(ctx), "a snapshot failed and stopped it: "+serr.Error())
 			return nil, began, false, errdefs.Wrap(errdefs.ErrUnavailable, serr, "snapshot %s failed and the backend stopped the sandbox", sb.id)
 		}
 		return nil, began, false, fmt.Errorf("snapshot %s: %w", sb.id, serr)
@@ -215,7 +215,7 @@ func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began
 		if err := e.restoreInPlace(ctx, sb, snap.ref()); err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
 			sb.rec.Checkpoint = ""
-			e.failLocked(context.WithoutCancel(ctx), sb, "it could not be restored after a snapshot: "+err.Error())
+			sb.fail(context.WithoutCancel(ctx), "it could not be restored after a snapshot: "+err.Error())
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
 		}
 		if err := sb.markCheckpoint(""); err != nil {
