@@ -125,9 +125,24 @@ func (e *Edge) removeLayer(dir string) error {
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
-	sb := &sandbox{id: rec.ID, node: e.node, dir: e.sandboxDir(rec.ID), be: be, proj: rec.Project, rec: rec, records: e.records, host: e, log: e.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), records: e.records, host: e, log: e.log})
+}
+
+// sandboxEnv is where a sandbox lives and what it reaches.
+type sandboxEnv struct {
+	node    sandboxid.NodeID
+	dir     string // its directory
+	records recordStore
+	host    host
+	log     *slog.Logger
+}
+
+// makeSandbox is the sandbox of rec on backend be in env.
+func makeSandbox(rec *record, be backend.Backend, env sandboxEnv) *sandbox {
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, be: be, proj: rec.Project, rec: rec, records: env.records, host: env.host,
+		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
-	sb.view.Store(rec.proto(e.node))
+	sb.view.Store(rec.proto(env.node))
 	return sb
 }
 
