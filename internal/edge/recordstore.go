@@ -116,6 +116,9 @@ func (s dirRecords) List() ([]*record, map[sandboxid.ID]error) {
 	var recs []*record
 	bad := map[sandboxid.ID]error{}
 	for _, ent := range ents {
+		if !ent.IsDir() {
+			continue // not a sandbox's directory (recovery removes it)
+		}
 		id := sandboxid.ID(ent.Name())
 		r, err := s.Get(id)
 		switch {

@@ -136,8 +136,9 @@ func TestRecordLayoutErrors(t *testing.T) {
 }
 
 // A node downgraded past a layout change keeps the sandboxes it cannot
-// read, with their directories, processes and layers; upgraded again, it
-// re-attaches them.
+// read, with their directories and veths, and sweeps nothing while they
+// are there; upgraded again, it re-attaches them. A stray file among the
+// sandboxes' directories is no record and is removed.
 func TestARecordOfANewerLayoutIsKept(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	ctx := context.Background()
@@ -158,18 +159,25 @@ func TestARecordOfANewerLayoutIsKept(t *testing.T) {
 		t.Fatal("the record of a newer layout was removed")
 	}
 	if !e2.recoveryIncomplete {
-		t.Fatal("recovery says it read every record")
+		t.Fatal("recovery says it read every record: it would sweep what the record names")
 	}
-	if st, err := f.fake.Status(ctx, id); err != nil || st.State != backend.StateRunning {
-		t.Fatalf("the sandbox's processes were swept: %+v %v", st, err)
+	if got := e2.networkedRecords(); len(got) != 1 || got[0] != string(id) {
+		t.Fatalf("veths kept at start: %v; want the unreadable record's", got)
 	}
 	e2.Close()
 
 	editRecord(t, dir, func(m map[string]any) { m["layout"] = len(recordUpgrades) })
+	stray := filepath.Join(filepath.Dir(dir), "stray")
+	if err := os.WriteFile(stray, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	e3 := f.open(t, smallCapacity())
 	got, err := e3.Get(sb.Id, "root")
 	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after the upgrade back: %v %v; want it running", got, err)
+	}
+	if e3.recoveryIncomplete || exists(stray) {
+		t.Fatalf("a stray file: recovery incomplete %v, file kept %v; want it removed and the sweeps on", e3.recoveryIncomplete, exists(stray))
 	}
 }
 

@@ -31,6 +31,10 @@ func (e *Edge) recover(ctx context.Context) {
 	}
 	for _, ent := range ents {
 		dir := filepath.Join(root, ent.Name())
+		if !ent.IsDir() {
+			e.removeOrphanDir(dir, errors.New("not a sandbox's directory"))
+			continue
+		}
 		rec, err := e.records.Get(sandboxid.ID(ent.Name()))
 		if errors.Is(err, fs.ErrNotExist) {
 			e.removeOrphanDir(dir, err)

@@ -70,8 +70,9 @@ var snapshotUpgrades = []func(map[string]json.RawMessage) error{
 
 // encode is the snapshot's description in this release's layout.
 func (s *snapshot) encode() ([]byte, error) {
-	s.Layout = len(snapshotUpgrades)
-	return json.MarshalIndent(s, "", " ")
+	c := *s // exports of one snapshot encode it at once
+	c.Layout = len(snapshotUpgrades)
+	return json.MarshalIndent(&c, "", " ")
 }
 
 // decodeSnapshot reads a snapshot description of any layout this release

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -290,9 +292,13 @@ func (st *snapshotStore) load() {
 	for _, ent := range ents {
 		dir := filepath.Join(root, ent.Name())
 		data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
-		if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
 			st.log.Info("removing leftover snapshot directory", "dir", dir, logging.Error, err)
 			os.RemoveAll(dir)
+			continue
+		}
+		if err != nil {
+			st.log.Error("could not read a snapshot's description; it is kept", "dir", dir, logging.Error, err)
 			continue
 		}
 		s, err := decodeSnapshot(data)
