@@ -58,7 +58,7 @@ func (f *Firecracker) snapshot(ctx context.Context, bx *box, g Guest, ref backen
 // reopens the disks and the vsock socket by the relative names in the
 // snapshot, in the copy's directory) and maps its memory file privately,
 // so copies share its pages copy-on-write.
-func (f *Firecracker) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) error {
+func (f *Firecracker) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
 	if err := f.configured(bx); err != nil {
 		return err
 	}
@@ -67,6 +67,10 @@ func (f *Firecracker) restore(ctx context.Context, bx *box, g Guest, ref backend
 	}
 	vm, err := f.start(ctx, bx, g)
 	if err != nil {
+		return err
+	}
+	if err := started(); err != nil {
+		vm.kill()
 		return err
 	}
 	err = vm.api.loadSnapshot(ctx, fcSnapshotLoad{SnapshotPath: filepath.Join(ref.Dir, "state"),

@@ -115,7 +115,7 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 
 // restore starts a QEMU that maps the snapshot's RAM file privately
 // (copy-on-write), takes the device state in and runs on.
-func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) error {
+func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
 	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
 	if err := bx.saveGuest(g); err != nil {
 		return err
@@ -126,6 +126,9 @@ func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.Snapsh
 	fail := func(err error) error {
 		bx.kill(0) //nolint:errcheck // reporting err
 		return err
+	}
+	if err := started(); err != nil {
+		return fail(err)
 	}
 	m, err := dialQMP(ctx, bx.qmpSock())
 	if err != nil {

@@ -182,10 +182,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err != nil {
 		return nil, err
 	}
-	if err := v.restore(ctx, bx, g, ref); err != nil {
-		return nil, err
-	}
-	if err := b.limitGuestCPU(bx, g, v); err != nil {
+	if err := v.restore(ctx, bx, g, ref, func() error { return b.limitGuestCPU(bx, g, v) }); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()

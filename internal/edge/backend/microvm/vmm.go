@@ -36,8 +36,10 @@ type vmm interface {
 	// needs to ref.Dir; the source runs on.
 	snapshot(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error)
 	// restore starts a copy, g, in bx from the snapshot in ref (the caller
-	// made the copy's disks), and leaves it running.
-	restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) error
+	// made the copy's disks), and leaves it running; started runs as soon
+	// as its VMM runs, before the copy takes its state in (the CPU limit),
+	// and ends the copy if it fails.
+	restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error
 	// consoleTail is the end of the guest's console.
 	consoleTail(ctx context.Context, bx *box, g Guest) string
 	// reattach takes a running guest back after an edge restart.
