@@ -404,10 +404,12 @@ func TestTimeoutZeroEndsItNow(t *testing.T) {
 	}
 }
 
-// A sandbox the expiry loop picked whose time to live was set again
-// before the removal took its lock is kept: the answered timeout wins.
-// (The check and the removal once took the lock apart, and a timeout
-// answered between them was undone.)
+// expire decides on a sandbox's deadline under the same hold of its
+// lock as the removal: one whose time to live was set again after the
+// loop picked it is kept, and a new time to live asked while the removal
+// runs waits for it and fails; it is never answered for a sandbox that is
+// then removed. (The check and the removal once took the lock apart, and
+// a timeout answered between them was undone.)
 func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	ctx := context.Background()
@@ -431,12 +433,39 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("after a new timeout: %v %v; want it running", got, err)
 	}
-	// Still past its deadline: removed.
+
+	// Past its deadline, with its removal held open: a new timeout waits.
+	gate := make(chan struct{})
+	f.fake.Knobs.DestroyGate = gate
 	sb.mu.Lock()
 	sb.rec.ExpiresAt = time.Now().Add(-time.Second)
 	sb.mu.Unlock()
-	if err := f.edge.expire(sb); err != nil {
+	removed := make(chan error, 1)
+	go func() { removed <- f.edge.expire(sb) }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if v := sb.published(); v.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the removal did not start")
+		}
+	}
+	answered := make(chan error, 1)
+	go func() {
+		_, err := f.edge.SetTimeout(made.Id, "root", 3600)
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a new timeout was answered (%v) while the removal ran", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-removed; err != nil {
 		t.Fatal(err)
+	}
+	if err := <-answered; err == nil {
+		t.Fatal("a new timeout was answered OK for a sandbox that was removed")
 	}
 	waitGone(t, f.edge, made.Id, 5*time.Second)
 }

@@ -7,8 +7,10 @@
 //   - controlplane: IAM, quotas, projects, placement across nodes, the CLI,
 //     the daemons run apart, service installs (mostly the fake backend);
 //   - sandboxes: each real backend, fork, liveness, sessions across nodes;
-//   - hostile: hostile sandbox code and clients, kill -9 of dsec up, a full
-//     disk, task pause drills, fuzzed API, gateway and port requests;
+//   - hostile: hostile sandbox code and clients, a full disk, fuzzed API,
+//     gateway and port requests;
+//   - crash: kill -9 of dsec up during creates, forks, snapshots and task
+//     pauses, and task pause drills;
 //   - network: sandbox networks against an internet of the test's own, and
 //     the E2B gateway.
 //

@@ -52,6 +52,9 @@ type Knobs struct {
 	// Snapshot, so a test holds a pause under way (a checkpoint takes
 	// seconds) until it sends or closes.
 	PauseGate chan struct{}
+	// DestroyGate, if set, is received from at the start of each Destroy,
+	// so a test holds a removal under way until it sends or closes.
+	DestroyGate chan struct{}
 }
 
 // waitGate waits for the PauseGate knob, if set.
@@ -287,6 +290,13 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 
 // Destroy stops and forgets.
 func (b *Backend) Destroy(ctx context.Context, id sandboxid.ID) error {
+	if g := b.Knobs.DestroyGate; g != nil {
+		select {
+		case <-g:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if err, _ := b.failures(); err != nil {
 		return err
 	}
