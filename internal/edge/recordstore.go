@@ -113,17 +113,25 @@ func (s dirRecords) List() ([]*record, map[sandboxid.ID]error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, map[sandboxid.ID]error{"": err}
 	}
+	var ids []sandboxid.ID
+	for _, ent := range ents {
+		if ent.IsDir() { // else not a sandbox's directory (recovery removes it)
+			ids = append(ids, sandboxid.ID(ent.Name()))
+		}
+	}
+	return readRecords(ids, s.Get)
+}
+
+// readRecords reads the records of ids with get for List: one that is
+// not there (a directory without a record, one deleted meanwhile) is
+// left out, one that cannot be read is reported.
+func readRecords(ids []sandboxid.ID, get func(sandboxid.ID) (*record, error)) ([]*record, map[sandboxid.ID]error) {
 	var recs []*record
 	bad := map[sandboxid.ID]error{}
-	for _, ent := range ents {
-		if !ent.IsDir() {
-			continue // not a sandbox's directory (recovery removes it)
-		}
-		id := sandboxid.ID(ent.Name())
-		r, err := s.Get(id)
+	for _, id := range ids {
+		r, err := get(id)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			// A directory without a record: not this store's to judge.
 		case err != nil:
 			bad[id] = err
 		default:
@@ -178,17 +186,5 @@ func (s *memRecords) List() ([]*record, map[sandboxid.ID]error) {
 	}
 	s.mu.Unlock()
 	slices.Sort(ids)
-	var recs []*record
-	bad := map[sandboxid.ID]error{}
-	for _, id := range ids {
-		r, err := s.Get(id)
-		switch {
-		case errors.Is(err, fs.ErrNotExist): // deleted meanwhile
-		case err != nil:
-			bad[id] = err
-		default:
-			recs = append(recs, r)
-		}
-	}
-	return recs, bad
+	return readRecords(ids, s.Get)
 }
