@@ -151,7 +151,7 @@ func (sb *sandbox) fail(ctx context.Context, reason string) {
 		if err := sb.host.removeLayer(sb.rec.LayerDir); err != nil {
 			log.Error("remove a failed sandbox's writable layer", logging.Error, err)
 		}
-		if err := sb.host.detachNetwork(ctx, sb); err != nil {
+		if err := sb.detachNetwork(ctx); err != nil {
 			log.Error("detach a failed sandbox from the network", logging.Error, err)
 		}
 		sb.host.release(sb)

@@ -7,7 +7,6 @@ import (
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
-	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // freeze stops sb's processes where they are (the backend's Pause) and
@@ -42,13 +41,15 @@ func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if err := e.resumeLocked(ctx, sb); err != nil {
+	if err := sb.resumeLocked(ctx); err != nil {
 		return nil, err
 	}
 	return sb.published(), nil
 }
 
-func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
+// resumeLocked continues sb where its pause left it: an offloaded one
+// read back from its checkpoint, a frozen one thawed. Callers hold sb.mu.
+func (sb *sandbox) resumeLocked(ctx context.Context) error {
 	switch sb.rec.State {
 	case stateRunning:
 		return nil
@@ -57,7 +58,7 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 		return errdefs.FailedPrecondition("sandbox %s is %s; only a paused sandbox can be resumed", sb.id, sb.rec.State)
 	}
 	if sb.rec.Offloaded != "" {
-		if err := e.restoreOffloaded(ctx, sb); err != nil {
+		if err := sb.host.restoreOffloaded(ctx, sb); err != nil {
 			return err
 		}
 	} else {
@@ -68,13 +69,13 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 		if err := p.Resume(ctx, sb.id); err != nil {
 			return errdefs.Wrap(errdefs.ErrUnavailable, err, "resume sandbox %s", sb.id)
 		}
-		if err := e.relinkLocked(ctx, sb); err != nil {
+		if err := sb.relinkLocked(ctx); err != nil {
 			return err
 		}
 	}
 	sb.startClock()
 	sb.rec.State, sb.rec.PausedTask = stateRunning, false
-	e.log.Info("sandbox resumed", logging.SandboxID, sb.id)
+	sb.log.Info("sandbox resumed")
 	return sb.save()
 }
 
@@ -84,7 +85,7 @@ func (e *Edge) resumeLocked(ctx context.Context, sb *sandbox) error {
 // The call is counted (callStarted) under the sandbox's lock, so a
 // compaction, which checks the count under it, never cuts a call that got
 // this far; the caller ends it with callEnded.
-func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*agentlink.Link, error) {
+func (sb *sandbox) ensureRunning(ctx context.Context, resume bool) (*agentlink.Link, error) {
 	if !resume && sb.pausing.Load() {
 		// Not after the pause's lock: a checkpoint takes seconds, and a
 		// probe (E2B's is_running) must hear "paused" from its start.
@@ -101,7 +102,7 @@ func (e *Edge) ensureRunning(ctx context.Context, sb *sandbox, resume bool) (*ag
 		if sb.rec.spec.GetExplicitResume() {
 			return nil, errdefs.FailedPrecondition("sandbox %s is paused and resumes only when asked (it was created with explicit_resume); resume it first", sb.id)
 		}
-		if err := e.resumeLocked(ctx, sb); err != nil {
+		if err := sb.resumeLocked(ctx); err != nil {
 			return nil, err
 		}
 	case stateFailed:

@@ -12,7 +12,6 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
-	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
@@ -194,18 +193,18 @@ func (e *Edge) checkPolicy(field string, network *sandboxv1.NetworkPolicy) error
 
 // attachNetwork gives a sandbox whose spec asks for a network its
 // namespace and policy, and records its address. Callers hold sb.mu.
-func (e *Edge) attachNetwork(ctx context.Context, sb *sandbox) error {
+func (sb *sandbox) attachNetwork(ctx context.Context) error {
 	if sb.rec.spec.Network == nil {
 		return nil
 	}
-	if e.net == nil {
-		return errdefs.FailedPrecondition("network: node %s runs without sandbox networking (%s); create the sandbox without a network policy", e.node, e.netOff)
+	if sb.nodeNet == nil {
+		return errdefs.FailedPrecondition("network: node %s runs without sandbox networking (%s); create the sandbox without a network policy", sb.node, sb.nodeNetOff)
 	}
 	p, err := policyOf(sb.rec)
 	if err != nil {
 		return err
 	}
-	l, err := e.net.Attach(ctx, string(sb.id), netip.Addr{}, p)
+	l, err := sb.nodeNet.Attach(ctx, string(sb.id), netip.Addr{}, p)
 	if err != nil {
 		return err
 	}
@@ -216,12 +215,12 @@ func (e *Edge) attachNetwork(ctx context.Context, sb *sandbox) error {
 
 // adoptNetwork takes back a recovered sandbox's attachment. Callers hold
 // sb.mu.
-func (e *Edge) adoptNetwork(ctx context.Context, sb *sandbox) error {
+func (sb *sandbox) adoptNetwork(ctx context.Context) error {
 	if sb.rec.spec.Network == nil {
 		return nil
 	}
-	if e.net == nil {
-		return errdefs.FailedPrecondition("its network cannot be re-attached: the edge now runs without sandbox networking (%s)", e.netOff)
+	if sb.nodeNet == nil {
+		return errdefs.FailedPrecondition("its network cannot be re-attached: the edge now runs without sandbox networking (%s)", sb.nodeNetOff)
 	}
 	addr, err := netip.ParseAddr(sb.rec.NetAddr)
 	if err != nil {
@@ -231,7 +230,7 @@ func (e *Edge) adoptNetwork(ctx context.Context, sb *sandbox) error {
 	if err != nil {
 		return err
 	}
-	l, err := e.net.Adopt(ctx, string(sb.id), addr, p)
+	l, err := sb.nodeNet.Adopt(ctx, string(sb.id), addr, p)
 	if err != nil {
 		return err
 	}
@@ -241,15 +240,15 @@ func (e *Edge) adoptNetwork(ctx context.Context, sb *sandbox) error {
 
 // detachNetwork removes what attachNetwork made (or what a crash before
 // the record named the address left). Callers hold sb.mu.
-func (e *Edge) detachNetwork(ctx context.Context, sb *sandbox) error {
-	if e.net == nil || sb.rec.spec.Network == nil {
+func (sb *sandbox) detachNetwork(ctx context.Context) error {
+	if sb.nodeNet == nil || sb.rec.spec.Network == nil {
 		return nil
 	}
 	var err error
 	if sb.net != nil {
-		err = e.net.Detach(ctx, sb.net)
+		err = sb.nodeNet.Detach(ctx, sb.net)
 	} else {
-		err = e.net.Forget(ctx, string(sb.id))
+		err = sb.nodeNet.Forget(ctx, string(sb.id))
 	}
 	if err != nil {
 		return fmt.Errorf("detach sandbox %s from the network: %w", sb.id, err)
@@ -265,6 +264,12 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if err != nil {
 		return nil, err
 	}
+	return sb.updateNetwork(ctx, req)
+}
+
+// updateNetwork changes sb's policy by exactly what req says and returns
+// its description as it then is.
+func (sb *sandbox) updateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRequest) (*sandboxv1.Sandbox, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
@@ -273,7 +278,7 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if sb.rec.spec.Network == nil || sb.net == nil {
 		return nil, errdefs.FailedPrecondition("sandbox %s has no network (loopback only); a network policy is chosen at create", sb.id)
 	}
-	old, err := e.net.Policy(sb.net)
+	old, err := sb.nodeNet.Policy(sb.net)
 	if err != nil {
 		return nil, err
 	}
@@ -281,16 +286,37 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if err != nil {
 		return nil, err
 	}
-	if err := e.net.Node().CheckPolicy("the updated policy's rules", p); err != nil {
+	if err := sb.nodeNet.Node().CheckPolicy("the updated policy's rules", p); err != nil {
 		return nil, err
 	}
-	if err := e.net.Update(ctx, sb.net, p); err != nil {
+	if err := sb.nodeNet.Update(ctx, sb.net, p); err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "update the network policy of %s", sb.id)
 	}
 	sb.rec.spec.Network = sandboxspec.NetworkPolicyProto(p, sb.rec.spec.Network)
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	e.log.Info("sandbox network policy updated", logging.SandboxID, sb.id, "rules", len(p.Rules), "internet", p.Internet)
+	sb.log.Info("sandbox network policy updated", "rules", len(p.Rules), "internet", p.Internet)
 	return sb.published(), nil
+}
+
+// sandboxNetwork is the node's sandbox network as a sandbox uses it
+// (sandboxnet.Network).
+type sandboxNetwork interface {
+	Attach(ctx context.Context, name string, addr netip.Addr, p netpolicy.Policy) (*sandboxnet.Link, error)
+	Adopt(ctx context.Context, name string, addr netip.Addr, p netpolicy.Policy) (*sandboxnet.Link, error)
+	Policy(l *sandboxnet.Link) (netpolicy.Policy, error)
+	Update(ctx context.Context, l *sandboxnet.Link, p netpolicy.Policy) error
+	Detach(ctx context.Context, l *sandboxnet.Link) error
+	Forget(ctx context.Context, name string) error
+	Node() sandboxnet.Node
+}
+
+// network is the node's sandbox network for its sandboxes; nil (not a
+// nil pointer in an interface) without one.
+func (e *Edge) network() sandboxNetwork {
+	if e.net == nil {
+		return nil
+	}
+	return e.net
 }

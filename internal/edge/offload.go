@@ -106,7 +106,7 @@ func (sb *sandbox) cannotOffload() string {
 // Callers hold sb.mu.
 func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, error) {
 	if sb.rec.State == statePaused {
-		if err := e.resumeLocked(ctx, sb); err != nil {
+		if err := sb.resumeLocked(ctx); err != nil {
 			return 0, "", err
 		}
 	}
@@ -301,7 +301,7 @@ func (e *Edge) expire(sb *sandbox) error {
 		e.log.Error("pause a sandbox whose time to live ran out; removing it", logging.SandboxID, sb.id, logging.Error, err)
 	}
 	e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
-	return e.destroyLocked(context.Background(), sb)
+	return sb.destroyLocked(context.Background())
 }
 
 // TaskResult is what a task-wide call did to one sandbox.
@@ -369,7 +369,7 @@ func (e *Edge) ResumeTask(ctx context.Context, task, scope string) ([]TaskResult
 		if sb.rec.State != statePaused {
 			return 0, "", nil, false
 		}
-		return 0, "", e.resumeLocked(ctx, sb), true
+		return 0, "", sb.resumeLocked(ctx), true
 	}), nil
 }
 

@@ -134,7 +134,7 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	if public && !netp.GetAllowPublicTraffic() {
 		return portCall{}, nil, errdefs.Unauthenticated("sandbox %s: its ports need an API key (it was not created with allow_public_traffic)", id)
 	}
-	if _, err := e.ensureRunning(r.Context(), sb, true); err != nil {
+	if _, err := sb.ensureRunning(r.Context(), true); err != nil {
 		return portCall{}, nil, err
 	}
 	// A port request says nothing of the agent: it does not excuse a heartbeat.

@@ -116,7 +116,7 @@ func (e *Edge) AgentProxy() http.Handler {
 			}
 			defer release()
 		}
-		link, err := e.ensureRunning(r.Context(), sb, r.Header.Get(headers.NoResume) == "")
+		link, err := sb.ensureRunning(r.Context(), r.Header.Get(headers.NoResume) == "")
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return

@@ -102,7 +102,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	defer sb.mu.Unlock()
 	if rec.Handle == nil || (rec.State != stateRunning && rec.State != statePaused) {
 		// Interrupted while being created or removed: finish the removal.
-		return e.removeLocked(ctx, sb)
+		return sb.removeLocked(ctx)
 	}
 	bspec, err := e.recoverSpec(ctx, rec)
 	if err != nil {
@@ -116,7 +116,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	// A sandbox that cannot come back is failed, never dropped: its record
 	// stays, with the reason, until it is stopped or its time runs out;
 	// what is left of it on the node is removed and its capacity freed.
-	if err := e.adoptNetwork(ctx, sb); err != nil {
+	if err := sb.adoptNetwork(ctx); err != nil {
 		sb.fail(ctx, "lost its network while the edge was down: "+err.Error())
 		return nil
 	}
@@ -195,23 +195,6 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	return sb.save()
 }
 
-// relinkLocked waits, for a VM re-attached while it was stopped, until its
-// agent serves the new edge: WaitServing drops a connection that does not
-// answer, so the guest sees its host go and opens its port afresh.
-// Callers hold sb.mu.
-func (e *Edge) relinkLocked(ctx context.Context, sb *sandbox) error {
-	if !sb.relink || sb.link == nil {
-		return nil
-	}
-	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
-	defer cancel()
-	if err := sb.link.WaitServing(wait); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "sandbox %s: its agent does not answer since the edge restarted", sb.id)
-	}
-	sb.relink = false
-	return nil
-}
-
 // relinkSoon runs relinkLocked for a running sb in the background, once
 // recovery has let go of it. A failure is left to the health loop.
 func (e *Edge) relinkSoon(sb *sandbox) {
@@ -223,7 +206,7 @@ func (e *Edge) relinkSoon(sb *sandbox) {
 		if sb.rec.State != stateRunning {
 			return
 		}
-		if err := e.relinkLocked(context.Background(), sb); err != nil {
+		if err := sb.relinkLocked(context.Background()); err != nil {
 			e.log.Warn("re-attached VM", logging.SandboxID, sb.id, logging.Error, err)
 		}
 	}()

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +37,14 @@ type sandbox struct {
 	id   sandboxid.ID
 	node sandboxid.NodeID
 	dir  string
-	be   backend.Backend
-	proj string // immutable
+	// runDir holds its agent's socket (Config.RunBase; kept short for
+	// the socket's path).
+	runDir string
+	// agentTimeout is how long its agent has to connect (or, re-attached,
+	// answer).
+	agentTimeout time.Duration
+	be           backend.Backend
+	proj         string // immutable
 	// records is where save writes rec (the edge's record store).
 	records recordStore
 	// host is what it reaches of the edge that runs it.
@@ -55,6 +60,10 @@ type sandbox struct {
 	rec  *record          // guarded by mu
 	link *agentlink.Link  // guarded by mu; nil once removed
 	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
+	// nodeNet is the node's sandbox network it attaches to (nil: the
+	// node runs without one, and nodeNetOff says why).
+	nodeNet    sandboxNetwork
+	nodeNetOff string
 	// released is set once, under mu, when its capacity is given back (it
 	// failed and nothing of it is left); Status reads it without mu.
 	released atomic.Bool
@@ -110,8 +119,11 @@ type host interface {
 	release(sb *sandbox)
 	// removeLayer removes a writable layer the node made.
 	removeLayer(dir string) error
-	// detachNetwork takes sb off the node's sandbox network.
-	detachNetwork(ctx context.Context, sb *sandbox) error
+	// forget unregisters a removed sb and releases its capacity.
+	forget(sb *sandbox)
+	// restoreOffloaded reads an offloaded sb back in place from its
+	// checkpoint. Callers hold sb.mu.
+	restoreOffloaded(ctx context.Context, sb *sandbox) error
 }
 
 func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }
@@ -125,13 +137,20 @@ func (e *Edge) removeLayer(dir string) error {
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
-	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), records: e.records, host: e, log: e.log})
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, records: e.records, host: e, log: e.log})
 }
 
 // sandboxEnv is where a sandbox lives and what it reaches.
 type sandboxEnv struct {
-	node    sandboxid.NodeID
-	dir     string // its directory
+	node   sandboxid.NodeID
+	dir    string // its directory
+	runDir string // its run directory (the agent's socket)
+	// agentTimeout is how long its agent has to connect or answer.
+	agentTimeout time.Duration
+	// net is the node's sandbox network; nil without one, and netOff
+	// says why.
+	net     sandboxNetwork
+	netOff  string
 	records recordStore
 	host    host
 	log     *slog.Logger
@@ -139,7 +158,7 @@ type sandboxEnv struct {
 
 // makeSandbox is the sandbox of rec on backend be in env.
 func makeSandbox(rec *record, be backend.Backend, env sandboxEnv) *sandbox {
-	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, be: be, proj: rec.Project, rec: rec, records: env.records, host: env.host,
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, be: be, proj: rec.Project, rec: rec, records: env.records, host: env.host,
 		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.proto(env.node))
@@ -286,7 +305,7 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	}
 	log := e.log.With(logging.SandboxID, rec.ID, logging.Backend, be.Name())
 	if err := e.start(ctx, sb, im); err != nil {
-		if cerr := e.discard(context.WithoutCancel(ctx), sb); cerr != nil {
+		if cerr := sb.discard(context.WithoutCancel(ctx)); cerr != nil {
 			log.Error("clean up a sandbox that failed to start", logging.Error, cerr)
 		}
 		return nil, err
@@ -464,7 +483,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	if err := e.ensureAgentStaged(); err != nil {
 		return err
 	}
-	if err := e.attachNetwork(ctx, sb); err != nil {
+	if err := sb.attachNetwork(ctx); err != nil {
 		return err
 	}
 	bspec := e.backendSpec(rec, layers, im.Config.Config)
@@ -483,152 +502,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
 		return err
 	}
-	if err := e.running(ctx, sb, false); err != nil {
+	if err := sb.running(ctx, false); err != nil {
 		return err
 	}
 	return e.startService(ctx, sb, im.Config.Config.Labels)
-}
-
-// running waits for the agent, gives a restored copy its own identity (a
-// new sandbox's came with its agent's command line) and marks it running.
-// Callers hold sb.mu.
-func (e *Edge) running(ctx context.Context, sb *sandbox, restored bool) error {
-	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
-	defer cancel()
-	ready := agentReady(sb)
-	if restored && sb.be.Capabilities().LinkBeforeAgent { // the identity is the first request (one round trip less)
-		ready = func(ctx context.Context) error { return sb.link.WaitServingWith(ctx, e.identityCall(sb)) }
-	}
-	if err := ready(wait); err != nil {
-		if errors.Is(err, errIdentity) {
-			return err
-		}
-		detail := consoleTail(sb.dir)
-		if cr, ok := sb.be.(backend.ConsoleReader); ok {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			if t := cr.ConsoleTail(cctx, sb.id); t != "" {
-				detail = t
-			}
-			cancel()
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return errdefs.Unavailable("sandbox %s: the agent did not connect within %s; console: %s", sb.id, e.cfg.AgentTimeout, detail)
-	}
-	if restored && !sb.be.Capabilities().LinkBeforeAgent {
-		if err := e.freshIdentity(ctx, sb); err != nil {
-			return err
-		}
-	}
-	sb.rec.State = stateRunning
-	sb.started.Store(time.Now().UnixNano())
-	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
-	e.wakeExpiry()
-	if err := sb.save(); err != nil {
-		return err
-	}
-	sb.recordMetrics(time.Now()) // the first sample: its use from the start
-	return nil
-}
-
-// agentReady is how to wait for sb's agent: its connection, or, for a
-// backend whose link precedes its agent (a VM's), its first answer.
-func agentReady(sb *sandbox) func(context.Context) error {
-	if sb.be.Capabilities().LinkBeforeAgent {
-		return sb.link.WaitServing
-	}
-	return sb.link.WaitReady
-}
-
-func consoleTail(dir string) string {
-	data, err := os.ReadFile(filepath.Join(dir, "console.log"))
-	if err != nil || len(data) == 0 {
-		return "(empty)"
-	}
-	if len(data) > 1024 {
-		data = data[len(data)-1024:]
-	}
-	return strings.TrimSpace(string(data))
-}
-
-// discard removes a sandbox that never became usable.
-func (e *Edge) discard(ctx context.Context, sb *sandbox) error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return e.removeLocked(ctx, sb)
-}
-
-// removeLocked destroys the backend's sandbox, closes the link, deletes the
-// directory and unregisters. Callers hold sb.mu. On failure the record
-// stays, so the removal can be retried and nothing is silently leaked.
-func (e *Edge) removeLocked(ctx context.Context, sb *sandbox) error {
-	// Destroy even without a handle: a crash can come after the backend
-	// made something and before its handle was saved, and backends find
-	// what a sandbox left by its id.
-	if err := sb.be.Destroy(ctx, sb.id); err != nil {
-		sb.rec.Message = "removal failed: " + err.Error()
-		sb.save() //nolint:errcheck // best effort; the error is returned
-		return fmt.Errorf("destroy sandbox %s: %w", sb.id, err)
-	}
-	// Its processes are gone: what is connected to its ports is cut now,
-	// even if a later step of the removal fails and is retried.
-	sb.end()
-	if sb.link != nil {
-		sb.link.Close()
-		sb.link = nil
-	}
-	if err := e.detachNetwork(ctx, sb); err != nil {
-		return err
-	}
-	// What is still mounted in the sandbox's directory (its rootfs, after
-	// such a crash) is unmounted here, deepest first.
-	if mounts, _ := rootfs.MountsUnder(sb.dir); len(mounts) > 0 {
-		for i := len(mounts) - 1; i >= 0; i-- {
-			rootfs.Unmount(mounts[i]) //nolint:errcheck // checked below
-		}
-		if still, _ := rootfs.MountsUnder(sb.dir); len(still) > 0 {
-			return fmt.Errorf("sandbox %s: still mounted after destroy: %v", sb.id, still)
-		}
-	}
-	if sb.rec.LayerDir != "" && e.layers != nil {
-		if err := e.layers.Remove(sb.rec.LayerDir); err != nil {
-			return fmt.Errorf("remove sandbox %s writable layer: %w", sb.id, err)
-		}
-	}
-	// The run directory goes first: the sandbox directory (with its record)
-	// is what a crash between the two needs to find to finish the removal.
-	os.RemoveAll(e.runDir(sb.id)) //nolint:errcheck // only the socket and two small files were in it
-	if err := os.RemoveAll(sb.dir); err != nil {
-		return fmt.Errorf("remove sandbox %s directory: %w", sb.id, err)
-	}
-	if err := e.records.Delete(sb.id); err != nil {
-		return fmt.Errorf("remove sandbox %s record: %w", sb.id, err)
-	}
-	e.forget(sb)
-	sb.removed = true
-	return nil
-}
-
-// destroy stops and removes a sandbox.
-func (e *Edge) destroy(ctx context.Context, sb *sandbox) error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return e.destroyLocked(ctx, sb)
-}
-
-// destroyLocked is destroy with the sandbox's lock held.
-func (e *Edge) destroyLocked(ctx context.Context, sb *sandbox) error {
-	if sb.removed {
-		return nil // removed meanwhile
-	}
-	sb.rec.State = stateStopping
-	sb.save() //nolint:errcheck // the removal below decides
-	err := e.removeLocked(ctx, sb)
-	if err == nil {
-		e.log.Info("sandbox removed", logging.SandboxID, sb.id)
-	}
-	return err
 }
 
 // Destroy stops and removes a sandbox the caller may see, and returns its
@@ -638,7 +515,7 @@ func (e *Edge) Destroy(ctx context.Context, id, scope string) (*sandboxv1.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	if err := e.destroy(ctx, sb); err != nil {
+	if err := sb.destroy(ctx); err != nil {
 		return nil, err
 	}
 	return sb.published(), nil
@@ -652,7 +529,7 @@ func (e *Edge) DestroyAll(ctx context.Context, scope string) (int, error) {
 		if !inScope(sb.project(), scope) {
 			continue
 		}
-		if err := e.destroy(ctx, sb); err != nil {
+		if err := sb.destroy(ctx); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -723,10 +600,16 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
+	return sb.setTimeout(seconds)
+}
+
+// setTimeout sets sb's time to live to seconds from now (0: it ends now)
+// and returns its description as it then is.
+func (sb *sandbox) setTimeout(seconds int64) (*sandboxv1.Sandbox, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
-		return nil, errdefs.FailedPrecondition("sandbox %s is %s", id, sb.rec.State)
+		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)
 	}
 	switch {
 	case sb.rec.State == statePaused && seconds == 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
@@ -748,7 +631,7 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	e.wakeExpiry()
+	sb.host.wakeExpiry()
 	return sb.published(), nil
 }
 

@@ -3,6 +3,8 @@ package edge
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,21 +12,47 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // fakeHost is an edge as a sandbox reaches it, counting what it is asked.
 type fakeHost struct {
-	wakes, released, layersRemoved, detached int
-	lifetime                                 time.Duration
+	wakes, released, layersRemoved, forgotten int
+	net                                       fakeNetwork
+	lifetime                                  time.Duration
 }
 
-func (h *fakeHost) wakeExpiry()                                   { h.wakes++ }
-func (h *fakeHost) pausedLifetime() time.Duration                 { return h.lifetime }
-func (h *fakeHost) release(*sandbox)                              { h.released++ }
-func (h *fakeHost) removeLayer(dir string) error                  { h.layersRemoved++; return nil }
-func (h *fakeHost) detachNetwork(context.Context, *sandbox) error { h.detached++; return nil }
+func (h *fakeHost) wakeExpiry()                   { h.wakes++ }
+func (h *fakeHost) pausedLifetime() time.Duration { return h.lifetime }
+func (h *fakeHost) release(*sandbox)              { h.released++ }
+func (h *fakeHost) removeLayer(dir string) error  { h.layersRemoved++; return nil }
+func (h *fakeHost) forget(sb *sandbox)            { h.forgotten++; h.release(sb) }
+func (h *fakeHost) restoreOffloaded(context.Context, *sandbox) error {
+	return errors.New("the fake host offloads nothing")
+}
+
+// fakeNetwork is a node's sandbox network that counts what it is asked.
+type fakeNetwork struct{ attached, detached, forgotten int }
+
+func (n *fakeNetwork) Attach(_ context.Context, name string, _ netip.Addr, _ netpolicy.Policy) (*sandboxnet.Link, error) {
+	n.attached++
+	return &sandboxnet.Link{Sandbox: sandboxnet.Sandbox{Name: name, Addr: netip.MustParseAddr("10.0.0.2")}}, nil
+}
+func (n *fakeNetwork) Adopt(ctx context.Context, name string, _ netip.Addr, p netpolicy.Policy) (*sandboxnet.Link, error) {
+	return n.Attach(ctx, name, netip.Addr{}, p)
+}
+func (n *fakeNetwork) Policy(*sandboxnet.Link) (netpolicy.Policy, error) {
+	return netpolicy.Policy{}, nil
+}
+func (n *fakeNetwork) Update(context.Context, *sandboxnet.Link, netpolicy.Policy) error {
+	return nil
+}
+func (n *fakeNetwork) Detach(context.Context, *sandboxnet.Link) error { n.detached++; return nil }
+func (n *fakeNetwork) Forget(context.Context, string) error           { n.forgotten++; return nil }
+func (n *fakeNetwork) Node() sandboxnet.Node                          { return sandboxnet.Node{} }
 
 // hostedSandbox is a running sandbox of the fake backend with a fake host
 // and records in memory: no edge, no root.
@@ -34,12 +62,18 @@ func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *memRecords, *fake.Backen
 	be := b.(*fake.Backend)
 	node := sandboxid.NewNodeID()
 	rec := &record{ID: sandboxid.New(node), Project: "root/team", State: stateRunning, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(10 * time.Minute),
-		LayerDir: "/layers/l-1", spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 600}}
+		LayerDir: "/layers/l-1", spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 600, Network: &sandboxv1.NetworkPolicy{}}}
 	if _, err := be.Create(context.Background(), &backend.Spec{ID: rec.ID}); err != nil {
 		t.Fatal(err)
 	}
 	h, store := &fakeHost{lifetime: time.Hour}, newMemRecords()
-	return makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, host: h, log: testutil.Logger(t)}), h, store, be
+	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, host: h, net: &h.net, log: testutil.Logger(t)})
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := sb.attachNetwork(context.Background()); err != nil || h.net.attached != 1 || sb.rec.NetAddr != "10.0.0.2" {
+		t.Fatalf("attach its network: %v (attached %d, address %q)", err, h.net.attached, sb.rec.NetAddr)
+	}
+	return sb, h, store, be
 }
 
 // A sandbox owns its lifecycle: frozen, its time to live stands still and
@@ -71,8 +105,8 @@ func TestASandboxOwnsItsLifecycle(t *testing.T) {
 	}
 
 	sb.fail(ctx, "its agent stopped answering")
-	if h.released != 1 || h.layersRemoved != 1 || h.detached != 1 {
-		t.Fatalf("failed: released %d, layers removed %d, detached %d; want each once", h.released, h.layersRemoved, h.detached)
+	if h.released != 1 || h.layersRemoved != 1 || h.net.detached != 1 {
+		t.Fatalf("failed: released %d, layers removed %d, detached %d; want each once", h.released, h.layersRemoved, h.net.detached)
 	}
 	if got, err := store.Get(sb.id); err != nil || got.State != stateFailed || got.Message != "its agent stopped answering" {
 		t.Fatalf("its record after the failure: %+v %v", got, err)
@@ -95,5 +129,60 @@ func TestAFailedSandboxThatCannotBeRemovedStaysCounted(t *testing.T) {
 	}
 	if !strings.Contains(sb.rec.Message, "it ended; removing what it left failed (stop it to retry): device busy") {
 		t.Fatalf("reason: %q", sb.rec.Message)
+	}
+}
+
+// A sandbox takes a new time to live while paused (it starts when it is
+// resumed), resumes itself, and removes itself: its backend's sandbox,
+// its directory and its record go, its host forgets it once, and a
+// removal that fails keeps its record, with the reason, to be retried.
+func TestASandboxResumesAndRemovesItself(t *testing.T) {
+	ctx := context.Background()
+	sb, h, store, be := hostedSandbox(t)
+	sb.mu.Lock()
+	if err := sb.freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sb.mu.Unlock()
+	if _, err := sb.setTimeout(30); err != nil {
+		t.Fatal(err)
+	}
+	if sb.rec.TimeoutLeft != 30*time.Second || time.Until(sb.rec.ExpiresAt) < 59*time.Minute {
+		t.Fatalf("a paused sandbox's new time to live: %s kept aside, removed in %s", sb.rec.TimeoutLeft, time.Until(sb.rec.ExpiresAt))
+	}
+	link, err := sb.ensureRunning(ctx, true)
+	if err == nil || link != nil || !strings.Contains(err.Error(), "no agent link") {
+		t.Fatalf("a resumed sandbox without its agent: %v, %v", link, err)
+	}
+	if until := time.Until(sb.rec.ExpiresAt); sb.rec.State != stateRunning || until > 30*time.Second || until < 25*time.Second {
+		t.Fatalf("resumed: %s, ends in %s", sb.rec.State, until)
+	}
+
+	be.SetFailures(errors.New("device busy"), nil)
+	if err := sb.destroy(ctx); err == nil || !strings.Contains(err.Error(), "device busy") {
+		t.Fatalf("a removal the backend refuses: %v", err)
+	}
+	if got, err := store.Get(sb.id); err != nil || !strings.Contains(got.Message, "removal failed: device busy") || h.forgotten != 0 {
+		t.Fatalf("after a failed removal: record %+v (%v), forgotten %d times", got, err, h.forgotten)
+	}
+	be.SetFailures(nil, nil)
+	if err := sb.destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.destroy(ctx); err != nil { // removed already: nothing to do
+		t.Fatal(err)
+	}
+	if _, err := store.Get(sb.id); err == nil {
+		t.Fatal("its record outlived it")
+	}
+	if _, err := os.Stat(sb.dir); !os.IsNotExist(err) {
+		t.Fatalf("its directory: %v", err)
+	}
+	if h.forgotten != 1 || h.released != 1 || h.layersRemoved != 1 || h.net.detached != 1 || sb.ended.Err() == nil {
+		t.Fatalf("removed: forgotten %d, released %d, layers removed %d, detached %d, ports cut %v; want each once",
+			h.forgotten, h.released, h.layersRemoved, h.net.detached, sb.ended.Err() != nil)
+	}
+	if st, _ := be.Status(ctx, sb.id); st.Pid != 0 {
+		t.Fatalf("the backend still has it: %+v", st)
 	}
 }

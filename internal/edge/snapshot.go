@@ -2,12 +2,8 @@ package edge
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,14 +11,11 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
-	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/atomicfile"
@@ -138,7 +131,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		return nil, began, false, errdefs.Unsupported("sandbox %s has a network interface, and backend %q cannot snapshot one on this node (a restored copy would lose it); snapshot and fork need a sandbox created without a network policy", sb.id, sb.be.Name())
 	}
 	if sb.rec.State == statePaused {
-		if err := e.resumeLocked(ctx, sb); err != nil {
+		if err := sb.resumeLocked(ctx); err != nil {
 			return nil, began, false, err
 		}
 	}
@@ -353,7 +346,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 		return nil, err
 	}
 	if err := e.restoreInto(ctx, sb, snap, sn); err != nil {
-		if cerr := e.discard(context.WithoutCancel(ctx), sb); cerr != nil {
+		if cerr := sb.discard(context.WithoutCancel(ctx)); cerr != nil {
 			e.log.Error("clean up a copy that failed to start", logging.SandboxID, rec.ID, logging.Error, cerr)
 		}
 		return nil, err
@@ -375,7 +368,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 	}
 	// A copy of a sandbox with a network gets its own, with the source's
 	// policy (the snapshot's spec holds it).
-	if err := e.attachNetwork(ctx, sb); err != nil {
+	if err := sb.attachNetwork(ctx); err != nil {
 		return err
 	}
 	bspec := e.backendSpec(sb.rec, layers, cfg)
@@ -390,7 +383,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 	if err := sb.save(); err != nil {
 		return err
 	}
-	return e.running(ctx, sb, true)
+	return sb.running(ctx, true)
 }
 
 // layersByDigest finds the image layers a snapshot was taken on, by
@@ -406,47 +399,6 @@ func (e *Edge) layersByDigest(ctx context.Context, snap *snapshot) ([]string, oc
 	}
 	layers, err := e.cache.Layers(ctx, im, nil)
 	return layers, im.Config.Config, err
-}
-
-// newMachineID is a random /etc/machine-id.
-func newMachineID() string {
-	b := make([]byte, 16)
-	rand.Read(b) //nolint:errcheck // crypto/rand does not fail on Linux
-	return hex.EncodeToString(b)
-}
-
-// freshIdentity gives a restored copy its own hostname
-// (also in /etc/hostname, which images ship with their build host's name)
-// and machine id, and reseeds its entropy pool. Callers hold sb.mu.
-func (e *Edge) freshIdentity(ctx context.Context, sb *sandbox) error {
-	_, err := e.setIdentity(ctxTimeout(ctx, 10*time.Second), sb)
-	return err
-}
-
-// errIdentity marks an identity the agent refused (not a link failure).
-var errIdentity = errors.New("identity refused")
-
-// setIdentity sends a copy its identity and says whether the agent
-// answered (its refusal is an answer, and wraps errIdentity).
-func (e *Edge) setIdentity(ctx context.Context, sb *sandbox) (bool, error) {
-	entropy := make([]byte, 64)
-	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
-	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
-	_, err := c.SetIdentity(ctx, connect.NewRequest(&agentv1.SetIdentityRequest{
-		Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy,
-	}))
-	if err == nil {
-		return true, nil
-	}
-	if code := connect.CodeOf(err); code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded && code != connect.CodeCanceled && code != connect.CodeUnknown {
-		return true, fmt.Errorf("set identity of %s: %w: %w", sb.id, errIdentity, errdefs.FromConnect(err))
-	}
-	return false, fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))
-}
-
-// identityCall is setIdentity as WaitServingWith's first request.
-func (e *Edge) identityCall(sb *sandbox) func(context.Context) (bool, error) {
-	return func(try context.Context) (bool, error) { return e.setIdentity(try, sb) }
 }
 
 // Restore starts a new sandbox from a snapshot: one of this node's, or,
