@@ -172,11 +172,11 @@ func (e *Edge) publishDisk() {
 	}
 }
 
-// reserveDiskFor holds room on dir's file system for need bytes of new
+// reserveDisk holds room on dir's file system for need bytes of new
 // state (a snapshot, an offload) without eating into what the layers are
 // promised, until release is called once it is written: two writes at
 // once do not both count on the same free space.
-func (e *Edge) reserveDiskFor(dir string, need int64, what string) (release func(), err error) {
+func (e *Edge) reserveDisk(dir string, need int64, what string) (release func(), err error) {
 	if e.disk.overcommit > 1 {
 		return func() {}, nil
 	}

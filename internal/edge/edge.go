@@ -136,7 +136,7 @@ type Edge struct {
 	allocated usage                     // guarded by mu
 	diskMB    int64                     // guarded by mu; disk limits admitted on LayerDir
 	// diskPending is what snapshots and offloads being written hold of the
-	// state disk (reserveDiskFor), in bytes.
+	// state disk (reserveDisk), in bytes.
 	diskPending int64 // guarded by mu
 	// usageSeq counts changes of what Status counts (admissions and
 	// removals); usageEpoch names this run of the edge. Apiservers drop a
@@ -400,7 +400,7 @@ func (e *Edge) expireLoop() {
 			go func() {
 				defer e.wg.Done()
 				defer sb.expiring.Store(false)
-				if err := e.expire(sb); err != nil {
+				if err := sb.expire(); err != nil {
 					e.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
 				}
 			}()

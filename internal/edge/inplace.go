@@ -12,18 +12,18 @@ import (
 // its address and routes back first (the stopped runtime had taken them
 // over), with the new handle recorded before the agent is waited for.
 // Callers hold sb.mu.
-func (e *Edge) restoreInPlace(ctx context.Context, sb *sandbox, ref backend.SnapshotRef) error {
+func (sb *sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) error {
 	sn, err := snapshotter(sb.be)
 	if err != nil {
 		return err
 	}
-	bspec, err := e.recoverSpec(ctx, sb.rec)
+	bspec, err := sb.host.specOf(ctx, sb.rec)
 	if err != nil {
 		return err
 	}
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
-		if err := e.net.Reset(ctx, sb.net); err != nil {
+		if err := sb.nodeNet.Reset(ctx, sb.net); err != nil {
 			return err
 		}
 	}
@@ -35,7 +35,7 @@ func (e *Edge) restoreInPlace(ctx context.Context, sb *sandbox, ref backend.Snap
 	if err := sb.save(); err != nil {
 		return err
 	}
-	wait, cancel := context.WithTimeout(ctx, e.cfg.AgentTimeout)
+	wait, cancel := context.WithTimeout(ctx, sb.agentTimeout)
 	defer cancel()
 	return agentReady(sb)(wait)
 }

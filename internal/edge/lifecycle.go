@@ -58,7 +58,7 @@ func (sb *sandbox) resumeLocked(ctx context.Context) error {
 		return errdefs.FailedPrecondition("sandbox %s is %s; only a paused sandbox can be resumed", sb.id, sb.rec.State)
 	}
 	if sb.rec.Offloaded != "" {
-		if err := sb.host.restoreOffloaded(ctx, sb); err != nil {
+		if err := sb.restoreOffloaded(ctx); err != nil {
 			return err
 		}
 	} else {

@@ -307,6 +307,7 @@ type sandboxNetwork interface {
 	Adopt(ctx context.Context, name string, addr netip.Addr, p netpolicy.Policy) (*sandboxnet.Link, error)
 	Policy(l *sandboxnet.Link) (netpolicy.Policy, error)
 	Update(ctx context.Context, l *sandboxnet.Link, p netpolicy.Policy) error
+	Reset(ctx context.Context, l *sandboxnet.Link) error
 	Detach(ctx context.Context, l *sandboxnet.Link) error
 	Forget(ctx context.Context, name string) error
 	Node() sandboxnet.Node

@@ -47,7 +47,7 @@ func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.Pa
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	released, note, err := e.pauseAtLocked(ctx, sb, depth)
+	released, note, err := sb.pauseAtLocked(ctx, depth)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +55,7 @@ func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.Pa
 }
 
 // pauseAtLocked pauses sb at depth. Callers hold sb.mu.
-func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.PauseDepth) (released int64, note string, err error) {
+func (sb *sandbox) pauseAtLocked(ctx context.Context, depth sandboxv1.PauseDepth) (released int64, note string, err error) {
 	switch depth {
 	case sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE:
 		return 0, "", sb.freeze(ctx)
@@ -72,7 +72,7 @@ func (e *Edge) pauseAtLocked(ctx context.Context, sb *sandbox, depth sandboxv1.P
 	if why := sb.cannotOffload(); why != "" {
 		return 0, why, sb.freeze(ctx)
 	}
-	released, note, err = e.offloadLocked(ctx, sb)
+	released, note, err = sb.offloadLocked(ctx)
 	if err != nil && (sb.rec.State == stateRunning || sb.rec.State == statePaused) {
 		// It still runs (or is frozen): a pause it still gets.
 		if ferr := sb.freeze(ctx); ferr == nil {
@@ -104,7 +104,7 @@ func (sb *sandbox) cannotOffload() string {
 
 // offloadLocked writes sb's memory to disk and ends what runs of it.
 // Callers hold sb.mu.
-func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, error) {
+func (sb *sandbox) offloadLocked(ctx context.Context) (int64, string, error) {
 	if sb.rec.State == statePaused {
 		if err := sb.resumeLocked(ctx); err != nil {
 			return 0, "", err
@@ -115,8 +115,8 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	}
 	sn := sb.be.(backend.Snapshotter)
 	before := sb.heldMemory()
-	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(e.node), Dir: offloadDir(sb)}
-	release, err := e.reserveDiskFor(sb.dir, sb.stateSize(), "offloading sandbox "+string(sb.id))
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(sb.node), Dir: offloadDir(sb)}
+	release, err := sb.host.reserveDisk(sb.dir, sb.stateSize(), "offloading sandbox "+string(sb.id))
 	if err != nil {
 		return 0, "", err
 	}
@@ -125,7 +125,7 @@ func (e *Edge) offloadLocked(ctx context.Context, sb *sandbox) (int64, string, e
 	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
 		return 0, "", err
 	}
-	log := e.log.With(logging.SandboxID, sb.id)
+	log := sb.log
 	began := time.Now()
 	// Once begun, a checkpoint is not cut by the caller going away (Debian's
 	// runsc kills a sandbox whose checkpoint was cut).
@@ -229,13 +229,13 @@ func (sb *sandbox) stateSize() int64 {
 
 // restoreOffloaded brings an offloaded sandbox back in place: the same
 // id, its memory read back from its checkpoint. Callers hold sb.mu.
-func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
+func (sb *sandbox) restoreOffloaded(ctx context.Context) error {
 	ref := backend.SnapshotRef{ID: sandboxid.SnapshotID(sb.rec.Offloaded), Dir: offloadDir(sb)}
 	if _, err := os.Stat(ref.Dir); err != nil {
 		return errdefs.FailedPrecondition("offloaded sandbox %s: its checkpoint is gone: %v", sb.id, err)
 	}
 	began := time.Now()
-	if err := e.restoreInPlace(ctx, sb, ref); err != nil {
+	if err := sb.restoreInPlace(ctx, ref); err != nil {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "restore offloaded sandbox %s", sb.id)
 	}
 	// The record stops naming the checkpoint before it goes: a crash in
@@ -245,9 +245,9 @@ func (e *Edge) restoreOffloaded(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	if err := os.RemoveAll(ref.Dir); err != nil {
-		e.log.Warn("remove an offload checkpoint", logging.SandboxID, sb.id, logging.Error, err)
+		sb.log.Warn("remove an offload checkpoint", logging.Error, err)
 	}
-	e.log.Info("offloaded sandbox restored", logging.SandboxID, sb.id, "took", time.Since(began).Round(time.Millisecond))
+	sb.log.Info("offloaded sandbox restored", "took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
 
@@ -284,7 +284,7 @@ func (sb *sandbox) startClock() {
 // whose spec says on_timeout PAUSE is paused (offloaded where the backend
 // can, else frozen) instead of removed. A paused one whose paused
 // lifetime ran out is removed as any other.
-func (e *Edge) expire(sb *sandbox) error {
+func (sb *sandbox) expire() error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.removed || time.Now().Before(sb.rec.ExpiresAt) {
@@ -292,15 +292,15 @@ func (e *Edge) expire(sb *sandbox) error {
 	}
 	if sb.rec.State == stateRunning && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		_, note, err := e.pauseAtLocked(ctx, sb, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+		_, note, err := sb.pauseAtLocked(ctx, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 		cancel()
 		if err == nil {
-			e.log.Info("sandbox time to live ran out; paused", logging.SandboxID, sb.id, "depth", sb.rec.pauseDepth().String(), "note", note)
+			sb.log.Info("sandbox time to live ran out; paused", "depth", sb.rec.pauseDepth().String(), "note", note)
 			return nil
 		}
-		e.log.Error("pause a sandbox whose time to live ran out; removing it", logging.SandboxID, sb.id, logging.Error, err)
+		sb.log.Error("pause a sandbox whose time to live ran out; removing it", logging.Error, err)
 	}
-	e.log.Info("sandbox time to live ran out", logging.SandboxID, sb.id)
+	sb.log.Info("sandbox time to live ran out")
 	return sb.destroyLocked(context.Background())
 }
 
@@ -351,7 +351,7 @@ func (e *Edge) PauseTask(ctx context.Context, task, scope string, depth sandboxv
 		default:
 			return 0, "", nil, false
 		}
-		released, note, err := e.pauseAtLocked(ctx, sb, depth)
+		released, note, err := sb.pauseAtLocked(ctx, depth)
 		if err == nil {
 			sb.rec.PausedTask = true
 			err = sb.save()

@@ -104,7 +104,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		// Interrupted while being created or removed: finish the removal.
 		return sb.removeLocked(ctx)
 	}
-	bspec, err := e.recoverSpec(ctx, rec)
+	bspec, err := e.specOf(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -212,7 +212,7 @@ func (e *Edge) relinkSoon(sb *sandbox) {
 	}()
 }
 
-func (e *Edge) recoverSpec(ctx context.Context, rec *record) (*backend.Spec, error) {
+func (e *Edge) specOf(ctx context.Context, rec *record) (*backend.Spec, error) {
 	ref, err := image.ParseRef(rec.spec.Image)
 	if err != nil {
 		return nil, err
@@ -330,7 +330,7 @@ func (e *Edge) restoreFromCheckpoint(ctx context.Context, sb *sandbox) error {
 	if _, err := os.Stat(dir); err != nil {
 		return err
 	}
-	if err := e.restoreInPlace(ctx, sb, backend.SnapshotRef{ID: sandboxid.SnapshotID(filepath.Base(dir)), Dir: dir}); err != nil {
+	if err := sb.restoreInPlace(ctx, backend.SnapshotRef{ID: sandboxid.SnapshotID(filepath.Base(dir)), Dir: dir}); err != nil {
 		return err
 	}
 	sb.rec.Checkpoint = ""

@@ -426,7 +426,7 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	if _, err := f.edge.SetTimeout(made.Id, "root", 3600); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.edge.expire(sb); err != nil {
+	if err := sb.expire(); err != nil {
 		t.Fatal(err)
 	}
 	got, err := f.edge.Get(made.Id, "root")
@@ -441,7 +441,7 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	sb.rec.ExpiresAt = time.Now().Add(-time.Second)
 	sb.mu.Unlock()
 	removed := make(chan error, 1)
-	go func() { removed <- f.edge.expire(sb) }()
+	go func() { removed <- sb.expire() }()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if v := sb.published(); v.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING {
 			break

@@ -121,9 +121,12 @@ type host interface {
 	removeLayer(dir string) error
 	// forget unregisters a removed sb and releases its capacity.
 	forget(sb *sandbox)
-	// restoreOffloaded reads an offloaded sb back in place from its
-	// checkpoint. Callers hold sb.mu.
-	restoreOffloaded(ctx context.Context, sb *sandbox) error
+	// reserveDisk holds need bytes of the node's disk under dir for what
+	// (a checkpoint) until release is called.
+	reserveDisk(dir string, need int64, what string) (release func(), err error)
+	// specOf is the backend's spec for a sandbox of rec that is brought
+	// back (its image resolved again, by digest).
+	specOf(ctx context.Context, rec *record) (*backend.Spec, error)
 }
 
 func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }

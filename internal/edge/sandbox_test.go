@@ -30,9 +30,13 @@ func (h *fakeHost) pausedLifetime() time.Duration { return h.lifetime }
 func (h *fakeHost) release(*sandbox)              { h.released++ }
 func (h *fakeHost) removeLayer(dir string) error  { h.layersRemoved++; return nil }
 func (h *fakeHost) forget(sb *sandbox)            { h.forgotten++; h.release(sb) }
-func (h *fakeHost) restoreOffloaded(context.Context, *sandbox) error {
-	return errors.New("the fake host offloads nothing")
+func (h *fakeHost) reserveDisk(string, int64, string) (func(), error) {
+	return func() {}, nil
 }
+func (h *fakeHost) specOf(context.Context, *record) (*backend.Spec, error) {
+	return nil, errors.New("the fake host brings nothing back")
+}
+func (n *fakeNetwork) Reset(context.Context, *sandboxnet.Link) error { return nil }
 
 // fakeNetwork is a node's sandbox network that counts what it is asked.
 type fakeNetwork struct{ attached, detached, forgotten int }

@@ -144,7 +144,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		AgentKey: sb.rec.AgentKey, spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
-	release, err := e.reserveDiskFor(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
+	release, err := e.reserveDisk(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
 	if err != nil {
 		return nil, began, false, err
 	}
@@ -206,7 +206,7 @@ func detachedSnapshot(ctx context.Context, sb *sandbox, sn backend.Snapshotter, 
 func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began time.Time, stopped bool) (time.Duration, error) {
 	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
 	if stopped {
-		if err := e.restoreInPlace(ctx, sb, snap.ref()); err != nil {
+		if err := sb.restoreInPlace(ctx, snap.ref()); err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
 			sb.rec.Checkpoint = ""
 			sb.fail(context.WithoutCancel(ctx), "it could not be restored after a snapshot: "+err.Error())
