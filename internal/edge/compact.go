@@ -75,7 +75,7 @@ func (e *Edge) compact(sb *sandbox, ht backend.HostThreads, before int) {
 		return
 	}
 	defer e.snaps.drop(snap) //nolint:errcheck // an ephemeral snapshot; the snapshot store removes leftovers at start
-	paused, err := e.bringBack(ctx, sb, snap, began, stopped)
+	paused, err := sb.bringBack(ctx, snap, began, stopped)
 	if err != nil {
 		log.Error("compaction: the sandbox could not be restored", logging.Error, err)
 		return

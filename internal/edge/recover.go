@@ -151,7 +151,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		if rec.Checkpoint != "" {
 			// A checkpoint stopped it and the edge went down before it was
 			// brought back: it comes back from that checkpoint.
-			rerr := e.restoreFromCheckpoint(ctx, sb)
+			rerr := sb.restoreFromCheckpoint(ctx)
 			if rerr == nil {
 				e.log.Info("brought back from the checkpoint in flight when the edge went down", logging.SandboxID, rec.ID)
 				return sb.save()
@@ -325,7 +325,7 @@ func (e *Edge) removeOrphanDir(dir string, why error) {
 
 // restoreFromCheckpoint restores sb in place from the checkpoint its
 // record names and waits for its agent. Callers hold sb.mu.
-func (e *Edge) restoreFromCheckpoint(ctx context.Context, sb *sandbox) error {
+func (sb *sandbox) restoreFromCheckpoint(ctx context.Context) error {
 	dir := sb.rec.Checkpoint
 	if _, err := os.Stat(dir); err != nil {
 		return err

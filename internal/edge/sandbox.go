@@ -508,7 +508,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	if err := sb.running(ctx, false); err != nil {
 		return err
 	}
-	return e.startService(ctx, sb, im.Config.Config.Labels)
+	return sb.startService(ctx, im.Config.Config.Labels)
 }
 
 // Destroy stops and removes a sandbox the caller may see, and returns its

@@ -29,7 +29,7 @@ const (
 
 // startService runs the image's start command and waits for its ready
 // command. Callers hold sb.mu.
-func (e *Edge) startService(ctx context.Context, sb *sandbox, labels map[string]string) error {
+func (sb *sandbox) startService(ctx context.Context, labels map[string]string) error {
 	start := labels[image.LabelStart]
 	if start == "" {
 		return nil

@@ -203,8 +203,8 @@ func detachedSnapshot(ctx context.Context, sb *sandbox, sn backend.Snapshotter, 
 
 // bringBack restores a source that its snapshot stopped, from that
 // snapshot, and returns how long the source did not run. Callers hold sb.mu.
-func (e *Edge) bringBack(ctx context.Context, sb *sandbox, snap *snapshot, began time.Time, stopped bool) (time.Duration, error) {
-	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
+func (sb *sandbox) bringBack(ctx context.Context, snap *snapshot, began time.Time, stopped bool) (time.Duration, error) {
+	log := sb.log.With(logging.SnapshotID, snap.ID)
 	if stopped {
 		if err := sb.restoreInPlace(ctx, snap.ref()); err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
@@ -252,7 +252,7 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 			return nil, err
 		}
 	}
-	if _, err := e.bringBack(ctx, sb, snap, began, stopped); err != nil {
+	if _, err := sb.bringBack(ctx, snap, began, stopped); err != nil {
 		e.snaps.drop(snap) //nolint:errcheck // reporting the restore's error
 		return nil, err
 	}
@@ -531,7 +531,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 	go func() {
 		defer close(srcDone)
 		defer sb.mu.Unlock()
-		paused, srcErr = e.bringBack(ctx, sb, snap, began, stopped)
+		paused, srcErr = sb.bringBack(ctx, snap, began, stopped)
 	}()
 	results := make([]ForkResult, count)
 	var wg sync.WaitGroup
