@@ -48,7 +48,7 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 		use(sb.view.Load().GetImageDigest())
 	}
 	e.mu.Unlock()
-	for _, d := range e.snaps.imageDigests() {
+	for _, d := range e.snaps.ImageDigests() {
 		use(d)
 	}
 	freed, err := e.cache.Prune(inUse, grace)

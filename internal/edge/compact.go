@@ -74,7 +74,7 @@ func (e *Edge) compact(sb *sandbox, ht backend.HostThreads, before int) {
 		log.Warn("compaction: checkpoint failed", "host_threads", before, logging.Error, err)
 		return
 	}
-	defer e.snaps.drop(snap) //nolint:errcheck // an ephemeral snapshot; the snapshot store removes leftovers at start
+	defer e.snaps.Drop(snap) //nolint:errcheck // an ephemeral snapshot; the snapshot store removes leftovers at start
 	paused, err := sb.bringBack(ctx, snap, began, stopped)
 	if err != nil {
 		log.Error("compaction: the sandbox could not be restored", logging.Error, err)

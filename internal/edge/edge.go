@@ -24,6 +24,7 @@ import (
 	"github.com/opendsec/opendsec/internal/diskledger"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
+	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -127,8 +128,8 @@ type Edge struct {
 	netOff  string
 	stopDNS context.CancelFunc
 	// snaps keeps the node's snapshots, exports and pulled snapshots
-	// (snapstore.go), under a lock of its own.
-	snaps *snapshotStore
+	// (internal/edge/snapshots), under a lock of its own.
+	snaps *snapshots.Store
 
 	mu        sync.Mutex
 	boxes     map[sandboxid.ID]*sandbox // guarded by mu
@@ -201,7 +202,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		fenced: map[string]time.Time{},
 		stop:   make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
 	}
-	e.snaps = newSnapshotStore(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
+	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
 	}
@@ -248,7 +249,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if e.layers != nil {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
-	e.snaps.load()
+	e.snaps.Load()
 	e.publishDisk() // what recovery found
 	e.wg.Add(5)
 	go e.transferLoop()

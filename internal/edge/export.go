@@ -14,40 +14,11 @@ import (
 // that run copies, and they pull the snapshot's files straight from the
 // holder (internal/snapxfer) into a cache of pulled snapshots. The
 // apiserver never carries snapshot bytes.
-// The snapshot store (snapstore.go) keeps the exports and pulled
+// The snapshot store (internal/edge/snapshots) keeps the exports and pulled
 // snapshots under its own lock.
-
-// exportLease is how long an export stays open when it is not released
-// (the apiserver that asked for it died mid-fork).
-const exportLease = 10 * time.Minute
-
-// pulledIdle is how long a pulled snapshot is kept after its last restore:
-// restores of one fork arrive together; later ones pull again.
-const pulledIdle = 2 * time.Minute
 
 // transferEvery is how often exports and pulled snapshots are swept.
 const transferEvery = 10 * time.Second
-
-type export struct {
-	snap     *snapshot
-	token    string
-	manifest *snapxfer.Manifest
-	expires  time.Time
-}
-
-// pulled is a snapshot copied from another node, for restores here.
-type pulled struct {
-	snap     *snapshot
-	users    int       // restores running from it
-	lastUsed time.Time // when the last one ended
-}
-
-// pull is a transfer in progress; concurrent restores of one snapshot
-// wait for the same one.
-type pull struct {
-	done chan struct{}
-	err  error
-}
 
 // peerClient reaches other edges over HTTP/2 with this edge's certificate.
 func peerClient(cfg *tls.Config) *http.Client {
@@ -64,17 +35,17 @@ func peerClient(cfg *tls.Config) *http.Client {
 
 // Export lets other edges pull a snapshot of this node for a while.
 func (e *Edge) Export(snapID, scope string) (*edgev1.SnapshotExport, error) {
-	return e.snaps.export(snapID, scope)
+	return e.snaps.Export(snapID, scope)
 }
 
 // ReleaseExport ends an export; an ephemeral (fork) snapshot with no other
 // export goes with it.
 func (e *Edge) ReleaseExport(snapID, token string) error {
-	return e.snaps.releaseExport(snapID, token)
+	return e.snaps.ReleaseExport(snapID, token)
 }
 
 // SnapshotHandler serves exported snapshots (snapxfer.Prefix).
-func (e *Edge) SnapshotHandler() http.Handler { return snapxfer.Handler(e.snaps.exportedFile) }
+func (e *Edge) SnapshotHandler() http.Handler { return snapxfer.Handler(e.snaps.ExportedFile) }
 
 func (e *Edge) transferLoop() {
 	defer e.wg.Done()
@@ -85,7 +56,7 @@ func (e *Edge) transferLoop() {
 		case <-e.stop:
 			return
 		case now := <-tick.C:
-			e.snaps.sweep(now)
+			e.snaps.Sweep(now)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -108,7 +109,7 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 		t.Fatalf("other edge runs %d sandboxes, want 3", got)
 	}
 	// The fake's restore reads the snapshot's own file: it came over.
-	if _, err := os.Stat(filepath.Join(other.snaps.pulledDir(snapIDOf(x)), "fake-snapshot")); err != nil {
+	if _, err := os.Stat(filepath.Join(other.snaps.PulledDir(snapIDOf(x)), "fake-snapshot")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -126,7 +127,7 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 	// An edge's certificate reaches nothing else of an edge.
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/opendsec.edge.v1.EdgeService/ListSandboxes", strings.NewReader("{}"))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := other.snaps.peers.Do(req)
+	resp, err := peerClient(other.cfg.PeerTLS).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,8 +148,8 @@ func TestCopiesOnAnotherEdgePullTheSnapshot(t *testing.T) {
 		t.Fatalf("pull after release: %v", err)
 	}
 	// The pulled copy is dropped once idle; the copies keep running.
-	other.snaps.sweep(time.Now().Add(pulledIdle + time.Second))
-	if _, err := os.Stat(other.snaps.pulledDir(snapIDOf(x))); !os.IsNotExist(err) {
+	other.snaps.Sweep(time.Now().Add(snapshots.PulledIdle + time.Second))
+	if _, err := os.Stat(other.snaps.PulledDir(snapIDOf(x))); !os.IsNotExist(err) {
 		t.Fatalf("pulled snapshot after the idle sweep: %v", err)
 	}
 	if got := len(other.List("root")); got != 3 {
@@ -183,11 +184,11 @@ func TestExportLeaseEnds(t *testing.T) {
 	if _, err := f.edge.Export(named.Id, "root/other"); !errdefs.IsNotFound(err) {
 		t.Fatalf("export from another project's scope: %v", err)
 	}
-	f.edge.snaps.sweep(time.Now().Add(exportLease + time.Second))
-	if _, _, err := f.edge.snaps.exportedFile(fo.Export.SnapshotId, fo.Export.Token); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	f.edge.snaps.Sweep(time.Now().Add(snapshots.ExportLease + time.Second))
+	if _, _, err := f.edge.snaps.ExportedFile(fo.Export.SnapshotId, fo.Export.Token); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("lapsed export still served: %v", err)
 	}
-	if _, _, err := f.edge.snaps.exportedFile(named.Id, nx.Token); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, _, err := f.edge.snaps.ExportedFile(named.Id, nx.Token); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("lapsed export still served: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(f.edge.cfg.StateDir, "snapshots", fo.Export.SnapshotId)); !os.IsNotExist(err) {

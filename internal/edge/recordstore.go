@@ -14,6 +14,7 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/atomicfile"
+	"github.com/opendsec/opendsec/internal/edge/layout"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -23,7 +24,7 @@ import (
 // what a record's fields mean or how they are spelled adds a step here, so
 // that a node upgraded in place reads the records of its running
 // sandboxes.
-var recordUpgrades = []func(map[string]json.RawMessage) error{
+var recordUpgrades = []layout.Upgrade{
 	// 0 → 1: releases before layouts were numbered wrote the same fields.
 	0: func(map[string]json.RawMessage) error { return nil },
 }
@@ -61,7 +62,7 @@ func encodeRecord(r *record) ([]byte, error) {
 // for the release that wrote them.
 func decodeRecord(data []byte) (*record, error) {
 	var r record
-	if err := readLayout("record", data, recordUpgrades, &r); err != nil {
+	if err := layout.Read("record", data, recordUpgrades, &r); err != nil {
 		return nil, err
 	}
 	r.spec = &sandboxv1.SandboxSpec{}

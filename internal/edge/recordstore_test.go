@@ -16,6 +16,7 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -211,10 +212,10 @@ func TestSnapshotDescriptionLayouts(t *testing.T) {
 		listed bool
 	}{
 		{"written before layouts", nil, true},
-		{"of a newer layout", len(snapshotUpgrades) + 1, false},
-		{"back to this release's layout", len(snapshotUpgrades), true},
+		{"of a newer layout", snapshots.CurrentLayout() + 1, false},
+		{"back to this release's layout", snapshots.CurrentLayout(), true},
 	} {
-		p := filepath.Join(dir, snapshotFile)
+		p := filepath.Join(dir, snapshots.File)
 		data, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatalf("%s: %v", step.what, err)

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,98 +11,18 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
-
-// snapshot is a memory snapshot held by this node, under snapshots/<id>/:
-// what its backend wrote (a runsc checkpoint, a microVM's RAM and device
-// state), described by snapshot.json.
-type snapshot struct {
-	// Layout is the description's layout version (layout.go).
-	Layout        int                  `json:"layout"`
-	ID            sandboxid.SnapshotID `json:"id"`
-	Project       string               `json:"project"`
-	SourceSandbox sandboxid.ID         `json:"source_sandbox"`
-	Backend       string               `json:"backend"`
-	ImageDigest   string               `json:"image_digest"`
-	Spec          json.RawMessage      `json:"spec"`
-	CreatedAt     time.Time            `json:"created_at"`
-	SizeBytes     int64                `json:"size_bytes"`
-	// Ephemeral snapshots exist only for the length of a fork.
-	Ephemeral bool   `json:"ephemeral,omitempty"`
-	Name      string `json:"name,omitempty"`
-	// AgentKey is the source's agent key: the agent in the snapshot's
-	// memory presents it, so every copy's record takes it.
-	AgentKey string `json:"agent_key,omitempty"`
-
-	dir  string
-	spec *sandboxv1.SandboxSpec
-}
-
-const snapshotFile = "snapshot.json"
-
-// snapshotUpgrades[v] turns a snapshot description of layout v into
-// layout v+1; its length is the layout this release writes.
-var snapshotUpgrades = []func(map[string]json.RawMessage) error{
-	// 0 → 1: releases before layouts were numbered wrote the same fields.
-	0: func(map[string]json.RawMessage) error { return nil },
-}
-
-// encode is the snapshot's description in this release's layout.
-func (s *snapshot) encode() ([]byte, error) {
-	c := *s // exports of one snapshot encode it at once
-	c.Layout = len(snapshotUpgrades)
-	return json.MarshalIndent(&c, "", " ")
-}
-
-// decodeSnapshot reads a snapshot description of any layout this release
-// knows, with its spec.
-func decodeSnapshot(data []byte) (*snapshot, error) {
-	var s snapshot
-	if err := readLayout("snapshot", data, snapshotUpgrades, &s); err != nil {
-		return nil, err
-	}
-	if err := s.parseSpec(); err != nil {
-		return nil, errdefs.FailedPrecondition("snapshot %s spec: %v", s.ID, err)
-	}
-	return &s, nil
-}
-
-func (s *snapshot) ref() backend.SnapshotRef { return backend.SnapshotRef{ID: s.ID, Dir: s.dir} }
-
-func (s *snapshot) proto(node sandboxid.NodeID) *sandboxv1.Snapshot {
-	return &sandboxv1.Snapshot{
-		Id: string(s.ID), Project: s.Project, SourceSandboxId: string(s.SourceSandbox), Name: s.Name,
-		Spec: proto.Clone(s.spec).(*sandboxv1.SandboxSpec), CreatedAt: timestamppb.New(s.CreatedAt),
-		SizeBytes: s.SizeBytes, NodeId: string(node), ImageDigest: s.ImageDigest,
-	}
-}
-
-func (s *snapshot) save() error {
-	data, err := s.encode()
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(s.dir, snapshotFile), data, 0o600)
-}
-
-// parseSpec reads the spec the snapshot's JSON carries.
-func (s *snapshot) parseSpec() error {
-	s.spec = &sandboxv1.SandboxSpec{}
-	return protojson.Unmarshal(s.Spec, s.spec)
-}
 
 // snapshotter returns the backend's snapshot capability or why it has none.
 func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
@@ -122,7 +41,7 @@ func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
 // checkpoint writes a snapshot of a running sandbox. If the backend had to
 // stop the sandbox for it, stopped is true and bringBack must follow.
 // Callers hold sb.mu until then.
-func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (snap *snapshot, began time.Time, stopped bool, err error) {
+func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (snap *snapshots.Snapshot, began time.Time, stopped bool, err error) {
 	sn, err := snapshotter(sb.be)
 	if err != nil {
 		return nil, began, false, err
@@ -138,32 +57,32 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	if sb.rec.State != stateRunning || sb.link == nil {
 		return nil, began, false, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
 	}
-	snap = &snapshot{
+	snap = &snapshots.Snapshot{
 		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
 		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral,
-		AgentKey: sb.rec.AgentKey, spec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
+		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
-	snap.dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
+	snap.Dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
 	release, err := e.reserveDisk(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
 	if err != nil {
 		return nil, began, false, err
 	}
 	defer release()
-	if err := os.MkdirAll(snap.dir, 0o700); err != nil {
+	if err := os.MkdirAll(snap.Dir, 0o700); err != nil {
 		return nil, began, false, err
 	}
 	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
-	if err := sb.markCheckpoint(snap.dir); err != nil {
-		os.RemoveAll(snap.dir)
+	if err := sb.markCheckpoint(snap.Dir); err != nil {
+		os.RemoveAll(snap.Dir)
 		return nil, began, false, err
 	}
 	began = time.Now()
-	info, serr := detachedSnapshot(ctx, sb, sn, snap.ref())
+	info, serr := detachedSnapshot(ctx, sb, sn, snap.Ref())
 	if serr != nil || !info.Stopped {
 		sb.markCheckpoint("") //nolint:errcheck // the sandbox runs: nothing to bring back
 	}
 	if serr != nil {
-		os.RemoveAll(snap.dir)
+		os.RemoveAll(snap.Dir)
 		if info != nil && info.Stopped {
 			// runsc kills a sandbox whose checkpoint failed: it is failed,
 			// with the reason, until a stop removes it (never silently gone).
@@ -174,11 +93,11 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		return nil, began, false, fmt.Errorf("snapshot %s: %w", sb.id, serr)
 	}
 	snap.SizeBytes = info.SizeBytes
-	if err := snap.save(); err != nil {
-		os.RemoveAll(snap.dir)
+	if err := snap.Save(); err != nil {
+		os.RemoveAll(snap.Dir)
 		return nil, began, info.Stopped, err
 	}
-	e.snaps.add(snap)
+	e.snaps.Add(snap)
 	return snap, began, info.Stopped, nil
 }
 
@@ -203,10 +122,10 @@ func detachedSnapshot(ctx context.Context, sb *sandbox, sn backend.Snapshotter, 
 
 // bringBack restores a source that its snapshot stopped, from that
 // snapshot, and returns how long the source did not run. Callers hold sb.mu.
-func (sb *sandbox) bringBack(ctx context.Context, snap *snapshot, began time.Time, stopped bool) (time.Duration, error) {
+func (sb *sandbox) bringBack(ctx context.Context, snap *snapshots.Snapshot, began time.Time, stopped bool) (time.Duration, error) {
 	log := sb.log.With(logging.SnapshotID, snap.ID)
 	if stopped {
-		if err := sb.restoreInPlace(ctx, snap.ref()); err != nil {
+		if err := sb.restoreInPlace(ctx, snap.Ref()); err != nil {
 			log.Error("could not bring the source back after its snapshot", logging.Error, err)
 			sb.rec.Checkpoint = ""
 			sb.fail(context.WithoutCancel(ctx), "it could not be restored after a snapshot: "+err.Error())
@@ -238,7 +157,7 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if name != "" && e.snaps.named(sb.rec.Project, name) != nil {
+	if name != "" && e.snaps.Named(sb.rec.Project, name) != nil {
 		return nil, errdefs.AlreadyExists("snapshot name %q: project %s has a snapshot of that name on node %s", name, sb.rec.Project, e.node)
 	}
 	snap, began, stopped, err := e.checkpoint(ctx, sb, false)
@@ -247,23 +166,23 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	}
 	if name != "" {
 		snap.Name = name
-		if err := snap.save(); err != nil {
-			e.snaps.drop(snap) //nolint:errcheck // reporting the save's error
+		if err := snap.Save(); err != nil {
+			e.snaps.Drop(snap) //nolint:errcheck // reporting the save's error
 			return nil, err
 		}
 	}
 	if _, err := sb.bringBack(ctx, snap, began, stopped); err != nil {
-		e.snaps.drop(snap) //nolint:errcheck // reporting the restore's error
+		e.snaps.Drop(snap) //nolint:errcheck // reporting the restore's error
 		return nil, err
 	}
-	return snap.proto(e.node), nil
+	return snap.Proto(e.node), nil
 }
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // ListSnapshots lists the snapshots in scope, of one sandbox if given.
 func (e *Edge) ListSnapshots(scope, sandbox string) ([]*sandboxv1.Snapshot, error) {
-	out, foreign := e.snaps.list(scope, sandbox)
+	out, foreign := e.snaps.List(scope, sandbox)
 	if sandbox != "" && len(out) == 0 {
 		// Another project's sandbox is not found here, as in every other
 		// call; an empty list would say it exists. (The caller's own
@@ -281,11 +200,11 @@ func (e *Edge) ListSnapshots(scope, sandbox string) ([]*sandboxv1.Snapshot, erro
 
 // DeleteSnapshot deletes a snapshot and frees its storage.
 func (e *Edge) DeleteSnapshot(id, scope string) error {
-	s, err := e.snaps.lookup(id, scope)
+	s, err := e.snaps.Lookup(id, scope)
 	if err != nil {
 		return err
 	}
-	return e.snaps.drop(s)
+	return e.snaps.Drop(s)
 }
 
 // copyOptions are the differences a restored copy may have: its project
@@ -308,8 +227,8 @@ type RestoreOptions struct {
 
 // startCopy admits and starts one sandbox from a snapshot, with its own id,
 // directory, agent socket and identity. On failure nothing of it remains.
-func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapshotter, be backend.Backend, o copyOptions) (*sandboxv1.Sandbox, error) {
-	spec := proto.Clone(snap.spec).(*sandboxv1.SandboxSpec)
+func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backend.Snapshotter, be backend.Backend, o copyOptions) (*sandboxv1.Sandbox, error) {
+	spec := proto.Clone(snap.SandboxSpec).(*sandboxv1.SandboxSpec)
 	if o.Timeout != 0 {
 		if err := sandboxspec.CheckTimeout(o.Timeout, e.cfg.Limits); err != nil {
 			return nil, err
@@ -354,7 +273,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshot, sn backend.Snapsho
 	return sb.published(), nil
 }
 
-func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn backend.Snapshotter) error {
+func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshots.Snapshot, sn backend.Snapshotter) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	link, err := e.prepareDir(sb)
@@ -375,7 +294,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
 	}
-	h, err := sn.Restore(ctx, snap.ref(), bspec)
+	h, err := sn.Restore(ctx, snap.Ref(), bspec)
 	if err != nil {
 		return err
 	}
@@ -388,14 +307,14 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshot, sn 
 
 // layersByDigest finds the image layers a snapshot was taken on, by
 // digest: the name may have moved since.
-func (e *Edge) layersByDigest(ctx context.Context, snap *snapshot) ([]string, ocispec.ImageConfig, error) {
-	ref, err := image.ParseRef(snap.spec.Image)
+func (e *Edge) layersByDigest(ctx context.Context, snap *snapshots.Snapshot) ([]string, ocispec.ImageConfig, error) {
+	ref, err := image.ParseRef(snap.SandboxSpec.Image)
 	if err != nil {
 		return nil, ocispec.ImageConfig{}, err
 	}
 	im, err := e.store.Resolve(ref)
 	if err != nil || im.Digest.String() != snap.ImageDigest {
-		return nil, ocispec.ImageConfig{}, errdefs.FailedPrecondition("snapshot %s: image %s no longer has digest %s", snap.ID, snap.spec.Image, snap.ImageDigest)
+		return nil, ocispec.ImageConfig{}, errdefs.FailedPrecondition("snapshot %s: image %s no longer has digest %s", snap.ID, snap.SandboxSpec.Image, snap.ImageDigest)
 	}
 	layers, err := e.cache.Layers(ctx, im, nil)
 	return layers, im.Config.Config, err
@@ -404,7 +323,7 @@ func (e *Edge) layersByDigest(ctx context.Context, snap *snapshot) ([]string, oc
 // Restore starts a new sandbox from a snapshot: one of this node's, or,
 // with src, one another node exported, pulled from there first.
 func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o RestoreOptions, src *edgev1.SnapshotSource) (*sandboxv1.Sandbox, error) {
-	var snap *snapshot
+	var snap *snapshots.Snapshot
 	sid, node, err := sandboxid.ParseSnapshot(snapID)
 	if err != nil {
 		return nil, err
@@ -413,7 +332,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 		if src.Addr == "" || src.Token == "" {
 			return nil, errdefs.InvalidArgument("source: the holder's addr and the export's token are both required")
 		}
-		s, release, err := e.snaps.pulledSnapshot(ctx, sid, src)
+		s, release, err := e.snaps.Pulled(ctx, sid, src)
 		if err != nil {
 			return nil, err
 		}
@@ -422,7 +341,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 			return nil, errdefs.NotFound("snapshot %s: no such snapshot", snapID)
 		}
 		snap = s
-	} else if snap, err = e.snaps.lookup(snapID, scope); err != nil {
+	} else if snap, err = e.snaps.Lookup(snapID, scope); err != nil {
 		return nil, err
 	}
 	if project == "" {
@@ -509,7 +428,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		// Hashed for the manifest while the copies here start.
 		go func() {
 			defer close(exported)
-			export, exportErr = e.snaps.openExport(snap)
+			export, exportErr = e.snaps.OpenExport(snap)
 		}()
 	} else {
 		close(exported)
@@ -519,7 +438,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		if export != nil {
 			return // deleted when the export is released or lapses
 		}
-		if err := e.snaps.drop(snap); err != nil {
+		if err := e.snaps.Drop(snap); err != nil {
 			e.log.Error("drop fork snapshot", logging.Error, err)
 		}
 	}()

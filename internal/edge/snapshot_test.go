@@ -55,7 +55,11 @@ func TestSnapshotRestoreDelete(t *testing.T) {
 	if out, err := echo(t, agentClient(t, f.edge, restored.Id, "root")); err != nil || !strings.HasPrefix(out, "yes ") {
 		t.Fatalf("restored sandbox does not answer: %q %v", out, err)
 	}
-	dir := f.edge.snaps.snapshots[sandboxIDOfSnap(snap.Id)].dir
+	held, err := f.edge.snaps.Lookup(snap.Id, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := held.Dir
 	if err := f.edge.DeleteSnapshot(snap.Id, "root"); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +104,7 @@ func TestForkReportsEachCopy(t *testing.T) {
 		t.Fatalf("%d copies started, %d refused for capacity; want 3 and 1", ok, exhausted)
 	}
 	// The fork's snapshot is gone; the source still answers.
-	if len(listSnapshots(t, f.edge, "root", "")) != 0 || len(f.edge.snaps.snapshots) != 0 {
+	if len(listSnapshots(t, f.edge, "root", "")) != 0 || f.edge.snaps.Len() != 0 {
 		t.Fatal("fork left its snapshot behind")
 	}
 	if _, err := echo(t, agentClient(t, f.edge, src.Id, "root")); err != nil {

@@ -1,4 +1,8 @@
-package edge
+// Package layout reads what the edge writes for a later run of itself,
+// or another release, to read: sandbox records and snapshot descriptions
+// carry a layout number, so that a release reads its predecessors' files
+// and refuses, rather than misreads, its successors'.
+package layout
 
 import (
 	"encoding/json"
@@ -7,16 +11,14 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
-// What the edge writes for a later run of itself, or another release, to
-// read (sandbox records, snapshot descriptions) carries a layout number,
-// so that a release reads its predecessors' files and refuses, rather than
-// misreads, its successors'.
+// Upgrade turns a decoded object of one layout into the next layout's.
+type Upgrade func(map[string]json.RawMessage) error
 
-// readLayout decodes data, a JSON object with a "layout" number (none is
+// Read decodes data, a JSON object with a "layout" number (none is
 // layout 0), into v after upgrading it with upgrades[layout:]: upgrades[v]
 // turns layout v into v+1, and len(upgrades) is the current layout. A
 // newer layout, or one that is not a number, is refused by name.
-func readLayout(what string, data []byte, upgrades []func(map[string]json.RawMessage) error, v any) error {
+func Read(what string, data []byte, upgrades []Upgrade, v any) error {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil {
 		return errdefs.FailedPrecondition("%s: not a JSON object: %v", what, err)

@@ -1,4 +1,4 @@
-package edge
+package snapshots
 
 import (
 	"context"
@@ -21,17 +21,44 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/snapxfer"
 )
 
-// snapshotStore keeps this node's snapshots (named ones, and a fork's
-// ephemeral one while its copies start), the exports that let other edges
-// pull them, and the snapshots pulled from other edges for restores here.
+// ExportLease is how long an export stays open when it is not released
+// (the apiserver that asked for it died mid-fork).
+const ExportLease = 10 * time.Minute
+
+// PulledIdle is how long a pulled snapshot is kept after its last restore:
+// restores of one fork arrive together; later ones pull again.
+const PulledIdle = 2 * time.Minute
+
+type export struct {
+	snap     *Snapshot
+	token    string
+	manifest *snapxfer.Manifest
+	expires  time.Time
+}
+
+// pulled is a snapshot copied from another node, for restores here.
+type pulled struct {
+	snap     *Snapshot
+	users    int       // restores running from it
+	lastUsed time.Time // when the last one ended
+}
+
+// pull is a transfer in progress; concurrent restores of one snapshot
+// wait for the same one.
+type pull struct {
+	done chan struct{}
+	err  error
+}
+
+// Store keeps a node's snapshots, its exports and the snapshots it pulled.
 // Its lock is its own, apart from the sandboxes' registry (Edge.mu): no
-// other lock is taken under it, and no I/O is done under it. What spans
-// sandboxes and snapshots (take one, start copies from it) is the edge's.
-type snapshotStore struct {
+// other lock is taken under it, and no I/O is done under it.
+type Store struct {
 	node       sandboxid.NodeID
 	dir        string       // this node's snapshots, one directory each
 	pulledRoot string       // snapshots pulled from other nodes
@@ -39,36 +66,39 @@ type snapshotStore struct {
 	log        *slog.Logger
 
 	mu        sync.Mutex
-	snapshots map[sandboxid.SnapshotID]*snapshot // guarded by mu
+	snapshots map[sandboxid.SnapshotID]*Snapshot // guarded by mu
 	exports   map[string]*export                 // guarded by mu; by token
 	pulled    map[sandboxid.SnapshotID]*pulled   // guarded by mu
 	pulls     map[sandboxid.SnapshotID]*pull     // guarded by mu
 }
 
-func newSnapshotStore(node sandboxid.NodeID, stateDir string, peers *http.Client, log *slog.Logger) *snapshotStore {
-	return &snapshotStore{node: node, dir: filepath.Join(stateDir, "snapshots"), pulledRoot: filepath.Join(stateDir, "pulled"), peers: peers, log: log,
-		snapshots: map[sandboxid.SnapshotID]*snapshot{}, exports: map[string]*export{},
+// New is the store of node under stateDir ("snapshots" for its own,
+// "pulled" for other nodes'), pulling with peers (nil: it cannot pull).
+// Load reads what a previous run left.
+func New(node sandboxid.NodeID, stateDir string, peers *http.Client, log *slog.Logger) *Store {
+	return &Store{node: node, dir: filepath.Join(stateDir, "snapshots"), pulledRoot: filepath.Join(stateDir, "pulled"), peers: peers, log: log,
+		snapshots: map[sandboxid.SnapshotID]*Snapshot{}, exports: map[string]*export{},
 		pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{}}
 }
 
-// add keeps a snapshot just written.
-func (st *snapshotStore) add(s *snapshot) {
+// Add keeps a snapshot just written.
+func (st *Store) Add(s *Snapshot) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.snapshots[s.ID] = s
 }
 
-// list is the snapshots in scope, of one sandbox if given; foreign says a
+// List is the snapshots in scope, of one sandbox if given; foreign says a
 // snapshot of that sandbox is outside the scope.
-func (st *snapshotStore) list(scope, sandbox string) (out []*sandboxv1.Snapshot, foreign bool) {
+func (st *Store) List(scope, sandbox string) (out []*sandboxv1.Snapshot, foreign bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for _, s := range st.snapshots {
 		if s.Ephemeral || (sandbox != "" && string(s.SourceSandbox) != sandbox) {
 			continue
 		}
-		if inScope(s.Project, scope) {
-			out = append(out, s.proto(st.node))
+		if project.Within(s.Project, scope) {
+			out = append(out, s.Proto(st.node))
 		} else {
 			foreign = true
 		}
@@ -76,9 +106,9 @@ func (st *snapshotStore) list(scope, sandbox string) (out []*sandboxv1.Snapshot,
 	return out, foreign
 }
 
-// imageDigests are the images the snapshots were taken on, whose layers
+// ImageDigests are the images the snapshots were taken on, whose layers
 // the cache keeps.
-func (st *snapshotStore) imageDigests() []string {
+func (st *Store) ImageDigests() []string {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	out := make([]string, 0, len(st.snapshots))
@@ -88,20 +118,20 @@ func (st *snapshotStore) imageDigests() []string {
 	return out
 }
 
-// openExport opens an export of snap. Callers must not hold st.mu (the
+// OpenExport opens an export of snap. Callers must not hold st.mu (the
 // manifest hashes the snapshot's files).
-func (st *snapshotStore) openExport(snap *snapshot) (*edgev1.SnapshotExport, error) {
-	meta, err := snap.encode()
+func (st *Store) OpenExport(snap *Snapshot) (*edgev1.SnapshotExport, error) {
+	meta, err := snap.Encode()
 	if err != nil {
 		return nil, err
 	}
-	m, err := snapxfer.Build(snap.dir, meta, snapshotFile)
+	m, err := snapxfer.Build(snap.Dir, meta, File)
 	if err != nil {
 		return nil, err
 	}
 	tok := make([]byte, 32)
 	rand.Read(tok) //nolint:errcheck // crypto/rand does not fail on Linux
-	x := &export{snap: snap, token: hex.EncodeToString(tok), manifest: m, expires: time.Now().Add(exportLease)}
+	x := &export{snap: snap, token: hex.EncodeToString(tok), manifest: m, expires: time.Now().Add(ExportLease)}
 	st.mu.Lock()
 	st.exports[x.token] = x
 	st.mu.Unlock()
@@ -109,18 +139,18 @@ func (st *snapshotStore) openExport(snap *snapshot) (*edgev1.SnapshotExport, err
 	return &edgev1.SnapshotExport{SnapshotId: string(snap.ID), Token: x.token, SizeBytes: m.Total(), ExpiresAt: timestamppb.New(x.expires)}, nil
 }
 
-// export lets other edges pull a snapshot of this node for a while.
-func (st *snapshotStore) export(snapID, scope string) (*edgev1.SnapshotExport, error) {
-	snap, err := st.lookup(snapID, scope)
+// Export lets other edges pull a snapshot of this node for a while.
+func (st *Store) Export(snapID, scope string) (*edgev1.SnapshotExport, error) {
+	snap, err := st.Lookup(snapID, scope)
 	if err != nil {
 		return nil, err
 	}
-	return st.openExport(snap)
+	return st.OpenExport(snap)
 }
 
-// releaseExport ends an export; an ephemeral (fork) snapshot with no other
-// export goes with it.
-func (st *snapshotStore) releaseExport(snapID, token string) error {
+// ReleaseExport ends an export; an ephemeral (fork) snapshot with no other
+// Export goes with it.
+func (st *Store) ReleaseExport(snapID, token string) error {
 	st.mu.Lock()
 	x, ok := st.exports[token]
 	if !ok || string(x.snap.ID) != snapID {
@@ -131,12 +161,12 @@ func (st *snapshotStore) releaseExport(snapID, token string) error {
 	drop := x.snap.Ephemeral && !st.exportedLocked(x.snap)
 	st.mu.Unlock()
 	if drop {
-		return st.drop(x.snap)
+		return st.Drop(x.snap)
 	}
 	return nil
 }
 
-func (st *snapshotStore) exportedLocked(s *snapshot) bool {
+func (st *Store) exportedLocked(s *Snapshot) bool {
 	for _, x := range st.exports {
 		if x.snap == s {
 			return true
@@ -145,21 +175,21 @@ func (st *snapshotStore) exportedLocked(s *snapshot) bool {
 	return false
 }
 
-// exportedFile serves the files of exported snapshots to other edges.
-func (st *snapshotStore) exportedFile(id, token string) (string, *snapxfer.Manifest, error) {
+// ExportedFile serves the files of exported snapshots to other edges.
+func (st *Store) ExportedFile(id, token string) (string, *snapxfer.Manifest, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for tok, x := range st.exports {
 		if subtle.ConstantTimeCompare([]byte(tok), []byte(token)) == 1 && string(x.snap.ID) == id && time.Now().Before(x.expires) {
-			return x.snap.dir, x.manifest, nil
+			return x.snap.Dir, x.manifest, nil
 		}
 	}
 	return "", nil, errdefs.PermissionDenied("snapshot %s: not exported to this token (or its lease ended)", errdefs.Clip(id, 140))
 }
 
-// pulledSnapshot returns the snapshot id, pulling it from src unless it is
+// Pulled returns the snapshot id, pulling it from src unless it is
 // here already, and counts a user of it until release is called.
-func (st *snapshotStore) pulledSnapshot(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.SnapshotSource) (*snapshot, func(), error) {
+func (st *Store) Pulled(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.SnapshotSource) (*Snapshot, func(), error) {
 	if st.peers == nil {
 		return nil, nil, errdefs.FailedPrecondition("snapshot %s is held by another node, and this edge has no certificate to pull it (edge.Config.PeerTLS)", id)
 	}
@@ -200,7 +230,7 @@ func (st *snapshotStore) pulledSnapshot(ctx context.Context, id sandboxid.Snapsh
 	}
 }
 
-func (st *snapshotStore) releasePulled(id sandboxid.SnapshotID) {
+func (st *Store) releasePulled(id sandboxid.SnapshotID) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if p, ok := st.pulled[id]; ok {
@@ -209,16 +239,16 @@ func (st *snapshotStore) releasePulled(id sandboxid.SnapshotID) {
 	}
 }
 
-// pulledDir is where pulled snapshots are kept, apart from this node's own.
-func (st *snapshotStore) pulledDir(id sandboxid.SnapshotID) string {
+// PulledDir is where a pulled snapshot is kept, apart from this node's own.
+func (st *Store) PulledDir(id sandboxid.SnapshotID) string {
 	return filepath.Join(st.pulledRoot, string(id))
 }
 
 // fetch copies a snapshot from its holder and reads its description.
-func (st *snapshotStore) fetch(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.SnapshotSource) (*snapshot, error) {
+func (st *Store) fetch(ctx context.Context, id sandboxid.SnapshotID, src *edgev1.SnapshotSource) (*Snapshot, error) {
 	log := st.log.With(logging.SnapshotID, id, "from", src.Addr)
 	began := time.Now()
-	dir := st.pulledDir(id)
+	dir := st.PulledDir(id)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	m, err := snapxfer.Pull(ctx, snapxfer.Source{Client: st.peers, BaseURL: "https://" + src.Addr, ID: string(id), Token: src.Token}, dir, nil)
@@ -227,22 +257,22 @@ func (st *snapshotStore) fetch(ctx context.Context, id sandboxid.SnapshotID, src
 		log.Warn("snapshot pull failed", logging.Error, err)
 		return nil, err
 	}
-	s, err := decodeSnapshot(m.Snapshot)
+	s, err := Decode(m.Snapshot)
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("snapshot %s: the holder's description: %v", id, err)
 	}
 	if s.ID != id {
 		return nil, errdefs.FailedPrecondition("snapshot %s: the holder described snapshot %q", id, s.ID)
 	}
-	s.dir = dir
+	s.Dir = dir
 	log.Info("snapshot pulled", "size", m.Total(), "took", time.Since(began).Round(time.Millisecond))
 	return s, nil
 }
 
-// sweep ends lapsed exports and drops pulled snapshots nobody
-// restored from for pulledIdle, and pulls left half done as long.
-func (st *snapshotStore) sweep(now time.Time) {
-	var drop []*snapshot
+// Sweep ends lapsed exports and drops pulled snapshots nobody
+// restored from for PulledIdle, and pulls left half done as long.
+func (st *Store) Sweep(now time.Time) {
+	var drop []*Snapshot
 	var dirs []string
 	st.mu.Lock()
 	for tok, x := range st.exports {
@@ -254,9 +284,9 @@ func (st *snapshotStore) sweep(now time.Time) {
 		}
 	}
 	for id, p := range st.pulled {
-		if p.users == 0 && now.Sub(p.lastUsed) > pulledIdle {
+		if p.users == 0 && now.Sub(p.lastUsed) > PulledIdle {
 			delete(st.pulled, id)
-			dirs = append(dirs, p.snap.dir)
+			dirs = append(dirs, p.snap.Dir)
 		}
 	}
 	ents, _ := os.ReadDir(st.pulledRoot)
@@ -264,14 +294,14 @@ func (st *snapshotStore) sweep(now time.Time) {
 		id := sandboxid.SnapshotID(ent.Name())
 		_, kept := st.pulled[id]
 		_, pulling := st.pulls[id]
-		if fi, err := ent.Info(); err == nil && !kept && !pulling && now.Sub(fi.ModTime()) > pulledIdle {
-			dirs = append(dirs, st.pulledDir(id))
+		if fi, err := ent.Info(); err == nil && !kept && !pulling && now.Sub(fi.ModTime()) > PulledIdle {
+			dirs = append(dirs, st.PulledDir(id))
 		}
 	}
 	st.mu.Unlock()
 	for _, s := range drop {
 		st.log.Info("export lease ended; fork snapshot deleted", logging.SnapshotID, s.ID)
-		if err := st.drop(s); err != nil {
+		if err := st.Drop(s); err != nil {
 			st.log.Warn("drop a lapsed fork snapshot", logging.Error, err)
 		}
 	}
@@ -282,16 +312,16 @@ func (st *snapshotStore) sweep(now time.Time) {
 	}
 }
 
-// load finds the snapshots a previous run left; the ephemeral
+// Load finds the snapshots a previous run left; the ephemeral
 // ones of an interrupted fork, and half-written ones (no description), are
 // deleted. One whose description this release cannot read (a newer
 // release's layout) is kept for the release that can, and not listed.
-func (st *snapshotStore) load() {
+func (st *Store) Load() {
 	root := st.dir
 	ents, _ := os.ReadDir(root)
 	for _, ent := range ents {
 		dir := filepath.Join(root, ent.Name())
-		data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+		data, err := os.ReadFile(filepath.Join(dir, File))
 		if errors.Is(err, fs.ErrNotExist) {
 			st.log.Info("removing leftover snapshot directory", "dir", dir, logging.Error, err)
 			os.RemoveAll(dir)
@@ -301,7 +331,7 @@ func (st *snapshotStore) load() {
 			st.log.Error("could not read a snapshot's description; it is kept", "dir", dir, logging.Error, err)
 			continue
 		}
-		s, err := decodeSnapshot(data)
+		s, err := Decode(data)
 		if err != nil {
 			st.log.Error("could not read a snapshot's description; it is kept", "dir", dir, logging.Error, err)
 			continue
@@ -311,13 +341,13 @@ func (st *snapshotStore) load() {
 			os.RemoveAll(dir)
 			continue
 		}
-		s.dir = dir
+		s.Dir = dir
 		st.snapshots[s.ID] = s
 	}
 }
 
-// named is project's snapshot called name on this node, if any.
-func (st *snapshotStore) named(project, name string) *snapshot {
+// Named is project's snapshot called name on this node, if any.
+func (st *Store) Named(project, name string) *Snapshot {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for _, s := range st.snapshots {
@@ -328,7 +358,7 @@ func (st *snapshotStore) named(project, name string) *snapshot {
 	return nil
 }
 
-func (st *snapshotStore) lookup(id, scope string) (*snapshot, error) {
+func (st *Store) Lookup(id, scope string) (*Snapshot, error) {
 	sid, node, err := sandboxid.ParseSnapshot(id)
 	if err != nil {
 		return nil, err
@@ -339,18 +369,25 @@ func (st *snapshotStore) lookup(id, scope string) (*snapshot, error) {
 	st.mu.Lock()
 	s, ok := st.snapshots[sid]
 	st.mu.Unlock()
-	if !ok || s.Ephemeral || !inScope(s.Project, scope) {
+	if !ok || s.Ephemeral || !project.Within(s.Project, scope) {
 		return nil, errdefs.NotFound("snapshot %s: no such snapshot", id)
 	}
 	return s, nil
 }
 
-func (st *snapshotStore) drop(s *snapshot) error {
+func (st *Store) Drop(s *Snapshot) error {
 	st.mu.Lock()
 	delete(st.snapshots, s.ID)
 	st.mu.Unlock()
-	if err := os.RemoveAll(s.dir); err != nil {
+	if err := os.RemoveAll(s.Dir); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
 	}
 	return nil
+}
+
+// Len is how many snapshots of its own it holds, ephemeral ones included.
+func (st *Store) Len() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.snapshots)
 }
