@@ -2,10 +2,12 @@ package edge
 
 import (
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/opendsec/opendsec/internal/diskledger"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 )
@@ -25,7 +27,9 @@ const (
 	maxKeepFreeMB = 1024
 )
 
-// diskRoom is where layers live and what their file system keeps free.
+// diskRoom is where layers live, what their file system keeps free, and
+// what this edge promised of it. Its lock is its own and is taken last:
+// nothing else is locked under it.
 type diskRoom struct {
 	dir      string
 	dev      uint64
@@ -35,16 +39,31 @@ type diskRoom struct {
 	// and the room check is off.
 	overcommit float64
 	budgetMB   int64
+	// layers says what the writable layers may still write; nil without
+	// layers.
+	layers interface {
+		Promised() (unwritten, sizes int64)
+	}
+	// ledger holds this edge's promise of the disk's free space beside
+	// other edges' on it; nil without Config.DiskLedgerDir.
+	ledger *diskledger.Ledger
+	log    *slog.Logger
+
+	mu         sync.Mutex
+	admittedMB int64 // guarded by mu; disk limits admitted on dir
+	// pending is what snapshots and offloads being written hold of the
+	// disk (reserve), in bytes.
+	pending int64 // guarded by mu
 }
 
-func newDiskRoom(dir string, overcommit float64, keepFreeMB int64) (diskRoom, error) {
+func newDiskRoom(dir string, overcommit float64, keepFreeMB int64, log *slog.Logger) (*diskRoom, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return diskRoom{}, err
+		return nil, err
 	}
 	var fi unix.Stat_t
 	if err := unix.Stat(dir, &fi); err != nil {
-		return diskRoom{}, err
+		return nil, err
 	}
 	if keepFreeMB <= 0 {
 		keepFreeMB = min(max(int64(st.Blocks)*st.Bsize>>20/50, minKeepFreeMB), maxKeepFreeMB)
@@ -52,29 +71,54 @@ func newDiskRoom(dir string, overcommit float64, keepFreeMB int64) (diskRoom, er
 	if overcommit <= 0 {
 		overcommit = 1
 	}
-	return diskRoom{
+	return &diskRoom{
 		dir: dir, dev: fi.Dev, keepFree: keepFreeMB << 20, overcommit: overcommit,
-		budgetMB: int64(float64(int64(st.Bavail)*st.Bsize>>20) * overcommit),
+		budgetMB: int64(float64(int64(st.Bavail)*st.Bsize>>20) * overcommit), log: log,
 	}, nil
 }
 
-// admitLayerLocked reserves room for a layer of sizeMB, or says why there
-// is none. Callers hold e.mu.
-func (e *Edge) admitLayerLocked(sizeMB int64) error {
-	d := e.disk
-	if d.overcommit > 1 {
-		if e.diskMB+sizeMB > d.budgetMB {
-			return errdefs.ResourceExhausted("node full: disk limits of %d of %d MiB admitted (%g × the free space), %d asked", e.diskMB, d.budgetMB, d.overcommit, sizeMB)
-		}
+// admit counts a sandbox's disk limit of sizeMB on the disk, or says why
+// there is no room for it.
+func (d *diskRoom) admit(sizeMB int64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sizeMB <= 0 {
 		return nil
 	}
-	return e.raiseDiskLocked(d.dir, sizeMB<<20, func(free, promised, others int64, err error) error {
+	if d.overcommit > 1 {
+		if d.admittedMB+sizeMB > d.budgetMB {
+			return errdefs.ResourceExhausted("node full: disk limits of %d of %d MiB admitted (%g × the free space), %d asked", d.admittedMB, d.budgetMB, d.overcommit, sizeMB)
+		}
+		d.admittedMB += sizeMB
+		return nil
+	}
+	err := d.raiseLocked(d.dir, sizeMB<<20, func(free, promised, others int64, err error) error {
 		if err != nil {
 			return errdefs.Unavailable("writable layers: cannot read the free space of %s: %v", d.dir, err)
 		}
 		return errdefs.ResourceExhausted("node disk full: a writable layer of %d MiB (disk_mb) asked; %s has %d MiB free, %d MiB of it promised to the layers of this node's sandboxes%s and %d MiB kept free; ask for a smaller disk_mb or free space on the node",
 			sizeMB, d.dir, free>>20, promised>>20, othersPhrase(others), d.keepFree>>20)
 	})
+	if err == nil {
+		d.admittedMB += sizeMB
+	}
+	return err
+}
+
+// count counts a disk limit admitted before (a recovered sandbox's).
+func (d *diskRoom) count(sizeMB int64) {
+	d.mu.Lock()
+	d.admittedMB += sizeMB
+	d.mu.Unlock()
+}
+
+// giveBack stops counting a disk limit and lowers the promise in the
+// ledger.
+func (d *diskRoom) giveBack(sizeMB int64) {
+	d.mu.Lock()
+	d.admittedMB -= sizeMB
+	d.mu.Unlock()
+	d.publish()
 }
 
 func othersPhrase(others int64) string {
@@ -84,51 +128,51 @@ func othersPhrase(others int64) string {
 	return fmt.Sprintf(", %d MiB to other edges' sandboxes on this disk,", others>>20)
 }
 
-// raiseDiskLocked checks that dir's file system has need bytes beyond what
+// raiseLocked checks that dir's file system has need bytes beyond what
 // is promised (this edge's sandboxes' disks and writes in progress, and,
 // on the layers' file system, what the other edges sharing it promised:
 // the disk ledger) and what it keeps free, and promises them in the
-// ledger; else it returns refuse's error. Callers hold e.mu, and count
-// need in diskMB or diskPending once it returns nil.
-func (e *Edge) raiseDiskLocked(dir string, need int64, refuse func(free, promised, others int64, err error) error) error {
+// ledger; else it returns refuse's error. Callers hold d.mu, and count
+// need in admittedMB or pending once it returns nil.
+func (d *diskRoom) raiseLocked(dir string, need int64, refuse func(free, promised, others int64, err error) error) error {
 	var refused error
-	onLayers := e.onLayerDisk(dir)
+	onLayers := d.holds(dir)
 	check := func(others int64) (int64, error) {
-		free, promised, err := e.diskPromisedLocked(dir, onLayers, need, others)
+		free, promised, err := d.promisedLocked(dir, onLayers, need, others)
 		if err != nil {
 			refused = refuse(0, 0, others, err)
-		} else if free-promised-others-e.disk.keepFree < need {
+		} else if free-promised-others-d.keepFree < need {
 			refused = refuse(free, promised, others, nil)
 		}
 		return promised + need, refused
 	}
-	if e.ledger == nil || !onLayers {
+	if d.ledger == nil || !onLayers {
 		_, err := check(0)
 		return err
 	}
-	if err := e.ledger.Raise(check); err != nil && refused == nil {
+	if err := d.ledger.Raise(check); err != nil && refused == nil {
 		// The ledger itself failed (its directory, its lock): the edge
 		// cannot know what others promised, so it promises nothing more.
-		return errdefs.Unavailable("disk ledger %s: %v", e.ledger.Dir(), err)
+		return errdefs.Unavailable("disk ledger %s: %v", d.ledger.Dir(), err)
 	}
 	return refused
 }
 
-// onLayerDisk tells whether dir is on the file system of the layers.
-func (e *Edge) onLayerDisk(dir string) bool {
-	if dir == e.disk.dir {
+// holds tells whether dir is on the file system of the layers.
+func (d *diskRoom) holds(dir string) bool {
+	if dir == d.dir {
 		return true
 	}
 	var fi unix.Stat_t
-	return unix.Stat(dir, &fi) == nil && fi.Dev == e.disk.dev
+	return unix.Stat(dir, &fi) == nil && fi.Dev == d.dev
 }
 
-// diskPromisedLocked returns the free bytes of dir's file system and, if
+// promisedLocked returns the free bytes of dir's file system and, if
 // it holds the layers (onLayers), what they may still write. extra bytes are about to
 // be added: when even every admitted layer written in full leaves room for
 // them beside others' promise, the layers are not looked at (one statfs
-// per admission in the common case). Callers hold e.mu.
-func (e *Edge) diskPromisedLocked(dir string, onLayers bool, extra, others int64) (free, promised int64, err error) {
+// per admission in the common case). Callers hold d.mu.
+func (d *diskRoom) promisedLocked(dir string, onLayers bool, extra, others int64) (free, promised int64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, 0, err
@@ -137,69 +181,82 @@ func (e *Edge) diskPromisedLocked(dir string, onLayers bool, extra, others int64
 	if !onLayers {
 		return free, 0, nil
 	}
-	admitted := e.diskMB << 20
-	if free-admitted-e.diskPending-others-e.disk.keepFree >= extra || e.layers == nil {
-		return free, admitted + e.diskPending, nil
+	admitted := d.admittedMB << 20
+	if free-admitted-d.pending-others-d.keepFree >= extra || d.layers == nil {
+		return free, admitted + d.pending, nil
 	}
-	return free, e.promisedExactlyLocked(e.layers.Promised()), nil
+	return free, d.promisedExactlyLocked(d.layers.Promised()), nil
 }
 
 // promisedExactlyLocked is what this edge's sandboxes may still write to
 // the layers' file system, given what its layers may still write and
 // their sizes: admitted layers not made yet, and VMs' disks (not counted
 // by the layers), owe their whole size; snapshots being written, theirs.
-// Callers hold e.mu.
-func (e *Edge) promisedExactlyLocked(unwritten, sizes int64) int64 {
-	return unwritten + max(e.diskMB<<20-sizes, 0) + e.diskPending
+// Callers hold d.mu.
+func (d *diskRoom) promisedExactlyLocked(unwritten, sizes int64) int64 {
+	return unwritten + max(d.admittedMB<<20-sizes, 0) + d.pending
 }
 
-// publishDisk lowers this edge's promise in the disk ledger to what its
+// publish lowers this edge's promise in the disk ledger to what its
 // sandboxes may still write (a raise promises a layer or a snapshot in
 // full; the layers' writes and removals lower it). Called on the metrics
 // tick and when a sandbox gives its disk back.
-func (e *Edge) publishDisk() {
-	if e.ledger == nil {
+func (d *diskRoom) publish() {
+	if d.ledger == nil {
 		return
 	}
 	var unwritten, sizes int64
-	if e.layers != nil {
-		unwritten, sizes = e.layers.Promised()
+	if d.layers != nil {
+		unwritten, sizes = d.layers.Promised()
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := e.ledger.Set(e.promisedExactlyLocked(unwritten, sizes)); err != nil {
-		e.log.Warn("record this edge's disk promise in the ledger", logging.Error, err)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.ledger.Set(d.promisedExactlyLocked(unwritten, sizes)); err != nil {
+		d.log.Warn("record this edge's disk promise in the ledger", logging.Error, err)
 	}
 }
 
-// reserveDisk holds room on dir's file system for need bytes of new
+// diskReserver holds room on a disk for a write (diskRoom.reserve).
+type diskReserver interface {
+	reserve(dir string, need int64, what string) (release func(), err error)
+}
+
+// reserve holds room on dir's file system for need bytes of new
 // state (a snapshot, an offload) without eating into what the layers are
 // promised, until release is called once it is written: two writes at
 // once do not both count on the same free space.
-func (e *Edge) reserveDisk(dir string, need int64, what string) (release func(), err error) {
-	if e.disk.overcommit > 1 {
+func (d *diskRoom) reserve(dir string, need int64, what string) (release func(), err error) {
+	if d.overcommit > 1 {
 		return func() {}, nil
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	err = e.raiseDiskLocked(dir, need, func(free, promised, others int64, err error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err = d.raiseLocked(dir, need, func(free, promised, others int64, err error) error {
 		if err != nil {
 			return errdefs.Unavailable("%s: cannot read the free space of %s: %v", what, dir, err)
 		}
 		return errdefs.ResourceExhausted("node disk full: %s needs about %d MiB; %s has %d MiB free, %d MiB of it promised to this node's sandboxes' disks and writes in progress%s and %d MiB kept free",
-			what, need>>20, dir, free>>20, promised>>20, othersPhrase(others), e.disk.keepFree>>20)
+			what, need>>20, dir, free>>20, promised>>20, othersPhrase(others), d.keepFree>>20)
 	})
 	if err != nil {
 		return nil, err
 	}
-	e.diskPending += need
+	d.pending += need
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			e.mu.Lock()
-			e.diskPending -= need
-			e.mu.Unlock()
-			e.publishDisk()
+			d.mu.Lock()
+			d.pending -= need
+			d.mu.Unlock()
+			d.publish()
 		})
 	}, nil
+}
+
+// close lets go of the ledger. The sandboxes' layers stay promised by
+// their blocks on disk until an edge takes them back at its start.
+func (d *diskRoom) close() {
+	if d.ledger != nil {
+		d.ledger.Close()
+	}
 }

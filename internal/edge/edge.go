@@ -112,11 +112,9 @@ type Edge struct {
 	// layers makes the writable layers of DiskLayer backends; nil when no
 	// backend needs them.
 	layers *layerfs.FS
-	// disk is LayerDir's file system and what it keeps free (diskroom.go).
-	disk diskRoom
-	// ledger holds this edge's promise of disk's free space beside other
-	// edges' on it; nil without Config.DiskLedgerDir.
-	ledger *diskledger.Ledger
+	// disk is LayerDir's file system, what it keeps free and what this
+	// edge promised of it (diskroom.go), under a lock of its own.
+	disk *diskRoom
 	// records keeps the sandboxes' records (recordstore.go).
 	records recordStore
 	// recoveryIncomplete is set when recovery could not read every record:
@@ -135,10 +133,6 @@ type Edge struct {
 	boxes     map[sandboxid.ID]*sandbox // guarded by mu
 	fenced    map[string]time.Time      // guarded by mu; reservations taken over, when
 	allocated usage                     // guarded by mu
-	diskMB    int64                     // guarded by mu; disk limits admitted on LayerDir
-	// diskPending is what snapshots and offloads being written hold of the
-	// state disk (reserveDisk), in bytes.
-	diskPending int64 // guarded by mu
 	// usageSeq counts changes of what Status counts (admissions and
 	// removals); usageEpoch names this run of the edge. Apiservers drop a
 	// placement they count themselves once a status stamped at or after
@@ -227,11 +221,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	if e.layers != nil {
 		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.budgetMB)
-	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB); err != nil {
+	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, e.log); err != nil {
 		return nil, fmt.Errorf("edge: state directory %s: %w", cfg.StateDir, err)
 	}
 	if cfg.DiskLedgerDir != "" && e.disk.overcommit <= 1 {
-		if e.ledger, err = diskledger.Open(cfg.DiskLedgerDir, e.disk.dir, string(e.node)); err != nil {
+		if e.disk.ledger, err = diskledger.Open(cfg.DiskLedgerDir, e.disk.dir, string(e.node)); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
@@ -250,7 +244,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.snaps.Load()
-	e.publishDisk() // what recovery found
+	e.disk.publish() // what recovery found
 	e.wg.Add(5)
 	go e.transferLoop()
 	go e.expireLoop()
@@ -275,11 +269,7 @@ func (e *Edge) Close() {
 	if e.layers != nil {
 		e.layers.Close() // removes the warm layers; sandboxes' stay
 	}
-	if e.ledger != nil {
-		// Its sandboxes' layers stay promised by their blocks on disk
-		// until an edge takes them back at its start.
-		e.ledger.Close()
-	}
+	e.disk.close()
 	for _, sb := range e.all() {
 		sb.mu.Lock()
 		if sb.link != nil {
@@ -462,11 +452,12 @@ func (e *Edge) openLayers() error {
 	if err != nil {
 		return fmt.Errorf("writable layers: %w", err)
 	}
-	room, err := newDiskRoom(dir, e.cfg.DiskOvercommit, e.cfg.DiskKeepFreeMB)
+	room, err := newDiskRoom(dir, e.cfg.DiskOvercommit, e.cfg.DiskKeepFreeMB, e.log)
 	if err != nil {
 		fs.Close()
 		return err
 	}
+	room.layers = fs
 	e.layers, e.disk = fs, room
 	return nil
 }

@@ -64,7 +64,7 @@ func (e *Edge) metricsLoop() {
 			for _, sb := range e.all() {
 				sb.recordMetrics(now)
 			}
-			e.publishDisk()
+			e.disk.publish()
 		}
 	}
 }

@@ -116,7 +116,7 @@ func (sb *sandbox) offloadLocked(ctx context.Context) (int64, string, error) {
 	sn := sb.be.(backend.Snapshotter)
 	before := sb.heldMemory()
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(sb.node), Dir: offloadDir(sb)}
-	release, err := sb.host.reserveDisk(sb.dir, sb.stateSize(), "offloading sandbox "+string(sb.id))
+	release, err := sb.disk.reserve(sb.dir, sb.stateSize(), "offloading sandbox "+string(sb.id))
 	if err != nil {
 		return 0, "", err
 	}

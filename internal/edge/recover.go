@@ -91,7 +91,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	e.boxes[rec.ID] = sb
 	if !gone {
 		e.allocated.add(r.CpuCores, r.MemoryMb, 1)
-		e.diskMB += e.diskOf(be, r)
+		e.disk.count(e.diskOf(be, r))
 	}
 	e.mu.Unlock()
 	if rec.State == stateFailed {

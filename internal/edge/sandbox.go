@@ -64,6 +64,8 @@ type sandbox struct {
 	// node runs without one, and nodeNetOff says why).
 	nodeNet    sandboxNetwork
 	nodeNetOff string
+	// disk is the node's disk room its checkpoints are written into.
+	disk diskReserver
 	// released is set once, under mu, when its capacity is given back (it
 	// failed and nothing of it is left); Status reads it without mu.
 	released atomic.Bool
@@ -121,9 +123,6 @@ type host interface {
 	removeLayer(dir string) error
 	// forget unregisters a removed sb and releases its capacity.
 	forget(sb *sandbox)
-	// reserveDisk holds need bytes of the node's disk under dir for what
-	// (a checkpoint) until release is called.
-	reserveDisk(dir string, need int64, what string) (release func(), err error)
 	// specOf is the backend's spec for a sandbox of rec that is brought
 	// back (its image resolved again, by digest).
 	specOf(ctx context.Context, rec *record) (*backend.Spec, error)
@@ -140,7 +139,7 @@ func (e *Edge) removeLayer(dir string) error {
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
-	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, records: e.records, host: e, log: e.log})
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, host: e, log: e.log})
 }
 
 // sandboxEnv is where a sandbox lives and what it reaches.
@@ -154,6 +153,7 @@ type sandboxEnv struct {
 	// says why.
 	net     sandboxNetwork
 	netOff  string
+	disk    diskReserver // the node's disk room (diskroom.go)
 	records recordStore
 	host    host
 	log     *slog.Logger
@@ -161,7 +161,7 @@ type sandboxEnv struct {
 
 // makeSandbox is the sandbox of rec on backend be in env.
 func makeSandbox(rec *record, be backend.Backend, env sandboxEnv) *sandbox {
-	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, be: be, proj: rec.Project, rec: rec, records: env.records, host: env.host,
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, host: env.host,
 		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.proto(env.node))
@@ -328,13 +328,9 @@ func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
 	if err := e.cfg.Capacity.admit(string(e.node), e.allocated, r.CpuCores, r.MemoryMb, 1); err != nil {
 		return nil, err
 	}
-	disk := e.diskOf(be, r)
-	if disk > 0 {
-		if err := e.admitLayerLocked(disk); err != nil {
-			return nil, err
-		}
+	if err := e.disk.admit(e.diskOf(be, r)); err != nil {
+		return nil, err
 	}
-	e.diskMB += disk
 	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
 	sb := e.newSandbox(rec, be)
 	e.boxes[rec.ID] = sb
@@ -363,10 +359,9 @@ func (e *Edge) release(sb *sandbox) {
 	r := sb.rec.spec.Resources
 	e.mu.Lock()
 	e.allocated.add(r.CpuCores, r.MemoryMb, -1)
-	e.diskMB -= e.diskOf(sb.be, r)
 	e.usageSeq++ // a failed sandbox that holds nothing is no longer counted
 	e.mu.Unlock()
-	e.publishDisk()
+	e.disk.giveBack(e.diskOf(sb.be, r))
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its

@@ -30,7 +30,7 @@ func (h *fakeHost) pausedLifetime() time.Duration { return h.lifetime }
 func (h *fakeHost) release(*sandbox)              { h.released++ }
 func (h *fakeHost) removeLayer(dir string) error  { h.layersRemoved++; return nil }
 func (h *fakeHost) forget(sb *sandbox)            { h.forgotten++; h.release(sb) }
-func (h *fakeHost) reserveDisk(string, int64, string) (func(), error) {
+func (h *fakeHost) reserve(string, int64, string) (func(), error) {
 	return func() {}, nil
 }
 func (h *fakeHost) specOf(context.Context, *record) (*backend.Spec, error) {
@@ -71,7 +71,7 @@ func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *memRecords, *fake.Backen
 		t.Fatal(err)
 	}
 	h, store := &fakeHost{lifetime: time.Hour}, newMemRecords()
-	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, host: h, net: &h.net, log: testutil.Logger(t)})
+	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err := sb.attachNetwork(context.Background()); err != nil || h.net.attached != 1 || sb.rec.NetAddr != "10.0.0.2" {

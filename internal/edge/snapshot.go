@@ -63,7 +63,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.Dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
-	release, err := e.reserveDisk(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
+	release, err := e.disk.reserve(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
 	if err != nil {
 		return nil, began, false, err
 	}
