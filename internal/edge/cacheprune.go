@@ -43,11 +43,9 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 			inUse = append(inUse, md)
 		}
 	}
-	e.mu.Lock()
-	for _, sb := range e.boxes {
+	for _, sb := range e.reg.all() {
 		use(sb.view.Load().GetImageDigest())
 	}
-	e.mu.Unlock()
 	for _, d := range e.snaps.ImageDigests() {
 		use(d)
 	}

@@ -92,7 +92,8 @@ func (u usage) proto() *edgev1.Usage {
 	return &edgev1.Usage{Sandboxes: u.sandboxes, CpuCores: u.cpu, MemoryMb: u.memMB}
 }
 
-// admit checks that n more sandboxes of this size fit. Callers hold e.mu.
+// admit checks that n more sandboxes of this size fit. Callers hold the
+// registry's lock.
 func (c Capacity) admit(node string, cur usage, cpu float64, mem, n int64) error {
 	switch {
 	case cpu > c.HostCPUCores:

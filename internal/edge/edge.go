@@ -129,16 +129,9 @@ type Edge struct {
 	// (internal/edge/snapshots), under a lock of its own.
 	snaps *snapshots.Store
 
-	mu        sync.Mutex
-	boxes     map[sandboxid.ID]*sandbox // guarded by mu
-	fenced    map[string]time.Time      // guarded by mu; reservations taken over, when
-	allocated usage                     // guarded by mu
-	// usageSeq counts changes of what Status counts (admissions and
-	// removals); usageEpoch names this run of the edge. Apiservers drop a
-	// placement they count themselves once a status stamped at or after
-	// its admission shows it (usage.go).
-	usageSeq   uint64 // guarded by mu
-	usageEpoch string
+	// reg is the node's sandboxes and what they were admitted with
+	// (registry.go), under the edge's one lock over sandboxes.
+	reg *registry
 
 	expiryWake chan struct{} // a deadline changed (wakeExpiry)
 	stop       chan struct{}
@@ -192,9 +185,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
 		store: deps.Store, cache: cache, records: dirRecords{root: filepath.Join(cfg.StateDir, "sandboxes")},
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
-		boxes:  map[sandboxid.ID]*sandbox{},
-		fenced: map[string]time.Time{},
-		stop:   make(chan struct{}), expiryWake: make(chan struct{}, 1), usageEpoch: newUUID(),
+		stop: make(chan struct{}), expiryWake: make(chan struct{}, 1),
 	}
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
@@ -229,6 +220,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
+	e.reg = newRegistry(node, cfg.Capacity, e.disk)
 	e.netOff = "not configured"
 	if cfg.Network != nil {
 		if err := e.openNetwork(ctx, *cfg.Network, e.networkedRecords()); err != nil {
@@ -270,7 +262,7 @@ func (e *Edge) Close() {
 		e.layers.Close() // removes the warm layers; sandboxes' stay
 	}
 	e.disk.close()
-	for _, sb := range e.all() {
+	for _, sb := range e.reg.all() {
 		sb.mu.Lock()
 		if sb.link != nil {
 			sb.link.Close()
@@ -350,9 +342,7 @@ func (e *Edge) lookup(id, scope string) (*sandbox, error) {
 	if node != e.node {
 		return nil, errdefs.NotFound("sandbox %s: not on node %s", id, e.node)
 	}
-	e.mu.Lock()
-	sb, ok := e.boxes[sid]
-	e.mu.Unlock()
+	sb, ok := e.reg.get(sid)
 	if !ok || !inScope(sb.project(), scope) {
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}
@@ -404,7 +394,7 @@ func (e *Edge) expireLoop() {
 // running or paused sandbox runs out, at most a second.
 func (e *Edge) untilNextExpiry(now time.Time) time.Duration {
 	wait := time.Second
-	for _, sb := range e.all() {
+	for _, sb := range e.reg.all() {
 		v := sb.published()
 		if v.State != stateProto[stateRunning] && v.State != stateProto[statePaused] {
 			continue
@@ -425,10 +415,11 @@ func (e *Edge) wakeExpiry() {
 }
 
 func (e *Edge) expired(now time.Time) []*sandbox {
-	// e.all releases e.mu before any sandbox lock is taken: removal holds a
-	// sandbox's lock while it takes e.mu, so the reverse order deadlocks.
+	// e.reg.all lets go of the registry's lock before any sandbox lock is
+	// taken: removal holds a sandbox's lock while it takes the registry's,
+	// so the reverse order deadlocks.
 	var out []*sandbox
-	for _, sb := range e.all() {
+	for _, sb := range e.reg.all() {
 		sb.mu.Lock()
 		if sb.rec.State != stateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
 			out = append(out, sb)

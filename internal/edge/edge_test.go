@@ -399,7 +399,7 @@ func TestABackendsMinimumMemoryIsRefusedBelow(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `resources.memory_mb 64: backend "fake" needs at least 128`) {
 		t.Fatalf("64 MiB on a backend that needs 128: %v", err)
 	}
-	if n := len(f.edge.all()); n != 0 {
+	if n := len(f.edge.reg.all()); n != 0 {
 		t.Fatalf("a refused create left %d sandboxes", n)
 	}
 	small.Resources.MemoryMb = 128

@@ -67,7 +67,7 @@ func (e *Edge) healthLoop() {
 			return
 		case now := <-tick.C:
 			seen := map[sandboxid.ID]bool{}
-			for _, sb := range e.all() {
+			for _, sb := range e.reg.all() {
 				seen[sb.id] = true
 				e.checkHealth(sb, down, now)
 			}

@@ -61,7 +61,7 @@ func (e *Edge) metricsLoop() {
 		case <-e.stop:
 			return
 		case now := <-tick.C:
-			for _, sb := range e.all() {
+			for _, sb := range e.reg.all() {
 				sb.recordMetrics(now)
 			}
 			e.disk.publish()

@@ -326,7 +326,7 @@ func taskParallel(depth sandboxv1.PauseDepth) int {
 // ofTask lists the sandboxes of task in scope.
 func (e *Edge) ofTask(task, scope string) []*sandbox {
 	var out []*sandbox
-	for _, sb := range e.all() {
+	for _, sb := range e.reg.all() {
 		v := sb.published()
 		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
 			out = append(out, sb)

@@ -147,9 +147,7 @@ func (e *Edge) lookupAny(id string) (*sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	sb, ok := e.boxes[sid]
-	e.mu.Unlock()
+	sb, ok := e.reg.get(sid)
 	if node != e.node || !ok {
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}

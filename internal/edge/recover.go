@@ -87,13 +87,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 			sb.released.Store(true)
 		}
 	}
-	e.mu.Lock()
-	e.boxes[rec.ID] = sb
-	if !gone {
-		e.allocated.add(r.CpuCores, r.MemoryMb, 1)
-		e.disk.count(e.diskOf(be, r))
-	}
-	e.mu.Unlock()
+	e.reg.adopt(sb, !gone, e.diskOf(be, r))
 	if rec.State == stateFailed {
 		return nil
 	}
@@ -261,9 +255,7 @@ func (e *Edge) sweepBackends(ctx context.Context) {
 			continue
 		}
 		for _, id := range ids {
-			e.mu.Lock()
-			_, known := e.boxes[id]
-			e.mu.Unlock()
+			_, known := e.reg.get(id)
 			if _, err := os.Stat(e.sandboxDir(id)); known || !errors.Is(err, fs.ErrNotExist) {
 				continue // recorded (a record recovery could not read stays for inspection), or unsure
 			}

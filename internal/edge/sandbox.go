@@ -31,8 +31,8 @@ import (
 )
 
 // sandbox is the edge's live view of one sandbox. Lock order: sandbox.mu
-// before Edge.mu (removal unregisters while holding its sandbox's lock), so
-// no code may take a sandbox's lock while holding Edge.mu.
+// before the registry's (removal unregisters while holding its sandbox's
+// lock), so no code may take a sandbox's lock while holding the registry's.
 type sandbox struct {
 	id   sandboxid.ID
 	node sandboxid.NodeID
@@ -100,8 +100,8 @@ type sandbox struct {
 	started atomic.Int64
 	hb      heartbeatState
 	metrics metricsRing // its recorded use (metrics.go)
-	// admitSeq is the usage change that counted it (Edge.usageSeq); set
-	// once, under the edge's mu, before anyone else sees the sandbox.
+	// admitSeq is the usage change that counted it (registry.seq); set
+	// once, under the registry's lock, before anyone else sees the sandbox.
 	admitSeq uint64
 	// ended is done once the sandbox failed or was removed: what is
 	// connected to its ports is cut then, not left to TCP's keepalive
@@ -317,51 +317,25 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	return sb.published(), nil
 }
 
-// admit reserves capacity for rec and registers it.
+// admit reserves capacity for rec and registers its sandbox.
 func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
-	r := rec.spec.Resources
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if _, fenced := e.fenced[rec.Reservation]; fenced && rec.Reservation != "" {
-		return nil, errdefs.FailedPrecondition("reservation %s: another apiserver took its create over (the client retried there)", rec.Reservation)
-	}
-	if err := e.cfg.Capacity.admit(string(e.node), e.allocated, r.CpuCores, r.MemoryMb, 1); err != nil {
-		return nil, err
-	}
-	if err := e.disk.admit(e.diskOf(be, r)); err != nil {
-		return nil, err
-	}
-	e.allocated.add(r.CpuCores, r.MemoryMb, 1)
 	sb := e.newSandbox(rec, be)
-	e.boxes[rec.ID] = sb
-	e.usageSeq++
-	sb.admitSeq = e.usageSeq
+	if err := e.reg.admit(sb, rec.Reservation, e.diskOf(be, rec.spec.Resources)); err != nil {
+		sb.end()
+		return nil, err
+	}
 	return sb, nil
 }
 
 // forget unregisters sb and releases its capacity.
 func (e *Edge) forget(sb *sandbox) {
 	e.release(sb)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.boxes[sb.id] == sb {
-		delete(e.boxes, sb.id)
-		e.usageSeq++
-	}
+	e.reg.forget(sb)
 }
 
 // release gives back what sb was admitted with, once. Callers hold sb.mu.
 func (e *Edge) release(sb *sandbox) {
-	if sb.released.Load() {
-		return
-	}
-	sb.released.Store(true)
-	r := sb.rec.spec.Resources
-	e.mu.Lock()
-	e.allocated.add(r.CpuCores, r.MemoryMb, -1)
-	e.usageSeq++ // a failed sandbox that holds nothing is no longer counted
-	e.mu.Unlock()
-	e.disk.giveBack(e.diskOf(sb.be, r))
+	e.reg.release(sb, e.diskOf(sb.be, sb.rec.spec.Resources))
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its
@@ -523,7 +497,7 @@ func (e *Edge) Destroy(ctx context.Context, id, scope string) (*sandboxv1.Sandbo
 func (e *Edge) DestroyAll(ctx context.Context, scope string) (int, error) {
 	var errs []error
 	n := 0
-	for _, sb := range e.all() {
+	for _, sb := range e.reg.all() {
 		if !inScope(sb.project(), scope) {
 			continue
 		}
@@ -536,35 +510,9 @@ func (e *Edge) DestroyAll(ctx context.Context, scope string) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-func (e *Edge) all() []*sandbox {
-	out, _ := e.allStamped()
-	return out
-}
-
-// allStamped is all() and the usage change it reflects, read together.
-func (e *Edge) allStamped() ([]*sandbox, *edgev1.UsageStamp) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make([]*sandbox, 0, len(e.boxes))
-	for _, sb := range e.boxes {
-		out = append(out, sb)
-	}
-	return out, &edgev1.UsageStamp{Epoch: e.usageEpoch, Seq: e.usageSeq}
-}
-
 // AdmissionStamp is the usage change that counted the last admitted of
 // ids (ids no longer here are skipped).
-func (e *Edge) AdmissionStamp(ids ...string) *edgev1.UsageStamp {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := &edgev1.UsageStamp{Epoch: e.usageEpoch}
-	for _, id := range ids {
-		if sb, ok := e.boxes[sandboxid.ID(id)]; ok && sb.admitSeq > st.Seq {
-			st.Seq = sb.admitSeq
-		}
-	}
-	return st
-}
+func (e *Edge) AdmissionStamp(ids ...string) *edgev1.UsageStamp { return e.reg.admissionStamp(ids...) }
 
 // Get describes a sandbox.
 func (e *Edge) Get(id, scope string) (*sandboxv1.Sandbox, error) {
@@ -578,7 +526,7 @@ func (e *Edge) Get(id, scope string) (*sandboxv1.Sandbox, error) {
 // List lists the sandboxes in scope, oldest first.
 func (e *Edge) List(scope string) []*sandboxv1.Sandbox {
 	var out []*sandboxv1.Sandbox
-	for _, sb := range e.all() {
+	for _, sb := range e.reg.all() {
 		s := sb.published()
 		if inScope(s.Project, scope) {
 			out = append(out, s)
@@ -664,21 +612,7 @@ func (e *Edge) Fence(reservation string) ([]*sandboxv1.Sandbox, error) {
 	if reservation == "" {
 		return nil, errdefs.InvalidArgument("reservation: empty")
 	}
-	var boxes []*sandbox
-	e.mu.Lock()
-	now := time.Now()
-	for r, at := range e.fenced {
-		if now.Sub(at) > fenceKept {
-			delete(e.fenced, r)
-		}
-	}
-	e.fenced[reservation] = now
-	for _, sb := range e.boxes {
-		if sb.rec.Reservation == reservation { // set before the box is admitted, never after
-			boxes = append(boxes, sb)
-		}
-	}
-	e.mu.Unlock()
+	boxes := e.reg.fence(reservation, time.Now())
 	out := make([]*sandboxv1.Sandbox, 0, len(boxes))
 	for _, sb := range boxes {
 		out = append(out, sb.published())

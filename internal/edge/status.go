@@ -35,7 +35,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	sort.Slice(st.Backends, func(i, j int) bool { return st.Backends[i].Name < st.Backends[j].Name })
 	type key struct{ project, task, backend string }
 	groups := map[key]*usage{}
-	boxes, stamp := e.allStamped()
+	boxes, stamp := e.reg.stamped()
 	st.Usage = stamp
 	for _, sb := range boxes {
 		v := sb.published()

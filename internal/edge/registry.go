@@ -1,0 +1,154 @@
+package edge
+
+import (
+	"sync"
+	"time"
+
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// registry is the edge's sandboxes by id, what they were admitted with,
+// and the reservations another apiserver took over. Lock order: a
+// sandbox's mu before the registry's (a removal unregisters while holding
+// its sandbox's lock), so no sandbox lock is taken under it; the disk
+// room's is taken under it.
+type registry struct {
+	node     sandboxid.NodeID
+	capacity Capacity
+	disk     *diskRoom
+	// epoch names this run of the edge; with seq it stamps what Status
+	// counts. Apiservers drop a placement they count themselves once a
+	// status stamped at or after its admission shows it (usage.go).
+	epoch string
+
+	mu        sync.Mutex
+	boxes     map[sandboxid.ID]*sandbox // guarded by mu
+	fenced    map[string]time.Time      // guarded by mu; reservations taken over, when
+	allocated usage                     // guarded by mu
+	seq       uint64                    // guarded by mu; changes of what Status counts
+}
+
+func newRegistry(node sandboxid.NodeID, capacity Capacity, disk *diskRoom) *registry {
+	return &registry{node: node, capacity: capacity, disk: disk, epoch: newUUID(),
+		boxes: map[sandboxid.ID]*sandbox{}, fenced: map[string]time.Time{}}
+}
+
+// admit counts sb (of reservation, taking diskMB of the node's disk)
+// against the node's capacity and registers it, or says why it does not
+// fit.
+func (r *registry) admit(sb *sandbox, reservation string, diskMB int64) error {
+	res := sb.rec.spec.Resources
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, fenced := r.fenced[reservation]; fenced && reservation != "" {
+		return errdefs.FailedPrecondition("reservation %s: another apiserver took its create over (the client retried there)", reservation)
+	}
+	if err := r.capacity.admit(string(r.node), r.allocated, res.CpuCores, res.MemoryMb, 1); err != nil {
+		return err
+	}
+	if err := r.disk.admit(diskMB); err != nil {
+		return err
+	}
+	r.allocated.add(res.CpuCores, res.MemoryMb, 1)
+	r.boxes[sb.id] = sb
+	r.seq++
+	sb.admitSeq = r.seq
+	return nil
+}
+
+// adopt registers a sandbox a previous run of the edge left; counted says
+// it still holds what it was admitted with.
+func (r *registry) adopt(sb *sandbox, counted bool, diskMB int64) {
+	res := sb.rec.spec.Resources
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.boxes[sb.id] = sb
+	if counted {
+		r.allocated.add(res.CpuCores, res.MemoryMb, 1)
+		r.disk.count(diskMB)
+	}
+}
+
+// release gives back what sb was admitted with, once. Callers hold sb.mu.
+func (r *registry) release(sb *sandbox, diskMB int64) {
+	if sb.released.Swap(true) {
+		return
+	}
+	res := sb.rec.spec.Resources
+	r.mu.Lock()
+	r.allocated.add(res.CpuCores, res.MemoryMb, -1)
+	r.seq++ // a failed sandbox that holds nothing is no longer counted
+	r.mu.Unlock()
+	r.disk.giveBack(diskMB)
+}
+
+// forget unregisters sb.
+func (r *registry) forget(sb *sandbox) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.boxes[sb.id] == sb {
+		delete(r.boxes, sb.id)
+		r.seq++
+	}
+}
+
+// get is the sandbox id, if registered.
+func (r *registry) get(id sandboxid.ID) (*sandbox, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb, ok := r.boxes[id]
+	return sb, ok
+}
+
+// all is every registered sandbox.
+func (r *registry) all() []*sandbox {
+	out, _ := r.stamped()
+	return out
+}
+
+// stamped is all() and the usage change it reflects, read together.
+func (r *registry) stamped() ([]*sandbox, *edgev1.UsageStamp) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*sandbox, 0, len(r.boxes))
+	for _, sb := range r.boxes {
+		out = append(out, sb)
+	}
+	return out, &edgev1.UsageStamp{Epoch: r.epoch, Seq: r.seq}
+}
+
+// admissionStamp is the usage change that counted the last admitted of
+// ids (ids no longer here are skipped).
+func (r *registry) admissionStamp(ids ...string) *edgev1.UsageStamp {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := &edgev1.UsageStamp{Epoch: r.epoch}
+	for _, id := range ids {
+		if sb, ok := r.boxes[sandboxid.ID(id)]; ok && sb.admitSeq > st.Seq {
+			st.Seq = sb.admitSeq
+		}
+	}
+	return st
+}
+
+// fence refuses any later admission for reservation and returns the
+// sandboxes admitted for it. A fence is kept for fenceKept.
+func (r *registry) fence(reservation string, now time.Time) []*sandbox {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for res, at := range r.fenced {
+		if now.Sub(at) > fenceKept {
+			delete(r.fenced, res)
+		}
+	}
+	r.fenced[reservation] = now
+	var out []*sandbox
+	for _, sb := range r.boxes {
+		if sb.rec.Reservation == reservation { // set before the box is admitted, never after
+			out = append(out, sb)
+		}
+	}
+	return out
+}
