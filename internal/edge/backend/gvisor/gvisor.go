@@ -359,18 +359,44 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
 	}
 	b.run(ctx, b.rtOf(bx), "", "kill", "--all", bx.runscID, "TERM") //nolint:errcheck // it may be gone
-	if done, err := backend.WaitStopped(ctx, b, id, grace); done || err != nil {
-		return err
+	if done, err := backend.WaitStopped(ctx, b, id, grace); err != nil || done {
+		if err != nil {
+			return err
+		}
+		return b.waitSandboxGone(ctx, bx, backend.StopAfterKill)
 	}
 	if err := b.rtOf(bx).cli("").Kill(ctx, bx.runscID, "KILL", true); err != nil {
 		return err
 	}
 	// runsc reports the container running until the sentry has reaped
 	// what the KILL ended.
-	if done, err := backend.WaitStopped(ctx, b, id, backend.StopAfterKill); done || err != nil {
-		return err
+	if done, err := backend.WaitStopped(ctx, b, id, backend.StopAfterKill); err != nil || done {
+		if err != nil {
+			return err
+		}
+		return b.waitSandboxGone(ctx, bx, backend.StopAfterKill)
 	}
 	return errdefs.Unavailable("gvisor: sandbox %s still runs %v after SIGKILL", id, backend.StopAfterKill)
+}
+
+// waitSandboxGone waits, once runsc reports bx's container stopped, for
+// its sandbox (the sentry and gofer) to leave its cgroup. Until then runsc
+// may report it running again: while the sentry shuts down it answers no
+// state query, and runsc then keeps the status its state file last saved
+// (Container.CheckStopped) for as long as the sandbox process exists.
+func (b *Backend) waitSandboxGone(ctx context.Context, bx box, limit time.Duration) error {
+	g := b.cg.Group(bx.runscID)
+	for deadline := time.Now().Add(limit); len(g.Procs()) > 0; {
+		if !time.Now().Before(deadline) {
+			return errdefs.Unavailable("gvisor: sandbox %s: its container stopped, but its sandbox's processes %v still run %v later", bx.runscID, g.Procs(), limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // Destroy removes the sandbox, its cgroups and its rootfs mount. A sandbox
