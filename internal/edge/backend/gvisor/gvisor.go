@@ -352,8 +352,11 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		return nil
 	}
 	st, err := b.Status(ctx, id)
-	if err != nil || st.State == backend.StateStopped {
+	if err != nil {
 		return err
+	}
+	if st.State == backend.StateStopped {
+		return b.waitSandboxGone(bx)
 	}
 	if st.State == backend.StatePaused {
 		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
@@ -363,7 +366,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		if err != nil {
 			return err
 		}
-		return b.waitSandboxGone(ctx, bx, backend.StopAfterKill)
+		return b.waitSandboxGone(bx)
 	}
 	if err := b.rtOf(bx).cli("").Kill(ctx, bx.runscID, "KILL", true); err != nil {
 		return err
@@ -374,27 +377,28 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		if err != nil {
 			return err
 		}
-		return b.waitSandboxGone(ctx, bx, backend.StopAfterKill)
+		return b.waitSandboxGone(bx)
 	}
 	return errdefs.Unavailable("gvisor: sandbox %s still runs %v after SIGKILL", id, backend.StopAfterKill)
 }
 
 // waitSandboxGone waits, once runsc reports bx's container stopped, for
-// its sandbox (the sentry and gofer) to leave its cgroup. Until then runsc
-// may report it running again: while the sentry shuts down it answers no
-// state query, and runsc then keeps the status its state file last saved
-// (Container.CheckStopped) for as long as the sandbox process exists.
-func (b *Backend) waitSandboxGone(ctx context.Context, bx box, limit time.Duration) error {
+// its sandbox (the sentry and gofer) to leave its cgroup, and kills what
+// is left after StopAfterKill. Until then runsc may report it running
+// again: while the sentry shuts down it answers no state query, and runsc
+// then keeps the status its state file last saved (Container.CheckStopped)
+// for as long as the sandbox process exists.
+func (b *Backend) waitSandboxGone(bx box) error {
 	g := b.cg.Group(bx.runscID)
-	for deadline := time.Now().Add(limit); len(g.Procs()) > 0; {
-		if !time.Now().Before(deadline) {
-			return errdefs.Unavailable("gvisor: sandbox %s: its container stopped, but its sandbox's processes %v still run %v later", bx.runscID, g.Procs(), limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+	if g.WaitEmpty(backend.StopAfterKill) {
+		return nil
+	}
+	g.KillAll() //nolint:errcheck // what survives is reported below
+	if g.WaitEmpty(backend.StopAfterKill) {
+		return nil
+	}
+	if procs := g.Procs(); len(procs) > 0 {
+		return errdefs.Unavailable("gvisor: sandbox %s: its container stopped, but its sandbox's processes %v outlive a kill by %v", bx.runscID, procs, backend.StopAfterKill)
 	}
 	return nil
 }
