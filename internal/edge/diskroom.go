@@ -28,8 +28,9 @@ const (
 )
 
 // diskRoom is where layers live, what their file system keeps free, and
-// what this edge promised of it. Its lock is its own and is taken last:
-// nothing else is locked under it.
+// what this edge promised of it. Its lock is its own and is taken last: no
+// lock of the edge is taken under it (only the disk ledger's, which other
+// edges share).
 type diskRoom struct {
 	dir      string
 	dev      uint64
@@ -105,20 +106,12 @@ func (d *diskRoom) admit(sizeMB int64) error {
 	return err
 }
 
-// count counts a disk limit admitted before (a recovered sandbox's).
+// count counts a disk limit admitted before (a recovered sandbox's), or,
+// negative, one given back (then publish lowers the ledger's promise).
 func (d *diskRoom) count(sizeMB int64) {
 	d.mu.Lock()
 	d.admittedMB += sizeMB
 	d.mu.Unlock()
-}
-
-// giveBack stops counting a disk limit and lowers the promise in the
-// ledger.
-func (d *diskRoom) giveBack(sizeMB int64) {
-	d.mu.Lock()
-	d.admittedMB -= sizeMB
-	d.mu.Unlock()
-	d.publish()
 }
 
 func othersPhrase(others int64) string {

@@ -79,9 +79,10 @@ func (r *registry) release(sb *sandbox, diskMB int64) {
 	res := sb.rec.spec.Resources
 	r.mu.Lock()
 	r.allocated.add(res.CpuCores, res.MemoryMb, -1)
-	r.seq++ // a failed sandbox that holds nothing is no longer counted
+	r.disk.count(-diskMB) // with the rest, as an admission sees them
+	r.seq++               // a failed sandbox that holds nothing is no longer counted
 	r.mu.Unlock()
-	r.disk.giveBack(diskMB)
+	r.disk.publish()
 }
 
 // forget unregisters sb.
