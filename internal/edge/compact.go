@@ -69,7 +69,7 @@ func (e *Edge) compact(sb *sandbox, ht backend.HostThreads, before int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	log := e.log.With(logging.SandboxID, sb.id)
-	snap, began, stopped, err := e.checkpoint(ctx, sb, true)
+	snap, began, stopped, err := e.checkpoint(ctx, sb, "", true)
 	if err != nil {
 		log.Warn("compaction: checkpoint failed", "host_threads", before, logging.Error, err)
 		return

@@ -38,10 +38,10 @@ func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
 	return sn, nil
 }
 
-// checkpoint writes a snapshot of a running sandbox. If the backend had to
-// stop the sandbox for it, stopped is true and bringBack must follow.
-// Callers hold sb.mu until then.
-func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (snap *snapshots.Snapshot, began time.Time, stopped bool, err error) {
+// checkpoint writes a snapshot (called name, if not "") of a running
+// sandbox. If the backend had to stop the sandbox for it, stopped is true
+// and bringBack must follow. Callers hold sb.mu until then.
+func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, name string, ephemeral bool) (snap *snapshots.Snapshot, began time.Time, stopped bool, err error) {
 	sn, err := snapshotter(sb.be)
 	if err != nil {
 		return nil, began, false, err
@@ -59,7 +59,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, ephemeral bool) (sna
 	}
 	snap = &snapshots.Snapshot{
 		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
-		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral,
+		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral, Name: name,
 		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.Dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
@@ -157,19 +157,16 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if name != "" && e.snaps.Named(sb.rec.Project, name) != nil {
-		return nil, errdefs.AlreadyExists("snapshot name %q: project %s has a snapshot of that name on node %s", name, sb.rec.Project, e.node)
-	}
-	snap, began, stopped, err := e.checkpoint(ctx, sb, false)
-	if err != nil {
-		return nil, err
-	}
 	if name != "" {
-		snap.Name = name
-		if err := snap.Save(); err != nil {
-			e.snaps.Drop(snap) //nolint:errcheck // reporting the save's error
+		release, err := e.snaps.ReserveName(sb.rec.Project, name)
+		if err != nil {
 			return nil, err
 		}
+		defer release()
+	}
+	snap, began, stopped, err := e.checkpoint(ctx, sb, name, false)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := sb.bringBack(ctx, snap, began, stopped); err != nil {
 		e.snaps.Drop(snap) //nolint:errcheck // reporting the restore's error
@@ -416,7 +413,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		return nil, err
 	}
 	sb.mu.Lock()
-	snap, began, stopped, err := e.checkpoint(ctx, sb, true)
+	snap, began, stopped, err := e.checkpoint(ctx, sb, "", true)
 	if err != nil {
 		sb.mu.Unlock()
 		return nil, err

@@ -26,7 +26,7 @@ import (
 // what its backend wrote (a runsc checkpoint, a microVM's RAM and device
 // state), described by snapshot.json.
 type Snapshot struct {
-	// Layout is the description's layout version (layout.go).
+	// Layout is the description's layout version (internal/edge/layout).
 	Layout        int                  `json:"layout"`
 	ID            sandboxid.SnapshotID `json:"id"`
 	Project       string               `json:"project"`

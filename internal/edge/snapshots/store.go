@@ -56,8 +56,9 @@ type pull struct {
 }
 
 // Store keeps a node's snapshots, its exports and the snapshots it pulled.
-// Its lock is its own, apart from the sandboxes' registry (Edge.mu): no
-// other lock is taken under it, and no I/O is done under it.
+// Its lock is its own, apart from the edge's registry of sandboxes: no
+// other lock is taken under it, and no snapshot's files are read or
+// written under it. A Snapshot, once added, is not changed.
 type Store struct {
 	node       sandboxid.NodeID
 	dir        string       // this node's snapshots, one directory each
@@ -67,9 +68,12 @@ type Store struct {
 
 	mu        sync.Mutex
 	snapshots map[sandboxid.SnapshotID]*Snapshot // guarded by mu
-	exports   map[string]*export                 // guarded by mu; by token
-	pulled    map[sandboxid.SnapshotID]*pulled   // guarded by mu
-	pulls     map[sandboxid.SnapshotID]*pull     // guarded by mu
+	// naming holds the names of snapshots being taken (ReserveName), by
+	// project and name.
+	naming  map[[2]string]bool               // guarded by mu
+	exports map[string]*export               // guarded by mu; by token
+	pulled  map[sandboxid.SnapshotID]*pulled // guarded by mu
+	pulls   map[sandboxid.SnapshotID]*pull   // guarded by mu
 }
 
 // New is the store of node under stateDir ("snapshots" for its own,
@@ -77,7 +81,7 @@ type Store struct {
 // Load reads what a previous run left.
 func New(node sandboxid.NodeID, stateDir string, peers *http.Client, log *slog.Logger) *Store {
 	return &Store{node: node, dir: filepath.Join(stateDir, "snapshots"), pulledRoot: filepath.Join(stateDir, "pulled"), peers: peers, log: log,
-		snapshots: map[sandboxid.SnapshotID]*Snapshot{}, exports: map[string]*export{},
+		snapshots: map[sandboxid.SnapshotID]*Snapshot{}, naming: map[[2]string]bool{}, exports: map[string]*export{},
 		pulled: map[sandboxid.SnapshotID]*pulled{}, pulls: map[sandboxid.SnapshotID]*pull{}}
 }
 
@@ -118,8 +122,8 @@ func (st *Store) ImageDigests() []string {
 	return out
 }
 
-// OpenExport opens an export of snap. Callers must not hold st.mu (the
-// manifest hashes the snapshot's files).
+// OpenExport opens an export of snap (its manifest hashes the snapshot's
+// files).
 func (st *Store) OpenExport(snap *Snapshot) (*edgev1.SnapshotExport, error) {
 	meta, err := snap.Encode()
 	if err != nil {
@@ -149,7 +153,7 @@ func (st *Store) Export(snapID, scope string) (*edgev1.SnapshotExport, error) {
 }
 
 // ReleaseExport ends an export; an ephemeral (fork) snapshot with no other
-// Export goes with it.
+// export goes with it.
 func (st *Store) ReleaseExport(snapID, token string) error {
 	st.mu.Lock()
 	x, ok := st.exports[token]
@@ -315,7 +319,8 @@ func (st *Store) Sweep(now time.Time) {
 // Load finds the snapshots a previous run left; the ephemeral
 // ones of an interrupted fork, and half-written ones (no description), are
 // deleted. One whose description this release cannot read (a newer
-// release's layout) is kept for the release that can, and not listed.
+// release's layout) is kept for the release that can, and not listed. It
+// runs once, before the store is used.
 func (st *Store) Load() {
 	root := st.dir
 	ents, _ := os.ReadDir(root)
@@ -346,18 +351,33 @@ func (st *Store) Load() {
 	}
 }
 
-// Named is project's snapshot called name on this node, if any.
-func (st *Store) Named(project, name string) *Snapshot {
+// ReserveName holds name for a snapshot of project about to be taken, or
+// says the project has one of that name on this node (or one being taken);
+// release lets the name go once the snapshot is added, or failed.
+func (st *Store) ReserveName(project, name string) (release func(), err error) {
+	key := [2]string{project, name}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	taken := st.naming[key]
 	for _, s := range st.snapshots {
-		if s.Name == name && s.Project == project && !s.Ephemeral {
-			return s
-		}
+		taken = taken || (s.Name == name && s.Project == project && !s.Ephemeral)
 	}
-	return nil
+	if taken {
+		return nil, errdefs.AlreadyExists("snapshot name %q: project %s has a snapshot of that name on node %s", name, project, st.node)
+	}
+	st.naming[key] = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			st.mu.Lock()
+			delete(st.naming, key)
+			st.mu.Unlock()
+		})
+	}, nil
 }
 
+// Lookup is the snapshot id of this node, if it is in scope and not a
+// fork's.
 func (st *Store) Lookup(id, scope string) (*Snapshot, error) {
 	sid, node, err := sandboxid.ParseSnapshot(id)
 	if err != nil {
@@ -375,6 +395,7 @@ func (st *Store) Lookup(id, scope string) (*Snapshot, error) {
 	return s, nil
 }
 
+// Drop forgets s and deletes its files.
 func (st *Store) Drop(s *Snapshot) error {
 	st.mu.Lock()
 	delete(st.snapshots, s.ID)

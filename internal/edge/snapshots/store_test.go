@@ -85,12 +85,17 @@ func TestLoadKeepsWhatItCanReadAndWhatANewerReleaseWrote(t *testing.T) {
 }
 
 // A snapshot is seen only in its project's scope; a fork's is never
-// listed or looked up; names are found per project.
+// listed or looked up; a name is taken once per project, also while its
+// snapshot is being taken.
 func TestSnapshotsAreSeenInTheirProjectsScope(t *testing.T) {
 	st := New(sandboxid.NewNodeID(), t.TempDir(), nil, testutil.Logger(t))
 	a := written(t, st, "root/a", "n", false)
 	st.Add(a)
-	st.Add(written(t, st, "root/a", "", true))
+	fork := written(t, st, "root/a", "", true)
+	st.Add(fork)
+	if _, err := st.Lookup(string(fork.ID), "root"); !errdefs.IsNotFound(err) {
+		t.Fatalf("lookup of a fork's snapshot: %v", err)
+	}
 	if out, foreign := st.List("root/a", ""); len(out) != 1 || out[0].Id != string(a.ID) || foreign {
 		t.Fatalf("list in root/a: %v (foreign %v)", out, foreign)
 	}
@@ -104,14 +109,28 @@ func TestSnapshotsAreSeenInTheirProjectsScope(t *testing.T) {
 	if _, err := st.Lookup(string(other), "root"); !errdefs.IsNotFound(err) {
 		t.Fatalf("lookup of another node's snapshot: %v", err)
 	}
-	if st.Named("root/a", "n") != a || st.Named("root/b", "n") != nil {
-		t.Fatal("names are per project")
+	if _, err := st.ReserveName("root/a", "n"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("a name project root/a has: %v", err)
+	}
+	release, err := st.ReserveName("root/b", "n")
+	if err != nil {
+		t.Fatalf("names are per project: %v", err)
+	}
+	if _, err := st.ReserveName("root/b", "n"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("a name being taken: %v", err)
+	}
+	release()
+	release() // once only
+	if r, err := st.ReserveName("root/b", "n"); err != nil {
+		t.Fatalf("a name let go: %v", err)
+	} else {
+		r()
 	}
 }
 
 // An export's token serves only its snapshot's files, until it is
-// released or its lease ends; a fork's snapshot goes with its last
-// export, a named one stays.
+// released or its lease ends; a fork's snapshot stays while one export of
+// it is open and goes with its last, a named one stays.
 func TestExportsServeTheirTokenUntilReleasedOrLapsed(t *testing.T) {
 	st := New(sandboxid.NewNodeID(), t.TempDir(), nil, testutil.Logger(t))
 	fork := written(t, st, "root/a", "", true)
@@ -119,6 +138,10 @@ func TestExportsServeTheirTokenUntilReleasedOrLapsed(t *testing.T) {
 	st.Add(fork)
 	st.Add(named)
 	x, err := st.OpenExport(fork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := st.OpenExport(fork)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +158,15 @@ func TestExportsServeTheirTokenUntilReleasedOrLapsed(t *testing.T) {
 	if err := st.ReleaseExport(string(fork.ID), x.Token); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(fork.Dir); err != nil || st.Len() != 2 {
+		t.Fatalf("a fork's snapshot with an export left: %v, %d held; want it kept", err, st.Len())
+	}
+	st.Sweep(time.Now().Add(ExportLease + time.Second)) // its last export lapses
+	if _, _, err := st.ExportedFile(string(fork.ID), other.Token); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Fatalf("a lapsed export: %v", err)
+	}
 	if _, err := os.Stat(fork.Dir); !os.IsNotExist(err) || st.Len() != 1 {
-		t.Fatalf("a fork's snapshot after its last export: %v, %d held", err, st.Len())
+		t.Fatalf("a fork's snapshot after its last export lapsed: %v, %d held", err, st.Len())
 	}
 
 	y, err := st.Export(string(named.ID), "root")
