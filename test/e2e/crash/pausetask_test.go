@@ -353,5 +353,5 @@ func TestPreemptionDrill(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("60 sandboxes stopped in %v", time.Since(stopped).Round(time.Millisecond))
-	checkNodeClean(t, node.State, up.Node)
+	checkNodeClean(t, node.State, up)
 }
