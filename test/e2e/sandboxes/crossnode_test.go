@@ -59,7 +59,10 @@ func TestForkAcrossEdges(t *testing.T) {
 	e2e.Shell(t, src, "echo from-source > /root/before-fork")
 	before := query(t, src, "/")
 
-	// Through the second apiserver, as any call may go.
+	// Through the second apiserver, as any call may go. Each step has a
+	// deadline of its own: under a CPU hog the source's start alone took
+	// a minute.
+	ctx = e2e.Ctx(t)
 	resp, err := apis[1].Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 8}))
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +104,7 @@ func TestForkAcrossEdges(t *testing.T) {
 		}
 	}
 	// Nothing of the fork's transfer is left on the source's edge.
+	ctx = e2e.Ctx(t)
 	snaps, err := apis[0].Sandboxes.ListSnapshots(ctx, connect.NewRequest(&sandboxv1.ListSnapshotsRequest{}))
 	if err != nil {
 		t.Fatal(err)
