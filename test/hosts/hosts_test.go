@@ -269,7 +269,10 @@ func TestATaskPauseWithOffloadGivesMemoryBack(t *testing.T) {
 	if _, err := c.ResumeTask(ctx, task); err != nil {
 		t.Fatal(err)
 	}
-	got, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $MARK $(wc -c < /root/big)"}))
+	// Reading the file back pages it in from the checkpoint: under ptrace in
+	// an emulated VM on a busy machine that took longer than a command's
+	// default minute.
+	got, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $MARK $(wc -c < /root/big)", TimeoutMs: 180_000}))
 	if err != nil || !strings.HasPrefix(string(got.Msg.Stdout), "kept-") || !strings.Contains(string(got.Msg.Stdout), " 33554432") {
 		t.Fatalf("after resume: %v %v", got, err)
 	}
