@@ -34,7 +34,7 @@ set +u
 . /etc/opendsec/client.env
 set -u
 # What runs after a minute of the suite and after four, for a hang's diagnosis.
-(for t in 60 120; do sleep $t; { date; ps -eLo pid,tid,stat,wchan:32,etime,args | grep -E 'runsc|crun|dsec|aether' | grep -v grep | cut -c1-200; } >>/host/ps.txt; done; [ -z "${HOST_TEST_QUIT:-}" ] || pkill -QUIT -f 'bin/dsec edge') &
+(for t in 60 120; do sleep $t; { date; ps -eLo pid,tid,stat,wchan:32,etime,args | grep -E '[r]unsc|[c]run|[d]sec|[a]ether' | cut -c1-200; } >>/host/ps.txt; done; [ -z "${HOST_TEST_QUIT:-}" ] || pkill -QUIT -f 'bin/dsec edge') &
 DSEC_HOST_TEST=1 ./hosts.test -test.v -test.timeout 25m ${HOST_TEST_RUN:+-test.run "$HOST_TEST_RUN"} || rc=1
 journalctl -u 'dsec-*' --no-pager >/host/units.journal 2>&1
 [ "$rc" = 0 ] || { echo "the units' journal: units.journal in the run directory"; journalctl -u dsec-edge --no-pager | grep -v level=INFO | tail -40; }
