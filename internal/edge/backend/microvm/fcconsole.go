@@ -92,6 +92,10 @@ func drainConsole(dir string, log *slog.Logger, wait time.Duration) (stop func()
 // the same directory, whose VMM has ended, to let the ring go.
 const drainWait = 2 * time.Second
 
+// reattachWait covers a read of the ring that probes its lock at the
+// moment a restarted edge's drain takes it.
+const reattachWait = 100 * time.Millisecond
+
 // consoleTail is the end of dir's console ring, for errors (see
 // quoteConsole).
 func consoleTail(dir string) string {

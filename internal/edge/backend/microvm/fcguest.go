@@ -96,7 +96,7 @@ func (f *Firecracker) reattach(bx *box, log *slog.Logger) {
 	if _, err := os.Stat(filepath.Join(bx.Dir, fcConsoleFIFO)); err != nil {
 		return
 	}
-	if _, err := drainConsole(bx.Dir, log, 0); err != nil {
+	if _, err := drainConsole(bx.Dir, log, reattachWait); err != nil {
 		log.Warn("microvm: the guest's console is not drained", "dir", bx.Dir, "err", err)
 	}
 }

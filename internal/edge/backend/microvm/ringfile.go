@@ -109,13 +109,28 @@ func (r *ringFile) header(seq uint64) error {
 	return err
 }
 
+// readRingWait bounds how long a read waits for a live writer to leave
+// the ring still; after it the read is taken as it is.
+const readRingWait = 2 * time.Second
+
+// ringWriterLives: a writer holds the ring's lock. The probe takes a
+// shared lock for an instant; a writer opening the ring then retries.
+func ringWriterLives(f *os.File) bool {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK)
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN) //nolint:errcheck // closing the file lets it go too
+	return false
+}
+
 // Close lets the ring go.
 func (r *ringFile) Close() error { return r.f.Close() }
 
 // readRing is the ring's content, oldest byte first; a missing file is
-// an empty ring. It retries a read a write moved under it, and after a
-// while takes what it read (a writer that died mid-write leaves the
-// sequence odd).
+// an empty ring. It retries a read a write moved under it for as long as
+// the ring's writer lives (it holds the file's lock), up to readRingWait;
+// a sequence left odd by a writer that died mid-write (the lock is free)
+// is taken as it is, a few bytes out of order.
 func readRing(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
@@ -138,15 +153,20 @@ func readRing(path string) ([]byte, error) {
 		f.ReadAt(b[:], 0) //nolint:errcheck // a short read is a retry
 		return binary.LittleEndian.Uint64(b[:])
 	}
-	for try := 0; try < 50; try++ {
+	deadline := time.Now().Add(readRingWait)
+	for pause := 100 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
 		before := seq()
 		if _, err := f.ReadAt(data, 0); err != nil {
 			return nil, err
 		}
-		if before&1 == 0 && seq() == before {
+		after := seq()
+		if before&1 == 0 && after == before {
 			break
 		}
-		time.Sleep(time.Millisecond)
+		if before == after && !ringWriterLives(f) || !time.Now().Before(deadline) {
+			break
+		}
+		time.Sleep(pause)
 	}
 	written := binary.LittleEndian.Uint64(data[8:ringHeader])
 	ring := data[ringHeader:]
