@@ -14,9 +14,12 @@
 //   - network: sandbox networks against an internet of the test's own, and
 //     the E2B gateway.
 //
-// Run them one package at a time (go test -p 1 ./test/e2e/..., as make
-// test-go does): they share the node, and FreePort, AssertNoLeaks and the
-// memory figures of the drills hold only within one test process.
+// make test-go runs three packages at a time. They share the node, so what
+// a package checks is its own: FreePort draws from a slice of ports per
+// package, AssertNoLeaks and the crash checks look for what names their own
+// nodes, and networks, cgroups and runtime state are named by node id. The
+// preemption drill's host memory figure (MemAvailable rose by a third of
+// what the nodes report given back) leaves room for a neighbour's noise.
 package e2e
 
 import (

@@ -90,12 +90,15 @@ type UpProcess struct {
 // handed out (":0") and the test closed could be handed out again to one of
 // dsec up's own ":0" listeners before dsec up binds its API to it: that
 // once failed a restart with "address already in use".
-// It never hands out a port twice (a test's daemons take theirs later).
+// It never hands out a port twice (a test's daemons take theirs later),
+// and each e2e package draws from a slice of its own, so packages run side
+// by side never hand out the same port.
 func FreePort(t *testing.T) int {
 	handedMu.Lock()
 	defer handedMu.Unlock()
+	lo := portSlice(filepath.Base(os.Args[0]))
 	for i := 0; i < 100; i++ {
-		port := 20000 + rand.IntN(12000)
+		port := lo + rand.IntN(portSliceLen)
 		if handed[port] {
 			continue
 		}
@@ -105,8 +108,25 @@ func FreePort(t *testing.T) int {
 			return port
 		}
 	}
-	t.Fatal("no free port in 20000-31999")
+	t.Fatalf("no free port in %d-%d", lo, lo+portSliceLen-1)
 	return 0
+}
+
+// The e2e packages' port slices: 20000-31999 cut in six.
+const portSliceLen = 2000
+
+var e2ePackages = []string{"controlplane", "crash", "hostile", "network", "sandboxes"}
+
+// portSlice is the first port of the slice of the test binary named bin
+// ("crash.test"); any other binary takes the last slice.
+func portSlice(bin string) int {
+	name := strings.TrimSuffix(bin, ".test")
+	for i, p := range e2ePackages {
+		if p == name {
+			return 20000 + i*portSliceLen
+		}
+	}
+	return 20000 + len(e2ePackages)*portSliceLen
 }
 
 var (
