@@ -173,11 +173,12 @@ bench: build images
 # Every fuzzer briefly, in make test: a property and the code it checks that
 # disagree show within seconds (FuzzParseRef once failed in 9 s).
 fuzz-smoke:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=5s FUZZJOBS=2
 
 FUZZTIME ?= 30s
+FUZZJOBS ?= 1
 fuzz:
-	@./scripts/fuzz.sh $(FUZZTIME)
+	@./scripts/fuzz.sh $(FUZZTIME) $(FUZZJOBS)
 
 clean:
 	rm -rf bin $(CACHE)/gencheck
