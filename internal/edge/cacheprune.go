@@ -19,20 +19,6 @@ const (
 	pruneGrace = 10 * time.Minute // a create between unpacking and mounting
 )
 
-func (e *Edge) pruneLoop() {
-	defer e.wg.Done()
-	tick := time.NewTicker(pruneEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-e.stop:
-			return
-		case <-tick.C:
-			e.pruneCache(pruneGrace)
-		}
-	}
-}
-
 // pruneCache removes the unpacked layers nothing needs any more.
 func (e *Edge) pruneCache(grace time.Duration) int64 {
 	seen := map[digest.Digest]bool{}

@@ -133,10 +133,10 @@ type Edge struct {
 	// (registry.go), under the edge's one lock over sandboxes.
 	reg *registry
 
-	expiryWake chan struct{} // a deadline changed (wakeExpiry)
-	stop       chan struct{}
-	stopOnce   sync.Once
-	wg         sync.WaitGroup
+	expiry   *expiry
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 }
 
 // New opens the edge's state, probes the backends and re-attaches the
@@ -185,7 +185,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
 		store: deps.Store, cache: cache, records: dirRecords{root: filepath.Join(cfg.StateDir, "sandboxes")},
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
-		stop: make(chan struct{}), expiryWake: make(chan struct{}, 1),
+		stop: make(chan struct{}),
 	}
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
 	if e.agentPath, err = e.prepareRunBase(); err != nil {
@@ -221,6 +221,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.reg = newRegistry(node, cfg.Capacity, e.disk)
+	e.expiry = newExpiry(e.reg.all, e.log)
 	e.netOff = "not configured"
 	if cfg.Network != nil {
 		if err := e.openNetwork(ctx, *cfg.Network, e.networkedRecords()); err != nil {
@@ -237,13 +238,31 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.snaps.Load()
 	e.disk.publish() // what recovery found
-	e.wg.Add(5)
-	go e.transferLoop()
-	go e.expireLoop()
+	e.wg.Add(2)
+	go func() { defer e.wg.Done(); e.expiry.run(e.stop, &e.wg) }()
 	go e.healthLoop()
-	go e.metricsLoop()
-	go e.pruneLoop()
+	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
+	every(e.stop, &e.wg, metricsEvery, e.sampleMetrics)
+	every(e.stop, &e.wg, pruneEvery, func(time.Time) { e.pruneCache(pruneGrace) })
 	return e, nil
+}
+
+// every calls f each period until stop is closed, counted in wg.
+func every(stop <-chan struct{}, wg *sync.WaitGroup, period time.Duration, f func(now time.Time)) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tick.C:
+				f(now)
+			}
+		}
+	}()
 }
 
 // Node returns the node id.
@@ -347,86 +366,6 @@ func (e *Edge) lookup(id, scope string) (*sandbox, error) {
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}
 	return sb, nil
-}
-
-// expireLoop stops sandboxes whose time to live ran out, at the moment it
-// runs out: it sleeps until the earliest deadline (at most a second, which
-// also retries removals that failed), and a new deadline wakes it. Each
-// removal runs on its own, so a slow one (gVisor's take seconds) holds
-// back no other; the sandbox is marked stopping at once, so calls to it
-// fail from its deadline on.
-func (e *Edge) expireLoop() {
-	defer e.wg.Done()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-e.stop:
-			return
-		case <-timer.C:
-		case <-e.expiryWake:
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
-		}
-		now := time.Now()
-		for _, sb := range e.expired(now) {
-			if !sb.expiring.CompareAndSwap(false, true) {
-				continue
-			}
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
-				defer sb.expiring.Store(false)
-				if err := sb.expire(); err != nil {
-					e.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
-				}
-			}()
-		}
-		timer.Reset(e.untilNextExpiry(now))
-	}
-}
-
-// untilNextExpiry is how long until the earliest time to live of a
-// running or paused sandbox runs out, at most a second.
-func (e *Edge) untilNextExpiry(now time.Time) time.Duration {
-	wait := time.Second
-	for _, sb := range e.reg.all() {
-		v := sb.published()
-		if v.State != stateProto[stateRunning] && v.State != stateProto[statePaused] {
-			continue
-		}
-		if d := v.ExpiresAt.AsTime().Sub(now); d > 0 && d < wait {
-			wait = d
-		}
-	}
-	return wait
-}
-
-// wakeExpiry tells the expiry loop that a deadline changed.
-func (e *Edge) wakeExpiry() {
-	select {
-	case e.expiryWake <- struct{}{}:
-	default:
-	}
-}
-
-func (e *Edge) expired(now time.Time) []*sandbox {
-	// e.reg.all lets go of the registry's lock before any sandbox lock is
-	// taken: removal holds a sandbox's lock while it takes the registry's,
-	// so the reverse order deadlocks.
-	var out []*sandbox
-	for _, sb := range e.reg.all() {
-		sb.mu.Lock()
-		if sb.rec.State != stateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
-			out = append(out, sb)
-		}
-		sb.mu.Unlock()
-	}
-	return out
 }
 
 // openLayers opens the writable-layer maker and sets the disk budget.

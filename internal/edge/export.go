@@ -46,17 +46,3 @@ func (e *Edge) ReleaseExport(snapID, token string) error {
 
 // SnapshotHandler serves exported snapshots (snapxfer.Prefix).
 func (e *Edge) SnapshotHandler() http.Handler { return snapxfer.Handler(e.snaps.ExportedFile) }
-
-func (e *Edge) transferLoop() {
-	defer e.wg.Done()
-	tick := time.NewTicker(transferEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-e.stop:
-			return
-		case now := <-tick.C:
-			e.snaps.Sweep(now)
-		}
-	}
-}

@@ -52,21 +52,13 @@ func (s sample) proto() *sandboxv1.MetricsSample {
 	}
 }
 
-func (e *Edge) metricsLoop() {
-	defer e.wg.Done()
-	tick := time.NewTicker(metricsEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-e.stop:
-			return
-		case now := <-tick.C:
-			for _, sb := range e.reg.all() {
-				sb.recordMetrics(now)
-			}
-			e.disk.publish()
-		}
+// sampleMetrics takes a sample of every sandbox and publishes the node's
+// disk use; every metricsEvery.
+func (e *Edge) sampleMetrics(now time.Time) {
+	for _, sb := range e.reg.all() {
+		sb.recordMetrics(now)
 	}
+	e.disk.publish()
 }
 
 // recordMetrics takes one sample of sb, if its backend can read its use

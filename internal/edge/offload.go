@@ -260,7 +260,7 @@ func (sb *sandbox) stopClock() {
 	}
 	sb.rec.TimeoutLeft = max(time.Until(sb.rec.ExpiresAt), 0)
 	sb.rec.ExpiresAt = time.Now().Add(sb.host.pausedLifetime())
-	sb.host.wakeExpiry()
+	sb.expiry.poke()
 }
 
 // startClock ends a pause's lifetime: the time to live goes on from
@@ -274,7 +274,7 @@ func (sb *sandbox) startClock() {
 	}
 	sb.rec.ExpiresAt = time.Now().Add(left)
 	sb.rec.TimeoutLeft = 0
-	sb.host.wakeExpiry()
+	sb.expiry.poke()
 }
 
 // expire ends a sandbox the expiry loop picked, holding its lock from

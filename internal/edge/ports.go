@@ -17,7 +17,6 @@ import (
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/rpcproxy"
-	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
 // Inbound traffic [ours]. HTTP and WebSocket requests for a port inside a
@@ -41,13 +40,22 @@ type portCall struct {
 	ended   context.Context // done once the sandbox failed or was removed
 }
 
-// dialSandboxPort dials "SANDBOXID:PORT" at the sandbox's current address.
-func (e *Edge) dialSandboxPort(ctx context.Context, network, hostport string) (net.Conn, error) {
+// portProxy serves requests the apiserver marked with headers.SandboxPort.
+type portProxy struct {
+	// lookup finds a sandbox by id in the caller's scope; lookupAny by id
+	// alone (a public request, or a dial once the call was checked).
+	lookup    func(id, scope string) (*sandbox, error)
+	lookupAny func(id string) (*sandbox, error)
+	log       *slog.Logger
+}
+
+// dial dials "SANDBOXID:PORT" at the sandbox's current address.
+func (p *portProxy) dial(ctx context.Context, network, hostport string) (net.Conn, error) {
 	id, port, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.lookupAny(id)
+	sb, err := p.lookupAny(id)
 	if err != nil {
 		return nil, err
 	}
@@ -58,8 +66,8 @@ func (e *Edge) dialSandboxPort(ctx context.Context, network, hostport string) (n
 	return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, net.JoinHostPort(addr, port))
 }
 
-// PortProxy serves requests the apiserver marked with headers.SandboxPort.
-func (e *Edge) PortProxy() http.Handler {
+// handler is the proxy's HTTP handler.
+func (p *portProxy) handler() http.Handler {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			call := pr.In.Context().Value(portKey{}).(portCall)
@@ -73,20 +81,20 @@ func (e *Edge) PortProxy() http.Handler {
 			}
 		},
 		Transport: &http.Transport{
-			DialContext:           e.dialSandboxPort,
+			DialContext:           p.dial,
 			MaxIdleConnsPerHost:   16,
 			IdleConnTimeout:       30 * time.Second,
 			ResponseHeaderTimeout: 0, // a long poll is the sandbox's business
 		},
 		FlushInterval: -1,
-		ErrorLog:      slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
+		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			call := r.Context().Value(portKey{}).(portCall)
 			errdefs.WriteHTTP(w, portError(call, err))
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		call, done, err := e.portCall(r)
+		call, done, err := p.call(r)
 		if err != nil {
 			errdefs.WriteHTTP(w, err)
 			return
@@ -99,7 +107,7 @@ func (e *Edge) PortProxy() http.Handler {
 		defer context.AfterFunc(call.ended, cancel)()
 		r = r.WithContext(ctx)
 		if r.Header.Get("Upgrade") == TunnelProtocol {
-			e.tunnel(w, r, call)
+			p.tunnel(w, r, call)
 			return
 		}
 		rpcproxy.FullDuplex(w)
@@ -107,9 +115,9 @@ func (e *Edge) PortProxy() http.Handler {
 	})
 }
 
-// portCall checks a port request: the sandbox, the caller's right to it,
-// its network, and resumes it if paused. done ends the call.
-func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
+// call checks a port request: the sandbox, the caller's right to it, its
+// network, and resumes it if paused. done ends the call.
+func (p *portProxy) call(r *http.Request) (portCall, func(), error) {
 	id := r.Header.Get(headers.SandboxID)
 	port, err := strconv.Atoi(r.Header.Get(headers.SandboxPort))
 	if err != nil || port < 1 || port > 65535 {
@@ -119,9 +127,9 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	scope := r.Header.Get(headers.Scope)
 	var sb *sandbox
 	if public {
-		sb, err = e.lookupAny(id)
+		sb, err = p.lookupAny(id)
 	} else {
-		sb, err = e.lookup(id, scope)
+		sb, err = p.lookup(id, scope)
 	}
 	if err != nil {
 		return portCall{}, nil, err
@@ -141,19 +149,6 @@ func (e *Edge) portCall(r *http.Request) (portCall, func(), error) {
 	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port)), ended: sb.ended}, func() { sb.callEnded(false) }, nil
 }
 
-// lookupAny finds a sandbox by id alone, for public port requests.
-func (e *Edge) lookupAny(id string) (*sandbox, error) {
-	sid, node, err := sandboxid.Parse(id)
-	if err != nil {
-		return nil, err
-	}
-	sb, ok := e.reg.get(sid)
-	if node != e.node || !ok {
-		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
-	}
-	return sb, nil
-}
-
 // portError says why a port could not be reached.
 func portError(call portCall, err error) error {
 	if errors.Is(err, syscall.ECONNREFUSED) {
@@ -164,7 +159,7 @@ func portError(call portCall, err error) error {
 
 // tunnel answers an Upgrade to TunnelProtocol with a TCP connection to the
 // port, copied both ways until either side closes.
-func (e *Edge) tunnel(w http.ResponseWriter, r *http.Request, call portCall) {
+func (p *portProxy) tunnel(w http.ResponseWriter, r *http.Request, call portCall) {
 	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(r.Context(), "tcp", call.target)
 	if err != nil {
 		errdefs.WriteHTTP(w, portError(call, err))
@@ -173,7 +168,7 @@ func (e *Edge) tunnel(w http.ResponseWriter, r *http.Request, call portCall) {
 	defer conn.Close()
 	client, buf, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		e.log.Warn("port tunnel: cannot take over the connection", logging.SandboxID, call.sandbox, logging.Error, err)
+		p.log.Warn("port tunnel: cannot take over the connection", logging.SandboxID, call.sandbox, logging.Error, err)
 		errdefs.WriteHTTP(w, errdefs.Unsupported("port tunnel: this connection cannot be upgraded (HTTP/1.1 only): %v", err))
 		return
 	}

@@ -153,3 +153,17 @@ func (r *registry) fence(reservation string, now time.Time) []*sandbox {
 	}
 	return out
 }
+
+// lookupAny finds a sandbox of this node by id alone, for public port
+// requests.
+func (r *registry) lookupAny(id string) (*sandbox, error) {
+	sid, node, err := sandboxid.Parse(id)
+	if err != nil {
+		return nil, err
+	}
+	sb, ok := r.get(sid)
+	if node != r.node || !ok {
+		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
+	}
+	return sb, nil
+}

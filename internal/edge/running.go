@@ -55,7 +55,7 @@ func (sb *sandbox) running(ctx context.Context, restored bool) error {
 	sb.rec.State = stateRunning
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
-	sb.host.wakeExpiry()
+	sb.expiry.poke()
 	if err := sb.save(); err != nil {
 		return err
 	}

@@ -47,6 +47,8 @@ type sandbox struct {
 	proj         string // immutable
 	// records is where save writes rec (the edge's record store).
 	records recordStore
+	// expiry is the node's expiry loop, told of a new deadline.
+	expiry poker
 	// host is what it reaches of the edge that runs it.
 	host host
 	log  *slog.Logger // the edge's, with its id
@@ -113,8 +115,6 @@ type sandbox struct {
 // host is what a sandbox reaches of the edge that runs it; the rest of
 // its lifecycle is its own.
 type host interface {
-	// wakeExpiry tells the expiry loop that a deadline changed.
-	wakeExpiry()
 	// pausedLifetime is how long a paused sandbox is kept.
 	pausedLifetime() time.Duration
 	// release gives back what sb was admitted with, once.
@@ -139,7 +139,7 @@ func (e *Edge) removeLayer(dir string) error {
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
-	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, host: e, log: e.log})
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, log: e.log})
 }
 
 // sandboxEnv is where a sandbox lives and what it reaches.
@@ -155,13 +155,17 @@ type sandboxEnv struct {
 	netOff  string
 	disk    diskReserver // the node's disk room (diskroom.go)
 	records recordStore
+	expiry  poker // the node's expiry loop, told of a new deadline
 	host    host
 	log     *slog.Logger
 }
 
+// poker is told that something it watches changed.
+type poker interface{ poke() }
+
 // makeSandbox is the sandbox of rec on backend be in env.
 func makeSandbox(rec *record, be backend.Backend, env sandboxEnv) *sandbox {
-	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, host: env.host,
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host,
 		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.proto(env.node))
@@ -577,7 +581,7 @@ func (sb *sandbox) setTimeout(seconds int64) (*sandboxv1.Sandbox, error) {
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	sb.host.wakeExpiry()
+	sb.expiry.poke()
 	return sb.published(), nil
 }
 

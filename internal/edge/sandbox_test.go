@@ -25,7 +25,7 @@ type fakeHost struct {
 	lifetime                                  time.Duration
 }
 
-func (h *fakeHost) wakeExpiry()                   { h.wakes++ }
+func (h *fakeHost) poke()                         { h.wakes++ }
 func (h *fakeHost) pausedLifetime() time.Duration { return h.lifetime }
 func (h *fakeHost) release(*sandbox)              { h.released++ }
 func (h *fakeHost) removeLayer(dir string) error  { h.layersRemoved++; return nil }
@@ -71,7 +71,7 @@ func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *memRecords, *fake.Backen
 		t.Fatal(err)
 	}
 	h, store := &fakeHost{lifetime: time.Hour}, newMemRecords()
-	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
+	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, expiry: h, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err := sb.attachNetwork(context.Background()); err != nil || h.net.attached != 1 || sb.rec.NetAddr != "10.0.0.2" {

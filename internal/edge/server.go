@@ -24,7 +24,8 @@ import (
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
-	proxy, ports, snaps := e.AgentProxy(), e.PortProxy(), e.SnapshotHandler()
+	ports := (&portProxy{lookup: e.lookup, lookupAny: e.reg.lookupAny, log: e.log}).handler()
+	proxy, snaps := e.AgentProxy(), e.SnapshotHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, snapxfer.Prefix) {
 			snaps.ServeHTTP(w, r)

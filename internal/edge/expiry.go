@@ -1,0 +1,101 @@
+package edge
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/logging"
+)
+
+// expiry stops sandboxes whose time to live ran out, at the moment it runs
+// out: it sleeps until the earliest deadline (at most a second, which also
+// retries removals that failed), and a new deadline wakes it. Each removal
+// runs on its own, so a slow one (gVisor's take seconds) holds back no
+// other; the sandbox is marked stopping at once, so calls to it fail from
+// its deadline on.
+type expiry struct {
+	sandboxes func() []*sandbox // the node's sandboxes (the registry's)
+	log       *slog.Logger
+	wake      chan struct{} // a deadline changed (poke)
+}
+
+func newExpiry(sandboxes func() []*sandbox, log *slog.Logger) *expiry {
+	return &expiry{sandboxes: sandboxes, log: log, wake: make(chan struct{}, 1)}
+}
+
+// poke tells the loop that a deadline changed.
+func (x *expiry) poke() {
+	select {
+	case x.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the loop, until stop is closed; removals it started are counted
+// in wg.
+func (x *expiry) run(stop <-chan struct{}, wg *sync.WaitGroup) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-timer.C:
+		case <-x.wake:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+		now := time.Now()
+		for _, sb := range x.due(now) {
+			if !sb.expiring.CompareAndSwap(false, true) {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer sb.expiring.Store(false)
+				if err := sb.expire(); err != nil {
+					x.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
+				}
+			}()
+		}
+		timer.Reset(x.untilNext(now))
+	}
+}
+
+// untilNext is how long until the earliest time to live of a running or
+// paused sandbox runs out, at most a second.
+func (x *expiry) untilNext(now time.Time) time.Duration {
+	wait := time.Second
+	for _, sb := range x.sandboxes() {
+		v := sb.published()
+		if v.State != stateProto[stateRunning] && v.State != stateProto[statePaused] {
+			continue
+		}
+		if d := v.ExpiresAt.AsTime().Sub(now); d > 0 && d < wait {
+			wait = d
+		}
+	}
+	return wait
+}
+
+// due is the sandboxes whose time to live ran out by now. The list of
+// sandboxes is taken before any sandbox's lock (the registry lets go of
+// its lock first): removal holds a sandbox's lock while it takes the
+// registry's, so the reverse order deadlocks.
+func (x *expiry) due(now time.Time) []*sandbox {
+	var out []*sandbox
+	for _, sb := range x.sandboxes() {
+		sb.mu.Lock()
+		if sb.rec.State != stateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
+			out = append(out, sb)
+		}
+		sb.mu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,60 @@
+package edge
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestExpiryRemovesWhatRanOutAndWakesForTheNext: a sandbox whose time to
+// live ran out is due and removed; one still being made is not, whatever
+// its deadline; the loop sleeps no longer than the next deadline (here
+// well under its one-second cap) and removes that one when it comes; a
+// poke while it sleeps is taken at once, a second one is not queued.
+func TestExpiryRemovesWhatRanOutAndWakesForTheNext(t *testing.T) {
+	ran, rh, _, _ := hostedSandbox(t)
+	soon, sh, _, _ := hostedSandbox(t)
+	making, mh, _, _ := hostedSandbox(t)
+	now := time.Now()
+	set := func(sb *sandbox, state string, at time.Time) {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		sb.rec.State, sb.rec.ExpiresAt = state, at
+		sb.publish()
+	}
+	set(ran, stateRunning, now.Add(-time.Second))
+	set(soon, stateRunning, now.Add(300*time.Millisecond))
+	set(making, stateCreating, now.Add(-time.Minute))
+	x := newExpiry(func() []*sandbox { return []*sandbox{ran, soon, making} }, ran.log)
+
+	if due := x.due(now); len(due) != 1 || due[0] != ran {
+		t.Fatalf("due now: %v, want only the sandbox that ran out", due)
+	}
+	if d := x.untilNext(now); d <= 0 || d > 300*time.Millisecond {
+		t.Fatalf("until the next deadline: %v, want at most the 300ms left to the next", d)
+	}
+	x.poke()
+	x.poke() // not queued behind the first
+	if n := len(x.wake); n != 1 {
+		t.Fatalf("%d wakes queued, want 1", n)
+	}
+
+	stop, done := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	go func() { defer close(done); x.run(stop, &wg) }()
+	removed := func(sb *sandbox) bool { sb.mu.Lock(); defer sb.mu.Unlock(); return sb.removed }
+	for deadline := time.Now().Add(time.Minute); !removed(ran) || !removed(soon); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute: removed %v (ran out), %v (ran out 300ms in)", removed(ran), removed(soon))
+		}
+	}
+	close(stop)
+	<-done
+	wg.Wait()
+	if removed(making) || mh.forgotten != 0 {
+		t.Fatal("the expiry loop removed a sandbox still being made")
+	}
+	if rh.forgotten != 1 || sh.forgotten != 1 {
+		t.Fatalf("forgotten: %d and %d times, want once each", rh.forgotten, sh.forgotten)
+	}
+}
