@@ -6,7 +6,6 @@ import (
 	"time"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
-	"github.com/opendsec/opendsec/internal/snapxfer"
 )
 
 // Cross-node fork and restore [ours]: the edge holding a snapshot exports
@@ -43,6 +42,3 @@ func (e *Edge) Export(snapID, scope string) (*edgev1.SnapshotExport, error) {
 func (e *Edge) ReleaseExport(snapID, token string) error {
 	return e.snaps.ReleaseExport(snapID, token)
 }
-
-// SnapshotHandler serves exported snapshots (snapxfer.Prefix).
-func (e *Edge) SnapshotHandler() http.Handler { return snapxfer.Handler(e.snaps.ExportedFile) }

@@ -42,9 +42,10 @@ func (viaLink) RoundTrip(r *http.Request) (*http.Response, error) {
 // agentMaxRequest bounds a unary agent call's body; the agent allows 20 MiB.
 const agentMaxRequest = 20 << 20
 
-// AgentProxy forwards agent RPCs to the sandbox named in the request header,
-// resuming it first if it is paused (unless the call carries NoResume).
-func (e *Edge) AgentProxy() http.Handler {
+// agentProxy forwards agent RPCs to the sandbox named in the request
+// header (found with lookup, in the caller's scope), resuming it first if
+// it is paused (unless the call carries NoResume).
+func agentProxy(lookup func(id, scope string) (*sandbox, error), log *slog.Logger) http.Handler {
 	ew := connect.NewErrorWriter()
 	agentURL := &url.URL{Scheme: "http", Host: "agent"}
 	proxy := &httputil.ReverseProxy{
@@ -66,7 +67,7 @@ func (e *Edge) AgentProxy() http.Handler {
 		FlushInterval: -1,
 		BufferPool:    &rpcproxy.BufferPool{},
 		// A stream cut by a stopping sandbox is normal; keep it out of stderr.
-		ErrorLog: slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			call := r.Context().Value(callKey{}).(agentCall)
 			call.failed.Store(true)
@@ -85,13 +86,13 @@ func (e *Edge) AgentProxy() http.Handler {
 				return
 			}
 			if r.Context().Err() == nil {
-				e.log.Warn("agent call failed", logging.SandboxID, call.id, logging.Error, err)
+				log.Warn("agent call failed", logging.SandboxID, call.id, logging.Error, err)
 			}
 			ew.Write(w, r, errdefs.ToConnect(errdefs.Unavailable("sandbox %s: agent unreachable: %v", call.id, err))) //nolint:errcheck // the client went away
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sb, err := e.lookup(r.Header.Get(headers.SandboxID), r.Header.Get(headers.Scope))
+		sb, err := lookup(r.Header.Get(headers.SandboxID), r.Header.Get(headers.Scope))
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return

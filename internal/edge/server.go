@@ -25,7 +25,8 @@ func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
 	ports := (&portProxy{lookup: e.lookup, lookupAny: e.reg.lookupAny, log: e.log}).handler()
-	proxy, snaps := e.AgentProxy(), e.SnapshotHandler()
+	proxy := agentProxy(e.lookup, e.log)
+	snaps := snapxfer.Handler(e.snaps.ExportedFile) // exported snapshots
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, snapxfer.Prefix) {
 			snaps.ServeHTTP(w, r)
