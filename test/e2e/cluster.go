@@ -14,9 +14,10 @@
 //   - network: sandbox networks against an internet of the test's own, and
 //     the E2B gateway.
 //
-// make test-go runs three packages at a time, and hostile alone after
-// them (its exec flood must be answered or refused within 3 s, which a
-// node busy with other suites cannot promise). They share the node, so what
+// make test-go runs them one at a time by default, three at a time with
+// E2E_PARALLEL=3, and hostile always alone (its exec flood must be
+// answered or refused within 3 s, which a node busy with other suites
+// cannot promise). They share the node, so what
 // a package checks is its own: FreePort draws from a slice of ports per
 // package, AssertNoLeaks and the crash checks look for what names their own
 // nodes, and networks, cgroups and runtime state are named by node id. The
