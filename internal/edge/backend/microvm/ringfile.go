@@ -113,6 +113,9 @@ func (r *ringFile) header(seq uint64) error {
 // the ring still; after it the read is taken as it is.
 const readRingWait = 2 * time.Second
 
+// readRingPause is the pause between tries: short, as a writer's write is.
+const readRingPause = 500 * time.Microsecond
+
 // ringWriterLives: a writer holds the ring's lock. The probe takes a
 // shared lock for an instant; a writer opening the ring then retries.
 func ringWriterLives(f *os.File) bool {
@@ -154,7 +157,7 @@ func readRing(path string) ([]byte, error) {
 		return binary.LittleEndian.Uint64(b[:])
 	}
 	deadline := time.Now().Add(readRingWait)
-	for pause := 100 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
+	for {
 		before := seq()
 		if _, err := f.ReadAt(data, 0); err != nil {
 			return nil, err
@@ -166,7 +169,7 @@ func readRing(path string) ([]byte, error) {
 		if before == after && !ringWriterLives(f) || !time.Now().Before(deadline) {
 			break
 		}
-		time.Sleep(pause)
+		time.Sleep(readRingPause)
 	}
 	written := binary.LittleEndian.Uint64(data[8:ringHeader])
 	ring := data[ringHeader:]
