@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -46,7 +47,7 @@ func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 		defer sb.compacting.Store(false)
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
-		if sb.rec.State != stateRunning || sb.calls.Load() != 0 || time.Since(sb.lastCall()) < compactQuiet {
+		if sb.rec.State != records.StateRunning || sb.calls.Load() != 0 || time.Since(sb.lastCall()) < compactQuiet {
 			return // a call or a lifecycle change came first
 		}
 		e.compact(sb, ht, n)
@@ -57,7 +58,7 @@ func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 // under sb.mu (ensureRunning), which callers hold, so none can start while
 // a compaction that saw none runs. Callers hold sb.mu.
 func (sb *sandbox) compactable(now time.Time) bool {
-	return sb.rec.State == stateRunning && sb.calls.Load() == 0 &&
+	return sb.rec.State == records.StateRunning && sb.calls.Load() == 0 &&
 		now.Sub(sb.lastCall()) >= compactQuiet && now.Sub(sb.compacted) >= compactEvery
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/opendsec/opendsec/internal/diskledger"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
@@ -115,8 +116,8 @@ type Edge struct {
 	// disk is LayerDir's file system, what it keeps free and what this
 	// edge promised of it (diskroom.go), under a lock of its own.
 	disk *diskRoom
-	// records keeps the sandboxes' records (recordstore.go).
-	records recordStore
+	// records keeps the sandboxes' records.
+	records records.Store
 	// recoveryIncomplete is set when recovery could not read every record:
 	// nothing found running is then taken for an orphan.
 	recoveryIncomplete bool
@@ -183,7 +184,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
-		store: deps.Store, cache: cache, records: dirRecords{root: filepath.Join(cfg.StateDir, "sandboxes")},
+		store: deps.Store, cache: cache, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		stop: make(chan struct{}),
 	}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -74,7 +76,7 @@ func (x *expiry) untilNext(now time.Time) time.Duration {
 	wait := time.Second
 	for _, sb := range x.sandboxes() {
 		v := sb.published()
-		if v.State != stateProto[stateRunning] && v.State != stateProto[statePaused] {
+		if v.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING && v.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 			continue
 		}
 		if d := v.ExpiresAt.AsTime().Sub(now); d > 0 && d < wait {
@@ -92,7 +94,7 @@ func (x *expiry) due(now time.Time) []*sandbox {
 	var out []*sandbox
 	for _, sb := range x.sandboxes() {
 		sb.mu.Lock()
-		if sb.rec.State != stateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
+		if sb.rec.State != records.StateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
 			out = append(out, sb)
 		}
 		sb.mu.Unlock()

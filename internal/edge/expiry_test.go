@@ -4,6 +4,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/records"
 )
 
 // TestExpiryRemovesWhatRanOutAndWakesForTheNext: a sandbox whose time to
@@ -22,9 +24,9 @@ func TestExpiryRemovesWhatRanOutAndWakesForTheNext(t *testing.T) {
 		sb.rec.State, sb.rec.ExpiresAt = state, at
 		sb.publish()
 	}
-	set(ran, stateRunning, now.Add(-time.Second))
-	set(soon, stateRunning, now.Add(300*time.Millisecond))
-	set(making, stateCreating, now.Add(-time.Minute))
+	set(ran, records.StateRunning, now.Add(-time.Second))
+	set(soon, records.StateRunning, now.Add(300*time.Millisecond))
+	set(making, records.StateCreating, now.Add(-time.Minute))
 	x := newExpiry(func() []*sandbox { return []*sandbox{ran, soon, making} }, ran.log)
 
 	if due := x.due(now); len(due) != 1 || due[0] != ran {

@@ -13,6 +13,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -87,7 +88,7 @@ func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now tim
 		return
 	}
 	defer sb.mu.Unlock()
-	if sb.rec.State != stateRunning || sb.link == nil {
+	if sb.rec.State != records.StateRunning || sb.link == nil {
 		delete(down, sb.id)
 		return
 	}
@@ -156,7 +157,7 @@ func (sb *sandbox) fail(ctx context.Context, reason string) {
 		}
 		sb.host.release(sb)
 	}
-	sb.rec.State, sb.rec.Message = stateFailed, reason
+	sb.rec.State, sb.rec.Message = records.StateFailed, reason
 	sb.end()
 	if err := sb.save(); err != nil {
 		log.Error("save a failed sandbox's record", logging.Error, err)

@@ -6,6 +6,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
@@ -13,9 +14,9 @@ import (
 // starts its paused lifetime. Callers hold sb.mu.
 func (sb *sandbox) freeze(ctx context.Context) error {
 	switch sb.rec.State {
-	case statePaused:
+	case records.StatePaused:
 		return nil
-	case stateRunning:
+	case records.StateRunning:
 	default:
 		return errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be paused", sb.id, sb.rec.State)
 	}
@@ -28,7 +29,7 @@ func (sb *sandbox) freeze(ctx context.Context) error {
 		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pause sandbox %s", sb.id)
 	}
 	sb.stopClock()
-	sb.rec.State = statePaused
+	sb.rec.State = records.StatePaused
 	sb.log.Info("sandbox paused")
 	return sb.save()
 }
@@ -51,9 +52,9 @@ func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox
 // read back from its checkpoint, a frozen one thawed. Callers hold sb.mu.
 func (sb *sandbox) resumeLocked(ctx context.Context) error {
 	switch sb.rec.State {
-	case stateRunning:
+	case records.StateRunning:
 		return nil
-	case statePaused:
+	case records.StatePaused:
 	default:
 		return errdefs.FailedPrecondition("sandbox %s is %s; only a paused sandbox can be resumed", sb.id, sb.rec.State)
 	}
@@ -74,7 +75,7 @@ func (sb *sandbox) resumeLocked(ctx context.Context) error {
 		}
 	}
 	sb.startClock()
-	sb.rec.State, sb.rec.PausedTask = stateRunning, false
+	sb.rec.State, sb.rec.PausedTask = records.StateRunning, false
 	sb.log.Info("sandbox resumed")
 	return sb.save()
 }
@@ -94,18 +95,18 @@ func (sb *sandbox) ensureRunning(ctx context.Context, resume bool) (*agentlink.L
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch sb.rec.State {
-	case stateRunning:
-	case statePaused:
+	case records.StateRunning:
+	case records.StatePaused:
 		if !resume {
 			return nil, errdefs.FailedPrecondition("sandbox %s is paused; this call does not resume it", sb.id)
 		}
-		if sb.rec.spec.GetExplicitResume() {
+		if sb.rec.Spec.GetExplicitResume() {
 			return nil, errdefs.FailedPrecondition("sandbox %s is paused and resumes only when asked (it was created with explicit_resume); resume it first", sb.id)
 		}
 		if err := sb.resumeLocked(ctx); err != nil {
 			return nil, err
 		}
-	case stateFailed:
+	case records.StateFailed:
 		return nil, errdefs.FailedPrecondition("sandbox %s failed: %s", sb.id, sb.rec.Message)
 	default:
 		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
@@ -150,7 +151,7 @@ func (e *Edge) networkedRecords() []string {
 	recs, unreadable := e.records.List()
 	var out []string
 	for _, rec := range recs {
-		if rec.spec.Network != nil {
+		if rec.Spec.Network != nil {
 			out = append(out, string(rec.ID))
 		}
 	}
@@ -168,8 +169,8 @@ func (e *Edge) networkedRecords() []string {
 // when the sandbox was accepted, so an error means a record this release
 // reads differently (or one changed by hand): the sandbox gets no network
 // rather than a policy other than its own.
-func policyOf(rec *record) (netpolicy.Policy, error) {
-	p, err := sandboxspec.NetworkPolicy(rec.spec.Network)
+func policyOf(rec *records.Record) (netpolicy.Policy, error) {
+	p, err := sandboxspec.NetworkPolicy(rec.Spec.Network)
 	if err != nil {
 		// Not a wrap: the parser's InvalidArgument would be the class, and
 		// the request at hand is not what is wrong.
@@ -194,7 +195,7 @@ func (e *Edge) checkPolicy(field string, network *sandboxv1.NetworkPolicy) error
 // attachNetwork gives a sandbox whose spec asks for a network its
 // namespace and policy, and records its address. Callers hold sb.mu.
 func (sb *sandbox) attachNetwork(ctx context.Context) error {
-	if sb.rec.spec.Network == nil {
+	if sb.rec.Spec.Network == nil {
 		return nil
 	}
 	if sb.nodeNet == nil {
@@ -216,7 +217,7 @@ func (sb *sandbox) attachNetwork(ctx context.Context) error {
 // adoptNetwork takes back a recovered sandbox's attachment. Callers hold
 // sb.mu.
 func (sb *sandbox) adoptNetwork(ctx context.Context) error {
-	if sb.rec.spec.Network == nil {
+	if sb.rec.Spec.Network == nil {
 		return nil
 	}
 	if sb.nodeNet == nil {
@@ -241,7 +242,7 @@ func (sb *sandbox) adoptNetwork(ctx context.Context) error {
 // detachNetwork removes what attachNetwork made (or what a crash before
 // the record named the address left). Callers hold sb.mu.
 func (sb *sandbox) detachNetwork(ctx context.Context) error {
-	if sb.nodeNet == nil || sb.rec.spec.Network == nil {
+	if sb.nodeNet == nil || sb.rec.Spec.Network == nil {
 		return nil
 	}
 	var err error
@@ -272,10 +273,10 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 func (sb *sandbox) updateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRequest) (*sandboxv1.Sandbox, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
+	if sb.rec.State != records.StateRunning && sb.rec.State != records.StatePaused {
 		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)
 	}
-	if sb.rec.spec.Network == nil || sb.net == nil {
+	if sb.rec.Spec.Network == nil || sb.net == nil {
 		return nil, errdefs.FailedPrecondition("sandbox %s has no network (loopback only); a network policy is chosen at create", sb.id)
 	}
 	old, err := sb.nodeNet.Policy(sb.net)
@@ -292,7 +293,7 @@ func (sb *sandbox) updateNetwork(ctx context.Context, req *sandboxv1.UpdateNetwo
 	if err := sb.nodeNet.Update(ctx, sb.net, p); err != nil {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "update the network policy of %s", sb.id)
 	}
-	sb.rec.spec.Network = sandboxspec.NetworkPolicyProto(p, sb.rec.spec.Network)
+	sb.rec.Spec.Network = sandboxspec.NetworkPolicyProto(p, sb.rec.Spec.Network)
 	if err := sb.save(); err != nil {
 		return nil, err
 	}

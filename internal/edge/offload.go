@@ -10,6 +10,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -66,14 +67,14 @@ func (sb *sandbox) pauseAtLocked(ctx context.Context, depth sandboxv1.PauseDepth
 	if sb.rec.Offloaded != "" {
 		return 0, "", nil
 	}
-	if sb.rec.State == stateRunning || sb.rec.State == statePaused {
+	if sb.rec.State == records.StateRunning || sb.rec.State == records.StatePaused {
 		defer sb.beginPause()()
 	}
 	if why := sb.cannotOffload(); why != "" {
 		return 0, why, sb.freeze(ctx)
 	}
 	released, note, err = sb.offloadLocked(ctx)
-	if err != nil && (sb.rec.State == stateRunning || sb.rec.State == statePaused) {
+	if err != nil && (sb.rec.State == records.StateRunning || sb.rec.State == records.StatePaused) {
 		// It still runs (or is frozen): a pause it still gets.
 		if ferr := sb.freeze(ctx); ferr == nil {
 			return 0, "frozen, not offloaded: " + err.Error(), nil
@@ -105,12 +106,12 @@ func (sb *sandbox) cannotOffload() string {
 // offloadLocked writes sb's memory to disk and ends what runs of it.
 // Callers hold sb.mu.
 func (sb *sandbox) offloadLocked(ctx context.Context) (int64, string, error) {
-	if sb.rec.State == statePaused {
+	if sb.rec.State == records.StatePaused {
 		if err := sb.resumeLocked(ctx); err != nil {
 			return 0, "", err
 		}
 	}
-	if sb.rec.State != stateRunning || sb.link == nil {
+	if sb.rec.State != records.StateRunning || sb.link == nil {
 		return 0, "", errdefs.FailedPrecondition("sandbox %s is %s; only a running or paused sandbox can be offloaded", sb.id, sb.rec.State)
 	}
 	sn := sb.be.(backend.Snapshotter)
@@ -141,7 +142,7 @@ func (sb *sandbox) offloadLocked(ctx context.Context) (int64, string, error) {
 		// finishes the offload at its restart (recover.go) instead of
 		// taking a sandbox the release is ending for running.
 		sb.stopClock()
-		sb.rec.Offloaded, sb.rec.State = string(ref.ID), statePaused
+		sb.rec.Offloaded, sb.rec.State = string(ref.ID), records.StatePaused
 		if serr := sb.save(); serr != nil {
 			err = serr
 		}
@@ -161,7 +162,7 @@ func (sb *sandbox) offloadLocked(ctx context.Context) (int64, string, error) {
 		os.RemoveAll(ref.Dir)
 		if sb.rec.Offloaded != "" {
 			sb.startClock()
-			sb.rec.Offloaded, sb.rec.State = "", stateRunning
+			sb.rec.Offloaded, sb.rec.State = "", records.StateRunning
 		}
 		sb.rec.Checkpoint = ""
 		if info != nil && info.Stopped {
@@ -174,7 +175,7 @@ func (sb *sandbox) offloadLocked(ctx context.Context) (int64, string, error) {
 	sb.rec.Checkpoint = "" // Offloaded names it from now on
 	sb.rec.Offloaded = string(ref.ID)
 	sb.stopClock()
-	sb.rec.State = statePaused
+	sb.rec.State = records.StatePaused
 	if err := sb.save(); err != nil {
 		return 0, "", err
 	}
@@ -255,7 +256,7 @@ func (sb *sandbox) restoreOffloaded(ctx context.Context) error {
 // (kept in TimeoutLeft) and the sandbox is removed if it stays paused for
 // PausedLifetime. Callers hold sb.mu.
 func (sb *sandbox) stopClock() {
-	if sb.rec.State == statePaused {
+	if sb.rec.State == records.StatePaused {
 		return // already stopped
 	}
 	sb.rec.TimeoutLeft = max(time.Until(sb.rec.ExpiresAt), 0)
@@ -269,8 +270,8 @@ func (sb *sandbox) stopClock() {
 // Callers hold sb.mu.
 func (sb *sandbox) startClock() {
 	left := sb.rec.TimeoutLeft
-	if left <= 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
-		left = time.Duration(sb.rec.spec.GetTimeoutSeconds()) * time.Second
+	if left <= 0 && sb.rec.Spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+		left = time.Duration(sb.rec.Spec.GetTimeoutSeconds()) * time.Second
 	}
 	sb.rec.ExpiresAt = time.Now().Add(left)
 	sb.rec.TimeoutLeft = 0
@@ -290,12 +291,12 @@ func (sb *sandbox) expire() error {
 	if sb.removed || time.Now().Before(sb.rec.ExpiresAt) {
 		return nil
 	}
-	if sb.rec.State == stateRunning && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+	if sb.rec.State == records.StateRunning && sb.rec.Spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		_, note, err := sb.pauseAtLocked(ctx, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 		cancel()
 		if err == nil {
-			sb.log.Info("sandbox time to live ran out; paused", "depth", sb.rec.pauseDepth().String(), "note", note)
+			sb.log.Info("sandbox time to live ran out; paused", "depth", sb.rec.PauseDepth().String(), "note", note)
 			return nil
 		}
 		sb.log.Error("pause a sandbox whose time to live ran out; removing it", logging.Error, err)
@@ -343,8 +344,8 @@ func (e *Edge) PauseTask(ctx context.Context, task, scope string, depth sandboxv
 	}
 	return e.eachOfTask(ctx, task, scope, taskParallel(depth), func(sb *sandbox) (int64, string, error, bool) {
 		switch sb.rec.State {
-		case stateRunning:
-		case statePaused:
+		case records.StateRunning:
+		case records.StatePaused:
 			if depth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD || sb.rec.Offloaded != "" {
 				return 0, "", nil, false // already as deep as asked
 			}
@@ -366,7 +367,7 @@ func (e *Edge) ResumeTask(ctx context.Context, task, scope string) ([]TaskResult
 		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
 	}
 	return e.eachOfTask(ctx, task, scope, taskParallel(sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD), func(sb *sandbox) (int64, string, error, bool) {
-		if sb.rec.State != statePaused {
+		if sb.rec.State != records.StatePaused {
 			return 0, "", nil, false
 		}
 		return 0, "", sb.resumeLocked(ctx), true

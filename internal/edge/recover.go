@@ -11,6 +11,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
@@ -57,11 +58,11 @@ func (e *Edge) recover(ctx context.Context) {
 	}
 }
 
-func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
+func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 	if _, node, err := sandboxid.Parse(string(rec.ID)); err != nil || node != e.node {
 		return errdefs.FailedPrecondition("record of %s does not belong to node %s", rec.ID, e.node)
 	}
-	name := rec.spec.Backend
+	name := rec.Spec.Backend
 	if rec.Handle != nil {
 		name = rec.Handle.Backend
 	}
@@ -70,12 +71,12 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
 	}
 	sb := e.newSandbox(rec, be)
-	r := rec.spec.Resources
+	r := rec.Spec.Resources
 	// A failed sandbox holds nothing once its backend has nothing of it;
 	// one whose removal failed before the restart is retried here, and
 	// stays counted if that fails again.
 	gone := false
-	if rec.State == stateFailed {
+	if rec.State == records.StateFailed {
 		err := be.Destroy(ctx, rec.ID)
 		if err == nil && rec.LayerDir != "" && e.layers != nil {
 			err = e.layers.Remove(rec.LayerDir)
@@ -88,13 +89,13 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		}
 	}
 	e.reg.adopt(sb, !gone, e.diskOf(be, r))
-	if rec.State == stateFailed {
+	if rec.State == records.StateFailed {
 		return nil
 	}
 
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if rec.Handle == nil || (rec.State != stateRunning && rec.State != statePaused) {
+	if rec.Handle == nil || (rec.State != records.StateRunning && rec.State != records.StatePaused) {
 		// Interrupted while being created or removed: finish the removal.
 		return sb.removeLocked(ctx)
 	}
@@ -163,11 +164,11 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 	st, err := be.Status(ctx, rec.ID)
 	switch {
 	case err != nil:
-	case rec.State == statePaused && st.State == backend.StateRunning:
+	case rec.State == records.StatePaused && st.State == backend.StateRunning:
 		// Resumed just before the edge died: its clock runs again.
 		sb.startClock()
-		rec.State = stateRunning
-	case rec.State == stateRunning && st.State == backend.StatePaused:
+		rec.State = records.StateRunning
+	case rec.State == records.StateRunning && st.State == backend.StatePaused:
 		// The edge's own pause was in flight (a VM stops for its snapshot
 		// or a fork's, or a pause not yet recorded): it runs again.
 		if p, ok := be.(backend.Pauser); ok {
@@ -182,7 +183,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *record) error {
 		// A VM stopped while the edge was down did not see its link go:
 		// its agent may hold a session the new edge cannot speak to.
 		sb.relink = true
-		if rec.State == stateRunning {
+		if rec.State == records.StateRunning {
 			e.relinkSoon(sb)
 		}
 	}
@@ -197,7 +198,7 @@ func (e *Edge) relinkSoon(sb *sandbox) {
 		defer e.wg.Done()
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
-		if sb.rec.State != stateRunning {
+		if sb.rec.State != records.StateRunning {
 			return
 		}
 		if err := sb.relinkLocked(context.Background()); err != nil {
@@ -206,8 +207,8 @@ func (e *Edge) relinkSoon(sb *sandbox) {
 	}()
 }
 
-func (e *Edge) specOf(ctx context.Context, rec *record) (*backend.Spec, error) {
-	ref, err := image.ParseRef(rec.spec.Image)
+func (e *Edge) specOf(ctx context.Context, rec *records.Record) (*backend.Spec, error) {
+	ref, err := image.ParseRef(rec.Spec.Image)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -18,7 +19,7 @@ import (
 // editRecord rewrites a sandbox's record.json while the edge is down.
 func editRecord(t *testing.T, dir string, edit func(m map[string]any)) {
 	t.Helper()
-	p := filepath.Join(dir, recordFile)
+	p := filepath.Join(dir, records.File)
 	data, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +47,7 @@ func TestRecoverRemovesHalfCreatedAndHalfRemoved(t *testing.T) {
 	cases := []struct {
 		state    string
 		noHandle bool
-	}{{stateCreating, false}, {stateStopping, false}, {stateCreating, true}}
+	}{{records.StateCreating, false}, {records.StateStopping, false}, {records.StateCreating, true}}
 	var dirs []string
 	for range cases {
 		sb, err := f.edge.Create(ctx, spec(), "root")
@@ -123,7 +124,7 @@ func TestRecoverKeepsRecordsItCannotOwn(t *testing.T) {
 	if st := e2.Status(); st.Allocated.Sandboxes != 0 {
 		t.Fatalf("capacity counted for records this node cannot own: %+v", st.Allocated)
 	}
-	if !exists(filepath.Join(foreign, recordFile)) || !exists(filepath.Join(gone, recordFile)) {
+	if !exists(filepath.Join(foreign, records.File)) || !exists(filepath.Join(gone, records.File)) {
 		t.Fatal("a record the edge cannot act on was deleted")
 	}
 	f.fake.Destroy(ctx, sandboxIDOf(a)) //nolint:errcheck // stop the in-process agents

@@ -39,7 +39,7 @@ func newRegistry(node sandboxid.NodeID, capacity Capacity, disk *diskRoom) *regi
 // against the node's capacity and registers it, or says why it does not
 // fit.
 func (r *registry) admit(sb *sandbox, reservation string, diskMB int64) error {
-	res := sb.rec.spec.Resources
+	res := sb.rec.Spec.Resources
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, fenced := r.fenced[reservation]; fenced && reservation != "" {
@@ -61,7 +61,7 @@ func (r *registry) admit(sb *sandbox, reservation string, diskMB int64) error {
 // adopt registers a sandbox a previous run of the edge left; counted says
 // it still holds what it was admitted with.
 func (r *registry) adopt(sb *sandbox, counted bool, diskMB int64) {
-	res := sb.rec.spec.Resources
+	res := sb.rec.Spec.Resources
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.boxes[sb.id] = sb
@@ -76,7 +76,7 @@ func (r *registry) release(sb *sandbox, diskMB int64) {
 	if sb.released.Swap(true) {
 		return
 	}
-	res := sb.rec.spec.Resources
+	res := sb.rec.Spec.Resources
 	r.mu.Lock()
 	r.allocated.add(res.CpuCores, res.MemoryMb, -1)
 	r.disk.count(-diskMB) // with the rest, as an admission sees them

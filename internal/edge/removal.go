@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 )
 
@@ -76,7 +77,7 @@ func (sb *sandbox) destroyLocked(ctx context.Context) error {
 	if sb.removed {
 		return nil // removed meanwhile
 	}
-	sb.rec.State = stateStopping
+	sb.rec.State = records.StateStopping
 	sb.save() //nolint:errcheck // the removal below decides
 	err := sb.removeLocked(ctx)
 	if err == nil {

@@ -17,6 +17,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
@@ -52,9 +53,9 @@ func (sb *sandbox) running(ctx context.Context, restored bool) error {
 			return err
 		}
 	}
-	sb.rec.State = stateRunning
+	sb.rec.State = records.StateRunning
 	sb.started.Store(time.Now().UnixNano())
-	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.spec.TimeoutSeconds) * time.Second)
+	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.Spec.TimeoutSeconds) * time.Second)
 	sb.expiry.poke()
 	if err := sb.save(); err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
@@ -46,7 +47,7 @@ type sandbox struct {
 	be           backend.Backend
 	proj         string // immutable
 	// records is where save writes rec (the edge's record store).
-	records recordStore
+	records records.Store
 	// expiry is the node's expiry loop, told of a new deadline.
 	expiry poker
 	// host is what it reaches of the edge that runs it.
@@ -59,7 +60,7 @@ type sandbox struct {
 	view atomic.Pointer[sandboxv1.Sandbox]
 
 	mu   sync.Mutex       // serialises lifecycle changes
-	rec  *record          // guarded by mu
+	rec  *records.Record  // guarded by mu
 	link *agentlink.Link  // guarded by mu; nil once removed
 	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
 	// nodeNet is the node's sandbox network it attaches to (nil: the
@@ -125,7 +126,7 @@ type host interface {
 	forget(sb *sandbox)
 	// specOf is the backend's spec for a sandbox of rec that is brought
 	// back (its image resolved again, by digest).
-	specOf(ctx context.Context, rec *record) (*backend.Spec, error)
+	specOf(ctx context.Context, rec *records.Record) (*backend.Spec, error)
 }
 
 func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }
@@ -138,7 +139,7 @@ func (e *Edge) removeLayer(dir string) error {
 }
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
-func (e *Edge) newSandbox(rec *record, be backend.Backend) *sandbox {
+func (e *Edge) newSandbox(rec *records.Record, be backend.Backend) *sandbox {
 	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, log: e.log})
 }
 
@@ -154,7 +155,7 @@ type sandboxEnv struct {
 	net     sandboxNetwork
 	netOff  string
 	disk    diskReserver // the node's disk room (diskroom.go)
-	records recordStore
+	records records.Store
 	expiry  poker // the node's expiry loop, told of a new deadline
 	host    host
 	log     *slog.Logger
@@ -164,11 +165,11 @@ type sandboxEnv struct {
 type poker interface{ poke() }
 
 // makeSandbox is the sandbox of rec on backend be in env.
-func makeSandbox(rec *record, be backend.Backend, env sandboxEnv) *sandbox {
+func makeSandbox(rec *records.Record, be backend.Backend, env sandboxEnv) *sandbox {
 	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host,
-		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.spec.GetResources().GetOpenFiles())}
+		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.Spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
-	sb.view.Store(rec.proto(env.node))
+	sb.view.Store(rec.Proto(env.node))
 	return sb
 }
 
@@ -229,9 +230,9 @@ func (sb *sandbox) save() error {
 // publish stores the record's description as the view; while a pause is
 // under way a running sandbox is shown paused. Callers hold sb.mu.
 func (sb *sandbox) publish() {
-	v := sb.rec.proto(sb.node)
-	if sb.pausing.Load() && v.State == stateProto[stateRunning] {
-		v.State = stateProto[statePaused]
+	v := sb.rec.Proto(sb.node)
+	if sb.pausing.Load() && v.State == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		v.State = sandboxv1.SandboxState_SANDBOX_STATE_PAUSED
 	}
 	sb.view.Store(v)
 }
@@ -299,11 +300,11 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return nil, err
 	}
 	now := time.Now()
-	rec := &record{ID: sandboxid.New(e.node), Project: project, State: stateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation}
+	rec := &records.Record{ID: sandboxid.New(e.node), Project: project, State: records.StateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation}
 	if !be.Capabilities().LinkBeforeAgent {
 		rec.AgentKey = agentlink.NewKey()
 	}
-	if err := rec.setSpec(spec); err != nil {
+	if err := rec.SetSpec(spec); err != nil {
 		return nil, err
 	}
 	sb, err := e.admit(rec, be)
@@ -322,9 +323,9 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 }
 
 // admit reserves capacity for rec and registers its sandbox.
-func (e *Edge) admit(rec *record, be backend.Backend) (*sandbox, error) {
+func (e *Edge) admit(rec *records.Record, be backend.Backend) (*sandbox, error) {
 	sb := e.newSandbox(rec, be)
-	if err := e.reg.admit(sb, rec.Reservation, e.diskOf(be, rec.spec.Resources)); err != nil {
+	if err := e.reg.admit(sb, rec.Reservation, e.diskOf(be, rec.Spec.Resources)); err != nil {
 		sb.end()
 		return nil, err
 	}
@@ -339,7 +340,7 @@ func (e *Edge) forget(sb *sandbox) {
 
 // release gives back what sb was admitted with, once. Callers hold sb.mu.
 func (e *Edge) release(sb *sandbox) {
-	e.reg.release(sb, e.diskOf(sb.be, sb.rec.spec.Resources))
+	e.reg.release(sb, e.diskOf(sb.be, sb.rec.Spec.Resources))
 }
 
 // diskOf is what a sandbox's disk limit takes from the node's disk: its
@@ -353,19 +354,19 @@ func (e *Edge) diskOf(be backend.Backend, r *sandboxv1.Resources) int64 {
 }
 
 // backendSpec builds what the backend needs from a record.
-func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig) *backend.Spec {
+func (e *Edge) backendSpec(rec *records.Record, layers []string, cfg ocispec.ImageConfig) *backend.Spec {
 	dir := e.sandboxDir(rec.ID)
 	env := append([]string(nil), cfg.Env...)
-	keys := make([]string, 0, len(rec.spec.Env))
-	for k := range rec.spec.Env {
+	keys := make([]string, 0, len(rec.Spec.Env))
+	for k := range rec.Spec.Env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		env = append(env, k+"="+rec.spec.Env[k])
+		env = append(env, k+"="+rec.Spec.Env[k])
 	}
 	env = append(env, "DSEC_SANDBOX_ID="+string(rec.ID))
-	r := rec.spec.Resources
+	r := rec.Spec.Resources
 	spec := &backend.Spec{
 		ID: rec.ID, Dir: dir, Layers: layers, Env: env, Hostname: string(rec.ID),
 		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids, DiskMB: r.DiskMb, NoFile: r.OpenFiles},
@@ -381,8 +382,8 @@ func (e *Edge) backendSpec(rec *record, layers []string, cfg ocispec.ImageConfig
 // network asks the node's DNS proxy on its gateway.
 const resolvConf = "# OpenDsec: this sandbox has no network access, so no name server.\noptions timeout:1 attempts:1\n"
 
-func (e *Edge) resolvConfOf(rec *record) string {
-	if rec.spec.Network == nil || e.net == nil {
+func (e *Edge) resolvConfOf(rec *records.Record) string {
+	if rec.Spec.Network == nil || e.net == nil {
 		return resolvConf
 	}
 	return fmt.Sprintf("# OpenDsec: the node's DNS proxy answers the names this sandbox's network policy allows.\nnameserver %s\noptions timeout:2 attempts:2\n", e.net.Node().DNS.Addr())
@@ -423,7 +424,7 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 		// an agent with the key; a new one still being created gives it to
 		// its first connection. (One that never ran is removed at the
 		// edge's restart, so a restart never hands the key out again.)
-		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.State != stateCreating || rec.SourceSnapshot != ""}
+		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.State != records.StateCreating || rec.SourceSnapshot != ""}
 	}
 	return agentlink.ListenAuthenticated(filepath.Join(e.runDir(rec.ID), "edge.sock"), auth, e.log)
 }
@@ -439,13 +440,13 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	sb.link = link
 	layers, err := e.cache.Layers(ctx, im, nil)
 	if err != nil {
-		return fmt.Errorf("image %s: %w", rec.spec.Image, err)
+		return fmt.Errorf("image %s: %w", rec.Spec.Image, err)
 	}
 	if sb.be.Capabilities().DiskLayer {
 		// The layer is recorded before the backend uses it: after a crash
 		// between the two, the removal finds it (and a layer no record
 		// names is removed at the next start).
-		if rec.LayerDir, err = e.layers.Create(ctx, rec.spec.Resources.DiskMb); err != nil {
+		if rec.LayerDir, err = e.layers.Create(ctx, rec.Spec.Resources.DiskMb); err != nil {
 			return err
 		}
 		// A layer is its own file system, or it bounds nothing.
@@ -558,17 +559,17 @@ func (e *Edge) SetTimeout(id, scope string, seconds int64) (*sandboxv1.Sandbox, 
 func (sb *sandbox) setTimeout(seconds int64) (*sandboxv1.Sandbox, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.rec.State != stateRunning && sb.rec.State != statePaused {
+	if sb.rec.State != records.StateRunning && sb.rec.State != records.StatePaused {
 		return nil, errdefs.FailedPrecondition("sandbox %s is %s", sb.id, sb.rec.State)
 	}
 	switch {
-	case sb.rec.State == statePaused && seconds == 0 && sb.rec.spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
+	case sb.rec.State == records.StatePaused && seconds == 0 && sb.rec.Spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE:
 		// Paused already: what its time to live running out would do.
 		return sb.published(), nil
-	case sb.rec.State == statePaused && seconds == 0:
+	case sb.rec.State == records.StatePaused && seconds == 0:
 		// Removed now, as at the end of its paused lifetime.
 		sb.rec.ExpiresAt = time.Now()
-	case sb.rec.State == statePaused:
+	case sb.rec.State == records.StatePaused:
 		// It stands still while paused: the new time to live starts when
 		// it is resumed.
 		sb.rec.TimeoutLeft = time.Duration(seconds) * time.Second
@@ -576,7 +577,7 @@ func (sb *sandbox) setTimeout(seconds int64) (*sandboxv1.Sandbox, error) {
 		sb.rec.ExpiresAt = time.Now().Add(time.Duration(seconds) * time.Second)
 	}
 	if seconds != 0 { // the spec's 0 is the server's default
-		sb.rec.spec.TimeoutSeconds = seconds
+		sb.rec.Spec.TimeoutSeconds = seconds
 	}
 	if err := sb.save(); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
@@ -33,7 +34,7 @@ func (h *fakeHost) forget(sb *sandbox)            { h.forgotten++; h.release(sb)
 func (h *fakeHost) reserve(string, int64, string) (func(), error) {
 	return func() {}, nil
 }
-func (h *fakeHost) specOf(context.Context, *record) (*backend.Spec, error) {
+func (h *fakeHost) specOf(context.Context, *records.Record) (*backend.Spec, error) {
 	return nil, errors.New("the fake host brings nothing back")
 }
 func (n *fakeNetwork) Reset(context.Context, *sandboxnet.Link) error { return nil }
@@ -60,17 +61,17 @@ func (n *fakeNetwork) Node() sandboxnet.Node                          { return s
 
 // hostedSandbox is a running sandbox of the fake backend with a fake host
 // and records in memory: no edge, no root.
-func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *memRecords, *fake.Backend) {
+func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *records.Mem, *fake.Backend) {
 	t.Helper()
 	b, _ := fake.New(context.Background(), backend.Config{})
 	be := b.(*fake.Backend)
 	node := sandboxid.NewNodeID()
-	rec := &record{ID: sandboxid.New(node), Project: "root/team", State: stateRunning, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(10 * time.Minute),
-		LayerDir: "/layers/l-1", spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 600, Network: &sandboxv1.NetworkPolicy{}}}
+	rec := &records.Record{ID: sandboxid.New(node), Project: "root/team", State: records.StateRunning, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(10 * time.Minute),
+		LayerDir: "/layers/l-1", Spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 600, Network: &sandboxv1.NetworkPolicy{}}}
 	if _, err := be.Create(context.Background(), &backend.Spec{ID: rec.ID}); err != nil {
 		t.Fatal(err)
 	}
-	h, store := &fakeHost{lifetime: time.Hour}, newMemRecords()
+	h, store := &fakeHost{lifetime: time.Hour}, records.NewMem()
 	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, expiry: h, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -94,10 +95,10 @@ func TestASandboxOwnsItsLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	left, until := sb.rec.TimeoutLeft, time.Until(sb.rec.ExpiresAt)
-	if sb.rec.State != statePaused || left < 9*time.Minute || left > 10*time.Minute || until < 59*time.Minute || until > time.Hour || h.wakes != 1 {
+	if sb.rec.State != records.StatePaused || left < 9*time.Minute || left > 10*time.Minute || until < 59*time.Minute || until > time.Hour || h.wakes != 1 {
 		t.Fatalf("frozen: state %s, time to live left %s, removed in %s, %d wakes", sb.rec.State, left, until, h.wakes)
 	}
-	if got, err := store.Get(sb.id); err != nil || got.State != statePaused {
+	if got, err := store.Get(sb.id); err != nil || got.State != records.StatePaused {
 		t.Fatalf("its record: %v %v", got, err)
 	}
 	if sb.published().State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
@@ -112,7 +113,7 @@ func TestASandboxOwnsItsLifecycle(t *testing.T) {
 	if h.released != 1 || h.layersRemoved != 1 || h.net.detached != 1 {
 		t.Fatalf("failed: released %d, layers removed %d, detached %d; want each once", h.released, h.layersRemoved, h.net.detached)
 	}
-	if got, err := store.Get(sb.id); err != nil || got.State != stateFailed || got.Message != "its agent stopped answering" {
+	if got, err := store.Get(sb.id); err != nil || got.State != records.StateFailed || got.Message != "its agent stopped answering" {
 		t.Fatalf("its record after the failure: %+v %v", got, err)
 	}
 	if sb.ended.Err() == nil {
@@ -158,7 +159,7 @@ func TestASandboxResumesAndRemovesItself(t *testing.T) {
 	if err == nil || link != nil || !strings.Contains(err.Error(), "no agent link") {
 		t.Fatalf("a resumed sandbox without its agent: %v, %v", link, err)
 	}
-	if until := time.Until(sb.rec.ExpiresAt); sb.rec.State != stateRunning || until > 30*time.Second || until < 25*time.Second {
+	if until := time.Until(sb.rec.ExpiresAt); sb.rec.State != records.StateRunning || until > 30*time.Second || until < 25*time.Second {
 		t.Fatalf("resumed: %s, ends in %s", sb.rec.State, until)
 	}
 

@@ -16,6 +16,7 @@ import (
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
@@ -49,18 +50,18 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, name string, ephemer
 	if sb.net != nil && !sb.be.Capabilities().SnapshotNetwork {
 		return nil, began, false, errdefs.Unsupported("sandbox %s has a network interface, and backend %q cannot snapshot one on this node (a restored copy would lose it); snapshot and fork need a sandbox created without a network policy", sb.id, sb.be.Name())
 	}
-	if sb.rec.State == statePaused {
+	if sb.rec.State == records.StatePaused {
 		if err := sb.resumeLocked(ctx); err != nil {
 			return nil, began, false, err
 		}
 	}
-	if sb.rec.State != stateRunning || sb.link == nil {
+	if sb.rec.State != records.StateRunning || sb.link == nil {
 		return nil, began, false, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
 	}
 	snap = &snapshots.Snapshot{
 		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
-		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.Spec, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral, Name: name,
-		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.spec).(*sandboxv1.SandboxSpec),
+		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.SpecJSON, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral, Name: name,
+		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.Spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.Dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
 	release, err := e.disk.reserve(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
@@ -252,9 +253,9 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
 		return nil, err
 	}
-	rec := &record{ID: sandboxid.New(e.node), Project: o.project, State: stateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
+	rec := &records.Record{ID: sandboxid.New(e.node), Project: o.project, State: records.StateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
 		AgentKey: snap.AgentKey}
-	if err := rec.setSpec(spec); err != nil {
+	if err := rec.SetSpec(spec); err != nil {
 		return nil, err
 	}
 	sb, err := e.admit(rec, be)

@@ -1,4 +1,7 @@
-package edge
+// Package records is the node's sandbox records: what the edge keeps on
+// disk for each sandbox so that a restarted (or upgraded) edge finds its
+// sandboxes again, and the store that versions them.
+package records
 
 import (
 	"encoding/json"
@@ -13,15 +16,16 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
-// record is what the edge keeps on disk for a sandbox, so a restarted edge
-// finds its sandboxes again.
-type record struct {
-	// Layout is the record's layout version (recordstore.go); records of
+// Record is what the edge keeps on disk for a sandbox.
+type Record struct {
+	// Layout is the record's layout version (store.go); records of
 	// releases before it had one are layout 0.
-	Layout         int             `json:"layout"`
-	ID             sandboxid.ID    `json:"id"`
-	Project        string          `json:"project"`
-	Spec           json.RawMessage `json:"spec"` // protojson SandboxSpec
+	Layout int          `json:"layout"`
+	ID     sandboxid.ID `json:"id"`
+	// Project is immutable.
+	Project string `json:"project"`
+	// SpecJSON is Spec as protojson, as it was last written.
+	SpecJSON       json.RawMessage `json:"spec"`
 	State          string          `json:"state"`
 	CreatedAt      time.Time       `json:"created_at"`
 	ExpiresAt      time.Time       `json:"expires_at"`
@@ -35,7 +39,7 @@ type record struct {
 	// PausedTask is set when the sandbox was paused by a task-wide pause.
 	PausedTask bool `json:"paused_task,omitempty"`
 	// Offloaded, for a paused sandbox, is the checkpoint its memory went to
-	// (in its directory, offload.go); empty for a frozen one.
+	// (in its directory); empty for a frozen one.
 	Offloaded string `json:"offloaded,omitempty"`
 	// TimeoutLeft is, for a paused sandbox, the time to live it resumes
 	// with (its ExpiresAt is then the end of its paused lifetime).
@@ -54,52 +58,56 @@ type record struct {
 	// for a sandbox made before agents authenticated.
 	AgentKey string `json:"agent_key,omitempty"`
 
-	spec *sandboxv1.SandboxSpec // decoded Spec
+	// Spec is the decoded spec; SetSpec sets both, and a store writes
+	// SpecJSON from it.
+	Spec *sandboxv1.SandboxSpec `json:"-"`
 }
 
 // Record states; they match SandboxState names.
 const (
-	stateCreating = "creating"
-	stateRunning  = "running"
-	statePaused   = "paused"
-	stateStopping = "stopping"
-	// stateFailed: the sandbox died; its record stays (with the reason in
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateStopping = "stopping"
+	// StateFailed: the sandbox died; its record stays (with the reason in
 	// Message) until it is stopped or its time to live ends, but it holds
 	// nothing on the node.
-	stateFailed = "failed"
+	StateFailed = "failed"
 )
 
 var stateProto = map[string]sandboxv1.SandboxState{
-	stateCreating: sandboxv1.SandboxState_SANDBOX_STATE_CREATING,
-	stateRunning:  sandboxv1.SandboxState_SANDBOX_STATE_RUNNING,
-	statePaused:   sandboxv1.SandboxState_SANDBOX_STATE_PAUSED,
-	stateStopping: sandboxv1.SandboxState_SANDBOX_STATE_STOPPING,
-	stateFailed:   sandboxv1.SandboxState_SANDBOX_STATE_FAILED,
+	StateCreating: sandboxv1.SandboxState_SANDBOX_STATE_CREATING,
+	StateRunning:  sandboxv1.SandboxState_SANDBOX_STATE_RUNNING,
+	StatePaused:   sandboxv1.SandboxState_SANDBOX_STATE_PAUSED,
+	StateStopping: sandboxv1.SandboxState_SANDBOX_STATE_STOPPING,
+	StateFailed:   sandboxv1.SandboxState_SANDBOX_STATE_FAILED,
 }
 
-func (r *record) setSpec(s *sandboxv1.SandboxSpec) error {
+// SetSpec sets r's spec, decoded and encoded.
+func (r *Record) SetSpec(s *sandboxv1.SandboxSpec) error {
 	data, err := protojson.Marshal(s)
 	if err != nil {
 		return err
 	}
-	r.Spec, r.spec = data, s
+	r.SpecJSON, r.Spec = data, s
 	return nil
 }
 
-func (r *record) proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
+// Proto is r's public view, on node.
+func (r *Record) Proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
 	return &sandboxv1.Sandbox{
-		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: proto.Clone(r.spec).(*sandboxv1.SandboxSpec),
+		Id: string(r.ID), Project: r.Project, NodeId: string(node), Spec: proto.Clone(r.Spec).(*sandboxv1.SandboxSpec),
 		State: stateProto[r.State], CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
 		Message: r.Message, ImageDigest: r.ImageDigest, SourceSnapshotId: r.SourceSnapshot,
-		PauseDepth: r.pauseDepth(), TimeoutLeftSeconds: int64(r.TimeoutLeft / time.Second),
+		PauseDepth: r.PauseDepth(), TimeoutLeftSeconds: int64(r.TimeoutLeft / time.Second),
 		NetworkAddress: r.NetAddr,
 	}
 }
 
-// pauseDepth is how deep a paused sandbox's pause went.
-func (r *record) pauseDepth() sandboxv1.PauseDepth {
+// PauseDepth is how deep a paused sandbox's pause went.
+func (r *Record) PauseDepth() sandboxv1.PauseDepth {
 	switch {
-	case r.State != statePaused:
+	case r.State != StatePaused:
 		return sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED
 	case r.Offloaded != "":
 		return sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
