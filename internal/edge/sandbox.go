@@ -148,7 +148,8 @@ type sandboxEnv struct {
 	node   sandboxid.NodeID
 	dir    string // its directory
 	runDir string // its run directory (the agent's socket)
-	// agentTimeout is how long its agent has to connect or answer.
+	// agentTimeout is how long its agent has to connect or answer: the
+	// node's, or its backend's AgentWait if longer.
 	agentTimeout time.Duration
 	// net is the node's sandbox network; nil without one, and netOff
 	// says why.
@@ -166,8 +167,9 @@ type poker interface{ poke() }
 
 // makeSandbox is the sandbox of rec on backend be in env.
 func makeSandbox(rec *records.Record, be backend.Backend, env sandboxEnv) *sandbox {
-	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: env.agentTimeout, nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host,
-		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(be.Capabilities().ConcurrentCalls, rec.Spec.GetResources().GetOpenFiles())}
+	caps := be.Capabilities()
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: max(env.agentTimeout, caps.AgentWait), nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host,
+		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(caps.ConcurrentCalls, rec.Spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.Proto(env.node))
 	return sb

@@ -5,14 +5,17 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
@@ -189,5 +192,41 @@ func TestASandboxResumesAndRemovesItself(t *testing.T) {
 	}
 	if st, _ := be.Status(ctx, sb.id); st.Pid != 0 {
 		t.Fatalf("the backend still has it: %+v", st)
+	}
+}
+
+// A backend whose sandboxes take longer to start than a process (a guest
+// booting under emulation) gives their agents longer: the edge waits for
+// the longer of its own agent timeout and the backend's AgentWait, and its
+// error says which it waited.
+func TestAgentWaitIsTheLongerOfNodeAndBackend(t *testing.T) {
+	log := testutil.Logger(t)
+	for _, c := range []struct{ node, backend, want time.Duration }{
+		{20 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond},
+		{300 * time.Millisecond, 20 * time.Millisecond, 300 * time.Millisecond},
+		{300 * time.Millisecond, 0, 300 * time.Millisecond},
+	} {
+		b, _ := fake.New(context.Background(), backend.Config{})
+		be := b.(*fake.Backend)
+		be.Knobs.AgentWait = c.backend
+		node := sandboxid.NewNodeID()
+		rec := &records.Record{ID: sandboxid.New(node), Project: "root", State: records.StateCreating, CreatedAt: time.Now(),
+			Spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 60}}
+		h, dir := &fakeHost{lifetime: time.Hour}, t.TempDir()
+		sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: dir, agentTimeout: c.node, records: records.NewMem(), expiry: h, host: h, disk: h, log: log})
+		link, err := agentlink.ListenAuthenticated(filepath.Join(dir, "edge.sock"), nil, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.link = link
+		began := time.Now()
+		sb.mu.Lock()
+		err = sb.running(context.Background(), false)
+		sb.mu.Unlock()
+		waited := time.Since(began)
+		link.Close() //nolint:errcheck // a test's listener
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "did not connect within "+c.want.String()) || waited < c.want {
+			t.Fatalf("node %v, backend %v: %v after %v; want unavailable after %v", c.node, c.backend, err, waited, c.want)
+		}
 	}
 }

@@ -55,6 +55,11 @@ type Capabilities struct {
 	// in (a VM's kernel and agent); the edge refuses less (0: no minimum
 	// beyond the API's).
 	MinMemoryMB int64
+	// AgentWait is the least time a new or restored sandbox's agent is
+	// given to connect and answer, when a start here takes more than a
+	// process's (a guest kernel's boot under emulation); the edge waits
+	// for the longer of it and its own agent timeout (0: the edge's).
+	AgentWait time.Duration
 }
 
 // Resources are the limits a sandbox runs under.

@@ -45,6 +45,8 @@ type Knobs struct {
 	DiskFile bool
 	// MinMemoryMB is the backend's Capabilities.MinMemoryMB.
 	MinMemoryMB int64
+	// AgentWait is the backend's Capabilities.AgentWait.
+	AgentWait time.Duration
 	// SnapshotStops makes Snapshot stop the sandbox, as Debian's runsc's
 	// checkpoint does (the caller must restore it).
 	SnapshotStops bool
@@ -191,7 +193,7 @@ func (b *Backend) Name() string { return Name }
 
 // Capabilities: everything.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls, DiskFile: b.Knobs.DiskFile, MinMemoryMB: b.Knobs.MinMemoryMB}
+	return backend.Capabilities{Isolation: "none", Pause: true, Snapshot: true, ConcurrentCalls: b.Knobs.ConcurrentCalls, DiskFile: b.Knobs.DiskFile, MinMemoryMB: b.Knobs.MinMemoryMB, AgentWait: b.Knobs.AgentWait}
 }
 
 // Probe always succeeds.

@@ -137,11 +137,20 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	// TCG fewer: of 500 execs with a 3 s deadline, 8 were admitted at once
 	// and answered too late with 32 slots there, and again with 8 (a
 	// fresh-clone run; each exec takes some 0.4 s of a TCG vCPU).
-	calls := 32
+	calls, wait := 32, time.Duration(0)
 	if b.Accel() == "tcg" {
-		calls = 4
+		calls, wait = 4, tcgAgentWait(b.probe.Boot)
 	}
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: MinMemoryMB}
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: MinMemoryMB, AgentWait: wait}
+}
+
+// tcgAgentWait is how long a guest under TCG is given to boot and answer:
+// every vCPU is emulated on a host thread, so guests booting together on
+// a busy node take many times the probe's lone boot (beside a CPU hog of
+// two busy processes on 2 cores, two guests of one test did not answer
+// within the edge's 30 s). Twenty probe boots, and no less than 2 minutes.
+func tcgAgentWait(probeBoot time.Duration) time.Duration {
+	return max(2*time.Minute, 20*probeBoot)
 }
 
 // Probe implements backend.Backend: the parts are there and a probe guest
