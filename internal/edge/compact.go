@@ -6,6 +6,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -27,20 +28,25 @@ const (
 	compactQuiet = 2 * time.Second
 )
 
-// maybeCompact starts a compaction of sb if it needs one and can have
-// one. The compaction runs on its own goroutine (a checkpoint and restore
-// take seconds; the health loop must not wait for them) and takes the
-// sandbox's lock itself. Callers hold sb.mu.
-func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
+// compactionDue reports whether sb needs a compaction and can have one
+// (ht nil: not), and marks one started. Callers hold sb.mu.
+func (sb *sandbox) compactionDue(now time.Time) (ht backend.HostThreads, threads int) {
 	ht, ok := sb.be.(backend.HostThreads)
 	if !ok || !sb.compactable(now) {
-		return
+		return nil, 0
 	}
 	n := ht.HostThreads(sb.id)
 	if n <= compactAbove || !sb.compacting.CompareAndSwap(false, true) {
-		return
+		return nil, 0
 	}
 	sb.compacted = now
+	return ht, n
+}
+
+// compactSoon compacts sb, which compactionDue marked, on its own
+// goroutine: a checkpoint and restore take seconds, and the health loop
+// must not wait for them.
+func (e *Edge) compactSoon(sb *sandbox, ht backend.HostThreads, before int) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -50,7 +56,7 @@ func (e *Edge) maybeCompact(sb *sandbox, now time.Time) {
 		if sb.rec.State != records.StateRunning || sb.calls.Load() != 0 || time.Since(sb.lastCall()) < compactQuiet {
 			return // a call or a lifecycle change came first
 		}
-		e.compact(sb, ht, n)
+		sb.compact(e.snaps, ht, before)
 	}()
 }
 
@@ -62,24 +68,23 @@ func (sb *sandbox) compactable(now time.Time) bool {
 		now.Sub(sb.lastCall()) >= compactQuiet && now.Sub(sb.compacted) >= compactEvery
 }
 
-// compact checkpoints sb and restores it in place. A failure leaves the
-// sandbox failed with the reason (its record stays), never silently gone.
-// Callers hold sb.mu.
-func (e *Edge) compact(sb *sandbox, ht backend.HostThreads, before int) {
+// compact checkpoints sb (an ephemeral snapshot in store) and restores it
+// in place. A failure leaves the sandbox failed with the reason (its
+// record stays), never silently gone. Callers hold sb.mu.
+func (sb *sandbox) compact(store *snapshots.Store, ht backend.HostThreads, before int) {
 	// A checkpoint and restore take longer for more memory: up to 10 min.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	log := e.log.With(logging.SandboxID, sb.id)
-	snap, began, stopped, err := e.checkpoint(ctx, sb, "", true)
+	snap, began, stopped, err := sb.checkpoint(ctx, store, "", true)
 	if err != nil {
-		log.Warn("compaction: checkpoint failed", "host_threads", before, logging.Error, err)
+		sb.log.Warn("compaction: checkpoint failed", "host_threads", before, logging.Error, err)
 		return
 	}
-	defer e.snaps.Drop(snap) //nolint:errcheck // an ephemeral snapshot; the snapshot store removes leftovers at start
+	defer store.Drop(snap) //nolint:errcheck // an ephemeral snapshot; the snapshot store removes leftovers at start
 	paused, err := sb.bringBack(ctx, snap, began, stopped)
 	if err != nil {
-		log.Error("compaction: the sandbox could not be restored", logging.Error, err)
+		sb.log.Error("compaction: the sandbox could not be restored", logging.Error, err)
 		return
 	}
-	log.Info("compacted the sandbox's host threads", "before", before, "after", ht.HostThreads(sb.id), "paused", paused.Round(time.Millisecond))
+	sb.log.Info("compacted the sandbox's host threads", "before", before, "after", ht.HostThreads(sb.id), "paused", paused.Round(time.Millisecond))
 }

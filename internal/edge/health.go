@@ -16,7 +16,6 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
-	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
 // Liveness [ours]. A sandbox is running only while its agent is connected.
@@ -56,68 +55,64 @@ var (
 	hostStopCheck = time.Second
 )
 
-// healthLoop checks every running sandbox each tick.
+// healthLoop checks every sandbox each tick, and starts the compactions
+// the checks ask for.
 func (e *Edge) healthLoop() {
 	defer e.wg.Done()
 	tick := time.NewTicker(healthEvery)
 	defer tick.Stop()
-	down := map[sandboxid.ID]time.Time{} // first seen down, when the link cannot say
 	for {
 		select {
 		case <-e.stop:
 			return
 		case now := <-tick.C:
-			seen := map[sandboxid.ID]bool{}
 			for _, sb := range e.reg.all() {
-				seen[sb.id] = true
-				e.checkHealth(sb, down, now)
-			}
-			for id := range down {
-				if !seen[id] {
-					delete(down, id)
+				if ht, n := sb.checkHealth(now); ht != nil {
+					e.compactSoon(sb, ht, n)
 				}
 			}
 		}
 	}
 }
 
-// checkHealth looks at one sandbox. A sandbox busy in a lifecycle change
-// (its lock held: create, snapshot, stop) is left for the next tick.
-func (e *Edge) checkHealth(sb *sandbox, down map[sandboxid.ID]time.Time, now time.Time) {
+// checkHealth looks at a sandbox: it fails one whose agent and runtime
+// are gone, asks an idle one's agent whether it answers (heartbeat), and
+// returns the host threads of one that is due a compaction (ht nil: none).
+// A sandbox busy in a lifecycle change (its lock held: create, snapshot,
+// stop) is left for the next tick.
+func (sb *sandbox) checkHealth(now time.Time) (ht backend.HostThreads, threads int) {
 	if !sb.mu.TryLock() {
-		return
+		return nil, 0
 	}
 	defer sb.mu.Unlock()
 	if sb.rec.State != records.StateRunning || sb.link == nil {
-		delete(down, sb.id)
-		return
+		sb.downSince = time.Time{}
+		return nil, 0
 	}
 	isDown, since := sb.link.Down()
 	if !isDown {
-		delete(down, sb.id)
+		sb.downSince = time.Time{}
 		if sb.heartbeat(now) {
-			return
+			return nil, 0
 		}
-		e.maybeCompact(sb, now)
-		return
+		return sb.compactionDue(now)
 	}
-	if since.IsZero() {
-		if first, ok := down[sb.id]; ok {
-			since = first
-		} else {
-			since, down[sb.id] = now, now
+	if since.IsZero() { // the link cannot say: since the first tick that saw it
+		if sb.downSince.IsZero() {
+			sb.downSince = now
 		}
+		since = sb.downSince
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := sb.be.Status(ctx, sb.id)
 	alive := err == nil && (st.State == backend.StateRunning || st.State == backend.StatePaused)
 	if alive && now.Sub(since) < agentAbsence {
-		return // the agent is redialling
+		return nil, 0 // the agent is redialling
 	}
-	reason := sb.whyDead(ctx, alive)
-	delete(down, sb.id)
-	sb.fail(ctx, reason)
+	sb.downSince = time.Time{}
+	sb.fail(ctx, sb.whyDead(ctx, alive))
+	return nil, 0
 }
 
 // whyDead says why a sandbox stopped answering, as precisely as the

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
@@ -103,7 +104,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 	if err != nil {
 		return err
 	}
-	link, err := e.prepareDir(sb)
+	link, err := sb.prepareDir()
 	if err != nil {
 		return err
 	}
@@ -184,25 +185,26 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 		// its agent may hold a session the new edge cannot speak to.
 		sb.relink = true
 		if rec.State == records.StateRunning {
-			e.relinkSoon(sb)
+			sb.relinkSoon(&e.wg)
 		}
 	}
 	return sb.save()
 }
 
-// relinkSoon runs relinkLocked for a running sb in the background, once
-// recovery has let go of it. A failure is left to the health loop.
-func (e *Edge) relinkSoon(sb *sandbox) {
-	e.wg.Add(1)
+// relinkSoon runs relinkLocked for a running sb in the background (wg
+// counts it), once recovery has let go of it. A failure is left to the
+// health loop.
+func (sb *sandbox) relinkSoon(wg *sync.WaitGroup) {
+	wg.Add(1)
 	go func() {
-		defer e.wg.Done()
+		defer wg.Done()
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
 		if sb.rec.State != records.StateRunning {
 			return
 		}
 		if err := sb.relinkLocked(context.Background()); err != nil {
-			e.log.Warn("re-attached VM", logging.SandboxID, sb.id, logging.Error, err)
+			sb.log.Warn("re-attached VM", logging.Error, err)
 		}
 	}()
 }

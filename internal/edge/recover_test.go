@@ -343,7 +343,7 @@ func TestRecoverBringsBackASourceItsCheckpointStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb.mu.Lock()
-	_, _, stopped, err := f.edge.checkpoint(ctx, sb, "", true)
+	_, _, stopped, err := sb.checkpoint(ctx, f.edge.snaps, "", true)
 	sb.mu.Unlock()
 	if err != nil || !stopped {
 		t.Fatalf("checkpoint: stopped %v, %v", stopped, err)

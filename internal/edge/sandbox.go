@@ -79,6 +79,9 @@ type sandbox struct {
 	// the agent to serve.
 	relink    bool
 	compacted time.Time // guarded by mu; last compaction (compact.go)
+	// downSince is when the health loop first saw its agent's link down,
+	// if the link cannot say (guarded by mu).
+	downSince time.Time
 	// compacting is set while a compaction is started or running.
 	compacting atomic.Bool
 	// expiring is set while the expiry loop removes it.
@@ -384,18 +387,19 @@ func (e *Edge) backendSpec(rec *records.Record, layers []string, cfg ocispec.Ima
 // network asks the node's DNS proxy on its gateway.
 const resolvConf = "# OpenDsec: this sandbox has no network access, so no name server.\noptions timeout:1 attempts:1\n"
 
-func (e *Edge) resolvConfOf(rec *records.Record) string {
-	if rec.Spec.Network == nil || e.net == nil {
+// resolvConf is sb's resolv.conf. Callers hold sb.mu.
+func (sb *sandbox) resolvConf() string {
+	if sb.rec.Spec.Network == nil || sb.nodeNet == nil {
 		return resolvConf
 	}
-	return fmt.Sprintf("# OpenDsec: the node's DNS proxy answers the names this sandbox's network policy allows.\nnameserver %s\noptions timeout:2 attempts:2\n", e.net.Node().DNS.Addr())
+	return fmt.Sprintf("# OpenDsec: the node's DNS proxy answers the names this sandbox's network policy allows.\nnameserver %s\noptions timeout:2 attempts:2\n", sb.nodeNet.Node().DNS.Addr())
 }
 
 // prepareDir makes the sandbox directory, its run directory, hosts file and
 // the agent link. Callers hold sb.mu.
-func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
+func (sb *sandbox) prepareDir() (*agentlink.Link, error) {
 	rec, dir := sb.rec, sb.dir
-	for _, d := range []string{dir, e.runDir(rec.ID)} {
+	for _, d := range []string{dir, sb.runDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -403,16 +407,16 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 	// hosts and resolv.conf live in the run directory, on the run base, so
 	// the sandbox's mountinfo names no path on the node's disk.
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost ip6-loopback\n", rec.ID)
-	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "hosts"), []byte(hosts), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(sb.runDir, "hosts"), []byte(hosts), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(e.runDir(rec.ID), "resolv.conf"), []byte(e.resolvConfOf(rec)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(sb.runDir, "resolv.conf"), []byte(sb.resolvConf()), 0o644); err != nil {
 		return nil, err
 	}
 	// The sandbox's boot id, for runtimes whose /proc has none (Debian's
 	// runsc: the gvisor backend mounts it where compat/gvisor reads it).
 	// Kept across edge restarts.
-	if bootID := filepath.Join(e.runDir(rec.ID), "boot_id"); !fileExists(bootID) {
+	if bootID := filepath.Join(sb.runDir, "boot_id"); !fileExists(bootID) {
 		if err := os.WriteFile(bootID, []byte(newUUID()+"\n"), 0o644); err != nil {
 			return nil, err
 		}
@@ -428,14 +432,14 @@ func (e *Edge) prepareDir(sb *sandbox) (*agentlink.Link, error) {
 		// edge's restart, so a restart never hands the key out again.)
 		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.State != records.StateCreating || rec.SourceSnapshot != ""}
 	}
-	return agentlink.ListenAuthenticated(filepath.Join(e.runDir(rec.ID), "edge.sock"), auth, e.log)
+	return agentlink.ListenAuthenticated(filepath.Join(sb.runDir, "edge.sock"), auth, sb.log)
 }
 
 func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	rec := sb.rec
-	link, err := e.prepareDir(sb)
+	link, err := sb.prepareDir()
 	if err != nil {
 		return err
 	}

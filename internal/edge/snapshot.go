@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"sync"
@@ -40,9 +39,10 @@ func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
 }
 
 // checkpoint writes a snapshot (called name, if not "") of a running
-// sandbox. If the backend had to stop the sandbox for it, stopped is true
-// and bringBack must follow. Callers hold sb.mu until then.
-func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, name string, ephemeral bool) (snap *snapshots.Snapshot, began time.Time, stopped bool, err error) {
+// sandbox into the node's store. If the backend had to stop the sandbox
+// for it, stopped is true and bringBack must follow. Callers hold sb.mu
+// until then.
+func (sb *sandbox) checkpoint(ctx context.Context, store *snapshots.Store, name string, ephemeral bool) (snap *snapshots.Snapshot, began time.Time, stopped bool, err error) {
 	sn, err := snapshotter(sb.be)
 	if err != nil {
 		return nil, began, false, err
@@ -59,20 +59,21 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, name string, ephemer
 		return nil, began, false, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
 	}
 	snap = &snapshots.Snapshot{
-		ID: sandboxid.NewSnapshot(e.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
+		ID: sandboxid.NewSnapshot(sb.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
 		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.SpecJSON, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral, Name: name,
 		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.Spec).(*sandboxv1.SandboxSpec),
 	}
-	snap.Dir = filepath.Join(e.cfg.StateDir, "snapshots", string(snap.ID))
-	release, err := e.disk.reserve(e.cfg.StateDir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
-	if err != nil {
-		return nil, began, false, err
-	}
-	defer release()
+	snap.Dir = store.Dir(snap.ID)
 	if err := os.MkdirAll(snap.Dir, 0o700); err != nil {
 		return nil, began, false, err
 	}
-	log := e.log.With(logging.SandboxID, sb.id, logging.SnapshotID, snap.ID)
+	release, err := sb.disk.reserve(snap.Dir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
+	if err != nil {
+		os.RemoveAll(snap.Dir)
+		return nil, began, false, err
+	}
+	defer release()
+	log := sb.log.With(logging.SnapshotID, snap.ID)
 	if err := sb.markCheckpoint(snap.Dir); err != nil {
 		os.RemoveAll(snap.Dir)
 		return nil, began, false, err
@@ -98,7 +99,7 @@ func (e *Edge) checkpoint(ctx context.Context, sb *sandbox, name string, ephemer
 		os.RemoveAll(snap.Dir)
 		return nil, began, info.Stopped, err
 	}
-	e.snaps.Add(snap)
+	store.Add(snap)
 	return snap, began, info.Stopped, nil
 }
 
@@ -165,7 +166,7 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 		}
 		defer release()
 	}
-	snap, began, stopped, err := e.checkpoint(ctx, sb, name, false)
+	snap, began, stopped, err := sb.checkpoint(ctx, e.snaps, name, false)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +275,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshots.Snapshot, sn backend.Snapshotter) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	link, err := e.prepareDir(sb)
+	link, err := sb.prepareDir()
 	if err != nil {
 		return err
 	}
@@ -414,7 +415,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		return nil, err
 	}
 	sb.mu.Lock()
-	snap, began, stopped, err := e.checkpoint(ctx, sb, "", true)
+	snap, began, stopped, err := sb.checkpoint(ctx, e.snaps, "", true)
 	if err != nil {
 		sb.mu.Unlock()
 		return nil, err

@@ -243,6 +243,11 @@ func (st *Store) releasePulled(id sandboxid.SnapshotID) {
 	}
 }
 
+// Dir is where a snapshot of this node is written.
+func (st *Store) Dir(id sandboxid.SnapshotID) string {
+	return filepath.Join(st.dir, string(id))
+}
+
 // PulledDir is where a pulled snapshot is kept, apart from this node's own.
 func (st *Store) PulledDir(id sandboxid.SnapshotID) string {
 	return filepath.Join(st.pulledRoot, string(id))

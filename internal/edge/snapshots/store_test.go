@@ -27,7 +27,7 @@ func written(t *testing.T, st *Store, project, name string, ephemeral bool) *Sna
 	}
 	s := &Snapshot{ID: sandboxid.NewSnapshot(st.node), Project: project, SourceSandbox: sandboxid.New(st.node), Backend: "fake",
 		Spec: raw, SandboxSpec: spec, CreatedAt: time.Now().UTC(), Name: name, Ephemeral: ephemeral}
-	s.Dir = filepath.Join(st.dir, string(s.ID))
+	s.Dir = st.Dir(s.ID)
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
