@@ -356,7 +356,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		return err
 	}
 	if st.State == backend.StateStopped {
-		return b.waitSandboxGone(bx)
+		return b.waitSandboxGone(ctx, id, bx)
 	}
 	if st.State == backend.StatePaused {
 		b.Resume(ctx, id) //nolint:errcheck // best effort before killing
@@ -366,7 +366,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		if err != nil {
 			return err
 		}
-		return b.waitSandboxGone(bx)
+		return b.waitSandboxGone(ctx, id, bx)
 	}
 	if err := b.rtOf(bx).cli("").Kill(ctx, bx.runscID, "KILL", true); err != nil {
 		return err
@@ -377,7 +377,7 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 		if err != nil {
 			return err
 		}
-		return b.waitSandboxGone(bx)
+		return b.waitSandboxGone(ctx, id, bx)
 	}
 	return errdefs.Unavailable("gvisor: sandbox %s still runs %v after SIGKILL", id, backend.StopAfterKill)
 }
@@ -387,20 +387,25 @@ func (b *Backend) Stop(ctx context.Context, id sandboxid.ID, grace time.Duration
 // is left after StopAfterKill. Until then runsc may report it running
 // again: while the sentry shuts down it answers no state query, and runsc
 // then keeps the status its state file last saved (Container.CheckStopped)
-// for as long as the sandbox process exists.
-func (b *Backend) waitSandboxGone(bx box) error {
+// for as long as the sandbox process exists. A process leaves its cgroup
+// when it exits, before its parent reaps it, and runsc takes the zombie
+// for a live sandbox: so the wait ends only when runsc, too, reports it
+// stopped (a conformance run saw it running right after Stop returned).
+func (b *Backend) waitSandboxGone(ctx context.Context, id sandboxid.ID, bx box) error {
 	g := b.cg.Group(bx.runscID)
-	if g.WaitEmpty(backend.StopAfterKill) {
-		return nil
+	if !g.WaitEmpty(backend.StopAfterKill) {
+		g.KillAll() //nolint:errcheck // what survives is reported below
+		if !g.WaitEmpty(backend.StopAfterKill) {
+			if procs := g.Procs(); len(procs) > 0 {
+				return errdefs.Unavailable("gvisor: sandbox %s: its container stopped, but its sandbox's processes %v outlive a kill by %v", bx.runscID, procs, backend.StopAfterKill)
+			}
+		}
 	}
-	g.KillAll() //nolint:errcheck // what survives is reported below
-	if g.WaitEmpty(backend.StopAfterKill) {
-		return nil
+	done, err := backend.WaitStopped(ctx, b, id, backend.StopAfterKill)
+	if err != nil || done {
+		return err
 	}
-	if procs := g.Procs(); len(procs) > 0 {
-		return errdefs.Unavailable("gvisor: sandbox %s: its container stopped, but its sandbox's processes %v outlive a kill by %v", bx.runscID, procs, backend.StopAfterKill)
-	}
-	return nil
+	return errdefs.Unavailable("gvisor: sandbox %s: its processes are gone, but runsc still reports it running %v later (its sandbox process not yet reaped)", bx.runscID, backend.StopAfterKill)
 }
 
 // Destroy removes the sandbox, its cgroups and its rootfs mount. A sandbox
