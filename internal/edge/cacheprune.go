@@ -35,7 +35,7 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 	for _, d := range e.snaps.ImageDigests() {
 		use(d)
 	}
-	freed, err := e.cache.Prune(inUse, grace)
+	freed, err := e.parts.cache.Prune(inUse, grace)
 	if err != nil {
 		e.log.Warn("prune the layer cache", logging.Error, err)
 	}

@@ -103,16 +103,11 @@ type Edge struct {
 	cfg         Config
 	log         *slog.Logger
 	node        sandboxid.NodeID
-	store       *image.Store
-	cache       *image.Cache
 	backends    map[string]backend.Backend
 	unavailable map[string]string // backend name -> why it cannot run here
 	cgroup      string            // the node's cgroup layout, "v1" or "v2" ("" unknown)
-	// agentPath is the agent as staged in the run base (runbase.go).
-	agentPath string
-	// layers makes the writable layers of DiskLayer backends; nil when no
-	// backend needs them.
-	layers *layerfs.FS
+	// parts is what sandboxes start from: images, layers, the agent.
+	parts parts
 	// disk is LayerDir's file system, what it keeps free and what this
 	// edge promised of it (diskroom.go), under a lock of its own.
 	disk *diskRoom
@@ -184,12 +179,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
-		store: deps.Store, cache: cache, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
+		parts: parts{store: deps.Store, cache: cache, agentSource: cfg.AgentPath, runBase: cfg.RunBase}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
 		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
 		stop: make(chan struct{}),
 	}
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
-	if e.agentPath, err = e.prepareRunBase(); err != nil {
+	if e.parts.agent, err = prepareRunBase(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
 	}
 	if h, err := cgroups.Detect(cgroups.DefaultRoot, ""); err == nil {
@@ -198,7 +193,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	var layersErr error
 	for _, b := range deps.Backends {
 		err := b.Probe(ctx)
-		if err == nil && b.Capabilities().DiskLayer && e.layers == nil && layersErr == nil {
+		if err == nil && b.Capabilities().DiskLayer && e.parts.layers == nil && layersErr == nil {
 			layersErr = e.openLayers()
 		}
 		if err == nil && b.Capabilities().DiskLayer && layersErr != nil {
@@ -211,7 +206,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 		e.backends[b.Name()] = b
 	}
-	if e.layers != nil {
+	if e.parts.layers != nil {
 		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.budgetMB)
 	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, e.log); err != nil {
 		return nil, fmt.Errorf("edge: state directory %s: %w", cfg.StateDir, err)
@@ -234,8 +229,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	e.sweepBackends(ctx)
 	e.sweepLayers()
 	e.sweepRunDirs()
-	if e.layers != nil {
-		e.layers.Start() // after the sweep: a warm layer being made would look unowned
+	if e.parts.layers != nil {
+		e.parts.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.snaps.Load()
 	e.disk.publish() // what recovery found
@@ -278,8 +273,8 @@ func (e *Edge) Close() {
 		}
 	})
 	e.wg.Wait()
-	if e.layers != nil {
-		e.layers.Close() // removes the warm layers; sandboxes' stay
+	if e.parts.layers != nil {
+		e.parts.layers.Close() // removes the warm layers; sandboxes' stay
 	}
 	e.disk.close()
 	for _, sb := range e.reg.all() {
@@ -389,6 +384,6 @@ func (e *Edge) openLayers() error {
 		return err
 	}
 	room.layers = fs
-	e.layers, e.disk = fs, room
+	e.parts.layers, e.disk = fs, room
 	return nil
 }

@@ -334,7 +334,7 @@ func TestCreateRestagesAMissingAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	staged := e.agentPath
+	staged := e.parts.agent
 	if err := os.RemoveAll(filepath.Dir(staged)); err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,10 @@ import (
 	"path/filepath"
 	"sync"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
-	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -79,8 +76,8 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 	gone := false
 	if rec.State == records.StateFailed {
 		err := be.Destroy(ctx, rec.ID)
-		if err == nil && rec.LayerDir != "" && e.layers != nil {
-			err = e.layers.Remove(rec.LayerDir)
+		if err == nil && rec.LayerDir != "" && e.parts.layers != nil {
+			err = e.parts.layers.Remove(rec.LayerDir)
 		}
 		if err != nil {
 			e.log.Error("remove what a failed sandbox left", logging.SandboxID, rec.ID, logging.Error, err)
@@ -210,20 +207,11 @@ func (sb *sandbox) relinkSoon(wg *sync.WaitGroup) {
 }
 
 func (e *Edge) specOf(ctx context.Context, rec *records.Record) (*backend.Spec, error) {
-	ref, err := image.ParseRef(rec.Spec.Image)
+	layers, cfg, err := e.parts.recordLayers(ctx, rec)
 	if err != nil {
 		return nil, err
 	}
-	im, err := e.store.Resolve(ref)
-	if err != nil || im.Digest.String() != rec.ImageDigest {
-		// The name moved on; the sandbox keeps running on the layers it has.
-		return e.backendSpec(rec, nil, ocispec.ImageConfig{}), nil
-	}
-	layers, err := e.cache.Layers(ctx, im, nil)
-	if err != nil {
-		return nil, err
-	}
-	return e.backendSpec(rec, layers, im.Config.Config), nil
+	return e.parts.backendSpec(rec, e.sandboxDir(rec.ID), e.runDir(rec.ID), layers, cfg), nil
 }
 
 // sweepRunDirs removes run directories of sandboxes that have no directory
@@ -273,7 +261,7 @@ func (e *Edge) sweepBackends(ctx context.Context) {
 // sweepLayers removes writable layers that no record names: a crash came
 // between making one and recording it, or the record is gone.
 func (e *Edge) sweepLayers() {
-	if e.layers == nil {
+	if e.parts.layers == nil {
 		return
 	}
 	recs, unreadable := e.records.List()
@@ -287,12 +275,12 @@ func (e *Edge) sweepLayers() {
 			named[rec.LayerDir] = true
 		}
 	}
-	for _, l := range e.layers.Layers() {
+	for _, l := range e.parts.layers.Layers() {
 		if named[l] {
 			continue
 		}
 		e.log.Warn("removing a writable layer no sandbox owns", "layer", l)
-		if err := e.layers.Remove(l); err != nil {
+		if err := e.parts.layers.Remove(l); err != nil {
 			e.log.Error("remove an orphan writable layer", "layer", l, logging.Error, err)
 		}
 	}

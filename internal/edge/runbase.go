@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -29,8 +30,7 @@ const runBaseSize = "256m"
 
 // prepareRunBase makes the run base a tmpfs if it can and stages the agent
 // there, returning the staged agent's path.
-func (e *Edge) prepareRunBase() (string, error) {
-	base := e.cfg.RunBase
+func prepareRunBase(base, agent string, log *slog.Logger) (string, error) {
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return "", err
 	}
@@ -49,13 +49,13 @@ func (e *Edge) prepareRunBase() (string, error) {
 	if !mounted && os.Geteuid() == 0 {
 		if ents, err := os.ReadDir(base); err == nil && len(ents) == 0 {
 			if err := unix.Mount("opendsec-run", base, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+runBaseSize); err != nil {
-				e.log.Warn("run base stays on the node's disk; sandboxes' mountinfo will show its path", "dir", base, logging.Error, err)
+				log.Warn("run base stays on the node's disk; sandboxes' mountinfo will show its path", "dir", base, logging.Error, err)
 			}
 		} else {
-			e.log.Warn("run base is a non-empty directory, not a mount: left as it is, so running sandboxes keep their sockets", "dir", base)
+			log.Warn("run base is a non-empty directory, not a mount: left as it is, so running sandboxes keep their sockets", "dir", base)
 		}
 	}
-	staged, err := stageAgentOrMakeRoom(e.cfg.AgentPath, base)
+	staged, err := stageAgentOrMakeRoom(agent, base)
 	if err != nil {
 		return "", err
 	}
@@ -79,25 +79,6 @@ func stageAgentOrMakeRoom(agent, base string) (string, error) {
 		staged, err = stageAgent(agent, base)
 	}
 	return staged, err
-}
-
-// ensureAgentStaged stages the agent again if its staged copy is gone (an
-// edge of another version on this node pruned it, or someone cleaned the
-// run base).
-func (e *Edge) ensureAgentStaged() error {
-	if fileExists(e.agentPath) {
-		return nil
-	}
-	staged, err := stageAgentOrMakeRoom(e.cfg.AgentPath, e.cfg.RunBase)
-	if err != nil {
-		return fmt.Errorf("stage the agent again: %w", err)
-	}
-	// The path names the agent's digest; creates run concurrently and
-	// read e.agentPath, so it never changes after start.
-	if staged != e.agentPath {
-		return fmt.Errorf("the agent at %s changed since the edge started (staged %s, now %s): restart the edge", e.cfg.AgentPath, e.agentPath, staged)
-	}
-	return nil
 }
 
 // pruneStaged removes agent versions staged more than age ago, other

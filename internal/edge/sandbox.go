@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/protobuf/proto"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
@@ -25,7 +24,6 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
-	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
@@ -52,7 +50,10 @@ type sandbox struct {
 	expiry poker
 	// host is what it reaches of the edge that runs it.
 	host host
-	log  *slog.Logger // the edge's, with its id
+	// parts is what it is started from (images, layers, the agent); nil
+	// in tests of a sandbox without an edge.
+	parts *parts
+	log   *slog.Logger // the edge's, with its id
 
 	// view is the latest published description. Readers (Get, List,
 	// Status) use it without the lifecycle lock, so a slow create or removal
@@ -134,16 +135,11 @@ type host interface {
 
 func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }
 
-func (e *Edge) removeLayer(dir string) error {
-	if dir == "" || e.layers == nil {
-		return nil
-	}
-	return e.layers.Remove(dir)
-}
+func (e *Edge) removeLayer(dir string) error { return e.parts.removeLayer(dir) }
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *records.Record, be backend.Backend) *sandbox {
-	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, log: e.log})
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, parts: &e.parts, log: e.log})
 }
 
 // sandboxEnv is where a sandbox lives and what it reaches.
@@ -162,6 +158,7 @@ type sandboxEnv struct {
 	records records.Store
 	expiry  poker // the node's expiry loop, told of a new deadline
 	host    host
+	parts   *parts
 	log     *slog.Logger
 }
 
@@ -171,7 +168,7 @@ type poker interface{ poke() }
 // makeSandbox is the sandbox of rec on backend be in env.
 func makeSandbox(rec *records.Record, be backend.Backend, env sandboxEnv) *sandbox {
 	caps := be.Capabilities()
-	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: max(env.agentTimeout, caps.AgentWait), nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host,
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: max(env.agentTimeout, caps.AgentWait), nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host, parts: env.parts,
 		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(caps.ConcurrentCalls, rec.Spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.Proto(env.node))
@@ -262,19 +259,6 @@ func (e *Edge) knownBackends() []string {
 	return append(usable, unusable...)
 }
 
-// resolveImage checks the name and finds the image for project.
-func (e *Edge) resolveImage(name, proj string) (*image.Image, error) {
-	ref, err := image.ParseRef(name)
-	if err != nil {
-		return nil, err
-	}
-	// Images belong to a project and serve it and every project below it.
-	if !project.Within(proj, ref.Project) {
-		return nil, errdefs.PermissionDenied("image %q: belongs to project %q, not visible to project %q", name, ref.Project, proj)
-	}
-	return e.store.Resolve(ref)
-}
-
 // Create admits, prepares and starts a sandbox, and returns once its agent
 // is connected. On any failure nothing of it is left behind.
 func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project string) (*sandboxv1.Sandbox, error) {
@@ -300,7 +284,7 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
 		return nil, err
 	}
-	im, err := e.resolveImage(spec.Image, project)
+	im, err := e.parts.resolve(spec.Image, project)
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +301,7 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return nil, err
 	}
 	log := e.log.With(logging.SandboxID, rec.ID, logging.Backend, be.Name())
-	if err := e.start(ctx, sb, im); err != nil {
+	if err := sb.start(ctx, im); err != nil {
 		if cerr := sb.discard(context.WithoutCancel(ctx)); cerr != nil {
 			log.Error("clean up a sandbox that failed to start", logging.Error, cerr)
 		}
@@ -352,34 +336,10 @@ func (e *Edge) release(sb *sandbox) {
 // disk_mb if its backend keeps the writable layer (or a VM's disk) there.
 func (e *Edge) diskOf(be backend.Backend, r *sandboxv1.Resources) int64 {
 	caps := be.Capabilities()
-	if (e.layers == nil || !caps.DiskLayer) && !caps.DiskFile {
+	if (e.parts.layers == nil || !caps.DiskLayer) && !caps.DiskFile {
 		return 0
 	}
 	return r.DiskMb
-}
-
-// backendSpec builds what the backend needs from a record.
-func (e *Edge) backendSpec(rec *records.Record, layers []string, cfg ocispec.ImageConfig) *backend.Spec {
-	dir := e.sandboxDir(rec.ID)
-	env := append([]string(nil), cfg.Env...)
-	keys := make([]string, 0, len(rec.Spec.Env))
-	for k := range rec.Spec.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+rec.Spec.Env[k])
-	}
-	env = append(env, "DSEC_SANDBOX_ID="+string(rec.ID))
-	r := rec.Spec.Resources
-	spec := &backend.Spec{
-		ID: rec.ID, Dir: dir, Layers: layers, Env: env, Hostname: string(rec.ID),
-		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids, DiskMB: r.DiskMb, NoFile: r.OpenFiles},
-		AgentPath: e.agentPath, RunDir: e.runDir(rec.ID),
-		HostsFile: filepath.Join(e.runDir(rec.ID), "hosts"), ResolvConf: filepath.Join(e.runDir(rec.ID), "resolv.conf"),
-	}
-	spec.LayerDir = rec.LayerDir
-	return spec
 }
 
 // resolvConf replaces the image's (which names its build host's
@@ -435,7 +395,9 @@ func (sb *sandbox) prepareDir() (*agentlink.Link, error) {
 	return agentlink.ListenAuthenticated(filepath.Join(sb.runDir, "edge.sock"), auth, sb.log)
 }
 
-func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
+// start makes a new sandbox's directory, layer and network and starts it
+// from im, until its agent answers.
+func (sb *sandbox) start(ctx context.Context, im *image.Image) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	rec := sb.rec
@@ -444,7 +406,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 		return err
 	}
 	sb.link = link
-	layers, err := e.cache.Layers(ctx, im, nil)
+	layers, err := sb.parts.cache.Layers(ctx, im, nil)
 	if err != nil {
 		return fmt.Errorf("image %s: %w", rec.Spec.Image, err)
 	}
@@ -452,7 +414,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 		// The layer is recorded before the backend uses it: after a crash
 		// between the two, the removal finds it (and a layer no record
 		// names is removed at the next start).
-		if rec.LayerDir, err = e.layers.Create(ctx, rec.Spec.Resources.DiskMb); err != nil {
+		if rec.LayerDir, err = sb.parts.layers.Create(ctx, rec.Spec.Resources.DiskMb); err != nil {
 			return err
 		}
 		// A layer is its own file system, or it bounds nothing.
@@ -463,13 +425,13 @@ func (e *Edge) start(ctx context.Context, sb *sandbox, im *image.Image) error {
 			return err
 		}
 	}
-	if err := e.ensureAgentStaged(); err != nil {
+	if err := sb.parts.ensureAgentStaged(); err != nil {
 		return err
 	}
 	if err := sb.attachNetwork(ctx); err != nil {
 		return err
 	}
-	bspec := e.backendSpec(rec, layers, im.Config.Config)
+	bspec := sb.parts.backendSpec(rec, sb.dir, sb.runDir, layers, im.Config.Config)
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
 	}

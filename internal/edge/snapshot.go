@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/protobuf/proto"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
@@ -18,7 +17,6 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
-	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
@@ -263,7 +261,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 	if err != nil {
 		return nil, err
 	}
-	if err := e.restoreInto(ctx, sb, snap, sn); err != nil {
+	if err := sb.restoreInto(ctx, snap, sn); err != nil {
 		if cerr := sb.discard(context.WithoutCancel(ctx)); cerr != nil {
 			e.log.Error("clean up a copy that failed to start", logging.SandboxID, rec.ID, logging.Error, cerr)
 		}
@@ -272,7 +270,9 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 	return sb.published(), nil
 }
 
-func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshots.Snapshot, sn backend.Snapshotter) error {
+// restoreInto starts a new sandbox from snap (a copy of its source),
+// until its agent answers.
+func (sb *sandbox) restoreInto(ctx context.Context, snap *snapshots.Snapshot, sn backend.Snapshotter) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	link, err := sb.prepareDir()
@@ -280,7 +280,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshots.Sna
 		return err
 	}
 	sb.link = link
-	layers, cfg, err := e.layersByDigest(ctx, snap)
+	layers, cfg, err := sb.parts.snapshotLayers(ctx, snap)
 	if err != nil {
 		return err
 	}
@@ -289,7 +289,7 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshots.Sna
 	if err := sb.attachNetwork(ctx); err != nil {
 		return err
 	}
-	bspec := e.backendSpec(sb.rec, layers, cfg)
+	bspec := sb.parts.backendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg)
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
 	}
@@ -302,21 +302,6 @@ func (e *Edge) restoreInto(ctx context.Context, sb *sandbox, snap *snapshots.Sna
 		return err
 	}
 	return sb.running(ctx, true)
-}
-
-// layersByDigest finds the image layers a snapshot was taken on, by
-// digest: the name may have moved since.
-func (e *Edge) layersByDigest(ctx context.Context, snap *snapshots.Snapshot) ([]string, ocispec.ImageConfig, error) {
-	ref, err := image.ParseRef(snap.SandboxSpec.Image)
-	if err != nil {
-		return nil, ocispec.ImageConfig{}, err
-	}
-	im, err := e.store.Resolve(ref)
-	if err != nil || im.Digest.String() != snap.ImageDigest {
-		return nil, ocispec.ImageConfig{}, errdefs.FailedPrecondition("snapshot %s: image %s no longer has digest %s", snap.ID, snap.SandboxSpec.Image, snap.ImageDigest)
-	}
-	layers, err := e.cache.Layers(ctx, im, nil)
-	return layers, im.Config.Config, err
 }
 
 // Restore starts a new sandbox from a snapshot: one of this node's, or,
