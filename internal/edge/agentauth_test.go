@@ -17,7 +17,7 @@ func impostor(t *testing.T, e *Edge, id string, key string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	d := &agentlink.Dialer{Path: filepath.Join(e.runDir(sandboxid.ID(id)), "edge.sock"), Authenticate: true,
+	d := &agentlink.Dialer{Path: filepath.Join(e.dirs.run(sandboxid.ID(id)), "edge.sock"), Authenticate: true,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })}
 	d.SetKey(key)
 	go d.Run(ctx)

@@ -39,7 +39,7 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 	if err != nil {
 		e.log.Warn("prune the layer cache", logging.Error, err)
 	}
-	for _, b := range e.backends {
+	for _, b := range e.backends.usable {
 		if p, ok := b.(backend.CachePruner); ok {
 			n, err := p.PruneCache(grace)
 			if err != nil {

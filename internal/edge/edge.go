@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -100,14 +99,14 @@ type Deps struct {
 
 // Edge manages the sandboxes of one node.
 type Edge struct {
-	cfg         Config
-	log         *slog.Logger
-	node        sandboxid.NodeID
-	backends    map[string]backend.Backend
-	unavailable map[string]string // backend name -> why it cannot run here
-	cgroup      string            // the node's cgroup layout, "v1" or "v2" ("" unknown)
+	cfg      Config
+	log      *slog.Logger
+	node     sandboxid.NodeID
+	backends backendSet
+	cgroup   string // the node's cgroup layout, "v1" or "v2" ("" unknown)
 	// parts is what sandboxes start from: images, layers, the agent.
 	parts parts
+	dirs  nodeDirs
 	// disk is LayerDir's file system, what it keeps free and what this
 	// edge promised of it (diskroom.go), under a lock of its own.
 	disk *diskRoom
@@ -180,7 +179,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
 		parts: parts{store: deps.Store, cache: cache, agentSource: cfg.AgentPath, runBase: cfg.RunBase}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
-		backends: map[string]backend.Backend{}, unavailable: map[string]string{},
+		dirs: nodeDirs{stateDir: cfg.StateDir, runBase: cfg.RunBase, node: node}, backends: newBackendSet(node),
 		stop: make(chan struct{}),
 	}
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
@@ -200,11 +199,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 			err = layersErr
 		}
 		if err != nil {
-			e.unavailable[b.Name()] = err.Error()
+			e.backends.unavailable[b.Name()] = err.Error()
 			e.log.Warn("backend unavailable on this node", logging.Backend, b.Name(), logging.Error, err)
 			continue
 		}
-		e.backends[b.Name()] = b
+		e.backends.usable[b.Name()] = b
 	}
 	if e.parts.layers != nil {
 		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.budgetMB)
@@ -226,9 +225,13 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.recover(ctx)
-	e.sweepBackends(ctx)
-	e.sweepLayers()
-	e.sweepRunDirs()
+	if e.recoveryIncomplete {
+		e.log.Warn("not removing what backends run without a record: the records could not all be read")
+	} else {
+		e.dirs.sweepBackends(ctx, e.backends.usable, func(id sandboxid.ID) bool { _, ok := e.reg.get(id); return ok }, e.log)
+	}
+	sweepLayers(e.parts.layers, e.records, e.log)
+	e.dirs.sweepRuns(e.log)
 	if e.parts.layers != nil {
 		e.parts.layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
@@ -293,7 +296,7 @@ func (e *Edge) Close() {
 	}
 	// The node's run directory goes when no sandbox uses it (it fails
 	// harmlessly otherwise): test clusters each make one.
-	os.Remove(filepath.Join(e.cfg.RunBase, string(e.node))) //nolint:errcheck // see above
+	os.Remove(e.dirs.runs()) //nolint:errcheck // see above
 }
 
 func loadNodeID(dir string) (sandboxid.NodeID, error) {
@@ -310,40 +313,7 @@ func loadNodeID(dir string) (sandboxid.NodeID, error) {
 }
 
 // BackendNames lists the backends this node can run, then the others.
-func (e *Edge) BackendNames() (usable, unusable []string) {
-	for n := range e.backends {
-		usable = append(usable, n)
-	}
-	for n := range e.unavailable {
-		unusable = append(unusable, n)
-	}
-	sort.Strings(usable)
-	sort.Strings(unusable)
-	return usable, unusable
-}
-
-func (e *Edge) backendFor(name string) (backend.Backend, error) {
-	if b, ok := e.backends[name]; ok {
-		return b, nil
-	}
-	if why, ok := e.unavailable[name]; ok {
-		return nil, errdefs.FailedPrecondition("backend %q cannot run on node %s: %s", name, e.node, why)
-	}
-	usable, _ := e.BackendNames()
-	return nil, errdefs.InvalidArgument("backend %q: unknown; node %s offers %s", name, e.node, strings.Join(usable, ", "))
-}
-
-// runDir is the directory mounted at /.dsec/run in the sandbox.
-func (e *Edge) runDir(id sandboxid.ID) string {
-	return filepath.Join(e.cfg.RunBase, string(e.node), string(id))
-}
-
-// maxSocketPath is the longest path a Unix socket can be bound at.
-const maxSocketPath = 107
-
-func (e *Edge) sandboxDir(id sandboxid.ID) string {
-	return filepath.Join(e.cfg.StateDir, "sandboxes", string(id))
-}
+func (e *Edge) BackendNames() (usable, unusable []string) { return e.backends.names() }
 
 // inScope reports whether project is scope or below it.
 func inScope(p, scope string) bool { return project.Within(p, scope) }

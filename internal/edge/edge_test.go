@@ -155,7 +155,7 @@ func TestCreateExecDestroy(t *testing.T) {
 	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(f.edge.sandboxDir(sandboxIDOf(sb))); !os.IsNotExist(err) {
+	if _, err := os.Stat(f.edge.dirs.sandbox(sandboxIDOf(sb))); !os.IsNotExist(err) {
 		t.Fatalf("sandbox directory left: %v", err)
 	}
 	if _, err := f.edge.Destroy(ctx, sb.Id, "root"); !errdefs.IsNotFound(err) {

@@ -24,7 +24,7 @@ func TestARecordOfANewerLayoutIsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sandboxIDOf(sb)
-	dir := f.edge.sandboxDir(id)
+	dir := f.edge.dirs.sandbox(id)
 	f.edge.Close()
 	editRecord(t, dir, func(m map[string]any) { m["layout"] = records.CurrentLayout() + 1 })
 

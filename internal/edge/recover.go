@@ -11,7 +11,6 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/records"
-	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -21,7 +20,7 @@ import (
 // and paused ones get their agent link back; half-created or half-removed
 // ones are removed.
 func (e *Edge) recover(ctx context.Context) {
-	root := filepath.Join(e.cfg.StateDir, "sandboxes")
+	root := e.dirs.sandboxes()
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		e.log.Error("read sandbox directory", logging.Error, err)
@@ -31,12 +30,12 @@ func (e *Edge) recover(ctx context.Context) {
 	for _, ent := range ents {
 		dir := filepath.Join(root, ent.Name())
 		if !ent.IsDir() {
-			e.removeOrphanDir(dir, errors.New("not a sandbox's directory"))
+			e.dirs.removeOrphan(dir, errors.New("not a sandbox's directory"), e.log)
 			continue
 		}
 		rec, err := e.records.Get(sandboxid.ID(ent.Name()))
 		if errors.Is(err, fs.ErrNotExist) {
-			e.removeOrphanDir(dir, err)
+			e.dirs.removeOrphan(dir, err, e.log)
 			continue
 		}
 		if err != nil {
@@ -64,7 +63,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 	if rec.Handle != nil {
 		name = rec.Handle.Backend
 	}
-	be, ok := e.backends[name]
+	be, ok := e.backends.usable[name]
 	if !ok {
 		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
 	}
@@ -211,99 +210,7 @@ func (e *Edge) specOf(ctx context.Context, rec *records.Record) (*backend.Spec, 
 	if err != nil {
 		return nil, err
 	}
-	return e.parts.backendSpec(rec, e.sandboxDir(rec.ID), e.runDir(rec.ID), layers, cfg), nil
-}
-
-// sweepRunDirs removes run directories of sandboxes that have no directory
-// of their own any more (a crash during a removal).
-func (e *Edge) sweepRunDirs() {
-	base := filepath.Join(e.cfg.RunBase, string(e.node))
-	ents, _ := os.ReadDir(base)
-	for _, ent := range ents {
-		if _, err := os.Stat(e.sandboxDir(sandboxid.ID(ent.Name()))); errors.Is(err, fs.ErrNotExist) {
-			e.log.Warn("removing the run directory of a sandbox that is gone", "dir", filepath.Join(base, ent.Name()))
-			os.RemoveAll(filepath.Join(base, ent.Name())) //nolint:errcheck // best effort
-		}
-	}
-}
-
-// sweepBackends destroys what backends with an Inventory find running of
-// sandboxes this edge has no record of: a create or a fork's copy a crash
-// cut before its record, or a record removed before its processes ended.
-func (e *Edge) sweepBackends(ctx context.Context) {
-	if e.recoveryIncomplete {
-		e.log.Warn("not removing what backends run without a record: the records could not all be read")
-		return
-	}
-	for _, be := range e.backends {
-		inv, ok := be.(backend.Inventory)
-		if !ok {
-			continue
-		}
-		ids, err := inv.Found(ctx, e.node)
-		if err != nil {
-			e.log.Warn("list what the backend runs", logging.Backend, be.Name(), logging.Error, err)
-			continue
-		}
-		for _, id := range ids {
-			_, known := e.reg.get(id)
-			if _, err := os.Stat(e.sandboxDir(id)); known || !errors.Is(err, fs.ErrNotExist) {
-				continue // recorded (a record recovery could not read stays for inspection), or unsure
-			}
-			e.log.Warn("removing what a sandbox with no record left running", logging.SandboxID, id, logging.Backend, be.Name())
-			if err := be.Destroy(ctx, id); err != nil {
-				e.log.Error("remove an orphan sandbox's processes", logging.SandboxID, id, logging.Error, err)
-			}
-		}
-	}
-}
-
-// sweepLayers removes writable layers that no record names: a crash came
-// between making one and recording it, or the record is gone.
-func (e *Edge) sweepLayers() {
-	if e.parts.layers == nil {
-		return
-	}
-	recs, unreadable := e.records.List()
-	if len(unreadable) > 0 {
-		e.log.Warn("not removing writable layers no record names: a record could not be read", "records", len(unreadable))
-		return
-	}
-	named := map[string]bool{}
-	for _, rec := range recs {
-		if rec.LayerDir != "" {
-			named[rec.LayerDir] = true
-		}
-	}
-	for _, l := range e.parts.layers.Layers() {
-		if named[l] {
-			continue
-		}
-		e.log.Warn("removing a writable layer no sandbox owns", "layer", l)
-		if err := e.parts.layers.Remove(l); err != nil {
-			e.log.Error("remove an orphan writable layer", "layer", l, logging.Error, err)
-		}
-	}
-}
-
-// removeOrphanDir deletes a sandbox directory without a readable record,
-// unless something is still mounted in it.
-func (e *Edge) removeOrphanDir(dir string, why error) {
-	if errors.Is(why, fs.ErrNotExist) {
-		why = errors.New("no record")
-	}
-	if mounts, _ := rootfs.MountsUnder(dir); len(mounts) > 0 {
-		for _, m := range mounts {
-			rootfs.Unmount(m) //nolint:errcheck // checked again below
-		}
-		if still, _ := rootfs.MountsUnder(dir); len(still) > 0 {
-			e.log.Error("orphan sandbox directory is still mounted; left in place", "dir", dir, "mounts", still)
-			return
-		}
-	}
-	e.log.Warn("removing orphan sandbox directory", "dir", dir, "why", why)
-	os.RemoveAll(dir)
-	os.RemoveAll(filepath.Join(e.cfg.RunBase, string(e.node), filepath.Base(dir)))
+	return e.parts.backendSpec(rec, e.dirs.sandbox(rec.ID), e.dirs.run(rec.ID), layers, cfg), nil
 }
 
 // restoreFromCheckpoint restores sb in place from the checkpoint its

@@ -54,7 +54,7 @@ func TestRecoverRemovesHalfCreatedAndHalfRemoved(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dirs = append(dirs, f.edge.sandboxDir(sandboxIDOf(sb)))
+		dirs = append(dirs, f.edge.dirs.sandbox(sandboxIDOf(sb)))
 	}
 	f.edge.Close()
 	for i, c := range cases {
@@ -83,7 +83,7 @@ func TestRecoverRemovesHalfCreatedAndHalfRemoved(t *testing.T) {
 func TestRecoverRemovesOrphanDirectory(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	f.edge.Close()
-	orphan := f.edge.sandboxDir(sandboxid.New(f.edge.Node()))
+	orphan := f.edge.dirs.sandbox(sandboxid.New(f.edge.Node()))
 	if err := os.MkdirAll(filepath.Join(orphan, "junk"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -109,12 +109,12 @@ func TestRecoverKeepsRecordsItCannotOwn(t *testing.T) {
 	}
 	f.edge.Close()
 	other := sandboxid.New(sandboxid.NewNodeID())
-	foreign := f.edge.sandboxDir(other)
-	if err := os.Rename(f.edge.sandboxDir(sandboxIDOf(a)), foreign); err != nil {
+	foreign := f.edge.dirs.sandbox(other)
+	if err := os.Rename(f.edge.dirs.sandbox(sandboxIDOf(a)), foreign); err != nil {
 		t.Fatal(err)
 	}
 	editRecord(t, foreign, func(m map[string]any) { m["id"] = string(other) })
-	gone := f.edge.sandboxDir(sandboxIDOf(b))
+	gone := f.edge.dirs.sandbox(sandboxIDOf(b))
 	editRecord(t, gone, func(m map[string]any) { m["handle"].(map[string]any)["backend"] = "retired" })
 
 	e2 := f.open(t, smallCapacity())

@@ -139,7 +139,7 @@ func (e *Edge) removeLayer(dir string) error { return e.parts.removeLayer(dir) }
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *records.Record, be backend.Backend) *sandbox {
-	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.sandboxDir(rec.ID), runDir: e.runDir(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, parts: &e.parts, log: e.log})
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.dirs.sandbox(rec.ID), runDir: e.dirs.run(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, parts: &e.parts, log: e.log})
 }
 
 // sandboxEnv is where a sandbox lives and what it reaches.
@@ -254,11 +254,6 @@ func (sb *sandbox) beginPause() (end func()) {
 	}
 }
 
-func (e *Edge) knownBackends() []string {
-	usable, unusable := e.BackendNames()
-	return append(usable, unusable...)
-}
-
 // Create admits, prepares and starts a sandbox, and returns once its agent
 // is connected. On any failure nothing of it is left behind.
 func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project string) (*sandboxv1.Sandbox, error) {
@@ -268,13 +263,13 @@ func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project 
 // CreateFor is Create for an apiserver's quota reservation, which the
 // sandbox records (FenceReservation finds it by it).
 func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, project, reservation string) (*sandboxv1.Sandbox, error) {
-	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.knownBackends()); err != nil {
+	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
 		return nil, err
 	}
 	if project == "" {
 		return nil, errdefs.InvalidArgument("project: empty")
 	}
-	be, err := e.backendFor(spec.Backend)
+	be, err := e.backends.get(spec.Backend)
 	if err != nil {
 		return nil, err
 	}

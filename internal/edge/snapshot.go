@@ -334,7 +334,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 	if !inScope(project, scope) {
 		return nil, errdefs.PermissionDenied("project %q: outside your scope %q", project, scope)
 	}
-	be, err := e.backendFor(snap.Backend)
+	be, err := e.backends.get(snap.Backend)
 	if err != nil {
 		return nil, err
 	}

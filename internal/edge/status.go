@@ -21,7 +21,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		Host:     &edgev1.Usage{CpuCores: c.HostCPUCores, MemoryMb: c.HostMemoryMB},
 		Cgroup:   e.cgroup,
 	}
-	for name, b := range e.backends {
+	for name, b := range e.backends.usable {
 		caps := b.Capabilities()
 		bs := &edgev1.BackendStatus{Name: name, CanPause: caps.Pause, CanSnapshot: caps.Snapshot, Isolation: caps.Isolation}
 		if d, ok := b.(backend.Describer); ok {
@@ -29,7 +29,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		}
 		st.Backends = append(st.Backends, bs)
 	}
-	for name, why := range e.unavailable {
+	for name, why := range e.backends.unavailable {
 		st.Backends = append(st.Backends, &edgev1.BackendStatus{Name: name, UnavailableReason: why})
 	}
 	sort.Slice(st.Backends, func(i, j int) bool { return st.Backends[i].Name < st.Backends[j].Name })
