@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
@@ -44,19 +45,19 @@ func (sb *sandbox) compactionDue(now time.Time) (ht backend.HostThreads, threads
 }
 
 // compactSoon compacts sb, which compactionDue marked, on its own
-// goroutine: a checkpoint and restore take seconds, and the health loop
-// must not wait for them.
-func (e *Edge) compactSoon(sb *sandbox, ht backend.HostThreads, before int) {
-	e.wg.Add(1)
+// goroutine (wg counts it; store takes the checkpoint): a checkpoint and
+// restore take seconds, and the health loop must not wait for them.
+func (sb *sandbox) compactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht backend.HostThreads, before int) {
+	wg.Add(1)
 	go func() {
-		defer e.wg.Done()
+		defer wg.Done()
 		defer sb.compacting.Store(false)
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
 		if sb.rec.State != records.StateRunning || sb.calls.Load() != 0 || time.Since(sb.lastCall()) < compactQuiet {
 			return // a call or a lifecycle change came first
 		}
-		sb.compact(e.snaps, ht, before)
+		sb.compact(store, ht, before)
 	}()
 }
 

@@ -193,7 +193,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	for _, b := range deps.Backends {
 		err := b.Probe(ctx)
 		if err == nil && b.Capabilities().DiskLayer && e.parts.layers == nil && layersErr == nil {
-			layersErr = e.openLayers()
+			e.parts.layers, e.disk, layersErr = openLayers(cfg, e.log)
 		}
 		if err == nil && b.Capabilities().DiskLayer && layersErr != nil {
 			err = layersErr
@@ -241,7 +241,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	go func() { defer e.wg.Done(); e.expiry.run(e.stop, &e.wg) }()
 	go e.healthLoop()
 	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
-	every(e.stop, &e.wg, metricsEvery, e.sampleMetrics)
+	every(e.stop, &e.wg, metricsEvery, func(now time.Time) {
+		for _, sb := range e.reg.all() {
+			sb.recordMetrics(now)
+		}
+		e.disk.publish()
+	})
 	every(e.stop, &e.wg, pruneEvery, func(time.Time) { e.pruneCache(pruneGrace) })
 	return e, nil
 }
@@ -334,26 +339,26 @@ func (e *Edge) lookup(id, scope string) (*sandbox, error) {
 	return sb, nil
 }
 
-// openLayers opens the writable-layer maker and sets the disk budget.
-func (e *Edge) openLayers() error {
-	dir := e.cfg.LayerDir
+// openLayers opens the writable-layer maker of cfg and the disk room
+// that budgets it.
+func openLayers(cfg Config, log *slog.Logger) (*layerfs.FS, *diskRoom, error) {
+	dir := cfg.LayerDir
 	if dir == "" {
-		dir = filepath.Join(e.cfg.StateDir, "layers")
+		dir = filepath.Join(cfg.StateDir, "layers")
 	}
-	warm := e.cfg.WarmLayers
+	warm := cfg.WarmLayers
 	if warm == 0 {
 		warm = 4
 	}
-	fs, err := layerfs.Open(layerfs.Config{Dir: dir, WarmMB: e.cfg.Limits.DefaultDiskMB, Warm: max(warm, 0)}, e.log)
+	fs, err := layerfs.Open(layerfs.Config{Dir: dir, WarmMB: cfg.Limits.DefaultDiskMB, Warm: max(warm, 0)}, log)
 	if err != nil {
-		return fmt.Errorf("writable layers: %w", err)
+		return nil, nil, fmt.Errorf("writable layers: %w", err)
 	}
-	room, err := newDiskRoom(dir, e.cfg.DiskOvercommit, e.cfg.DiskKeepFreeMB, e.log)
+	room, err := newDiskRoom(dir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, log)
 	if err != nil {
 		fs.Close()
-		return err
+		return nil, nil, err
 	}
 	room.layers = fs
-	e.parts.layers, e.disk = fs, room
-	return nil
+	return fs, room, nil
 }

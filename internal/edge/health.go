@@ -68,7 +68,7 @@ func (e *Edge) healthLoop() {
 		case now := <-tick.C:
 			for _, sb := range e.reg.all() {
 				if ht, n := sb.checkHealth(now); ht != nil {
-					e.compactSoon(sb, ht, n)
+					sb.compactSoon(&e.wg, e.snaps, ht, n)
 				}
 			}
 		}

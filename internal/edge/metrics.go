@@ -52,15 +52,6 @@ func (s sample) proto() *sandboxv1.MetricsSample {
 	}
 }
 
-// sampleMetrics takes a sample of every sandbox and publishes the node's
-// disk use; every metricsEvery.
-func (e *Edge) sampleMetrics(now time.Time) {
-	for _, sb := range e.reg.all() {
-		sb.recordMetrics(now)
-	}
-	e.disk.publish()
-}
-
 // recordMetrics takes one sample of sb, if its backend can read its use
 // and it is running or paused.
 func (sb *sandbox) recordMetrics(now time.Time) {

@@ -324,25 +324,13 @@ func taskParallel(depth sandboxv1.PauseDepth) int {
 	return 16
 }
 
-// ofTask lists the sandboxes of task in scope.
-func (e *Edge) ofTask(task, scope string) []*sandbox {
-	var out []*sandbox
-	for _, sb := range e.reg.all() {
-		v := sb.published()
-		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
-			out = append(out, sb)
-		}
-	}
-	return out
-}
-
 // PauseTask pauses every running (or, for offload, frozen) sandbox of
 // task in scope, in parallel.
 func (e *Edge) PauseTask(ctx context.Context, task, scope string, depth sandboxv1.PauseDepth) ([]TaskResult, error) {
 	if task == "" {
 		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
 	}
-	return e.eachOfTask(ctx, task, scope, taskParallel(depth), func(sb *sandbox) (int64, string, error, bool) {
+	return eachOfTask(e.reg.ofTask(task, scope), taskParallel(depth), func(sb *sandbox) (int64, string, error, bool) {
 		switch sb.rec.State {
 		case records.StateRunning:
 		case records.StatePaused:
@@ -366,7 +354,7 @@ func (e *Edge) ResumeTask(ctx context.Context, task, scope string) ([]TaskResult
 	if task == "" {
 		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
 	}
-	return e.eachOfTask(ctx, task, scope, taskParallel(sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD), func(sb *sandbox) (int64, string, error, bool) {
+	return eachOfTask(e.reg.ofTask(task, scope), taskParallel(sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD), func(sb *sandbox) (int64, string, error, bool) {
 		if sb.rec.State != records.StatePaused {
 			return 0, "", nil, false
 		}
@@ -374,11 +362,10 @@ func (e *Edge) ResumeTask(ctx context.Context, task, scope string) ([]TaskResult
 	}), nil
 }
 
-// eachOfTask runs do on each sandbox of task (under its lock), parallel
-// at most n at once; do says whether it acted. Sandboxes it left alone
-// are not in the results.
-func (e *Edge) eachOfTask(ctx context.Context, task, scope string, n int, do func(*sandbox) (int64, string, error, bool)) []TaskResult {
-	sbs := e.ofTask(task, scope)
+// eachOfTask runs do on each of a task's sandboxes (under its lock),
+// parallel at most n at once; do says whether it acted. Sandboxes it left
+// alone are not in the results.
+func eachOfTask(sbs []*sandbox, n int, do func(*sandbox) (int64, string, error, bool)) []TaskResult {
 	results := make([]TaskResult, len(sbs))
 	acted := make([]bool, len(sbs))
 	sem := make(chan struct{}, n)

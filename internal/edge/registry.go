@@ -167,3 +167,15 @@ func (r *registry) lookupAny(id string) (*sandbox, error) {
 	}
 	return sb, nil
 }
+
+// ofTask lists the sandboxes of task in scope.
+func (r *registry) ofTask(task, scope string) []*sandbox {
+	var out []*sandbox
+	for _, sb := range r.all() {
+		v := sb.published()
+		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
+			out = append(out, sb)
+		}
+	}
+	return out
+}
