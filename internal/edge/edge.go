@@ -219,7 +219,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	e.expiry = newExpiry(e.reg.all, e.log)
 	e.netOff = "not configured"
 	if cfg.Network != nil {
-		if err := e.openNetwork(ctx, *cfg.Network, e.networkedRecords()); err != nil {
+		if e.net, e.stopDNS, err = openNetwork(ctx, node, *cfg.Network, networkedRecords(e.records), &e.wg, e.log); err != nil {
 			e.netOff = err.Error()
 			e.log.Warn("sandbox networking unavailable on this node: sandboxes get loopback only", logging.Error, err)
 		}

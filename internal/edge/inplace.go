@@ -17,7 +17,7 @@ func (sb *sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) 
 	if err != nil {
 		return err
 	}
-	bspec, err := sb.host.specOf(ctx, sb.rec)
+	bspec, err := sb.specOf(ctx)
 	if err != nil {
 		return err
 	}

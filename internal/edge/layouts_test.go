@@ -38,7 +38,7 @@ func TestARecordOfANewerLayoutIsKept(t *testing.T) {
 	if !e2.recoveryIncomplete {
 		t.Fatal("recovery says it read every record: it would sweep what the record names")
 	}
-	if got := e2.networkedRecords(); len(got) != 1 || got[0] != string(id) {
+	if got := networkedRecords(e2.records); len(got) != 1 || got[0] != string(id) {
 		t.Fatalf("veths kept at start: %v; want the unreadable record's", got)
 	}
 	e2.Close()

@@ -5,15 +5,18 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/netpolicy"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -47,11 +50,11 @@ type NetworkConfig struct {
 	DNSPort uint16
 }
 
-// openNetwork loads the node's table and starts the DNS proxy. own names
-// the sandboxes recover is about to re-attach.
-func (e *Edge) openNetwork(ctx context.Context, cfg NetworkConfig, own []string) error {
+// openNetwork loads node's table and starts the DNS proxy (wg counts it,
+// stopDNS ends it). own names the sandboxes recover is about to re-attach.
+func openNetwork(ctx context.Context, node sandboxid.NodeID, cfg NetworkConfig, own []string, wg *sync.WaitGroup, log *slog.Logger) (n *sandboxnet.Network, stopDNS context.CancelFunc, err error) {
 	h := fnv.New32a()
-	h.Write([]byte(e.node))
+	h.Write([]byte(node))
 	sum := h.Sum32()
 	if !cfg.Subnet.IsValid() {
 		i := sum % 1024 // a /20 of 10.64.0.0/10
@@ -63,35 +66,34 @@ func (e *Edge) openNetwork(ctx context.Context, cfg NetworkConfig, own []string)
 	if len(cfg.Upstream) == 0 {
 		up, err := resolvConfServers("/etc/resolv.conf")
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		cfg.Upstream = up
 	}
-	prefix := "s" + string(e.node)[:2]
+	prefix := "s" + string(node)[:2]
 	addrs, err := nodeAddrs(prefix, cfg.Subnet)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	n, err := sandboxnet.Open(ctx, sandboxnet.Config{
-		Table: "dsec_" + string(e.node), Subnet: cfg.Subnet, IfPrefix: prefix, DNSPort: cfg.DNSPort,
+	n, err = sandboxnet.Open(ctx, sandboxnet.Config{
+		Table: "dsec_" + string(node), Subnet: cfg.Subnet, IfPrefix: prefix, DNSPort: cfg.DNSPort,
 		Addrs: addrs, Closed: cfg.Closed, AllowClosed: cfg.AllowClosed, Own: own,
-	}, e.log)
+	}, log)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	udp, tcp, err := n.ListenDNS(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.net, e.stopDNS = n, cancel
-	e.wg.Add(1)
+	wg.Add(1)
 	go func() {
-		defer e.wg.Done()
-		sandboxnet.NewDNSProxy(n, cfg.Upstream, e.log).Serve(dctx, udp, tcp)
+		defer wg.Done()
+		sandboxnet.NewDNSProxy(n, cfg.Upstream, log).Serve(dctx, udp, tcp)
 	}()
-	e.log.Info("sandbox network ready", "subnet", cfg.Subnet, "dns", n.Node().DNS, "upstream", cfg.Upstream)
-	return nil
+	log.Info("sandbox network ready", "subnet", cfg.Subnet, "dns", n.Node().DNS, "upstream", cfg.Upstream)
+	return n, cancel, nil
 }
 
 // nodeAddrs are the node's IPv4 addresses (closed to sandboxes), from
@@ -147,8 +149,8 @@ func resolvConfServers(path string) ([]string, error) {
 
 // networkedRecords lists the sandboxes whose records say they are
 // attached, for Open to accept their veths.
-func (e *Edge) networkedRecords() []string {
-	recs, unreadable := e.records.List()
+func networkedRecords(store records.Store) []string {
+	recs, unreadable := store.List()
 	var out []string
 	for _, rec := range recs {
 		if rec.Spec.Network != nil {
@@ -179,17 +181,18 @@ func policyOf(rec *records.Record) (netpolicy.Policy, error) {
 	return p, nil
 }
 
-// checkPolicy refuses a policy this node keeps closed (a rule naming its
-// own address or the metadata service's), before anything is made.
-func (e *Edge) checkPolicy(field string, network *sandboxv1.NetworkPolicy) error {
-	if network == nil || e.net == nil {
+// checkPolicy refuses a policy the node's network n keeps closed (a rule
+// naming its own address or the metadata service's), before anything is
+// made.
+func checkPolicy(n sandboxNetwork, field string, network *sandboxv1.NetworkPolicy) error {
+	if network == nil || n == nil {
 		return nil
 	}
 	p, err := sandboxspec.NetworkPolicy(network)
 	if err != nil {
 		return err
 	}
-	return e.net.Node().CheckPolicy(field, p)
+	return n.Node().CheckPolicy(field, p)
 }
 
 // attachNetwork gives a sandbox whose spec asks for a network its
@@ -314,11 +317,11 @@ type sandboxNetwork interface {
 	Node() sandboxnet.Node
 }
 
-// network is the node's sandbox network for its sandboxes; nil (not a
-// nil pointer in an interface) without one.
-func (e *Edge) network() sandboxNetwork {
-	if e.net == nil {
+// asSandboxNetwork is n for its sandboxes; nil (not a nil pointer in an
+// interface) without one.
+func asSandboxNetwork(n *sandboxnet.Network) sandboxNetwork {
+	if n == nil {
 		return nil
 	}
-	return e.net
+	return n
 }

@@ -260,7 +260,7 @@ func (sb *sandbox) stopClock() {
 		return // already stopped
 	}
 	sb.rec.TimeoutLeft = max(time.Until(sb.rec.ExpiresAt), 0)
-	sb.rec.ExpiresAt = time.Now().Add(sb.host.pausedLifetime())
+	sb.rec.ExpiresAt = time.Now().Add(sb.pausedLifetime)
 	sb.expiry.poke()
 }
 

@@ -96,7 +96,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 		// Interrupted while being created or removed: finish the removal.
 		return sb.removeLocked(ctx)
 	}
-	bspec, err := e.specOf(ctx, rec)
+	bspec, err := sb.specOf(ctx)
 	if err != nil {
 		return err
 	}
@@ -205,12 +205,17 @@ func (sb *sandbox) relinkSoon(wg *sync.WaitGroup) {
 	}()
 }
 
-func (e *Edge) specOf(ctx context.Context, rec *records.Record) (*backend.Spec, error) {
-	layers, cfg, err := e.parts.recordLayers(ctx, rec)
+// specOf is the backend's spec for sb brought back (recovered, restored
+// in place): its image resolved again, by digest.
+func (sb *sandbox) specOf(ctx context.Context) (*backend.Spec, error) {
+	if sb.parts == nil {
+		return nil, errdefs.Unavailable("sandbox %s: no images to bring it back from", sb.id)
+	}
+	layers, cfg, err := sb.parts.recordLayers(ctx, sb.rec)
 	if err != nil {
 		return nil, err
 	}
-	return e.parts.backendSpec(rec, e.dirs.sandbox(rec.ID), e.dirs.run(rec.ID), layers, cfg), nil
+	return sb.parts.backendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg), nil
 }
 
 // restoreFromCheckpoint restores sb in place from the checkpoint its

@@ -42,8 +42,10 @@ type sandbox struct {
 	// agentTimeout is how long its agent has to connect (or, re-attached,
 	// answer).
 	agentTimeout time.Duration
-	be           backend.Backend
-	proj         string // immutable
+	// pausedLifetime is how long it is kept paused.
+	pausedLifetime time.Duration
+	be             backend.Backend
+	proj           string // immutable
 	// records is where save writes rec (the edge's record store).
 	records records.Store
 	// expiry is the node's expiry loop, told of a new deadline.
@@ -120,26 +122,19 @@ type sandbox struct {
 // host is what a sandbox reaches of the edge that runs it; the rest of
 // its lifecycle is its own.
 type host interface {
-	// pausedLifetime is how long a paused sandbox is kept.
-	pausedLifetime() time.Duration
 	// release gives back what sb was admitted with, once.
 	release(sb *sandbox)
 	// removeLayer removes a writable layer the node made.
 	removeLayer(dir string) error
 	// forget unregisters a removed sb and releases its capacity.
 	forget(sb *sandbox)
-	// specOf is the backend's spec for a sandbox of rec that is brought
-	// back (its image resolved again, by digest).
-	specOf(ctx context.Context, rec *records.Record) (*backend.Spec, error)
 }
-
-func (e *Edge) pausedLifetime() time.Duration { return e.cfg.PausedLifetime }
 
 func (e *Edge) removeLayer(dir string) error { return e.parts.removeLayer(dir) }
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *records.Record, be backend.Backend) *sandbox {
-	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.dirs.sandbox(rec.ID), runDir: e.dirs.run(rec.ID), agentTimeout: e.cfg.AgentTimeout, net: e.network(), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, parts: &e.parts, log: e.log})
+	return makeSandbox(rec, be, sandboxEnv{node: e.node, dir: e.dirs.sandbox(rec.ID), runDir: e.dirs.run(rec.ID), agentTimeout: e.cfg.AgentTimeout, pausedLifetime: e.cfg.PausedLifetime, net: asSandboxNetwork(e.net), netOff: e.netOff, disk: e.disk, records: e.records, expiry: e.expiry, host: e, parts: &e.parts, log: e.log})
 }
 
 // sandboxEnv is where a sandbox lives and what it reaches.
@@ -150,6 +145,8 @@ type sandboxEnv struct {
 	// agentTimeout is how long its agent has to connect or answer: the
 	// node's, or its backend's AgentWait if longer.
 	agentTimeout time.Duration
+	// pausedLifetime is how long it is kept paused.
+	pausedLifetime time.Duration
 	// net is the node's sandbox network; nil without one, and netOff
 	// says why.
 	net     sandboxNetwork
@@ -168,7 +165,7 @@ type poker interface{ poke() }
 // makeSandbox is the sandbox of rec on backend be in env.
 func makeSandbox(rec *records.Record, be backend.Backend, env sandboxEnv) *sandbox {
 	caps := be.Capabilities()
-	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: max(env.agentTimeout, caps.AgentWait), nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host, parts: env.parts,
+	sb := &sandbox{id: rec.ID, node: env.node, dir: env.dir, runDir: env.runDir, agentTimeout: max(env.agentTimeout, caps.AgentWait), pausedLifetime: env.pausedLifetime, nodeNet: env.net, nodeNetOff: env.netOff, disk: env.disk, be: be, proj: rec.Project, rec: rec, records: env.records, expiry: env.expiry, host: env.host, parts: env.parts,
 		log: env.log.With(logging.SandboxID, rec.ID), slots: callSlots(caps.ConcurrentCalls, rec.Spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.Proto(env.node))
@@ -276,7 +273,7 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	if least := be.Capabilities().MinMemoryMB; spec.Resources.MemoryMb < least {
 		return nil, errdefs.InvalidArgument("resources.memory_mb %d: backend %q needs at least %d (its guest kernel and agent)", spec.Resources.MemoryMb, be.Name(), least)
 	}
-	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
+	if err := checkPolicy(asSandboxNetwork(e.net), "network.rules", spec.Network); err != nil {
 		return nil, err
 	}
 	im, err := e.parts.resolve(spec.Image, project)

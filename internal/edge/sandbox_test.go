@@ -26,19 +26,14 @@ import (
 type fakeHost struct {
 	wakes, released, layersRemoved, forgotten int
 	net                                       fakeNetwork
-	lifetime                                  time.Duration
 }
 
-func (h *fakeHost) poke()                         { h.wakes++ }
-func (h *fakeHost) pausedLifetime() time.Duration { return h.lifetime }
-func (h *fakeHost) release(*sandbox)              { h.released++ }
-func (h *fakeHost) removeLayer(dir string) error  { h.layersRemoved++; return nil }
-func (h *fakeHost) forget(sb *sandbox)            { h.forgotten++; h.release(sb) }
+func (h *fakeHost) poke()                        { h.wakes++ }
+func (h *fakeHost) release(*sandbox)             { h.released++ }
+func (h *fakeHost) removeLayer(dir string) error { h.layersRemoved++; return nil }
+func (h *fakeHost) forget(sb *sandbox)           { h.forgotten++; h.release(sb) }
 func (h *fakeHost) reserve(string, int64, string) (func(), error) {
 	return func() {}, nil
-}
-func (h *fakeHost) specOf(context.Context, *records.Record) (*backend.Spec, error) {
-	return nil, errors.New("the fake host brings nothing back")
 }
 func (n *fakeNetwork) Reset(context.Context, *sandboxnet.Link) error { return nil }
 
@@ -74,8 +69,8 @@ func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *records.Mem, *fake.Backe
 	if _, err := be.Create(context.Background(), &backend.Spec{ID: rec.ID}); err != nil {
 		t.Fatal(err)
 	}
-	h, store := &fakeHost{lifetime: time.Hour}, records.NewMem()
-	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), records: store, expiry: h, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
+	h, store := &fakeHost{}, records.NewMem()
+	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), pausedLifetime: time.Hour, records: store, expiry: h, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err := sb.attachNetwork(context.Background()); err != nil || h.net.attached != 1 || sb.rec.NetAddr != "10.0.0.2" {
@@ -212,7 +207,7 @@ func TestAgentWaitIsTheLongerOfNodeAndBackend(t *testing.T) {
 		node := sandboxid.NewNodeID()
 		rec := &records.Record{ID: sandboxid.New(node), Project: "root", State: records.StateCreating, CreatedAt: time.Now(),
 			Spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 60}}
-		h, dir := &fakeHost{lifetime: time.Hour}, t.TempDir()
+		h, dir := &fakeHost{}, t.TempDir()
 		sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: dir, agentTimeout: c.node, records: records.NewMem(), expiry: h, host: h, disk: h, log: log})
 		link, err := agentlink.ListenAuthenticated(filepath.Join(dir, "edge.sock"), nil, log)
 		if err != nil {

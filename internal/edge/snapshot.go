@@ -249,7 +249,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 	}
 	// The source's policy, admitted on its node, is admitted again on this
 	// one (which may keep other addresses closed).
-	if err := e.checkPolicy("network.rules", spec.Network); err != nil {
+	if err := checkPolicy(asSandboxNetwork(e.net), "network.rules", spec.Network); err != nil {
 		return nil, err
 	}
 	rec := &records.Record{ID: sandboxid.New(e.node), Project: o.project, State: records.StateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
