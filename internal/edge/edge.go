@@ -286,11 +286,7 @@ func (e *Edge) Close() {
 	}
 	e.disk.close()
 	for _, sb := range e.reg.all() {
-		sb.mu.Lock()
-		if sb.link != nil {
-			sb.link.Close()
-		}
-		sb.mu.Unlock()
+		sb.closeLink()
 	}
 	if e.net != nil {
 		// With no sandbox attached, nothing is left of the node's table's

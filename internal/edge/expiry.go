@@ -6,7 +6,6 @@ import (
 	"time"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
-	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -93,11 +92,9 @@ func (x *expiry) untilNext(now time.Time) time.Duration {
 func (x *expiry) due(now time.Time) []*sandbox {
 	var out []*sandbox
 	for _, sb := range x.sandboxes() {
-		sb.mu.Lock()
-		if sb.rec.State != records.StateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt) {
+		if sb.expiredBy(now) {
 			out = append(out, sb)
 		}
-		sb.mu.Unlock()
 	}
 	return out
 }

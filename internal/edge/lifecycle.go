@@ -40,6 +40,11 @@ func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox
 	if err != nil {
 		return nil, err
 	}
+	return sb.resume(ctx)
+}
+
+// resume resumes sb if it is paused, and returns its view.
+func (sb *sandbox) resume(ctx context.Context) (*sandboxv1.Sandbox, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err := sb.resumeLocked(ctx); err != nil {

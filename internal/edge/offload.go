@@ -46,6 +46,11 @@ func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.Pa
 	if err != nil {
 		return nil, err
 	}
+	return sb.pauseAt(ctx, depth)
+}
+
+// pauseAt pauses sb at depth and says what that gave back.
+func (sb *sandbox) pauseAt(ctx context.Context, depth sandboxv1.PauseDepth) (*PauseOutcome, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	released, note, err := sb.pauseAtLocked(ctx, depth)
@@ -285,6 +290,13 @@ func (sb *sandbox) startClock() {
 // whose spec says on_timeout PAUSE is paused (offloaded where the backend
 // can, else frozen) instead of removed. A paused one whose paused
 // lifetime ran out is removed as any other.
+// expiredBy reports whether sb's time (to live, or paused) ended by now.
+func (sb *sandbox) expiredBy(now time.Time) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.State != records.StateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt)
+}
+
 func (sb *sandbox) expire() error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -331,22 +343,30 @@ func (e *Edge) PauseTask(ctx context.Context, task, scope string, depth sandboxv
 		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
 	}
 	return eachOfTask(e.reg.ofTask(task, scope), taskParallel(depth), func(sb *sandbox) (int64, string, error, bool) {
-		switch sb.rec.State {
-		case records.StateRunning:
-		case records.StatePaused:
-			if depth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD || sb.rec.Offloaded != "" {
-				return 0, "", nil, false // already as deep as asked
-			}
-		default:
-			return 0, "", nil, false
-		}
-		released, note, err := sb.pauseAtLocked(ctx, depth)
-		if err == nil {
-			sb.rec.PausedTask = true
-			err = sb.save()
-		}
-		return released, note, err, true
+		return sb.pauseForTask(ctx, depth)
 	}), nil
+}
+
+// pauseForTask pauses sb at depth for a task-wide pause, unless it is
+// paused as deep already or is not running (acted is false then).
+func (sb *sandbox) pauseForTask(ctx context.Context, depth sandboxv1.PauseDepth) (released int64, note string, err error, acted bool) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch sb.rec.State {
+	case records.StateRunning:
+	case records.StatePaused:
+		if depth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD || sb.rec.Offloaded != "" {
+			return 0, "", nil, false // already as deep as asked
+		}
+	default:
+		return 0, "", nil, false
+	}
+	released, note, err = sb.pauseAtLocked(ctx, depth)
+	if err == nil {
+		sb.rec.PausedTask = true
+		err = sb.save()
+	}
+	return released, note, err, true
 }
 
 // ResumeTask resumes every paused sandbox of task in scope, in parallel.
@@ -355,15 +375,24 @@ func (e *Edge) ResumeTask(ctx context.Context, task, scope string) ([]TaskResult
 		return nil, errdefs.InvalidArgument("task: required (the task label sandboxes were created with)")
 	}
 	return eachOfTask(e.reg.ofTask(task, scope), taskParallel(sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD), func(sb *sandbox) (int64, string, error, bool) {
-		if sb.rec.State != records.StatePaused {
-			return 0, "", nil, false
-		}
-		return 0, "", sb.resumeLocked(ctx), true
+		err, acted := sb.resumeForTask(ctx)
+		return 0, "", err, acted
 	}), nil
 }
 
-// eachOfTask runs do on each of a task's sandboxes (under its lock),
-// parallel at most n at once; do says whether it acted. Sandboxes it left
+// resumeForTask resumes sb for a task-wide resume if it is paused (acted
+// is false if not).
+func (sb *sandbox) resumeForTask(ctx context.Context) (err error, acted bool) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.State != records.StatePaused {
+		return nil, false
+	}
+	return sb.resumeLocked(ctx), true
+}
+
+// eachOfTask runs do on each of a task's sandboxes, parallel at most n
+// at once; do says whether it acted. Sandboxes it left
 // alone are not in the results.
 func eachOfTask(sbs []*sandbox, n int, do func(*sandbox) (int64, string, error, bool)) []TaskResult {
 	results := make([]TaskResult, len(sbs))
@@ -376,9 +405,7 @@ func eachOfTask(sbs []*sandbox, n int, do func(*sandbox) (int64, string, error, 
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			began := time.Now()
-			sb.mu.Lock()
 			released, note, err, did := do(sb)
-			sb.mu.Unlock()
 			acted[i] = did
 			results[i] = TaskResult{ID: string(sb.id), Sandbox: sb.published(), Err: err, Released: released, Note: note, Took: time.Since(began)}
 		}()

@@ -90,6 +90,16 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 		return nil
 	}
 
+	return sb.reattach(ctx, &e.wg)
+}
+
+// reattach takes sb back after the edge's restart: a running or paused
+// sandbox gets its agent link, network and backend state back; one
+// interrupted while it was created or removed is removed; one that cannot
+// come back is failed with the reason. A VM's relink runs on its own
+// goroutine, which wg counts.
+func (sb *sandbox) reattach(ctx context.Context, wg *sync.WaitGroup) error {
+	rec, be := sb.rec, sb.be
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if rec.Handle == nil || (rec.State != records.StateRunning && rec.State != records.StatePaused) {
@@ -133,7 +143,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 					sb.fail(ctx, "its offload was cut by the edge going down, and what still ran of it could not be ended: "+err.Error())
 					return nil
 				}
-				e.log.Info("finished an offload the edge's restart cut", logging.SandboxID, rec.ID)
+				sb.log.Info("finished an offload the edge's restart cut")
 			}
 		}
 		rec.Checkpoint = ""
@@ -145,7 +155,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 			// brought back: it comes back from that checkpoint.
 			rerr := sb.restoreFromCheckpoint(ctx)
 			if rerr == nil {
-				e.log.Info("brought back from the checkpoint in flight when the edge went down", logging.SandboxID, rec.ID)
+				sb.log.Info("brought back from the checkpoint in flight when the edge went down")
 				return sb.save()
 			}
 			err = fmt.Errorf("%w; restoring it from the checkpoint in flight failed: %v", err, rerr)
@@ -173,7 +183,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 				sb.fail(ctx, "stopped by a snapshot in flight when the edge went down, and could not be resumed: "+err.Error())
 				return nil
 			}
-			e.log.Info("resumed: it was stopped for a snapshot in flight when the edge went down", logging.SandboxID, rec.ID)
+			sb.log.Info("resumed: it was stopped for a snapshot in flight when the edge went down")
 		}
 	}
 	if be.Capabilities().LinkBeforeAgent {
@@ -181,7 +191,7 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 		// its agent may hold a session the new edge cannot speak to.
 		sb.relink = true
 		if rec.State == records.StateRunning {
-			sb.relinkSoon(&e.wg)
+			sb.relinkSoon(wg)
 		}
 	}
 	return sb.save()

@@ -10,6 +10,16 @@ import (
 )
 
 // discard removes a sandbox that never became usable.
+// closeLink closes sb's agent link as the edge goes down; the sandbox
+// runs on, and the next edge re-attaches it.
+func (sb *sandbox) closeLink() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.link != nil {
+		sb.link.Close()
+	}
+}
+
 func (sb *sandbox) discard(ctx context.Context) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()

@@ -155,24 +155,54 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	if err != nil {
 		return nil, err
 	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
 	if name != "" {
-		release, err := e.snaps.ReserveName(sb.rec.Project, name)
+		release, err := e.snaps.ReserveName(sb.project(), name)
 		if err != nil {
 			return nil, err
 		}
 		defer release()
 	}
-	snap, began, stopped, err := sb.checkpoint(ctx, e.snaps, name, false)
+	snap, _, err := sb.snapshot(ctx, e.snaps, name, false, nil)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := sb.bringBack(ctx, snap, began, stopped); err != nil {
-		e.snaps.Drop(snap) //nolint:errcheck // reporting the restore's error
-		return nil, err
-	}
 	return snap.Proto(e.node), nil
+}
+
+// snapshot checkpoints sb into store (called name, if not "") and brings
+// it back if the checkpoint stopped it, running during(snap) meanwhile if
+// it is not nil (a fork's copies start while their source comes back).
+// It returns how long the source did not run. A source that cannot be
+// brought back is failed with the reason and its snapshot dropped,
+// unless during was given one (the copies have it: the fork reports the
+// source's error beside them).
+func (sb *sandbox) snapshot(ctx context.Context, store *snapshots.Store, name string, ephemeral bool, during func(*snapshots.Snapshot)) (snap *snapshots.Snapshot, paused time.Duration, err error) {
+	sb.mu.Lock()
+	snap, began, stopped, err := sb.checkpoint(ctx, store, name, ephemeral)
+	if err != nil {
+		sb.mu.Unlock()
+		return nil, 0, err
+	}
+	if during == nil {
+		defer sb.mu.Unlock()
+		if paused, err = sb.bringBack(ctx, snap, began, stopped); err != nil {
+			store.Drop(snap) //nolint:errcheck // reporting the restore's error
+			return nil, 0, err
+		}
+		return snap, paused, nil
+	}
+	// The source comes back while the copies start: in parallel, the whole
+	// fork takes about one restore after the checkpoint. Its lock goes
+	// once it is back, whether or not the copies are started.
+	back := make(chan struct{})
+	go func() {
+		defer close(back)
+		defer sb.mu.Unlock()
+		paused, err = sb.bringBack(ctx, snap, began, stopped)
+	}()
+	during(snap)
+	<-back
+	return snap, paused, err
 }
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
@@ -399,56 +429,41 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 	if err != nil {
 		return nil, err
 	}
-	sb.mu.Lock()
-	snap, began, stopped, err := sb.checkpoint(ctx, e.snaps, "", true)
-	if err != nil {
-		sb.mu.Unlock()
-		return nil, err
-	}
 	var export *edgev1.SnapshotExport
 	var exportErr error
 	exported := make(chan struct{})
-	if req.Export {
-		// Hashed for the manifest while the copies here start.
-		go func() {
-			defer close(exported)
-			export, exportErr = e.snaps.OpenExport(snap)
-		}()
-	} else {
-		close(exported)
-	}
-	defer func() {
-		<-exported
-		if export != nil {
-			return // deleted when the export is released or lapses
+	results := make([]ForkResult, count)
+	snap, paused, srcErr := sb.snapshot(ctx, e.snaps, "", true, func(snap *snapshots.Snapshot) {
+		if req.Export {
+			// Hashed for the manifest while the copies here start.
+			go func() {
+				defer close(exported)
+				export, exportErr = e.snaps.OpenExport(snap)
+			}()
+		} else {
+			close(exported)
 		}
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := e.startCopy(ctx, snap, sn, sb.be, copyOptions{project: sb.project(), RestoreOptions: RestoreOptions{Timeout: timeout, Metadata: metadata}})
+				results[i] = ForkResult{Sandbox: s, Err: err}
+			}()
+		}
+		wg.Wait()
+	})
+	if snap == nil {
+		return nil, srcErr // the checkpoint failed
+	}
+	<-exported
+	if export == nil {
+		// An export is deleted when it is released or lapses.
 		if err := e.snaps.Drop(snap); err != nil {
 			e.log.Error("drop fork snapshot", logging.Error, err)
 		}
-	}()
-	// The source comes back while the copies start: in parallel, the whole
-	// fork takes about one restore after the checkpoint.
-	var paused time.Duration
-	var srcErr error
-	srcDone := make(chan struct{})
-	go func() {
-		defer close(srcDone)
-		defer sb.mu.Unlock()
-		paused, srcErr = sb.bringBack(ctx, snap, began, stopped)
-	}()
-	results := make([]ForkResult, count)
-	var wg sync.WaitGroup
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s, err := e.startCopy(ctx, snap, sn, sb.be, copyOptions{project: sb.project(), RestoreOptions: RestoreOptions{Timeout: timeout, Metadata: metadata}})
-			results[i] = ForkResult{Sandbox: s, Err: err}
-		}()
 	}
-	wg.Wait()
-	<-srcDone
-	<-exported
 	if exportErr != nil {
 		e.log.Error("export fork snapshot", logging.SandboxID, sb.id, logging.Error, exportErr)
 	}
