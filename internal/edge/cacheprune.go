@@ -30,12 +30,12 @@ func (e *Edge) pruneCache(grace time.Duration) int64 {
 		}
 	}
 	for _, sb := range e.reg.all() {
-		use(sb.view.Load().GetImageDigest())
+		use(sb.View().GetImageDigest())
 	}
 	for _, d := range e.snaps.ImageDigests() {
 		use(d)
 	}
-	freed, err := e.parts.cache.Prune(inUse, grace)
+	freed, err := e.parts.Cache.Prune(inUse, grace)
 	if err != nil {
 		e.log.Warn("prune the layer cache", logging.Error, err)
 	}

@@ -18,7 +18,7 @@ func TestLayerCacheKeepsWhatSandboxesUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	layer := f.edge.parts.cache.LayerDir(im.Manifest.Layers[0].Digest)
+	layer := f.edge.parts.Cache.LayerDir(im.Manifest.Layers[0].Digest)
 	sb, err := f.edge.Create(ctx, spec(), "root/a")
 	if err != nil {
 		t.Fatal(err)

@@ -209,16 +209,11 @@ func (d *diskRoom) publish() {
 	}
 }
 
-// diskReserver holds room on a disk for a write (diskRoom.reserve).
-type diskReserver interface {
-	reserve(dir string, need int64, what string) (release func(), err error)
-}
-
-// reserve holds room on dir's file system for need bytes of new
+// Reserve holds room on dir's file system for need bytes of new
 // state (a snapshot, an offload) without eating into what the layers are
 // promised, until release is called once it is written: two writes at
 // once do not both count on the same free space.
-func (d *diskRoom) reserve(dir string, need int64, what string) (release func(), err error) {
+func (d *diskRoom) Reserve(dir string, need int64, what string) (release func(), err error) {
 	if d.overcommit > 1 {
 		return func() {}, nil
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
@@ -105,7 +106,7 @@ type Edge struct {
 	backends backendSet
 	cgroup   string // the node's cgroup layout, "v1" or "v2" ("" unknown)
 	// parts is what sandboxes start from: images, layers, the agent.
-	parts parts
+	parts sandbox.Parts
 	dirs  nodeDirs
 	// disk is LayerDir's file system, what it keeps free and what this
 	// edge promised of it (diskroom.go), under a lock of its own.
@@ -128,7 +129,7 @@ type Edge struct {
 	// (registry.go), under the edge's one lock over sandboxes.
 	reg *registry
 
-	expiry   *expiry
+	expiry   *sandbox.Expiry
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -178,12 +179,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
-		parts: parts{store: deps.Store, cache: cache, agentSource: cfg.AgentPath, runBase: cfg.RunBase}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
+		parts: sandbox.Parts{Store: deps.Store, Cache: cache, Restage: func() (string, error) { return stageAgentOrMakeRoom(cfg.AgentPath, cfg.RunBase) }}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
 		dirs: nodeDirs{stateDir: cfg.StateDir, runBase: cfg.RunBase, node: node}, backends: newBackendSet(node),
 		stop: make(chan struct{}),
 	}
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
-	if e.parts.agent, err = prepareRunBase(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
+	if e.parts.Agent, err = prepareRunBase(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
 	}
 	if h, err := cgroups.Detect(cgroups.DefaultRoot, ""); err == nil {
@@ -192,8 +193,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	var layersErr error
 	for _, b := range deps.Backends {
 		err := b.Probe(ctx)
-		if err == nil && b.Capabilities().DiskLayer && e.parts.layers == nil && layersErr == nil {
-			e.parts.layers, e.disk, layersErr = openLayers(cfg, e.log)
+		if err == nil && b.Capabilities().DiskLayer && e.parts.Layers == nil && layersErr == nil {
+			e.parts.Layers, e.disk, layersErr = openLayers(cfg, e.log)
 		}
 		if err == nil && b.Capabilities().DiskLayer && layersErr != nil {
 			err = layersErr
@@ -205,7 +206,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 		e.backends.usable[b.Name()] = b
 	}
-	if e.parts.layers != nil {
+	if e.parts.Layers != nil {
 		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.budgetMB)
 	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, e.log); err != nil {
 		return nil, fmt.Errorf("edge: state directory %s: %w", cfg.StateDir, err)
@@ -216,7 +217,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.reg = newRegistry(node, cfg.Capacity, e.disk)
-	e.expiry = newExpiry(e.reg.all, e.log)
+	e.expiry = sandbox.NewExpiry(e.reg.all, e.log)
 	e.netOff = "not configured"
 	if cfg.Network != nil {
 		if e.net, e.stopDNS, err = openNetwork(ctx, node, *cfg.Network, networkedRecords(e.records), &e.wg, e.log); err != nil {
@@ -230,20 +231,20 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	} else {
 		e.dirs.sweepBackends(ctx, e.backends.usable, func(id sandboxid.ID) bool { _, ok := e.reg.get(id); return ok }, e.log)
 	}
-	sweepLayers(e.parts.layers, e.records, e.log)
+	sweepLayers(e.parts.Layers, e.records, e.log)
 	e.dirs.sweepRuns(e.log)
-	if e.parts.layers != nil {
-		e.parts.layers.Start() // after the sweep: a warm layer being made would look unowned
+	if e.parts.Layers != nil {
+		e.parts.Layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.snaps.Load()
 	e.disk.publish() // what recovery found
 	e.wg.Add(2)
-	go func() { defer e.wg.Done(); e.expiry.run(e.stop, &e.wg) }()
+	go func() { defer e.wg.Done(); e.expiry.Run(e.stop, &e.wg) }()
 	go e.healthLoop()
 	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
-	every(e.stop, &e.wg, metricsEvery, func(now time.Time) {
+	every(e.stop, &e.wg, sandbox.MetricsEvery, func(now time.Time) {
 		for _, sb := range e.reg.all() {
-			sb.recordMetrics(now)
+			sb.RecordMetrics(now)
 		}
 		e.disk.publish()
 	})
@@ -281,12 +282,12 @@ func (e *Edge) Close() {
 		}
 	})
 	e.wg.Wait()
-	if e.parts.layers != nil {
-		e.parts.layers.Close() // removes the warm layers; sandboxes' stay
+	if e.parts.Layers != nil {
+		e.parts.Layers.Close() // removes the warm layers; sandboxes' stay
 	}
 	e.disk.close()
 	for _, sb := range e.reg.all() {
-		sb.closeLink()
+		sb.CloseLink()
 	}
 	if e.net != nil {
 		// With no sandbox attached, nothing is left of the node's table's
@@ -320,7 +321,7 @@ func (e *Edge) BackendNames() (usable, unusable []string) { return e.backends.na
 func inScope(p, scope string) bool { return project.Within(p, scope) }
 
 // lookup finds a sandbox the caller may see.
-func (e *Edge) lookup(id, scope string) (*sandbox, error) {
+func (e *Edge) lookup(id, scope string) (*sandbox.Sandbox, error) {
 	sid, node, err := sandboxid.Parse(id)
 	if err != nil {
 		return nil, err
@@ -329,7 +330,7 @@ func (e *Edge) lookup(id, scope string) (*sandbox, error) {
 		return nil, errdefs.NotFound("sandbox %s: not on node %s", id, e.node)
 	}
 	sb, ok := e.reg.get(sid)
-	if !ok || !inScope(sb.project(), scope) {
+	if !ok || !inScope(sb.Project(), scope) {
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}
 	return sb, nil

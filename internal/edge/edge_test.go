@@ -334,7 +334,7 @@ func TestCreateRestagesAMissingAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	staged := e.parts.agent
+	staged := e.parts.Agent
 	if err := os.RemoveAll(filepath.Dir(staged)); err != nil {
 		t.Fatal(err)
 	}
@@ -349,42 +349,6 @@ func TestCreateRestagesAMissingAgent(t *testing.T) {
 	os.WriteFile(filepath.Join(f.dir, "aether"), []byte("#!/bin/sh\n# v2\n"), 0o755)
 	if _, err := e.Create(ctx, spec(), "root/team"); err == nil || !strings.Contains(err.Error(), "restart the edge") {
 		t.Fatalf("create with a changed agent: %v", err)
-	}
-}
-
-// A sandbox's ended context, which cuts what is connected to its ports, is
-// done once it is removed, and once it failed: not before.
-func TestEndedOnceRemovedOrFailed(t *testing.T) {
-	f := newFixture(t, smallCapacity())
-	ctx := context.Background()
-	var got []*sandbox
-	for range 2 {
-		view, err := f.edge.Create(ctx, spec(), "root")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb, err := f.edge.lookup(view.Id, "root")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if sb.ended.Err() != nil {
-			t.Fatalf("a running sandbox's ended context is done: %v", sb.ended.Err())
-		}
-		got = append(got, sb)
-	}
-	removed, failed := got[0], got[1]
-	if _, err := f.edge.Destroy(ctx, string(removed.id), "root"); err != nil {
-		t.Fatal(err)
-	}
-	failed.mu.Lock()
-	failed.fail(ctx, "test")
-	failed.mu.Unlock()
-	for name, sb := range map[string]*sandbox{"removed": removed, "failed": failed} {
-		select {
-		case <-sb.ended.Done():
-		default:
-			t.Errorf("the %s sandbox's ended context is not done", name)
-		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 )
@@ -106,9 +107,9 @@ func TestEdgeAppliesTheCallDeadline(t *testing.T) {
 }
 
 func fastHeartbeats(t *testing.T) {
-	every, timeout := heartbeatEvery, heartbeatTimeout
-	heartbeatEvery, heartbeatTimeout = 200*time.Millisecond, 200*time.Millisecond
-	t.Cleanup(func() { heartbeatEvery, heartbeatTimeout = every, timeout })
+	every, timeout := sandbox.HeartbeatEvery, sandbox.HeartbeatTimeout
+	sandbox.HeartbeatEvery, sandbox.HeartbeatTimeout = 200*time.Millisecond, 200*time.Millisecond
+	t.Cleanup(func() { sandbox.HeartbeatEvery, sandbox.HeartbeatTimeout = every, timeout })
 }
 
 // An agent that stops answering while connected (gVisor lets the

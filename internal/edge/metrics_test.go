@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 // The recorder: a sample when the sandbox starts, CPU as a share of its
 // cores since the sample before, memory capped at its limit, the samples
-// of a range, at most metricsKept, and none for another project.
+// of a range, at most sandbox.MetricsKept, and none for another project.
 func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	created, err := f.edge.Create(context.Background(), spec(), "root/team")
@@ -28,10 +29,10 @@ func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
 		t.Fatalf("right after the create: %v, %v; want one sample", first, err)
 	}
 	t0 := first[0].Time.AsTime()
-	f.fake.SetUsage(sb.id, backend.Usage{CPUNanos: uint64(500 * time.Millisecond), MemoryBytes: 1 << 40, LimitBytes: 1 << 50})
-	sb.recordMetrics(t0.Add(time.Second))
-	f.fake.SetUsage(sb.id, backend.Usage{CPUNanos: uint64(600 * time.Millisecond), MemoryBytes: 1 << 20})
-	sb.recordMetrics(t0.Add(2 * time.Second))
+	f.fake.SetUsage(sb.ID(), backend.Usage{CPUNanos: uint64(500 * time.Millisecond), MemoryBytes: 1 << 40, LimitBytes: 1 << 50})
+	sb.RecordMetrics(t0.Add(time.Second))
+	f.fake.SetUsage(sb.ID(), backend.Usage{CPUNanos: uint64(600 * time.Millisecond), MemoryBytes: 1 << 20})
+	sb.RecordMetrics(t0.Add(2 * time.Second))
 	all, _ := f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
 	if len(all) != 3 {
 		t.Fatalf("%d samples, want 3", len(all))
@@ -58,11 +59,11 @@ func TestMetricsAreRecordedAndAnsweredByRange(t *testing.T) {
 	if _, err := f.edge.Metrics(created.Id, "root/other", time.Time{}, time.Time{}); !errdefs.IsNotFound(err) {
 		t.Fatalf("another project: %v", err)
 	}
-	for i := 0; i < metricsKept+5; i++ {
-		sb.recordMetrics(t0.Add(time.Duration(3+i) * time.Second))
+	for i := 0; i < sandbox.MetricsKept+5; i++ {
+		sb.RecordMetrics(t0.Add(time.Duration(3+i) * time.Second))
 	}
 	all, _ = f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
-	if len(all) != metricsKept || !all[len(all)-1].Time.AsTime().Equal(t0.Add(time.Duration(metricsKept+7)*time.Second)) {
+	if len(all) != sandbox.MetricsKept || !all[len(all)-1].Time.AsTime().Equal(t0.Add(time.Duration(sandbox.MetricsKept+7)*time.Second)) {
 		t.Fatalf("after many: %d samples, last at %v", len(all), all[len(all)-1].Time.AsTime())
 	}
 }

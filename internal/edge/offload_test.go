@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -38,7 +39,7 @@ func TestOffloadSurvivesARestartAndACallRestoresIt(t *testing.T) {
 	if got.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED || got.PauseDepth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD {
 		t.Fatalf("after offload: %v %v", got.State, got.PauseDepth)
 	}
-	dir := offloadDir(f.edge.reg.boxes[sandboxIDOf(sb)])
+	dir := filepath.Join(f.edge.dirs.sandbox(sandboxIDOf(sb)), "offload")
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("no checkpoint: %v", err)
 	}
@@ -86,7 +87,7 @@ func TestOffloadThatCannotReleaseFreezes(t *testing.T) {
 	if out.Sandbox.PauseDepth != sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE || !strings.Contains(out.Note, "frozen, not offloaded") || !strings.Contains(out.Note, "injected") {
 		t.Fatalf("depth %v, note %q", out.Sandbox.PauseDepth, out.Note)
 	}
-	if _, err := os.Stat(offloadDir(f.edge.reg.boxes[sandboxIDOf(sb)])); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(f.edge.dirs.sandbox(sandboxIDOf(sb)), "offload")); !os.IsNotExist(err) {
 		t.Fatalf("a checkpoint is left: %v", err)
 	}
 	if got, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil || got != "yes "+sb.Id {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -44,8 +45,8 @@ type portCall struct {
 type portProxy struct {
 	// lookup finds a sandbox by id in the caller's scope; lookupAny by id
 	// alone (a public request, or a dial once the call was checked).
-	lookup    func(id, scope string) (*sandbox, error)
-	lookupAny func(id string) (*sandbox, error)
+	lookup    func(id, scope string) (*sandbox.Sandbox, error)
+	lookupAny func(id string) (*sandbox.Sandbox, error)
 	log       *slog.Logger
 }
 
@@ -59,7 +60,7 @@ func (p *portProxy) dial(ctx context.Context, network, hostport string) (net.Con
 	if err != nil {
 		return nil, err
 	}
-	addr := sb.published().NetworkAddress
+	addr := sb.View().NetworkAddress
 	if addr == "" {
 		return nil, errdefs.FailedPrecondition("sandbox %s has no network address", id)
 	}
@@ -125,7 +126,7 @@ func (p *portProxy) call(r *http.Request) (portCall, func(), error) {
 	}
 	public := r.Header.Get(headers.Public) == "1"
 	scope := r.Header.Get(headers.Scope)
-	var sb *sandbox
+	var sb *sandbox.Sandbox
 	if public {
 		sb, err = p.lookupAny(id)
 	} else {
@@ -134,7 +135,7 @@ func (p *portProxy) call(r *http.Request) (portCall, func(), error) {
 	if err != nil {
 		return portCall{}, nil, err
 	}
-	view := sb.published()
+	view := sb.View()
 	netp := view.GetSpec().GetNetwork()
 	if netp == nil || view.NetworkAddress == "" {
 		return portCall{}, nil, errdefs.FailedPrecondition("sandbox %s has no network, so its ports cannot be reached; create it with a network policy (an empty one denies all egress)", id)
@@ -142,11 +143,11 @@ func (p *portProxy) call(r *http.Request) (portCall, func(), error) {
 	if public && !netp.GetAllowPublicTraffic() {
 		return portCall{}, nil, errdefs.Unauthenticated("sandbox %s: its ports need an API key (it was not created with allow_public_traffic)", id)
 	}
-	if _, err := sb.ensureRunning(r.Context(), true); err != nil {
+	if _, err := sb.EnsureRunning(r.Context(), true); err != nil {
 		return portCall{}, nil, err
 	}
 	// A port request says nothing of the agent: it does not excuse a heartbeat.
-	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port)), ended: sb.ended}, func() { sb.callEnded(false) }, nil
+	return portCall{sandbox: id, port: strconv.Itoa(port), target: net.JoinHostPort(view.NetworkAddress, strconv.Itoa(port)), ended: sb.Ended()}, func() { sb.CallEnded(false) }, nil
 }
 
 // portError says why a port could not be reached.

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -27,9 +28,9 @@ type callKey struct{}
 type agentCall struct {
 	id       sandboxid.ID
 	link     *agentlink.Link
-	detaches uint64       // the link's Detaches when the call began
-	failed   *atomic.Bool // set when the agent did not answer it
-	limits   *limitCounts // the sandbox's, which every answer updates
+	detaches uint64           // the link's Detaches when the call began
+	failed   *atomic.Bool     // set when the agent did not answer it
+	sb       *sandbox.Sandbox // whose limits every answer counts
 }
 
 // viaLink sends a request over the agent link put in its context.
@@ -45,7 +46,7 @@ const agentMaxRequest = 20 << 20
 // agentProxy forwards agent RPCs to the sandbox named in the request
 // header (found with lookup, in the caller's scope), resuming it first if
 // it is paused (unless the call carries NoResume).
-func agentProxy(lookup func(id, scope string) (*sandbox, error), log *slog.Logger) http.Handler {
+func agentProxy(lookup func(id, scope string) (*sandbox.Sandbox, error), log *slog.Logger) http.Handler {
 	ew := connect.NewErrorWriter()
 	agentURL := &url.URL{Scheme: "http", Host: "agent"}
 	proxy := &httputil.ReverseProxy{
@@ -60,7 +61,7 @@ func agentProxy(lookup func(id, scope string) (*sandbox, error), log *slog.Logge
 		// Every answer carries the agent's limit counts: the sandbox
 		// takes them, the caller does not see them.
 		ModifyResponse: func(resp *http.Response) error {
-			resp.Request.Context().Value(callKey{}).(agentCall).limits.fromAgent(resp.Header)
+			resp.Request.Context().Value(callKey{}).(agentCall).sb.CountLimits(resp.Header)
 			resp.Header.Del(headers.LimitEvents)
 			return nil
 		},
@@ -109,21 +110,21 @@ func agentProxy(lookup func(id, scope string) (*sandbox, error), log *slog.Logge
 			defer cancel()
 		}
 		if rpcproxy.IsUnary(r) {
-			release, err := sb.acquireCall(ctx)
+			release, err := sb.AcquireCall(ctx)
 			if err != nil {
-				w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
+				w.Header().Set("Retry-After", strconv.Itoa(sandbox.RetryAfter))
 				ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 				return
 			}
 			defer release()
 		}
-		link, err := sb.ensureRunning(r.Context(), r.Header.Get(headers.NoResume) == "")
+		link, err := sb.EnsureRunning(r.Context(), r.Header.Get(headers.NoResume) == "")
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
 		}
-		call := agentCall{id: sb.id, link: link, detaches: link.Detaches(), failed: &atomic.Bool{}, limits: &sb.limits}
-		defer func() { sb.callEnded(!call.failed.Load()) }()
+		call := agentCall{id: sb.ID(), link: link, detaches: link.Detaches(), failed: &atomic.Bool{}, sb: sb}
+		defer func() { sb.CallEnded(!call.failed.Load()) }()
 		ctx = context.WithValue(ctx, callKey{}, call)
 		rpcproxy.FullDuplex(w)
 		proxy.ServeHTTP(w, r.WithContext(ctx))

@@ -342,9 +342,7 @@ func TestRecoverBringsBackASourceItsCheckpointStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb.mu.Lock()
-	_, _, stopped, err := sb.checkpoint(ctx, f.edge.snaps, "", true)
-	sb.mu.Unlock()
+	stopped, err := sb.CheckpointOnly(ctx, f.edge.snaps)
 	if err != nil || !stopped {
 		t.Fatalf("checkpoint: stopped %v, %v", stopped, err)
 	}
@@ -427,7 +425,7 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	if _, err := f.edge.SetTimeout(made.Id, "root", 3600); err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.expire(); err != nil {
+	if err := sb.Expire(); err != nil {
 		t.Fatal(err)
 	}
 	got, err := f.edge.Get(made.Id, "root")
@@ -438,13 +436,11 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	// Past its deadline, with its removal held open: a new timeout waits.
 	gate := make(chan struct{})
 	f.fake.Knobs.DestroyGate = gate
-	sb.mu.Lock()
-	sb.rec.ExpiresAt = time.Now().Add(-time.Second)
-	sb.mu.Unlock()
+	sb.MoveDeadline(time.Now().Add(-time.Second))
 	removed := make(chan error, 1)
-	go func() { removed <- sb.expire() }()
+	go func() { removed <- sb.Expire() }()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if v := sb.published(); v.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING {
+		if v := sb.View(); v.State == sandboxv1.SandboxState_SANDBOX_STATE_STOPPING {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -1,10 +1,12 @@
 package edge
 
 import (
+	"crypto/rand"
 	"sync"
 	"time"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -23,23 +25,26 @@ type registry struct {
 	// status stamped at or after its admission shows it (usage.go).
 	epoch string
 
-	mu        sync.Mutex
-	boxes     map[sandboxid.ID]*sandbox // guarded by mu
-	fenced    map[string]time.Time      // guarded by mu; reservations taken over, when
-	allocated usage                     // guarded by mu
-	seq       uint64                    // guarded by mu; changes of what Status counts
+	mu    sync.Mutex
+	boxes map[sandboxid.ID]*sandbox.Sandbox // guarded by mu
+	// admitSeqs are the usage changes that counted the admitted
+	// sandboxes (guarded by mu).
+	admitSeqs map[sandboxid.ID]uint64
+	fenced    map[string]time.Time // guarded by mu; reservations taken over, when
+	allocated usage                // guarded by mu
+	seq       uint64               // guarded by mu; changes of what Status counts
 }
 
 func newRegistry(node sandboxid.NodeID, capacity Capacity, disk *diskRoom) *registry {
-	return &registry{node: node, capacity: capacity, disk: disk, epoch: newUUID(),
-		boxes: map[sandboxid.ID]*sandbox{}, fenced: map[string]time.Time{}}
+	return &registry{node: node, capacity: capacity, disk: disk, epoch: rand.Text(),
+		boxes: map[sandboxid.ID]*sandbox.Sandbox{}, admitSeqs: map[sandboxid.ID]uint64{}, fenced: map[string]time.Time{}}
 }
 
 // admit counts sb (of reservation, taking diskMB of the node's disk)
 // against the node's capacity and registers it, or says why it does not
 // fit.
-func (r *registry) admit(sb *sandbox, reservation string, diskMB int64) error {
-	res := sb.rec.Spec.Resources
+func (r *registry) admit(sb *sandbox.Sandbox, reservation string, diskMB int64) error {
+	res := sb.Resources()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, fenced := r.fenced[reservation]; fenced && reservation != "" {
@@ -52,19 +57,19 @@ func (r *registry) admit(sb *sandbox, reservation string, diskMB int64) error {
 		return err
 	}
 	r.allocated.add(res.CpuCores, res.MemoryMb, 1)
-	r.boxes[sb.id] = sb
+	r.boxes[sb.ID()] = sb
 	r.seq++
-	sb.admitSeq = r.seq
+	r.admitSeqs[sb.ID()] = r.seq
 	return nil
 }
 
 // adopt registers a sandbox a previous run of the edge left; counted says
 // it still holds what it was admitted with.
-func (r *registry) adopt(sb *sandbox, counted bool, diskMB int64) {
-	res := sb.rec.Spec.Resources
+func (r *registry) adopt(sb *sandbox.Sandbox, counted bool, diskMB int64) {
+	res := sb.Resources()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.boxes[sb.id] = sb
+	r.boxes[sb.ID()] = sb
 	if counted {
 		r.allocated.add(res.CpuCores, res.MemoryMb, 1)
 		r.disk.count(diskMB)
@@ -72,11 +77,11 @@ func (r *registry) adopt(sb *sandbox, counted bool, diskMB int64) {
 }
 
 // release gives back what sb was admitted with, once. Callers hold sb.mu.
-func (r *registry) release(sb *sandbox, diskMB int64) {
-	if sb.released.Swap(true) {
+func (r *registry) release(sb *sandbox.Sandbox, diskMB int64) {
+	if sb.MarkReleased() {
 		return
 	}
-	res := sb.rec.Spec.Resources
+	res := sb.Resources()
 	r.mu.Lock()
 	r.allocated.add(res.CpuCores, res.MemoryMb, -1)
 	r.disk.count(-diskMB) // with the rest, as an admission sees them
@@ -86,17 +91,18 @@ func (r *registry) release(sb *sandbox, diskMB int64) {
 }
 
 // forget unregisters sb.
-func (r *registry) forget(sb *sandbox) {
+func (r *registry) forget(sb *sandbox.Sandbox) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.boxes[sb.id] == sb {
-		delete(r.boxes, sb.id)
+	if r.boxes[sb.ID()] == sb {
+		delete(r.boxes, sb.ID())
+		delete(r.admitSeqs, sb.ID())
 		r.seq++
 	}
 }
 
 // get is the sandbox id, if registered.
-func (r *registry) get(id sandboxid.ID) (*sandbox, bool) {
+func (r *registry) get(id sandboxid.ID) (*sandbox.Sandbox, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sb, ok := r.boxes[id]
@@ -104,16 +110,16 @@ func (r *registry) get(id sandboxid.ID) (*sandbox, bool) {
 }
 
 // all is every registered sandbox.
-func (r *registry) all() []*sandbox {
+func (r *registry) all() []*sandbox.Sandbox {
 	out, _ := r.stamped()
 	return out
 }
 
 // stamped is all() and the usage change it reflects, read together.
-func (r *registry) stamped() ([]*sandbox, *edgev1.UsageStamp) {
+func (r *registry) stamped() ([]*sandbox.Sandbox, *edgev1.UsageStamp) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*sandbox, 0, len(r.boxes))
+	out := make([]*sandbox.Sandbox, 0, len(r.boxes))
 	for _, sb := range r.boxes {
 		out = append(out, sb)
 	}
@@ -127,8 +133,8 @@ func (r *registry) admissionStamp(ids ...string) *edgev1.UsageStamp {
 	defer r.mu.Unlock()
 	st := &edgev1.UsageStamp{Epoch: r.epoch}
 	for _, id := range ids {
-		if sb, ok := r.boxes[sandboxid.ID(id)]; ok && sb.admitSeq > st.Seq {
-			st.Seq = sb.admitSeq
+		if seq, ok := r.admitSeqs[sandboxid.ID(id)]; ok && seq > st.Seq {
+			st.Seq = seq
 		}
 	}
 	return st
@@ -136,7 +142,7 @@ func (r *registry) admissionStamp(ids ...string) *edgev1.UsageStamp {
 
 // fence refuses any later admission for reservation and returns the
 // sandboxes admitted for it. A fence is kept for fenceKept.
-func (r *registry) fence(reservation string, now time.Time) []*sandbox {
+func (r *registry) fence(reservation string, now time.Time) []*sandbox.Sandbox {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for res, at := range r.fenced {
@@ -145,9 +151,9 @@ func (r *registry) fence(reservation string, now time.Time) []*sandbox {
 		}
 	}
 	r.fenced[reservation] = now
-	var out []*sandbox
+	var out []*sandbox.Sandbox
 	for _, sb := range r.boxes {
-		if sb.rec.Reservation == reservation { // set before the box is admitted, never after
+		if sb.Reservation() == reservation { // set before the box is admitted, never after
 			out = append(out, sb)
 		}
 	}
@@ -156,7 +162,7 @@ func (r *registry) fence(reservation string, now time.Time) []*sandbox {
 
 // lookupAny finds a sandbox of this node by id alone, for public port
 // requests.
-func (r *registry) lookupAny(id string) (*sandbox, error) {
+func (r *registry) lookupAny(id string) (*sandbox.Sandbox, error) {
 	sid, node, err := sandboxid.Parse(id)
 	if err != nil {
 		return nil, err
@@ -169,10 +175,10 @@ func (r *registry) lookupAny(id string) (*sandbox, error) {
 }
 
 // ofTask lists the sandboxes of task in scope.
-func (r *registry) ofTask(task, scope string) []*sandbox {
-	var out []*sandbox
+func (r *registry) ofTask(task, scope string) []*sandbox.Sandbox {
+	var out []*sandbox.Sandbox
 	for _, sb := range r.all() {
-		v := sb.published()
+		v := sb.View()
 		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
 			out = append(out, sb)
 		}

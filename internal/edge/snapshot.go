@@ -2,8 +2,6 @@ package edge
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"regexp"
 	"sort"
 	"sync"
@@ -15,136 +13,13 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
-
-// snapshotter returns the backend's snapshot capability or why it has none.
-func snapshotter(be backend.Backend) (backend.Snapshotter, error) {
-	caps := be.Capabilities()
-	sn, ok := be.(backend.Snapshotter)
-	if !ok || !caps.Snapshot {
-		why := caps.SnapshotUnavailable
-		if why == "" {
-			why = "it has no memory snapshots"
-		}
-		return nil, errdefs.Unsupported("backend %q cannot snapshot memory on this node: %s", be.Name(), why)
-	}
-	return sn, nil
-}
-
-// checkpoint writes a snapshot (called name, if not "") of a running
-// sandbox into the node's store. If the backend had to stop the sandbox
-// for it, stopped is true and bringBack must follow. Callers hold sb.mu
-// until then.
-func (sb *sandbox) checkpoint(ctx context.Context, store *snapshots.Store, name string, ephemeral bool) (snap *snapshots.Snapshot, began time.Time, stopped bool, err error) {
-	sn, err := snapshotter(sb.be)
-	if err != nil {
-		return nil, began, false, err
-	}
-	if sb.net != nil && !sb.be.Capabilities().SnapshotNetwork {
-		return nil, began, false, errdefs.Unsupported("sandbox %s has a network interface, and backend %q cannot snapshot one on this node (a restored copy would lose it); snapshot and fork need a sandbox created without a network policy", sb.id, sb.be.Name())
-	}
-	if sb.rec.State == records.StatePaused {
-		if err := sb.resumeLocked(ctx); err != nil {
-			return nil, began, false, err
-		}
-	}
-	if sb.rec.State != records.StateRunning || sb.link == nil {
-		return nil, began, false, errdefs.FailedPrecondition("sandbox %s is %s; only a running sandbox can be snapshotted", sb.id, sb.rec.State)
-	}
-	snap = &snapshots.Snapshot{
-		ID: sandboxid.NewSnapshot(sb.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
-		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.SpecJSON, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral, Name: name,
-		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.Spec).(*sandboxv1.SandboxSpec),
-	}
-	snap.Dir = store.Dir(snap.ID)
-	if err := os.MkdirAll(snap.Dir, 0o700); err != nil {
-		return nil, began, false, err
-	}
-	release, err := sb.disk.reserve(snap.Dir, sb.stateSize(), "a snapshot of sandbox "+string(sb.id))
-	if err != nil {
-		os.RemoveAll(snap.Dir)
-		return nil, began, false, err
-	}
-	defer release()
-	log := sb.log.With(logging.SnapshotID, snap.ID)
-	if err := sb.markCheckpoint(snap.Dir); err != nil {
-		os.RemoveAll(snap.Dir)
-		return nil, began, false, err
-	}
-	began = time.Now()
-	info, serr := detachedSnapshot(ctx, sb, sn, snap.Ref())
-	if serr != nil || !info.Stopped {
-		sb.markCheckpoint("") //nolint:errcheck // the sandbox runs: nothing to bring back
-	}
-	if serr != nil {
-		os.RemoveAll(snap.Dir)
-		if info != nil && info.Stopped {
-			// runsc kills a sandbox whose checkpoint failed: it is failed,
-			// with the reason, until a stop removes it (never silently gone).
-			log.Error("snapshot failed and stopped the sandbox", logging.Error, serr)
-			sb.fail(context.WithoutCancel(ctx), "a snapshot failed and stopped it: "+serr.Error())
-			return nil, began, false, errdefs.Wrap(errdefs.ErrUnavailable, serr, "snapshot %s failed and the backend stopped the sandbox", sb.id)
-		}
-		return nil, began, false, fmt.Errorf("snapshot %s: %w", sb.id, serr)
-	}
-	snap.SizeBytes = info.SizeBytes
-	if err := snap.Save(); err != nil {
-		os.RemoveAll(snap.Dir)
-		return nil, began, info.Stopped, err
-	}
-	store.Add(snap)
-	return snap, began, info.Stopped, nil
-}
-
-// detachedSnapshot has the backend snapshot sb into ref with the agent's
-// link detached (the link stops listening and the agent lets go of its
-// connection: a checkpoint must hold no host socket), and attaches it
-// again whatever happened. Callers hold sb.mu.
-func detachedSnapshot(ctx context.Context, sb *sandbox, sn backend.Snapshotter, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	detach, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err := sb.link.Detach(detach)
-	cancel()
-	if err != nil {
-		sb.link.Reattach() //nolint:errcheck // the agent dials again
-		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "the agent did not let go of its connection")
-	}
-	info, err := sn.Snapshot(ctx, sb.id, ref)
-	if rerr := sb.link.Reattach(); rerr != nil && err == nil {
-		err = rerr
-	}
-	return info, err
-}
-
-// bringBack restores a source that its snapshot stopped, from that
-// snapshot, and returns how long the source did not run. Callers hold sb.mu.
-func (sb *sandbox) bringBack(ctx context.Context, snap *snapshots.Snapshot, began time.Time, stopped bool) (time.Duration, error) {
-	log := sb.log.With(logging.SnapshotID, snap.ID)
-	if stopped {
-		if err := sb.restoreInPlace(ctx, snap.Ref()); err != nil {
-			log.Error("could not bring the source back after its snapshot", logging.Error, err)
-			sb.rec.Checkpoint = ""
-			sb.fail(context.WithoutCancel(ctx), "it could not be restored after a snapshot: "+err.Error())
-			return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "snapshot %s: the source could not be restored", sb.id)
-		}
-		if err := sb.markCheckpoint(""); err != nil {
-			log.Warn("record that the source is back", logging.Error, err)
-		}
-	}
-	paused := time.Since(began)
-	log.Info("snapshot taken", "size", snap.SizeBytes, "source_paused", paused.Round(time.Millisecond))
-	return paused, nil
-}
-
-func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
-	c, cancel := context.WithTimeout(ctx, d)
-	context.AfterFunc(c, cancel)
-	return c
-}
 
 // Snapshot snapshots a sandbox; it keeps running.
 func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1.Snapshot, error) {
@@ -156,53 +31,17 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 		return nil, err
 	}
 	if name != "" {
-		release, err := e.snaps.ReserveName(sb.project(), name)
+		release, err := e.snaps.ReserveName(sb.Project(), name)
 		if err != nil {
 			return nil, err
 		}
 		defer release()
 	}
-	snap, _, err := sb.snapshot(ctx, e.snaps, name, false, nil)
+	snap, _, err := sb.Snapshot(ctx, e.snaps, name, false, nil)
 	if err != nil {
 		return nil, err
 	}
 	return snap.Proto(e.node), nil
-}
-
-// snapshot checkpoints sb into store (called name, if not "") and brings
-// it back if the checkpoint stopped it, running during(snap) meanwhile if
-// it is not nil (a fork's copies start while their source comes back).
-// It returns how long the source did not run. A source that cannot be
-// brought back is failed with the reason and its snapshot dropped,
-// unless during was given one (the copies have it: the fork reports the
-// source's error beside them).
-func (sb *sandbox) snapshot(ctx context.Context, store *snapshots.Store, name string, ephemeral bool, during func(*snapshots.Snapshot)) (snap *snapshots.Snapshot, paused time.Duration, err error) {
-	sb.mu.Lock()
-	snap, began, stopped, err := sb.checkpoint(ctx, store, name, ephemeral)
-	if err != nil {
-		sb.mu.Unlock()
-		return nil, 0, err
-	}
-	if during == nil {
-		defer sb.mu.Unlock()
-		if paused, err = sb.bringBack(ctx, snap, began, stopped); err != nil {
-			store.Drop(snap) //nolint:errcheck // reporting the restore's error
-			return nil, 0, err
-		}
-		return snap, paused, nil
-	}
-	// The source comes back while the copies start: in parallel, the whole
-	// fork takes about one restore after the checkpoint. Its lock goes
-	// once it is back, whether or not the copies are started.
-	back := make(chan struct{})
-	go func() {
-		defer close(back)
-		defer sb.mu.Unlock()
-		paused, err = sb.bringBack(ctx, snap, began, stopped)
-	}()
-	during(snap)
-	<-back
-	return snap, paused, err
 }
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
@@ -291,47 +130,13 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 	if err != nil {
 		return nil, err
 	}
-	if err := sb.restoreInto(ctx, snap, sn); err != nil {
-		if cerr := sb.discard(context.WithoutCancel(ctx)); cerr != nil {
+	if err := sb.RestoreInto(ctx, snap, sn); err != nil {
+		if cerr := sb.Discard(context.WithoutCancel(ctx)); cerr != nil {
 			e.log.Error("clean up a copy that failed to start", logging.SandboxID, rec.ID, logging.Error, cerr)
 		}
 		return nil, err
 	}
-	return sb.published(), nil
-}
-
-// restoreInto starts a new sandbox from snap (a copy of its source),
-// until its agent answers.
-func (sb *sandbox) restoreInto(ctx context.Context, snap *snapshots.Snapshot, sn backend.Snapshotter) error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	link, err := sb.prepareDir()
-	if err != nil {
-		return err
-	}
-	sb.link = link
-	layers, cfg, err := sb.parts.snapshotLayers(ctx, snap)
-	if err != nil {
-		return err
-	}
-	// A copy of a sandbox with a network gets its own, with the source's
-	// policy (the snapshot's spec holds it).
-	if err := sb.attachNetwork(ctx); err != nil {
-		return err
-	}
-	bspec := sb.parts.backendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg)
-	if sb.net != nil {
-		bspec.NetNS = sb.net.NetNS
-	}
-	h, err := sn.Restore(ctx, snap.Ref(), bspec)
-	if err != nil {
-		return err
-	}
-	sb.rec.Handle = h
-	if err := sb.save(); err != nil {
-		return err
-	}
-	return sb.running(ctx, true)
+	return sb.View(), nil
 }
 
 // Restore starts a new sandbox from a snapshot: one of this node's, or,
@@ -368,7 +173,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 	if err != nil {
 		return nil, err
 	}
-	sn, err := snapshotter(be)
+	sn, err := sandbox.Snapshotter(be)
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +230,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 	if err != nil {
 		return nil, err
 	}
-	sn, err := snapshotter(sb.be)
+	sn, err := sandbox.Snapshotter(sb.Backend())
 	if err != nil {
 		return nil, err
 	}
@@ -433,7 +238,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 	var exportErr error
 	exported := make(chan struct{})
 	results := make([]ForkResult, count)
-	snap, paused, srcErr := sb.snapshot(ctx, e.snaps, "", true, func(snap *snapshots.Snapshot) {
+	snap, paused, srcErr := sb.Snapshot(ctx, e.snaps, "", true, func(snap *snapshots.Snapshot) {
 		if req.Export {
 			// Hashed for the manifest while the copies here start.
 			go func() {
@@ -448,7 +253,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := e.startCopy(ctx, snap, sn, sb.be, copyOptions{project: sb.project(), RestoreOptions: RestoreOptions{Timeout: timeout, Metadata: metadata}})
+				s, err := e.startCopy(ctx, snap, sn, sb.Backend(), copyOptions{project: sb.Project(), RestoreOptions: RestoreOptions{Timeout: timeout, Metadata: metadata}})
 				results[i] = ForkResult{Sandbox: s, Err: err}
 			}()
 		}
@@ -465,7 +270,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		}
 	}
 	if exportErr != nil {
-		e.log.Error("export fork snapshot", logging.SandboxID, sb.id, logging.Error, exportErr)
+		e.log.Error("export fork snapshot", logging.SandboxID, sb.ID(), logging.Error, exportErr)
 	}
 	ok := 0
 	for _, r := range results {
@@ -473,6 +278,6 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 			ok++
 		}
 	}
-	e.log.Info("fork done", logging.SandboxID, sb.id, "copies", ok, "failed", count-ok, "source_paused", paused.Round(time.Millisecond))
+	e.log.Info("fork done", logging.SandboxID, sb.ID(), "copies", ok, "failed", count-ok, "source_paused", paused.Round(time.Millisecond))
 	return &ForkOutcome{Results: results, SourcePaused: paused, SourceErr: srcErr, Export: export, ExportErr: exportErr}, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
@@ -150,7 +151,7 @@ func TestForkFailureOfOneCopyLeavesNothing(t *testing.T) {
 
 func TestSnapshotUnsupportedNamesTheReason(t *testing.T) {
 	b, _ := container.New(context.Background(), backend.Config{StateDir: t.TempDir()})
-	_, err := snapshotter(b)
+	_, err := sandbox.Snapshotter(b)
 	if !errors.Is(err, errdefs.ErrUnsupported) || !strings.Contains(err.Error(), `backend "container" cannot snapshot memory`) {
 		t.Fatalf("container snapshot: %v", err)
 	}

@@ -38,8 +38,8 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	boxes, stamp := e.reg.stamped()
 	st.Usage = stamp
 	for _, sb := range boxes {
-		v := sb.published()
-		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED && sb.released.Load() {
+		v := sb.View()
+		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED && sb.Released() {
 			continue // holds nothing: not counted against node or quota
 		}
 		k := key{v.Project, v.Spec.Task, v.Spec.Backend}

@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -47,13 +47,13 @@ func callSlots(n int, openFiles int64) chan struct{} {
 	return make(chan struct{}, n)
 }
 
-// acquireCall takes one of sb's call slots, waiting as above; the release
+// AcquireCall takes one of sb's call slots, waiting as above; the release
 // function gives it back. A call that waited for its slot is refused too
 // if what is left of its deadline is less than twice what sb's calls have
 // been taking (callTimes; twice, for how much slower they get while a
 // flood is refused around them): served, it would run into its deadline
 // (a microVM under TCG answered 10 of 500 such calls too late).
-func (sb *sandbox) acquireCall(ctx context.Context) (release func(), err error) {
+func (sb *Sandbox) AcquireCall(ctx context.Context) (release func(), err error) {
 	start := time.Now()
 	release = func() {
 		sb.callTimes.observe(time.Since(start))

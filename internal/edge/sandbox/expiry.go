@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"log/slog"
@@ -9,33 +9,34 @@ import (
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
-// expiry stops sandboxes whose time to live ran out, at the moment it runs
+// Expiry stops sandboxes whose time to live ran out, at the moment it runs
 // out: it sleeps until the earliest deadline (at most a second, which also
 // retries removals that failed), and a new deadline wakes it. Each removal
 // runs on its own, so a slow one (gVisor's take seconds) holds back no
 // other; the sandbox is marked stopping at once, so calls to it fail from
 // its deadline on.
-type expiry struct {
-	sandboxes func() []*sandbox // the node's sandboxes (the registry's)
+type Expiry struct {
+	sandboxes func() []*Sandbox // the node's sandboxes (the registry's)
 	log       *slog.Logger
 	wake      chan struct{} // a deadline changed (poke)
 }
 
-func newExpiry(sandboxes func() []*sandbox, log *slog.Logger) *expiry {
-	return &expiry{sandboxes: sandboxes, log: log, wake: make(chan struct{}, 1)}
+// NewExpiry is the expiry loop of the sandboxes the function lists.
+func NewExpiry(sandboxes func() []*Sandbox, log *slog.Logger) *Expiry {
+	return &Expiry{sandboxes: sandboxes, log: log, wake: make(chan struct{}, 1)}
 }
 
-// poke tells the loop that a deadline changed.
-func (x *expiry) poke() {
+// Poke tells the loop that a deadline changed.
+func (x *Expiry) Poke() {
 	select {
 	case x.wake <- struct{}{}:
 	default:
 	}
 }
 
-// run is the loop, until stop is closed; removals it started are counted
+// Run is the loop, until stop is closed; removals it started are counted
 // in wg.
-func (x *expiry) run(stop <-chan struct{}, wg *sync.WaitGroup) {
+func (x *Expiry) Run(stop <-chan struct{}, wg *sync.WaitGroup) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -53,15 +54,11 @@ func (x *expiry) run(stop <-chan struct{}, wg *sync.WaitGroup) {
 		}
 		now := time.Now()
 		for _, sb := range x.due(now) {
-			if !sb.expiring.CompareAndSwap(false, true) {
-				continue
-			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer sb.expiring.Store(false)
-				if err := sb.expire(); err != nil {
-					x.log.Error("stop expired sandbox", logging.SandboxID, sb.id, logging.Error, err)
+				if err := sb.Expire(); err != nil {
+					x.log.Error("stop expired sandbox", logging.SandboxID, sb.ID(), logging.Error, err)
 				}
 			}()
 		}
@@ -71,10 +68,10 @@ func (x *expiry) run(stop <-chan struct{}, wg *sync.WaitGroup) {
 
 // untilNext is how long until the earliest time to live of a running or
 // paused sandbox runs out, at most a second.
-func (x *expiry) untilNext(now time.Time) time.Duration {
+func (x *Expiry) untilNext(now time.Time) time.Duration {
 	wait := time.Second
 	for _, sb := range x.sandboxes() {
-		v := sb.published()
+		v := sb.View()
 		if v.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING && v.State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
 			continue
 		}
@@ -89,10 +86,10 @@ func (x *expiry) untilNext(now time.Time) time.Duration {
 // sandboxes is taken before any sandbox's lock (the registry lets go of
 // its lock first): removal holds a sandbox's lock while it takes the
 // registry's, so the reverse order deadlocks.
-func (x *expiry) due(now time.Time) []*sandbox {
-	var out []*sandbox
+func (x *Expiry) due(now time.Time) []*Sandbox {
+	var out []*Sandbox
 	for _, sb := range x.sandboxes() {
-		if sb.expiredBy(now) {
+		if sb.ExpiredBy(now) {
 			out = append(out, sb)
 		}
 	}

@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 // its address and routes back first (the stopped runtime had taken them
 // over), with the new handle recorded before the agent is waited for.
 // Callers hold sb.mu.
-func (sb *sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) error {
-	sn, err := snapshotter(sb.be)
+func (sb *Sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) error {
+	sn, err := Snapshotter(sb.be)
 	if err != nil {
 		return err
 	}

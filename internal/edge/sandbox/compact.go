@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -21,7 +21,6 @@ import (
 // sentry with the threads it needs. It runs only when the sandbox holds more
 // than compactAbove host threads, no call to it is in flight (a call would
 // be cut), and not more than once per compactEvery.
-
 const (
 	compactAbove = 1024
 	compactEvery = time.Minute
@@ -31,7 +30,7 @@ const (
 
 // compactionDue reports whether sb needs a compaction and can have one
 // (ht nil: not), and marks one started. Callers hold sb.mu.
-func (sb *sandbox) compactionDue(now time.Time) (ht backend.HostThreads, threads int) {
+func (sb *Sandbox) compactionDue(now time.Time) (ht backend.HostThreads, threads int) {
 	ht, ok := sb.be.(backend.HostThreads)
 	if !ok || !sb.compactable(now) {
 		return nil, 0
@@ -44,10 +43,10 @@ func (sb *sandbox) compactionDue(now time.Time) (ht backend.HostThreads, threads
 	return ht, n
 }
 
-// compactSoon compacts sb, which compactionDue marked, on its own
+// CompactSoon compacts sb, which compactionDue marked, on its own
 // goroutine (wg counts it; store takes the checkpoint): a checkpoint and
 // restore take seconds, and the health loop must not wait for them.
-func (sb *sandbox) compactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht backend.HostThreads, before int) {
+func (sb *Sandbox) CompactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht backend.HostThreads, before int) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -64,7 +63,7 @@ func (sb *sandbox) compactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht ba
 // compactable reports whether sb is running and quiet. Calls are counted
 // under sb.mu (ensureRunning), which callers hold, so none can start while
 // a compaction that saw none runs. Callers hold sb.mu.
-func (sb *sandbox) compactable(now time.Time) bool {
+func (sb *Sandbox) compactable(now time.Time) bool {
 	return sb.rec.State == records.StateRunning && sb.calls.Load() == 0 &&
 		now.Sub(sb.lastCall()) >= compactQuiet && now.Sub(sb.compacted) >= compactEvery
 }
@@ -72,7 +71,7 @@ func (sb *sandbox) compactable(now time.Time) bool {
 // compact checkpoints sb (an ephemeral snapshot in store) and restores it
 // in place. A failure leaves the sandbox failed with the reason (its
 // record stays), never silently gone. Callers hold sb.mu.
-func (sb *sandbox) compact(store *snapshots.Store, ht backend.HostThreads, before int) {
+func (sb *Sandbox) compact(store *snapshots.Store, ht backend.HostThreads, before int) {
 	// A checkpoint and restore take longer for more memory: up to 10 min.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 // running waits for the agent, gives a restored copy its own identity (a
 // new sandbox's came with its agent's command line) and marks it running.
 // Callers hold sb.mu.
-func (sb *sandbox) running(ctx context.Context, restored bool) error {
+func (sb *Sandbox) running(ctx context.Context, restored bool) error {
 	wait, cancel := context.WithTimeout(ctx, sb.agentTimeout)
 	defer cancel()
 	ready := agentReady(sb)
@@ -56,17 +56,17 @@ func (sb *sandbox) running(ctx context.Context, restored bool) error {
 	sb.rec.State = records.StateRunning
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.Spec.TimeoutSeconds) * time.Second)
-	sb.expiry.poke()
+	sb.expiry.Poke()
 	if err := sb.save(); err != nil {
 		return err
 	}
-	sb.recordMetrics(time.Now()) // the first sample: its use from the start
+	sb.RecordMetrics(time.Now()) // the first sample: its use from the start
 	return nil
 }
 
 // agentReady is how to wait for sb's agent: its connection, or, for a
 // backend whose link precedes its agent (a VM's), its first answer.
-func agentReady(sb *sandbox) func(context.Context) error {
+func agentReady(sb *Sandbox) func(context.Context) error {
 	if sb.be.Capabilities().LinkBeforeAgent {
 		return sb.link.WaitServing
 	}
@@ -94,7 +94,7 @@ func newMachineID() string {
 // freshIdentity gives a restored copy its own hostname
 // (also in /etc/hostname, which images ship with their build host's name)
 // and machine id, and reseeds its entropy pool. Callers hold sb.mu.
-func (sb *sandbox) freshIdentity(ctx context.Context) error {
+func (sb *Sandbox) freshIdentity(ctx context.Context) error {
 	_, err := sb.setIdentity(ctxTimeout(ctx, 10*time.Second))
 	return err
 }
@@ -104,7 +104,7 @@ var errIdentity = errors.New("identity refused")
 
 // setIdentity sends a copy its identity and says whether the agent
 // answered (its refusal is an answer, and wraps errIdentity).
-func (sb *sandbox) setIdentity(ctx context.Context) (bool, error) {
+func (sb *Sandbox) setIdentity(ctx context.Context) (bool, error) {
 	entropy := make([]byte, 64)
 	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
 	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
@@ -121,7 +121,7 @@ func (sb *sandbox) setIdentity(ctx context.Context) (bool, error) {
 }
 
 // identityCall is setIdentity as WaitServingWith's first request.
-func (sb *sandbox) identityCall() func(context.Context) (bool, error) {
+func (sb *Sandbox) identityCall() func(context.Context) (bool, error) {
 	return func(try context.Context) (bool, error) { return sb.setIdentity(try) }
 }
 
@@ -129,7 +129,7 @@ func (sb *sandbox) identityCall() func(context.Context) (bool, error) {
 // agent serves the new edge: WaitServing drops a connection that does not
 // answer, so the guest sees its host go and opens its port afresh.
 // Callers hold sb.mu.
-func (sb *sandbox) relinkLocked(ctx context.Context) error {
+func (sb *Sandbox) relinkLocked(ctx context.Context) error {
 	if !sb.relink || sb.link == nil {
 		return nil
 	}

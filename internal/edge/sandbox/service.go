@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 // answered once its ready command (image.LabelReady) exits 0, as E2B's
 // templates do. Copies made by fork or restore carry the running service
 // in their memory and skip this.
-
 const (
 	defaultReadyLimit = 60 * time.Second
 	readyEvery        = 100 * time.Millisecond
@@ -29,7 +28,7 @@ const (
 
 // startService runs the image's start command and waits for its ready
 // command. Callers hold sb.mu.
-func (sb *sandbox) startService(ctx context.Context, labels map[string]string) error {
+func (sb *Sandbox) startService(ctx context.Context, labels map[string]string) error {
 	start := labels[image.LabelStart]
 	if start == "" {
 		return nil

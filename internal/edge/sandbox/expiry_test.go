@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"sync"
@@ -18,7 +18,7 @@ func TestExpiryRemovesWhatRanOutAndWakesForTheNext(t *testing.T) {
 	soon, sh, _, _ := hostedSandbox(t)
 	making, mh, _, _ := hostedSandbox(t)
 	now := time.Now()
-	set := func(sb *sandbox, state string, at time.Time) {
+	set := func(sb *Sandbox, state string, at time.Time) {
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
 		sb.rec.State, sb.rec.ExpiresAt = state, at
@@ -27,7 +27,7 @@ func TestExpiryRemovesWhatRanOutAndWakesForTheNext(t *testing.T) {
 	set(ran, records.StateRunning, now.Add(-time.Second))
 	set(soon, records.StateRunning, now.Add(300*time.Millisecond))
 	set(making, records.StateCreating, now.Add(-time.Minute))
-	x := newExpiry(func() []*sandbox { return []*sandbox{ran, soon, making} }, ran.log)
+	x := NewExpiry(func() []*Sandbox { return []*Sandbox{ran, soon, making} }, ran.log)
 
 	if due := x.due(now); len(due) != 1 || due[0] != ran {
 		t.Fatalf("due now: %v, want only the sandbox that ran out", due)
@@ -35,16 +35,16 @@ func TestExpiryRemovesWhatRanOutAndWakesForTheNext(t *testing.T) {
 	if d := x.untilNext(now); d <= 0 || d > 300*time.Millisecond {
 		t.Fatalf("until the next deadline: %v, want at most the 300ms left to the next", d)
 	}
-	x.poke()
-	x.poke() // not queued behind the first
+	x.Poke()
+	x.Poke() // not queued behind the first
 	if n := len(x.wake); n != 1 {
 		t.Fatalf("%d wakes queued, want 1", n)
 	}
 
 	stop, done := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
-	go func() { defer close(done); x.run(stop, &wg) }()
-	removed := func(sb *sandbox) bool { sb.mu.Lock(); defer sb.mu.Unlock(); return sb.removed }
+	go func() { defer close(done); x.Run(stop, &wg) }()
+	removed := func(sb *Sandbox) bool { sb.mu.Lock(); defer sb.mu.Unlock(); return sb.removed }
 	for deadline := time.Now().Add(time.Minute); !removed(ran) || !removed(soon); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after a minute: removed %v (ran out), %v (ran out 300ms in)", removed(ran), removed(soon))

@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -28,11 +28,11 @@ type fakeHost struct {
 	net                                       fakeNetwork
 }
 
-func (h *fakeHost) poke()                        { h.wakes++ }
-func (h *fakeHost) release(*sandbox)             { h.released++ }
-func (h *fakeHost) removeLayer(dir string) error { h.layersRemoved++; return nil }
-func (h *fakeHost) forget(sb *sandbox)           { h.forgotten++; h.release(sb) }
-func (h *fakeHost) reserve(string, int64, string) (func(), error) {
+func (h *fakeHost) Poke()                        { h.wakes++ }
+func (h *fakeHost) Release(*Sandbox)             { h.released++ }
+func (h *fakeHost) RemoveLayer(dir string) error { h.layersRemoved++; return nil }
+func (h *fakeHost) Forget(sb *Sandbox)           { h.forgotten++; h.Release(sb) }
+func (h *fakeHost) Reserve(string, int64, string) (func(), error) {
 	return func() {}, nil
 }
 func (n *fakeNetwork) Reset(context.Context, *sandboxnet.Link) error { return nil }
@@ -59,7 +59,7 @@ func (n *fakeNetwork) Node() sandboxnet.Node                          { return s
 
 // hostedSandbox is a running sandbox of the fake backend with a fake host
 // and records in memory: no edge, no root.
-func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *records.Mem, *fake.Backend) {
+func hostedSandbox(t *testing.T) (*Sandbox, *fakeHost, *records.Mem, *fake.Backend) {
 	t.Helper()
 	b, _ := fake.New(context.Background(), backend.Config{})
 	be := b.(*fake.Backend)
@@ -70,7 +70,7 @@ func hostedSandbox(t *testing.T) (*sandbox, *fakeHost, *records.Mem, *fake.Backe
 		t.Fatal(err)
 	}
 	h, store := &fakeHost{}, records.NewMem()
-	sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: t.TempDir(), pausedLifetime: time.Hour, records: store, expiry: h, host: h, net: &h.net, disk: h, log: testutil.Logger(t)})
+	sb := New(rec, be, Env{Node: node, Dir: t.TempDir(), PausedLifetime: time.Hour, Records: store, Expiry: h, Host: h, Net: &h.net, Disk: h, Log: testutil.Logger(t)})
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if err := sb.attachNetwork(context.Background()); err != nil || h.net.attached != 1 || sb.rec.NetAddr != "10.0.0.2" {
@@ -96,11 +96,11 @@ func TestASandboxOwnsItsLifecycle(t *testing.T) {
 	if sb.rec.State != records.StatePaused || left < 9*time.Minute || left > 10*time.Minute || until < 59*time.Minute || until > time.Hour || h.wakes != 1 {
 		t.Fatalf("frozen: state %s, time to live left %s, removed in %s, %d wakes", sb.rec.State, left, until, h.wakes)
 	}
-	if got, err := store.Get(sb.id); err != nil || got.State != records.StatePaused {
+	if got, err := store.Get(sb.ID()); err != nil || got.State != records.StatePaused {
 		t.Fatalf("its record: %v %v", got, err)
 	}
-	if sb.published().State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
-		t.Fatalf("its view: %v", sb.published().State)
+	if sb.View().State != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("its view: %v", sb.View().State)
 	}
 	sb.startClock()
 	if until := time.Until(sb.rec.ExpiresAt); until < 9*time.Minute || until > 10*time.Minute || sb.rec.TimeoutLeft != 0 || h.wakes != 2 {
@@ -111,10 +111,10 @@ func TestASandboxOwnsItsLifecycle(t *testing.T) {
 	if h.released != 1 || h.layersRemoved != 1 || h.net.detached != 1 {
 		t.Fatalf("failed: released %d, layers removed %d, detached %d; want each once", h.released, h.layersRemoved, h.net.detached)
 	}
-	if got, err := store.Get(sb.id); err != nil || got.State != records.StateFailed || got.Message != "its agent stopped answering" {
+	if got, err := store.Get(sb.ID()); err != nil || got.State != records.StateFailed || got.Message != "its agent stopped answering" {
 		t.Fatalf("its record after the failure: %+v %v", got, err)
 	}
-	if sb.ended.Err() == nil {
+	if sb.Ended().Err() == nil {
 		t.Fatal("what is connected to its ports is not cut")
 	}
 }
@@ -147,13 +147,13 @@ func TestASandboxResumesAndRemovesItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb.mu.Unlock()
-	if _, err := sb.setTimeout(30); err != nil {
+	if _, err := sb.SetTimeout(30); err != nil {
 		t.Fatal(err)
 	}
 	if sb.rec.TimeoutLeft != 30*time.Second || time.Until(sb.rec.ExpiresAt) < 59*time.Minute {
 		t.Fatalf("a paused sandbox's new time to live: %s kept aside, removed in %s", sb.rec.TimeoutLeft, time.Until(sb.rec.ExpiresAt))
 	}
-	link, err := sb.ensureRunning(ctx, true)
+	link, err := sb.EnsureRunning(ctx, true)
 	if err == nil || link != nil || !strings.Contains(err.Error(), "no agent link") {
 		t.Fatalf("a resumed sandbox without its agent: %v, %v", link, err)
 	}
@@ -162,30 +162,30 @@ func TestASandboxResumesAndRemovesItself(t *testing.T) {
 	}
 
 	be.SetFailures(errors.New("device busy"), nil)
-	if err := sb.destroy(ctx); err == nil || !strings.Contains(err.Error(), "device busy") {
+	if err := sb.Destroy(ctx); err == nil || !strings.Contains(err.Error(), "device busy") {
 		t.Fatalf("a removal the backend refuses: %v", err)
 	}
-	if got, err := store.Get(sb.id); err != nil || !strings.Contains(got.Message, "removal failed: device busy") || h.forgotten != 0 {
+	if got, err := store.Get(sb.ID()); err != nil || !strings.Contains(got.Message, "removal failed: device busy") || h.forgotten != 0 {
 		t.Fatalf("after a failed removal: record %+v (%v), forgotten %d times", got, err, h.forgotten)
 	}
 	be.SetFailures(nil, nil)
-	if err := sb.destroy(ctx); err != nil {
+	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.destroy(ctx); err != nil { // removed already: nothing to do
+	if err := sb.Destroy(ctx); err != nil { // removed already: nothing to do
 		t.Fatal(err)
 	}
-	if _, err := store.Get(sb.id); err == nil {
+	if _, err := store.Get(sb.ID()); err == nil {
 		t.Fatal("its record outlived it")
 	}
 	if _, err := os.Stat(sb.dir); !os.IsNotExist(err) {
 		t.Fatalf("its directory: %v", err)
 	}
-	if h.forgotten != 1 || h.released != 1 || h.layersRemoved != 1 || h.net.detached != 1 || sb.ended.Err() == nil {
+	if h.forgotten != 1 || h.released != 1 || h.layersRemoved != 1 || h.net.detached != 1 || sb.Ended().Err() == nil {
 		t.Fatalf("removed: forgotten %d, released %d, layers removed %d, detached %d, ports cut %v; want each once",
-			h.forgotten, h.released, h.layersRemoved, h.net.detached, sb.ended.Err() != nil)
+			h.forgotten, h.released, h.layersRemoved, h.net.detached, sb.Ended().Err() != nil)
 	}
-	if st, _ := be.Status(ctx, sb.id); st.Pid != 0 {
+	if st, _ := be.Status(ctx, sb.ID()); st.Pid != 0 {
 		t.Fatalf("the backend still has it: %+v", st)
 	}
 }
@@ -208,7 +208,7 @@ func TestAgentWaitIsTheLongerOfNodeAndBackend(t *testing.T) {
 		rec := &records.Record{ID: sandboxid.New(node), Project: "root", State: records.StateCreating, CreatedAt: time.Now(),
 			Spec: &sandboxv1.SandboxSpec{Backend: fake.Name, TimeoutSeconds: 60}}
 		h, dir := &fakeHost{}, t.TempDir()
-		sb := makeSandbox(rec, be, sandboxEnv{node: node, dir: dir, agentTimeout: c.node, records: records.NewMem(), expiry: h, host: h, disk: h, log: log})
+		sb := New(rec, be, Env{Node: node, Dir: dir, AgentTimeout: c.node, Records: records.NewMem(), Expiry: h, Host: h, Disk: h, Log: log})
 		link, err := agentlink.ListenAuthenticated(filepath.Join(dir, "edge.sock"), nil, log)
 		if err != nil {
 			t.Fatal(err)
@@ -222,6 +222,32 @@ func TestAgentWaitIsTheLongerOfNodeAndBackend(t *testing.T) {
 		link.Close() //nolint:errcheck // a test's listener
 		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "did not connect within "+c.want.String()) || waited < c.want {
 			t.Fatalf("node %v, backend %v: %v after %v; want unavailable after %v", c.node, c.backend, err, waited, c.want)
+		}
+	}
+}
+
+// A sandbox's ended context, which cuts what is connected to its ports, is
+// done once it is removed, and once it failed: not before.
+func TestEndedOnceRemovedOrFailed(t *testing.T) {
+	ctx := context.Background()
+	removed, _, _, _ := hostedSandbox(t)
+	failed, _, _, _ := hostedSandbox(t)
+	for _, sb := range []*Sandbox{removed, failed} {
+		if sb.Ended().Err() != nil {
+			t.Fatalf("a running sandbox's ended context is done: %v", sb.Ended().Err())
+		}
+	}
+	if err := removed.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	failed.mu.Lock()
+	failed.fail(ctx, "test")
+	failed.mu.Unlock()
+	for name, sb := range map[string]*Sandbox{"removed": removed, "failed": failed} {
+		select {
+		case <-sb.Ended().Done():
+		default:
+			t.Errorf("the %s sandbox's ended context is not done", name)
 		}
 	}
 }

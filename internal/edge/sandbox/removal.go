@@ -1,4 +1,4 @@
-package edge
+package sandbox
 
 import (
 	"context"
@@ -9,10 +9,9 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 )
 
-// discard removes a sandbox that never became usable.
-// closeLink closes sb's agent link as the edge goes down; the sandbox
+// CloseLink closes sb's agent link as the edge goes down; the sandbox
 // runs on, and the next edge re-attaches it.
-func (sb *sandbox) closeLink() {
+func (sb *Sandbox) CloseLink() {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.link != nil {
@@ -20,7 +19,8 @@ func (sb *sandbox) closeLink() {
 	}
 }
 
-func (sb *sandbox) discard(ctx context.Context) error {
+// Discard removes a sandbox that never became usable.
+func (sb *Sandbox) Discard(ctx context.Context) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	return sb.removeLocked(ctx)
@@ -29,7 +29,7 @@ func (sb *sandbox) discard(ctx context.Context) error {
 // removeLocked destroys the backend's sandbox, closes the link, deletes the
 // directory and unregisters. Callers hold sb.mu. On failure the record
 // stays, so the removal can be retried and nothing is silently leaked.
-func (sb *sandbox) removeLocked(ctx context.Context) error {
+func (sb *Sandbox) removeLocked(ctx context.Context) error {
 	// Destroy even without a handle: a crash can come after the backend
 	// made something and before its handle was saved, and backends find
 	// what a sandbox left by its id.
@@ -58,7 +58,7 @@ func (sb *sandbox) removeLocked(ctx context.Context) error {
 			return fmt.Errorf("sandbox %s: still mounted after destroy: %v", sb.id, still)
 		}
 	}
-	if err := sb.host.removeLayer(sb.rec.LayerDir); err != nil {
+	if err := sb.host.RemoveLayer(sb.rec.LayerDir); err != nil {
 		return fmt.Errorf("remove sandbox %s writable layer: %w", sb.id, err)
 	}
 	// The run directory goes first: the sandbox directory (with its record)
@@ -70,20 +70,20 @@ func (sb *sandbox) removeLocked(ctx context.Context) error {
 	if err := sb.records.Delete(sb.id); err != nil {
 		return fmt.Errorf("remove sandbox %s record: %w", sb.id, err)
 	}
-	sb.host.forget(sb)
+	sb.host.Forget(sb)
 	sb.removed = true
 	return nil
 }
 
-// destroy stops and removes a sandbox.
-func (sb *sandbox) destroy(ctx context.Context) error {
+// Destroy stops and removes a sandbox.
+func (sb *Sandbox) Destroy(ctx context.Context) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	return sb.destroyLocked(ctx)
 }
 
 // destroyLocked is destroy with the sandbox's lock held.
-func (sb *sandbox) destroyLocked(ctx context.Context) error {
+func (sb *Sandbox) destroyLocked(ctx context.Context) error {
 	if sb.removed {
 		return nil // removed meanwhile
 	}
