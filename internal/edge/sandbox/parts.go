@@ -50,32 +50,34 @@ func (p *Parts) Resolve(name, proj string) (*image.Image, error) {
 // snapshotLayers finds the image layers a snapshot was taken on, by
 // digest: the name may have moved since.
 func (p *Parts) snapshotLayers(ctx context.Context, snap *snapshots.Snapshot) ([]string, ocispec.ImageConfig, error) {
-	ref, err := image.ParseRef(snap.SandboxSpec.Image)
-	if err != nil {
-		return nil, ocispec.ImageConfig{}, err
+	layers, cfg, moved, err := p.layersAt(ctx, snap.SandboxSpec.Image, snap.ImageDigest)
+	if moved {
+		return nil, cfg, errdefs.FailedPrecondition("snapshot %s: image %s no longer has digest %s", snap.ID, snap.SandboxSpec.Image, snap.ImageDigest)
 	}
-	im, err := p.Store.Resolve(ref)
-	if err != nil || im.Digest.String() != snap.ImageDigest {
-		return nil, ocispec.ImageConfig{}, errdefs.FailedPrecondition("snapshot %s: image %s no longer has digest %s", snap.ID, snap.SandboxSpec.Image, snap.ImageDigest)
-	}
-	layers, err := p.Cache.Layers(ctx, im, nil)
-	return layers, im.Config.Config, err
+	return layers, cfg, err
 }
 
 // recordLayers finds the image layers of a sandbox that is brought back
 // (recovery, a restore in place), by digest; none if the name moved on
 // (the sandbox keeps running on the layers it has).
 func (p *Parts) recordLayers(ctx context.Context, rec *records.Record) ([]string, ocispec.ImageConfig, error) {
-	ref, err := image.ParseRef(rec.Spec.Image)
+	layers, cfg, _, err := p.layersAt(ctx, rec.Spec.Image, rec.ImageDigest)
+	return layers, cfg, err
+}
+
+// layersAt finds the unpacked layers of the image called name, if it
+// still has digest; moved says it does not (or is gone).
+func (p *Parts) layersAt(ctx context.Context, name, digest string) (layers []string, cfg ocispec.ImageConfig, moved bool, err error) {
+	ref, err := image.ParseRef(name)
 	if err != nil {
-		return nil, ocispec.ImageConfig{}, err
+		return nil, cfg, false, err
 	}
 	im, err := p.Store.Resolve(ref)
-	if err != nil || im.Digest.String() != rec.ImageDigest {
-		return nil, ocispec.ImageConfig{}, nil
+	if err != nil || im.Digest.String() != digest {
+		return nil, cfg, true, nil
 	}
-	layers, err := p.Cache.Layers(ctx, im, nil)
-	return layers, im.Config.Config, err
+	layers, err = p.Cache.Layers(ctx, im, nil)
+	return layers, im.Config.Config, false, err
 }
 
 // RemoveLayer removes a writable layer the node made.
