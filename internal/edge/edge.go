@@ -24,6 +24,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/edge/runbase"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -179,12 +180,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
-		parts: sandbox.Parts{Store: deps.Store, Cache: cache, Restage: func() (string, error) { return stageAgentOrMakeRoom(cfg.AgentPath, cfg.RunBase) }}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
+		parts: sandbox.Parts{Store: deps.Store, Cache: cache, Restage: func() (string, error) { return runbase.Stage(cfg.AgentPath, cfg.RunBase) }}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
 		dirs: nodeDirs{stateDir: cfg.StateDir, runBase: cfg.RunBase, node: node}, backends: newBackendSet(node),
 		stop: make(chan struct{}),
 	}
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
-	if e.parts.Agent, err = prepareRunBase(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
+	if e.parts.Agent, err = runbase.Prepare(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
 	}
 	if h, err := cgroups.Detect(cgroups.DefaultRoot, ""); err == nil {

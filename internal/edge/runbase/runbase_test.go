@@ -1,4 +1,4 @@
-package edge
+package runbase
 
 import (
 	"bytes"
@@ -44,7 +44,7 @@ func TestStagingMakesRoomInAFullRunBase(t *testing.T) {
 	if _, err := stageAgent(write("aether", 3), base); err == nil {
 		t.Fatal("a third version fit: the test does not fill the run base")
 	}
-	staged, err := stageAgentOrMakeRoom(write("aether", 3), base)
+	staged, err := Stage(write("aether", 3), base)
 	if err != nil {
 		t.Fatalf("staging in a full run base: %v", err)
 	}

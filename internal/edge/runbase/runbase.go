@@ -1,4 +1,7 @@
-package edge
+// Package runbase is a node's run base (default /run/opendsec): the
+// small tmpfs the edge bind-mounts into sandboxes from, with the agent
+// staged in it by digest.
+package runbase
 
 import (
 	"crypto/sha256"
@@ -28,9 +31,9 @@ import (
 // runBaseSize bounds the tmpfs: binaries (~10 MB a version) and small files.
 const runBaseSize = "256m"
 
-// prepareRunBase makes the run base a tmpfs if it can and stages the agent
+// Prepare makes the run base a tmpfs if it can and stages the agent
 // there, returning the staged agent's path.
-func prepareRunBase(base, agent string, log *slog.Logger) (string, error) {
+func Prepare(base, agent string, log *slog.Logger) (string, error) {
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return "", err
 	}
@@ -55,7 +58,7 @@ func prepareRunBase(base, agent string, log *slog.Logger) (string, error) {
 			log.Warn("run base is a non-empty directory, not a mount: left as it is, so running sandboxes keep their sockets", "dir", base)
 		}
 	}
-	staged, err := stageAgentOrMakeRoom(agent, base)
+	staged, err := Stage(agent, base)
 	if err != nil {
 		return "", err
 	}
@@ -69,10 +72,10 @@ func prepareRunBase(base, agent string, log *slog.Logger) (string, error) {
 // kept for a day, a day of rebuilds filled it.
 const stagedKeep = time.Hour
 
-// stageAgentOrMakeRoom stages the agent; if the run base is full, it
+// Stage stages the agent; if the run base is full, it
 // removes every other staged version older than a minute and tries once
 // more.
-func stageAgentOrMakeRoom(agent, base string) (string, error) {
+func Stage(agent, base string) (string, error) {
 	staged, err := stageAgent(agent, base)
 	if errors.Is(err, unix.ENOSPC) {
 		pruneStaged(base, "", time.Minute)
