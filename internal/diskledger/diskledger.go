@@ -2,7 +2,7 @@
 // each has promised of its free space [ours].
 //
 // An edge admits a writable layer only while its disk can hold every layer
-// it admitted written in full (edge/diskroom.go). Several edges on one host
+// it admitted written in full (internal/edge/diskroom). Several edges on one host
 // (the edges of one `dsec up --edges N`, or edge daemons sharing a disk)
 // each see the same free space; counting only its own layers, each would
 // promise that space again. The ledger is a directory per file system

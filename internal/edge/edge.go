@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/cgroups"
-	"github.com/opendsec/opendsec/internal/diskledger"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/diskroom"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/runbase"
@@ -66,7 +66,7 @@ type Config struct {
 	// edge starts: layers are sparse and most sandboxes write far less than
 	// their limit, but one that fills the disk then loses its neighbours'
 	// writes. Default 1: a layer is admitted only while the disk has room
-	// for every admitted layer written in full (diskroom.go).
+	// for every admitted layer written in full (internal/edge/diskroom).
 	DiskOvercommit float64
 	// DiskKeepFreeMB is what LayerDir's file system keeps free beyond what
 	// the layers may write; default 2 % of its size, 64 MiB to 1 GiB.
@@ -110,8 +110,8 @@ type Edge struct {
 	parts sandbox.Parts
 	dirs  nodeDirs
 	// disk is LayerDir's file system, what it keeps free and what this
-	// edge promised of it (diskroom.go), under a lock of its own.
-	disk *diskRoom
+	// edge promised of it (internal/edge/diskroom), under a lock of its own.
+	disk *diskroom.Room
 	// records keeps the sandboxes' records.
 	records records.Store
 	// recoveryIncomplete is set when recovery could not read every record:
@@ -208,12 +208,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.backends.usable[b.Name()] = b
 	}
 	if e.parts.Layers != nil {
-		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.budgetMB)
-	} else if e.disk, err = newDiskRoom(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, e.log); err != nil {
+		e.cfg.Limits.MaxDiskMB = min(e.cfg.Limits.MaxDiskMB, e.disk.BudgetMB())
+	} else if e.disk, err = diskroom.New(cfg.StateDir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, e.log); err != nil {
 		return nil, fmt.Errorf("edge: state directory %s: %w", cfg.StateDir, err)
 	}
-	if cfg.DiskLedgerDir != "" && e.disk.overcommit <= 1 {
-		if e.disk.ledger, err = diskledger.Open(cfg.DiskLedgerDir, e.disk.dir, string(e.node)); err != nil {
+	if cfg.DiskLedgerDir != "" {
+		if err := e.disk.OpenLedger(cfg.DiskLedgerDir, string(e.node)); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
@@ -238,7 +238,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		e.parts.Layers.Start() // after the sweep: a warm layer being made would look unowned
 	}
 	e.snaps.Load()
-	e.disk.publish() // what recovery found
+	e.disk.Publish() // what recovery found
 	e.wg.Add(2)
 	go func() { defer e.wg.Done(); e.expiry.Run(e.stop, &e.wg) }()
 	go e.healthLoop()
@@ -247,7 +247,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		for _, sb := range e.reg.all() {
 			sb.RecordMetrics(now)
 		}
-		e.disk.publish()
+		e.disk.Publish()
 	})
 	every(e.stop, &e.wg, pruneEvery, func(time.Time) { e.pruneCache(pruneGrace) })
 	return e, nil
@@ -286,7 +286,7 @@ func (e *Edge) Close() {
 	if e.parts.Layers != nil {
 		e.parts.Layers.Close() // removes the warm layers; sandboxes' stay
 	}
-	e.disk.close()
+	e.disk.Close()
 	for _, sb := range e.reg.all() {
 		sb.CloseLink()
 	}
@@ -339,7 +339,7 @@ func (e *Edge) lookup(id, scope string) (*sandbox.Sandbox, error) {
 
 // openLayers opens the writable-layer maker of cfg and the disk room
 // that budgets it.
-func openLayers(cfg Config, log *slog.Logger) (*layerfs.FS, *diskRoom, error) {
+func openLayers(cfg Config, log *slog.Logger) (*layerfs.FS, *diskroom.Room, error) {
 	dir := cfg.LayerDir
 	if dir == "" {
 		dir = filepath.Join(cfg.StateDir, "layers")
@@ -352,11 +352,11 @@ func openLayers(cfg Config, log *slog.Logger) (*layerfs.FS, *diskRoom, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("writable layers: %w", err)
 	}
-	room, err := newDiskRoom(dir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, log)
+	room, err := diskroom.New(dir, cfg.DiskOvercommit, cfg.DiskKeepFreeMB, log)
 	if err != nil {
 		fs.Close()
 		return nil, nil, err
 	}
-	room.layers = fs
+	room.SetLayers(fs)
 	return fs, room, nil
 }

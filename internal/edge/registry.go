@@ -6,6 +6,7 @@ import (
 	"time"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/internal/edge/diskroom"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -19,7 +20,7 @@ import (
 type registry struct {
 	node     sandboxid.NodeID
 	capacity Capacity
-	disk     *diskRoom
+	disk     *diskroom.Room
 	// epoch names this run of the edge; with seq it stamps what Status
 	// counts. Apiservers drop a placement they count themselves once a
 	// status stamped at or after its admission shows it (usage.go).
@@ -35,7 +36,7 @@ type registry struct {
 	seq       uint64               // guarded by mu; changes of what Status counts
 }
 
-func newRegistry(node sandboxid.NodeID, capacity Capacity, disk *diskRoom) *registry {
+func newRegistry(node sandboxid.NodeID, capacity Capacity, disk *diskroom.Room) *registry {
 	return &registry{node: node, capacity: capacity, disk: disk, epoch: rand.Text(),
 		boxes: map[sandboxid.ID]*sandbox.Sandbox{}, admitSeqs: map[sandboxid.ID]uint64{}, fenced: map[string]time.Time{}}
 }
@@ -53,7 +54,7 @@ func (r *registry) admit(sb *sandbox.Sandbox, reservation string, diskMB int64) 
 	if err := r.capacity.admit(string(r.node), r.allocated, res.CpuCores, res.MemoryMb, 1); err != nil {
 		return err
 	}
-	if err := r.disk.admit(diskMB); err != nil {
+	if err := r.disk.Admit(diskMB); err != nil {
 		return err
 	}
 	r.allocated.add(res.CpuCores, res.MemoryMb, 1)
@@ -72,7 +73,7 @@ func (r *registry) adopt(sb *sandbox.Sandbox, counted bool, diskMB int64) {
 	r.boxes[sb.ID()] = sb
 	if counted {
 		r.allocated.add(res.CpuCores, res.MemoryMb, 1)
-		r.disk.count(diskMB)
+		r.disk.Count(diskMB)
 	}
 }
 
@@ -84,10 +85,10 @@ func (r *registry) release(sb *sandbox.Sandbox, diskMB int64) {
 	res := sb.Resources()
 	r.mu.Lock()
 	r.allocated.add(res.CpuCores, res.MemoryMb, -1)
-	r.disk.count(-diskMB) // with the rest, as an admission sees them
+	r.disk.Count(-diskMB) // with the rest, as an admission sees them
 	r.seq++               // a failed sandbox that holds nothing is no longer counted
 	r.mu.Unlock()
-	r.disk.publish()
+	r.disk.Publish()
 }
 
 // forget unregisters sb.

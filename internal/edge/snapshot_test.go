@@ -278,7 +278,7 @@ func TestSnapshotAndOffloadWithoutDiskRoomAreRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.edge.disk.keepFree = 1 << 60 // more than any disk has
+	f.edge.disk.SetKeepFree(1 << 60) // more than any disk has
 	_, err = f.edge.Snapshot(ctx, sb.Id, "root", "")
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "node disk full: a snapshot of sandbox "+sb.Id) {
 		t.Fatalf("snapshot on a full disk: %v, want resource exhausted naming the disk", err)
@@ -297,7 +297,7 @@ func TestSnapshotAndOffloadWithoutDiskRoomAreRefused(t *testing.T) {
 	if out, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil || !strings.HasPrefix(out, "yes ") {
 		t.Fatalf("the sandbox does not answer after the refusals: %q %v", out, err)
 	}
-	f.edge.disk.keepFree = 0
+	f.edge.disk.SetKeepFree(0)
 	if _, err := f.edge.Snapshot(ctx, sb.Id, "root", ""); err != nil {
 		t.Fatalf("snapshot with room: %v", err)
 	}
@@ -343,7 +343,7 @@ func TestEdgesSharingADiskCountEachOthersPromise(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(e.Close)
-		e.disk.keepFree = 0
+		e.disk.SetKeepFree(0)
 		return e
 	}
 	other, _ := fake.New(context.Background(), backend.Config{})

@@ -40,7 +40,7 @@ type Capabilities struct {
 	// DiskFile means the backend keeps a sparse disk of the sandbox's
 	// disk_mb in the sandbox's directory on the node's state disk (a VM's
 	// writable disk): the edge admits it against that disk's room as it
-	// does a layer (diskroom.go).
+	// does a layer (internal/edge/diskroom).
 	DiskFile bool
 	// LinkBeforeAgent means the agent's link is connected before the agent
 	// runs (a VM's serial port, which the hypervisor joins to the edge's

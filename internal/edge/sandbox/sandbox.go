@@ -148,7 +148,7 @@ type Env struct {
 	// says why.
 	Net     Network
 	NetOff  string
-	Disk    DiskReserver // the node's disk room (diskroom.go)
+	Disk    DiskReserver // the node's disk room (internal/edge/diskroom)
 	Records records.Store
 	Expiry  Poker // the node's expiry loop, told of a new deadline
 	Host    Host

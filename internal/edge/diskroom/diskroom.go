@@ -1,4 +1,8 @@
-package edge
+// Package diskroom is a node's state disk as its edge admits work onto
+// it: the writable layers' promise, what the file system keeps free,
+// snapshots and offloads being written, and (with a disk ledger) what
+// other edges on the same disk promised.
+package diskroom
 
 import (
 	"fmt"
@@ -27,11 +31,11 @@ const (
 	maxKeepFreeMB = 1024
 )
 
-// diskRoom is where layers live, what their file system keeps free, and
+// Room is where layers live, what their file system keeps free, and
 // what this edge promised of it. Its lock is its own and is taken last: no
 // lock of the edge is taken under it (only the disk ledger's, which other
 // edges share).
-type diskRoom struct {
+type Room struct {
 	dir      string
 	dev      uint64
 	keepFree int64 // bytes
@@ -57,7 +61,10 @@ type diskRoom struct {
 	pending int64 // guarded by mu
 }
 
-func newDiskRoom(dir string, overcommit float64, keepFreeMB int64, log *slog.Logger) (*diskRoom, error) {
+// New is the room of dir's file system: keepFreeMB kept free (0: 2 % of
+// it, 64 MiB to 1 GiB), and overcommit > 1 to admit disk limits of that
+// many times the free space without the room check.
+func New(dir string, overcommit float64, keepFreeMB int64, log *slog.Logger) (*Room, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return nil, err
@@ -72,15 +79,15 @@ func newDiskRoom(dir string, overcommit float64, keepFreeMB int64, log *slog.Log
 	if overcommit <= 0 {
 		overcommit = 1
 	}
-	return &diskRoom{
+	return &Room{
 		dir: dir, dev: fi.Dev, keepFree: keepFreeMB << 20, overcommit: overcommit,
 		budgetMB: int64(float64(int64(st.Bavail)*st.Bsize>>20) * overcommit), log: log,
 	}, nil
 }
 
-// admit counts a sandbox's disk limit of sizeMB on the disk, or says why
+// Admit counts a sandbox's disk limit of sizeMB on the disk, or says why
 // there is no room for it.
-func (d *diskRoom) admit(sizeMB int64) error {
+func (d *Room) Admit(sizeMB int64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sizeMB <= 0 {
@@ -106,9 +113,9 @@ func (d *diskRoom) admit(sizeMB int64) error {
 	return err
 }
 
-// count counts a disk limit admitted before (a recovered sandbox's), or,
-// negative, one given back (then publish lowers the ledger's promise).
-func (d *diskRoom) count(sizeMB int64) {
+// Count counts a disk limit admitted before (a recovered sandbox's), or,
+// negative, one given back (then Publish lowers the ledger's promise).
+func (d *Room) Count(sizeMB int64) {
 	d.mu.Lock()
 	d.admittedMB += sizeMB
 	d.mu.Unlock()
@@ -127,7 +134,7 @@ func othersPhrase(others int64) string {
 // the disk ledger) and what it keeps free, and promises them in the
 // ledger; else it returns refuse's error. Callers hold d.mu, and count
 // need in admittedMB or pending once it returns nil.
-func (d *diskRoom) raiseLocked(dir string, need int64, refuse func(free, promised, others int64, err error) error) error {
+func (d *Room) raiseLocked(dir string, need int64, refuse func(free, promised, others int64, err error) error) error {
 	var refused error
 	onLayers := d.holds(dir)
 	check := func(others int64) (int64, error) {
@@ -152,7 +159,7 @@ func (d *diskRoom) raiseLocked(dir string, need int64, refuse func(free, promise
 }
 
 // holds tells whether dir is on the file system of the layers.
-func (d *diskRoom) holds(dir string) bool {
+func (d *Room) holds(dir string) bool {
 	if dir == d.dir {
 		return true
 	}
@@ -165,7 +172,7 @@ func (d *diskRoom) holds(dir string) bool {
 // be added: when even every admitted layer written in full leaves room for
 // them beside others' promise, the layers are not looked at (one statfs
 // per admission in the common case). Callers hold d.mu.
-func (d *diskRoom) promisedLocked(dir string, onLayers bool, extra, others int64) (free, promised int64, err error) {
+func (d *Room) promisedLocked(dir string, onLayers bool, extra, others int64) (free, promised int64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, 0, err
@@ -186,15 +193,15 @@ func (d *diskRoom) promisedLocked(dir string, onLayers bool, extra, others int64
 // their sizes: admitted layers not made yet, and VMs' disks (not counted
 // by the layers), owe their whole size; snapshots being written, theirs.
 // Callers hold d.mu.
-func (d *diskRoom) promisedExactlyLocked(unwritten, sizes int64) int64 {
+func (d *Room) promisedExactlyLocked(unwritten, sizes int64) int64 {
 	return unwritten + max(d.admittedMB<<20-sizes, 0) + d.pending
 }
 
-// publish lowers this edge's promise in the disk ledger to what its
+// Publish lowers this edge's promise in the disk ledger to what its
 // sandboxes may still write (a raise promises a layer or a snapshot in
 // full; the layers' writes and removals lower it). Called on the metrics
 // tick and when a sandbox gives its disk back.
-func (d *diskRoom) publish() {
+func (d *Room) Publish() {
 	if d.ledger == nil {
 		return
 	}
@@ -213,7 +220,7 @@ func (d *diskRoom) publish() {
 // state (a snapshot, an offload) without eating into what the layers are
 // promised, until release is called once it is written: two writes at
 // once do not both count on the same free space.
-func (d *diskRoom) Reserve(dir string, need int64, what string) (release func(), err error) {
+func (d *Room) Reserve(dir string, need int64, what string) (release func(), err error) {
 	if d.overcommit > 1 {
 		return func() {}, nil
 	}
@@ -236,15 +243,50 @@ func (d *diskRoom) Reserve(dir string, need int64, what string) (release func(),
 			d.mu.Lock()
 			d.pending -= need
 			d.mu.Unlock()
-			d.publish()
+			d.Publish()
 		})
 	}, nil
 }
 
-// close lets go of the ledger. The sandboxes' layers stay promised by
+// Close lets go of the ledger. The sandboxes' layers stay promised by
 // their blocks on disk until an edge takes them back at its start.
-func (d *diskRoom) close() {
+func (d *Room) Close() {
 	if d.ledger != nil {
 		d.ledger.Close()
 	}
+}
+
+// SetLayers has the room ask layers what the writable layers may still
+// write, rather than count every admitted layer as written in full.
+func (d *Room) SetLayers(layers interface {
+	Promised() (unwritten, sizes int64)
+}) {
+	d.layers = layers
+}
+
+// OpenLedger records this edge's (node's) promise of the layers' disk in
+// the disk ledger in dir, beside other edges' on the same disk; not with
+// overcommit, which checks no room.
+func (d *Room) OpenLedger(dir, node string) error {
+	if d.overcommit > 1 {
+		return nil
+	}
+	l, err := diskledger.Open(dir, d.dir, node)
+	if err != nil {
+		return err
+	}
+	d.ledger = l
+	return nil
+}
+
+// BudgetMB bounds the sum of the disk limits admitted: the free space,
+// times the overcommit.
+func (d *Room) BudgetMB() int64 { return d.budgetMB }
+
+// SetKeepFree sets what the file system keeps free beyond the promises,
+// in bytes (tests of a full disk).
+func (d *Room) SetKeepFree(bytes int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.keepFree = bytes
 }
