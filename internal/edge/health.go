@@ -18,9 +18,7 @@ func (e *Edge) healthLoop() {
 			return
 		case now := <-tick.C:
 			for _, sb := range e.reg.all() {
-				if ht, n := sb.CheckHealth(now); ht != nil {
-					sb.CompactSoon(&e.wg, e.snaps, ht, n)
-				}
+				sb.CheckHealth(now, &e.wg, e.snaps)
 			}
 		}
 	}

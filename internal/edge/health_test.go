@@ -107,9 +107,7 @@ func TestEdgeAppliesTheCallDeadline(t *testing.T) {
 }
 
 func fastHeartbeats(t *testing.T) {
-	every, timeout := sandbox.HeartbeatEvery, sandbox.HeartbeatTimeout
-	sandbox.HeartbeatEvery, sandbox.HeartbeatTimeout = 200*time.Millisecond, 200*time.Millisecond
-	t.Cleanup(func() { sandbox.HeartbeatEvery, sandbox.HeartbeatTimeout = every, timeout })
+	t.Cleanup(sandbox.SetHeartbeatForTest(200*time.Millisecond, 200*time.Millisecond))
 }
 
 // An agent that stops answering while connected (gVisor lets the

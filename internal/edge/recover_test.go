@@ -342,7 +342,7 @@ func TestRecoverBringsBackASourceItsCheckpointStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped, err := sb.CheckpointOnly(ctx, f.edge.snaps)
+	stopped, err := sb.CheckpointOnlyForTest(ctx, f.edge.snaps)
 	if err != nil || !stopped {
 		t.Fatalf("checkpoint: stopped %v, %v", stopped, err)
 	}
@@ -436,7 +436,7 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	// Past its deadline, with its removal held open: a new timeout waits.
 	gate := make(chan struct{})
 	f.fake.Knobs.DestroyGate = gate
-	sb.MoveDeadline(time.Now().Add(-time.Second))
+	sb.MoveDeadlineForTest(time.Now().Add(-time.Second))
 	removed := make(chan error, 1)
 	go func() { removed <- sb.Expire() }()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {

@@ -77,7 +77,8 @@ func (r *registry) adopt(sb *sandbox.Sandbox, counted bool, diskMB int64) {
 	}
 }
 
-// release gives back what sb was admitted with, once. Callers hold sb.mu.
+// release gives back what sb was admitted with, once. The sandbox calls
+// it (Host.Release) under its own lock.
 func (r *registry) release(sb *sandbox.Sandbox, diskMB int64) {
 	if sb.MarkReleased() {
 		return

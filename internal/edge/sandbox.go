@@ -99,7 +99,8 @@ func (e *Edge) forget(sb *sandbox.Sandbox) {
 	e.reg.forget(sb)
 }
 
-// release gives back what sb was admitted with, once. Callers hold sb.mu.
+// release gives back what sb was admitted with, once. The sandbox calls
+// it (Host.Release) under its own lock.
 func (e *Edge) release(sb *sandbox.Sandbox) {
 	e.reg.release(sb, e.diskOf(sb.Backend(), sb.Resources()))
 }

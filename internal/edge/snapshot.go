@@ -30,13 +30,6 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	if err != nil {
 		return nil, err
 	}
-	if name != "" {
-		release, err := e.snaps.ReserveName(sb.Project(), name)
-		if err != nil {
-			return nil, err
-		}
-		defer release()
-	}
 	snap, _, err := sb.Snapshot(ctx, e.snaps, name, false, nil)
 	if err != nil {
 		return nil, err

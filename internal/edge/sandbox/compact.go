@@ -21,6 +21,7 @@ import (
 // sentry with the threads it needs. It runs only when the sandbox holds more
 // than compactAbove host threads, no call to it is in flight (a call would
 // be cut), and not more than once per compactEvery.
+
 const (
 	compactAbove = 1024
 	compactEvery = time.Minute
@@ -43,10 +44,11 @@ func (sb *Sandbox) compactionDue(now time.Time) (ht backend.HostThreads, threads
 	return ht, n
 }
 
-// CompactSoon compacts sb, which compactionDue marked, on its own
+// compactSoon compacts sb, which compactionDue marked, on its own
 // goroutine (wg counts it; store takes the checkpoint): a checkpoint and
-// restore take seconds, and the health loop must not wait for them.
-func (sb *Sandbox) CompactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht backend.HostThreads, before int) {
+// restore take seconds, and the health loop must not wait for them. The
+// goroutine takes sb's lock once its caller lets go of it.
+func (sb *Sandbox) compactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht backend.HostThreads, before int) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -61,7 +63,7 @@ func (sb *Sandbox) CompactSoon(wg *sync.WaitGroup, store *snapshots.Store, ht ba
 }
 
 // compactable reports whether sb is running and quiet. Calls are counted
-// under sb.mu (ensureRunning), which callers hold, so none can start while
+// under sb.mu (EnsureRunning), which callers hold, so none can start while
 // a compaction that saw none runs. Callers hold sb.mu.
 func (sb *Sandbox) compactable(now time.Time) bool {
 	return sb.rec.State == records.StateRunning && sb.calls.Load() == 0 &&

@@ -54,9 +54,13 @@ func (x *Expiry) Run(stop <-chan struct{}, wg *sync.WaitGroup) {
 		}
 		now := time.Now()
 		for _, sb := range x.due(now) {
+			if !sb.expiring.CompareAndSwap(false, true) {
+				continue
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer sb.expiring.Store(false)
 				if err := sb.Expire(); err != nil {
 					x.log.Error("stop expired sandbox", logging.SandboxID, sb.ID(), logging.Error, err)
 				}
@@ -89,7 +93,7 @@ func (x *Expiry) untilNext(now time.Time) time.Duration {
 func (x *Expiry) due(now time.Time) []*Sandbox {
 	var out []*Sandbox
 	for _, sb := range x.sandboxes() {
-		if sb.ExpiredBy(now) {
+		if sb.expiredBy(now) {
 			out = append(out, sb)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 )
@@ -30,10 +32,11 @@ import (
 
 // An agent that is connected but does not answer (gVisor lets the
 // sandbox's root stop its PID 1 with SIGSTOP; Linux does not) is found by a
-// heartbeat: a Health call to every idle sandbox every HeartbeatEvery. When
+// heartbeat: a Health call to every idle sandbox every heartbeatEvery. When
 // it goes unanswered the edge sends the sandbox's first process SIGCONT
 // from outside; after heartbeatStrikes unanswered in a row the sandbox is
 // failed.
+
 const (
 	// HealthEvery is how often the loop looks.
 	HealthEvery = 500 * time.Millisecond
@@ -43,12 +46,12 @@ const (
 	heartbeatStrikes = 3
 )
 
-// HeartbeatEvery is how long a sandbox may go without a call before the
-// edge asks its agent; HeartbeatTimeout bounds the answer. (Variables so
+// heartbeatEvery is how long a sandbox may go without a call before the
+// edge asks its agent; heartbeatTimeout bounds the answer. (Variables so
 // tests can shorten them.)
 var (
-	HeartbeatEvery   = 5 * time.Second
-	HeartbeatTimeout = 5 * time.Second
+	heartbeatEvery   = 5 * time.Second
+	heartbeatTimeout = 5 * time.Second
 	// hostStopCheck is how long a check goes unanswered before the edge
 	// asks the backend whether the runtime was stopped from the node.
 	hostStopCheck = time.Second
@@ -56,25 +59,29 @@ var (
 
 // CheckHealth looks at a sandbox: it fails one whose agent and runtime
 // are gone, asks an idle one's agent whether it answers (heartbeat), and
-// returns the host threads of one that is due a compaction (ht nil: none).
-// A sandbox busy in a lifecycle change (its lock held: create, snapshot,
-// stop) is left for the next tick.
-func (sb *Sandbox) CheckHealth(now time.Time) (ht backend.HostThreads, threads int) {
+// starts a compaction of one that is due one (on its own goroutine, which
+// wg counts; its checkpoint goes to store). A sandbox busy in a lifecycle
+// change (its lock held: create, snapshot, stop) is left for the next
+// tick.
+func (sb *Sandbox) CheckHealth(now time.Time, wg *sync.WaitGroup, store *snapshots.Store) {
 	if !sb.mu.TryLock() {
-		return nil, 0
+		return
 	}
 	defer sb.mu.Unlock()
 	if sb.rec.State != records.StateRunning || sb.link == nil {
 		sb.downSince = time.Time{}
-		return nil, 0
+		return
 	}
 	isDown, since := sb.link.Down()
 	if !isDown {
 		sb.downSince = time.Time{}
 		if sb.heartbeat(now) {
-			return nil, 0
+			return
 		}
-		return sb.compactionDue(now)
+		if ht, n := sb.compactionDue(now); ht != nil {
+			sb.compactSoon(wg, store, ht, n)
+		}
+		return
 	}
 	if since.IsZero() { // the link cannot say: since the first tick that saw it
 		if sb.downSince.IsZero() {
@@ -87,11 +94,10 @@ func (sb *Sandbox) CheckHealth(now time.Time) (ht backend.HostThreads, threads i
 	st, err := sb.be.Status(ctx, sb.id)
 	alive := err == nil && (st.State == backend.StateRunning || st.State == backend.StatePaused)
 	if alive && now.Sub(since) < agentAbsence {
-		return nil, 0 // the agent is redialling
+		return // the agent is redialling
 	}
 	sb.downSince = time.Time{}
 	sb.fail(ctx, sb.whyDead(ctx, alive))
-	return nil, 0
 }
 
 // whyDead says why a sandbox stopped answering, as precisely as the
@@ -152,7 +158,7 @@ func (sb *Sandbox) heartbeat(now time.Time) bool {
 	}
 	if strikes := hb.strikes.Load(); strikes > 0 && !hb.running.Load() {
 		if strikes >= heartbeatStrikes {
-			sb.fail(context.Background(), fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered, and SIGCONT did not help)", strikes, HeartbeatTimeout))
+			sb.fail(context.Background(), fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered, and SIGCONT did not help)", strikes, heartbeatTimeout))
 			return true
 		}
 		if !hb.continued.Load() {
@@ -166,18 +172,18 @@ func (sb *Sandbox) heartbeat(now time.Time) bool {
 	last := max(hb.lastOK.Load(), sb.lastAnswered.Load(), sb.started.Load())
 	// Calls in flight do not excuse it: a long stream says nothing of the
 	// agent, and a call to a stopped agent would wait for its deadline.
-	if hb.running.Load() || now.Sub(time.Unix(0, last)) < HeartbeatEvery {
+	if hb.running.Load() || now.Sub(time.Unix(0, last)) < heartbeatEvery {
 		return false
 	}
 	hb.running.Store(true)
 	link := sb.link
 	go func() {
 		defer hb.running.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), HeartbeatTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), heartbeatTimeout)
 		defer cancel()
 		// Unanswered for a while: is the runtime stopped from the node?
 		check := time.AfterFunc(hostStopCheck, func() {
-			sctx, scancel := context.WithTimeout(context.Background(), HeartbeatTimeout)
+			sctx, scancel := context.WithTimeout(context.Background(), heartbeatTimeout)
 			defer scancel()
 			if st, err := sb.be.Status(sctx, sb.id); err == nil && st.HostStopped {
 				hb.stoppedPid.Store(int64(st.Pid))

@@ -81,7 +81,7 @@ func (sb *Sandbox) resumeLocked(ctx context.Context) error {
 // then a paused sandbox is an error), and returns its link.
 // The call is counted (callStarted) under the sandbox's lock, so a
 // compaction, which checks the count under it, never cuts a call that got
-// this far; the caller ends it with callEnded.
+// this far; the caller ends it with CallEnded.
 func (sb *Sandbox) EnsureRunning(ctx context.Context, resume bool) (*agentlink.Link, error) {
 	if !resume && sb.pausing.Load() {
 		// Not after the pause's lock: a checkpoint takes seconds, and a
@@ -110,6 +110,6 @@ func (sb *Sandbox) EnsureRunning(ctx context.Context, resume bool) (*agentlink.L
 	if sb.link == nil {
 		return nil, errdefs.Unavailable("sandbox %s: no agent link", sb.id)
 	}
-	sb.CallStarted()
+	sb.callStarted()
 	return sb.link, nil
 }

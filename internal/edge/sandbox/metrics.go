@@ -18,6 +18,7 @@ import (
 // nothing enters the sandbox, so a paused one stays paused and a busy one
 // is not slowed. The last MetricsKept samples are kept in memory; an edge
 // restart starts them afresh.
+
 const (
 	MetricsEvery = 5 * time.Second
 	MetricsKept  = 720 // an hour

@@ -265,8 +265,8 @@ func (sb *Sandbox) startClock() {
 	sb.expiry.Poke()
 }
 
-// ExpiredBy reports whether sb's time (to live, or paused) ended by now.
-func (sb *Sandbox) ExpiredBy(now time.Time) bool {
+// expiredBy reports whether sb's time (to live, or paused) ended by now.
+func (sb *Sandbox) expiredBy(now time.Time) bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	return sb.rec.State != records.StateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt)
@@ -280,10 +280,6 @@ func (sb *Sandbox) ExpiredBy(now time.Time) bool {
 // can, else frozen) instead of removed. A paused one whose paused
 // lifetime ran out is removed as any other.
 func (sb *Sandbox) Expire() error {
-	if !sb.expiring.CompareAndSwap(false, true) {
-		return nil // the expiry loop is at it already
-	}
-	defer sb.expiring.Store(false)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.removed || time.Now().Before(sb.rec.ExpiresAt) {

@@ -28,10 +28,10 @@ type Parts struct {
 	// Layers makes the writable layers of DiskLayer backends; nil when no
 	// backend needs them.
 	Layers *layerfs.FS
-	// Agent is the agent as staged in the run base; Restage stages it
-	// again (if it went) and returns where.
-	Agent   string
-	Restage func() (string, error)
+	// Agent is the agent as staged in the run base from AgentSource;
+	// Restage stages it again (if it went) and returns where.
+	Agent, AgentSource string
+	Restage            func() (string, error)
 }
 
 // Resolve checks an image's name and finds it for project.
@@ -102,14 +102,14 @@ func (p *Parts) ensureAgentStaged() error {
 	// The path names the agent's digest; creates run concurrently and
 	// read p.Agent, so it never changes after start.
 	if staged != p.Agent {
-		return fmt.Errorf("the agent changed since the edge started (staged %s, now %s): restart the edge", p.Agent, staged)
+		return fmt.Errorf("the agent at %s changed since the edge started (staged %s, now %s): restart the edge", p.AgentSource, p.Agent, staged)
 	}
 	return nil
 }
 
-// BackendSpec builds what the backend needs to run the sandbox of rec,
+// backendSpec builds what the backend needs to run the sandbox of rec,
 // whose directory is dir and run directory runDir.
-func (p *Parts) BackendSpec(rec *records.Record, dir, runDir string, layers []string, cfg ocispec.ImageConfig) *backend.Spec {
+func (p *Parts) backendSpec(rec *records.Record, dir, runDir string, layers []string, cfg ocispec.ImageConfig) *backend.Spec {
 	env := append([]string(nil), cfg.Env...)
 	keys := make([]string, 0, len(rec.Spec.Env))
 	for k := range rec.Spec.Env {

@@ -146,7 +146,7 @@ func (sb *Sandbox) specOf(ctx context.Context) (*backend.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sb.parts.BackendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg), nil
+	return sb.parts.backendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg), nil
 }
 
 // restoreFromCheckpoint restores sb in place from the checkpoint its

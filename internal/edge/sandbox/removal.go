@@ -82,7 +82,7 @@ func (sb *Sandbox) Destroy(ctx context.Context) error {
 	return sb.destroyLocked(ctx)
 }
 
-// destroyLocked is destroy with the sandbox's lock held.
+// destroyLocked is Destroy with the sandbox's lock held.
 func (sb *Sandbox) destroyLocked(ctx context.Context) error {
 	if sb.removed {
 		return nil // removed meanwhile

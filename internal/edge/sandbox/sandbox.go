@@ -124,7 +124,9 @@ type Sandbox struct {
 }
 
 // Host is what a sandbox reaches of the edge that runs it; the rest of
-// its lifecycle is its own.
+// its lifecycle is its own. The sandbox calls it under its own lock, so
+// its methods take only locks after a sandbox's (the registry's, the disk
+// room's) and never call a sandbox's verbs.
 type Host interface {
 	// Release gives back what sb was admitted with, once.
 	Release(sb *Sandbox)
@@ -209,8 +211,8 @@ func (sb *Sandbox) Released() bool { return sb.released.Load() }
 // of an answer).
 func (sb *Sandbox) CountLimits(h http.Header) { sb.limits.fromAgent(h) }
 
-// CallStarted and CallEnded bracket an agent call.
-func (sb *Sandbox) CallStarted() { sb.calls.Add(1) }
+// callStarted and CallEnded bracket an agent call.
+func (sb *Sandbox) callStarted() { sb.calls.Add(1) }
 
 // CallEnded ends a call; answered says the agent answered it (a call that
 // timed out or lost its connection is no sign of the agent's life, for
@@ -375,7 +377,7 @@ func (sb *Sandbox) Start(ctx context.Context, im *image.Image) error {
 	if err := sb.attachNetwork(ctx); err != nil {
 		return err
 	}
-	bspec := sb.parts.BackendSpec(rec, sb.dir, sb.runDir, layers, im.Config.Config)
+	bspec := sb.parts.backendSpec(rec, sb.dir, sb.runDir, layers, im.Config.Config)
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
 	}

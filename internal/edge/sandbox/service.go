@@ -20,6 +20,7 @@ import (
 // answered once its ready command (image.LabelReady) exits 0, as E2B's
 // templates do. Copies made by fork or restore carry the running service
 // in their memory and skip this.
+
 const (
 	defaultReadyLimit = 60 * time.Second
 	readyEvery        = 100 * time.Millisecond

@@ -150,6 +150,14 @@ func ctxTimeout(ctx context.Context, d time.Duration) context.Context {
 // source's error beside them).
 func (sb *Sandbox) Snapshot(ctx context.Context, store *snapshots.Store, name string, ephemeral bool, during func(*snapshots.Snapshot)) (snap *snapshots.Snapshot, paused time.Duration, err error) {
 	sb.mu.Lock()
+	if name != "" {
+		release, err := store.ReserveName(sb.proj, name)
+		if err != nil {
+			sb.mu.Unlock()
+			return nil, 0, err
+		}
+		defer release()
+	}
 	snap, began, stopped, err := sb.checkpoint(ctx, store, name, ephemeral)
 	if err != nil {
 		sb.mu.Unlock()
@@ -196,7 +204,7 @@ func (sb *Sandbox) RestoreInto(ctx context.Context, snap *snapshots.Snapshot, sn
 	if err := sb.attachNetwork(ctx); err != nil {
 		return err
 	}
-	bspec := sb.parts.BackendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg)
+	bspec := sb.parts.backendSpec(sb.rec, sb.dir, sb.runDir, layers, cfg)
 	if sb.net != nil {
 		bspec.NetNS = sb.net.NetNS
 	}
