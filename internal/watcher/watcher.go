@@ -6,6 +6,7 @@ package watcher
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sort"
 	"sync"
@@ -36,7 +37,19 @@ type NodeView struct {
 	Err      string
 	PolledAt time.Time // when the poll that produced Status started
 	Status   *edgev1.NodeStatus
+	// slowPolls counts the polls in a row that the edge did not answer in
+	// time (a local watcher's own count).
+	slowPolls int
 }
+
+// slowPollsTolerated is how many polls in a row a healthy edge may leave
+// unanswered within the timeout before it is taken for unreachable. A busy
+// node answers late, not never: beside a CPU hog, with 30 gVisor sandboxes
+// restoring, one status poll took more than its 3 s, and every call routed
+// to that node was refused as "unreachable" until the next poll. An edge
+// that refuses (or a port nobody listens on) is unhealthy at once; a host
+// that is gone stops answering, and after this many polls it is too.
+const slowPollsTolerated = 3
 
 // View is an immutable snapshot of every edge.
 type View struct {
@@ -188,7 +201,11 @@ func (w *Watcher) pollOne(ctx context.Context, addr string, prev *NodeView) *Nod
 		nv := &NodeView{Addr: addr, Err: err.Error(), PolledAt: started}
 		if prev != nil {
 			nv.ID, nv.Status = prev.ID, prev.Status
-			if prev.Healthy {
+			if slow := connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded); slow && prev.Healthy {
+				nv.slowPolls = prev.slowPolls + 1
+				nv.Healthy = nv.slowPolls < slowPollsTolerated
+			}
+			if prev.Healthy && !nv.Healthy {
 				w.log.Warn("edge unreachable", "addr", addr, logging.NodeID, prev.ID, logging.Error, err)
 			}
 		}

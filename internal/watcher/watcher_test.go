@@ -3,11 +3,13 @@ package watcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -22,6 +24,7 @@ type fakeEdge struct {
 	mu     sync.Mutex
 	status *edgev1.NodeStatus
 	err    error
+	delay  time.Duration // before it answers
 }
 
 func (f *fakeEdge) set(st *edgev1.NodeStatus, err error) {
@@ -30,7 +33,15 @@ func (f *fakeEdge) set(st *edgev1.NodeStatus, err error) {
 	f.mu.Unlock()
 }
 
-func (f *fakeEdge) GetNodeStatus(context.Context, *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {
+func (f *fakeEdge) GetNodeStatus(ctx context.Context, _ *connect.Request[edgev1.GetNodeStatusRequest]) (*connect.Response[edgev1.GetNodeStatusResponse], error) {
+	f.mu.Lock()
+	delay := f.delay
+	f.mu.Unlock()
+	select {
+	case <-time.After(delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -140,4 +151,45 @@ func TestAnEdgeNeverReachedIsNotInTheView(t *testing.T) {
 	if edges != 2 {
 		t.Fatalf("edges polled = %d, want 2", edges)
 	}
+}
+
+// An edge that answers too late is slow, not gone: it stays healthy (with
+// the error) for the polls a busy node may miss, then is unreachable; one
+// answer in time makes it healthy again and starts the count afresh.
+func TestASlowEdgeStaysHealthyForAFewPolls(t *testing.T) {
+	f := &fakeEdge{}
+	f.set(status("nodecccc"), nil)
+	addr, pool := startEdge(t, f)
+	w := New(Config{Edges: []string{addr}, Timeout: 100 * time.Millisecond}, pool, nil)
+	ctx := context.Background()
+	healthy := func(what string, want bool) {
+		t.Helper()
+		w.Poll(ctx)
+		n, ok := w.View().Node("nodecccc")
+		if !ok || n.Healthy != want {
+			t.Fatalf("%s: %+v (found %v), want healthy %v", what, n, ok, want)
+		}
+		if !want || n.Err != "" {
+			if n.Status == nil || !strings.Contains(n.Err, "deadline") {
+				t.Fatalf("%s: error %q, status %v; want the deadline named and the last status kept", what, n.Err, n.Status)
+			}
+		}
+	}
+	healthy("answered", true)
+	f.mu.Lock()
+	f.delay = time.Second
+	f.mu.Unlock()
+	for i := 1; i < slowPollsTolerated; i++ {
+		healthy(fmt.Sprintf("slow poll %d", i), true)
+	}
+	healthy("one slow poll too many", false)
+	healthy("still slow", false)
+	f.mu.Lock()
+	f.delay = 0
+	f.mu.Unlock()
+	healthy("answered again", true)
+	f.mu.Lock()
+	f.delay = time.Second
+	f.mu.Unlock()
+	healthy("slow again: the count starts afresh", true)
 }
