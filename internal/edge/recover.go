@@ -72,8 +72,8 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 	gone := false
 	if rec.State == records.StateFailed {
 		err := be.Destroy(ctx, rec.ID)
-		if err == nil && rec.LayerDir != "" && e.parts.Layers != nil {
-			err = e.parts.Layers.Remove(rec.LayerDir)
+		if err == nil {
+			err = e.parts.RemoveLayer(rec.LayerDir)
 		}
 		if err != nil {
 			e.log.Error("remove what a failed sandbox left", logging.SandboxID, rec.ID, logging.Error, err)
