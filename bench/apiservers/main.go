@@ -21,8 +21,8 @@ import (
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 )
 
@@ -72,7 +72,7 @@ func burst(ctx context.Context, storeDir, imgName, agent string, n, par, apis in
 	be := benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}
 	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
 		cfg.APIServers = apis
-		cfg.Capacity = edge.HostCapacity(64, 3)
+		cfg.Capacity = capacity.Host(64, 3)
 		cfg.Capacity.MaxSandboxes = int64(n) + 16
 	})
 	if err != nil {

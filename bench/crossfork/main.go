@@ -26,6 +26,7 @@ import (
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
@@ -51,12 +52,12 @@ type result struct {
 func run(ctx context.Context, storeDir, agent string, n, reps int) error {
 	c, err := benchcluster.Start(ctx, storeDir, agent, benchcluster.Backend{Name: gvisor.Name, Factory: gvisor.New}, func(cfg *embed.Config) {
 		cfg.Edges = 3
-		cfg.EdgeCapacity = func(i int) edge.Capacity {
-			capacity := edge.Capacity{CPUCores: 64, MemoryMB: 65536, MaxSandboxes: 64, HostCPUCores: 2, HostMemoryMB: 8192}
+		cfg.EdgeCapacity = func(i int) capacity.Node {
+			node := capacity.Node{CPUCores: 64, MemoryMB: 65536, MaxSandboxes: 64, HostCPUCores: 2, HostMemoryMB: 8192}
 			if i == 1 {
-				capacity.MaxSandboxes = 1
+				node.MaxSandboxes = 1
 			}
-			return capacity
+			return node
 		}
 	})
 	if err != nil {

@@ -25,8 +25,8 @@ import (
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 )
 
@@ -49,7 +49,7 @@ func main() {
 func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, memOver float64, agent string) error {
 	be := benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}
 	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
-		cfg.Capacity = edge.HostCapacity(over, memOver)
+		cfg.Capacity = capacity.Host(over, memOver)
 		cfg.Capacity.MaxSandboxes = int64(n) + 16
 	})
 	if err != nil {

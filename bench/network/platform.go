@@ -12,10 +12,10 @@ import (
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 )
 
 // benchPlatformCreate measures create -> first exec through the whole
@@ -26,7 +26,7 @@ func benchPlatformCreate(ctx context.Context, store, agent, img string, reps int
 	be := benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}
 	c, err := benchcluster.Start(ctx, store, agent, be, func(cfg *embed.Config) {
 		// No name is resolved here: the upstream is never asked.
-		cfg.Network = &edge.NetworkConfig{Upstream: []string{"127.0.0.1:53"}}
+		cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{"127.0.0.1:53"}}
 	})
 	if err != nil {
 		return err
@@ -91,7 +91,7 @@ func benchPlatformCreate(ctx context.Context, store, agent, img string, reps int
 func benchForkNetwork(ctx context.Context, store, agent, runscNet, img string, reps int) error {
 	be := benchcluster.Backend{Name: gvisor.Name, Factory: gvisor.New, Config: map[string]string{"runsc-network": runscNet}}
 	c, err := benchcluster.Start(ctx, store, agent, be, func(cfg *embed.Config) {
-		cfg.Network = &edge.NetworkConfig{Upstream: []string{"127.0.0.1:53"}}
+		cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{"127.0.0.1:53"}}
 	})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/pki"
@@ -21,8 +22,8 @@ func cmdEdge(ctx context.Context, args []string) error {
 	images := fs.String("image-store", "", "the shared image store directory (required)")
 	backends := fs.String("backends", "container,gvisor,microvm", "comma-separated backends to enable (one that cannot run here is reported with the reason)")
 	bf := addBackendFlags(fs)
-	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
-	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
+	cpuOver := fs.Float64("cpu-overcommit", capacity.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
+	memOver := fs.Float64("memory-overcommit", capacity.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	diskOver := fs.Float64("disk-overcommit", 1, "above 1, the sandboxes' disk limits may add up to this many times the free space of the layers' disk; a sandbox that fills it then loses its neighbours' writes; 1: every layer can be written in full")
 	diskLedger := fs.String("disk-ledger", "/run/opendsec/disk-ledger", "directory where the edges of this host count what each promised of a disk they share; empty: this edge counts only its own sandboxes")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec)")

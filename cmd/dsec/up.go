@@ -9,9 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 )
 
 func cmdUp(ctx context.Context, args []string) error {
@@ -21,8 +22,8 @@ func cmdUp(ctx context.Context, args []string) error {
 	backends := fs.String("backends", "container,gvisor,microvm", "comma-separated backends to enable (container, gvisor, microvm); one that cannot run on this node (microvm where no VMM boots) is listed with the reason by dsec nodes")
 	edges := fs.Int("edges", 1, "how many edges to run, each its own node (a one-machine cluster)")
 	bf := addBackendFlags(fs)
-	cpuOver := fs.Float64("cpu-overcommit", edge.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
-	memOver := fs.Float64("memory-overcommit", edge.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
+	cpuOver := fs.Float64("cpu-overcommit", capacity.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
+	memOver := fs.Float64("memory-overcommit", capacity.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
 	diskOver := fs.Float64("disk-overcommit", 1, "above 1, the sandboxes' disk limits may add up to this many times the free space of the layers' disk; a sandbox that fills it then loses its neighbours' writes; 1: every layer can be written in full")
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
@@ -93,8 +94,8 @@ func findAgent(flagValue string) (string, error) {
 }
 
 // networkConfig parses the sandbox network flags.
-func networkConfig(subnet, dns string, allowClosed bool) (*edge.NetworkConfig, error) {
-	nc := &edge.NetworkConfig{AllowClosed: allowClosed}
+func networkConfig(subnet, dns string, allowClosed bool) (*sandboxnet.NodeConfig, error) {
+	nc := &sandboxnet.NodeConfig{AllowClosed: allowClosed}
 	if subnet != "" {
 		p, err := netip.ParsePrefix(subnet)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/edge/diskroom"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/edge/records"
@@ -43,9 +44,9 @@ type Config struct {
 	// AgentPath is the static aether binary put into every sandbox.
 	AgentPath string
 	// Capacity is what the edge admits; zero reads the host, with
-	// CPUOvercommit and MemoryOvercommit (0: DefaultCPUOvercommit,
-	// DefaultMemoryOvercommit) for the totals.
-	Capacity         Capacity
+	// CPUOvercommit and MemoryOvercommit (0: capacity.DefaultCPUOvercommit,
+	// capacity.DefaultMemoryOvercommit) for the totals.
+	Capacity         capacity.Node
 	CPUOvercommit    float64
 	MemoryOvercommit float64
 	Limits           sandboxspec.Limits
@@ -76,9 +77,9 @@ type Config struct {
 	// admits against the free space less the others' promise. Empty: this
 	// edge counts only its own sandboxes, as if it had the disk alone.
 	DiskLedgerDir string
-	// Network turns on sandbox networking (network.go); nil: sandboxes
+	// Network turns on sandbox networking (sandboxnet.OpenNode); nil: sandboxes
 	// have loopback only and a create that asks for a network fails.
-	Network *NetworkConfig
+	Network *sandboxnet.NodeConfig
 	// PeerTLS is the client side of mutual TLS to other edges (this edge's
 	// certificate), for pulling their snapshots (export.go); nil: copies of
 	// other nodes' snapshots cannot start here.
@@ -146,7 +147,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		return nil, fmt.Errorf("edge: agent binary: %w", err)
 	}
 	if cfg.Capacity.HostCPUCores == 0 {
-		cfg.Capacity = HostCapacity(cfg.CPUOvercommit, cfg.MemoryOvercommit)
+		cfg.Capacity = capacity.Host(cfg.CPUOvercommit, cfg.MemoryOvercommit)
 	}
 	if cfg.Limits.MaxCPUCores == 0 {
 		cfg.Limits = sandboxspec.DefaultLimits()
@@ -221,7 +222,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	e.expiry = sandbox.NewExpiry(e.reg.all, e.log)
 	e.netOff = "not configured"
 	if cfg.Network != nil {
-		if e.net, e.stopDNS, err = openNetwork(ctx, node, *cfg.Network, networkedRecords(e.records), &e.wg, e.log); err != nil {
+		if e.net, e.stopDNS, err = sandboxnet.OpenNode(ctx, string(node), *cfg.Network, networkedRecords(e.records), &e.wg, e.log); err != nil {
 			e.netOff = err.Error()
 			e.log.Warn("sandbox networking unavailable on this node: sandboxes get loopback only", logging.Error, err)
 		}
@@ -239,9 +240,15 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.snaps.Load()
 	e.disk.Publish() // what recovery found
-	e.wg.Add(2)
+	e.wg.Add(1)
 	go func() { defer e.wg.Done(); e.expiry.Run(e.stop, &e.wg) }()
-	go e.healthLoop()
+	// Each tick checks every sandbox and starts the compactions the checks
+	// ask for (counted in wg).
+	every(e.stop, &e.wg, sandbox.HealthEvery, func(now time.Time) {
+		for _, sb := range e.reg.all() {
+			sb.CheckHealth(now, &e.wg, e.snaps)
+		}
+	})
 	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
 	every(e.stop, &e.wg, sandbox.MetricsEvery, func(now time.Time) {
 		for _, sb := range e.reg.all() {
@@ -318,9 +325,6 @@ func loadNodeID(dir string) (sandboxid.NodeID, error) {
 // BackendNames lists the backends this node can run, then the others.
 func (e *Edge) BackendNames() (usable, unusable []string) { return e.backends.names() }
 
-// inScope reports whether project is scope or below it.
-func inScope(p, scope string) bool { return project.Within(p, scope) }
-
 // lookup finds a sandbox the caller may see.
 func (e *Edge) lookup(id, scope string) (*sandbox.Sandbox, error) {
 	sid, node, err := sandboxid.Parse(id)
@@ -331,7 +335,7 @@ func (e *Edge) lookup(id, scope string) (*sandbox.Sandbox, error) {
 		return nil, errdefs.NotFound("sandbox %s: not on node %s", id, e.node)
 	}
 	sb, ok := e.reg.get(sid)
-	if !ok || !inScope(sb.Project(), scope) {
+	if !ok || !project.Within(sb.Project(), scope) {
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}
 	return sb, nil

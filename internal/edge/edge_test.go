@@ -19,6 +19,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/image"
@@ -35,7 +36,7 @@ type fixture struct {
 	edge           *Edge
 }
 
-func newFixture(t *testing.T, capacity Capacity) *fixture {
+func newFixture(t *testing.T, room capacity.Node) *fixture {
 	testutil.RequireRootUser(t)
 	t.Helper()
 	dir := t.TempDir()
@@ -59,15 +60,15 @@ func newFixture(t *testing.T, capacity Capacity) *fixture {
 	f := &fixture{dir: dir, store: store, runBase: testRunBase(t)}
 	b, _ := fake.New(context.Background(), backend.Config{})
 	f.fake = b.(*fake.Backend)
-	f.edge = f.open(t, capacity)
+	f.edge = f.open(t, room)
 	return f
 }
 
-func (f *fixture) open(t *testing.T, capacity Capacity) *Edge {
+func (f *fixture) open(t *testing.T, room capacity.Node) *Edge {
 	t.Helper()
 	e, err := New(context.Background(), Config{
 		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"), RunBase: f.runBase,
-		Capacity: capacity, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime,
+		Capacity: room, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime,
 	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -92,8 +93,8 @@ func testRunBase(t *testing.T) string {
 	return base
 }
 
-func smallCapacity() Capacity {
-	return Capacity{CPUCores: 4, MemoryMB: 4096, MaxSandboxes: 10, HostCPUCores: 2, HostMemoryMB: 2048}
+func smallCapacity() capacity.Node {
+	return capacity.Node{CPUCores: 4, MemoryMB: 4096, MaxSandboxes: 10, HostCPUCores: 2, HostMemoryMB: 2048}
 }
 
 func spec() *sandboxv1.SandboxSpec {

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/edge/diskroom"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -19,11 +21,11 @@ import (
 // room's is taken under it.
 type registry struct {
 	node     sandboxid.NodeID
-	capacity Capacity
+	capacity capacity.Node
 	disk     *diskroom.Room
 	// epoch names this run of the edge; with seq it stamps what Status
 	// counts. Apiservers drop a placement they count themselves once a
-	// status stamped at or after its admission shows it (usage.go).
+	// status stamped at or after its admission shows it (status.go).
 	epoch string
 
 	mu    sync.Mutex
@@ -32,12 +34,12 @@ type registry struct {
 	// sandboxes (guarded by mu).
 	admitSeqs map[sandboxid.ID]uint64
 	fenced    map[string]time.Time // guarded by mu; reservations taken over, when
-	allocated usage                // guarded by mu
+	allocated capacity.Usage       // guarded by mu
 	seq       uint64               // guarded by mu; changes of what Status counts
 }
 
-func newRegistry(node sandboxid.NodeID, capacity Capacity, disk *diskroom.Room) *registry {
-	return &registry{node: node, capacity: capacity, disk: disk, epoch: rand.Text(),
+func newRegistry(node sandboxid.NodeID, room capacity.Node, disk *diskroom.Room) *registry {
+	return &registry{node: node, capacity: room, disk: disk, epoch: rand.Text(),
 		boxes: map[sandboxid.ID]*sandbox.Sandbox{}, admitSeqs: map[sandboxid.ID]uint64{}, fenced: map[string]time.Time{}}
 }
 
@@ -51,13 +53,13 @@ func (r *registry) admit(sb *sandbox.Sandbox, reservation string, diskMB int64) 
 	if _, fenced := r.fenced[reservation]; fenced && reservation != "" {
 		return errdefs.FailedPrecondition("reservation %s: another apiserver took its create over (the client retried there)", reservation)
 	}
-	if err := r.capacity.admit(string(r.node), r.allocated, res.CpuCores, res.MemoryMb, 1); err != nil {
+	if err := r.capacity.Admit(string(r.node), r.allocated, res.CpuCores, res.MemoryMb, 1); err != nil {
 		return err
 	}
 	if err := r.disk.Admit(diskMB); err != nil {
 		return err
 	}
-	r.allocated.add(res.CpuCores, res.MemoryMb, 1)
+	r.allocated.Add(res.CpuCores, res.MemoryMb, 1)
 	r.boxes[sb.ID()] = sb
 	r.seq++
 	r.admitSeqs[sb.ID()] = r.seq
@@ -72,7 +74,7 @@ func (r *registry) adopt(sb *sandbox.Sandbox, counted bool, diskMB int64) {
 	defer r.mu.Unlock()
 	r.boxes[sb.ID()] = sb
 	if counted {
-		r.allocated.add(res.CpuCores, res.MemoryMb, 1)
+		r.allocated.Add(res.CpuCores, res.MemoryMb, 1)
 		r.disk.Count(diskMB)
 	}
 }
@@ -85,7 +87,7 @@ func (r *registry) release(sb *sandbox.Sandbox, diskMB int64) {
 	}
 	res := sb.Resources()
 	r.mu.Lock()
-	r.allocated.add(res.CpuCores, res.MemoryMb, -1)
+	r.allocated.Add(res.CpuCores, res.MemoryMb, -1)
 	r.disk.Count(-diskMB) // with the rest, as an admission sees them
 	r.seq++               // a failed sandbox that holds nothing is no longer counted
 	r.mu.Unlock()
@@ -181,7 +183,7 @@ func (r *registry) ofTask(task, scope string) []*sandbox.Sandbox {
 	var out []*sandbox.Sandbox
 	for _, sb := range r.all() {
 		v := sb.View()
-		if v.GetSpec().GetTask() == task && inScope(v.Project, scope) {
+		if v.GetSpec().GetTask() == task && project.Within(v.Project, scope) {
 			out = append(out, sb)
 		}
 	}

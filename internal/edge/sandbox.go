@@ -14,6 +14,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -133,7 +134,7 @@ func (e *Edge) DestroyAll(ctx context.Context, scope string) (int, error) {
 	var errs []error
 	n := 0
 	for _, sb := range e.reg.all() {
-		if !inScope(sb.Project(), scope) {
+		if !project.Within(sb.Project(), scope) {
 			continue
 		}
 		if err := sb.Destroy(ctx); err != nil {
@@ -163,7 +164,7 @@ func (e *Edge) List(scope string) []*sandboxv1.Sandbox {
 	var out []*sandboxv1.Sandbox
 	for _, sb := range e.reg.all() {
 		s := sb.View()
-		if inScope(s.Project, scope) {
+		if project.Within(s.Project, scope) {
 			out = append(out, s)
 		}
 	}

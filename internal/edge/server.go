@@ -11,6 +11,7 @@ import (
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/edge/v1/edgev1connect"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/inbound"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/pki"
@@ -24,8 +25,8 @@ import (
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
-	ports := (&portProxy{lookup: e.lookup, lookupAny: e.reg.lookupAny, log: e.log}).handler()
-	proxy := agentProxy(e.lookup, e.log)
+	ports := inbound.Ports(e.lookup, e.reg.lookupAny, e.log)
+	proxy := inbound.AgentCalls(e.lookup, e.log)
 	snaps := snapxfer.Handler(e.snaps.ExportedFile) // exported snapshots
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, snapxfer.Prefix) {

@@ -17,6 +17,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/snapshots"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
@@ -132,9 +133,10 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 	return sb.View(), nil
 }
 
-// Restore starts a new sandbox from a snapshot: one of this node's, or,
+// Restore starts a new sandbox in project into (empty: the snapshot's)
+// from a snapshot: one of this node's, or,
 // with src, one another node exported, pulled from there first.
-func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o RestoreOptions, src *edgev1.SnapshotSource) (*sandboxv1.Sandbox, error) {
+func (e *Edge) Restore(ctx context.Context, snapID, scope, into string, o RestoreOptions, src *edgev1.SnapshotSource) (*sandboxv1.Sandbox, error) {
 	var snap *snapshots.Snapshot
 	sid, node, err := sandboxid.ParseSnapshot(snapID)
 	if err != nil {
@@ -149,18 +151,18 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 			return nil, err
 		}
 		defer release()
-		if !inScope(s.Project, scope) {
+		if !project.Within(s.Project, scope) {
 			return nil, errdefs.NotFound("snapshot %s: no such snapshot", snapID)
 		}
 		snap = s
 	} else if snap, err = e.snaps.Lookup(snapID, scope); err != nil {
 		return nil, err
 	}
-	if project == "" {
-		project = snap.Project
+	if into == "" {
+		into = snap.Project
 	}
-	if !inScope(project, scope) {
-		return nil, errdefs.PermissionDenied("project %q: outside your scope %q", project, scope)
+	if !project.Within(into, scope) {
+		return nil, errdefs.PermissionDenied("project %q: outside your scope %q", into, scope)
 	}
 	be, err := e.backends.get(snap.Backend)
 	if err != nil {
@@ -170,7 +172,7 @@ func (e *Edge) Restore(ctx context.Context, snapID, scope, project string, o Res
 	if err != nil {
 		return nil, err
 	}
-	return e.startCopy(ctx, snap, sn, be, copyOptions{project: project, RestoreOptions: o})
+	return e.startCopy(ctx, snap, sn, be, copyOptions{project: into, RestoreOptions: o})
 }
 
 // ForkResult is one copy's outcome.

@@ -17,6 +17,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -120,7 +121,7 @@ func TestForkReportsEachCopy(t *testing.T) {
 }
 
 func TestForkFailureOfOneCopyLeavesNothing(t *testing.T) {
-	f := newFixture(t, Capacity{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 20, HostCPUCores: 2, HostMemoryMB: 4096})
+	f := newFixture(t, capacity.Node{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 20, HostCPUCores: 2, HostMemoryMB: 4096})
 	ctx := context.Background()
 	src, err := f.edge.Create(ctx, spec(), "root")
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 )
 
 // Version is the edge's version, set at build time.
@@ -34,7 +35,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	}
 	sort.Slice(st.Backends, func(i, j int) bool { return st.Backends[i].Name < st.Backends[j].Name })
 	type key struct{ project, task, backend string }
-	groups := map[key]*usage{}
+	groups := map[key]*capacity.Usage{}
 	boxes, stamp := e.reg.stamped()
 	st.Usage = stamp
 	for _, sb := range boxes {
@@ -44,16 +45,16 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		}
 		k := key{v.Project, v.Spec.Task, v.Spec.Backend}
 		if groups[k] == nil {
-			groups[k] = &usage{}
+			groups[k] = &capacity.Usage{}
 		}
-		groups[k].add(v.Spec.Resources.CpuCores, v.Spec.Resources.MemoryMb, 1)
+		groups[k].Add(v.Spec.Resources.CpuCores, v.Spec.Resources.MemoryMb, 1)
 	}
-	var total usage
+	var total capacity.Usage
 	for k, u := range groups {
-		st.Groups = append(st.Groups, &edgev1.GroupUsage{Project: k.project, Task: k.task, Backend: k.backend, Usage: u.proto()})
-		total.sandboxes += u.sandboxes
-		total.cpu += u.cpu
-		total.memMB += u.memMB
+		st.Groups = append(st.Groups, &edgev1.GroupUsage{Project: k.project, Task: k.task, Backend: k.backend, Usage: u.Proto()})
+		total.Sandboxes += u.Sandboxes
+		total.CPU += u.CPU
+		total.MemoryMB += u.MemoryMB
 	}
 	sort.Slice(st.Groups, func(i, j int) bool {
 		a, b := st.Groups[i], st.Groups[j]
@@ -65,6 +66,6 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		}
 		return a.Backend < b.Backend
 	})
-	st.Allocated = total.proto()
+	st.Allocated = total.Proto()
 	return st
 }

@@ -21,12 +21,14 @@ import (
 	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/pki"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/watcher"
 )
 
@@ -43,7 +45,7 @@ type Config struct {
 	Backends map[string]map[string]string
 	// Capacity overrides the edge's capacity (zero: the host's, with
 	// CPUOvercommit and MemoryOvercommit; 0 for the defaults).
-	Capacity         edge.Capacity
+	Capacity         capacity.Node
 	CPUOvercommit    float64
 	MemoryOvercommit float64
 	// DiskOvercommit is the edges' (edge.Config.DiskOvercommit).
@@ -58,7 +60,7 @@ type Config struct {
 	GatewayListen string
 	// Network turns on sandbox networking on the edge (nil: sandboxes
 	// have loopback only).
-	Network *edge.NetworkConfig
+	Network *sandboxnet.NodeConfig
 	// Gateway sets the gateway's base image, backend and default user;
 	// its URL, key and secret are the cluster's.
 	Gateway e2b.Config
@@ -67,7 +69,7 @@ type Config struct {
 	// listener: a cluster of several nodes on one machine.
 	Edges int
 	// EdgeCapacity, if set, gives edge i (from 1) its own capacity.
-	EdgeCapacity func(i int) edge.Capacity
+	EdgeCapacity func(i int) capacity.Node
 	// WatchInterval is the watcher's poll interval (default 1 s).
 	WatchInterval time.Duration
 	// PlacementK is the apiservers' power-of-k sample (default the

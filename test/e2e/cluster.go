@@ -39,12 +39,12 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/image/baseimage"
@@ -88,7 +88,7 @@ func StartClusterWith(t testing.TB, store string, adjust func(*embed.Config), ba
 	cfg := embed.Config{
 		StateDir: filepath.Join(dir, "state"), Listen: "127.0.0.1:0", AgentPath: testutil.AgentBinary(t),
 		Backends:   map[string]map[string]string{},
-		Capacity:   edge.Capacity{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 64, HostCPUCores: 2, HostMemoryMB: 8192},
+		Capacity:   capacity.Node{CPUCores: 16, MemoryMB: 16384, MaxSandboxes: 64, HostCPUCores: 2, HostMemoryMB: 8192},
 		ImageStore: store,
 	}
 	for _, b := range backends {

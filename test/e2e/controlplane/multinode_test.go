@@ -9,7 +9,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
@@ -31,7 +31,7 @@ func TestPlacementAcrossEdges(t *testing.T) {
 		cfg.WatchInterval = time.Hour
 		// Edge 1 looks the least loaded (the most CPU and memory) but
 		// holds 4 sandboxes at most: ranked first until it is full.
-		cfg.EdgeCapacity = func(i int) edge.Capacity {
+		cfg.EdgeCapacity = func(i int) capacity.Node {
 			capacity := cfg.Capacity
 			if i == 1 {
 				capacity.CPUCores, capacity.MemoryMB, capacity.MaxSandboxes = 64, 65536, 4

@@ -19,7 +19,6 @@ import (
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
@@ -40,7 +39,7 @@ func TestSandboxNetwork(t *testing.T) {
 	c := e2e.StartClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}
 		cfg.Backends["microvm"] = vm
-		cfg.Network = &edge.NetworkConfig{Upstream: []string{in.web + ":53"}}
+		cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{in.web + ":53"}}
 		cfg.GatewayListen = "127.0.0.1:0"
 		cfg.Gateway = e2b.Config{Backend: "container", DefaultUser: "root"}
 	}, "container", "gvisor", "microvm")

@@ -8,7 +8,7 @@ import (
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
-	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
@@ -27,7 +27,7 @@ func TestForkAcrossEdges(t *testing.T) {
 	testutil.RequireBinary(t, "runsc")
 	c := e2e.StartClusterWith(t, e2e.PyStore(t), func(cfg *embed.Config) {
 		cfg.Edges, cfg.APIServers = 3, 2
-		cfg.EdgeCapacity = func(i int) edge.Capacity {
+		cfg.EdgeCapacity = func(i int) capacity.Node {
 			capacity := cfg.Capacity
 			if i == 1 {
 				capacity.MaxSandboxes = 1

@@ -1,4 +1,4 @@
-package edge
+package inbound
 
 import (
 	"context"
@@ -43,10 +43,10 @@ func (viaLink) RoundTrip(r *http.Request) (*http.Response, error) {
 // agentMaxRequest bounds a unary agent call's body; the agent allows 20 MiB.
 const agentMaxRequest = 20 << 20
 
-// agentProxy forwards agent RPCs to the sandbox named in the request
+// AgentCalls forwards agent RPCs to the sandbox named in the request
 // header (found with lookup, in the caller's scope), resuming it first if
 // it is paused (unless the call carries NoResume).
-func agentProxy(lookup func(id, scope string) (*sandbox.Sandbox, error), log *slog.Logger) http.Handler {
+func AgentCalls(lookup func(id, scope string) (*sandbox.Sandbox, error), log *slog.Logger) http.Handler {
 	ew := connect.NewErrorWriter()
 	agentURL := &url.URL{Scheme: "http", Host: "agent"}
 	proxy := &httputil.ReverseProxy{

@@ -1,4 +1,7 @@
-package edge
+// Package capacity is what a node admits sandboxes against: totals of
+// their CPU and memory limits (overcommitted), a count, and the host's size
+// as the bound of any one sandbox.
+package capacity
 
 import (
 	"bufio"
@@ -11,11 +14,11 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
-// Capacity is what the edge admits against: the sum of the limits of its
+// Node is what an edge admits against: the sum of the limits of its
 // sandboxes (paused ones too) stays within it. Limits are caps, not
 // reservations, so the totals may exceed the host (overcommit), but one
 // sandbox never asks for more than the host has.
-type Capacity struct {
+type Node struct {
 	CPUCores     float64 // admitted total
 	MemoryMB     int64   // admitted total
 	MaxSandboxes int64
@@ -27,7 +30,7 @@ type Capacity struct {
 // Default overcommit factors: the sum of the sandboxes' CPU limits may be
 // 8 times the cores (most agent sandboxes idle most of the time), the sum
 // of their memory limits 1.5 times the memory. A node sets its own
-// (Config.CPUOvercommit, dsec edge --cpu-overcommit): a dense node of small
+// (edge.Config.CPUOvercommit, dsec edge --cpu-overcommit): a dense node of small
 // sandboxes (0.1 core each) needs 50 or more to hold 1,000 on 2 cores.
 const (
 	DefaultCPUOvercommit    = 8
@@ -35,13 +38,10 @@ const (
 	reservedMemoryMB        = 512
 )
 
-// DefaultCapacity reads the host: all cores and memory, minus a reserve for
-// the node itself, with the default overcommit for the totals.
-func DefaultCapacity() Capacity { return HostCapacity(DefaultCPUOvercommit, DefaultMemoryOvercommit) }
-
-// HostCapacity reads the host, with the given overcommit factors for the
-// totals (0: the default).
-func HostCapacity(cpuOvercommit, memoryOvercommit float64) Capacity {
+// Host reads the host: all cores and memory, minus a reserve for the node
+// itself, with the given overcommit factors for the totals (0: the
+// default).
+func Host(cpuOvercommit, memoryOvercommit float64) Node {
 	if cpuOvercommit <= 0 {
 		cpuOvercommit = DefaultCPUOvercommit
 	}
@@ -53,7 +53,7 @@ func HostCapacity(cpuOvercommit, memoryOvercommit float64) Capacity {
 	if mem < 256 {
 		mem = 256
 	}
-	return Capacity{
+	return Node{
 		CPUCores: cores * cpuOvercommit, MemoryMB: int64(float64(mem) * memoryOvercommit), MaxSandboxes: 4096,
 		HostCPUCores: cores, HostMemoryMB: mem,
 	}
@@ -75,37 +75,38 @@ func hostMemoryMB() int64 {
 	return 1024
 }
 
-// usage is a running total.
-type usage struct {
-	sandboxes int64
-	cpu       float64
-	memMB     int64
+// Usage is a running total of admitted sandboxes and their limits.
+type Usage struct {
+	Sandboxes int64
+	CPU       float64
+	MemoryMB  int64
 }
 
-func (u *usage) add(cpu float64, mem int64, n int64) {
-	u.sandboxes += n
-	u.cpu += cpu * float64(n)
-	u.memMB += mem * n
+// Add counts n sandboxes of this size (n < 0 takes them off).
+func (u *Usage) Add(cpu float64, mem int64, n int64) {
+	u.Sandboxes += n
+	u.CPU += cpu * float64(n)
+	u.MemoryMB += mem * n
 }
 
-func (u usage) proto() *edgev1.Usage {
-	return &edgev1.Usage{Sandboxes: u.sandboxes, CpuCores: u.cpu, MemoryMb: u.memMB}
+// Proto is u on the wire.
+func (u Usage) Proto() *edgev1.Usage {
+	return &edgev1.Usage{Sandboxes: u.Sandboxes, CpuCores: u.CPU, MemoryMb: u.MemoryMB}
 }
 
-// admit checks that n more sandboxes of this size fit. Callers hold the
-// registry's lock.
-func (c Capacity) admit(node string, cur usage, cpu float64, mem, n int64) error {
+// Admit checks that n more sandboxes of this size fit on node beside cur.
+func (c Node) Admit(node string, cur Usage, cpu float64, mem, n int64) error {
 	switch {
 	case cpu > c.HostCPUCores:
 		return errdefs.InvalidArgument("resources.cpu_cores %g: over node %s's %g cores", cpu, node, c.HostCPUCores)
 	case mem > c.HostMemoryMB:
 		return errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)
-	case cur.sandboxes+n > c.MaxSandboxes:
-		return errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.sandboxes, c.MaxSandboxes)
-	case cur.cpu+cpu*float64(n) > c.CPUCores+1e-9:
-		return errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.cpu, c.CPUCores, cpu*float64(n))
-	case cur.memMB+mem*n > c.MemoryMB:
-		return errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.memMB, c.MemoryMB, mem*n)
+	case cur.Sandboxes+n > c.MaxSandboxes:
+		return errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.Sandboxes, c.MaxSandboxes)
+	case cur.CPU+cpu*float64(n) > c.CPUCores+1e-9:
+		return errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.CPU, c.CPUCores, cpu*float64(n))
+	case cur.MemoryMB+mem*n > c.MemoryMB:
+		return errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.MemoryMB, c.MemoryMB, mem*n)
 	}
 	return nil
 }

@@ -1,4 +1,9 @@
-package edge
+// Package inbound serves what reaches a node's sandboxes from outside:
+// agent calls, forwarded over each sandbox's agent link, and requests for a
+// port inside a sandbox, forwarded to its address on the node's sandbox
+// network. Both find the sandbox through a lookup the edge hands in, and
+// resume it first if it is paused.
+package inbound
 
 import (
 	"context"
@@ -39,6 +44,13 @@ type portCall struct {
 	port    string
 	target  string          // addr:port
 	ended   context.Context // done once the sandbox failed or was removed
+}
+
+// Ports serves requests the apiserver marked with headers.SandboxPort.
+// lookup finds a sandbox by id in the caller's scope; lookupAny by id alone
+// (a public request, or a dial once the call was checked).
+func Ports(lookup func(id, scope string) (*sandbox.Sandbox, error), lookupAny func(id string) (*sandbox.Sandbox, error), log *slog.Logger) http.Handler {
+	return (&portProxy{lookup: lookup, lookupAny: lookupAny, log: log}).handler()
 }
 
 // portProxy serves requests the apiserver marked with headers.SandboxPort.

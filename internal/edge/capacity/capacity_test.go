@@ -1,0 +1,66 @@
+package capacity
+
+import (
+	"errors"
+	"math"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// TestOvercommitIsANodeSetting: a node's totals follow its own overcommit
+// factors, and zero means the documented defaults.
+func TestOvercommitIsANodeSetting(t *testing.T) {
+	cores := float64(runtime.NumCPU())
+	if c := Host(0, 0); c.CPUCores != cores*DefaultCPUOvercommit || c.HostCPUCores != cores {
+		t.Fatalf("defaults: %+v", c)
+	}
+	dense := Host(64, 3)
+	if dense.CPUCores != cores*64 {
+		t.Fatalf("cpu overcommit 64: %+v", dense)
+	}
+	if def := Host(0, 0); math.Abs(float64(dense.MemoryMB)/float64(def.MemoryMB)-2) > 0.01 {
+		t.Fatalf("memory overcommit 3 against 1.5: %d against %d", dense.MemoryMB, def.MemoryMB)
+	}
+}
+
+// TestAdmitNamesWhatIsShort: one sandbox larger than the host is the
+// caller's error (it can never fit here); a full node is exhausted, and
+// says by what.
+func TestAdmitNamesWhatIsShort(t *testing.T) {
+	node := Node{CPUCores: 4, MemoryMB: 4096, MaxSandboxes: 3, HostCPUCores: 2, HostMemoryMB: 2048}
+	var cur Usage
+	cur.Add(1.5, 1500, 2)
+	for _, tc := range []struct {
+		name  string
+		cpu   float64
+		mem   int64
+		n     int64
+		class error
+		says  string
+	}{
+		{"fits", 0.5, 512, 1, nil, ""},
+		{"more cores than the host", 3, 512, 1, errdefs.ErrInvalidArgument, "resources.cpu_cores 3"},
+		{"more memory than the host", 1, 4096, 1, errdefs.ErrInvalidArgument, "resources.memory_mb 4096"},
+		{"one sandbox too many", 0.1, 64, 2, errdefs.ErrResourceExhausted, "its limit is 3"},
+		{"cores", 1.5, 512, 1, errdefs.ErrResourceExhausted, "1.0 of 4.0 cpu cores free, 1.5 asked"},
+		{"memory", 0.5, 1200, 1, errdefs.ErrResourceExhausted, "1096 of 4096 MiB memory free, 1200 asked"},
+	} {
+		err := node.Admit("n1", cur, tc.cpu, tc.mem, tc.n)
+		if tc.class == nil {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, tc.class) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want %v saying %q", tc.name, err, tc.class, tc.says)
+		}
+	}
+	cur.Add(1.5, 1500, -2)
+	if cur != (Usage{}) {
+		t.Errorf("adding and taking off two sandboxes left %+v", cur)
+	}
+}
