@@ -34,7 +34,7 @@ E2E_LONGEST := crash sandboxes
 E2E_ALONE := hostile
 export PATH := $(GOBIN_DIR):$(PATH)
 
-.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-go test-python test-e2b test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
+.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-go test-sdks test-python test-e2b test-e2b-python test-e2b-js test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
 
 all: build
 
@@ -101,7 +101,7 @@ quickstart: deps build images venv
 	@echo "fork with memory on the microvm backend (examples/fork.py):"
 	source $(STATE)/client.env && $(VENV)/bin/python examples/fork.py
 
-test: deps build images venv e2b-sdks check-generated lint test-go test-python test-e2b test-hosts fuzz-smoke
+test: deps build images venv e2b-sdks check-generated lint test-go test-sdks test-hosts fuzz-smoke
 
 # The inner loop's tier: build, lint and the unit tests in short mode,
 # which skip every test that needs root, a runtime, a VM or the host's
@@ -114,7 +114,7 @@ check: build lint
 # (testutil.Missing, and the Python and JS fixtures): a green run means every
 # backend was exercised. DSEC_TEST_STRICT=0 make test-go allows skips.
 DSEC_TEST_STRICT ?= 1
-test test-go test-python test-e2b: export DSEC_TEST_STRICT := $(DSEC_TEST_STRICT)
+test test-go test-sdks test-python test-e2b test-e2b-python test-e2b-js: export DSEC_TEST_STRICT := $(DSEC_TEST_STRICT)
 
 test-go:
 	go test $(GO_TEST_FLAGS) -timeout $(UNIT_TIMEOUT) $$(go list ./... | grep -v '/test/e2e\(/\|$$\)')
@@ -122,16 +122,30 @@ test-go:
 		$$(go list ./test/e2e/... | grep -v $(E2E_LONGEST:%=-e '/test/e2e/%$$') $(E2E_ALONE:%=-e '/test/e2e/%$$'))
 	go test $(GO_TEST_FLAGS) -p 1 -timeout $(E2E_TIMEOUT) $(E2E_ALONE:%=./test/e2e/%)
 
+# What a suite needs made first; nothing in test-sdks' sub-make.
+suite-needs = $(if $(SUITE_ONLY),,$(1))
+
 # The suites start clusters of their own: settings of a running one in the
 # caller's environment (client.env sourced) must not redirect them.
-test-python: build images venv
+test-python: $(call suite-needs,build images venv)
 	env -u DSEC_API_URL -u DSEC_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(VENV)/bin/python -m pytest -q sdk/python/tests
 
 # E2B's Python and JavaScript SDKs, unchanged, against the gateway of a
 # dsec up each suite starts.
-test-e2b: build images e2b-sdks
+test-e2b: test-e2b-python test-e2b-js
+test-e2b-python: $(call suite-needs,build images e2b-sdks)
 	env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images $(E2B_VENV)/bin/python -m pytest -q test/e2b/python
+test-e2b-js: $(call suite-needs,build images e2b-sdks)
 	cd test/e2b/js && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY DSEC_TEST_IMAGE_STORE=$(CACHE)/images npm test
+
+# The three SDK suites side by side, each with the cluster it starts (own
+# state directory, ports and node): they wait on sandboxes far more than
+# they compute (beside a CPU hog each took 2 to 23 % longer), so together
+# they take about as long as the longest. Each suite's output is printed
+# whole when it ends. The sub-make only runs the suites (SUITE_ONLY): what
+# they need is made once, before.
+test-sdks: build images venv e2b-sdks
+	$(MAKE) --no-print-directory -j3 --output-sync=target SUITE_ONLY=1 test-python test-e2b-python test-e2b-js
 
 # The host test: a Debian 13 VM (systemd, cgroup v2 only) built from
 # Debian's packages into .cache/hostvm (about 2 minutes the first time,
