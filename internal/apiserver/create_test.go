@@ -20,6 +20,7 @@ import (
 // The node placement ranks first declines (its edge has the final say):
 // the create lands on the next, and the quota entry is the sandbox's.
 func TestTheEdgeHasTheFinalSay(t *testing.T) {
+	t.Parallel()
 	roomy, small := edgefake.New("10.0.0.1:7000", usage(16)), edgefake.New("10.0.0.2:7000", usage(2))
 	roomy.Decline(errdefs.ResourceExhausted("node full: its memory is promised"))
 	f := newFixture(t, roomy, small)
@@ -47,6 +48,7 @@ func TestTheEdgeHasTheFinalSay(t *testing.T) {
 // not about room (a bad request) is answered at once: no other node is
 // asked.
 func TestEveryNodeDeclines(t *testing.T) {
+	t.Parallel()
 	// a is the less loaded: placement asks it first.
 	a, b := edgefake.New("10.0.0.1:7000", usage(32)), edgefake.New("10.0.0.2:7000", usage(16))
 	a.Decline(errdefs.ResourceExhausted("node full"))
@@ -72,6 +74,7 @@ func TestEveryNodeDeclines(t *testing.T) {
 // A create retried with its idempotency key answers the sandbox the first
 // made, without a second create on any node; another key makes another.
 func TestCreateReplaysItsIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	e := edgefake.New("10.0.0.1:7000", usage(16))
 	f := newFixture(t, e)
 	first, err := f.create(ctxFor(t), "rollout-7-step-3")
@@ -95,6 +98,7 @@ func TestCreateReplaysItsIdempotencyKey(t *testing.T) {
 // gone) is taken over: the nodes are fenced against the old create, the
 // sandbox it made is found and bound, and nothing is made twice.
 func TestATakeOverFindsTheDepartedCreatesSandbox(t *testing.T) {
+	t.Parallel()
 	e := edgefake.New("10.0.0.1:7000", usage(16))
 	f := newFixture(t, e)
 	ctx := ctxFor(t)
@@ -127,6 +131,7 @@ func TestATakeOverFindsTheDepartedCreatesSandbox(t *testing.T) {
 // lists, counts a running sandbox that has none, and keeps the entries of
 // a node that does not answer (its sandboxes may run).
 func TestReconcileQuota(t *testing.T) {
+	t.Parallel()
 	a, down := edgefake.New("10.0.0.1:7000", usage(16)), edgefake.New("10.0.0.2:7000", usage(16))
 	f := newFixture(t, a, down)
 	f.view.v.Store(watcher.NewView([]*watcher.NodeView{a.NodeView(true), down.NodeView(false)}))
@@ -159,6 +164,7 @@ func TestReconcileQuota(t *testing.T) {
 // from the source's edge with the export's token; the export is released
 // after, and every copy is counted once.
 func TestForkAcrossNodes(t *testing.T) {
+	t.Parallel()
 	holder, other := edgefake.New("10.0.0.1:7000", usage(3)), edgefake.New("10.0.0.2:7000", usage(16))
 	f := newFixture(t, holder, other)
 	ctx := ctxFor(t)

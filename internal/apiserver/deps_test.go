@@ -11,6 +11,7 @@ import (
 // policies with internal/netpolicy, which is pure; the node's plumbing
 // (nftables, network namespaces, the DNS proxy) belongs to edges alone.
 func TestTheAPIServerLinksNoNodePlumbing(t *testing.T) {
+	t.Parallel()
 	out := testutil.GoList(t, "-deps", ".")
 	const self = "github.com/opendsec/opendsec/"
 	banned := []string{self + "internal/sandboxnet", self + "internal/edge", "github.com/google/nftables", "github.com/miekg/dns", "github.com/vishvananda/netns", "github.com/vishvananda/netlink"}

@@ -12,6 +12,7 @@ import (
 func polledAt(t time.Time) map[string]nodeMark { return map[string]nodeMark{"n1": {polledAt: t}} }
 
 func TestInflightCountsUntilAPollShowsIt(t *testing.T) {
+	t.Parallel()
 	f := newInflight()
 	one := placement.Resources{Sandboxes: 1, CPUCores: 1, MemoryMB: 100}
 	id := f.add("n1", "root/a", one)
@@ -42,6 +43,7 @@ func TestInflightCountsUntilAPollShowsIt(t *testing.T) {
 
 // A create retried on another node is counted on that node, once.
 func TestInflightMoveCountsOnTheNewNode(t *testing.T) {
+	t.Parallel()
 	f := newInflight()
 	one := placement.Resources{Sandboxes: 1, CPUCores: 1, MemoryMB: 100}
 	id := f.add("n1", "root/a", one)
@@ -57,6 +59,7 @@ func TestInflightMoveCountsOnTheNewNode(t *testing.T) {
 // later (a status that started between the admission and the answer counts
 // it already: the create after it was refused its quota).
 func TestInflightDropsAPlacementTheStatusStampIncludes(t *testing.T) {
+	t.Parallel()
 	f := newInflight()
 	one := placement.Resources{Sandboxes: 1, CPUCores: 1, MemoryMB: 100}
 	id := f.add("n1", "root/a", one)

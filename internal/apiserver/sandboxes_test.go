@@ -9,6 +9,7 @@ import (
 )
 
 func TestOnNodeNamesTheNodeOnceAndKeepsTheClass(t *testing.T) {
+	t.Parallel()
 	edgeErr := errdefs.FromConnect(errdefs.ToConnect(errdefs.ResourceExhausted("node full: 0.0 of 16.0 cpu cores free, 0.25 asked")))
 	got := errdefs.OnNode("n1", edgeErr)
 	if strings.Count(got.Error(), "n1") != 1 || !strings.HasPrefix(got.Error(), "node n1: node full") {

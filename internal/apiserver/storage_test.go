@@ -18,6 +18,7 @@ func budget(h *storageHolds, proj string, limits ...storageLimit) *storageBudget
 // and one that began before another ended counts what that one stored;
 // one that began after does not (its count of the store has it).
 func TestStorageHoldsCountEachOther(t *testing.T) {
+	t.Parallel()
 	h := newStorageHolds()
 	const mib = 1 << 20
 	a := budget(h, "root/p/a", storageLimit{"root/p/a", 4 * mib}, storageLimit{"root/p", 3 * mib})

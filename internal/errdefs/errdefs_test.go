@@ -10,6 +10,7 @@ import (
 )
 
 func TestRoundTripThroughConnect(t *testing.T) {
+	t.Parallel()
 	for _, c := range classes {
 		err := fmt.Errorf("outer: %w", Wrap(c.class, errors.New("cause"), "field x: bad"))
 		ce := ToConnect(err).(*connect.Error)
@@ -37,6 +38,7 @@ func TestRoundTripThroughConnect(t *testing.T) {
 // Every class has a client-error or unavailable status, never a 500, and a
 // code Connect itself would map differently is not invented here.
 func TestHTTPStatusOfEveryClass(t *testing.T) {
+	t.Parallel()
 	for _, c := range classes {
 		st := HTTPStatus(c.code)
 		if st < 400 || st == 500 {
@@ -49,6 +51,7 @@ func TestHTTPStatusOfEveryClass(t *testing.T) {
 }
 
 func TestRetryMarksTheConnectError(t *testing.T) {
+	t.Parallel()
 	marked := ToConnect(Retry(Unavailable("key held; retry"))).(*connect.Error)
 	if marked.Code() != connect.CodeUnavailable || marked.Meta().Get(RetryHeader) != "1" {
 		t.Fatalf("marked: %v %v", marked.Code(), marked.Meta())
@@ -62,6 +65,7 @@ func TestRetryMarksTheConnectError(t *testing.T) {
 // Clip keeps short input whole and cuts long input at a character
 // boundary, never inside a UTF-8 sequence.
 func TestClip(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		n    int
@@ -82,6 +86,7 @@ func TestClip(t *testing.T) {
 // An item's error (a fork's copy, a task's sandbox) keeps its class's code
 // by name, and the name reads back as that code.
 func TestItemErrorsKeepTheirCode(t *testing.T) {
+	t.Parallel()
 	for _, c := range classes {
 		code, msg := ItemError(Wrap(c.class, errors.New("cause"), "copy 2"))
 		if ItemCode(code) != c.code || msg != "copy 2: cause" {

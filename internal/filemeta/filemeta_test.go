@@ -38,6 +38,7 @@ func read(t *testing.T, p string) map[string]string {
 // A replace leaves exactly the metadata given, and attributes outside the
 // namespace alone; none at all clears it.
 func TestReplaceLeavesExactlyWhatItIsGiven(t *testing.T) {
+	t.Parallel()
 	f, p := file(t)
 	if err := unix.Setxattr(p, "user.other", []byte("kept"), 0); err != nil {
 		t.Fatal(err)
@@ -74,6 +75,7 @@ func TestReplaceLeavesExactlyWhatItIsGiven(t *testing.T) {
 // Metadata set inside the sandbox by other means shows, unless it is not
 // UTF-8; a symlink has none of its target's.
 func TestReadShowsWhatWasSetOutOfBand(t *testing.T) {
+	t.Parallel()
 	_, p := file(t)
 	for name, v := range map[string]string{Prefix + "author": "mish", Prefix + "bin": "\xff\xfe", Prefix + "\xffkey": "v"} {
 		if err := unix.Setxattr(p, name, []byte(v), 0); err != nil {
@@ -96,6 +98,7 @@ func TestReadShowsWhatWasSetOutOfBand(t *testing.T) {
 }
 
 func TestValidateNamesWhatIsWrong(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		md   map[string]string
 		want string

@@ -3,6 +3,7 @@ package headers
 import "testing"
 
 func TestLimitEventsRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, c := range [][2]int64{{0, 0}, {3, 0}, {1, 1 << 40}} {
 		oom, forks, ok := ParseLimitEvents(FormatLimitEvents(c[0], c[1]))
 		if !ok || oom != c[0] || forks != c[1] {

@@ -10,6 +10,7 @@ import (
 )
 
 func TestParseGivesCanonicalRules(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		in   RuleSpec
 		want string
@@ -51,6 +52,7 @@ func TestParseGivesCanonicalRules(t *testing.T) {
 // Every refusal is InvalidArgument, names the rule's index and field, and
 // says what is allowed.
 func TestParseRefusesWithTheRuleAndTheReason(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		in   RuleSpec
 		want []string
@@ -106,6 +108,7 @@ func TestParseRefusesWithTheRuleAndTheReason(t *testing.T) {
 }
 
 func TestParseLimitsTheRuleCount(t *testing.T) {
+	t.Parallel()
 	specs := make([]RuleSpec, MaxRules+1)
 	for i := range specs {
 		specs[i] = RuleSpec{CIDR: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)}
@@ -119,6 +122,7 @@ func TestParseLimitsTheRuleCount(t *testing.T) {
 }
 
 func TestDomainRulesMatchExactAndBelowAWildcard(t *testing.T) {
+	t.Parallel()
 	p, err := Parse("network.rules", false, []RuleSpec{{Domain: "example.org"}, {Domain: "*.pkg.example.org", Protocol: "tcp"}, {CIDR: "10.0.0.0/8"}})
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +169,7 @@ func rulesString(p Policy) string {
 }
 
 func TestApplyChangesExactlyWhatItSays(t *testing.T) {
+	t.Parallel()
 	a := mustRules(t, RuleSpec{Domain: "a.example.org"})[0]
 	b := mustRules(t, RuleSpec{CIDR: "10.0.0.0/8", Protocol: "tcp", Ports: []string{"443"}})[0]
 	c := mustRules(t, RuleSpec{CIDR: "10.0.0.0/8"})[0]

@@ -7,6 +7,7 @@ import (
 )
 
 func TestSplitForkKeepsCopiesOnTheSourceWhileTheyFit(t *testing.T) {
+	t.Parallel()
 	r := Request{Backend: "container", CPUCores: 1, MemoryMB: 512}
 	rng := rand.New(rand.NewPCG(1, 2))
 	// The source's node has room for all 8: no transfer.
@@ -36,6 +37,7 @@ func TestSplitForkKeepsCopiesOnTheSourceWhileTheyFit(t *testing.T) {
 }
 
 func TestSplitForkSpreads(t *testing.T) {
+	t.Parallel()
 	r := Request{Backend: "container", CPUCores: 1, MemoryMB: 512}
 	// With k = all nodes, copies go to the least loaded each time, the
 	// source's node included: 9 copies on 3 empty nodes are 3 each.

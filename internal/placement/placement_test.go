@@ -18,6 +18,7 @@ func node(id string, cpuUsed float64) Node {
 }
 
 func TestPowerOfKPrefersLessLoaded(t *testing.T) {
+	t.Parallel()
 	nodes := []Node{node("a", 15), node("b", 1), node("c", 10)}
 	r := Request{Backend: "container", CPUCores: 1, MemoryMB: 512}
 	// With k = all nodes, the least loaded always wins.
@@ -44,6 +45,7 @@ func TestPowerOfKPrefersLessLoaded(t *testing.T) {
 }
 
 func TestFullNodesComeLast(t *testing.T) {
+	t.Parallel()
 	// A node that looks full is still tried, after the others: the view may
 	// be stale and the edge decides.
 	got, err := Place([]Node{node("full", 15.5), node("roomy", 1)}, nil, Request{Backend: "container", CPUCores: 1}, 2, rand.New(rand.NewPCG(3, 4)))
@@ -53,6 +55,7 @@ func TestFullNodesComeLast(t *testing.T) {
 }
 
 func TestPlaceErrors(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	nodes := []Node{node("a", 0)}
 	cases := []struct {

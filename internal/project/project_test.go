@@ -6,6 +6,7 @@ import (
 )
 
 func TestWithin(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		p, anc string
 		want   bool
@@ -30,6 +31,7 @@ func TestWithin(t *testing.T) {
 }
 
 func TestValid(t *testing.T) {
+	t.Parallel()
 	deep := "root" + strings.Repeat("/a", MaxDepth-1)
 	for _, ok := range []string{"root", "root/team-1", deep} {
 		if err := Valid(ok); err != nil {
@@ -55,6 +57,7 @@ func TestValid(t *testing.T) {
 }
 
 func TestAncestry(t *testing.T) {
+	t.Parallel()
 	if got := strings.Join(Ancestry("root/a/b"), ","); got != "root/a/b,root/a,root" {
 		t.Fatalf("Ancestry = %s", got)
 	}

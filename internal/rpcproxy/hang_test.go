@@ -34,6 +34,7 @@ func h2cServer(t *testing.T, h http.Handler) string {
 // HTTP/2 transport then stops sending its body, and a proxy that streams the
 // body would wait for it forever. With the body buffered the call completes.
 func TestEarlyErrorDoesNotHang(t *testing.T) {
+	t.Parallel()
 	backend := h2cServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestBufferUnary(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		ct, body string
 		length   int64
@@ -92,6 +93,7 @@ func FuzzBufferUnary(f *testing.F) {
 }
 
 func TestCallTimeout(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		hdr, val string
 		want     time.Duration

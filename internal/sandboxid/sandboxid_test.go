@@ -8,6 +8,7 @@ import (
 )
 
 func TestNewParseRoundTrip(t *testing.T) {
+	t.Parallel()
 	node := NewNodeID()
 	if _, err := ValidateNode(string(node)); err != nil {
 		t.Fatalf("fresh node id %q rejected: %v", node, err)
@@ -28,6 +29,7 @@ func TestNewParseRoundTrip(t *testing.T) {
 }
 
 func TestParseRejects(t *testing.T) {
+	t.Parallel()
 	for _, s := range []string{"", "abc", "ABCDEFGH-abcdefghijklmnop", "abcdefgh_abcdefghijklmnop",
 		"abcdefgh-abcdefghijklmno1", "abcdefgh-abcdefghijklmnopq", "../../../etc/passwd"} {
 		if _, _, err := Parse(s); !errors.Is(err, errdefs.ErrInvalidArgument) {

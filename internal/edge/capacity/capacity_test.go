@@ -13,6 +13,7 @@ import (
 // TestOvercommitIsANodeSetting: a node's totals follow its own overcommit
 // factors, and zero means the documented defaults.
 func TestOvercommitIsANodeSetting(t *testing.T) {
+	t.Parallel()
 	cores := float64(runtime.NumCPU())
 	if c := Host(0, 0); c.CPUCores != cores*DefaultCPUOvercommit || c.HostCPUCores != cores {
 		t.Fatalf("defaults: %+v", c)
@@ -30,6 +31,7 @@ func TestOvercommitIsANodeSetting(t *testing.T) {
 // caller's error (it can never fit here); a full node is exhausted, and
 // says by what.
 func TestAdmitNamesWhatIsShort(t *testing.T) {
+	t.Parallel()
 	node := Node{CPUCores: 4, MemoryMB: 4096, MaxSandboxes: 3, HostCPUCores: 2, HostMemoryMB: 2048}
 	var cur Usage
 	cur.Add(1.5, 1500, 2)

@@ -15,6 +15,7 @@ import (
 // many times the free space) and no further; a limit given back makes
 // room again.
 func TestOvercommitBoundsTheSumOfLimits(t *testing.T) {
+	t.Parallel()
 	r, err := New(t.TempDir(), 2, 0, testutil.Logger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +39,7 @@ func TestOvercommitBoundsTheSumOfLimits(t *testing.T) {
 // Two writes in progress do not both count on the same free space: a
 // reservation holds its room until it is released.
 func TestAReservationHoldsItsRoomUntilReleased(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r, err := New(dir, 1, 0, testutil.Logger(t))
 	if err != nil {

@@ -49,6 +49,7 @@ func sameRecord(t *testing.T, what string, got, want *Record) {
 // numbering (as today's nodes hold them) upgraded, and keep one of a newer
 // layout unread, with an error that says so.
 func TestRecordStores(t *testing.T) {
+	t.Parallel()
 	old, err := os.ReadFile("testdata/record-layout0.json")
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +121,7 @@ func TestRecordStores(t *testing.T) {
 
 // Bad layouts are refused by name, not read as layout 0.
 func TestRecordLayoutErrors(t *testing.T) {
+	t.Parallel()
 	for body, want := range map[string]string{
 		`[]`:                             "not a JSON object",
 		`{"layout":"one","id":"x"}`:      `layout "one"`,

@@ -45,6 +45,7 @@ func written(t *testing.T, st *Store, project, name string, ephemeral bool) *Sna
 // can, unlisted); it removes a half-written one (no description) and an
 // interrupted fork's.
 func TestLoadKeepsWhatItCanReadAndWhatANewerReleaseWrote(t *testing.T) {
+	t.Parallel()
 	stateDir, node := t.TempDir(), sandboxid.NewNodeID()
 	before := New(node, stateDir, nil, testutil.Logger(t))
 	named := written(t, before, "root/a", "kept", false)
@@ -88,6 +89,7 @@ func TestLoadKeepsWhatItCanReadAndWhatANewerReleaseWrote(t *testing.T) {
 // listed or looked up; a name is taken once per project, also while its
 // snapshot is being taken.
 func TestSnapshotsAreSeenInTheirProjectsScope(t *testing.T) {
+	t.Parallel()
 	st := New(sandboxid.NewNodeID(), t.TempDir(), nil, testutil.Logger(t))
 	a := written(t, st, "root/a", "n", false)
 	st.Add(a)
@@ -132,6 +134,7 @@ func TestSnapshotsAreSeenInTheirProjectsScope(t *testing.T) {
 // released or its lease ends; a fork's snapshot stays while one export of
 // it is open and goes with its last, a named one stays.
 func TestExportsServeTheirTokenUntilReleasedOrLapsed(t *testing.T) {
+	t.Parallel()
 	st := New(sandboxid.NewNodeID(), t.TempDir(), nil, testutil.Logger(t))
 	fork := written(t, st, "root/a", "", true)
 	named := written(t, st, "root/a", "n", false)

@@ -12,6 +12,7 @@ import (
 )
 
 func TestResolveStartsRelativePathsAtHome(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ user, in, want string }{
 		{"user", "", "/home/user"},
 		{"user", "~", "/home/user"},
@@ -28,6 +29,7 @@ func TestResolveStartsRelativePathsAtHome(t *testing.T) {
 }
 
 func TestBasicUser(t *testing.T) {
+	t.Parallel()
 	enc := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
 	if u, err := basicUser(enc("user:")); err != nil || u != "user" {
 		t.Fatalf("user: %q %v", u, err)
@@ -41,6 +43,7 @@ func TestBasicUser(t *testing.T) {
 }
 
 func TestImageFor(t *testing.T) {
+	t.Parallel()
 	g := &Gateway{cfg: Config{BaseImage: "root/py:3.11"}}
 	for in, want := range map[string]string{
 		"base": "root/py:3.11", "busybox": "root/busybox:latest", "py:3.11": "root/py:3.11", "root/team/tool:2": "root/team/tool:2",
@@ -57,6 +60,7 @@ func TestImageFor(t *testing.T) {
 }
 
 func TestMetadataFilter(t *testing.T) {
+	t.Parallel()
 	md, err := metadataFilter("user=abc&app=prod%20one")
 	if err != nil || md["user"] != "abc" || md["app"] != "prod one" || len(md) != 2 {
 		t.Fatalf("%v %v", md, err)
@@ -67,6 +71,7 @@ func TestMetadataFilter(t *testing.T) {
 }
 
 func TestPermissions(t *testing.T) {
+	t.Parallel()
 	if got := permissions(agentv1.FileType_FILE_TYPE_DIRECTORY, 0o755); got != "drwxr-xr-x" {
 		t.Fatal(got)
 	}
@@ -76,6 +81,7 @@ func TestPermissions(t *testing.T) {
 }
 
 func TestAccessTokensAreStablePerSandboxAndSecret(t *testing.T) {
+	t.Parallel()
 	a := &Gateway{cfg: Config{TokenSecret: []byte("0123456789abcdef")}}
 	b := &Gateway{cfg: Config{TokenSecret: []byte("fedcba9876543210")}}
 	if a.accessToken("s1") != a.accessToken("s1") || a.accessToken("s1") == a.accessToken("s2") || a.accessToken("s1") == b.accessToken("s1") {
@@ -101,6 +107,7 @@ func FuzzPathsAndAuthHeaders(f *testing.F) {
 // Every autoResume shape an E2B SDK sends: older ones send enabled, newer
 // ones policy; either alone, or both when they agree.
 func TestAutoResumeShapes(t *testing.T) {
+	t.Parallel()
 	yes, no := true, false
 	for _, c := range []struct {
 		in      *autoResumeJSON
@@ -134,6 +141,7 @@ func TestAutoResumeShapes(t *testing.T) {
 // lowercased as envd stores them; a header given twice or a value envd
 // would refuse is an error naming it.
 func TestUploadMetadata(t *testing.T) {
+	t.Parallel()
 	h := http.Header{}
 	h.Set("X-Metadata-Author", "mish")
 	h.Set("x-metadata-PURPOSE", "upload")

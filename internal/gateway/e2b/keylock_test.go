@@ -7,6 +7,7 @@ import (
 )
 
 func TestKeyLocksSerializeOneKeyAndForgetIt(t *testing.T) {
+	t.Parallel()
 	var k keyLocks
 	var inside, most atomic.Int32
 	var wg sync.WaitGroup

@@ -7,6 +7,7 @@ import (
 )
 
 func TestNetworkSettingsMapOntoPolicies(t *testing.T) {
+	t.Parallel()
 	f, tr := false, true
 	cases := []struct {
 		name    string
@@ -73,6 +74,7 @@ func boolText(b bool) string {
 }
 
 func TestSandboxHostsAreRecognised(t *testing.T) {
+	t.Parallel()
 	id := "abcdefgh-abcdefghijklmnop"
 	for host, want := range map[string]bool{
 		"8000-" + id + ".localhost:7071": true,
@@ -95,6 +97,7 @@ func TestSandboxHostsAreRecognised(t *testing.T) {
 // /home/user/a.txt, read, user "user", token "tok", expiry 1700000000,
 // computed with node's crypto.
 func TestSignatureIsEnvds(t *testing.T) {
+	t.Parallel()
 	if got := signatureFor("/home/user/a.txt", "read", "user", "tok", "1700000000"); got != wantSignature {
 		t.Fatalf("signature %s, want %s", got, wantSignature)
 	}

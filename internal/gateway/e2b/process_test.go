@@ -37,6 +37,7 @@ func (s *brokenStream) Close() error               { return nil }
 // deadline ends as envd's would, deadline_exceeded; before the deadline, or
 // without one, the error is passed on as it is.
 func TestRelayReportsACutAfterTheDeadlineAsATimeout(t *testing.T) {
+	t.Parallel()
 	cut := connect.NewError(connect.CodeInternal, errors.New("stream error: stream ID 19; INTERNAL_ERROR; received from peer"))
 	get := func(m *agentv1.ProcessEvent) *agentv1.ProcessEvent { return m }
 	sent := 0
