@@ -116,6 +116,15 @@ func (e *Edge) diskOf(be backend.Backend, r *sandboxv1.Resources) int64 {
 	return r.DiskMb
 }
 
+// Resume continues a paused sandbox.
+func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox, error) {
+	sb, err := e.lookup(id, scope)
+	if err != nil {
+		return nil, err
+	}
+	return sb.Resume(ctx)
+}
+
 // Destroy stops and removes a sandbox the caller may see, and returns its
 // last description.
 func (e *Edge) Destroy(ctx context.Context, id, scope string) (*sandboxv1.Sandbox, error) {
