@@ -16,8 +16,8 @@ import (
 // nftables table enforces its policy and a DNS proxy on the gateway
 // address answers only the names it allows (internal/sandboxnet). One
 // without a policy has loopback only. The table, the interface prefix and
-// the subnet are the node's own (derived from its id), so several edges
-// on one machine do not meet.
+// the subnet are the node's own (derived from its id by
+// sandboxnet.OpenNode), so several edges on one machine do not meet.
 
 // networkedRecords lists the sandboxes whose records say they are
 // attached, for Open to accept their veths.

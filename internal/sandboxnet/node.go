@@ -41,6 +41,9 @@ type NodeConfig struct {
 // proxy (wg counts it, stopDNS ends it). own names the sandboxes whose
 // veths are kept: those the node is about to re-attach.
 func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg *sync.WaitGroup, log *slog.Logger) (n *Network, stopDNS context.CancelFunc, err error) {
+	if len(node) < 2 {
+		return nil, nil, errdefs.InvalidArgument("node name %q: want a node id (at least 2 characters)", node)
+	}
 	if !cfg.Subnet.IsValid() {
 		cfg.Subnet = defaultSubnet(node)
 	}

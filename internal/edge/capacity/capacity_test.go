@@ -66,3 +66,20 @@ func TestAdmitNamesWhatIsShort(t *testing.T) {
 		t.Errorf("adding and taking off two sandboxes left %+v", cur)
 	}
 }
+
+// TestAdmitFillsANodeExactly: the last sandbox that fits exactly is
+// admitted, also when its cores, added up in floating point, come to a hair
+// over the total (0.1 + 0.1 + 0.1 > 0.3).
+func TestAdmitFillsANodeExactly(t *testing.T) {
+	node := Node{CPUCores: 0.3, MemoryMB: 192, MaxSandboxes: 3, HostCPUCores: 2, HostMemoryMB: 2048}
+	var cur Usage
+	for i := range 3 {
+		if err := node.Admit("n1", cur, 0.1, 64, 1); err != nil {
+			t.Fatalf("sandbox %d of 3 that fill the node exactly: %v", i+1, err)
+		}
+		cur.Add(0.1, 64, 1)
+	}
+	if err := node.Admit("n1", cur, 0.1, 64, 1); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("a fourth on a full node: %v, want resource exhausted", err)
+	}
+}

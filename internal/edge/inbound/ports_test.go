@@ -21,12 +21,12 @@ import (
 // not found, in the caller's scope (lookup) unless the request is public
 // (lookupAny).
 func TestAPortRequestIsCheckedBeforeItsSandboxIsLookedUp(t *testing.T) {
-	var scoped, any []string
+	var scoped, unscoped []string
 	h := Ports(func(id, scope string) (*sandbox.Sandbox, error) {
 		scoped = append(scoped, id+"@"+scope)
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}, func(id string) (*sandbox.Sandbox, error) {
-		any = append(any, id)
+		unscoped = append(unscoped, id)
 		return nil, errdefs.NotFound("sandbox %s: no such sandbox", id)
 	}, logging.OrDiscard(nil))
 	for _, tc := range []struct {
@@ -57,8 +57,8 @@ func TestAPortRequestIsCheckedBeforeItsSandboxIsLookedUp(t *testing.T) {
 			t.Errorf("port %q public %q: %d %s, want %d saying %q", tc.port, tc.public, w.Code, w.Body, tc.code, tc.says)
 		}
 	}
-	if fmt.Sprint(scoped) != "[n1-abc@root/team]" || fmt.Sprint(any) != "[n1-abc]" {
-		t.Errorf("lookups in scope %v, by id alone %v; want one each, for the valid ports only", scoped, any)
+	if fmt.Sprint(scoped) != "[n1-abc@root/team]" || fmt.Sprint(unscoped) != "[n1-abc]" {
+		t.Errorf("lookups in scope %v, by id alone %v; want one each, for the valid ports only", scoped, unscoped)
 	}
 }
 

@@ -32,11 +32,11 @@ func TestPlacementAcrossEdges(t *testing.T) {
 		// Edge 1 looks the least loaded (the most CPU and memory) but
 		// holds 4 sandboxes at most: ranked first until it is full.
 		cfg.EdgeCapacity = func(i int) capacity.Node {
-			capacity := cfg.Capacity
+			node := cfg.Capacity
 			if i == 1 {
-				capacity.CPUCores, capacity.MemoryMB, capacity.MaxSandboxes = 64, 65536, 4
+				node.CPUCores, node.MemoryMB, node.MaxSandboxes = 64, 65536, 4
 			}
-			return capacity
+			return node
 		}
 	}, "container")
 	ctx := e2e.Ctx(t)

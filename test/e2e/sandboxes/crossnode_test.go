@@ -28,11 +28,11 @@ func TestForkAcrossEdges(t *testing.T) {
 	c := e2e.StartClusterWith(t, e2e.PyStore(t), func(cfg *embed.Config) {
 		cfg.Edges, cfg.APIServers = 3, 2
 		cfg.EdgeCapacity = func(i int) capacity.Node {
-			capacity := cfg.Capacity
+			node := cfg.Capacity
 			if i == 1 {
-				capacity.MaxSandboxes = 1
+				node.MaxSandboxes = 1
 			}
-			return capacity
+			return node
 		}
 	}, "gvisor", "container")
 	ctx := e2e.Ctx(t)
