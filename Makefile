@@ -122,8 +122,9 @@ test-go:
 		$$(go list ./test/e2e/... | grep -v $(E2E_LONGEST:%=-e '/test/e2e/%$$') $(E2E_ALONE:%=-e '/test/e2e/%$$'))
 	go test $(GO_TEST_FLAGS) -p 1 -timeout $(E2E_TIMEOUT) $(E2E_ALONE:%=./test/e2e/%)
 
-# What a suite needs made first; nothing in test-sdks' sub-make.
-suite-needs = $(if $(SUITE_ONLY),,$(1))
+# What a suite needs made first; nothing in test-sdks' sub-make (SUITE_ONLY
+# on its command line; one in the environment is ignored).
+suite-needs = $(if $(filter command line,$(origin SUITE_ONLY)),,$(1))
 
 # The suites start clusters of their own: settings of a running one in the
 # caller's environment (client.env sourced) must not redirect them.
