@@ -242,7 +242,7 @@ func TestSandboxesOutliveARestartOfEveryUnit(t *testing.T) {
 // with the session's state on resume.
 func TestATaskPauseWithOffloadGivesMemoryBack(t *testing.T) {
 	c := setup(t)
-	ctx := ctxT(t, 5*time.Minute)
+	ctx := ctxT(t, 8*time.Minute) // two commands of up to 3 minutes, a pause and a resume
 	task := fmt.Sprintf("hosttest-%d", time.Now().UnixNano())
 	sb := create(t, c, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Task: task, Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256}})
 	sess, err := sb.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
@@ -253,13 +253,15 @@ func TestATaskPauseWithOffloadGivesMemoryBack(t *testing.T) {
 	// every syscall is slow under ptrace in an emulated VM), and a mark in
 	// the session's shell. A read of /dev/urandom may come back short under
 	// gVisor, and dd without iflag=fullblock then writes a short block (a CI
-	// run's file was 928 KiB short before it was ever paused).
-	before, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "dd if=/dev/urandom of=/root/big bs=1048576 count=32 iflag=fullblock 2>/dev/null; MARK=kept-$$; echo $MARK $(wc -c < /root/big)", TimeoutMs: 180_000}))
+	// run's file was 928 KiB short before it was ever paused). A checksum of
+	// one page from the file's middle shows its content came back too (of
+	// one page: a checksum of all 32 MiB takes 8,192 reads).
+	before, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "dd if=/dev/urandom of=/root/big bs=1048576 count=32 iflag=fullblock 2>/dev/null; MARK=kept-$$; echo $MARK $(wc -c < /root/big) $(dd if=/root/big bs=4096 skip=4100 count=1 2>/dev/null | md5sum)", TimeoutMs: 180_000}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasSuffix(strings.TrimSpace(string(before.Msg.Stdout)), " 33554432") {
-		t.Fatalf("before the pause: %q, want a mark and the file's 33554432 bytes", before.Msg.Stdout)
+	if f := strings.Fields(string(before.Msg.Stdout)); len(f) < 3 || !strings.HasPrefix(f[0], "kept-") || f[1] != "33554432" {
+		t.Fatalf("before the pause: %q, want a mark, the file's 33554432 bytes and a page's checksum", before.Msg.Stdout)
 	}
 	out, err := c.PauseTask(ctx, task, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
 	if err != nil {
@@ -278,7 +280,7 @@ func TestATaskPauseWithOffloadGivesMemoryBack(t *testing.T) {
 	// Reading the file back pages it in from the checkpoint: under ptrace in
 	// an emulated VM on a busy machine that took longer than a command's
 	// default minute.
-	got, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $MARK $(wc -c < /root/big)", TimeoutMs: 180_000}))
+	got, err := sb.Sessions.RunInSession(ctx, connect.NewRequest(&agentv1.RunInSessionRequest{SessionId: sess.Msg.Session.Id, Command: "echo $MARK $(wc -c < /root/big) $(dd if=/root/big bs=4096 skip=4100 count=1 2>/dev/null | md5sum)", TimeoutMs: 180_000}))
 	if err != nil {
 		t.Fatal(err)
 	}
