@@ -21,7 +21,8 @@ import (
 // done; total is 0 when unknown.
 type Progress func(stage string, done, total int64)
 
-func (p Progress) report(stage string, done, total int64) {
+// Report calls p if set.
+func (p Progress) Report(stage string, done, total int64) {
 	if p != nil {
 		p(stage, done, total)
 	}
@@ -38,7 +39,7 @@ type countingReader struct {
 func (c *countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
 	c.n += int64(n)
-	c.p.report(c.stage, c.n, c.total)
+	c.p.Report(c.stage, c.n, c.total)
 	return n, err
 }
 
@@ -166,7 +167,7 @@ func (s *Store) importLayout(dir string, ref Ref, progress Progress) (digest.Dig
 	if err := readJSON(filepath.Join(dir, "blobs", "sha256", desc.Digest.Encoded()), &m); err != nil {
 		return "", err
 	}
-	if err := checkManifest(m); err != nil {
+	if err := CheckManifest(m); err != nil {
 		return "", err
 	}
 	for _, d := range append([]ocispec.Descriptor{m.Config}, m.Layers...) {
@@ -221,7 +222,9 @@ var layerTypes = map[string]bool{
 	"application/vnd.docker.image.rootfs.diff.tar.gzip": true,
 }
 
-func checkManifest(m ocispec.Manifest) error {
+// CheckManifest checks that m is an image manifest the store can hold: a
+// valid config digest and 1 to 127 layers of known media types.
+func CheckManifest(m ocispec.Manifest) error {
 	if validDigest(m.Config.Digest) != nil {
 		return errdefs.InvalidArgument("image manifest: bad config digest %q", m.Config.Digest)
 	}
@@ -297,7 +300,7 @@ func (s *Store) importDockerSave(dir string, progress Progress) (digest.Digest, 
 		}
 		m.Layers = append(m.Layers, ocispec.Descriptor{MediaType: mt, Digest: d, Size: n})
 	}
-	if err := checkManifest(m); err != nil {
+	if err := CheckManifest(m); err != nil {
 		return "", err
 	}
 	md, _, err := s.PutJSON(m)

@@ -130,7 +130,7 @@ func writeTree(w io.Writer, dir string, overlayUpper bool, total int64, progress
 				return err
 			}
 			done += n
-			progress.report("packing layer", done, total)
+			progress.Report("packing layer", done, total)
 		}
 		return nil
 	})
