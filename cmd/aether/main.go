@@ -88,5 +88,10 @@ func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, link
 			env[k] = v
 		}
 	}
-	return aether.New(aether.Config{EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup, Limits: limits}, log).Run(ctx)
+	// The runtime starts the agent in the image's WORKDIR ("/" without one).
+	workDir, _ := os.Getwd()
+	if workDir == "/" {
+		workDir = ""
+	}
+	return aether.New(aether.Config{WorkDir: workDir, EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup, Limits: limits}, log).Run(ctx)
 }

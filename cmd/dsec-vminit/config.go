@@ -15,11 +15,14 @@ const configPath = "/dsec/config.json"
 
 // config is what a sandbox's guest is set up with before the agent runs.
 type config struct {
-	Hostname   string   `json:"hostname"`
-	Env        []string `json:"env"`
-	MachineID  string   `json:"machine_id,omitempty"`
-	Hosts      string   `json:"hosts,omitempty"`
-	ResolvConf string   `json:"resolv_conf,omitempty"`
+	Hostname string   `json:"hostname"`
+	Env      []string `json:"env"`
+	// WorkDir is where the agent starts (the image's WORKDIR), made if
+	// missing; processes that name no directory start there.
+	WorkDir    string `json:"work_dir,omitempty"`
+	MachineID  string `json:"machine_id,omitempty"`
+	Hosts      string `json:"hosts,omitempty"`
+	ResolvConf string `json:"resolv_conf,omitempty"`
 	// Net is the guest's network interface, when the sandbox has one.
 	Net *netConfig `json:"net,omitempty"`
 	// Pids and NoFile are the sandbox's limits on processes and threads
@@ -71,4 +74,19 @@ func (c *config) environ() []string {
 		}
 	}
 	return append(c.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+}
+
+// enterWorkDir makes the image's WORKDIR the agent's directory (made if
+// missing, as docker does); "/" stays otherwise.
+func (c *config) enterWorkDir() {
+	if c.WorkDir == "" || c.WorkDir[0] != '/' {
+		return
+	}
+	if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "dsec-vminit: WORKDIR:", err)
+		return
+	}
+	if err := unix.Chdir(c.WorkDir); err != nil {
+		fmt.Fprintln(os.Stderr, "dsec-vminit: WORKDIR:", err)
+	}
 }

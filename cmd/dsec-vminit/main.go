@@ -68,6 +68,7 @@ func main() {
 		if cfg.MachineID != "" {
 			args = append(args, "-machine-id", cfg.MachineID)
 		}
+		cfg.enterWorkDir()
 		err = unix.Exec(agent, args, cfg.environ())
 		fmt.Fprintln(os.Stderr, "dsec-vminit: start the agent:", err)
 	}

@@ -35,6 +35,9 @@ type Request struct {
 type Spawner struct {
 	Users   sysuser.DB
 	BaseEnv map[string]string
+	// WorkDir, if set, is where processes that name no directory start
+	// (the image's WORKDIR, as docker does) instead of the user's home.
+	WorkDir string
 	// Cgroup, if set, is an open cgroup v2 directory every process starts
 	// in (clone3's CLONE_INTO_CGROUP): the sandbox's limits bind its
 	// processes while the agent, outside, keeps running (a microVM's
@@ -88,6 +91,9 @@ func (s *Spawner) Resolve(r Request) (*Resolved, error) {
 	dir := r.Cwd
 	if dir == "" {
 		dir = u.Home
+		if s.WorkDir != "" {
+			dir = s.WorkDir
+		}
 	}
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(u.Home, dir)

@@ -67,3 +67,26 @@ func TestProcessesStartInTheSpawnersCgroup(t *testing.T) {
 		t.Fatalf("the spawner moved: %q, was %q", after, before)
 	}
 }
+
+// TestProcessesStartInTheImagesWorkDir: a request without a directory
+// starts in the spawner's WorkDir (the image's WORKDIR), else in the
+// user's home; a relative one is under the home either way.
+func TestProcessesStartInTheImagesWorkDir(t *testing.T) {
+	wd := t.TempDir()
+	for _, c := range []struct {
+		workDir, cwd, want string
+	}{
+		{wd, "", wd},
+		{"", "", "/root"},
+		{wd, "/", "/"},
+	} {
+		s := &Spawner{Users: sysuser.NewDB("/"), WorkDir: c.workDir}
+		r, err := s.Resolve(Request{Args: []string{"/bin/sh"}, Cwd: c.cwd})
+		if c.want == "/root" && err != nil {
+			t.Skipf("this host's root has no home directory: %v", err)
+		}
+		if err != nil || r.Dir != c.want {
+			t.Errorf("WorkDir %q, Cwd %q: dir %q (%v); want %q", c.workDir, c.cwd, r.Dir, err, c.want)
+		}
+	}
+}

@@ -85,7 +85,10 @@ type Spec struct {
 	// disk pool limits it to DiskMB.
 	LayerDir string
 	// Env is the environment of the sandbox's processes (KEY=VALUE).
-	Env      []string
+	Env []string
+	// WorkDir is the working directory of processes that name none (the
+	// image's WORKDIR; empty: "/").
+	WorkDir  string
 	Hostname string
 	// MachineID is the new sandbox's /etc/machine-id (32 hex), passed to
 	// the agent; a restored copy gets its own through SetIdentity instead.

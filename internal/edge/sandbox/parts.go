@@ -122,7 +122,7 @@ func (p *Parts) backendSpec(rec *records.Record, dir, runDir string, layers []st
 	env = append(env, "DSEC_SANDBOX_ID="+string(rec.ID))
 	r := rec.Spec.Resources
 	return &backend.Spec{
-		ID: rec.ID, Dir: dir, Layers: layers, Env: env, Hostname: string(rec.ID),
+		ID: rec.ID, Dir: dir, Layers: layers, Env: env, WorkDir: cfg.WorkingDir, Hostname: string(rec.ID),
 		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids, DiskMB: r.DiskMb, NoFile: r.OpenFiles},
 		AgentPath: p.Agent, RunDir: runDir,
 		HostsFile: filepath.Join(runDir, "hosts"), ResolvConf: filepath.Join(runDir, "resolv.conf"),

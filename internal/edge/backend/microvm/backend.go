@@ -283,6 +283,7 @@ func (b *Backend) rootImage(ctx context.Context, layers []string) (string, error
 type GuestConfig struct {
 	Hostname   string    `json:"hostname"`
 	Env        []string  `json:"env"`
+	WorkDir    string    `json:"work_dir,omitempty"`
 	MachineID  string    `json:"machine_id,omitempty"`
 	Hosts      string    `json:"hosts,omitempty"`
 	ResolvConf string    `json:"resolv_conf,omitempty"`
@@ -314,7 +315,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := NewWritableDisk(ctx, filepath.Join(bx.Dir, "rw.ext4"), disk); err != nil {
 		return nil, err
 	}
-	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, MachineID: spec.MachineID, Pids: spec.Pids, NoFile: spec.NoFile}
+	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, WorkDir: spec.WorkDir, MachineID: spec.MachineID, Pids: spec.Pids, NoFile: spec.NoFile}
 	if spec.HostsFile != "" {
 		data, _ := os.ReadFile(spec.HostsFile)
 		gc.Hosts = string(data)

@@ -4,7 +4,9 @@ package oci
 
 import (
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -106,7 +108,7 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 		Process: &rspec.Process{
 			Args:            backend.AgentArgs(),
 			Env:             spec.Env,
-			Cwd:             "/",
+			Cwd:             workDir(spec.WorkDir),
 			User:            rspec.User{UID: 0, GID: 0},
 			OOMScoreAdj:     oom,
 			NoNewPrivileges: o.NoNewPrivileges,
@@ -172,4 +174,14 @@ func RuntimeSpec(spec *backend.Spec, o Options) *rspec.Spec {
 		}
 	}
 	return s
+}
+
+// workDir is the agent's working directory, which processes that name none
+// inherit: the image's WORKDIR, else "/". A WORKDIR the image lacks is
+// made by the runtime, as docker does.
+func workDir(dir string) string {
+	if dir == "" || !strings.HasPrefix(dir, "/") {
+		return "/"
+	}
+	return path.Clean(dir)
 }
