@@ -11,6 +11,7 @@ import (
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/pki"
+	ociregistry "github.com/opendsec/opendsec/internal/registry"
 )
 
 // cmdAPIServer runs an apiserver alone. Any number run side by side:
@@ -26,6 +27,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	iamAdvertise := fs.String("iam-advertise", "", "the address IAM replicas dial for it (default: --iam-bind's)")
 	images := fs.String("image-store", "", "the shared image store directory (required)")
 	watchers := fs.String("watcher", "", "comma-separated watcher daemons to read the edges' state from (default: poll the edges here)")
+	rf := addRegistryFlags(fs)
 	tf := addTLSFlags(fs, "this apiserver's certificate (dsec ca issue --role apiserver)")
 	lf := addLogFlags(fs)
 	fs.Parse(args)
@@ -39,6 +41,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	cfg := apiserver.ServeConfig{
 		Listen: *listen, Edges: splitList(*edges), EdgeTLS: ident.ClientConfig(), IAMPeers: splitList(*iamPeers), ImageStore: *images,
 		Watchers: splitList(*watchers),
+		Config:   apiserver.Config{Registries: rf.config()},
 		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind, Advertise: *iamAdvertise,
 			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
 	}
@@ -54,4 +57,18 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+type registryFlags struct{ insecure, dockerConfig *string }
+
+// addRegistryFlags adds how image pulls and pushes reach registries.
+func addRegistryFlags(fs *flag.FlagSet) registryFlags {
+	return registryFlags{
+		insecure:     fs.String("insecure-registry", "", "comma-separated registries (host or host:port) image pulls and pushes may reach over plain HTTP; loopback ones always may, every other only over TLS"),
+		dockerConfig: fs.String("registry-config", ociregistry.DefaultDockerConfigPath(), "docker config file with the logins (and credential helpers) used when a pull or push brings none; a missing file means none"),
+	}
+}
+
+func (f registryFlags) config() apiserver.RegistryConfig {
+	return apiserver.RegistryConfig{Insecure: splitList(*f.insecure), DockerConfig: *f.dockerConfig}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls | import NAME FILE | rm NAME | build RECIPE [flags] | export NAME FILE>
+const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | import NAME FILE | rm NAME | build RECIPE [flags] | export NAME FILE>
 
 build recipes:
 `
@@ -49,6 +49,10 @@ func cmdImage(ctx context.Context, args []string) error {
 		}
 		fmt.Printf("removed %s; %.1f MiB of the image store freed\n", args[1], float64(resp.Msg.FreedBytes)/(1<<20))
 		return nil
+	case "pull":
+		return imagePull(ctx, args[1:])
+	case "push":
+		return imagePush(ctx, args[1:])
 	case "build":
 		return imageBuild(ctx, args[1:])
 	case "export":

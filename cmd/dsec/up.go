@@ -28,6 +28,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec, then PATH)")
 	images := fs.String("image-store", "", "shared image store directory (default: STATE/images)")
 	lf := addLogFlags(fs)
+	rf := addRegistryFlags(fs)
 	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
 	e2bCIImage := fs.String("e2b-code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
@@ -43,7 +44,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Backends: map[string]map[string]string{},
+	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Registries: rf.config(), Backends: map[string]map[string]string{},
 		GatewayListen: *e2bListen, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges,
 		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, DiskOvercommit: *diskOver}
 	if *edges < 1 || *edges > 64 {

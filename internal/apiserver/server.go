@@ -36,6 +36,8 @@ type Config struct {
 	K int
 	// MaxTries is how many nodes a create tries before giving up.
 	MaxTries int
+	// Registries is how image pulls and pushes reach registries.
+	Registries RegistryConfig
 }
 
 // EdgeDialer hands out the connection to an edge by its address

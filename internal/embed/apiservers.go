@@ -43,7 +43,7 @@ func (c *Cluster) startAPIServer(ctx, runCtx context.Context, i int, cfg Config,
 	if err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id)})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id)})
 	go api.Run(runCtx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

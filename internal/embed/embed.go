@@ -39,6 +39,8 @@ type Config struct {
 	Listen string
 	// ImageStore is the shared image directory; default StateDir/images.
 	ImageStore string
+	// Registries is how image pulls and pushes reach registries.
+	Registries apiserver.RegistryConfig
 	// AgentPath is the aether binary.
 	AgentPath string
 	// Backends to enable, with their options.
@@ -189,7 +191,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	c.Watcher = w
 	go w.Run(runCtx)
 
-	api := apiserver.New(apiserver.Config{K: cfg.PlacementK}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
 	go api.Run(runCtx)
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -112,10 +112,10 @@ func FreePort(t *testing.T) int {
 	return 0
 }
 
-// The e2e packages' port slices: 20000-31999 cut in six.
-const portSliceLen = 2000
+// The e2e packages' port slices: 20000-31899 cut in seven.
+const portSliceLen = 1700
 
-var e2ePackages = []string{"controlplane", "crash", "hostile", "network", "sandboxes"}
+var e2ePackages = []string{"controlplane", "crash", "hostile", "images", "network", "sandboxes"}
 
 // portSlice is the first port of the slice of the test binary named bin
 // ("crash.test"); any other binary takes the last slice.

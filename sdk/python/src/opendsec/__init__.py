@@ -18,7 +18,7 @@ from .errors import (
     UnavailableError,
     UnsupportedError,
 )
-from .models import CommandResult, DSecRunArgs, EntryInfo, Network, NodeInfo, OutputChunk, ProcessInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult
+from .models import CommandResult, DSecRunArgs, EntryInfo, ImageInfo, Network, NodeInfo, OutputChunk, ProcessInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult
 from .sandbox import Files, Process, Sandbox, Session
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "NodeInfo",
     "EntryInfo",
     "FailedPreconditionError",
+    "ImageInfo",
     "Files",
     "InvalidArgumentError",
     "NotFoundError",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import httpx
 
 from ._connect import IDEMPOTENCY_HEADER, ConnectClient, Endpoints, parse_urls
 from .errors import AuthenticationError, InvalidArgumentError, UnavailableError
-from .models import DSecRunArgs, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult, _pause_depth
+from .models import DSecRunArgs, ImageInfo, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult, _pause_depth
 from .sandbox import Sandbox
 
 _SB = "opendsec.sandbox.v1.SandboxService/"
@@ -19,6 +19,11 @@ _SB = "opendsec.sandbox.v1.SandboxService/"
 # apiservers answer Unavailable.
 _CREATE_RETRY_SECONDS = 60
 _IAM = "opendsec.iam.v1.IAMService/"
+_IMG = "opendsec.image.v1.ImageService/"
+
+# Progress receives (stage, done, total): stage names the layer; total is 0
+# when unknown.
+ProgressFn = Callable[[str, int, int], None]
 
 
 class DSecClient:
@@ -177,6 +182,77 @@ class DSecClient:
         """The edges: health, allocation against capacity, backends (root ADMIN key)."""
         r = await self._call(_SB + "ListNodes", {})
         return [NodeInfo.from_json(n) for n in r.get("nodes", [])]
+
+    # Images.
+
+    async def list_images(self, project: str = "") -> List[ImageInfo]:
+        """The images the key can use (its project's, its ancestors' and descendants')."""
+        r = await self._call(_IMG + "ListImages", {"project": project})
+        return [ImageInfo.from_json(i) for i in r.get("images", [])]
+
+    async def delete_image(self, name: str) -> int:
+        """Removes an image's name; returns the store's bytes freed (layers
+        no other image, sandbox or snapshot uses)."""
+        r = await self._call(_IMG + "DeleteImage", {"name": name})
+        return int(r.get("freedBytes", 0))
+
+    async def pull_image(
+        self,
+        source: str,
+        name: str = "",
+        *,
+        username: str = "",
+        password: str = "",
+        identity_token: str = "",
+        progress: Optional[ProgressFn] = None,
+        timeout: float = 3600,
+    ) -> ImageInfo:
+        """Copies an image from an OCI registry into the store.
+
+        ``source`` is a registry reference ("registry.example.com/team/app:1.0",
+        "127.0.0.1:5000/py:3.12", "python:3.12" for Docker Hub); ``name`` the
+        store name "project/name:tag" (default: the source's last path part
+        and tag in the key's project). Without credentials the apiserver's
+        own logins for that registry are used, else none. A multi-platform
+        index resolves to linux/amd64; layers the store has are not fetched
+        again, and a broken download continues where it stopped.
+        """
+        req = {"source": source, "name": name, "credentials": _credentials(username, password, identity_token)}
+        async for msg in self._conn.server_stream(_IMG + "PullImage", req, timeout=timeout):
+            p = msg.get("progress")
+            if p and progress:
+                progress(p.get("stage", ""), int(p.get("done", 0)), int(p.get("total", 0)))
+            if msg.get("image"):
+                return ImageInfo.from_json(msg["image"])
+        raise UnavailableError(f"pull of {source}: the apiserver ended the stream without the image")
+
+    async def push_image(
+        self,
+        name: str,
+        destination: str,
+        *,
+        username: str = "",
+        password: str = "",
+        identity_token: str = "",
+        progress: Optional[ProgressFn] = None,
+        timeout: float = 3600,
+    ) -> str:
+        """Uploads the stored image ``name`` to a registry reference with a
+        tag; returns the pushed manifest's digest."""
+        req = {"name": name, "destination": destination, "credentials": _credentials(username, password, identity_token)}
+        async for msg in self._conn.server_stream(_IMG + "PushImage", req, timeout=timeout):
+            p = msg.get("progress")
+            if p and progress:
+                progress(p.get("stage", ""), int(p.get("done", 0)), int(p.get("total", 0)))
+            if msg.get("digest"):
+                return str(msg["digest"])
+        raise UnavailableError(f"push of {name}: the apiserver ended the stream without a digest")
+
+
+def _credentials(username: str, password: str, identity_token: str) -> Dict[str, str]:
+    if bool(username) != bool(password) and not identity_token:
+        raise InvalidArgumentError("registry credentials: give username and password together (or identity_token)")
+    return {"username": username, "password": password, "identityToken": identity_token}
 
 
 def _quota(max_sandboxes: int, cpu_cores: float, memory_mb: int, no_internet: bool, storage_mb: int) -> Dict[str, Any]:

@@ -461,3 +461,20 @@ class TaskResult:
     @property
     def failed(self) -> List[TaskSandboxResult]:
         return [r for r in self.results if not r.ok]
+
+
+@dataclass
+class ImageInfo:
+    """An image of the shared store."""
+
+    name: str
+    """``project/name:tag``."""
+    digest: str
+    """Of its OCI manifest (the registry's digest for a pulled image)."""
+    size_bytes: int
+    """Compressed size of its layers."""
+    layers: int
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ImageInfo":
+        return cls(name=d["name"], digest=d.get("digest", ""), size_bytes=int(d.get("sizeBytes", 0)), layers=int(d.get("layers", 0)))

@@ -4,9 +4,10 @@
 // 	protoc        (unknown)
 // source: opendsec/image/v1/image.proto
 
-// Package opendsec.image.v1 lists and deletes images in the shared image
-// store. Images are imported with an HTTP upload to /v1/images:import (see
-// docs/operations.md), since a tarball is a stream, not a message.
+// Package opendsec.image.v1 lists, pulls, pushes and deletes images in the
+// shared image store. Image archives are imported with an HTTP upload to
+// /v1/images:import (see docs/operations.md), since a tarball is a stream,
+// not a message.
 
 package imagev1
 
@@ -373,6 +374,364 @@ func (x *DeleteImageResponse) GetFreedBytes() int64 {
 	return 0
 }
 
+// RegistryCredentials log in to a registry. Empty: the apiserver's own
+// logins for that registry (its --registry-config), else anonymous.
+type RegistryCredentials struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Username string                 `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
+	Password string                 `protobuf:"bytes,2,opt,name=password,proto3" json:"password,omitempty"`
+	// An identity (refresh) token, as `docker login` stores for some
+	// registries, instead of a password.
+	IdentityToken string `protobuf:"bytes,3,opt,name=identity_token,json=identityToken,proto3" json:"identity_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegistryCredentials) Reset() {
+	*x = RegistryCredentials{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegistryCredentials) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegistryCredentials) ProtoMessage() {}
+
+func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegistryCredentials.ProtoReflect.Descriptor instead.
+func (*RegistryCredentials) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RegistryCredentials) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *RegistryCredentials) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+func (x *RegistryCredentials) GetIdentityToken() string {
+	if x != nil {
+		return x.IdentityToken
+	}
+	return ""
+}
+
+// Progress is how far a long operation is: stage names what is being done
+// (one per layer); total is 0 when unknown.
+type Progress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	Done          int64                  `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	Total         int64                  `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Progress) Reset() {
+	*x = Progress{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Progress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Progress) ProtoMessage() {}
+
+func (x *Progress) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Progress.ProtoReflect.Descriptor instead.
+func (*Progress) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Progress) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *Progress) GetDone() int64 {
+	if x != nil {
+		return x.Done
+	}
+	return 0
+}
+
+func (x *Progress) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+type PullImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A registry reference: "registry.example.com/team/app:1.0",
+	// "127.0.0.1:5000/py:3.12@sha256:...", "python:3.12" (Docker Hub).
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The store name, "project/name:tag" (default: the source's last path
+	// part and tag, in the caller's project).
+	Name          string               `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Credentials   *RegistryCredentials `protobuf:"bytes,3,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageRequest) Reset() {
+	*x = PullImageRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageRequest) ProtoMessage() {}
+
+func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
+func (*PullImageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PullImageRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *PullImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PullImageRequest) GetCredentials() *RegistryCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+type PullImageResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Set on the last message.
+	Image         *Image `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageResponse) Reset() {
+	*x = PullImageResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageResponse) ProtoMessage() {}
+
+func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
+func (*PullImageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PullImageResponse) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *PullImageResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+type PushImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored image, "project/name:tag".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// A registry reference with a tag.
+	Destination   string               `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	Credentials   *RegistryCredentials `protobuf:"bytes,3,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushImageRequest) Reset() {
+	*x = PushImageRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushImageRequest) ProtoMessage() {}
+
+func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
+func (*PushImageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PushImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PushImageRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *PushImageRequest) GetCredentials() *RegistryCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+type PushImageResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// The pushed manifest's digest; set on the last message.
+	Digest        string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushImageResponse) Reset() {
+	*x = PushImageResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushImageResponse) ProtoMessage() {}
+
+func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushImageResponse.ProtoReflect.Descriptor instead.
+func (*PushImageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PushImageResponse) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *PushImageResponse) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 var File_opendsec_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_image_v1_image_proto_rawDesc = "" +
@@ -398,12 +757,36 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"6\n" +
 	"\x13DeleteImageResponse\x12\x1f\n" +
 	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
-	"freedBytes2\x9c\x02\n" +
+	"freedBytes\"t\n" +
+	"\x13RegistryCredentials\x12\x1a\n" +
+	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x02 \x01(\tR\bpassword\x12%\n" +
+	"\x0eidentity_token\x18\x03 \x01(\tR\ridentityToken\"J\n" +
+	"\bProgress\x12\x14\n" +
+	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\x03R\x04done\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x03R\x05total\"\x88\x01\n" +
+	"\x10PullImageRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12H\n" +
+	"\vcredentials\x18\x03 \x01(\v2&.opendsec.image.v1.RegistryCredentialsR\vcredentials\"|\n" +
+	"\x11PullImageResponse\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.opendsec.image.v1.ProgressR\bprogress\x12.\n" +
+	"\x05image\x18\x02 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"\x92\x01\n" +
+	"\x10PushImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12H\n" +
+	"\vcredentials\x18\x03 \x01(\v2&.opendsec.image.v1.RegistryCredentialsR\vcredentials\"d\n" +
+	"\x11PushImageResponse\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.opendsec.image.v1.ProgressR\bprogress\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest2\xd0\x03\n" +
 	"\fImageService\x12Y\n" +
 	"\n" +
 	"ListImages\x12$.opendsec.image.v1.ListImagesRequest\x1a%.opendsec.image.v1.ListImagesResponse\x12S\n" +
 	"\bGetImage\x12\".opendsec.image.v1.GetImageRequest\x1a#.opendsec.image.v1.GetImageResponse\x12\\\n" +
-	"\vDeleteImage\x12%.opendsec.image.v1.DeleteImageRequest\x1a&.opendsec.image.v1.DeleteImageResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
+	"\vDeleteImage\x12%.opendsec.image.v1.DeleteImageRequest\x1a&.opendsec.image.v1.DeleteImageResponse\x12X\n" +
+	"\tPullImage\x12#.opendsec.image.v1.PullImageRequest\x1a$.opendsec.image.v1.PullImageResponse0\x01\x12X\n" +
+	"\tPushImage\x12#.opendsec.image.v1.PushImageRequest\x1a$.opendsec.image.v1.PushImageResponse0\x01B@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
 
 var (
 	file_opendsec_image_v1_image_proto_rawDescOnce sync.Once
@@ -417,7 +800,7 @@ func file_opendsec_image_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_image_v1_image_proto_rawDescData
 }
 
-var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_opendsec_image_v1_image_proto_goTypes = []any{
 	(*Image)(nil),                 // 0: opendsec.image.v1.Image
 	(*ListImagesRequest)(nil),     // 1: opendsec.image.v1.ListImagesRequest
@@ -426,23 +809,38 @@ var file_opendsec_image_v1_image_proto_goTypes = []any{
 	(*GetImageResponse)(nil),      // 4: opendsec.image.v1.GetImageResponse
 	(*DeleteImageRequest)(nil),    // 5: opendsec.image.v1.DeleteImageRequest
 	(*DeleteImageResponse)(nil),   // 6: opendsec.image.v1.DeleteImageResponse
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*RegistryCredentials)(nil),   // 7: opendsec.image.v1.RegistryCredentials
+	(*Progress)(nil),              // 8: opendsec.image.v1.Progress
+	(*PullImageRequest)(nil),      // 9: opendsec.image.v1.PullImageRequest
+	(*PullImageResponse)(nil),     // 10: opendsec.image.v1.PullImageResponse
+	(*PushImageRequest)(nil),      // 11: opendsec.image.v1.PushImageRequest
+	(*PushImageResponse)(nil),     // 12: opendsec.image.v1.PushImageResponse
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
-	7, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	0, // 1: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
-	0, // 2: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	1, // 3: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	3, // 4: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	5, // 5: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	2, // 6: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	4, // 7: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	6, // 8: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	13, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 1: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
+	0,  // 2: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
+	7,  // 3: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	8,  // 4: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	0,  // 5: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	7,  // 6: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	8,  // 7: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	1,  // 8: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	3,  // 9: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	5,  // 10: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	9,  // 11: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	11, // 12: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	2,  // 13: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	4,  // 14: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	6,  // 15: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	10, // 16: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	12, // 17: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
@@ -456,7 +854,7 @@ func file_opendsec_image_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_image_v1_image_proto_rawDesc), len(file_opendsec_image_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -2,9 +2,10 @@
 //
 // Source: opendsec/image/v1/image.proto
 
-// Package opendsec.image.v1 lists and deletes images in the shared image
-// store. Images are imported with an HTTP upload to /v1/images:import (see
-// docs/operations.md), since a tarball is a stream, not a message.
+// Package opendsec.image.v1 lists, pulls, pushes and deletes images in the
+// shared image store. Image archives are imported with an HTTP upload to
+// /v1/images:import (see docs/operations.md), since a tarball is a stream,
+// not a message.
 package imagev1connect
 
 import (
@@ -43,6 +44,10 @@ const (
 	// ImageServiceDeleteImageProcedure is the fully-qualified name of the ImageService's DeleteImage
 	// RPC.
 	ImageServiceDeleteImageProcedure = "/opendsec.image.v1.ImageService/DeleteImage"
+	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
+	ImageServicePullImageProcedure = "/opendsec.image.v1.ImageService/PullImage"
+	// ImageServicePushImageProcedure is the fully-qualified name of the ImageService's PushImage RPC.
+	ImageServicePushImageProcedure = "/opendsec.image.v1.ImageService/PushImage"
 )
 
 // ImageServiceClient is a client for the opendsec.image.v1.ImageService service.
@@ -52,6 +57,12 @@ type ImageServiceClient interface {
 	GetImage(context.Context, *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error)
 	// DeleteImage removes the name; layers still used by other images stay.
 	DeleteImage(context.Context, *connect.Request[v1.DeleteImageRequest]) (*connect.Response[v1.DeleteImageResponse], error)
+	// PullImage copies an image from an OCI registry into the store and
+	// names it. Progress streams while it runs; the last message carries
+	// the image. A multi-platform index resolves to linux/amd64.
+	PullImage(context.Context, *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error)
+	// PushImage uploads a stored image to an OCI registry.
+	PushImage(context.Context, *connect.Request[v1.PushImageRequest]) (*connect.ServerStreamForClient[v1.PushImageResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the opendsec.image.v1.ImageService service. By
@@ -83,6 +94,18 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("DeleteImage")),
 			connect.WithClientOptions(opts...),
 		),
+		pullImage: connect.NewClient[v1.PullImageRequest, v1.PullImageResponse](
+			httpClient,
+			baseURL+ImageServicePullImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("PullImage")),
+			connect.WithClientOptions(opts...),
+		),
+		pushImage: connect.NewClient[v1.PushImageRequest, v1.PushImageResponse](
+			httpClient,
+			baseURL+ImageServicePushImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("PushImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -91,6 +114,8 @@ type imageServiceClient struct {
 	listImages  *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
 	getImage    *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
 	deleteImage *connect.Client[v1.DeleteImageRequest, v1.DeleteImageResponse]
+	pullImage   *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
+	pushImage   *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
 }
 
 // ListImages calls opendsec.image.v1.ImageService.ListImages.
@@ -108,6 +133,16 @@ func (c *imageServiceClient) DeleteImage(ctx context.Context, req *connect.Reque
 	return c.deleteImage.CallUnary(ctx, req)
 }
 
+// PullImage calls opendsec.image.v1.ImageService.PullImage.
+func (c *imageServiceClient) PullImage(ctx context.Context, req *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error) {
+	return c.pullImage.CallServerStream(ctx, req)
+}
+
+// PushImage calls opendsec.image.v1.ImageService.PushImage.
+func (c *imageServiceClient) PushImage(ctx context.Context, req *connect.Request[v1.PushImageRequest]) (*connect.ServerStreamForClient[v1.PushImageResponse], error) {
+	return c.pushImage.CallServerStream(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the opendsec.image.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ListImages lists the images of the caller's project and its ancestors.
@@ -115,6 +150,12 @@ type ImageServiceHandler interface {
 	GetImage(context.Context, *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error)
 	// DeleteImage removes the name; layers still used by other images stay.
 	DeleteImage(context.Context, *connect.Request[v1.DeleteImageRequest]) (*connect.Response[v1.DeleteImageResponse], error)
+	// PullImage copies an image from an OCI registry into the store and
+	// names it. Progress streams while it runs; the last message carries
+	// the image. A multi-platform index resolves to linux/amd64.
+	PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error
+	// PushImage uploads a stored image to an OCI registry.
+	PushImage(context.Context, *connect.Request[v1.PushImageRequest], *connect.ServerStream[v1.PushImageResponse]) error
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -142,6 +183,18 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("DeleteImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServicePullImageHandler := connect.NewServerStreamHandler(
+		ImageServicePullImageProcedure,
+		svc.PullImage,
+		connect.WithSchema(imageServiceMethods.ByName("PullImage")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServicePushImageHandler := connect.NewServerStreamHandler(
+		ImageServicePushImageProcedure,
+		svc.PushImage,
+		connect.WithSchema(imageServiceMethods.ByName("PushImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.image.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -150,6 +203,10 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceGetImageHandler.ServeHTTP(w, r)
 		case ImageServiceDeleteImageProcedure:
 			imageServiceDeleteImageHandler.ServeHTTP(w, r)
+		case ImageServicePullImageProcedure:
+			imageServicePullImageHandler.ServeHTTP(w, r)
+		case ImageServicePushImageProcedure:
+			imageServicePushImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -169,4 +226,12 @@ func (UnimplementedImageServiceHandler) GetImage(context.Context, *connect.Reque
 
 func (UnimplementedImageServiceHandler) DeleteImage(context.Context, *connect.Request[v1.DeleteImageRequest]) (*connect.Response[v1.DeleteImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.DeleteImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.PullImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) PushImage(context.Context, *connect.Request[v1.PushImageRequest], *connect.ServerStream[v1.PushImageResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.PushImage is not implemented"))
 }

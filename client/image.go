@@ -1,0 +1,63 @@
+package client
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
+)
+
+// Progress receives a long operation's progress: stage names what is being
+// done (a layer), total is 0 when unknown.
+type Progress func(stage string, done, total int64)
+
+// PullImage copies an image from an OCI registry (source, e.g.
+// "registry.example.com/team/app:1.0") into the store as name
+// ("project/name:tag"; empty: the source's last path part and tag in the
+// key's project). creds may be nil: the apiserver's own logins for that
+// registry, else anonymous.
+func (c *Client) PullImage(ctx context.Context, source, name string, creds *imagev1.RegistryCredentials, progress Progress) (*imagev1.Image, error) {
+	stream, err := c.Images.PullImage(ctx, connect.NewRequest(&imagev1.PullImageRequest{Source: source, Name: name, Credentials: creds}))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		m := stream.Msg()
+		if p := m.Progress; p != nil && progress != nil {
+			progress(p.Stage, p.Done, p.Total)
+		}
+		if m.Image != nil {
+			return m.Image, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("pull: the apiserver ended the stream without the image")
+}
+
+// PushImage uploads the stored image name to an OCI registry (destination
+// with a tag) and returns the pushed manifest's digest.
+func (c *Client) PushImage(ctx context.Context, name, destination string, creds *imagev1.RegistryCredentials, progress Progress) (string, error) {
+	stream, err := c.Images.PushImage(ctx, connect.NewRequest(&imagev1.PushImageRequest{Name: name, Destination: destination, Credentials: creds}))
+	if err != nil {
+		return "", err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		m := stream.Msg()
+		if p := m.Progress; p != nil && progress != nil {
+			progress(p.Stage, p.Done, p.Total)
+		}
+		if m.Digest != "" {
+			return m.Digest, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return "", err
+	}
+	return "", errors.New("push: the apiserver ended the stream without a digest")
+}
