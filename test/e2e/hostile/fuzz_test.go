@@ -2,7 +2,9 @@ package hostile
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -36,6 +38,8 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.sandbox.v1.SandboxService/PauseTask",
 		"/opendsec.sandbox.v1.SandboxService/ResumeTask",
 		"/opendsec.sandbox.v1.SandboxService/PauseSandbox",
+		"/opendsec.image.v1.ImageService/PullImage",
+		"/opendsec.image.v1.ImageService/PushImage",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -56,6 +60,8 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(13), []byte(`{"task":"fuzz","depth":99,"project":"root/../x"}`))
 	f.Add(uint8(14), []byte(`{"task":"`+strings.Repeat("t", 300)+`"}`))
 	f.Add(uint8(15), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","depth":"PAUSE_DEPTH_OFFLOAD"}`))
+	f.Add(uint8(16), []byte(`{"source":"team/app:1@sha256:`+strings.Repeat("0", 64)+`","name":"root/../x:1","credentials":{"username":"u"}}`))
+	f.Add(uint8(17), []byte(`{"name":"root/busybox:latest","destination":"x:1"}`))
 	c := e2e.StartCluster(f, "fake")
 	sb, err := c.Client.Create(e2e.CtxTB(f), e2e.FakeSpec())
 	if err != nil {
@@ -72,6 +78,14 @@ func FuzzAPIRequests(f *testing.F) {
 			// The fake backend's agent writes to the host as root: keep
 			// every write that would decode inside the scratch directory.
 			body = confineWrite(body, scratch)
+		}
+		if strings.HasSuffix(m, "/PullImage") || strings.HasSuffix(m, "/PushImage") {
+			// Streams; every registry they name is the closed loopback
+			// port 1, so no request leaves the machine.
+			if code := streamPost(t, c.APIURL+m, auth, confineRegistry(body)); code == "internal" || code == "unknown" {
+				t.Fatalf("%s with %q: %s", m, body, code)
+			}
+			return
 		}
 		resp, out := e2e.RawPost(t, c.APIURL+m, auth, string(body))
 		if resp.StatusCode >= 500 {
@@ -219,6 +233,81 @@ func confineWrite(body []byte, dir string) []byte {
 		return nil
 	}
 	return out
+}
+
+// confineRegistry points a pull's source or a push's destination at
+// 127.0.0.1:1 (closed): the first path part of a reference is its registry.
+func confineRegistry(body []byte) []byte {
+	var req struct {
+		Source      *string         `json:"source,omitempty"`
+		Destination *string         `json:"destination,omitempty"`
+		Name        json.RawMessage `json:"name,omitempty"`
+		Credentials json.RawMessage `json:"credentials,omitempty"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return []byte("{}") // an empty reference: refused, nothing fetched
+	}
+	for _, p := range []*string{req.Source, req.Destination} {
+		if p != nil {
+			*p = "127.0.0.1:1/" + strings.TrimLeft(*p, "/")
+		}
+	}
+	out, _ := json.Marshal(req)
+	return out
+}
+
+// streamPost calls a server-streaming Connect method with one JSON message
+// and returns the error code its end of stream carries ("" for none).
+func streamPost(t *testing.T, url string, hdr map[string]string, body []byte) string {
+	t.Helper()
+	env := make([]byte, 5+len(body))
+	binary.BigEndian.PutUint32(env[1:5], uint32(len(body)))
+	copy(env[5:], body)
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(env))
+	req.Header.Set("Content-Type", "application/connect+json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode >= 500 {
+			return "internal"
+		}
+		return "http"
+	}
+	data, _ := io.ReadAll(resp.Body)
+	for len(data) >= 5 {
+		n := int(binary.BigEndian.Uint32(data[1:5]))
+		if 5+n > len(data) {
+			break
+		}
+		if data[0]&0x02 != 0 {
+			var end struct{ Error *struct{ Code string } }
+			json.Unmarshal(data[5:5+n], &end)
+			if end.Error != nil {
+				return end.Error.Code
+			}
+			return ""
+		}
+		data = data[5+n:]
+	}
+	return "unknown" // no end of stream
+}
+
+func TestConfineRegistry(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"source":"evil.example.com/x:1"}`:   `{"source":"127.0.0.1:1/evil.example.com/x:1"}`,
+		`{"destination":"//10.0.0.1:5000/x"}`: `{"destination":"127.0.0.1:1/10.0.0.1:5000/x"}`,
+		`{"source":"a","name":"root/x:1"}`:    `{"source":"127.0.0.1:1/a","name":"root/x:1"}`,
+	} {
+		if got := string(confineRegistry([]byte(in))); got != want {
+			t.Errorf("confineRegistry(%s) = %s; want %s", in, got, want)
+		}
+	}
 }
 
 func TestConfineWrite(t *testing.T) {
