@@ -1,0 +1,54 @@
+package images
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/opendsec/opendsec/test/e2e"
+)
+
+// TestCLIPushPull: dsec image push and pull as a person runs them, with
+// progress on stderr and the result on stdout.
+func TestCLIPushPull(t *testing.T) {
+	c := e2e.ContainerCluster(t)
+	reg := e2e.StartRegistry(t)
+	bin := e2e.DsecBinary(t)
+	home := t.TempDir() // no user's docker config
+	run := func(stdin string, args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.Key, "HOME="+home, "DOCKER_CONFIG=")
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	out, errOut, code := run("", "image", "push", "root/busybox:latest", reg+"/cli/bb:1")
+	if code != 0 || !strings.HasPrefix(out, reg+"/cli/bb:1 sha256:") {
+		t.Fatalf("dsec image push: %q %q exit %d", out, errOut, code)
+	}
+	pushed := strings.Fields(out)[1]
+	out, errOut, code = run("", "image", "pull", reg+"/cli/bb:1", "--as", "root/bb:cli")
+	if code != 0 || !strings.HasPrefix(out, "root/bb:cli "+pushed) || !strings.Contains(errOut, "layer 1/") {
+		t.Fatalf("dsec image pull: %q %q exit %d", out, errOut, code)
+	}
+	// A login from stdin (this registry asks none, so any is taken).
+	if out, errOut, code = run("s3cret\n", "image", "pull", "--username", "u", "--password-stdin", reg+"/cli/bb:1"); code != 0 || !strings.HasPrefix(out, "root/bb:1 "+pushed) {
+		t.Fatalf("dsec image pull with a login and the default name: %q %q exit %d", out, errOut, code)
+	}
+	if _, errOut, code = run("", "image", "pull", "--username", "u", reg+"/cli/bb:1"); code == 0 || !strings.Contains(errOut, "go together") {
+		t.Fatalf("--username without --password-stdin: %q exit %d", errOut, code)
+	}
+	if _, errOut, code = run("", "image", "pull", reg+"/cli/none:1"); code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("pull of a missing image: %q exit %d", errOut, code)
+	}
+}
