@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 )
 
 // Progress receives a long operation's progress: stage names what is being
@@ -60,4 +61,17 @@ func (c *Client) PushImage(ctx context.Context, name, destination string, creds 
 		return "", err
 	}
 	return "", errors.New("push: the apiserver ended the stream without a digest")
+}
+
+// Commit turns what the sandbox changed in its image into one new layer
+// over that image, named name ("project/name:tag") in the image store
+// (pack_diff), leaving out paths exclude matches ("/root/.cache",
+// "__pycache__", "*.pyc"). A running sandbox pauses while its layer is
+// read.
+func (s *Sandbox) Commit(ctx context.Context, name string, exclude ...string) (*imagev1.Image, error) {
+	resp, err := s.c.Sandboxes.CommitSandbox(ctx, connect.NewRequest(&sandboxv1.CommitSandboxRequest{SandboxId: s.ID, Name: name, Exclude: exclude}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Image, nil
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | import NAME FILE | rm NAME | build RECIPE [flags] | export NAME FILE>
+const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | import NAME FILE | rm NAME | build RECIPE [flags] | export NAME FILE>
 
 build recipes:
 `
@@ -53,6 +53,8 @@ func cmdImage(ctx context.Context, args []string) error {
 		return imagePull(ctx, args[1:])
 	case "push":
 		return imagePush(ctx, args[1:])
+	case "commit":
+		return imageCommit(ctx, args[1:])
 	case "build":
 		return imageBuild(ctx, args[1:])
 	case "export":

@@ -342,6 +342,38 @@ func (h *sandboxService) StopSandbox(ctx context.Context, req *connect.Request[s
 	return connect.NewResponse(&sandboxv1.StopSandboxResponse{}), nil
 }
 
+func (h *sandboxService) CommitSandbox(ctx context.Context, req *connect.Request[sandboxv1.CommitSandboxRequest]) (*connect.Response[sandboxv1.CommitSandboxResponse], error) {
+	ref, err := image.ParseRef(req.Msg.Name)
+	if err != nil {
+		return nil, err
+	}
+	p := principalFrom(ctx)
+	if !p.CanAccess(ref.Project) {
+		return nil, errdefs.PermissionDenied("image %q: project %q is outside your key's project %q", ref.String(), ref.Project, p.Project)
+	}
+	if len(req.Msg.Exclude) > image.MaxExcludes {
+		return nil, errdefs.InvalidArgument("exclude: %d patterns; at most %d", len(req.Msg.Exclude), image.MaxExcludes)
+	}
+	budget, err := h.s.storageBudgetFor(ctx, ref.Project)
+	if err != nil {
+		return nil, err
+	}
+	defer budget.done()
+	if err := budget.take(1); err != nil {
+		return nil, err
+	}
+	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Edge.CommitSandbox(ctx, connect.NewRequest(&edgev1.CommitSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: p.Project, Name: ref.String(), Exclude: req.Msg.Exclude}))
+	if err != nil {
+		return nil, err
+	}
+	h.s.log.Info("sandbox committed", logging.SandboxID, req.Msg.SandboxId, logging.Image, ref.String(), "digest", resp.Msg.Image.GetDigest())
+	return connect.NewResponse(&sandboxv1.CommitSandboxResponse{Image: resp.Msg.Image}), nil
+}
+
 func (h *sandboxService) SetSandboxTimeout(ctx context.Context, req *connect.Request[sandboxv1.SetSandboxTimeoutRequest]) (*connect.Response[sandboxv1.SetSandboxTimeoutResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)
 	if err != nil {

@@ -84,6 +84,14 @@ func (s *server) DestroySandbox(ctx context.Context, req *connect.Request[edgev1
 	return connect.NewResponse(&edgev1.DestroySandboxResponse{Sandbox: sb}), nil
 }
 
+func (s *server) CommitSandbox(ctx context.Context, req *connect.Request[edgev1.CommitSandboxRequest]) (*connect.Response[edgev1.CommitSandboxResponse], error) {
+	im, err := s.e.Commit(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name, req.Msg.Exclude)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.CommitSandboxResponse{Image: im}), nil
+}
+
 func (s *server) SetSandboxTimeout(ctx context.Context, req *connect.Request[edgev1.SetSandboxTimeoutRequest]) (*connect.Response[edgev1.SetSandboxTimeoutResponse], error) {
 	sb, err := s.e.SetTimeout(req.Msg.SandboxId, req.Msg.Scope, req.Msg.TimeoutSeconds)
 	if err != nil {

@@ -381,3 +381,47 @@ func roomOf(n int64, over error) func(int64) error {
 		return nil
 	}
 }
+
+func TestExclude(t *testing.T) {
+	e, err := ParseExclude([]string{"/root/.cache", "/tmp/*", "__pycache__", "*.pyc", "/etc/secret[0-9]"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rel, want := range map[string]bool{
+		"root/.cache":         true,
+		"root/.cache2":        false,
+		"tmp/x":               true,
+		"tmp":                 false,
+		"usr/lib/__pycache__": true,
+		"a/b/c.pyc":           true,
+		"a/b/c.py":            false,
+		"etc/secret1":         true,
+		"etc/secretx":         false,
+		"home/root/.cache":    false,
+	} {
+		if got := e.Matches(rel); got != want {
+			t.Errorf("Matches(%q) = %v", rel, got)
+		}
+	}
+	for _, bad := range []string{"", "/", "a/b", "[", "/x/[", strings.Repeat("x", 2000)} {
+		if _, err := ParseExclude([]string{bad}); errdefs.Code(err) != errdefs.Code(errdefs.InvalidArgument("x")) {
+			t.Errorf("ParseExclude(%q) = %v", bad, err)
+		}
+	}
+}
+
+func FuzzParseExclude(f *testing.F) {
+	for _, s := range []string{"/root/.cache", "*.pyc", "[a-", "/", "a/../b"} {
+		f.Add(s, "root/.cache/x")
+	}
+	f.Fuzz(func(t *testing.T, pattern, rel string) {
+		e, err := ParseExclude([]string{pattern})
+		if err != nil {
+			if errdefs.Code(err) != errdefs.Code(errdefs.InvalidArgument("x")) {
+				t.Fatalf("refusal is not invalid argument: %v", err)
+			}
+			return
+		}
+		e.Matches(rel) // never panics
+	})
+}

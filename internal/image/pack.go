@@ -27,6 +27,17 @@ type Layer struct {
 // overlayUpper, dir is an overlayfs upper directory and its whiteouts become
 // OCI whiteouts (this is how a sandbox's changes become an image layer).
 func (s *Store) PackDir(dir string, overlayUpper bool, progress Progress) (Layer, error) {
+	return s.pack(dir, overlayUpper, nil, progress)
+}
+
+// PackChanges writes an overlayfs upper directory (a sandbox's changes to
+// its image) as a gzip layer into the store, leaving out what exclude
+// matches (and, under a directory it matches, everything).
+func (s *Store) PackChanges(upper string, exclude *Exclude, progress Progress) (Layer, error) {
+	return s.pack(upper, true, exclude, progress)
+}
+
+func (s *Store) pack(dir string, overlayUpper bool, exclude *Exclude, progress Progress) (Layer, error) {
 	var total int64
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error { //nolint:errcheck // size is for progress only
 		if err == nil && d.Type().IsRegular() {
@@ -40,7 +51,7 @@ func (s *Store) PackDir(dir string, overlayUpper bool, progress Progress) (Layer
 	diffHash := sha256.New()
 	go func() {
 		zw, _ := gzip.NewWriterLevel(pw, gzip.BestSpeed)
-		err := writeTree(io.MultiWriter(zw, diffHash), dir, overlayUpper, total, progress)
+		err := writeTree(io.MultiWriter(zw, diffHash), dir, overlayUpper, exclude, total, progress)
 		if cerr := zw.Close(); err == nil {
 			err = cerr
 		}
@@ -58,7 +69,7 @@ func (s *Store) PackDir(dir string, overlayUpper bool, progress Progress) (Layer
 
 // writeTree writes dir as a tar stream in lexical order, with numeric owners
 // and hard links kept.
-func writeTree(w io.Writer, dir string, overlayUpper bool, total int64, progress Progress) error {
+func writeTree(w io.Writer, dir string, overlayUpper bool, exclude *Exclude, total int64, progress Progress) error {
 	tw := tar.NewWriter(w)
 	links := map[uint64]string{}
 	var done int64
@@ -68,6 +79,12 @@ func writeTree(w io.Writer, dir string, overlayUpper bool, total int64, progress
 		}
 		rel, _ := filepath.Rel(dir, p)
 		if rel == "." {
+			return nil
+		}
+		if exclude.Matches(filepath.ToSlash(rel)) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
 			return nil
 		}
 		fi, err := d.Info()

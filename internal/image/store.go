@@ -208,17 +208,28 @@ func (s *Store) Resolve(r Ref) (*Image, error) {
 	if err := validDigest(d); err != nil {
 		return nil, fmt.Errorf("image %s: corrupt ref file: %w", r, err)
 	}
-	m, err := s.loadManifest(d)
+	im, err := s.Load(d)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", r, err)
 	}
+	im.Ref, im.Created = r, fi.ModTime()
+	return im, nil
+}
+
+// Load reads the image whose manifest has digest d, whatever it is named
+// (a sandbox's image, after its name moved on). Ref and Created are unset.
+func (s *Store) Load(d digest.Digest) (*Image, error) {
+	m, err := s.loadManifest(d)
+	if err != nil {
+		return nil, err
+	}
 	cfgData, err := s.ReadBlob(m.Config.Digest, maxManifestSize)
 	if err != nil {
-		return nil, fmt.Errorf("image %s config: %w", r, err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
-	im := &Image{Ref: r, Digest: d, Manifest: m, Created: fi.ModTime()}
+	im := &Image{Digest: d, Manifest: m}
 	if err := json.Unmarshal(cfgData, &im.Config); err != nil {
-		return nil, fmt.Errorf("image %s config: %w", r, err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	return im, nil
 }

@@ -241,6 +241,18 @@ type Backend interface {
 	Recover(ctx context.Context, h *Handle, spec *Spec) error
 }
 
+// ChangeReader is implemented by backends whose sandboxes' changes to
+// their image can be read on the node as an overlayfs upper directory
+// (whiteouts as 0/0 character devices, opaque directories marked by
+// trusted.overlay.opaque): the container's writable layer, a microVM's
+// writable disk. The edge commits them as an image layer (pack_diff).
+type ChangeReader interface {
+	// OpenChanges returns that directory, readable until release is
+	// called. The edge pauses the sandbox first and, for a VM, has its
+	// file systems synced; spec carries the sandbox's Dir and LayerDir.
+	OpenChanges(ctx context.Context, spec *Spec) (upper string, release func() error, err error)
+}
+
 // Describer is implemented by backends that say how they run on this node
 // (which hypervisor and accelerator, and why not a faster one), for node
 // status.

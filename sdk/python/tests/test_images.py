@@ -69,3 +69,24 @@ async def test_pull_errors(client: DSecClient, registry: str) -> None:
     with pytest.raises(InvalidArgumentError, match="together"):
         await client.pull_image(f"{registry}/sdk/busybox:1", username="u")
 
+
+
+async def test_pack_diff(client: DSecClient) -> None:
+    sb = await client.run_sandbox(DSecRunArgs(image="root/busybox:latest", backend="container"))
+    try:
+        await sb.run_shell("echo kept > /kept && echo scratch > /scratch.tmp && rm /etc/group")
+        im = await sb.pack_diff("root/sdk-committed:1", exclude=["*.tmp"])
+        assert im.name == "root/sdk-committed:1" and im.layers == 2
+    finally:
+        await sb.stop()
+    try:
+        sb2 = await client.run_sandbox(DSecRunArgs(image="root/sdk-committed:1", backend="container"))
+        try:
+            r = await sb2.run_shell("cat /kept; ls /scratch.tmp /etc/group 2>&1 | wc -l")
+            assert r.stdout == "kept\n2\n"
+            with pytest.raises(InvalidArgumentError, match="exclude pattern"):
+                await sb2.pack_diff("root/sdk-committed:2", exclude=["a/["])
+        finally:
+            await sb2.stop()
+    finally:
+        await client.delete_image("root/sdk-committed:1")

@@ -170,6 +170,7 @@ func Run(t *testing.T, newBackend Factory, env Env) {
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, newBackend, env) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, newBackend, env) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, newBackend, env) })
+	t.Run("Changes", func(t *testing.T) { testChanges(t, newBackend, env) })
 	if env.Isolated {
 		t.Run("Isolation", func(t *testing.T) { testIsolation(t, newBackend, env) })
 	}

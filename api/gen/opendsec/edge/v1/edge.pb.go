@@ -11,6 +11,7 @@
 package edgev1
 
 import (
+	v11 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	v1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -1201,6 +1202,120 @@ func (x *ResumeSandboxResponse) GetSandbox() *v1.Sandbox {
 	return nil
 }
 
+type CommitSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Scope     string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	// "project/name:tag"; the apiserver checked that the caller may write
+	// its project.
+	Name          string   `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Exclude       []string `protobuf:"bytes,4,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitSandboxRequest) Reset() {
+	*x = CommitSandboxRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSandboxRequest) ProtoMessage() {}
+
+func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
+func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CommitSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CommitSandboxRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *CommitSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CommitSandboxRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+type CommitSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *v11.Image             `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitSandboxResponse) Reset() {
+	*x = CommitSandboxResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSandboxResponse) ProtoMessage() {}
+
+func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSandboxResponse.ProtoReflect.Descriptor instead.
+func (*CommitSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CommitSandboxResponse) GetImage() *v11.Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 type SnapshotSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1212,7 +1327,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1339,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1352,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -1270,7 +1385,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1397,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1410,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *v1.Snapshot {
@@ -1325,7 +1440,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1452,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1465,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -1422,7 +1537,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1549,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1562,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotSource) GetAddr() string {
@@ -1477,7 +1592,7 @@ type SnapshotExport struct {
 
 func (x *SnapshotExport) Reset() {
 	*x = SnapshotExport{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1604,7 @@ func (x *SnapshotExport) String() string {
 func (*SnapshotExport) ProtoMessage() {}
 
 func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1617,7 @@ func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExport.ProtoReflect.Descriptor instead.
 func (*SnapshotExport) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotExport) GetSnapshotId() string {
@@ -1543,7 +1658,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1670,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1683,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -1594,7 +1709,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1721,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1734,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExportSnapshotResponse) GetExport() *SnapshotExport {
@@ -1639,7 +1754,7 @@ type ReleaseExportRequest struct {
 
 func (x *ReleaseExportRequest) Reset() {
 	*x = ReleaseExportRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1766,7 @@ func (x *ReleaseExportRequest) String() string {
 func (*ReleaseExportRequest) ProtoMessage() {}
 
 func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1779,7 @@ func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseExportRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReleaseExportRequest) GetSnapshotId() string {
@@ -1689,7 +1804,7 @@ type ReleaseExportResponse struct {
 
 func (x *ReleaseExportResponse) Reset() {
 	*x = ReleaseExportResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1816,7 @@ func (x *ReleaseExportResponse) String() string {
 func (*ReleaseExportResponse) ProtoMessage() {}
 
 func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1829,7 @@ func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseExportResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
 }
 
 type RestoreSnapshotResponse struct {
@@ -1727,7 +1842,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1854,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1867,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *v1.Sandbox {
@@ -1785,7 +1900,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1912,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +1925,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1872,7 +1987,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +1999,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2012,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*v1.ForkResult {
@@ -1952,7 +2067,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2079,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2092,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListSnapshotsRequest) GetScope() string {
@@ -2003,7 +2118,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2130,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2143,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*v1.Snapshot {
@@ -2048,7 +2163,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2175,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2188,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2098,7 +2213,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2225,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2238,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
 }
 
 type GetNodeStatusRequest struct {
@@ -2134,7 +2249,7 @@ type GetNodeStatusRequest struct {
 
 func (x *GetNodeStatusRequest) Reset() {
 	*x = GetNodeStatusRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2261,7 @@ func (x *GetNodeStatusRequest) String() string {
 func (*GetNodeStatusRequest) ProtoMessage() {}
 
 func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2274,7 @@ func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
 }
 
 type BackendStatus struct {
@@ -2179,7 +2294,7 @@ type BackendStatus struct {
 
 func (x *BackendStatus) Reset() {
 	*x = BackendStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2306,7 @@ func (x *BackendStatus) String() string {
 func (*BackendStatus) ProtoMessage() {}
 
 func (x *BackendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2319,7 @@ func (x *BackendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStatus.ProtoReflect.Descriptor instead.
 func (*BackendStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *BackendStatus) GetName() string {
@@ -2261,7 +2376,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2388,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2401,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Usage) GetSandboxes() int64 {
@@ -2322,7 +2437,7 @@ type GroupUsage struct {
 
 func (x *GroupUsage) Reset() {
 	*x = GroupUsage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2449,7 @@ func (x *GroupUsage) String() string {
 func (*GroupUsage) ProtoMessage() {}
 
 func (x *GroupUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2462,7 @@ func (x *GroupUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsage.ProtoReflect.Descriptor instead.
 func (*GroupUsage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GroupUsage) GetProject() string {
@@ -2401,7 +2516,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2528,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2541,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -2501,7 +2616,7 @@ type GetNodeStatusResponse struct {
 
 func (x *GetNodeStatusResponse) Reset() {
 	*x = GetNodeStatusResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2628,7 @@ func (x *GetNodeStatusResponse) String() string {
 func (*GetNodeStatusResponse) ProtoMessage() {}
 
 func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2641,7 @@ func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetNodeStatusResponse) GetStatus() *NodeStatus {
@@ -2546,7 +2661,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2673,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2686,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UpdateNetworkRequest) GetScope() string {
@@ -2597,7 +2712,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2724,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2737,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *v1.Sandbox {
@@ -2636,7 +2751,7 @@ var File_opendsec_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopendsec/edge/v1/edge.proto\x12\x10opendsec.edge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!opendsec/sandbox/v1/sandbox.proto\"\x88\x01\n" +
+	"\x1bopendsec/edge/v1/edge.proto\x12\x10opendsec.edge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dopendsec/image/v1/image.proto\x1a!opendsec/sandbox/v1/sandbox.proto\"\x88\x01\n" +
 	"\x14CreateSandboxRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12 \n" +
@@ -2708,7 +2823,15 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\"O\n" +
 	"\x15ResumeSandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"a\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"y\n" +
+	"\x14CommitSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
+	"\aexclude\x18\x04 \x03(\tR\aexclude\"G\n" +
+	"\x15CommitSandboxResponse\x12.\n" +
+	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"a\n" +
 	"\x16SnapshotSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -2820,7 +2943,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2).opendsec.sandbox.v1.UpdateNetworkRequestR\x06update\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xc4\x0f\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xa6\x10\n" +
 	"\vEdgeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.edge.v1.CreateSandboxRequest\x1a'.opendsec.edge.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -2835,7 +2958,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\tPauseTask\x12\".opendsec.edge.v1.PauseTaskRequest\x1a#.opendsec.edge.v1.PauseTaskResponse\x12W\n" +
 	"\n" +
 	"ResumeTask\x12#.opendsec.edge.v1.ResumeTaskRequest\x1a$.opendsec.edge.v1.ResumeTaskResponse\x12f\n" +
-	"\x0fSnapshotSandbox\x12(.opendsec.edge.v1.SnapshotSandboxRequest\x1a).opendsec.edge.v1.SnapshotSandboxResponse\x12f\n" +
+	"\x0fSnapshotSandbox\x12(.opendsec.edge.v1.SnapshotSandboxRequest\x1a).opendsec.edge.v1.SnapshotSandboxResponse\x12`\n" +
+	"\rCommitSandbox\x12&.opendsec.edge.v1.CommitSandboxRequest\x1a'.opendsec.edge.v1.CommitSandboxResponse\x12f\n" +
 	"\x0fRestoreSnapshot\x12(.opendsec.edge.v1.RestoreSnapshotRequest\x1a).opendsec.edge.v1.RestoreSnapshotResponse\x12Z\n" +
 	"\vForkSandbox\x12$.opendsec.edge.v1.ForkSandboxRequest\x1a%.opendsec.edge.v1.ForkSandboxResponse\x12`\n" +
 	"\rListSnapshots\x12&.opendsec.edge.v1.ListSnapshotsRequest\x1a'.opendsec.edge.v1.ListSnapshotsResponse\x12c\n" +
@@ -2857,7 +2981,7 @@ func file_opendsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_opendsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),      // 0: opendsec.edge.v1.CreateSandboxRequest
 	(*FenceReservationRequest)(nil),   // 1: opendsec.edge.v1.FenceReservationRequest
@@ -2882,129 +3006,135 @@ var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*ResumeTaskResponse)(nil),        // 20: opendsec.edge.v1.ResumeTaskResponse
 	(*ResumeSandboxRequest)(nil),      // 21: opendsec.edge.v1.ResumeSandboxRequest
 	(*ResumeSandboxResponse)(nil),     // 22: opendsec.edge.v1.ResumeSandboxResponse
-	(*SnapshotSandboxRequest)(nil),    // 23: opendsec.edge.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 24: opendsec.edge.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 25: opendsec.edge.v1.RestoreSnapshotRequest
-	(*SnapshotSource)(nil),            // 26: opendsec.edge.v1.SnapshotSource
-	(*SnapshotExport)(nil),            // 27: opendsec.edge.v1.SnapshotExport
-	(*ExportSnapshotRequest)(nil),     // 28: opendsec.edge.v1.ExportSnapshotRequest
-	(*ExportSnapshotResponse)(nil),    // 29: opendsec.edge.v1.ExportSnapshotResponse
-	(*ReleaseExportRequest)(nil),      // 30: opendsec.edge.v1.ReleaseExportRequest
-	(*ReleaseExportResponse)(nil),     // 31: opendsec.edge.v1.ReleaseExportResponse
-	(*RestoreSnapshotResponse)(nil),   // 32: opendsec.edge.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 33: opendsec.edge.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 34: opendsec.edge.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 35: opendsec.edge.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 36: opendsec.edge.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 37: opendsec.edge.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 38: opendsec.edge.v1.DeleteSnapshotResponse
-	(*GetNodeStatusRequest)(nil),      // 39: opendsec.edge.v1.GetNodeStatusRequest
-	(*BackendStatus)(nil),             // 40: opendsec.edge.v1.BackendStatus
-	(*Usage)(nil),                     // 41: opendsec.edge.v1.Usage
-	(*GroupUsage)(nil),                // 42: opendsec.edge.v1.GroupUsage
-	(*NodeStatus)(nil),                // 43: opendsec.edge.v1.NodeStatus
-	(*GetNodeStatusResponse)(nil),     // 44: opendsec.edge.v1.GetNodeStatusResponse
-	(*UpdateNetworkRequest)(nil),      // 45: opendsec.edge.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 46: opendsec.edge.v1.UpdateNetworkResponse
-	nil,                               // 47: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 48: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	(*v1.SandboxSpec)(nil),            // 49: opendsec.sandbox.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                // 50: opendsec.sandbox.v1.Sandbox
-	(*timestamppb.Timestamp)(nil),     // 51: google.protobuf.Timestamp
-	(*v1.MetricsSample)(nil),          // 52: opendsec.sandbox.v1.MetricsSample
-	(v1.PauseDepth)(0),                // 53: opendsec.sandbox.v1.PauseDepth
-	(*v1.TaskSandboxResult)(nil),      // 54: opendsec.sandbox.v1.TaskSandboxResult
-	(*v1.Snapshot)(nil),               // 55: opendsec.sandbox.v1.Snapshot
-	(v1.OnTimeout)(0),                 // 56: opendsec.sandbox.v1.OnTimeout
-	(*v1.ForkResult)(nil),             // 57: opendsec.sandbox.v1.ForkResult
-	(*v1.UpdateNetworkRequest)(nil),   // 58: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*CommitSandboxRequest)(nil),      // 23: opendsec.edge.v1.CommitSandboxRequest
+	(*CommitSandboxResponse)(nil),     // 24: opendsec.edge.v1.CommitSandboxResponse
+	(*SnapshotSandboxRequest)(nil),    // 25: opendsec.edge.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 26: opendsec.edge.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 27: opendsec.edge.v1.RestoreSnapshotRequest
+	(*SnapshotSource)(nil),            // 28: opendsec.edge.v1.SnapshotSource
+	(*SnapshotExport)(nil),            // 29: opendsec.edge.v1.SnapshotExport
+	(*ExportSnapshotRequest)(nil),     // 30: opendsec.edge.v1.ExportSnapshotRequest
+	(*ExportSnapshotResponse)(nil),    // 31: opendsec.edge.v1.ExportSnapshotResponse
+	(*ReleaseExportRequest)(nil),      // 32: opendsec.edge.v1.ReleaseExportRequest
+	(*ReleaseExportResponse)(nil),     // 33: opendsec.edge.v1.ReleaseExportResponse
+	(*RestoreSnapshotResponse)(nil),   // 34: opendsec.edge.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 35: opendsec.edge.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 36: opendsec.edge.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 37: opendsec.edge.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 38: opendsec.edge.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 39: opendsec.edge.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 40: opendsec.edge.v1.DeleteSnapshotResponse
+	(*GetNodeStatusRequest)(nil),      // 41: opendsec.edge.v1.GetNodeStatusRequest
+	(*BackendStatus)(nil),             // 42: opendsec.edge.v1.BackendStatus
+	(*Usage)(nil),                     // 43: opendsec.edge.v1.Usage
+	(*GroupUsage)(nil),                // 44: opendsec.edge.v1.GroupUsage
+	(*NodeStatus)(nil),                // 45: opendsec.edge.v1.NodeStatus
+	(*GetNodeStatusResponse)(nil),     // 46: opendsec.edge.v1.GetNodeStatusResponse
+	(*UpdateNetworkRequest)(nil),      // 47: opendsec.edge.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 48: opendsec.edge.v1.UpdateNetworkResponse
+	nil,                               // 49: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 50: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	(*v1.SandboxSpec)(nil),            // 51: opendsec.sandbox.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                // 52: opendsec.sandbox.v1.Sandbox
+	(*timestamppb.Timestamp)(nil),     // 53: google.protobuf.Timestamp
+	(*v1.MetricsSample)(nil),          // 54: opendsec.sandbox.v1.MetricsSample
+	(v1.PauseDepth)(0),                // 55: opendsec.sandbox.v1.PauseDepth
+	(*v1.TaskSandboxResult)(nil),      // 56: opendsec.sandbox.v1.TaskSandboxResult
+	(*v11.Image)(nil),                 // 57: opendsec.image.v1.Image
+	(*v1.Snapshot)(nil),               // 58: opendsec.sandbox.v1.Snapshot
+	(v1.OnTimeout)(0),                 // 59: opendsec.sandbox.v1.OnTimeout
+	(*v1.ForkResult)(nil),             // 60: opendsec.sandbox.v1.ForkResult
+	(*v1.UpdateNetworkRequest)(nil),   // 61: opendsec.sandbox.v1.UpdateNetworkRequest
 }
 var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
-	49, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	50, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	50, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	51, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	52, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	52, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	4,  // 3: opendsec.edge.v1.CreateSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	50, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	50, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	50, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	51, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	51, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	52, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	50, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	53, // 11: opendsec.edge.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	50, // 12: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	53, // 13: opendsec.edge.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	54, // 14: opendsec.edge.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	54, // 15: opendsec.edge.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	50, // 16: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	55, // 17: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	47, // 18: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	26, // 19: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
-	56, // 20: opendsec.edge.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	51, // 21: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 22: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	50, // 23: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	4,  // 24: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	48, // 25: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	57, // 26: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	4,  // 27: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	27, // 28: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	55, // 29: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	41, // 30: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
-	41, // 31: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
-	41, // 32: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
-	40, // 33: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
-	42, // 34: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	41, // 35: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
-	4,  // 36: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
-	43, // 37: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	58, // 38: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
-	50, // 39: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	0,  // 40: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
-	5,  // 41: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
-	7,  // 42: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
-	9,  // 43: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
-	13, // 44: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	45, // 45: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
-	11, // 46: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
-	15, // 47: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
-	21, // 48: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
-	17, // 49: opendsec.edge.v1.EdgeService.PauseTask:input_type -> opendsec.edge.v1.PauseTaskRequest
-	18, // 50: opendsec.edge.v1.EdgeService.ResumeTask:input_type -> opendsec.edge.v1.ResumeTaskRequest
-	23, // 51: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	25, // 52: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	33, // 53: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	35, // 54: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	37, // 55: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	28, // 56: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
-	30, // 57: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
-	1,  // 58: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
-	39, // 59: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	3,  // 60: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	6,  // 61: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	8,  // 62: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	10, // 63: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	14, // 64: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	46, // 65: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
-	12, // 66: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
-	16, // 67: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	22, // 68: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	19, // 69: opendsec.edge.v1.EdgeService.PauseTask:output_type -> opendsec.edge.v1.PauseTaskResponse
-	20, // 70: opendsec.edge.v1.EdgeService.ResumeTask:output_type -> opendsec.edge.v1.ResumeTaskResponse
-	24, // 71: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	32, // 72: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	34, // 73: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	36, // 74: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	38, // 75: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	29, // 76: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
-	31, // 77: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
-	2,  // 78: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
-	44, // 79: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	52, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	52, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	52, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	53, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	53, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	54, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	52, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	55, // 11: opendsec.edge.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	52, // 12: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	55, // 13: opendsec.edge.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	56, // 14: opendsec.edge.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	56, // 15: opendsec.edge.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	52, // 16: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	57, // 17: opendsec.edge.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
+	58, // 18: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	49, // 19: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	28, // 20: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
+	59, // 21: opendsec.edge.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	53, // 22: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
+	29, // 23: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	52, // 24: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	4,  // 25: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	50, // 26: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	60, // 27: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	4,  // 28: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	29, // 29: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	58, // 30: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	43, // 31: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
+	43, // 32: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
+	43, // 33: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
+	42, // 34: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
+	44, // 35: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
+	43, // 36: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	4,  // 37: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
+	45, // 38: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	61, // 39: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
+	52, // 40: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	0,  // 41: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
+	5,  // 42: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
+	7,  // 43: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
+	9,  // 44: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
+	13, // 45: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
+	47, // 46: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
+	11, // 47: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
+	15, // 48: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
+	21, // 49: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
+	17, // 50: opendsec.edge.v1.EdgeService.PauseTask:input_type -> opendsec.edge.v1.PauseTaskRequest
+	18, // 51: opendsec.edge.v1.EdgeService.ResumeTask:input_type -> opendsec.edge.v1.ResumeTaskRequest
+	25, // 52: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	23, // 53: opendsec.edge.v1.EdgeService.CommitSandbox:input_type -> opendsec.edge.v1.CommitSandboxRequest
+	27, // 54: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	35, // 55: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	37, // 56: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	39, // 57: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	30, // 58: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
+	32, // 59: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
+	1,  // 60: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
+	41, // 61: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	3,  // 62: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	6,  // 63: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	8,  // 64: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	10, // 65: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	14, // 66: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	48, // 67: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
+	12, // 68: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
+	16, // 69: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	22, // 70: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	19, // 71: opendsec.edge.v1.EdgeService.PauseTask:output_type -> opendsec.edge.v1.PauseTaskResponse
+	20, // 72: opendsec.edge.v1.EdgeService.ResumeTask:output_type -> opendsec.edge.v1.ResumeTaskResponse
+	26, // 73: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	24, // 74: opendsec.edge.v1.EdgeService.CommitSandbox:output_type -> opendsec.edge.v1.CommitSandboxResponse
+	34, // 75: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	36, // 76: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	38, // 77: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	40, // 78: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	31, // 79: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
+	33, // 80: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
+	2,  // 81: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
+	46, // 82: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	62, // [62:83] is the sub-list for method output_type
+	41, // [41:62] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_edge_v1_edge_proto_init() }
@@ -3012,14 +3142,14 @@ func file_opendsec_edge_v1_edge_proto_init() {
 	if File_opendsec_edge_v1_edge_proto != nil {
 		return
 	}
-	file_opendsec_edge_v1_edge_proto_msgTypes[25].OneofWrappers = []any{}
+	file_opendsec_edge_v1_edge_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_edge_v1_edge_proto_rawDesc), len(file_opendsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

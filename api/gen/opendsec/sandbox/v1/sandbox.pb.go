@@ -12,6 +12,7 @@
 package sandboxv1
 
 import (
+	v1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -2431,6 +2432,116 @@ func (x *Snapshot) GetImageDigest() string {
 	return ""
 }
 
+type CommitSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The new image's name, "project/name:tag", in a project the key may
+	// write.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Paths left out: "/abs/path" from the root or "name" at any depth, with
+	// '*', '?' and '[...]' within one path part ("/root/.cache",
+	// "__pycache__", "*.pyc"); a directory that matches goes with all under
+	// it. At most 256.
+	Exclude       []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitSandboxRequest) Reset() {
+	*x = CommitSandboxRequest{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSandboxRequest) ProtoMessage() {}
+
+func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
+func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CommitSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CommitSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CommitSandboxRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+type CommitSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *v1.Image              `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitSandboxResponse) Reset() {
+	*x = CommitSandboxResponse{}
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSandboxResponse) ProtoMessage() {}
+
+func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSandboxResponse.ProtoReflect.Descriptor instead.
+func (*CommitSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CommitSandboxResponse) GetImage() *v1.Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 type SnapshotSandboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -2444,7 +2555,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2456,7 +2567,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2469,7 +2580,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -2495,7 +2606,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2618,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2631,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -2547,7 +2658,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2559,7 +2670,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2572,7 +2683,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -2619,7 +2730,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2631,7 +2742,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2644,7 +2755,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -2671,7 +2782,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2683,7 +2794,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2696,7 +2807,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2747,7 +2858,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2759,7 +2870,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2772,7 +2883,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -2811,7 +2922,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +2934,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +2947,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*ForkResult {
@@ -2870,7 +2981,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2993,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3006,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -2914,7 +3025,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3037,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2939,7 +3050,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2958,7 +3069,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3081,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3094,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -3001,7 +3112,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3124,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3137,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 type UpdateNetworkRequest struct {
@@ -3049,7 +3160,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3172,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3185,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -3128,7 +3239,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3251,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[45]
+	mi := &file_opendsec_sandbox_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3264,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *Sandbox {
@@ -3167,7 +3278,7 @@ var File_opendsec_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!opendsec/sandbox/v1/sandbox.proto\x12\x13opendsec.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"!opendsec/sandbox/v1/sandbox.proto\x12\x13opendsec.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dopendsec/image/v1/image.proto\"\x12\n" +
 	"\x10ListNodesRequest\"d\n" +
 	"\n" +
 	"NodeAmount\x12\x1c\n" +
@@ -3349,7 +3460,14 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x17\n" +
 	"\anode_id\x18\a \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04name\x18\b \x01(\tR\x04name\x12!\n" +
-	"\fimage_digest\x18\t \x01(\tR\vimageDigest\"K\n" +
+	"\fimage_digest\x18\t \x01(\tR\vimageDigest\"c\n" +
+	"\x14CommitSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\"G\n" +
+	"\x15CommitSandboxResponse\x12.\n" +
+	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"K\n" +
 	"\x16SnapshotSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -3429,7 +3547,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_FAILED\x10\x06*J\n" +
 	"\rForkPlacement\x12\x1e\n" +
 	"\x1aFORK_PLACEMENT_UNSPECIFIED\x10\x00\x12\x19\n" +
-	"\x15FORK_PLACEMENT_SPREAD\x10\x012\xe6\r\n" +
+	"\x15FORK_PLACEMENT_SPREAD\x10\x012\xce\x0e\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).opendsec.sandbox.v1.CreateSandboxRequest\x1a*.opendsec.sandbox.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -3442,7 +3560,8 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\tPauseTask\x12%.opendsec.sandbox.v1.PauseTaskRequest\x1a&.opendsec.sandbox.v1.PauseTaskResponse\x12]\n" +
 	"\n" +
 	"ResumeTask\x12&.opendsec.sandbox.v1.ResumeTaskRequest\x1a'.opendsec.sandbox.v1.ResumeTaskResponse\x12l\n" +
-	"\x0fSnapshotSandbox\x12+.opendsec.sandbox.v1.SnapshotSandboxRequest\x1a,.opendsec.sandbox.v1.SnapshotSandboxResponse\x12l\n" +
+	"\x0fSnapshotSandbox\x12+.opendsec.sandbox.v1.SnapshotSandboxRequest\x1a,.opendsec.sandbox.v1.SnapshotSandboxResponse\x12f\n" +
+	"\rCommitSandbox\x12).opendsec.sandbox.v1.CommitSandboxRequest\x1a*.opendsec.sandbox.v1.CommitSandboxResponse\x12l\n" +
 	"\x0fRestoreSnapshot\x12+.opendsec.sandbox.v1.RestoreSnapshotRequest\x1a,.opendsec.sandbox.v1.RestoreSnapshotResponse\x12`\n" +
 	"\vForkSandbox\x12'.opendsec.sandbox.v1.ForkSandboxRequest\x1a(.opendsec.sandbox.v1.ForkSandboxResponse\x12f\n" +
 	"\rListSnapshots\x12).opendsec.sandbox.v1.ListSnapshotsRequest\x1a*.opendsec.sandbox.v1.ListSnapshotsResponse\x12i\n" +
@@ -3464,7 +3583,7 @@ func file_opendsec_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_opendsec_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_opendsec_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(OnTimeout)(0),                    // 0: opendsec.sandbox.v1.OnTimeout
 	(PauseDepth)(0),                   // 1: opendsec.sandbox.v1.PauseDepth
@@ -3503,56 +3622,59 @@ var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*ResumeSandboxRequest)(nil),      // 34: opendsec.sandbox.v1.ResumeSandboxRequest
 	(*ResumeSandboxResponse)(nil),     // 35: opendsec.sandbox.v1.ResumeSandboxResponse
 	(*Snapshot)(nil),                  // 36: opendsec.sandbox.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),    // 37: opendsec.sandbox.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 38: opendsec.sandbox.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 39: opendsec.sandbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),   // 40: opendsec.sandbox.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 41: opendsec.sandbox.v1.ForkSandboxRequest
-	(*ForkResult)(nil),                // 42: opendsec.sandbox.v1.ForkResult
-	(*ForkSandboxResponse)(nil),       // 43: opendsec.sandbox.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 44: opendsec.sandbox.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 45: opendsec.sandbox.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 46: opendsec.sandbox.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 47: opendsec.sandbox.v1.DeleteSnapshotResponse
-	(*UpdateNetworkRequest)(nil),      // 48: opendsec.sandbox.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 49: opendsec.sandbox.v1.UpdateNetworkResponse
-	nil,                               // 50: opendsec.sandbox.v1.Node.BackendsEntry
-	nil,                               // 51: opendsec.sandbox.v1.Node.BackendDetailsEntry
-	nil,                               // 52: opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	nil,                               // 53: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
-	nil,                               // 54: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	nil,                               // 55: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 56: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 57: google.protobuf.Timestamp
+	(*CommitSandboxRequest)(nil),      // 37: opendsec.sandbox.v1.CommitSandboxRequest
+	(*CommitSandboxResponse)(nil),     // 38: opendsec.sandbox.v1.CommitSandboxResponse
+	(*SnapshotSandboxRequest)(nil),    // 39: opendsec.sandbox.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 40: opendsec.sandbox.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 41: opendsec.sandbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),   // 42: opendsec.sandbox.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 43: opendsec.sandbox.v1.ForkSandboxRequest
+	(*ForkResult)(nil),                // 44: opendsec.sandbox.v1.ForkResult
+	(*ForkSandboxResponse)(nil),       // 45: opendsec.sandbox.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 46: opendsec.sandbox.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 47: opendsec.sandbox.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 48: opendsec.sandbox.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 49: opendsec.sandbox.v1.DeleteSnapshotResponse
+	(*UpdateNetworkRequest)(nil),      // 50: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 51: opendsec.sandbox.v1.UpdateNetworkResponse
+	nil,                               // 52: opendsec.sandbox.v1.Node.BackendsEntry
+	nil,                               // 53: opendsec.sandbox.v1.Node.BackendDetailsEntry
+	nil,                               // 54: opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	nil,                               // 55: opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	nil,                               // 56: opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	nil,                               // 57: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 58: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 59: google.protobuf.Timestamp
+	(*v1.Image)(nil),                  // 60: opendsec.image.v1.Image
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
 	5,  // 1: opendsec.sandbox.v1.Node.allocated:type_name -> opendsec.sandbox.v1.NodeAmount
-	50, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
-	57, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
-	51, // 4: opendsec.sandbox.v1.Node.backend_details:type_name -> opendsec.sandbox.v1.Node.BackendDetailsEntry
+	52, // 2: opendsec.sandbox.v1.Node.backends:type_name -> opendsec.sandbox.v1.Node.BackendsEntry
+	59, // 3: opendsec.sandbox.v1.Node.polled_at:type_name -> google.protobuf.Timestamp
+	53, // 4: opendsec.sandbox.v1.Node.backend_details:type_name -> opendsec.sandbox.v1.Node.BackendDetailsEntry
 	6,  // 5: opendsec.sandbox.v1.ListNodesResponse.nodes:type_name -> opendsec.sandbox.v1.Node
 	8,  // 6: opendsec.sandbox.v1.SandboxSpec.resources:type_name -> opendsec.sandbox.v1.Resources
-	52, // 7: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
-	53, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
+	54, // 7: opendsec.sandbox.v1.SandboxSpec.env:type_name -> opendsec.sandbox.v1.SandboxSpec.EnvEntry
+	55, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
 	10, // 9: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
 	0,  // 10: opendsec.sandbox.v1.SandboxSpec.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
 	11, // 11: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
 	9,  // 12: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	2,  // 13: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	57, // 14: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	57, // 15: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	59, // 14: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	59, // 15: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 16: opendsec.sandbox.v1.Sandbox.pause_depth:type_name -> opendsec.sandbox.v1.PauseDepth
 	13, // 17: opendsec.sandbox.v1.Sandbox.limit_events:type_name -> opendsec.sandbox.v1.LimitEvents
 	9,  // 18: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	12, // 19: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	12, // 20: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	54, // 21: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	56, // 21: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
 	2,  // 22: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
 	12, // 23: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	57, // 24: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	57, // 25: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	57, // 26: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	59, // 24: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	59, // 25: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	59, // 26: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
 	23, // 27: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
 	12, // 28: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	1,  // 29: opendsec.sandbox.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
@@ -3563,59 +3685,62 @@ var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	30, // 34: opendsec.sandbox.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
 	12, // 35: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	9,  // 36: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	57, // 37: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	36, // 38: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	55, // 39: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	0,  // 40: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	12, // 41: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	56, // 42: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	3,  // 43: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
-	12, // 44: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	42, // 45: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	36, // 46: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	11, // 47: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 48: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 49: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	12, // 50: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	14, // 51: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	16, // 52: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	18, // 53: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	20, // 54: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	25, // 55: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	27, // 56: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	34, // 57: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	29, // 58: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
-	32, // 59: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
-	37, // 60: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	39, // 61: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	41, // 62: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	44, // 63: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	46, // 64: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	48, // 65: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	22, // 66: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	4,  // 67: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
-	15, // 68: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	17, // 69: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	19, // 70: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	21, // 71: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	26, // 72: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	28, // 73: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	35, // 74: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	31, // 75: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
-	33, // 76: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
-	38, // 77: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	40, // 78: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	43, // 79: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	45, // 80: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	47, // 81: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	49, // 82: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	24, // 83: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	7,  // 84: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
-	68, // [68:85] is the sub-list for method output_type
-	51, // [51:68] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	59, // 37: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	60, // 38: opendsec.sandbox.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
+	36, // 39: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	57, // 40: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	0,  // 41: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	12, // 42: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	58, // 43: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	3,  // 44: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
+	12, // 45: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 46: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	36, // 47: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	11, // 48: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 49: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 50: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	12, // 51: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	14, // 52: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	16, // 53: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	18, // 54: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	20, // 55: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	25, // 56: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	27, // 57: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	34, // 58: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	29, // 59: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
+	32, // 60: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
+	39, // 61: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	37, // 62: opendsec.sandbox.v1.SandboxService.CommitSandbox:input_type -> opendsec.sandbox.v1.CommitSandboxRequest
+	41, // 63: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	43, // 64: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	46, // 65: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	48, // 66: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	50, // 67: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	22, // 68: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	4,  // 69: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	15, // 70: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	17, // 71: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	19, // 72: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	21, // 73: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	26, // 74: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	28, // 75: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	35, // 76: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	31, // 77: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
+	33, // 78: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
+	40, // 79: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	38, // 80: opendsec.sandbox.v1.SandboxService.CommitSandbox:output_type -> opendsec.sandbox.v1.CommitSandboxResponse
+	42, // 81: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	45, // 82: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	47, // 83: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	49, // 84: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	51, // 85: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	24, // 86: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	7,  // 87: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	70, // [70:88] is the sub-list for method output_type
+	52, // [52:70] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
@@ -3623,15 +3748,15 @@ func file_opendsec_sandbox_v1_sandbox_proto_init() {
 	if File_opendsec_sandbox_v1_sandbox_proto != nil {
 		return
 	}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[35].OneofWrappers = []any{}
-	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[44].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{}
+	file_opendsec_sandbox_v1_sandbox_proto_msgTypes[46].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_sandbox_v1_sandbox_proto_rawDesc), len(file_opendsec_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   53,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -69,6 +69,9 @@ const (
 	// EdgeServiceSnapshotSandboxProcedure is the fully-qualified name of the EdgeService's
 	// SnapshotSandbox RPC.
 	EdgeServiceSnapshotSandboxProcedure = "/opendsec.edge.v1.EdgeService/SnapshotSandbox"
+	// EdgeServiceCommitSandboxProcedure is the fully-qualified name of the EdgeService's CommitSandbox
+	// RPC.
+	EdgeServiceCommitSandboxProcedure = "/opendsec.edge.v1.EdgeService/CommitSandbox"
 	// EdgeServiceRestoreSnapshotProcedure is the fully-qualified name of the EdgeService's
 	// RestoreSnapshot RPC.
 	EdgeServiceRestoreSnapshotProcedure = "/opendsec.edge.v1.EdgeService/RestoreSnapshot"
@@ -113,6 +116,7 @@ type EdgeServiceClient interface {
 	PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error)
 	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -213,6 +217,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("SnapshotSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		commitSandbox: connect.NewClient[v1.CommitSandboxRequest, v1.CommitSandboxResponse](
+			httpClient,
+			baseURL+EdgeServiceCommitSandboxProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("CommitSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
 			httpClient,
 			baseURL+EdgeServiceRestoreSnapshotProcedure,
@@ -278,6 +288,7 @@ type edgeServiceClient struct {
 	pauseTask         *connect.Client[v1.PauseTaskRequest, v1.PauseTaskResponse]
 	resumeTask        *connect.Client[v1.ResumeTaskRequest, v1.ResumeTaskResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -348,6 +359,11 @@ func (c *edgeServiceClient) SnapshotSandbox(ctx context.Context, req *connect.Re
 	return c.snapshotSandbox.CallUnary(ctx, req)
 }
 
+// CommitSandbox calls opendsec.edge.v1.EdgeService.CommitSandbox.
+func (c *edgeServiceClient) CommitSandbox(ctx context.Context, req *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error) {
+	return c.commitSandbox.CallUnary(ctx, req)
+}
+
 // RestoreSnapshot calls opendsec.edge.v1.EdgeService.RestoreSnapshot.
 func (c *edgeServiceClient) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
 	return c.restoreSnapshot.CallUnary(ctx, req)
@@ -407,6 +423,7 @@ type EdgeServiceHandler interface {
 	PauseTask(context.Context, *connect.Request[v1.PauseTaskRequest]) (*connect.Response[v1.PauseTaskResponse], error)
 	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -503,6 +520,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("SnapshotSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceCommitSandboxHandler := connect.NewUnaryHandler(
+		EdgeServiceCommitSandboxProcedure,
+		svc.CommitSandbox,
+		connect.WithSchema(edgeServiceMethods.ByName("CommitSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceRestoreSnapshotHandler := connect.NewUnaryHandler(
 		EdgeServiceRestoreSnapshotProcedure,
 		svc.RestoreSnapshot,
@@ -577,6 +600,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceResumeTaskHandler.ServeHTTP(w, r)
 		case EdgeServiceSnapshotSandboxProcedure:
 			edgeServiceSnapshotSandboxHandler.ServeHTTP(w, r)
+		case EdgeServiceCommitSandboxProcedure:
+			edgeServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceRestoreSnapshotProcedure:
 			edgeServiceRestoreSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceForkSandboxProcedure:
@@ -648,6 +673,10 @@ func (UnimplementedEdgeServiceHandler) ResumeTask(context.Context, *connect.Requ
 
 func (UnimplementedEdgeServiceHandler) SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.SnapshotSandbox is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.CommitSandbox is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {

@@ -67,6 +67,9 @@ const (
 	// SandboxServiceSnapshotSandboxProcedure is the fully-qualified name of the SandboxService's
 	// SnapshotSandbox RPC.
 	SandboxServiceSnapshotSandboxProcedure = "/opendsec.sandbox.v1.SandboxService/SnapshotSandbox"
+	// SandboxServiceCommitSandboxProcedure is the fully-qualified name of the SandboxService's
+	// CommitSandbox RPC.
+	SandboxServiceCommitSandboxProcedure = "/opendsec.sandbox.v1.SandboxService/CommitSandbox"
 	// SandboxServiceRestoreSnapshotProcedure is the fully-qualified name of the SandboxService's
 	// RestoreSnapshot RPC.
 	SandboxServiceRestoreSnapshotProcedure = "/opendsec.sandbox.v1.SandboxService/RestoreSnapshot"
@@ -118,6 +121,10 @@ type SandboxServiceClient interface {
 	// SnapshotSandbox captures memory, execution state and a point-in-time copy
 	// of the writable layer. The sandbox keeps running.
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// CommitSandbox turns what the sandbox changed in its image (its writable
+	// layer) into one new layer over that image, named in the image store
+	// (pack_diff). A running sandbox pauses while its layer is read.
+	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
 	// RestoreSnapshot starts a new sandbox from a snapshot.
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	// ForkSandbox pauses the source briefly, captures it, resumes it and starts
@@ -209,6 +216,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("SnapshotSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		commitSandbox: connect.NewClient[v1.CommitSandboxRequest, v1.CommitSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceCommitSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CommitSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
 			httpClient,
 			baseURL+SandboxServiceRestoreSnapshotProcedure,
@@ -266,6 +279,7 @@ type sandboxServiceClient struct {
 	pauseTask         *connect.Client[v1.PauseTaskRequest, v1.PauseTaskResponse]
 	resumeTask        *connect.Client[v1.ResumeTaskRequest, v1.ResumeTaskResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -323,6 +337,11 @@ func (c *sandboxServiceClient) ResumeTask(ctx context.Context, req *connect.Requ
 // SnapshotSandbox calls opendsec.sandbox.v1.SandboxService.SnapshotSandbox.
 func (c *sandboxServiceClient) SnapshotSandbox(ctx context.Context, req *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
 	return c.snapshotSandbox.CallUnary(ctx, req)
+}
+
+// CommitSandbox calls opendsec.sandbox.v1.SandboxService.CommitSandbox.
+func (c *sandboxServiceClient) CommitSandbox(ctx context.Context, req *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error) {
+	return c.commitSandbox.CallUnary(ctx, req)
 }
 
 // RestoreSnapshot calls opendsec.sandbox.v1.SandboxService.RestoreSnapshot.
@@ -388,6 +407,10 @@ type SandboxServiceHandler interface {
 	// SnapshotSandbox captures memory, execution state and a point-in-time copy
 	// of the writable layer. The sandbox keeps running.
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// CommitSandbox turns what the sandbox changed in its image (its writable
+	// layer) into one new layer over that image, named in the image store
+	// (pack_diff). A running sandbox pauses while its layer is read.
+	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
 	// RestoreSnapshot starts a new sandbox from a snapshot.
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	// ForkSandbox pauses the source briefly, captures it, resumes it and starts
@@ -475,6 +498,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("SnapshotSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceCommitSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceCommitSandboxProcedure,
+		svc.CommitSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("CommitSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceRestoreSnapshotHandler := connect.NewUnaryHandler(
 		SandboxServiceRestoreSnapshotProcedure,
 		svc.RestoreSnapshot,
@@ -539,6 +568,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceResumeTaskHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotSandboxProcedure:
 			sandboxServiceSnapshotSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceCommitSandboxProcedure:
+			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceRestoreSnapshotProcedure:
 			sandboxServiceRestoreSnapshotHandler.ServeHTTP(w, r)
 		case SandboxServiceForkSandboxProcedure:
@@ -600,6 +631,10 @@ func (UnimplementedSandboxServiceHandler) ResumeTask(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.SnapshotSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.sandbox.v1.SandboxService.CommitSandbox is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
