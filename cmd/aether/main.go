@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/aether"
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sudo"
 )
@@ -88,10 +89,12 @@ func run(ctx context.Context, socket, sudoDir, machineID string, syncClock, link
 			env[k] = v
 		}
 	}
+	imageUser := env[agentlink.ImageUserEnv]
+	delete(env, agentlink.ImageUserEnv)
 	// The runtime starts the agent in the image's WORKDIR ("/" without one).
 	workDir, _ := os.Getwd()
 	if workDir == "/" {
 		workDir = ""
 	}
-	return aether.New(aether.Config{WorkDir: workDir, EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup, Limits: limits}, log).Run(ctx)
+	return aether.New(aether.Config{WorkDir: workDir, DefaultUser: imageUser, EdgeSocket: socket, Env: env, Root: "/", ApplyIdentity: true, SudoDir: sudoDir, DetachConsole: true, MachineID: machineID, SyncClock: syncClock, AuthenticateLink: linkAuth, SpawnCgroup: cgroup, Limits: limits}, log).Run(ctx)
 }

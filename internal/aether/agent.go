@@ -44,6 +44,9 @@ type Config struct {
 	// WorkDir is where processes that name no directory start (the
 	// image's WORKDIR); empty: the user's home.
 	WorkDir string
+	// DefaultUser is who processes that name no user run as (the image's
+	// USER); empty: root.
+	DefaultUser string
 	// ApplyIdentity lets SetIdentity change the hostname, /etc/machine-id
 	// and the entropy pool. Only true inside a real sandbox: an in-process
 	// agent (the fake backend) must never touch its host.
@@ -93,7 +96,7 @@ type Agent struct {
 func New(cfg Config, log *slog.Logger) *Agent {
 	log = logging.OrDiscard(log)
 	users := sysuser.NewDB(cfg.Root)
-	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env, WorkDir: cfg.WorkDir, Cgroup: cfg.SpawnCgroup}
+	sp := &spawn.Spawner{Users: users, BaseEnv: cfg.Env, WorkDir: cfg.WorkDir, DefaultUser: cfg.DefaultUser, Cgroup: cfg.SpawnCgroup}
 	a := &Agent{cfg: cfg, log: log, spawner: sp, procs: newProcessTable(sp), sessions: chronus.New(sp), started: time.Now(), watches: &watchSet{}}
 	a.procs.watches = a.watches
 	a.dialer = &agentlink.Dialer{Path: cfg.EdgeSocket, Log: log, Authenticate: cfg.AuthenticateLink}

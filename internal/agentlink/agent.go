@@ -169,3 +169,8 @@ func (l *oneConnListener) Close() error {
 func (l *oneConnListener) Addr() net.Addr { return &net.UnixAddr{Name: "edge", Net: "unix"} }
 
 var _ net.Listener = (*oneConnListener)(nil)
+
+// ImageUserEnv carries the image's USER from the edge to the agent in the
+// agent's environment, which the agent takes it out of: every backend
+// passes the environment through, so none has to know about it.
+const ImageUserEnv = "DSEC_IMAGE_USER"

@@ -7,7 +7,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/opencontainers/go-digest"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
@@ -15,6 +14,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/imageproto"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/project"
 )
@@ -23,9 +23,7 @@ type imageService struct{ s *Server }
 
 var _ imagev1connect.ImageServiceHandler = (*imageService)(nil)
 
-func imageProto(im *image.Image) *imagev1.Image {
-	return &imagev1.Image{Name: im.Ref.String(), Digest: im.Digest.String(), SizeBytes: im.Size(), Layers: int32(len(im.Manifest.Layers)), CreatedAt: timestamppb.New(im.Created)}
-}
+func imageProto(im *image.Image) *imagev1.Image { return imageproto.Image(im) }
 
 // readable reports whether p may use images of project: its own project's,
 // an ancestor's, or a descendant's.

@@ -366,7 +366,7 @@ func (h *sandboxService) CommitSandbox(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Edge.CommitSandbox(ctx, connect.NewRequest(&edgev1.CommitSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: p.Project, Name: ref.String(), Exclude: req.Msg.Exclude}))
+	resp, err := c.Edge.CommitSandbox(ctx, connect.NewRequest(&edgev1.CommitSandboxRequest{SandboxId: req.Msg.SandboxId, Scope: p.Project, Name: ref.String(), Exclude: req.Msg.Exclude, Config: req.Msg.Config}))
 	if err != nil {
 		return nil, err
 	}

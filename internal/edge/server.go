@@ -85,7 +85,7 @@ func (s *server) DestroySandbox(ctx context.Context, req *connect.Request[edgev1
 }
 
 func (s *server) CommitSandbox(ctx context.Context, req *connect.Request[edgev1.CommitSandboxRequest]) (*connect.Response[edgev1.CommitSandboxResponse], error) {
-	im, err := s.e.Commit(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name, req.Msg.Exclude)
+	im, err := s.e.Commit(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name, req.Msg.Exclude, req.Msg.Config)
 	if err != nil {
 		return nil, err
 	}

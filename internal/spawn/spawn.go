@@ -38,6 +38,9 @@ type Spawner struct {
 	// WorkDir, if set, is where processes that name no directory start
 	// (the image's WORKDIR, as docker does) instead of the user's home.
 	WorkDir string
+	// DefaultUser, if set, is who processes that name no user run as (the
+	// image's USER, as docker does) instead of root.
+	DefaultUser string
 	// Cgroup, if set, is an open cgroup v2 directory every process starts
 	// in (clone3's CLONE_INTO_CGROUP): the sandbox's limits bind its
 	// processes while the agent, outside, keeps running (a microVM's
@@ -68,7 +71,11 @@ func (s *Spawner) Resolve(r Request) (*Resolved, error) {
 	if len(r.Args) == 0 || r.Args[0] == "" {
 		return nil, errdefs.InvalidArgument("args: need at least the program name")
 	}
-	u, err := s.Users.Lookup(r.User)
+	name := r.User
+	if name == "" {
+		name = s.DefaultUser
+	}
+	u, err := s.Users.Lookup(name)
 	if err != nil {
 		return nil, err
 	}

@@ -90,3 +90,22 @@ func TestProcessesStartInTheImagesWorkDir(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessesRunAsTheImagesUser: a request naming no user runs as the
+// spawner's DefaultUser (the image's USER); one naming a user, as that one.
+func TestProcessesRunAsTheImagesUser(t *testing.T) {
+	root, home := t.TempDir(), t.TempDir()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	passwd := "root:x:0:0:root:/:/bin/sh\nbuilder:x:1234:1234::" + home + ":/bin/sh\n"
+	if err := os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte(passwd), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &Spawner{Users: sysuser.NewDB(root), DefaultUser: "builder"}
+	r, err := s.Resolve(Request{Args: []string{"/bin/sh"}})
+	if err != nil || r.User.Name != "builder" || r.Dir != home {
+		t.Fatalf("no user named: %+v %v; want builder in %s", r, err, home)
+	}
+	if r, err := s.Resolve(Request{Args: []string{"/bin/sh"}, User: "root"}); err != nil || r.User.Name != "root" {
+		t.Fatalf("root named: %+v %v", r, err)
+	}
+}

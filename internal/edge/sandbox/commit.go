@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
@@ -30,8 +31,8 @@ var CommitExcluded = []string{"/.dsec", "/etc/hosts", "/etc/hostname", "/etc/res
 // directories, links, modes and owners, less what exclude matches. A
 // running sandbox is paused while its layer is read and then resumes; a
 // paused one stays paused. The image keeps its base's config (ENV,
-// WORKDIR, its service).
-func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref, exclude []string) (*image.Image, error) {
+// WORKDIR, its service) unless config gives it another.
+func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref, exclude []string, config func(base ocispec.ImageConfig) ocispec.ImageConfig) (*image.Image, error) {
 	ex, err := image.ParseExclude(append(append([]string(nil), CommitExcluded...), exclude...))
 	if err != nil {
 		return nil, err
@@ -84,7 +85,11 @@ func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref
 	if perr != nil {
 		return nil, fmt.Errorf("sandbox %s: pack its changes: %w", sb.id, perr)
 	}
-	im, err := store.Commit(ref, base, []image.Layer{layer}, base.Config.Config)
+	cfg := base.Config.Config
+	if config != nil {
+		cfg = config(cfg)
+	}
+	im, err := store.Commit(ref, base, []image.Layer{layer}, cfg)
 	if err != nil {
 		return nil, err
 	}

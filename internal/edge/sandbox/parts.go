@@ -9,6 +9,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/layerfs"
 	"github.com/opendsec/opendsec/internal/edge/records"
@@ -120,6 +121,11 @@ func (p *Parts) backendSpec(rec *records.Record, dir, runDir string, layers []st
 		env = append(env, k+"="+rec.Spec.Env[k])
 	}
 	env = append(env, "DSEC_SANDBOX_ID="+string(rec.ID))
+	if cfg.User != "" {
+		// The agent takes it out of the environment: the user processes
+		// that name none run as (the image's USER).
+		env = append(env, agentlink.ImageUserEnv+"="+cfg.User)
+	}
 	r := rec.Spec.Resources
 	return &backend.Spec{
 		ID: rec.ID, Dir: dir, Layers: layers, Env: env, WorkDir: cfg.WorkingDir, Hostname: string(rec.ID),

@@ -34,9 +34,11 @@ type Image struct {
 	// Digest of the OCI manifest.
 	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
 	// Compressed size of all layers.
-	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Layers        int32                  `protobuf:"varint,4,opt,name=layers,proto3" json:"layers,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	SizeBytes int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Layers    int32                  `protobuf:"varint,4,opt,name=layers,proto3" json:"layers,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// What a sandbox of it starts with (the OCI image config's).
+	Config        *ImageConfig `protobuf:"bytes,6,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -106,6 +108,101 @@ func (x *Image) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Image) GetConfig() *ImageConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+// ImageConfig is how sandboxes of an image start: its environment, the
+// directory and user of processes that name none, its entry point and
+// command, and its labels (an image service's start and ready commands).
+type ImageConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// KEY=VALUE.
+	Env           []string          `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	WorkingDir    string            `protobuf:"bytes,2,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	User          string            `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
+	Entrypoint    []string          `protobuf:"bytes,4,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	Cmd           []string          `protobuf:"bytes,5,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageConfig) Reset() {
+	*x = ImageConfig{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageConfig) ProtoMessage() {}
+
+func (x *ImageConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageConfig.ProtoReflect.Descriptor instead.
+func (*ImageConfig) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ImageConfig) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ImageConfig) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *ImageConfig) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ImageConfig) GetEntrypoint() []string {
+	if x != nil {
+		return x.Entrypoint
+	}
+	return nil
+}
+
+func (x *ImageConfig) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *ImageConfig) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 type ListImagesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only images of this project (empty: every project the key can read).
@@ -116,7 +213,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -128,7 +225,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -141,7 +238,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ListImagesRequest) GetProject() string {
@@ -160,7 +257,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -172,7 +269,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -185,7 +282,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -204,7 +301,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +313,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +326,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -248,7 +345,7 @@ type GetImageResponse struct {
 
 func (x *GetImageResponse) Reset() {
 	*x = GetImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +357,7 @@ func (x *GetImageResponse) String() string {
 func (*GetImageResponse) ProtoMessage() {}
 
 func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +370,7 @@ func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageResponse.ProtoReflect.Descriptor instead.
 func (*GetImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetImageResponse) GetImage() *Image {
@@ -292,7 +389,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +401,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +414,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteImageRequest) GetName() string {
@@ -339,7 +436,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +448,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +461,7 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteImageResponse) GetFreedBytes() int64 {
@@ -389,7 +486,7 @@ type RegistryCredentials struct {
 
 func (x *RegistryCredentials) Reset() {
 	*x = RegistryCredentials{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +498,7 @@ func (x *RegistryCredentials) String() string {
 func (*RegistryCredentials) ProtoMessage() {}
 
 func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +511,7 @@ func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryCredentials.ProtoReflect.Descriptor instead.
 func (*RegistryCredentials) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegistryCredentials) GetUsername() string {
@@ -451,7 +548,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +560,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +573,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Progress) GetStage() string {
@@ -515,7 +612,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +624,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +637,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PullImageRequest) GetSource() string {
@@ -575,7 +672,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +684,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +697,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PullImageResponse) GetProgress() *Progress {
@@ -630,7 +727,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +739,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +752,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PushImageRequest) GetName() string {
@@ -690,7 +787,7 @@ type PushImageResponse struct {
 
 func (x *PushImageResponse) Reset() {
 	*x = PushImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +799,7 @@ func (x *PushImageResponse) String() string {
 func (*PushImageResponse) ProtoMessage() {}
 
 func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +812,7 @@ func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageResponse.ProtoReflect.Descriptor instead.
 func (*PushImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PushImageResponse) GetProgress() *Progress {
@@ -736,7 +833,7 @@ var File_opendsec_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x01\n" +
+	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -744,7 +841,21 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x12\x16\n" +
 	"\x06layers\x18\x04 \x01(\x05R\x06layers\x129\n" +
 	"\n" +
-	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"-\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x126\n" +
+	"\x06config\x18\x06 \x01(\v2\x1e.opendsec.image.v1.ImageConfigR\x06config\"\x85\x02\n" +
+	"\vImageConfig\x12\x10\n" +
+	"\x03env\x18\x01 \x03(\tR\x03env\x12\x1f\n" +
+	"\vworking_dir\x18\x02 \x01(\tR\n" +
+	"workingDir\x12\x12\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\x12\x1e\n" +
+	"\n" +
+	"entrypoint\x18\x04 \x03(\tR\n" +
+	"entrypoint\x12\x10\n" +
+	"\x03cmd\x18\x05 \x03(\tR\x03cmd\x12B\n" +
+	"\x06labels\x18\x06 \x03(\v2*.opendsec.image.v1.ImageConfig.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"-\n" +
 	"\x11ListImagesRequest\x12\x18\n" +
 	"\aproject\x18\x01 \x01(\tR\aproject\"F\n" +
 	"\x12ListImagesResponse\x120\n" +
@@ -800,47 +911,51 @@ func file_opendsec_image_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_image_v1_image_proto_rawDescData
 }
 
-var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_opendsec_image_v1_image_proto_goTypes = []any{
 	(*Image)(nil),                 // 0: opendsec.image.v1.Image
-	(*ListImagesRequest)(nil),     // 1: opendsec.image.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 2: opendsec.image.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 3: opendsec.image.v1.GetImageRequest
-	(*GetImageResponse)(nil),      // 4: opendsec.image.v1.GetImageResponse
-	(*DeleteImageRequest)(nil),    // 5: opendsec.image.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),   // 6: opendsec.image.v1.DeleteImageResponse
-	(*RegistryCredentials)(nil),   // 7: opendsec.image.v1.RegistryCredentials
-	(*Progress)(nil),              // 8: opendsec.image.v1.Progress
-	(*PullImageRequest)(nil),      // 9: opendsec.image.v1.PullImageRequest
-	(*PullImageResponse)(nil),     // 10: opendsec.image.v1.PullImageResponse
-	(*PushImageRequest)(nil),      // 11: opendsec.image.v1.PushImageRequest
-	(*PushImageResponse)(nil),     // 12: opendsec.image.v1.PushImageResponse
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*ImageConfig)(nil),           // 1: opendsec.image.v1.ImageConfig
+	(*ListImagesRequest)(nil),     // 2: opendsec.image.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),    // 3: opendsec.image.v1.ListImagesResponse
+	(*GetImageRequest)(nil),       // 4: opendsec.image.v1.GetImageRequest
+	(*GetImageResponse)(nil),      // 5: opendsec.image.v1.GetImageResponse
+	(*DeleteImageRequest)(nil),    // 6: opendsec.image.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),   // 7: opendsec.image.v1.DeleteImageResponse
+	(*RegistryCredentials)(nil),   // 8: opendsec.image.v1.RegistryCredentials
+	(*Progress)(nil),              // 9: opendsec.image.v1.Progress
+	(*PullImageRequest)(nil),      // 10: opendsec.image.v1.PullImageRequest
+	(*PullImageResponse)(nil),     // 11: opendsec.image.v1.PullImageResponse
+	(*PushImageRequest)(nil),      // 12: opendsec.image.v1.PushImageRequest
+	(*PushImageResponse)(nil),     // 13: opendsec.image.v1.PushImageResponse
+	nil,                           // 14: opendsec.image.v1.ImageConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
-	13, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	0,  // 1: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
-	0,  // 2: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	7,  // 3: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	8,  // 4: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	0,  // 5: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
-	7,  // 6: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	8,  // 7: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	1,  // 8: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	3,  // 9: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	5,  // 10: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	9,  // 11: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
-	11, // 12: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
-	2,  // 13: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	4,  // 14: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	6,  // 15: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	10, // 16: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
-	12, // 17: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	15, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	1,  // 1: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
+	14, // 2: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
+	0,  // 3: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
+	0,  // 4: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
+	8,  // 5: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	9,  // 6: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	0,  // 7: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	8,  // 8: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	9,  // 9: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	2,  // 10: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	4,  // 11: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	6,  // 12: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	10, // 13: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	12, // 14: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	3,  // 15: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	5,  // 16: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	7,  // 17: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	11, // 18: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	13, // 19: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
@@ -854,7 +969,7 @@ func file_opendsec_image_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_image_v1_image_proto_rawDesc), len(file_opendsec_image_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -2442,7 +2442,10 @@ type CommitSandboxRequest struct {
 	// '*', '?' and '[...]' within one path part ("/root/.cache",
 	// "__pycache__", "*.pyc"); a directory that matches goes with all under
 	// it. At most 256.
-	Exclude       []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	Exclude []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// If set, the new image's config (replacing its base's, which it keeps
+	// otherwise): what a build's ENV, WORKDIR, USER, CMD and LABEL set.
+	Config        *v1.ImageConfig `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2494,6 +2497,13 @@ func (x *CommitSandboxRequest) GetName() string {
 func (x *CommitSandboxRequest) GetExclude() []string {
 	if x != nil {
 		return x.Exclude
+	}
+	return nil
+}
+
+func (x *CommitSandboxRequest) GetConfig() *v1.ImageConfig {
+	if x != nil {
+		return x.Config
 	}
 	return nil
 }
@@ -3460,12 +3470,13 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x17\n" +
 	"\anode_id\x18\a \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04name\x18\b \x01(\tR\x04name\x12!\n" +
-	"\fimage_digest\x18\t \x01(\tR\vimageDigest\"c\n" +
+	"\fimage_digest\x18\t \x01(\tR\vimageDigest\"\x9b\x01\n" +
 	"\x14CommitSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
-	"\aexclude\x18\x03 \x03(\tR\aexclude\"G\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\x126\n" +
+	"\x06config\x18\x04 \x01(\v2\x1e.opendsec.image.v1.ImageConfigR\x06config\"G\n" +
 	"\x15CommitSandboxResponse\x12.\n" +
 	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"K\n" +
 	"\x16SnapshotSandboxRequest\x12\x1d\n" +
@@ -3645,7 +3656,8 @@ var file_opendsec_sandbox_v1_sandbox_proto_goTypes = []any{
 	nil,                               // 57: opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
 	nil,                               // 58: opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
 	(*timestamppb.Timestamp)(nil),     // 59: google.protobuf.Timestamp
-	(*v1.Image)(nil),                  // 60: opendsec.image.v1.Image
+	(*v1.ImageConfig)(nil),            // 60: opendsec.image.v1.ImageConfig
+	(*v1.Image)(nil),                  // 61: opendsec.image.v1.Image
 }
 var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	5,  // 0: opendsec.sandbox.v1.Node.capacity:type_name -> opendsec.sandbox.v1.NodeAmount
@@ -3686,61 +3698,62 @@ var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	12, // 35: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	9,  // 36: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
 	59, // 37: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	60, // 38: opendsec.sandbox.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
-	36, // 39: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	57, // 40: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	0,  // 41: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	12, // 42: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	58, // 43: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	3,  // 44: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
-	12, // 45: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 46: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	36, // 47: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	11, // 48: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 49: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 50: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	12, // 51: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	14, // 52: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	16, // 53: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	18, // 54: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	20, // 55: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	25, // 56: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	27, // 57: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	34, // 58: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	29, // 59: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
-	32, // 60: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
-	39, // 61: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	37, // 62: opendsec.sandbox.v1.SandboxService.CommitSandbox:input_type -> opendsec.sandbox.v1.CommitSandboxRequest
-	41, // 63: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	43, // 64: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	46, // 65: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	48, // 66: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	50, // 67: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	22, // 68: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	4,  // 69: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
-	15, // 70: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	17, // 71: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	19, // 72: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	21, // 73: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	26, // 74: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	28, // 75: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	35, // 76: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	31, // 77: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
-	33, // 78: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
-	40, // 79: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	38, // 80: opendsec.sandbox.v1.SandboxService.CommitSandbox:output_type -> opendsec.sandbox.v1.CommitSandboxResponse
-	42, // 81: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	45, // 82: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	47, // 83: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	49, // 84: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	51, // 85: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	24, // 86: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	7,  // 87: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
-	70, // [70:88] is the sub-list for method output_type
-	52, // [52:70] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	60, // 38: opendsec.sandbox.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
+	61, // 39: opendsec.sandbox.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
+	36, // 40: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	57, // 41: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	0,  // 42: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	12, // 43: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	58, // 44: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	3,  // 45: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
+	12, // 46: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 47: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	36, // 48: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	11, // 49: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 50: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 51: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	12, // 52: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	14, // 53: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	16, // 54: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	18, // 55: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	20, // 56: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	25, // 57: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	27, // 58: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	34, // 59: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	29, // 60: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
+	32, // 61: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
+	39, // 62: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	37, // 63: opendsec.sandbox.v1.SandboxService.CommitSandbox:input_type -> opendsec.sandbox.v1.CommitSandboxRequest
+	41, // 64: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	43, // 65: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	46, // 66: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	48, // 67: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	50, // 68: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	22, // 69: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	4,  // 70: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	15, // 71: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	17, // 72: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	19, // 73: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	21, // 74: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	26, // 75: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	28, // 76: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	35, // 77: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	31, // 78: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
+	33, // 79: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
+	40, // 80: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	38, // 81: opendsec.sandbox.v1.SandboxService.CommitSandbox:output_type -> opendsec.sandbox.v1.CommitSandboxResponse
+	42, // 82: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	45, // 83: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	47, // 84: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	49, // 85: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	51, // 86: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	24, // 87: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	7,  // 88: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	71, // [71:89] is the sub-list for method output_type
+	53, // [53:71] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }
