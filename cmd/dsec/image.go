@@ -18,7 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | import NAME FILE | rm NAME | build RECIPE [flags] | export NAME FILE>
+const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE>
 
 build recipes:
 `
@@ -55,6 +55,20 @@ func cmdImage(ctx context.Context, args []string) error {
 		return imagePush(ctx, args[1:])
 	case "commit":
 		return imageCommit(ctx, args[1:])
+	case "tag":
+		if len(args) != 3 {
+			return fmt.Errorf("image tag: usage: dsec image tag SOURCE NAME")
+		}
+		c, err := client.FromEnv()
+		if err != nil {
+			return err
+		}
+		resp, err := c.Images.TagImage(ctx, connect.NewRequest(&imagev1.TagImageRequest{Source: args[1], Name: args[2]}))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s %s\n", resp.Msg.Image.Name, resp.Msg.Image.Digest)
+		return nil
 	case "build":
 		return imageBuild(ctx, args[1:])
 	case "export":
@@ -128,8 +142,11 @@ func (p *progressReader) Read(b []byte) (int, error) {
 // imageBuild builds a base image straight into a store directory (on the
 // node that has the store mounted), or into an archive to import.
 func imageBuild(ctx context.Context, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+	if len(args) == 0 {
 		return imageHelp()
+	}
+	if _, ok := baseimage.Recipes[args[0]]; !ok {
+		return imageBuildDockerfile(ctx, args)
 	}
 	recipe := args[0]
 	fs := flag.NewFlagSet("image build", flag.ExitOnError)

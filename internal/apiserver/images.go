@@ -62,6 +62,35 @@ func (h *imageService) GetImage(ctx context.Context, req *connect.Request[imagev
 	return connect.NewResponse(&imagev1.GetImageResponse{Image: imageProto(im)}), nil
 }
 
+func (h *imageService) TagImage(ctx context.Context, req *connect.Request[imagev1.TagImageRequest]) (*connect.Response[imagev1.TagImageResponse], error) {
+	src, err := image.ParseRef(req.Msg.Source)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := image.ParseRef(req.Msg.Name)
+	if err != nil {
+		return nil, err
+	}
+	p := principalFrom(ctx)
+	if !readable(p, src.Project) {
+		return nil, errdefs.NotFound("image %q: not in the image store", req.Msg.Source)
+	}
+	if !p.CanAccess(dst.Project) {
+		return nil, errdefs.PermissionDenied("image %q: project %q is outside your key's project %q", dst.String(), dst.Project, p.Project)
+	}
+	im, err := h.s.images.Resolve(src)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.s.images.Tag(dst, im.Digest); err != nil {
+		return nil, err
+	}
+	if im, err = h.s.images.Resolve(dst); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&imagev1.TagImageResponse{Image: imageProto(im)}), nil
+}
+
 func (h *imageService) DeleteImage(ctx context.Context, req *connect.Request[imagev1.DeleteImageRequest]) (*connect.Response[imagev1.DeleteImageResponse], error) {
 	ref, err := image.ParseRef(req.Msg.Name)
 	if err != nil {

@@ -380,6 +380,104 @@ func (x *GetImageResponse) GetImage() *Image {
 	return nil
 }
 
+type TagImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored image, "project/name:tag".
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// Its new name, "project/name:tag".
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagImageRequest) Reset() {
+	*x = TagImageRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagImageRequest) ProtoMessage() {}
+
+func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
+func (*TagImageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TagImageRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *TagImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type TagImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *Image                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagImageResponse) Reset() {
+	*x = TagImageResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagImageResponse) ProtoMessage() {}
+
+func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
+func (*TagImageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TagImageResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 type DeleteImageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -389,7 +487,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +499,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +512,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteImageRequest) GetName() string {
@@ -436,7 +534,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +546,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +559,7 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteImageResponse) GetFreedBytes() int64 {
@@ -486,7 +584,7 @@ type RegistryCredentials struct {
 
 func (x *RegistryCredentials) Reset() {
 	*x = RegistryCredentials{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +596,7 @@ func (x *RegistryCredentials) String() string {
 func (*RegistryCredentials) ProtoMessage() {}
 
 func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +609,7 @@ func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryCredentials.ProtoReflect.Descriptor instead.
 func (*RegistryCredentials) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegistryCredentials) GetUsername() string {
@@ -548,7 +646,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +658,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +671,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Progress) GetStage() string {
@@ -612,7 +710,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +722,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +735,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PullImageRequest) GetSource() string {
@@ -672,7 +770,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +782,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +795,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PullImageResponse) GetProgress() *Progress {
@@ -727,7 +825,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +837,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +850,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PushImageRequest) GetName() string {
@@ -787,7 +885,7 @@ type PushImageResponse struct {
 
 func (x *PushImageResponse) Reset() {
 	*x = PushImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +897,7 @@ func (x *PushImageResponse) String() string {
 func (*PushImageResponse) ProtoMessage() {}
 
 func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +910,7 @@ func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageResponse.ProtoReflect.Descriptor instead.
 func (*PushImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PushImageResponse) GetProgress() *Progress {
@@ -863,6 +961,11 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\x0fGetImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"B\n" +
 	"\x10GetImageResponse\x12.\n" +
+	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"=\n" +
+	"\x0fTagImageRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"B\n" +
+	"\x10TagImageResponse\x12.\n" +
 	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"(\n" +
 	"\x12DeleteImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"6\n" +
@@ -890,12 +993,13 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\vcredentials\x18\x03 \x01(\v2&.opendsec.image.v1.RegistryCredentialsR\vcredentials\"d\n" +
 	"\x11PushImageResponse\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.opendsec.image.v1.ProgressR\bprogress\x12\x16\n" +
-	"\x06digest\x18\x02 \x01(\tR\x06digest2\xd0\x03\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest2\xa5\x04\n" +
 	"\fImageService\x12Y\n" +
 	"\n" +
 	"ListImages\x12$.opendsec.image.v1.ListImagesRequest\x1a%.opendsec.image.v1.ListImagesResponse\x12S\n" +
 	"\bGetImage\x12\".opendsec.image.v1.GetImageRequest\x1a#.opendsec.image.v1.GetImageResponse\x12\\\n" +
-	"\vDeleteImage\x12%.opendsec.image.v1.DeleteImageRequest\x1a&.opendsec.image.v1.DeleteImageResponse\x12X\n" +
+	"\vDeleteImage\x12%.opendsec.image.v1.DeleteImageRequest\x1a&.opendsec.image.v1.DeleteImageResponse\x12S\n" +
+	"\bTagImage\x12\".opendsec.image.v1.TagImageRequest\x1a#.opendsec.image.v1.TagImageResponse\x12X\n" +
 	"\tPullImage\x12#.opendsec.image.v1.PullImageRequest\x1a$.opendsec.image.v1.PullImageResponse0\x01\x12X\n" +
 	"\tPushImage\x12#.opendsec.image.v1.PushImageRequest\x1a$.opendsec.image.v1.PushImageResponse0\x01B@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
 
@@ -911,7 +1015,7 @@ func file_opendsec_image_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_image_v1_image_proto_rawDescData
 }
 
-var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_opendsec_image_v1_image_proto_goTypes = []any{
 	(*Image)(nil),                 // 0: opendsec.image.v1.Image
 	(*ImageConfig)(nil),           // 1: opendsec.image.v1.ImageConfig
@@ -919,43 +1023,48 @@ var file_opendsec_image_v1_image_proto_goTypes = []any{
 	(*ListImagesResponse)(nil),    // 3: opendsec.image.v1.ListImagesResponse
 	(*GetImageRequest)(nil),       // 4: opendsec.image.v1.GetImageRequest
 	(*GetImageResponse)(nil),      // 5: opendsec.image.v1.GetImageResponse
-	(*DeleteImageRequest)(nil),    // 6: opendsec.image.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),   // 7: opendsec.image.v1.DeleteImageResponse
-	(*RegistryCredentials)(nil),   // 8: opendsec.image.v1.RegistryCredentials
-	(*Progress)(nil),              // 9: opendsec.image.v1.Progress
-	(*PullImageRequest)(nil),      // 10: opendsec.image.v1.PullImageRequest
-	(*PullImageResponse)(nil),     // 11: opendsec.image.v1.PullImageResponse
-	(*PushImageRequest)(nil),      // 12: opendsec.image.v1.PushImageRequest
-	(*PushImageResponse)(nil),     // 13: opendsec.image.v1.PushImageResponse
-	nil,                           // 14: opendsec.image.v1.ImageConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*TagImageRequest)(nil),       // 6: opendsec.image.v1.TagImageRequest
+	(*TagImageResponse)(nil),      // 7: opendsec.image.v1.TagImageResponse
+	(*DeleteImageRequest)(nil),    // 8: opendsec.image.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),   // 9: opendsec.image.v1.DeleteImageResponse
+	(*RegistryCredentials)(nil),   // 10: opendsec.image.v1.RegistryCredentials
+	(*Progress)(nil),              // 11: opendsec.image.v1.Progress
+	(*PullImageRequest)(nil),      // 12: opendsec.image.v1.PullImageRequest
+	(*PullImageResponse)(nil),     // 13: opendsec.image.v1.PullImageResponse
+	(*PushImageRequest)(nil),      // 14: opendsec.image.v1.PushImageRequest
+	(*PushImageResponse)(nil),     // 15: opendsec.image.v1.PushImageResponse
+	nil,                           // 16: opendsec.image.v1.ImageConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
-	15, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	17, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
-	14, // 2: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
+	16, // 2: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
 	0,  // 3: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
 	0,  // 4: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	8,  // 5: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	9,  // 6: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	0,  // 7: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
-	8,  // 8: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	9,  // 9: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	2,  // 10: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	4,  // 11: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	6,  // 12: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	10, // 13: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
-	12, // 14: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
-	3,  // 15: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	5,  // 16: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	7,  // 17: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	11, // 18: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
-	13, // 19: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	0,  // 5: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
+	10, // 6: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	11, // 7: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	0,  // 8: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	10, // 9: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	11, // 10: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	2,  // 11: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	4,  // 12: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	8,  // 13: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	6,  // 14: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
+	12, // 15: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	14, // 16: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	3,  // 17: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	5,  // 18: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	9,  // 19: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	7,  // 20: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
+	13, // 21: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	15, // 22: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	17, // [17:23] is the sub-list for method output_type
+	11, // [11:17] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
@@ -969,7 +1078,7 @@ func file_opendsec_image_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_image_v1_image_proto_rawDesc), len(file_opendsec_image_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,8 @@ const (
 	// ImageServiceDeleteImageProcedure is the fully-qualified name of the ImageService's DeleteImage
 	// RPC.
 	ImageServiceDeleteImageProcedure = "/opendsec.image.v1.ImageService/DeleteImage"
+	// ImageServiceTagImageProcedure is the fully-qualified name of the ImageService's TagImage RPC.
+	ImageServiceTagImageProcedure = "/opendsec.image.v1.ImageService/TagImage"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/opendsec.image.v1.ImageService/PullImage"
 	// ImageServicePushImageProcedure is the fully-qualified name of the ImageService's PushImage RPC.
@@ -57,6 +59,9 @@ type ImageServiceClient interface {
 	GetImage(context.Context, *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error)
 	// DeleteImage removes the name; layers still used by other images stay.
 	DeleteImage(context.Context, *connect.Request[v1.DeleteImageRequest]) (*connect.Response[v1.DeleteImageResponse], error)
+	// TagImage names a stored image once more (in a project the key may
+	// write); the source keeps its name.
+	TagImage(context.Context, *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error)
 	// PullImage copies an image from an OCI registry into the store and
 	// names it. Progress streams while it runs; the last message carries
 	// the image. A multi-platform index resolves to linux/amd64.
@@ -94,6 +99,12 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("DeleteImage")),
 			connect.WithClientOptions(opts...),
 		),
+		tagImage: connect.NewClient[v1.TagImageRequest, v1.TagImageResponse](
+			httpClient,
+			baseURL+ImageServiceTagImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("TagImage")),
+			connect.WithClientOptions(opts...),
+		),
 		pullImage: connect.NewClient[v1.PullImageRequest, v1.PullImageResponse](
 			httpClient,
 			baseURL+ImageServicePullImageProcedure,
@@ -114,6 +125,7 @@ type imageServiceClient struct {
 	listImages  *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
 	getImage    *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
 	deleteImage *connect.Client[v1.DeleteImageRequest, v1.DeleteImageResponse]
+	tagImage    *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
 	pullImage   *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
 	pushImage   *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
 }
@@ -133,6 +145,11 @@ func (c *imageServiceClient) DeleteImage(ctx context.Context, req *connect.Reque
 	return c.deleteImage.CallUnary(ctx, req)
 }
 
+// TagImage calls opendsec.image.v1.ImageService.TagImage.
+func (c *imageServiceClient) TagImage(ctx context.Context, req *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error) {
+	return c.tagImage.CallUnary(ctx, req)
+}
+
 // PullImage calls opendsec.image.v1.ImageService.PullImage.
 func (c *imageServiceClient) PullImage(ctx context.Context, req *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error) {
 	return c.pullImage.CallServerStream(ctx, req)
@@ -150,6 +167,9 @@ type ImageServiceHandler interface {
 	GetImage(context.Context, *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error)
 	// DeleteImage removes the name; layers still used by other images stay.
 	DeleteImage(context.Context, *connect.Request[v1.DeleteImageRequest]) (*connect.Response[v1.DeleteImageResponse], error)
+	// TagImage names a stored image once more (in a project the key may
+	// write); the source keeps its name.
+	TagImage(context.Context, *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error)
 	// PullImage copies an image from an OCI registry into the store and
 	// names it. Progress streams while it runs; the last message carries
 	// the image. A multi-platform index resolves to linux/amd64.
@@ -183,6 +203,12 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("DeleteImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceTagImageHandler := connect.NewUnaryHandler(
+		ImageServiceTagImageProcedure,
+		svc.TagImage,
+		connect.WithSchema(imageServiceMethods.ByName("TagImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	imageServicePullImageHandler := connect.NewServerStreamHandler(
 		ImageServicePullImageProcedure,
 		svc.PullImage,
@@ -203,6 +229,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceGetImageHandler.ServeHTTP(w, r)
 		case ImageServiceDeleteImageProcedure:
 			imageServiceDeleteImageHandler.ServeHTTP(w, r)
+		case ImageServiceTagImageProcedure:
+			imageServiceTagImageHandler.ServeHTTP(w, r)
 		case ImageServicePullImageProcedure:
 			imageServicePullImageHandler.ServeHTTP(w, r)
 		case ImageServicePushImageProcedure:
@@ -226,6 +254,10 @@ func (UnimplementedImageServiceHandler) GetImage(context.Context, *connect.Reque
 
 func (UnimplementedImageServiceHandler) DeleteImage(context.Context, *connect.Request[v1.DeleteImageRequest]) (*connect.Response[v1.DeleteImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.DeleteImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) TagImage(context.Context, *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.TagImage is not implemented"))
 }
 
 func (UnimplementedImageServiceHandler) PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error {
