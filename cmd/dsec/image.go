@@ -18,7 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE>
+const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE>
 
 build recipes:
 `
@@ -55,6 +55,8 @@ func cmdImage(ctx context.Context, args []string) error {
 		return imagePush(ctx, args[1:])
 	case "commit":
 		return imageCommit(ctx, args[1:])
+	case "gc":
+		return imageGC(ctx)
 	case "tag":
 		if len(args) != 3 {
 			return fmt.Errorf("image tag: usage: dsec image tag SOURCE NAME")
@@ -229,4 +231,28 @@ func imageExport(args []string) error {
 	}
 	defer f.Close()
 	return store.Export(im, f)
+}
+
+// imageGC frees the store's unused blobs and prunes every node's layers.
+func imageGC(ctx context.Context) error {
+	c, err := client.FromEnv()
+	if err != nil {
+		return err
+	}
+	resp, err := c.Images.CollectGarbage(ctx, connect.NewRequest(&imagev1.CollectGarbageRequest{}))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("image store: %.1f MiB freed\n", float64(resp.Msg.StoreFreedBytes)/(1<<20))
+	for _, n := range resp.Msg.Nodes {
+		if n.Error != "" {
+			fmt.Printf("node %s: not pruned: %s\n", n.Node, n.Error)
+			continue
+		}
+		fmt.Printf("node %s: %.1f MiB freed\n", n.Node, float64(n.FreedBytes)/(1<<20))
+		for _, r := range n.Removed {
+			fmt.Printf("  %s\n", r)
+		}
+	}
+	return nil
 }

@@ -62,6 +62,31 @@ func (h *imageService) GetImage(ctx context.Context, req *connect.Request[imagev
 	return connect.NewResponse(&imagev1.GetImageResponse{Image: imageProto(im)}), nil
 }
 
+func (h *imageService) CollectGarbage(ctx context.Context, _ *connect.Request[imagev1.CollectGarbageRequest]) (*connect.Response[imagev1.CollectGarbageResponse], error) {
+	if err := admin(principalFrom(ctx), project.Root); err != nil {
+		return nil, err
+	}
+	out := &imagev1.CollectGarbageResponse{}
+	freed, err := h.s.pruneImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out.StoreFreedBytes = freed
+	// Each node after the store: layers of blobs freed there go too.
+	for _, n := range h.s.watcher.View().Nodes {
+		ng := &imagev1.NodeGarbage{Node: n.ID}
+		resp, err := h.s.edges.Get(n.Addr).Edge.CollectGarbage(ctx, connect.NewRequest(&edgev1.CollectGarbageRequest{}))
+		if err != nil {
+			ng.Error = errdefs.Clip(err.Error(), 300)
+		} else {
+			ng.FreedBytes, ng.Removed = resp.Msg.FreedBytes, resp.Msg.Removed
+		}
+		out.Nodes = append(out.Nodes, ng)
+	}
+	h.s.log.Info("garbage collected", "store_freed_bytes", out.StoreFreedBytes, "nodes", len(out.Nodes))
+	return connect.NewResponse(out), nil
+}
+
 func (h *imageService) TagImage(ctx context.Context, req *connect.Request[imagev1.TagImageRequest]) (*connect.Response[imagev1.TagImageResponse], error) {
 	src, err := image.ParseRef(req.Msg.Source)
 	if err != nil {

@@ -59,6 +59,11 @@ type Config struct {
 	// file system of its sandbox's disk_mb (internal/edge/layerfs); default
 	// StateDir/layers.
 	LayerDir string
+	// LayerCacheLimit, if set, bounds the node's unpacked layers (bytes):
+	// each prune (every 10 minutes, after a create that unpacked a layer,
+	// and `dsec image gc`) removes the least recently used ones no
+	// sandbox or snapshot here needs until the cache fits.
+	LayerCacheLimit int64
 	// WarmLayers is how many empty layers of the default size are kept
 	// ready, so a create does not wait for one to be formatted; default 4.
 	WarmLayers int
@@ -134,7 +139,10 @@ type Edge struct {
 	expiry   *sandbox.Expiry
 	stop     chan struct{}
 	stopOnce sync.Once
-	wg       sync.WaitGroup
+	// pruneKick asks the cache prune loop for a prune now (a create
+	// unpacked layers past the cache limit).
+	pruneKick chan struct{}
+	wg        sync.WaitGroup
 }
 
 // New opens the edge's state, probes the backends and re-attaches the
@@ -256,7 +264,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 		e.disk.Publish()
 	})
-	every(e.stop, &e.wg, pruneEvery, func(time.Time) { e.pruneCache(pruneGrace) })
+	e.pruneKick = make(chan struct{}, 1)
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); e.pruneLoop() }()
 	return e, nil
 }
 

@@ -41,6 +41,7 @@ func (e *Edge) Create(ctx context.Context, spec *sandboxv1.SandboxSpec, project 
 // CreateFor is Create for an apiserver's quota reservation, which the
 // sandbox records (FenceReservation finds it by it).
 func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, project, reservation string) (*sandboxv1.Sandbox, error) {
+	defer e.kickPrune() // what it unpacked may take the cache past its limit
 	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
 		return nil, err
 	}

@@ -84,6 +84,11 @@ func (s *server) DestroySandbox(ctx context.Context, req *connect.Request[edgev1
 	return connect.NewResponse(&edgev1.DestroySandboxResponse{Sandbox: sb}), nil
 }
 
+func (s *server) CollectGarbage(ctx context.Context, _ *connect.Request[edgev1.CollectGarbageRequest]) (*connect.Response[edgev1.CollectGarbageResponse], error) {
+	freed, removed := s.e.CollectGarbage()
+	return connect.NewResponse(&edgev1.CollectGarbageResponse{FreedBytes: freed, Removed: removed}), nil
+}
+
 func (s *server) CommitSandbox(ctx context.Context, req *connect.Request[edgev1.CommitSandboxRequest]) (*connect.Response[edgev1.CommitSandboxResponse], error) {
 	im, err := s.e.Commit(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name, req.Msg.Exclude, req.Msg.Config)
 	if err != nil {

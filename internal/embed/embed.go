@@ -54,6 +54,9 @@ type Config struct {
 	DiskOvercommit float64
 	// RunBase is the edge's short directory for agent sockets.
 	RunBase string
+	// LayerCacheLimit bounds each edge's unpacked layers, in bytes
+	// (edge.Config.LayerCacheLimit); 0: no limit.
+	LayerCacheLimit int64
 	// WarmLayers is how many empty writable layers the edge keeps ready
 	// (edge.Config.WarmLayers); -1 for none.
 	WarmLayers int

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -26,60 +27,101 @@ func (s *Store) LayersOf(md digest.Digest) ([]digest.Digest, error) {
 	return out, nil
 }
 
+// PruneResult is what a prune of the layer cache did.
+type PruneResult struct {
+	Freed int64
+	// Removed says, for each layer removed, its size and why.
+	Removed []string
+	// Size is what the cache holds after it.
+	Size int64
+}
+
 // Prune removes the node's unpacked layers that no image of the store and
 // no image of inUse (the manifests of the node's sandboxes and snapshots)
 // has, unless used or unpacked within grace (a create between unpacking
-// and mounting), and returns the bytes freed. If a manifest of inUse
-// cannot be read, nothing is removed: what it needs is unknown.
-func (c *Cache) Prune(inUse []digest.Digest, grace time.Duration) (int64, error) {
-	keep := map[string]bool{}
+// and mounting). With a limit, it then removes the least recently used
+// layers that no sandbox or snapshot of the node needs until the cache
+// holds at most limit bytes: a stored image's layers are unpacked again
+// when a sandbox next needs them. If a manifest of inUse cannot be read,
+// nothing is removed: what it needs is unknown.
+func (c *Cache) Prune(inUse []digest.Digest, grace time.Duration, limit int64) (PruneResult, error) {
+	var res PruneResult
+	stored := map[string]bool{}
 	images, err := c.store.List("")
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	for _, im := range images {
 		for _, l := range im.Manifest.Layers {
-			keep[filepath.Base(c.LayerDir(l.Digest))] = true
+			stored[filepath.Base(c.LayerDir(l.Digest))] = true
 		}
 	}
+	needed := map[string]bool{}
 	for _, md := range inUse {
 		layers, err := c.store.LayersOf(md)
 		if err != nil {
-			return 0, fmt.Errorf("layers of %s, which a sandbox here uses: %w; no layer pruned", md, err)
+			return res, fmt.Errorf("layers of %s, which a sandbox here uses: %w; no layer pruned", md, err)
 		}
 		for _, l := range layers {
-			keep[filepath.Base(c.LayerDir(l))] = true
+			needed[filepath.Base(c.LayerDir(l))] = true
 		}
 	}
 	ents, err := os.ReadDir(c.dir)
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock() // no unpack finishes meanwhile
-	var freed int64
+	type cached struct {
+		name     string
+		size     int64
+		lastUsed time.Time
+	}
+	var kept []cached
 	var errs []error
+	remove := func(l cached, why string) {
+		if err := os.RemoveAll(filepath.Join(c.dir, l.name)); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		delete(c.used, l.name)
+		res.Freed += l.size
+		res.Removed = append(res.Removed, fmt.Sprintf("%s (%.1f MiB): %s", l.name, float64(l.size)/(1<<20), why))
+	}
 	for _, ent := range ents {
 		name := ent.Name()
-		if !ent.IsDir() || name == "tmp" || keep[name] {
-			continue
-		}
-		if used, ok := c.used[name]; ok && time.Since(used) < grace {
+		if !ent.IsDir() || name == "tmp" {
 			continue
 		}
 		fi, err := ent.Info()
-		if err != nil || time.Since(fi.ModTime()) < grace {
+		if err != nil {
 			continue
 		}
-		size := dirSize(filepath.Join(c.dir, name))
-		if err := os.RemoveAll(filepath.Join(c.dir, name)); err != nil {
-			errs = append(errs, err)
+		l := cached{name: name, size: dirSize(filepath.Join(c.dir, name)), lastUsed: fi.ModTime()}
+		if used, ok := c.used[name]; ok && used.After(l.lastUsed) {
+			l.lastUsed = used
+		}
+		recent := time.Since(l.lastUsed) < grace
+		if !stored[name] && !needed[name] && !recent {
+			remove(l, "no stored image and no sandbox or snapshot here uses it")
 			continue
 		}
-		delete(c.used, name)
-		freed += size
+		res.Size += l.size
+		if !needed[name] && !recent {
+			kept = append(kept, l)
+		}
 	}
-	return freed, errors.Join(errs...)
+	if limit > 0 && res.Size > limit {
+		sort.Slice(kept, func(i, j int) bool { return kept[i].lastUsed.Before(kept[j].lastUsed) })
+		for _, l := range kept {
+			if res.Size <= limit {
+				break
+			}
+			remove(l, fmt.Sprintf("the cache held %.1f MiB, over its limit of %.1f MiB, and this layer was the least recently used (%s) that no sandbox or snapshot here needs", float64(res.Size)/(1<<20), float64(limit)/(1<<20), l.lastUsed.UTC().Format(time.RFC3339)))
+			res.Size -= l.size
+		}
+	}
+	return res, errors.Join(errs...)
 }
 
 // dirSize is what a directory tree holds on disk, in bytes.

@@ -3,6 +3,7 @@ package image
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,5 +82,62 @@ func TestPruneFreesOnlyWhatNothingUses(t *testing.T) {
 	}
 	if _, err := s.Resolve(b.Ref); err != nil {
 		t.Fatalf("the other image after the prune: %v", err)
+	}
+}
+
+// A cache over its limit loses its least recently used layers first, never
+// one a sandbox or snapshot of the node needs, and says why; a stored
+// image whose layers went is unpacked again when asked.
+func TestCacheLimitRemovesLeastRecentlyUsed(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := s.PackDir(t.TempDir(), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := func(n int) string { return string(make([]byte, n)) }
+	old := commitTree(t, s, shared, "root/old:1", big(300<<10))
+	mid := commitTree(t, s, shared, "root/mid:1", big(300<<10))
+	running := commitTree(t, s, shared, "root/running:1", big(300<<10))
+	c, err := NewCache(t.TempDir(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	for i, im := range []*Image{running, old, mid} {
+		if _, err := c.Layers(ctx, im, nil); err != nil {
+			t.Fatal(err)
+		}
+		// running used longest ago, then old, then mid.
+		at := time.Now().Add(-time.Duration(3-i) * time.Hour)
+		c.mu.Lock()
+		for _, l := range im.Manifest.Layers[1:] {
+			c.used[filepath.Base(c.LayerDir(l.Digest))] = at
+			os.Chtimes(c.LayerDir(l.Digest), at, at)
+		}
+		c.mu.Unlock()
+	}
+	res, err := c.Prune([]digest.Digest{running.Digest}, 0, 700<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := func(im *Image) digest.Digest { return im.Manifest.Layers[1].Digest }
+	if c.Has(own(old)) || !c.Has(own(mid)) || !c.Has(own(running)) || !c.Has(shared.Desc.Digest) {
+		t.Fatalf("after the prune: old %v mid %v running %v shared %v; want only old's own layer gone", c.Has(own(old)), c.Has(own(mid)), c.Has(own(running)), c.Has(shared.Desc.Digest))
+	}
+	if len(res.Removed) != 1 || !strings.Contains(res.Removed[0], "over its limit") || res.Size > 700<<10 || res.Freed < 300<<10 {
+		t.Fatalf("result: %+v", res)
+	}
+	// Under a limit nothing can meet, what a sandbox needs still stays.
+	if _, err := c.Prune([]digest.Digest{running.Digest}, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Has(own(running)) || c.Has(own(mid)) {
+		t.Fatal("a limit of 1 byte: the running sandbox's layer must stay and the others go")
+	}
+	if _, err := c.Layers(ctx, old, nil); err != nil || !c.Has(own(old)) {
+		t.Fatalf("unpacked again: %v", err)
 	}
 }

@@ -3,11 +3,15 @@ package images
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
+	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/testutil"
 	"github.com/opendsec/opendsec/test/e2e"
 )
 
@@ -131,5 +135,50 @@ func checkAll(t *testing.T, sb *client.Sandbox, checks []struct{ cmd, want strin
 		if string(r.Stdout) != ch.want {
 			t.Errorf("%q: got %q (exit %d, stderr %q); want %q", ch.cmd, r.Stdout, r.ExitCode, r.Stderr, ch.want)
 		}
+	}
+}
+
+// TestCacheLimitWhileSandboxesRun: on a node whose layer cache may hold
+// almost nothing, dsec image gc removes the layers of an image no sandbox
+// uses, says why, and keeps those of a running sandbox, which goes on
+// working; the removed image starts again (unpacked anew).
+func TestCacheLimitWhileSandboxesRun(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "crun")
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.LayerCacheLimit = 1 }, "container")
+	ctx := e2e.Ctx(t)
+	running, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Stop(ctx)
+	e2e.Shell(t, running, "echo other > /other")
+	other, err := running.Commit(ctx, "root/other:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	osb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: other.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	osb.Stop(ctx)
+	time.Sleep(6 * time.Second) // past the gc's grace for a create's layers
+	resp, err := c.Client.Images.CollectGarbage(ctx, connect.NewRequest(&imagev1.CollectGarbageRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Msg.Nodes) != 1 || len(resp.Msg.Nodes[0].Removed) != 1 || !strings.Contains(resp.Msg.Nodes[0].Removed[0], "over its limit") {
+		t.Fatalf("gc removed %+v; want root/other's own layer, over the limit", resp.Msg.Nodes)
+	}
+	if r := e2e.Shell(t, running, "cat /other; ls /bin/sh"); string(r.Stdout) != "other\n/bin/sh\n" {
+		t.Fatalf("the running sandbox after the gc: %q %q", r.Stdout, r.Stderr)
+	}
+	again, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: other.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Stop(ctx)
+	if r := e2e.Shell(t, again, "cat /other"); string(r.Stdout) != "other\n" {
+		t.Fatalf("a sandbox of the collected image: %q", r.Stdout)
 	}
 }

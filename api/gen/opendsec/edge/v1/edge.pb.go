@@ -1202,6 +1202,94 @@ func (x *ResumeSandboxResponse) GetSandbox() *v1.Sandbox {
 	return nil
 }
 
+type CollectGarbageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectGarbageRequest) Reset() {
+	*x = CollectGarbageRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectGarbageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectGarbageRequest) ProtoMessage() {}
+
+func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
+func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+}
+
+type CollectGarbageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FreedBytes    int64                  `protobuf:"varint,1,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
+	Removed       []string               `protobuf:"bytes,2,rep,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectGarbageResponse) Reset() {
+	*x = CollectGarbageResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectGarbageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectGarbageResponse) ProtoMessage() {}
+
+func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
+func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CollectGarbageResponse) GetFreedBytes() int64 {
+	if x != nil {
+		return x.FreedBytes
+	}
+	return 0
+}
+
+func (x *CollectGarbageResponse) GetRemoved() []string {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
 type CommitSandboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1217,7 +1305,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1317,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1330,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -1289,7 +1377,7 @@ type CommitSandboxResponse struct {
 
 func (x *CommitSandboxResponse) Reset() {
 	*x = CommitSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1389,7 @@ func (x *CommitSandboxResponse) String() string {
 func (*CommitSandboxResponse) ProtoMessage() {}
 
 func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1402,7 @@ func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CommitSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CommitSandboxResponse) GetImage() *v11.Image {
@@ -1335,7 +1423,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1435,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1448,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -1393,7 +1481,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1493,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1506,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *v1.Snapshot {
@@ -1448,7 +1536,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1548,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1561,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -1545,7 +1633,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1645,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1658,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SnapshotSource) GetAddr() string {
@@ -1600,7 +1688,7 @@ type SnapshotExport struct {
 
 func (x *SnapshotExport) Reset() {
 	*x = SnapshotExport{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1700,7 @@ func (x *SnapshotExport) String() string {
 func (*SnapshotExport) ProtoMessage() {}
 
 func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1713,7 @@ func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExport.ProtoReflect.Descriptor instead.
 func (*SnapshotExport) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SnapshotExport) GetSnapshotId() string {
@@ -1666,7 +1754,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1766,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1779,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -1717,7 +1805,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +1817,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +1830,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExportSnapshotResponse) GetExport() *SnapshotExport {
@@ -1762,7 +1850,7 @@ type ReleaseExportRequest struct {
 
 func (x *ReleaseExportRequest) Reset() {
 	*x = ReleaseExportRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1862,7 @@ func (x *ReleaseExportRequest) String() string {
 func (*ReleaseExportRequest) ProtoMessage() {}
 
 func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1875,7 @@ func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseExportRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReleaseExportRequest) GetSnapshotId() string {
@@ -1812,7 +1900,7 @@ type ReleaseExportResponse struct {
 
 func (x *ReleaseExportResponse) Reset() {
 	*x = ReleaseExportResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1912,7 @@ func (x *ReleaseExportResponse) String() string {
 func (*ReleaseExportResponse) ProtoMessage() {}
 
 func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1925,7 @@ func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseExportResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
 }
 
 type RestoreSnapshotResponse struct {
@@ -1850,7 +1938,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1950,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1963,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *v1.Sandbox {
@@ -1908,7 +1996,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2008,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2021,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -1995,7 +2083,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2095,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2108,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*v1.ForkResult {
@@ -2075,7 +2163,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2175,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2188,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListSnapshotsRequest) GetScope() string {
@@ -2126,7 +2214,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2226,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2239,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*v1.Snapshot {
@@ -2171,7 +2259,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2271,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2284,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2221,7 +2309,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2321,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2334,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
 }
 
 type GetNodeStatusRequest struct {
@@ -2257,7 +2345,7 @@ type GetNodeStatusRequest struct {
 
 func (x *GetNodeStatusRequest) Reset() {
 	*x = GetNodeStatusRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2357,7 @@ func (x *GetNodeStatusRequest) String() string {
 func (*GetNodeStatusRequest) ProtoMessage() {}
 
 func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2370,7 @@ func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{43}
 }
 
 type BackendStatus struct {
@@ -2302,7 +2390,7 @@ type BackendStatus struct {
 
 func (x *BackendStatus) Reset() {
 	*x = BackendStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2402,7 @@ func (x *BackendStatus) String() string {
 func (*BackendStatus) ProtoMessage() {}
 
 func (x *BackendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2415,7 @@ func (x *BackendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStatus.ProtoReflect.Descriptor instead.
 func (*BackendStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BackendStatus) GetName() string {
@@ -2384,7 +2472,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2484,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2497,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Usage) GetSandboxes() int64 {
@@ -2445,7 +2533,7 @@ type GroupUsage struct {
 
 func (x *GroupUsage) Reset() {
 	*x = GroupUsage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2457,7 +2545,7 @@ func (x *GroupUsage) String() string {
 func (*GroupUsage) ProtoMessage() {}
 
 func (x *GroupUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2470,7 +2558,7 @@ func (x *GroupUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsage.ProtoReflect.Descriptor instead.
 func (*GroupUsage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GroupUsage) GetProject() string {
@@ -2524,7 +2612,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +2624,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +2637,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -2624,7 +2712,7 @@ type GetNodeStatusResponse struct {
 
 func (x *GetNodeStatusResponse) Reset() {
 	*x = GetNodeStatusResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2636,7 +2724,7 @@ func (x *GetNodeStatusResponse) String() string {
 func (*GetNodeStatusResponse) ProtoMessage() {}
 
 func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2649,7 +2737,7 @@ func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetNodeStatusResponse) GetStatus() *NodeStatus {
@@ -2669,7 +2757,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2681,7 +2769,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2694,7 +2782,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UpdateNetworkRequest) GetScope() string {
@@ -2720,7 +2808,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2820,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2833,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{48}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *v1.Sandbox {
@@ -2831,7 +2919,12 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\"O\n" +
 	"\x15ResumeSandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\xb1\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\x17\n" +
+	"\x15CollectGarbageRequest\"S\n" +
+	"\x16CollectGarbageResponse\x12\x1f\n" +
+	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
+	"freedBytes\x12\x18\n" +
+	"\aremoved\x18\x02 \x03(\tR\aremoved\"\xb1\x01\n" +
 	"\x14CommitSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -2952,7 +3045,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2).opendsec.sandbox.v1.UpdateNetworkRequestR\x06update\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xa6\x10\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\x8b\x11\n" +
 	"\vEdgeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.edge.v1.CreateSandboxRequest\x1a'.opendsec.edge.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -2968,7 +3061,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
 	"ResumeTask\x12#.opendsec.edge.v1.ResumeTaskRequest\x1a$.opendsec.edge.v1.ResumeTaskResponse\x12f\n" +
 	"\x0fSnapshotSandbox\x12(.opendsec.edge.v1.SnapshotSandboxRequest\x1a).opendsec.edge.v1.SnapshotSandboxResponse\x12`\n" +
-	"\rCommitSandbox\x12&.opendsec.edge.v1.CommitSandboxRequest\x1a'.opendsec.edge.v1.CommitSandboxResponse\x12f\n" +
+	"\rCommitSandbox\x12&.opendsec.edge.v1.CommitSandboxRequest\x1a'.opendsec.edge.v1.CommitSandboxResponse\x12c\n" +
+	"\x0eCollectGarbage\x12'.opendsec.edge.v1.CollectGarbageRequest\x1a(.opendsec.edge.v1.CollectGarbageResponse\x12f\n" +
 	"\x0fRestoreSnapshot\x12(.opendsec.edge.v1.RestoreSnapshotRequest\x1a).opendsec.edge.v1.RestoreSnapshotResponse\x12Z\n" +
 	"\vForkSandbox\x12$.opendsec.edge.v1.ForkSandboxRequest\x1a%.opendsec.edge.v1.ForkSandboxResponse\x12`\n" +
 	"\rListSnapshots\x12&.opendsec.edge.v1.ListSnapshotsRequest\x1a'.opendsec.edge.v1.ListSnapshotsResponse\x12c\n" +
@@ -2990,7 +3084,7 @@ func file_opendsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_opendsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),      // 0: opendsec.edge.v1.CreateSandboxRequest
 	(*FenceReservationRequest)(nil),   // 1: opendsec.edge.v1.FenceReservationRequest
@@ -3015,134 +3109,138 @@ var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*ResumeTaskResponse)(nil),        // 20: opendsec.edge.v1.ResumeTaskResponse
 	(*ResumeSandboxRequest)(nil),      // 21: opendsec.edge.v1.ResumeSandboxRequest
 	(*ResumeSandboxResponse)(nil),     // 22: opendsec.edge.v1.ResumeSandboxResponse
-	(*CommitSandboxRequest)(nil),      // 23: opendsec.edge.v1.CommitSandboxRequest
-	(*CommitSandboxResponse)(nil),     // 24: opendsec.edge.v1.CommitSandboxResponse
-	(*SnapshotSandboxRequest)(nil),    // 25: opendsec.edge.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 26: opendsec.edge.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 27: opendsec.edge.v1.RestoreSnapshotRequest
-	(*SnapshotSource)(nil),            // 28: opendsec.edge.v1.SnapshotSource
-	(*SnapshotExport)(nil),            // 29: opendsec.edge.v1.SnapshotExport
-	(*ExportSnapshotRequest)(nil),     // 30: opendsec.edge.v1.ExportSnapshotRequest
-	(*ExportSnapshotResponse)(nil),    // 31: opendsec.edge.v1.ExportSnapshotResponse
-	(*ReleaseExportRequest)(nil),      // 32: opendsec.edge.v1.ReleaseExportRequest
-	(*ReleaseExportResponse)(nil),     // 33: opendsec.edge.v1.ReleaseExportResponse
-	(*RestoreSnapshotResponse)(nil),   // 34: opendsec.edge.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 35: opendsec.edge.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 36: opendsec.edge.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 37: opendsec.edge.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 38: opendsec.edge.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 39: opendsec.edge.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 40: opendsec.edge.v1.DeleteSnapshotResponse
-	(*GetNodeStatusRequest)(nil),      // 41: opendsec.edge.v1.GetNodeStatusRequest
-	(*BackendStatus)(nil),             // 42: opendsec.edge.v1.BackendStatus
-	(*Usage)(nil),                     // 43: opendsec.edge.v1.Usage
-	(*GroupUsage)(nil),                // 44: opendsec.edge.v1.GroupUsage
-	(*NodeStatus)(nil),                // 45: opendsec.edge.v1.NodeStatus
-	(*GetNodeStatusResponse)(nil),     // 46: opendsec.edge.v1.GetNodeStatusResponse
-	(*UpdateNetworkRequest)(nil),      // 47: opendsec.edge.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 48: opendsec.edge.v1.UpdateNetworkResponse
-	nil,                               // 49: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 50: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	(*v1.SandboxSpec)(nil),            // 51: opendsec.sandbox.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                // 52: opendsec.sandbox.v1.Sandbox
-	(*timestamppb.Timestamp)(nil),     // 53: google.protobuf.Timestamp
-	(*v1.MetricsSample)(nil),          // 54: opendsec.sandbox.v1.MetricsSample
-	(v1.PauseDepth)(0),                // 55: opendsec.sandbox.v1.PauseDepth
-	(*v1.TaskSandboxResult)(nil),      // 56: opendsec.sandbox.v1.TaskSandboxResult
-	(*v11.ImageConfig)(nil),           // 57: opendsec.image.v1.ImageConfig
-	(*v11.Image)(nil),                 // 58: opendsec.image.v1.Image
-	(*v1.Snapshot)(nil),               // 59: opendsec.sandbox.v1.Snapshot
-	(v1.OnTimeout)(0),                 // 60: opendsec.sandbox.v1.OnTimeout
-	(*v1.ForkResult)(nil),             // 61: opendsec.sandbox.v1.ForkResult
-	(*v1.UpdateNetworkRequest)(nil),   // 62: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*CollectGarbageRequest)(nil),     // 23: opendsec.edge.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil),    // 24: opendsec.edge.v1.CollectGarbageResponse
+	(*CommitSandboxRequest)(nil),      // 25: opendsec.edge.v1.CommitSandboxRequest
+	(*CommitSandboxResponse)(nil),     // 26: opendsec.edge.v1.CommitSandboxResponse
+	(*SnapshotSandboxRequest)(nil),    // 27: opendsec.edge.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 28: opendsec.edge.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 29: opendsec.edge.v1.RestoreSnapshotRequest
+	(*SnapshotSource)(nil),            // 30: opendsec.edge.v1.SnapshotSource
+	(*SnapshotExport)(nil),            // 31: opendsec.edge.v1.SnapshotExport
+	(*ExportSnapshotRequest)(nil),     // 32: opendsec.edge.v1.ExportSnapshotRequest
+	(*ExportSnapshotResponse)(nil),    // 33: opendsec.edge.v1.ExportSnapshotResponse
+	(*ReleaseExportRequest)(nil),      // 34: opendsec.edge.v1.ReleaseExportRequest
+	(*ReleaseExportResponse)(nil),     // 35: opendsec.edge.v1.ReleaseExportResponse
+	(*RestoreSnapshotResponse)(nil),   // 36: opendsec.edge.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 37: opendsec.edge.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 38: opendsec.edge.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 39: opendsec.edge.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 40: opendsec.edge.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 41: opendsec.edge.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 42: opendsec.edge.v1.DeleteSnapshotResponse
+	(*GetNodeStatusRequest)(nil),      // 43: opendsec.edge.v1.GetNodeStatusRequest
+	(*BackendStatus)(nil),             // 44: opendsec.edge.v1.BackendStatus
+	(*Usage)(nil),                     // 45: opendsec.edge.v1.Usage
+	(*GroupUsage)(nil),                // 46: opendsec.edge.v1.GroupUsage
+	(*NodeStatus)(nil),                // 47: opendsec.edge.v1.NodeStatus
+	(*GetNodeStatusResponse)(nil),     // 48: opendsec.edge.v1.GetNodeStatusResponse
+	(*UpdateNetworkRequest)(nil),      // 49: opendsec.edge.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 50: opendsec.edge.v1.UpdateNetworkResponse
+	nil,                               // 51: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 52: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	(*v1.SandboxSpec)(nil),            // 53: opendsec.sandbox.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                // 54: opendsec.sandbox.v1.Sandbox
+	(*timestamppb.Timestamp)(nil),     // 55: google.protobuf.Timestamp
+	(*v1.MetricsSample)(nil),          // 56: opendsec.sandbox.v1.MetricsSample
+	(v1.PauseDepth)(0),                // 57: opendsec.sandbox.v1.PauseDepth
+	(*v1.TaskSandboxResult)(nil),      // 58: opendsec.sandbox.v1.TaskSandboxResult
+	(*v11.ImageConfig)(nil),           // 59: opendsec.image.v1.ImageConfig
+	(*v11.Image)(nil),                 // 60: opendsec.image.v1.Image
+	(*v1.Snapshot)(nil),               // 61: opendsec.sandbox.v1.Snapshot
+	(v1.OnTimeout)(0),                 // 62: opendsec.sandbox.v1.OnTimeout
+	(*v1.ForkResult)(nil),             // 63: opendsec.sandbox.v1.ForkResult
+	(*v1.UpdateNetworkRequest)(nil),   // 64: opendsec.sandbox.v1.UpdateNetworkRequest
 }
 var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
-	51, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	52, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	52, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	53, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	54, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	54, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	4,  // 3: opendsec.edge.v1.CreateSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	52, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	52, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	52, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	53, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	53, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	54, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	52, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	55, // 11: opendsec.edge.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	52, // 12: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	55, // 13: opendsec.edge.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	56, // 14: opendsec.edge.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	56, // 15: opendsec.edge.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	52, // 16: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	57, // 17: opendsec.edge.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
-	58, // 18: opendsec.edge.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
-	59, // 19: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	49, // 20: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	28, // 21: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
-	60, // 22: opendsec.edge.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	53, // 23: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
-	29, // 24: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	52, // 25: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	54, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	54, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	54, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	55, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	55, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	56, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	54, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	57, // 11: opendsec.edge.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	54, // 12: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	57, // 13: opendsec.edge.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	58, // 14: opendsec.edge.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	58, // 15: opendsec.edge.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	54, // 16: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	59, // 17: opendsec.edge.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
+	60, // 18: opendsec.edge.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
+	61, // 19: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	51, // 20: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	30, // 21: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
+	62, // 22: opendsec.edge.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	55, // 23: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
+	31, // 24: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	54, // 25: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	4,  // 26: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	50, // 27: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	61, // 28: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	52, // 27: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	63, // 28: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
 	4,  // 29: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	29, // 30: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	59, // 31: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	43, // 32: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
-	43, // 33: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
-	43, // 34: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
-	42, // 35: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
-	44, // 36: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	43, // 37: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	31, // 30: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	61, // 31: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	45, // 32: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
+	45, // 33: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
+	45, // 34: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
+	44, // 35: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
+	46, // 36: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
+	45, // 37: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
 	4,  // 38: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
-	45, // 39: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	62, // 40: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
-	52, // 41: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	47, // 39: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	64, // 40: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
+	54, // 41: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	0,  // 42: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
 	5,  // 43: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
 	7,  // 44: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
 	9,  // 45: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
 	13, // 46: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	47, // 47: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
+	49, // 47: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
 	11, // 48: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
 	15, // 49: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
 	21, // 50: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
 	17, // 51: opendsec.edge.v1.EdgeService.PauseTask:input_type -> opendsec.edge.v1.PauseTaskRequest
 	18, // 52: opendsec.edge.v1.EdgeService.ResumeTask:input_type -> opendsec.edge.v1.ResumeTaskRequest
-	25, // 53: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	23, // 54: opendsec.edge.v1.EdgeService.CommitSandbox:input_type -> opendsec.edge.v1.CommitSandboxRequest
-	27, // 55: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	35, // 56: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	37, // 57: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	39, // 58: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	30, // 59: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
-	32, // 60: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
-	1,  // 61: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
-	41, // 62: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	3,  // 63: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	6,  // 64: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	8,  // 65: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	10, // 66: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	14, // 67: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	48, // 68: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
-	12, // 69: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
-	16, // 70: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	22, // 71: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	19, // 72: opendsec.edge.v1.EdgeService.PauseTask:output_type -> opendsec.edge.v1.PauseTaskResponse
-	20, // 73: opendsec.edge.v1.EdgeService.ResumeTask:output_type -> opendsec.edge.v1.ResumeTaskResponse
-	26, // 74: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	24, // 75: opendsec.edge.v1.EdgeService.CommitSandbox:output_type -> opendsec.edge.v1.CommitSandboxResponse
-	34, // 76: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	36, // 77: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	38, // 78: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	40, // 79: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	31, // 80: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
-	33, // 81: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
-	2,  // 82: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
-	46, // 83: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	63, // [63:84] is the sub-list for method output_type
-	42, // [42:63] is the sub-list for method input_type
+	27, // 53: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	25, // 54: opendsec.edge.v1.EdgeService.CommitSandbox:input_type -> opendsec.edge.v1.CommitSandboxRequest
+	23, // 55: opendsec.edge.v1.EdgeService.CollectGarbage:input_type -> opendsec.edge.v1.CollectGarbageRequest
+	29, // 56: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	37, // 57: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	39, // 58: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	41, // 59: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	32, // 60: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
+	34, // 61: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
+	1,  // 62: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
+	43, // 63: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	3,  // 64: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	6,  // 65: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	8,  // 66: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	10, // 67: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	14, // 68: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	50, // 69: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
+	12, // 70: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
+	16, // 71: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	22, // 72: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	19, // 73: opendsec.edge.v1.EdgeService.PauseTask:output_type -> opendsec.edge.v1.PauseTaskResponse
+	20, // 74: opendsec.edge.v1.EdgeService.ResumeTask:output_type -> opendsec.edge.v1.ResumeTaskResponse
+	28, // 75: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	26, // 76: opendsec.edge.v1.EdgeService.CommitSandbox:output_type -> opendsec.edge.v1.CommitSandboxResponse
+	24, // 77: opendsec.edge.v1.EdgeService.CollectGarbage:output_type -> opendsec.edge.v1.CollectGarbageResponse
+	36, // 78: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	38, // 79: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	40, // 80: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	42, // 81: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	33, // 82: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
+	35, // 83: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
+	2,  // 84: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
+	48, // 85: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	64, // [64:86] is the sub-list for method output_type
+	42, // [42:64] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name
@@ -3153,14 +3251,14 @@ func file_opendsec_edge_v1_edge_proto_init() {
 	if File_opendsec_edge_v1_edge_proto != nil {
 		return
 	}
-	file_opendsec_edge_v1_edge_proto_msgTypes[27].OneofWrappers = []any{}
+	file_opendsec_edge_v1_edge_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_edge_v1_edge_proto_rawDesc), len(file_opendsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -380,6 +380,166 @@ func (x *GetImageResponse) GetImage() *Image {
 	return nil
 }
 
+type CollectGarbageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectGarbageRequest) Reset() {
+	*x = CollectGarbageRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectGarbageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectGarbageRequest) ProtoMessage() {}
+
+func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
+func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+}
+
+type CollectGarbageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the shared store freed.
+	StoreFreedBytes int64          `protobuf:"varint,1,opt,name=store_freed_bytes,json=storeFreedBytes,proto3" json:"store_freed_bytes,omitempty"`
+	Nodes           []*NodeGarbage `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CollectGarbageResponse) Reset() {
+	*x = CollectGarbageResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectGarbageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectGarbageResponse) ProtoMessage() {}
+
+func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
+func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CollectGarbageResponse) GetStoreFreedBytes() int64 {
+	if x != nil {
+		return x.StoreFreedBytes
+	}
+	return 0
+}
+
+func (x *CollectGarbageResponse) GetNodes() []*NodeGarbage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodeGarbage is what one node's prune removed.
+type NodeGarbage struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	FreedBytes int64                  `protobuf:"varint,2,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
+	// One line per layer removed: its size and why.
+	Removed []string `protobuf:"bytes,3,rep,name=removed,proto3" json:"removed,omitempty"`
+	// Why the node was not pruned (it did not answer), if it was not.
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeGarbage) Reset() {
+	*x = NodeGarbage{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeGarbage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeGarbage) ProtoMessage() {}
+
+func (x *NodeGarbage) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeGarbage.ProtoReflect.Descriptor instead.
+func (*NodeGarbage) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *NodeGarbage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeGarbage) GetFreedBytes() int64 {
+	if x != nil {
+		return x.FreedBytes
+	}
+	return 0
+}
+
+func (x *NodeGarbage) GetRemoved() []string {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *NodeGarbage) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type TagImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The stored image, "project/name:tag".
@@ -392,7 +552,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +564,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +577,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -443,7 +603,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +615,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +628,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TagImageResponse) GetImage() *Image {
@@ -487,7 +647,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +659,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +672,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteImageRequest) GetName() string {
@@ -534,7 +694,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +706,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +719,7 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteImageResponse) GetFreedBytes() int64 {
@@ -584,7 +744,7 @@ type RegistryCredentials struct {
 
 func (x *RegistryCredentials) Reset() {
 	*x = RegistryCredentials{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +756,7 @@ func (x *RegistryCredentials) String() string {
 func (*RegistryCredentials) ProtoMessage() {}
 
 func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +769,7 @@ func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryCredentials.ProtoReflect.Descriptor instead.
 func (*RegistryCredentials) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegistryCredentials) GetUsername() string {
@@ -646,7 +806,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +818,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +831,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Progress) GetStage() string {
@@ -710,7 +870,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +882,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +895,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PullImageRequest) GetSource() string {
@@ -770,7 +930,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +942,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +955,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PullImageResponse) GetProgress() *Progress {
@@ -825,7 +985,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +997,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +1010,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PushImageRequest) GetName() string {
@@ -885,7 +1045,7 @@ type PushImageResponse struct {
 
 func (x *PushImageResponse) Reset() {
 	*x = PushImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +1057,7 @@ func (x *PushImageResponse) String() string {
 func (*PushImageResponse) ProtoMessage() {}
 
 func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +1070,7 @@ func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageResponse.ProtoReflect.Descriptor instead.
 func (*PushImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PushImageResponse) GetProgress() *Progress {
@@ -961,7 +1121,17 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\x0fGetImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"B\n" +
 	"\x10GetImageResponse\x12.\n" +
-	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"=\n" +
+	"\x05image\x18\x01 \x01(\v2\x18.opendsec.image.v1.ImageR\x05image\"\x17\n" +
+	"\x15CollectGarbageRequest\"z\n" +
+	"\x16CollectGarbageResponse\x12*\n" +
+	"\x11store_freed_bytes\x18\x01 \x01(\x03R\x0fstoreFreedBytes\x124\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x1e.opendsec.image.v1.NodeGarbageR\x05nodes\"r\n" +
+	"\vNodeGarbage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vfreed_bytes\x18\x02 \x01(\x03R\n" +
+	"freedBytes\x12\x18\n" +
+	"\aremoved\x18\x03 \x03(\tR\aremoved\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"=\n" +
 	"\x0fTagImageRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"B\n" +
@@ -993,13 +1163,14 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\vcredentials\x18\x03 \x01(\v2&.opendsec.image.v1.RegistryCredentialsR\vcredentials\"d\n" +
 	"\x11PushImageResponse\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.opendsec.image.v1.ProgressR\bprogress\x12\x16\n" +
-	"\x06digest\x18\x02 \x01(\tR\x06digest2\xa5\x04\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest2\x8c\x05\n" +
 	"\fImageService\x12Y\n" +
 	"\n" +
 	"ListImages\x12$.opendsec.image.v1.ListImagesRequest\x1a%.opendsec.image.v1.ListImagesResponse\x12S\n" +
 	"\bGetImage\x12\".opendsec.image.v1.GetImageRequest\x1a#.opendsec.image.v1.GetImageResponse\x12\\\n" +
 	"\vDeleteImage\x12%.opendsec.image.v1.DeleteImageRequest\x1a&.opendsec.image.v1.DeleteImageResponse\x12S\n" +
-	"\bTagImage\x12\".opendsec.image.v1.TagImageRequest\x1a#.opendsec.image.v1.TagImageResponse\x12X\n" +
+	"\bTagImage\x12\".opendsec.image.v1.TagImageRequest\x1a#.opendsec.image.v1.TagImageResponse\x12e\n" +
+	"\x0eCollectGarbage\x12(.opendsec.image.v1.CollectGarbageRequest\x1a).opendsec.image.v1.CollectGarbageResponse\x12X\n" +
 	"\tPullImage\x12#.opendsec.image.v1.PullImageRequest\x1a$.opendsec.image.v1.PullImageResponse0\x01\x12X\n" +
 	"\tPushImage\x12#.opendsec.image.v1.PushImageRequest\x1a$.opendsec.image.v1.PushImageResponse0\x01B@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
 
@@ -1015,56 +1186,62 @@ func file_opendsec_image_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_image_v1_image_proto_rawDescData
 }
 
-var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_opendsec_image_v1_image_proto_goTypes = []any{
-	(*Image)(nil),                 // 0: opendsec.image.v1.Image
-	(*ImageConfig)(nil),           // 1: opendsec.image.v1.ImageConfig
-	(*ListImagesRequest)(nil),     // 2: opendsec.image.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 3: opendsec.image.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 4: opendsec.image.v1.GetImageRequest
-	(*GetImageResponse)(nil),      // 5: opendsec.image.v1.GetImageResponse
-	(*TagImageRequest)(nil),       // 6: opendsec.image.v1.TagImageRequest
-	(*TagImageResponse)(nil),      // 7: opendsec.image.v1.TagImageResponse
-	(*DeleteImageRequest)(nil),    // 8: opendsec.image.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),   // 9: opendsec.image.v1.DeleteImageResponse
-	(*RegistryCredentials)(nil),   // 10: opendsec.image.v1.RegistryCredentials
-	(*Progress)(nil),              // 11: opendsec.image.v1.Progress
-	(*PullImageRequest)(nil),      // 12: opendsec.image.v1.PullImageRequest
-	(*PullImageResponse)(nil),     // 13: opendsec.image.v1.PullImageResponse
-	(*PushImageRequest)(nil),      // 14: opendsec.image.v1.PushImageRequest
-	(*PushImageResponse)(nil),     // 15: opendsec.image.v1.PushImageResponse
-	nil,                           // 16: opendsec.image.v1.ImageConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*Image)(nil),                  // 0: opendsec.image.v1.Image
+	(*ImageConfig)(nil),            // 1: opendsec.image.v1.ImageConfig
+	(*ListImagesRequest)(nil),      // 2: opendsec.image.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),     // 3: opendsec.image.v1.ListImagesResponse
+	(*GetImageRequest)(nil),        // 4: opendsec.image.v1.GetImageRequest
+	(*GetImageResponse)(nil),       // 5: opendsec.image.v1.GetImageResponse
+	(*CollectGarbageRequest)(nil),  // 6: opendsec.image.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 7: opendsec.image.v1.CollectGarbageResponse
+	(*NodeGarbage)(nil),            // 8: opendsec.image.v1.NodeGarbage
+	(*TagImageRequest)(nil),        // 9: opendsec.image.v1.TagImageRequest
+	(*TagImageResponse)(nil),       // 10: opendsec.image.v1.TagImageResponse
+	(*DeleteImageRequest)(nil),     // 11: opendsec.image.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),    // 12: opendsec.image.v1.DeleteImageResponse
+	(*RegistryCredentials)(nil),    // 13: opendsec.image.v1.RegistryCredentials
+	(*Progress)(nil),               // 14: opendsec.image.v1.Progress
+	(*PullImageRequest)(nil),       // 15: opendsec.image.v1.PullImageRequest
+	(*PullImageResponse)(nil),      // 16: opendsec.image.v1.PullImageResponse
+	(*PushImageRequest)(nil),       // 17: opendsec.image.v1.PushImageRequest
+	(*PushImageResponse)(nil),      // 18: opendsec.image.v1.PushImageResponse
+	nil,                            // 19: opendsec.image.v1.ImageConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 20: google.protobuf.Timestamp
 }
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
-	17, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	20, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
-	16, // 2: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
+	19, // 2: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
 	0,  // 3: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
 	0,  // 4: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	0,  // 5: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
-	10, // 6: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	11, // 7: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	0,  // 8: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
-	10, // 9: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	11, // 10: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	2,  // 11: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	4,  // 12: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	8,  // 13: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	6,  // 14: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
-	12, // 15: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
-	14, // 16: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
-	3,  // 17: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	5,  // 18: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	9,  // 19: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	7,  // 20: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
-	13, // 21: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
-	15, // 22: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	8,  // 5: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
+	0,  // 6: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
+	13, // 7: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	14, // 8: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	0,  // 9: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	13, // 10: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	14, // 11: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	2,  // 12: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	4,  // 13: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	11, // 14: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	9,  // 15: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
+	6,  // 16: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
+	15, // 17: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	17, // 18: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	3,  // 19: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	5,  // 20: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	12, // 21: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	10, // 22: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
+	7,  // 23: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
+	16, // 24: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	18, // 25: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
@@ -1078,7 +1255,7 @@ func file_opendsec_image_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_image_v1_image_proto_rawDesc), len(file_opendsec_image_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -72,6 +72,9 @@ const (
 	// EdgeServiceCommitSandboxProcedure is the fully-qualified name of the EdgeService's CommitSandbox
 	// RPC.
 	EdgeServiceCommitSandboxProcedure = "/opendsec.edge.v1.EdgeService/CommitSandbox"
+	// EdgeServiceCollectGarbageProcedure is the fully-qualified name of the EdgeService's
+	// CollectGarbage RPC.
+	EdgeServiceCollectGarbageProcedure = "/opendsec.edge.v1.EdgeService/CollectGarbage"
 	// EdgeServiceRestoreSnapshotProcedure is the fully-qualified name of the EdgeService's
 	// RestoreSnapshot RPC.
 	EdgeServiceRestoreSnapshotProcedure = "/opendsec.edge.v1.EdgeService/RestoreSnapshot"
@@ -117,6 +120,8 @@ type EdgeServiceClient interface {
 	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
+	// CollectGarbage prunes the node's layer cache now.
+	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -223,6 +228,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("CommitSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		collectGarbage: connect.NewClient[v1.CollectGarbageRequest, v1.CollectGarbageResponse](
+			httpClient,
+			baseURL+EdgeServiceCollectGarbageProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("CollectGarbage")),
+			connect.WithClientOptions(opts...),
+		),
 		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
 			httpClient,
 			baseURL+EdgeServiceRestoreSnapshotProcedure,
@@ -289,6 +300,7 @@ type edgeServiceClient struct {
 	resumeTask        *connect.Client[v1.ResumeTaskRequest, v1.ResumeTaskResponse]
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
+	collectGarbage    *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -364,6 +376,11 @@ func (c *edgeServiceClient) CommitSandbox(ctx context.Context, req *connect.Requ
 	return c.commitSandbox.CallUnary(ctx, req)
 }
 
+// CollectGarbage calls opendsec.edge.v1.EdgeService.CollectGarbage.
+func (c *edgeServiceClient) CollectGarbage(ctx context.Context, req *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
+	return c.collectGarbage.CallUnary(ctx, req)
+}
+
 // RestoreSnapshot calls opendsec.edge.v1.EdgeService.RestoreSnapshot.
 func (c *edgeServiceClient) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
 	return c.restoreSnapshot.CallUnary(ctx, req)
@@ -424,6 +441,8 @@ type EdgeServiceHandler interface {
 	ResumeTask(context.Context, *connect.Request[v1.ResumeTaskRequest]) (*connect.Response[v1.ResumeTaskResponse], error)
 	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
+	// CollectGarbage prunes the node's layer cache now.
+	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -526,6 +545,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("CommitSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceCollectGarbageHandler := connect.NewUnaryHandler(
+		EdgeServiceCollectGarbageProcedure,
+		svc.CollectGarbage,
+		connect.WithSchema(edgeServiceMethods.ByName("CollectGarbage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceRestoreSnapshotHandler := connect.NewUnaryHandler(
 		EdgeServiceRestoreSnapshotProcedure,
 		svc.RestoreSnapshot,
@@ -602,6 +627,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceSnapshotSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceCommitSandboxProcedure:
 			edgeServiceCommitSandboxHandler.ServeHTTP(w, r)
+		case EdgeServiceCollectGarbageProcedure:
+			edgeServiceCollectGarbageHandler.ServeHTTP(w, r)
 		case EdgeServiceRestoreSnapshotProcedure:
 			edgeServiceRestoreSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceForkSandboxProcedure:
@@ -677,6 +704,10 @@ func (UnimplementedEdgeServiceHandler) SnapshotSandbox(context.Context, *connect
 
 func (UnimplementedEdgeServiceHandler) CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.CommitSandbox is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.CollectGarbage is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {

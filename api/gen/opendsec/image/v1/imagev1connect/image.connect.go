@@ -46,6 +46,9 @@ const (
 	ImageServiceDeleteImageProcedure = "/opendsec.image.v1.ImageService/DeleteImage"
 	// ImageServiceTagImageProcedure is the fully-qualified name of the ImageService's TagImage RPC.
 	ImageServiceTagImageProcedure = "/opendsec.image.v1.ImageService/TagImage"
+	// ImageServiceCollectGarbageProcedure is the fully-qualified name of the ImageService's
+	// CollectGarbage RPC.
+	ImageServiceCollectGarbageProcedure = "/opendsec.image.v1.ImageService/CollectGarbage"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/opendsec.image.v1.ImageService/PullImage"
 	// ImageServicePushImageProcedure is the fully-qualified name of the ImageService's PushImage RPC.
@@ -62,6 +65,10 @@ type ImageServiceClient interface {
 	// TagImage names a stored image once more (in a project the key may
 	// write); the source keeps its name.
 	TagImage(context.Context, *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error)
+	// CollectGarbage frees the store's blobs no name, sandbox or snapshot
+	// uses, and prunes every node's unpacked layers (to its cache limit, if
+	// it has one), saying what went and why. Root admin keys only.
+	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// PullImage copies an image from an OCI registry into the store and
 	// names it. Progress streams while it runs; the last message carries
 	// the image. A multi-platform index resolves to linux/amd64.
@@ -105,6 +112,12 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("TagImage")),
 			connect.WithClientOptions(opts...),
 		),
+		collectGarbage: connect.NewClient[v1.CollectGarbageRequest, v1.CollectGarbageResponse](
+			httpClient,
+			baseURL+ImageServiceCollectGarbageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("CollectGarbage")),
+			connect.WithClientOptions(opts...),
+		),
 		pullImage: connect.NewClient[v1.PullImageRequest, v1.PullImageResponse](
 			httpClient,
 			baseURL+ImageServicePullImageProcedure,
@@ -122,12 +135,13 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 
 // imageServiceClient implements ImageServiceClient.
 type imageServiceClient struct {
-	listImages  *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
-	getImage    *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
-	deleteImage *connect.Client[v1.DeleteImageRequest, v1.DeleteImageResponse]
-	tagImage    *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
-	pullImage   *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
-	pushImage   *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
+	listImages     *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
+	getImage       *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
+	deleteImage    *connect.Client[v1.DeleteImageRequest, v1.DeleteImageResponse]
+	tagImage       *connect.Client[v1.TagImageRequest, v1.TagImageResponse]
+	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
+	pullImage      *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
+	pushImage      *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
 }
 
 // ListImages calls opendsec.image.v1.ImageService.ListImages.
@@ -150,6 +164,11 @@ func (c *imageServiceClient) TagImage(ctx context.Context, req *connect.Request[
 	return c.tagImage.CallUnary(ctx, req)
 }
 
+// CollectGarbage calls opendsec.image.v1.ImageService.CollectGarbage.
+func (c *imageServiceClient) CollectGarbage(ctx context.Context, req *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
+	return c.collectGarbage.CallUnary(ctx, req)
+}
+
 // PullImage calls opendsec.image.v1.ImageService.PullImage.
 func (c *imageServiceClient) PullImage(ctx context.Context, req *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error) {
 	return c.pullImage.CallServerStream(ctx, req)
@@ -170,6 +189,10 @@ type ImageServiceHandler interface {
 	// TagImage names a stored image once more (in a project the key may
 	// write); the source keeps its name.
 	TagImage(context.Context, *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error)
+	// CollectGarbage frees the store's blobs no name, sandbox or snapshot
+	// uses, and prunes every node's unpacked layers (to its cache limit, if
+	// it has one), saying what went and why. Root admin keys only.
+	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// PullImage copies an image from an OCI registry into the store and
 	// names it. Progress streams while it runs; the last message carries
 	// the image. A multi-platform index resolves to linux/amd64.
@@ -209,6 +232,12 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("TagImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceCollectGarbageHandler := connect.NewUnaryHandler(
+		ImageServiceCollectGarbageProcedure,
+		svc.CollectGarbage,
+		connect.WithSchema(imageServiceMethods.ByName("CollectGarbage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	imageServicePullImageHandler := connect.NewServerStreamHandler(
 		ImageServicePullImageProcedure,
 		svc.PullImage,
@@ -231,6 +260,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceDeleteImageHandler.ServeHTTP(w, r)
 		case ImageServiceTagImageProcedure:
 			imageServiceTagImageHandler.ServeHTTP(w, r)
+		case ImageServiceCollectGarbageProcedure:
+			imageServiceCollectGarbageHandler.ServeHTTP(w, r)
 		case ImageServicePullImageProcedure:
 			imageServicePullImageHandler.ServeHTTP(w, r)
 		case ImageServicePushImageProcedure:
@@ -258,6 +289,10 @@ func (UnimplementedImageServiceHandler) DeleteImage(context.Context, *connect.Re
 
 func (UnimplementedImageServiceHandler) TagImage(context.Context, *connect.Request[v1.TagImageRequest]) (*connect.Response[v1.TagImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.TagImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.CollectGarbage is not implemented"))
 }
 
 func (UnimplementedImageServiceHandler) PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error {
