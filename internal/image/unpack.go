@@ -33,6 +33,19 @@ var MaxLayerBytes int64 = 64 << 30
 // name with "..", or a path through a symlink, is refused. compressed is
 // the layer blob's size: its content may expand only so far (expansionCheck).
 func unpackLayer(r io.Reader, dir string, compressed int64) error {
+	return unpackTar(r, dir, compressed, false)
+}
+
+// UnpackUpper applies a tar of an overlayfs upper directory (as `runsc tar
+// rootfs-upper` writes one: whiteouts as 0/0 character devices, opaque
+// directories marked by their trusted.overlay.opaque record) to dir, an
+// upper directory again, with unpackLayer's checks. limit bounds what it
+// may expand to.
+func UnpackUpper(r io.Reader, dir string, limit int64) error {
+	return unpackTar(r, dir, limit, true)
+}
+
+func unpackTar(r io.Reader, dir string, compressed int64, upper bool) error {
 	tr := tar.NewReader(r)
 	type dirTime struct {
 		path  string
@@ -98,7 +111,7 @@ func unpackLayer(r io.Reader, dir string, compressed int64) error {
 				}
 			}
 		}
-		if err := createEntry(tr, hdr, dir, target); err != nil {
+		if err := createEntry(tr, hdr, dir, target, upper); err != nil {
 			return fmt.Errorf("layer entry %q: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeDir {
@@ -140,7 +153,7 @@ func mkdirNoFollow(root, rel string) error {
 	return nil
 }
 
-func createEntry(tr *tar.Reader, hdr *tar.Header, root, target string) error {
+func createEntry(tr *tar.Reader, hdr *tar.Header, root, target string, upper bool) error {
 	mode := uint32(hdr.Mode & 0o7777)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -192,7 +205,7 @@ func createEntry(tr *tar.Reader, hdr *tar.Header, root, target string) error {
 	if err := unix.Fchmodat(unix.AT_FDCWD, target, mode, 0); err != nil {
 		return err
 	}
-	setXattrs(hdr, target)
+	setXattrs(hdr, target, upper)
 	ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
 	unix.UtimesNanoAt(unix.AT_FDCWD, target, ts, unix.AT_SYMLINK_NOFOLLOW) //nolint:errcheck // times are cosmetic
 	return nil
@@ -211,11 +224,12 @@ func finishLink(err error, hdr *tar.Header, target string) error {
 }
 
 // setXattrs applies extended attributes carried in PAX records, except the
-// overlay ones, which a layer must not forge.
-func setXattrs(hdr *tar.Header, target string) {
+// overlay ones, which a layer must not forge (an upper directory's opaque
+// mark is kept when upper).
+func setXattrs(hdr *tar.Header, target string, upper bool) {
 	for k, v := range hdr.PAXRecords {
 		name, ok := strings.CutPrefix(k, "SCHILY.xattr.")
-		if !ok || strings.HasPrefix(name, "trusted.overlay.") {
+		if !ok || strings.HasPrefix(name, "trusted.overlay.") && !(upper && name == opaqueXattr && v == "y" && hdr.Typeflag == tar.TypeDir) {
 			continue
 		}
 		unix.Lsetxattr(target, name, []byte(v), 0) //nolint:errcheck // a file system may not support it

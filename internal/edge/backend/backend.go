@@ -42,6 +42,10 @@ type Capabilities struct {
 	// writable disk): the edge admits it against that disk's room as it
 	// does a layer (internal/edge/diskroom).
 	DiskFile bool
+	// ChangesWhileRunning: the backend's ChangeReader reads a running
+	// sandbox's changes, stopping its tasks itself (gVisor's sentry must
+	// answer the call that writes them out).
+	ChangesWhileRunning bool
 	// LinkBeforeAgent means the agent's link is connected before the agent
 	// runs (a VM's serial port, which the hypervisor joins to the edge's
 	// socket at start): the edge waits for the agent to answer, not for a
@@ -248,8 +252,10 @@ type Backend interface {
 // writable disk. The edge commits them as an image layer (pack_diff).
 type ChangeReader interface {
 	// OpenChanges returns that directory, readable until release is
-	// called. The edge pauses the sandbox first and, for a VM, has its
-	// file systems synced; spec carries the sandbox's Dir and LayerDir.
+	// called. The edge pauses the sandbox first (unless the backend has
+	// Capabilities.ChangesWhileRunning: then it quiesces the sandbox
+	// itself) and, for a VM, has its file systems synced; spec carries the
+	// sandbox's Dir and LayerDir.
 	OpenChanges(ctx context.Context, spec *Spec) (upper string, release func() error, err error)
 }
 

@@ -21,9 +21,9 @@ import (
 )
 
 // CommitExcluded are left out of every commit: what the node puts into a
-// sandbox (the agent's mount point, its hosts, hostname, resolver and
-// machine id) and the kernel's mount points.
-var CommitExcluded = []string{"/.dsec", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/machine-id", "/proc", "/sys", "/dev"}
+// sandbox (the agent's mount point and run directories, its hosts,
+// hostname, resolver and machine id) and the kernel's mount points.
+var CommitExcluded = []string{"/.dsec", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/machine-id", "/proc", "/sys", "/dev", "/run/opendsec-*"}
 
 // Commit turns what sb changed in its image (its writable layer) into one
 // new layer over that image and names the result ref in store [paper:
@@ -63,7 +63,9 @@ func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref
 			return nil, err
 		}
 	}
-	if err := sb.freeze(ctx); err != nil {
+	if sb.be.Capabilities().ChangesWhileRunning {
+		wasRunning = false // nothing to resume: the backend stops and resumes its tasks
+	} else if err := sb.freeze(ctx); err != nil {
 		return nil, err
 	}
 	if wasRunning {

@@ -1,6 +1,8 @@
 package images
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +182,52 @@ func TestCacheLimitWhileSandboxesRun(t *testing.T) {
 	defer again.Stop(ctx)
 	if r := e2e.Shell(t, again, "cat /other"); string(r.Stdout) != "other\n" {
 		t.Fatalf("a sandbox of the collected image: %q", r.Stdout)
+	}
+}
+
+// TestCommitGvisorOnTheNewerRunsc: a gVisor sandbox on the newer runsc is
+// committed (its sentry writes out its writable layer) and its image runs
+// on container and gvisor with exactly its changes.
+func TestCommitGvisorOnTheNewerRunsc(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "crun")
+	net := filepath.Join(testutil.RepoRoot(t), ".cache", "bin", "runsc-net")
+	if _, err := os.Stat(net); err != nil {
+		testutil.Missing(t, "the newer runsc is not built (make deps): %v", err)
+	}
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.Backends["gvisor"] = map[string]string{"runsc-network": net, "runsc-newer-for": "all"}
+	}, "gvisor", "container")
+	ctx := e2e.Ctx(t)
+	res := &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 256}
+	sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Stop(ctx)
+	r := e2e.Shell(t, sb, changes)
+	if r.ExitCode != 0 {
+		t.Fatalf("changes: exit %d: %s", r.ExitCode, r.Stderr)
+	}
+	bigSum := strings.TrimSpace(string(r.Stdout))
+	if r := e2e.Shell(t, sb, "echo before"); string(r.Stdout) != "before\n" {
+		t.Fatalf("before the commit: %q %q exit %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+	im, err := sb.Commit(ctx, "root/committed-gvisor:1", "/root/.cache", "*.pyc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := e2e.Shell(t, sb, "echo still running"); string(r.Stdout) != "still running\n" {
+		t.Fatalf("after the commit: %q %q exit %d", r.Stdout, r.Stderr, r.ExitCode)
+	}
+	for _, to := range []string{"container", "gvisor"} {
+		t.Run(to, func(t *testing.T) {
+			nsb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: to, Image: im.Name, Resources: res})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nsb.Stop(ctx)
+			checkAll(t, nsb, committedChecks(bigSum))
+		})
 	}
 }

@@ -193,7 +193,7 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	_, newer := b.newer()
 	// Each exec is new tasks in the sentry (host threads on ptrace): past a
 	// few dozen at once, every call slows and a flood runs into deadlines.
-	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: newer, DiskFile: newer && b.newerForAll, ConcurrentCalls: concurrentCalls}
+	return backend.Capabilities{Isolation: "gvisor", Pause: true, Snapshot: true, SnapshotNetwork: newer, DiskFile: newer && b.newerForAll, ConcurrentCalls: concurrentCalls, ChangesWhileRunning: true}
 }
 
 // Probe checks runsc and the platform.
