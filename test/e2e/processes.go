@@ -209,3 +209,22 @@ func MicrovmUpFlags(t *testing.T) []string {
 	testutil.RequireBinary(t, "mkfs.ext4")
 	return []string{"--backends", "microvm", "--microvm-guest", testutil.GuestKernelDir(t), "--microvm-init", testutil.VMInitBinary(t)}
 }
+
+// RunCLI runs the dsec binary bin with env added to this process's, stdin
+// as its input, and returns its stdout, stderr and exit code.
+func RunCLI(t *testing.T, bin string, env []string, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}

@@ -1,8 +1,6 @@
 package controlplane
 
 import (
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -14,21 +12,9 @@ import (
 func TestCLI(t *testing.T) {
 	c := e2e.ContainerCluster(t)
 	bin := e2e.DsecBinary(t)
-	env := append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.Key)
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
+		return e2e.RunCLI(t, bin, []string{"DSEC_API_URL=" + c.APIURL, "DSEC_API_KEY=" + c.Key}, "", args...)
 	}
 	id, stderr, code := run("run", "--image", "root/busybox:latest", "--cpu", "0.5", "--memory", "128")
 	id = strings.TrimSpace(id)

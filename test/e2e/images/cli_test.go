@@ -1,8 +1,6 @@
 package images
 
 import (
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -18,19 +16,7 @@ func TestCLIPushPull(t *testing.T) {
 	home := t.TempDir() // no user's docker config
 	run := func(stdin string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), "DSEC_API_URL="+c.APIURL, "DSEC_API_KEY="+c.Key, "HOME="+home, "DOCKER_CONFIG=")
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
+		return e2e.RunCLI(t, bin, []string{"DSEC_API_URL=" + c.APIURL, "DSEC_API_KEY=" + c.Key, "HOME=" + home, "DOCKER_CONFIG="}, stdin, args...)
 	}
 	out, errOut, code := run("", "image", "push", "root/busybox:latest", reg+"/cli/bb:1")
 	if code != 0 || !strings.HasPrefix(out, reg+"/cli/bb:1 sha256:") {

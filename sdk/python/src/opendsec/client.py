@@ -218,13 +218,8 @@ class DSecClient:
         again, and a broken download continues where it stopped.
         """
         req = {"source": source, "name": name, "credentials": _credentials(username, password, identity_token)}
-        async for msg in self._conn.server_stream(_IMG + "PullImage", req, timeout=timeout):
-            p = msg.get("progress")
-            if p and progress:
-                progress(p.get("stage", ""), int(p.get("done", 0)), int(p.get("total", 0)))
-            if msg.get("image"):
-                return ImageInfo.from_json(msg["image"])
-        raise UnavailableError(f"pull of {source}: the apiserver ended the stream without the image")
+        last = await self._progress_stream("PullImage", req, "image", progress, timeout)
+        return ImageInfo.from_json(last["image"])
 
     async def push_image(
         self,
@@ -240,13 +235,21 @@ class DSecClient:
         """Uploads the stored image ``name`` to a registry reference with a
         tag; returns the pushed manifest's digest."""
         req = {"name": name, "destination": destination, "credentials": _credentials(username, password, identity_token)}
-        async for msg in self._conn.server_stream(_IMG + "PushImage", req, timeout=timeout):
+        last = await self._progress_stream("PushImage", req, "digest", progress, timeout)
+        return str(last["digest"])
+
+    async def _progress_stream(
+        self, method: str, req: Dict[str, Any], result: str, progress: Optional[ProgressFn], timeout: float
+    ) -> Dict[str, Any]:
+        """Calls a streaming image method: hands each progress message to
+        ``progress`` and returns the message that carries ``result``."""
+        async for msg in self._conn.server_stream(_IMG + method, req, timeout=timeout):
             p = msg.get("progress")
             if p and progress:
                 progress(p.get("stage", ""), int(p.get("done", 0)), int(p.get("total", 0)))
-            if msg.get("digest"):
-                return str(msg["digest"])
-        raise UnavailableError(f"push of {name}: the apiserver ended the stream without a digest")
+            if msg.get(result):
+                return msg
+        raise UnavailableError(f"{method}: the apiserver ended the stream without the {result}")
 
 
 def _credentials(username: str, password: str, identity_token: str) -> Dict[str, str]:
