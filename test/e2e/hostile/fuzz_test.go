@@ -40,6 +40,9 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.sandbox.v1.SandboxService/PauseSandbox",
 		"/opendsec.image.v1.ImageService/PullImage",
 		"/opendsec.image.v1.ImageService/PushImage",
+		"/opendsec.image.v1.ImageService/TagImage",
+		"/opendsec.sandbox.v1.SandboxService/CommitSandbox",
+		"/opendsec.image.v1.ImageService/CollectGarbage",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -62,6 +65,9 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(15), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","depth":"PAUSE_DEPTH_OFFLOAD"}`))
 	f.Add(uint8(16), []byte(`{"source":"team/app:1@sha256:`+strings.Repeat("0", 64)+`","name":"root/../x:1","credentials":{"username":"u"}}`))
 	f.Add(uint8(17), []byte(`{"name":"root/busybox:latest","destination":"x:1"}`))
+	f.Add(uint8(18), []byte(`{"source":"root/busybox:latest","name":"root/../etc:1"}`))
+	f.Add(uint8(19), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","name":"root/c:1","exclude":["/","[","a/b"],"config":{"env":["A"],"labels":{"":""}}}`))
+	f.Add(uint8(20), []byte(`{}`))
 	c := e2e.StartCluster(f, "fake")
 	sb, err := c.Client.Create(e2e.CtxTB(f), e2e.FakeSpec())
 	if err != nil {
