@@ -70,17 +70,27 @@ func (e *Edge) pruneCacheReport(grace time.Duration) (int64, []string) {
 	return freed, removed
 }
 
+// kickedPruneEvery spaces the prunes creates ask for: each walks the
+// whole cache, which a burst of creates must not keep doing.
+const kickedPruneEvery = 30 * time.Second
+
 // pruneLoop prunes the layer cache every pruneEvery, and when a create
-// asks (kickPrune) while the cache has a limit.
+// asks (kickPrune) while the cache has a limit, at most every
+// kickedPruneEvery.
 func (e *Edge) pruneLoop() {
 	tick := time.NewTicker(pruneEvery)
 	defer tick.Stop()
+	var kicked time.Time
 	for {
 		select {
 		case <-e.stop:
 			return
 		case <-tick.C:
 		case <-e.pruneKick:
+			if time.Since(kicked) < kickedPruneEvery {
+				continue
+			}
+			kicked = time.Now()
 		}
 		e.pruneCache(pruneGrace)
 	}

@@ -70,13 +70,27 @@ func (c *Cache) Prune(inUse []digest.Digest, grace time.Duration, limit int64) (
 	if err != nil {
 		return res, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock() // no unpack finishes meanwhile
 	type cached struct {
 		name     string
 		size     int64
 		lastUsed time.Time
 	}
+	// Sizes are counted before the lock: a walk of a large cache must not
+	// hold up the creates that mark layers used.
+	var all []cached
+	for _, ent := range ents {
+		name := ent.Name()
+		if !ent.IsDir() || name == "tmp" {
+			continue
+		}
+		fi, err := ent.Info()
+		if err != nil {
+			continue
+		}
+		all = append(all, cached{name: name, size: dirSize(filepath.Join(c.dir, name)), lastUsed: fi.ModTime()})
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock() // no unpack finishes meanwhile
 	var kept []cached
 	var errs []error
 	remove := func(l cached, why string) {
@@ -88,16 +102,8 @@ func (c *Cache) Prune(inUse []digest.Digest, grace time.Duration, limit int64) (
 		res.Freed += l.size
 		res.Removed = append(res.Removed, fmt.Sprintf("%s (%.1f MiB): %s", l.name, float64(l.size)/(1<<20), why))
 	}
-	for _, ent := range ents {
-		name := ent.Name()
-		if !ent.IsDir() || name == "tmp" {
-			continue
-		}
-		fi, err := ent.Info()
-		if err != nil {
-			continue
-		}
-		l := cached{name: name, size: dirSize(filepath.Join(c.dir, name)), lastUsed: fi.ModTime()}
+	for _, l := range all {
+		name := l.name
 		if used, ok := c.used[name]; ok && used.After(l.lastUsed) {
 			l.lastUsed = used
 		}
