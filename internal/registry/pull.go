@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -46,10 +47,11 @@ func Pull(ctx context.Context, s *image.Store, src string, as image.Ref, o Optio
 		return nil, err
 	}
 	reg := ref.Context().RegistryStr()
-	ropts, err := o.remoteOptions(ctx, ref.Context().Registry)
+	auth, err := o.authenticator(ctx, ref.Context().Registry)
 	if err != nil {
 		return nil, err
 	}
+	ropts := o.remoteOptions(ctx, auth)
 	o.Progress.Report("resolving "+ref.String(), 0, 0)
 	desc, err := remote.Get(ref, append(ropts, remote.WithPlatform(Platform))...)
 	if err != nil {
@@ -95,7 +97,7 @@ func Pull(ctx context.Context, s *image.Store, src string, as image.Ref, o Optio
 	if m.Config.Size > maxConfigSize {
 		return nil, errdefs.InvalidArgument("registry %s: config of %s is %d bytes, more than %d", reg, ref, m.Config.Size, maxConfigSize)
 	}
-	f, err := newFetcher(ctx, ref.Context(), &o)
+	f, err := newFetcher(ctx, ref.Context(), auth, &o)
 	if err != nil {
 		return nil, classify(reg, "log in", err)
 	}
@@ -126,11 +128,7 @@ type fetcher struct {
 	o      *Options
 }
 
-func newFetcher(ctx context.Context, repo name.Repository, o *Options) (*fetcher, error) {
-	auth, err := o.authenticator(ctx, repo.Registry)
-	if err != nil {
-		return nil, err
-	}
+func newFetcher(ctx context.Context, repo name.Repository, auth authn.Authenticator, o *Options) (*fetcher, error) {
 	base := o.transport()
 	rt, err := transport.NewWithContext(ctx, repo.Registry, auth, base, []string{repo.Scope(transport.PullScope)})
 	if err != nil {

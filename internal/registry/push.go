@@ -36,10 +36,11 @@ func Push(ctx context.Context, s *image.Store, im *image.Image, dst string, o Op
 	if err != nil {
 		return "", err
 	}
-	ropts, err := o.remoteOptions(ctx, ref.Context().Registry)
+	auth, err := o.authenticator(ctx, ref.Context().Registry)
 	if err != nil {
 		return "", err
 	}
+	ropts := o.remoteOptions(ctx, auth)
 	updates := make(chan v1.Update, 16)
 	done := make(chan struct{})
 	stage := fmt.Sprintf("pushing %d layers to %s", len(im.Manifest.Layers), ref)

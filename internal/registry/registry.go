@@ -141,16 +141,15 @@ func (o *Options) authenticator(ctx context.Context, reg name.Registry) (authn.A
 	return authn.FromConfig(authn.AuthConfig{Username: cr.Username, Password: cr.Password, IdentityToken: cr.IdentityToken}), nil
 }
 
-func (o *Options) remoteOptions(ctx context.Context, reg name.Registry) ([]remote.Option, error) {
-	auth, err := o.authenticator(ctx, reg)
-	if err != nil {
-		return nil, err
-	}
+// remoteOptions are go-containerregistry's options for one call, logged
+// in with auth (o.authenticator's, found once per pull or push: it may run
+// a credential helper).
+func (o *Options) remoteOptions(ctx context.Context, auth authn.Authenticator) []remote.Option {
 	ua := o.UserAgent
 	if ua == "" {
 		ua = "opendsec"
 	}
-	return []remote.Option{remote.WithContext(ctx), remote.WithAuth(auth), remote.WithTransport(o.transport()), remote.WithUserAgent(ua)}, nil
+	return []remote.Option{remote.WithContext(ctx), remote.WithAuth(auth), remote.WithTransport(o.transport()), remote.WithUserAgent(ua)}
 }
 
 // classify turns a registry's or the network's error into the project's
