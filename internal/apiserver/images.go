@@ -23,8 +23,6 @@ type imageService struct{ s *Server }
 
 var _ imagev1connect.ImageServiceHandler = (*imageService)(nil)
 
-func imageProto(im *image.Image) *imagev1.Image { return imageproto.Image(im) }
-
 // readable reports whether p may use images of project: its own project's,
 // an ancestor's, or a descendant's.
 func readable(p iam.Principal, path string) bool { return project.Related(p.Project, path) }
@@ -41,7 +39,7 @@ func (h *imageService) ListImages(ctx context.Context, req *connect.Request[imag
 	out := &imagev1.ListImagesResponse{}
 	for _, im := range all {
 		if readable(p, im.Ref.Project) && (req.Msg.Project == "" || im.Ref.Project == req.Msg.Project) {
-			out.Images = append(out.Images, imageProto(im))
+			out.Images = append(out.Images, imageproto.Image(im))
 		}
 	}
 	return connect.NewResponse(out), nil
@@ -59,7 +57,7 @@ func (h *imageService) GetImage(ctx context.Context, req *connect.Request[imagev
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&imagev1.GetImageResponse{Image: imageProto(im)}), nil
+	return connect.NewResponse(&imagev1.GetImageResponse{Image: imageproto.Image(im)}), nil
 }
 
 func (h *imageService) CollectGarbage(ctx context.Context, _ *connect.Request[imagev1.CollectGarbageRequest]) (*connect.Response[imagev1.CollectGarbageResponse], error) {
@@ -113,7 +111,7 @@ func (h *imageService) TagImage(ctx context.Context, req *connect.Request[imagev
 	if im, err = h.s.images.Resolve(dst); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&imagev1.TagImageResponse{Image: imageProto(im)}), nil
+	return connect.NewResponse(&imagev1.TagImageResponse{Image: imageproto.Image(im)}), nil
 }
 
 func (h *imageService) DeleteImage(ctx context.Context, req *connect.Request[imagev1.DeleteImageRequest]) (*connect.Response[imagev1.DeleteImageResponse], error) {

@@ -10,6 +10,7 @@ import (
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/imageproto"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/registry"
 )
@@ -99,7 +100,7 @@ func (h *imageService) PullImage(ctx context.Context, req *connect.Request[image
 		return err
 	}
 	h.s.log.Info("image pulled", logging.Image, im.Ref.String(), "source", req.Msg.Source, "digest", im.Digest.String(), "bytes", im.Size(), "took", time.Since(start).Round(time.Millisecond))
-	return stream.Send(&imagev1.PullImageResponse{Image: imageProto(im)})
+	return stream.Send(&imagev1.PullImageResponse{Image: imageproto.Image(im)})
 }
 
 func (h *imageService) PushImage(ctx context.Context, req *connect.Request[imagev1.PushImageRequest], stream *connect.ServerStream[imagev1.PushImageResponse]) error {

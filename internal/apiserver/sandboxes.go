@@ -351,8 +351,8 @@ func (h *sandboxService) CommitSandbox(ctx context.Context, req *connect.Request
 	if !p.CanAccess(ref.Project) {
 		return nil, errdefs.PermissionDenied("image %q: project %q is outside your key's project %q", ref.String(), ref.Project, p.Project)
 	}
-	if len(req.Msg.Exclude) > image.MaxExcludes {
-		return nil, errdefs.InvalidArgument("exclude: %d patterns; at most %d", len(req.Msg.Exclude), image.MaxExcludes)
+	if _, err := image.ParseExclude(req.Msg.Exclude); err != nil {
+		return nil, err
 	}
 	budget, err := h.s.storageBudgetFor(ctx, ref.Project)
 	if err != nil {
