@@ -303,14 +303,11 @@ func (st *state) layerStep(ctx context.Context, t Target, in Instruction, o Opti
 			return false, err
 		}
 	}
-	box, err := t.Start(ctx, st.image)
+	box, err := st.startBox(ctx, t)
 	if err != nil {
-		return false, fmt.Errorf("Dockerfile:%d: start a sandbox of %s: %w", in.Line, st.image, err)
-	}
-	defer box.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // a build sandbox; its node removes it either way
-	if err := st.ensureWorkDir(ctx, box); err != nil {
 		return false, fmt.Errorf("Dockerfile:%d: %w", in.Line, err)
 	}
+	defer box.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // a build sandbox; its node removes it either way
 	if in.Cmd == "RUN" {
 		args := in.JSON
 		if args == nil {
@@ -341,31 +338,34 @@ func (st *state) layerStep(ctx context.Context, t Target, in Instruction, o Opti
 // commitConfig writes the config as the build ends onto the current image
 // (one empty layer) under name.
 func (st *state) commitConfig(ctx context.Context, t Target, name string) (*imagev1.Image, error) {
+	box, err := st.startBox(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	defer box.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // as in layerStep
+	return box.Commit(ctx, name, st.cfg)
+}
+
+// startBox starts a sandbox of the image so far with its WORKDIR made,
+// owned by the USER as BuildKit makes it, or by root where that user may
+// not create it.
+func (st *state) startBox(ctx context.Context, t Target) (Box, error) {
 	box, err := t.Start(ctx, st.image)
 	if err != nil {
 		return nil, fmt.Errorf("start a sandbox of %s: %w", st.image, err)
 	}
-	defer box.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // as in layerStep
-	if err := st.ensureWorkDir(ctx, box); err != nil {
-		return nil, err
-	}
-	return box.Commit(ctx, name, st.cfg)
-}
-
-// ensureWorkDir makes the WORKDIR in box, owned by the USER as BuildKit
-// makes it, or by root where that user may not create it.
-func (st *state) ensureWorkDir(ctx context.Context, box Box) error {
 	if st.cfg.WorkingDir == "" {
-		return nil
+		return box, nil
 	}
-	err := box.MakeDir(ctx, st.cfg.WorkingDir, st.cfg.User)
+	err = box.MakeDir(ctx, st.cfg.WorkingDir, st.cfg.User)
 	if err != nil && st.cfg.User != "" && errdefs.Code(err) == errdefs.Code(errdefs.PermissionDenied("x")) {
 		err = box.MakeDir(ctx, st.cfg.WorkingDir, "")
 	}
 	if err != nil {
-		return fmt.Errorf("WORKDIR %s: %w", st.cfg.WorkingDir, err)
+		box.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // the error below matters more
+		return nil, fmt.Errorf("WORKDIR %s: %w", st.cfg.WorkingDir, err)
 	}
-	return nil
+	return box, nil
 }
 
 func argsText(args map[string]string) string {
