@@ -39,7 +39,7 @@ func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref
 	}
 	cr, ok := sb.be.(backend.ChangeReader)
 	if !ok {
-		return nil, errdefs.Unsupported("backend %q cannot commit sandboxes: its writable layer is not readable on the node (gVisor keeps it in the sandbox's memory)", sb.be.Name())
+		return nil, errdefs.Unsupported("backend %q cannot commit sandboxes: its writable layer is not readable on the node", sb.be.Name())
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -53,7 +53,10 @@ func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("sandbox %s: its image %s (%s) is no longer in the store: %v", sb.id, sb.rec.Spec.Image, sb.rec.ImageDigest, err)
 	}
-	if sb.be.Capabilities().DiskFile {
+	switch caps := sb.be.Capabilities(); {
+	case caps.ChangesWhileRunning:
+		wasRunning = false // nothing to resume: the backend stops and resumes its tasks
+	case caps.DiskFile:
 		// The guest writes its disk through its own page cache: it syncs,
 		// running, before the pause.
 		if err := sb.resumeLocked(ctx); err != nil {
@@ -62,11 +65,11 @@ func (sb *Sandbox) Commit(ctx context.Context, store *image.Store, ref image.Ref
 		if err := sb.syncGuest(ctx); err != nil {
 			return nil, err
 		}
-	}
-	if sb.be.Capabilities().ChangesWhileRunning {
-		wasRunning = false // nothing to resume: the backend stops and resumes its tasks
-	} else if err := sb.freeze(ctx); err != nil {
-		return nil, err
+		fallthrough
+	default:
+		if err := sb.freeze(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if wasRunning {
 		defer func() {
