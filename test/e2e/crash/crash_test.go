@@ -264,12 +264,16 @@ func killDuringSnapshots(t *testing.T, backend string, ops []string, rounds int,
 	var up *e2e.UpProcess
 	for round := 0; round < rounds; round++ {
 		up = node.Start(t, flags...)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		// Two minutes: a TCG boot on a CI machine that runs two other
+		// test packages beside this one has taken more than one.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		task := fmt.Sprintf("crash-%d", round)
+		began := time.Now()
 		src, err := up.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: task, Resources: &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 128, DiskMb: 64}})
 		if err != nil {
-			t.Fatalf("round %d: create: %v", round, err)
+			t.Fatalf("round %d: create after %v: %v\nthe node's log, last lines:\n%s", round, time.Since(began).Round(time.Millisecond), err, lastLines(filepath.Join(node.State, "dsec.log"), 60))
 		}
+		t.Logf("round %d: created %s in %v", round, src.ID, time.Since(began).Round(time.Millisecond))
 		if _, err := src.Shell(ctx, "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/held.pid"); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
@@ -351,6 +355,13 @@ func linesWith(path, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// lastLines returns the last n lines of the file at path.
+func lastLines(path string, n int) string {
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // stopAll stops every sandbox up lists.
