@@ -63,6 +63,15 @@ type Result struct {
 	Steps, Cached int
 }
 
+// StepError is a build's failure at one instruction.
+type StepError struct {
+	Step int // index of the instruction
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
 // state is the image a build has reached and the config it carries.
 type state struct {
 	image  string // a name of it
@@ -109,7 +118,7 @@ func Build(ctx context.Context, t Target, ins []Instruction, o Options) (*Result
 			cached, err = st.layerStep(ctx, t, in, o, log)
 		}
 		if err != nil {
-			return nil, err
+			return nil, &StepError{Step: i, Err: err}
 		}
 		if cached {
 			res.Cached++
@@ -288,12 +297,22 @@ func (st *state) command(in Instruction) error {
 func (st *state) layerStep(ctx context.Context, t Target, in Instruction, o Options, log io.Writer) (cached bool, err error) {
 	var files []copyFile
 	var dest string
-	if in.Cmd != "RUN" {
+	what := in.Cmd + " " + fmt.Sprint(in.Flags) + " " + in.Text + " " + fmt.Sprintf("%q", in.JSON) + " " + argsText(st.args)
+	switch {
+	case in.Cmd == "RUN":
+		what += " user=" + in.User
+	case in.Archive != "":
+		sum, err := archiveSum(in)
+		if err != nil {
+			return false, err
+		}
+		what += " archive=" + sum
+	default:
 		if files, dest, err = st.sources(in, o.Context); err != nil {
 			return false, err
 		}
 	}
-	key := cacheKey(st.digest, st.cfg, in.Cmd+" "+fmt.Sprint(in.Flags)+" "+in.Text+" "+argsText(st.args), files)
+	key := cacheKey(st.digest, st.cfg, what, files)
 	name := o.CacheProject + "/build-cache:" + key
 	if !o.NoCache {
 		if im, err := t.Image(ctx, name); err == nil {
@@ -317,12 +336,20 @@ func (st *state) layerStep(ctx context.Context, t Target, in Instruction, o Opti
 		for k, v := range st.args {
 			env = append(env, k+"="+v)
 		}
-		code, err := box.Run(ctx, args, env, st.cfg.WorkingDir, st.cfg.User, log)
+		user := st.cfg.User
+		if in.User != "" {
+			user = in.User
+		}
+		code, err := box.Run(ctx, args, env, st.cfg.WorkingDir, user, log)
 		if err != nil {
 			return false, fmt.Errorf("Dockerfile:%d: RUN: %w", in.Line, err)
 		}
 		if code != 0 {
 			return false, errdefs.FailedPrecondition("Dockerfile:%d: RUN %s: exit code %d", in.Line, errdefs.Clip(in.Text, 120), code)
+		}
+	} else if in.Archive != "" {
+		if err := st.copyArchive(ctx, box, in, log); err != nil {
+			return false, err
 		}
 	} else if err := st.copy(ctx, box, in, files, dest); err != nil {
 		return false, err

@@ -30,6 +30,15 @@ type Instruction struct {
 	// JSON holds the exec form's words (["a", "b"]) when Text is one.
 	JSON  []string
 	Flags map[string]string // "--chown=u" -> {"chown": "u"}
+
+	// What a Dockerfile cannot say, for builds made by programs (E2B's
+	// template steps, internal/gateway/e2b):
+
+	// User, on a RUN, runs it as this user instead of USER's, which stays.
+	User string
+	// Archive, on a COPY, is a tar file on the host (gzip or not) to copy
+	// from instead of the build context; see archivecopy.go.
+	Archive string
 }
 
 // Limits of what Parse takes.
