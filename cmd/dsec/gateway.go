@@ -26,6 +26,8 @@ func cmdGateway(ctx context.Context, args []string) error {
 	ciImage := fs.String("code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
+	templateDir := fs.String("template-dir", "", "directory for the files E2B template builds upload (default: under the system's temporary directory)")
+	buildBackend := fs.String("build-backend", "container", "backend that runs E2B template builds' steps (one that can commit: container or microvm)")
 	lf := addLogFlags(fs)
 	fs.Parse(args)
 	if *apiURL == "" || *keyFile == "" || *secretFile == "" {
@@ -43,6 +45,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	gw, err := e2b.New(e2b.Config{
 		APIURL: *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
 		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,
+		TemplateDir: *templateDir, BuildBackend: *buildBackend,
 	}, log)
 	if err != nil {
 		return err

@@ -55,6 +55,9 @@ type Options struct {
 	NoCache bool
 	// Log receives the build's log: steps, their output, cache hits.
 	Log io.Writer
+	// Step, if set, is told the index of each instruction as it begins
+	// (before its line in Log).
+	Step func(index int)
 }
 
 // Result is a built image and what the build did.
@@ -90,6 +93,9 @@ func Build(ctx context.Context, t Target, ins []Instruction, o Options) (*Result
 	st := &state{args: map[string]string{}}
 	globals := map[string]string{}
 	for i, in := range ins {
+		if o.Step != nil {
+			o.Step(i)
+		}
 		step := fmt.Sprintf("STEP %d/%d: %s %s", i+1, len(ins), in.Cmd, errdefs.Clip(in.Text, 200))
 		fmt.Fprintln(log, step)
 		res.Steps++

@@ -24,6 +24,9 @@ type ClientTarget struct {
 	Network   *sandboxv1.NetworkPolicy
 	// Progress shows pulls of a FROM image.
 	Progress client.Progress
+	// Credentials log in to the registry of a FROM image (nil: the
+	// apiserver's own logins).
+	Credentials *imagev1.RegistryCredentials
 }
 
 var _ Target = (*ClientTarget)(nil)
@@ -37,7 +40,7 @@ func (t *ClientTarget) Image(ctx context.Context, name string) (*imagev1.Image, 
 }
 
 func (t *ClientTarget) Pull(ctx context.Context, source, name string) (*imagev1.Image, error) {
-	im, err := t.C.PullImage(ctx, source, name, nil, t.Progress)
+	im, err := t.C.PullImage(ctx, source, name, t.Credentials, t.Progress)
 	return im, errdefs.FromConnect(err)
 }
 

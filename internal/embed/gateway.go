@@ -36,6 +36,9 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
 	}
 	gcfg := cfg.Gateway
 	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
+	if gcfg.TemplateDir == "" {
+		gcfg.TemplateDir = filepath.Join(dir, "template-uploads")
+	}
 	if gcfg.Domain == "" {
 		// Sandbox hosts "PORT-ID.localhost:GATEWAYPORT": *.localhost is the
 		// loopback address (RFC 6761) to curl and browsers; other clients

@@ -51,8 +51,14 @@ func (g *Gateway) controlMux() http.Handler {
 	mux.HandleFunc("PUT /sandboxes/{id}/network", auth(g.updateNetwork))
 	mux.HandleFunc("GET /sandboxes/{id}/logs", notSupported("sandbox logs"))
 	mux.HandleFunc("GET /v2/sandboxes/{id}/logs", notSupported("sandbox logs"))
-	for _, p := range []string{"/templates", "/templates/", "/v2/templates", "/v2/templates/", "/v3/templates"} {
-		mux.HandleFunc(p, notSupported("template building (import images with `dsec image import`)"))
+	mux.HandleFunc("POST /v3/templates", auth(g.requestBuild))
+	mux.HandleFunc("GET /templates/{templateID}/files/{hash}", auth(g.fileLink))
+	mux.HandleFunc("PUT /e2b-uploads/{templateID}/{hash}", g.uploadTemplateFiles)
+	mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", auth(g.triggerBuild))
+	mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", auth(g.buildStatus))
+	mux.HandleFunc("GET /templates/aliases/{alias}", auth(g.aliasExists))
+	for _, p := range []string{"/templates", "/templates/", "/v2/templates", "/v2/templates/", "/v3/templates/"} {
+		mux.HandleFunc(p, notSupported("this template call (template builds through POST /v3/templates are)"))
 	}
 	mux.HandleFunc("/volumes", notSupported("volumes"))
 	mux.HandleFunc("/volumes/", notSupported("volumes"))
@@ -214,7 +220,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		}
 		sb = resp.Msg.Sandbox
 	} else {
-		img, err := g.imageFor(req.TemplateID)
+		img, err := g.templateFor(r.Context(), req.TemplateID)
+		if err == nil && img == "" {
+			img, err = g.imageFor(req.TemplateID)
+		}
 		if err != nil {
 			writeError(w, err)
 			return

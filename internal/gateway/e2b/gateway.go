@@ -19,13 +19,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
+	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
 	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
@@ -56,6 +61,15 @@ type Config struct {
 	// reach port P of sandbox ID at host "P-ID.Domain" (getHost), which
 	// the gateway serves. Empty: the SDK's own default (E2B_DOMAIN).
 	Domain string
+	// TemplateDir keeps the files E2B's template builds upload (default:
+	// a directory of the system's temporary directory).
+	TemplateDir string
+	// BuildBackend runs template builds' steps: one whose sandboxes can be
+	// committed (default container).
+	BuildBackend string
+	// MaxUpload bounds one uploaded file set of a template build (default
+	// 4 GiB).
+	MaxUpload int64
 }
 
 // EnvdVersion is the envd version the gateway reports. The SDKs turn
@@ -75,8 +89,18 @@ type Gateway struct {
 	process  agentv1connect.ProcessServiceClient
 	files    agentv1connect.FilesystemServiceClient
 	agent    agentv1connect.AgentServiceClient
+	iam      iamv1connect.IAMServiceClient
+	images   imagev1connect.ImageServiceClient
 	watchers *watchers
 	creating keyLocks // per caller and Idempotency-Key
+	builds   *templateBuilds
+
+	// ctx ends with Close: template builds run under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	projects map[string]knownProject // by the hash of an API key
 }
 
 // New returns a gateway talking to the apiserver at cfg.APIURL.
@@ -96,6 +120,15 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	if cfg.DefaultUser == "" {
 		cfg.DefaultUser = "user"
 	}
+	if cfg.TemplateDir == "" {
+		cfg.TemplateDir = filepath.Join(os.TempDir(), "dsec-e2b-templates")
+	}
+	if cfg.BuildBackend == "" {
+		cfg.BuildBackend = "container"
+	}
+	if cfg.MaxUpload == 0 {
+		cfg.MaxUpload = 4 << 30
+	}
 	// HTTP/2 to the apiserver: with prior knowledge over plain HTTP, by
 	// ALPN over TLS.
 	var protos http.Protocols
@@ -113,8 +146,12 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	}
 	hc := &http.Client{Transport: &callerTransport{next: tr, serviceKey: cfg.ServiceKey}}
 	base := strings.TrimRight(cfg.APIURL, "/")
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Gateway{
-		cfg: cfg, log: logging.OrDiscard(log).With(logging.Component, "gateway"),
+		ctx: ctx, cancel: cancel, builds: newTemplateBuilds(), projects: map[string]knownProject{},
+		iam:    iamv1connect.NewIAMServiceClient(hc, base),
+		images: imagev1connect.NewImageServiceClient(hc, base),
+		cfg:    cfg, log: logging.OrDiscard(log).With(logging.Component, "gateway"),
 		sandbox:  sandboxv1connect.NewSandboxServiceClient(hc, base),
 		process:  agentv1connect.NewProcessServiceClient(hc, base),
 		files:    agentv1connect.NewFilesystemServiceClient(hc, base),
@@ -173,8 +210,11 @@ func checkText(r *http.Request) error {
 	return nil
 }
 
-// Close stops background work (polling watchers).
-func (g *Gateway) Close() { g.watchers.closeAll() }
+// Close stops background work (polling watchers, template builds).
+func (g *Gateway) Close() {
+	g.cancel()
+	g.watchers.closeAll()
+}
 
 // The caller of an outgoing call travels in its context: the user's key
 // for control-plane calls, or the service key and a sandbox id for calls

@@ -4,10 +4,10 @@ import assert from 'node:assert/strict'
 import { randomBytes, createHash, randomUUID } from 'node:crypto'
 import { after, afterEach, before, describe } from 'node:test'
 
-import { CommandExitError, FileType, FilesystemEventType, InvalidArgumentError, NotFoundError, Sandbox } from 'e2b'
+import { CommandExitError, FileType, FilesystemEventType, InvalidArgumentError, NotFoundError, Sandbox, Template, waitForFile } from 'e2b'
 
 import { execFileSync, spawn } from 'node:child_process'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from 'node:fs'
 import { request } from 'node:http'
 import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -430,6 +430,39 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
     } finally {
       net.close()
     }
+  })
+
+  it('builds a template from files and steps, and creates sandboxes of it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'e2b-tpl-'))
+    mkdirSync(join(dir, 'folder'))
+    writeFileSync(join(dir, 'folder', 'test.txt'), 'This is a test file.')
+    writeFileSync(join(dir, 'folder', 'other.txt'), 'other')
+    symlinkSync('test.txt', join(dir, 'folder', 'symlink.txt'))
+    writeFileSync(join(dir, 'tool.sh'), '#!/bin/sh\necho tool\n')
+    const template = Template({ fileContextPath: dir })
+      .fromBaseImage()
+      .copy('folder/*', 'folder')
+      .copy('tool.sh', '/opt/bin/', { mode: 0o755 })
+      .runCmd('cat folder/symlink.txt')
+      .setEnvs({ GREETING: 'hello' })
+      .setWorkdir('/app')
+      .setStartCmd('echo started > /tmp/started', waitForFile('/tmp/started'))
+    const name = `js-tpl-${randomBytes(3).toString('hex')}`
+    const logs = []
+    const info = await Template.build(template, name, { cpuCount: 1, memoryMB: 512, onBuildLogs: (e) => logs.push(e.message) })
+    assert.deepEqual(info.tags, ['default'])
+    assert.ok(logs.join('\n').includes('This is a test file.'), logs.join('\n'))
+    assert.equal(await Template.exists(name), true)
+
+    const sb = await Sandbox.create(name, { timeoutMs: 300_000 })
+    made.push(sb)
+    const r = await sb.commands.run('cat /home/user/folder/other.txt; echo; readlink /home/user/folder/symlink.txt; /opt/bin/tool.sh; echo $GREETING; pwd; cat /tmp/started')
+    assert.equal(r.stdout, 'other\ntest.txt\ntool\nhello\n/app\nstarted\n')
+
+    await assert.rejects(
+      Template.build(Template().fromBaseImage().runCmd('exit 7'), `${name}-bad`, { cpuCount: 1, memoryMB: 512 }),
+      (e) => e.message.includes('exit code 7'),
+    )
   })
 })
 
