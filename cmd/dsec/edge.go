@@ -52,6 +52,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	store.SetLogger(log)
 	opts := map[string]map[string]string{}
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {

@@ -57,6 +57,7 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	store.SetLogger(log.With(logging.Component, "images"))
 	rep, err := iam.Open(cfg.IAM, log)
 	if err != nil {
 		return err

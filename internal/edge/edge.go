@@ -307,6 +307,10 @@ func (e *Edge) Close() {
 	for _, sb := range e.reg.all() {
 		sb.CloseLink()
 	}
+	// Layers mounted from their EROFS forms, but for running sandboxes'.
+	if err := e.parts.Cache.UnmountUnused(); err != nil {
+		e.log.Warn("unmount image layers", logging.Error, err)
+	}
 	if e.net != nil {
 		// With no sandbox attached, nothing is left of the node's table's
 		// use: test clusters and a node being retired leave no rules.

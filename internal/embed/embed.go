@@ -141,6 +141,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
+	store.SetLogger(log.With(logging.Component, "images"))
 	runCtx, cancel := context.WithCancel(context.Background())
 	c := &Cluster{Images: store, log: log, cancel: cancel}
 	ok := false

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,8 +16,10 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // Cache is a node's unpacked-layer cache: each layer is unpacked once, when a
@@ -24,6 +27,7 @@ import (
 type Cache struct {
 	dir   string
 	store *Store
+	log   *slog.Logger
 
 	mu       sync.Mutex
 	inflight map[digest.Digest]*unpackCall // guarded by mu
@@ -45,7 +49,7 @@ func NewCache(dir string, store *Store) (*Cache, error) {
 	for _, e := range ents {
 		os.RemoveAll(filepath.Join(dir, "tmp", e.Name()))
 	}
-	return &Cache{dir: dir, store: store, inflight: map[digest.Digest]*unpackCall{}, used: map[string]time.Time{}}, nil
+	return &Cache{dir: dir, store: store, log: store.log, inflight: map[digest.Digest]*unpackCall{}, used: map[string]time.Time{}}, nil
 }
 
 // LayerDir is where a layer's files are once unpacked. The name is short,
@@ -74,10 +78,74 @@ func (c *Cache) Layers(ctx context.Context, im *Image, progress Progress) ([]str
 	return dirs, nil
 }
 
-// Has reports whether a layer is unpacked.
+// Has reports whether a layer is ready: unpacked, or its EROFS form
+// mounted.
 func (c *Cache) Has(d digest.Digest) bool {
-	data, err := os.ReadFile(filepath.Join(c.LayerDir(d), "digest"))
-	return err == nil && string(data) == d.String()
+	dir := c.LayerDir(d)
+	data, err := os.ReadFile(filepath.Join(dir, "digest"))
+	if err != nil || string(data) != d.String() {
+		return false
+	}
+	if isEROFSLayer(dir) {
+		return isMountPoint(filepath.Join(dir, "fs")) // gone with a reboot
+	}
+	return true
+}
+
+// isEROFSLayer reports whether a layer directory mounts the layer's EROFS
+// form instead of holding it unpacked.
+func isEROFSLayer(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "erofs"))
+	return err == nil
+}
+
+// prepare makes a layer ready: its EROFS form mounted where the store has
+// one and the kernel mounts it, else unpacked.
+func (c *Cache) prepare(l ocispec.Descriptor, stage string, progress Progress) error {
+	if validDigest(l.Digest) == nil && erofsKernel() && c.store.HasEROFS(l.Digest) {
+		err := c.mountLayer(l.Digest)
+		if err == nil {
+			return nil
+		}
+		c.log.Warn("could not mount a layer's EROFS form; unpacking it", "layer", l.Digest.String(), logging.Error, err)
+	}
+	return c.unpack(l, stage, progress)
+}
+
+// mountLayer mounts the layer's EROFS form from the store at its
+// directory's fs: the directory (with its digest and an "erofs" mark) is
+// put in place first, then mounted, so a crash between leaves a directory
+// that Has does not take for ready.
+func (c *Cache) mountLayer(d digest.Digest) error {
+	dir := c.LayerDir(d)
+	data, err := os.ReadFile(filepath.Join(dir, "digest"))
+	if err != nil || string(data) != d.String() || !isEROFSLayer(dir) {
+		tmp, err := os.MkdirTemp(filepath.Join(c.dir, "tmp"), "layer-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		for _, f := range []struct{ name, data string }{{"erofs", c.store.EROFSPath(d) + "\n"}, {"digest", d.String()}} {
+			if err := os.WriteFile(filepath.Join(tmp, f.name), []byte(f.data), 0o644); err != nil {
+				return err
+			}
+		}
+		if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
+			return err
+		}
+		// A stale directory under the short name (another digest, an
+		// unpacked copy, a crash) goes first.
+		if err := unmountLayer(filepath.Join(dir, "fs")); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, dir); err != nil {
+			return err
+		}
+	}
+	return mountEROFS(c.store.EROFSPath(d), filepath.Join(dir, "fs"))
 }
 
 func (c *Cache) ensure(ctx context.Context, l ocispec.Descriptor, stage string, progress Progress) error {
@@ -97,7 +165,7 @@ func (c *Cache) ensure(ctx context.Context, l ocispec.Descriptor, stage string, 
 	call := &unpackCall{done: make(chan struct{})}
 	c.inflight[l.Digest] = call
 	c.mu.Unlock()
-	call.err = c.unpack(l, stage, progress)
+	call.err = c.prepare(l, stage, progress)
 	c.mu.Lock()
 	delete(c.inflight, l.Digest)
 	c.mu.Unlock()
@@ -154,4 +222,26 @@ func (c *Cache) unpack(l ocispec.Descriptor, stage string, progress Progress) er
 		return os.Rename(tmp, dst)
 	}
 	return nil
+}
+
+// UnmountUnused unmounts the layers' EROFS forms that no overlay holds
+// (a running sandbox's keep theirs): at a node's shutdown, so that a
+// stopped node leaves no mounts but its sandboxes'. The cache stays
+// usable: a layer is mounted again when next needed.
+func (c *Cache) UnmountUnused() error {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		dir := filepath.Join(c.dir, e.Name(), "fs")
+		if !e.IsDir() || !isMountPoint(dir) {
+			continue
+		}
+		if err := unix.Unmount(dir, 0); err != nil && !errors.Is(err, unix.EBUSY) {
+			errs = append(errs, fmt.Errorf("unmount layer %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -87,13 +87,21 @@ func (c *Cache) Prune(inUse []digest.Digest, grace time.Duration, limit int64) (
 		if err != nil {
 			continue
 		}
-		all = append(all, cached{name: name, size: dirSize(filepath.Join(c.dir, name)), lastUsed: fi.ModTime()})
+		size := int64(0) // a mounted EROFS form takes nothing of the node's disk
+		if !isEROFSLayer(filepath.Join(c.dir, name)) {
+			size = dirSize(filepath.Join(c.dir, name))
+		}
+		all = append(all, cached{name: name, size: size, lastUsed: fi.ModTime()})
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock() // no unpack finishes meanwhile
 	var kept []cached
 	var errs []error
 	remove := func(l cached, why string) {
+		if err := unmountLayer(filepath.Join(c.dir, l.name, "fs")); err != nil {
+			errs = append(errs, err)
+			return
+		}
 		if err := os.RemoveAll(filepath.Join(c.dir, l.name)); err != nil {
 			errs = append(errs, err)
 			return

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -63,6 +64,25 @@ func (s *Store) Prune(keep []digest.Digest, grace time.Duration) (int64, error) 
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, ent.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		freed += fi.Size()
+	}
+	// A layer's EROFS form goes with its blob (a node that mounted it
+	// keeps reading it until it unmounts it).
+	forms, _ := os.ReadDir(filepath.Join(s.dir, "blobs", "erofs"))
+	for _, ent := range forms {
+		hex, _ := strings.CutSuffix(ent.Name(), ".failed")
+		d := digest.NewDigestFromEncoded(digest.SHA256, hex)
+		if live[d] || d.Validate() != nil || s.HasBlob(d) {
+			continue
+		}
+		fi, err := ent.Info()
+		if err != nil {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.dir, "blobs", "erofs", ent.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			continue
 		}

@@ -93,6 +93,7 @@ func TestCacheLimitRemovesLeastRecentlyUsed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.noEROFS = true // unpacked layers, which take the node's disk
 	shared, err := s.PackDir(t.TempDir(), false, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +20,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/project"
 )
 
@@ -25,6 +28,9 @@ import (
 // cluster; a local directory on one machine).
 type Store struct {
 	dir string
+	log *slog.Logger
+	// noEROFS turns the EROFS forms off (tests of unpacked layers).
+	noEROFS bool
 }
 
 // Image is a resolved name.
@@ -59,7 +65,23 @@ func OpenStore(dir string) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{dir: dir}, nil
+	sweepTemporary(filepath.Join(dir, "tmp"))
+	return &Store{dir: dir, log: logging.OrDiscard(nil)}, nil
+}
+
+// SetLogger sets where the store reports what it could not do but went
+// on without (a layer's EROFS form).
+func (s *Store) SetLogger(l *slog.Logger) { s.log = logging.OrDiscard(l) }
+
+// sweepTemporary removes EROFS conversions a crash left (an hour old: the
+// store may be shared with a process converting now).
+func sweepTemporary(tmp string) {
+	ents, _ := os.ReadDir(tmp)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && strings.HasPrefix(e.Name(), "erofs-") && time.Since(fi.ModTime()) > time.Hour {
+			os.RemoveAll(filepath.Join(tmp, e.Name()))
+		}
+	}
 }
 
 // Dir returns the store's root.
@@ -164,10 +186,15 @@ func (s *Store) refPath(r Ref) string {
 	return filepath.Join(s.dir, "refs", filepath.FromSlash(r.Project), r.Name, r.Tag)
 }
 
-// Tag points r at a manifest already in the store.
+// Tag points r at a manifest already in the store, after writing the
+// EROFS forms its layers lack (erofs.go).
 func (s *Store) Tag(r Ref, manifest digest.Digest) error {
-	if _, err := s.loadManifest(manifest); err != nil {
+	m, err := s.loadManifest(manifest)
+	if err != nil {
 		return err
+	}
+	if err := s.makeEROFS(context.Background(), m); err != nil {
+		s.log.Warn("image layers kept without their EROFS form; nodes unpack them", "image", r.String(), logging.Error, err)
 	}
 	p := s.refPath(r)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {

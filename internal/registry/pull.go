@@ -104,12 +104,17 @@ func Pull(ctx context.Context, s *image.Store, src string, as image.Ref, o Optio
 	if err := f.fetch(ctx, s, m.Config, "config "+m.Config.Digest.Encoded()[:12]); err != nil {
 		return nil, err
 	}
+	// Each layer's EROFS form is made while the next ones download.
+	forms := s.StartEROFS(ctx)
+	defer forms.Wait()
 	for i, l := range m.Layers {
 		stage := fmt.Sprintf("layer %d/%d %s", i+1, len(m.Layers), l.Digest.Encoded()[:12])
 		if err := f.fetch(ctx, s, l, stage); err != nil {
 			return nil, err
 		}
+		forms.Add(l)
 	}
+	forms.Wait()
 	if _, _, err := s.PutBlob(strings.NewReader(string(raw)), digest.Digest(mdig.String())); err != nil {
 		return nil, err
 	}

@@ -4,7 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // ProcessDir returns a scratch directory for this test process under
@@ -22,10 +26,32 @@ func ProcessDir(name string) (string, error) {
 				continue
 			}
 			if _, err := os.Stat(filepath.Join("/proc", e.Name())); errors.Is(err, os.ErrNotExist) {
+				// A process's mounts (image layers) outlive it.
+				detachMountsUnder(filepath.Join(base, e.Name()))
 				os.RemoveAll(filepath.Join(base, e.Name())) //nolint:errcheck // best effort: stale scratch
 			}
 		}
 	}
 	dir := filepath.Join(base, strconv.Itoa(os.Getpid()))
 	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// detachMountsUnder lazily unmounts everything mounted below dir, deepest
+// first.
+func detachMountsUnder(dir string) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var under []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			under = append(under, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(under)))
+	for _, m := range under {
+		unix.Unmount(m, unix.MNT_DETACH) //nolint:errcheck // best effort, as the removal
+	}
 }

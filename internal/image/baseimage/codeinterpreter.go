@@ -254,5 +254,8 @@ func withBase(ctx context.Context, store *image.Store, base *image.Image, work s
 	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
 		return "", "", nil, fmt.Errorf("overlay for the build: %w", err)
 	}
-	return merged, upper, func() { unix.Unmount(merged, unix.MNT_DETACH) }, nil //nolint:errcheck // the build dir is removed next
+	return merged, upper, func() {
+		unix.Unmount(merged, unix.MNT_DETACH) //nolint:errcheck // the build dir is removed next
+		cache.UnmountUnused()                 //nolint:errcheck // likewise
+	}, nil
 }
