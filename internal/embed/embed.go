@@ -57,6 +57,9 @@ type Config struct {
 	// LayerCacheLimit bounds each edge's unpacked layers, in bytes
 	// (edge.Config.LayerCacheLimit); 0: no limit.
 	LayerCacheLimit int64
+	// UnpackLayers keeps new layers without their EROFS forms, so that
+	// nodes unpack them (internal/image/erofs.go).
+	UnpackLayers bool
 	// WarmLayers is how many empty writable layers the edge keeps ready
 	// (edge.Config.WarmLayers); -1 for none.
 	WarmLayers int
@@ -142,6 +145,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		return nil, err
 	}
 	store.SetLogger(log.With(logging.Component, "images"))
+	store.SetEROFS(!cfg.UnpackLayers)
 	runCtx, cancel := context.WithCancel(context.Background())
 	c := &Cluster{Images: store, log: log, cancel: cancel}
 	ok := false

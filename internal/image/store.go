@@ -69,6 +69,10 @@ func OpenStore(dir string) (*Store, error) {
 	return &Store{dir: dir, log: logging.OrDiscard(nil)}, nil
 }
 
+// SetEROFS turns the EROFS forms of new layers on (the default where
+// mkfs.erofs is installed and the process is root) or off.
+func (s *Store) SetEROFS(on bool) { s.noEROFS = !on }
+
 // SetLogger sets where the store reports what it could not do but went
 // on without (a layer's EROFS form).
 func (s *Store) SetLogger(l *slog.Logger) { s.log = logging.OrDiscard(l) }

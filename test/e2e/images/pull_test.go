@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,21 @@ func TestPullRunPush(t *testing.T) {
 
 	for _, backend := range []string{"container", "gvisor", "microvm"} {
 		t.Run(backend, func(t *testing.T) { checkRichSandbox(t, c, backend, fx) })
+	}
+	// Nothing of it was unpacked on the node: each layer is its EROFS
+	// form, made by the pull, mounted from the store.
+	if image.CanMakeEROFS() {
+		stored, err := c.Images.Resolve(image.Ref{Project: "root", Name: "rich", Tag: "1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, l := range stored.Manifest.Layers {
+			mounted := regexp.MustCompile(` ` + regexp.QuoteMeta(c.Cfg.StateDir) + `/\S*/` + l.Digest.Encoded()[:16] + `/fs .* - erofs `)
+			if !c.Images.HasEROFS(l.Digest) || !mounted.Match(mounts) {
+				t.Errorf("layer %s: EROFS form %v, mounted on the node %v", l.Digest, c.Images.HasEROFS(l.Digest), mounted.Match(mounts))
+			}
+		}
 	}
 
 	gets := proxy.blobGets.Load()
