@@ -56,7 +56,20 @@ func (g *Gateway) controlMux() http.Handler {
 	mux.HandleFunc("PUT /e2b-uploads/{templateID}/{hash}", g.uploadTemplateFiles)
 	mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", auth(g.triggerBuild))
 	mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", auth(g.buildStatus))
-	mux.HandleFunc("GET /templates/aliases/{alias}", auth(g.aliasExists))
+	// GET /templates/aliases/{alias} and GET /templates/{templateID}/tags
+	// overlap in ServeMux's eyes ("/templates/aliases/tags").
+	mux.HandleFunc("GET /templates/{first}/{second}", auth(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.PathValue("first") == "aliases":
+			g.aliasExists(w, r, r.PathValue("second"))
+		case r.PathValue("second") == "tags":
+			g.listTags(w, r, r.PathValue("first"))
+		default:
+			writeStatus(w, http.StatusNotFound, r.Method+" "+r.URL.Path+": no such API route")
+		}
+	}))
+	mux.HandleFunc("POST /templates/tags", auth(g.assignTags))
+	mux.HandleFunc("DELETE /templates/tags", auth(g.removeTags))
 	for _, p := range []string{"/templates", "/templates/", "/v2/templates", "/v2/templates/", "/v3/templates/"} {
 		mux.HandleFunc(p, notSupported("this template call (template builds through POST /v3/templates are)"))
 	}
@@ -660,8 +673,9 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// deleteTemplate deletes snapshots: E2B's SDKs delete a snapshot as the
-// template it is. Real templates are not supported.
+// deleteTemplate deletes snapshots (E2B's SDKs delete a snapshot as the
+// template it is), and templates the project built, every tag
+// (templatetags.go).
 func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !sandboxid.IsSnapshot(id) {
@@ -671,7 +685,7 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if named == "" {
-			notSupported("deleting templates")(w, r)
+			g.deleteTemplateImages(w, r, id)
 			return
 		}
 		id = named

@@ -317,8 +317,7 @@ type aliasJSON struct {
 
 // aliasExists answers Template.exists: a template of the caller's project,
 // or one of the gateway's own ("base", the Code Interpreter's).
-func (g *Gateway) aliasExists(w http.ResponseWriter, r *http.Request) {
-	alias := r.PathValue("alias")
+func (g *Gateway) aliasExists(w http.ResponseWriter, r *http.Request, alias string) {
 	if alias == "base" || alias == codeInterpreterTemplate {
 		writeJSON(w, http.StatusOK, aliasJSON{TemplateID: alias, Public: true})
 		return

@@ -19,6 +19,8 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 )
@@ -39,7 +41,25 @@ type fakeImages struct {
 	names []string
 }
 
-func (f fakeImages) GetImage(_ context.Context, r *connect.Request[imagev1.GetImageRequest]) (*connect.Response[imagev1.GetImageResponse], error) {
+func (f *fakeImages) TagImage(_ context.Context, r *connect.Request[imagev1.TagImageRequest]) (*connect.Response[imagev1.TagImageResponse], error) {
+	if _, err := f.GetImage(context.Background(), connect.NewRequest(&imagev1.GetImageRequest{Name: r.Msg.Source})); err != nil {
+		return nil, err
+	}
+	f.names = append(f.names, r.Msg.Name)
+	return connect.NewResponse(&imagev1.TagImageResponse{Image: &imagev1.Image{Name: r.Msg.Name}}), nil
+}
+
+func (f *fakeImages) DeleteImage(_ context.Context, r *connect.Request[imagev1.DeleteImageRequest]) (*connect.Response[imagev1.DeleteImageResponse], error) {
+	for i, n := range f.names {
+		if n == r.Msg.Name {
+			f.names = append(f.names[:i], f.names[i+1:]...)
+			return connect.NewResponse(&imagev1.DeleteImageResponse{}), nil
+		}
+	}
+	return nil, errdefs.ToConnect(errdefs.NotFound("image %q", r.Msg.Name))
+}
+
+func (f *fakeImages) GetImage(_ context.Context, r *connect.Request[imagev1.GetImageRequest]) (*connect.Response[imagev1.GetImageResponse], error) {
 	for _, n := range f.names {
 		if n == r.Msg.Name {
 			return connect.NewResponse(&imagev1.GetImageResponse{Image: &imagev1.Image{Name: n}}), nil
@@ -48,12 +68,21 @@ func (f fakeImages) GetImage(_ context.Context, r *connect.Request[imagev1.GetIm
 	return nil, errdefs.ToConnect(errdefs.NotFound("image %q", r.Msg.Name))
 }
 
-func (f fakeImages) ListImages(context.Context, *connect.Request[imagev1.ListImagesRequest]) (*connect.Response[imagev1.ListImagesResponse], error) {
+func (f *fakeImages) ListImages(context.Context, *connect.Request[imagev1.ListImagesRequest]) (*connect.Response[imagev1.ListImagesResponse], error) {
 	out := &imagev1.ListImagesResponse{}
 	for _, n := range f.names {
 		out.Images = append(out.Images, &imagev1.Image{Name: n})
 	}
 	return connect.NewResponse(out), nil
+}
+
+// noSnapshots is an apiserver without snapshots.
+type noSnapshots struct {
+	sandboxv1connect.SandboxServiceClient
+}
+
+func (noSnapshots) ListSnapshots(context.Context, *connect.Request[sandboxv1.ListSnapshotsRequest]) (*connect.Response[sandboxv1.ListSnapshotsResponse], error) {
+	return connect.NewResponse(&sandboxv1.ListSnapshotsResponse{}), nil
 }
 
 // templateGateway is a gateway whose apiserver is fakes, and nothing at
@@ -65,7 +94,7 @@ func templateGateway(t *testing.T, images ...string) *httptest.Server {
 		cfg:    Config{APIURL: "http://127.0.0.1:1", TokenSecret: bytes.Repeat([]byte("s"), 32), TemplateDir: t.TempDir(), MaxUpload: 1 << 20, BaseImage: "root/py:3.11", BuildBackend: "container"},
 		log:    logging.OrDiscard(nil),
 		iam:    fakeIAM{project: "root/team"},
-		images: fakeImages{names: images},
+		images: &fakeImages{names: images}, sandbox: noSnapshots{},
 		builds: newTemplateBuilds(), projects: map[string]knownProject{}, ctx: ctx, cancel: cancel, watchers: newWatchers(),
 	}
 	srv := httptest.NewServer(g.Handler())
@@ -261,6 +290,37 @@ func TestTemplateBuildWireContract(t *testing.T) {
 		if a := call(t, "GET", u+"/templates/aliases/"+alias, nil, apiKey...); a.status != want {
 			t.Errorf("alias %s: %d %s; want %d", alias, a.status, a.body, want)
 		}
+	}
+
+	// Tags: assigned to a build, listed with one build id, removed; the
+	// template deleted with all its tags.
+	a = call(t, "POST", u+"/templates/tags", strings.NewReader(`{"target":"old:default","tags":["prod","v2"]}`), apiKey...)
+	var assigned assignedTagsJSON
+	if a.status != 201 || json.Unmarshal(a.body, &assigned) != nil || len(assigned.Tags) != 2 || len(assigned.BuildID) != 36 {
+		t.Fatalf("assign: %d %s", a.status, a.body)
+	}
+	if a := call(t, "POST", u+"/templates/tags", strings.NewReader(`{"target":"old:none","tags":["x"]}`), apiKey...); a.status != 404 {
+		t.Errorf("assign to a missing build: %d %s", a.status, a.body)
+	}
+	if a := call(t, "POST", u+"/templates/tags", strings.NewReader(`{"target":"old","tags":[":x"]}`), apiKey...); a.status != 400 {
+		t.Errorf("assign a bad tag: %d %s", a.status, a.body)
+	}
+	a = call(t, "GET", u+"/templates/old/tags", nil, apiKey...)
+	var tags []templateTagJSON
+	if a.status != 200 || json.Unmarshal(a.body, &tags) != nil || len(tags) != 3 {
+		t.Fatalf("tags: %d %s", a.status, a.body)
+	}
+	if a := call(t, "DELETE", u+"/templates/tags", strings.NewReader(`{"name":"old","tags":["prod"]}`), apiKey...); a.status != 204 {
+		t.Fatalf("remove: %d %s", a.status, a.body)
+	}
+	if a := call(t, "DELETE", u+"/templates/tags", strings.NewReader(`{"name":"old","tags":["prod"]}`), apiKey...); a.status != 404 {
+		t.Errorf("remove again: %d %s", a.status, a.body)
+	}
+	if a := call(t, "DELETE", u+"/templates/old", nil, apiKey...); a.status != 204 {
+		t.Fatalf("delete: %d %s", a.status, a.body)
+	}
+	if a := call(t, "GET", u+"/templates/old/tags", nil, apiKey...); a.status != 404 {
+		t.Errorf("tags after the delete: %d %s", a.status, a.body)
 	}
 }
 

@@ -47,6 +47,16 @@ def test_build_a_template_and_create_sandboxes_of_it(tmp_path: Path):
     assert Template.exists(name)
     assert not Template.exists(f"none-{secrets.token_hex(3)}")
 
+    assigned = Template.assign_tags(f"{name}:v1", ["prod"])
+    assert assigned.tags == ["prod"]
+    tags = {t.tag: t for t in Template.get_tags(name)}
+    assert set(tags) == {"v1", "stable", "prod"}, tags
+    assert str(tags["prod"].build_id) == str(tags["v1"].build_id)
+    Template.remove_tags(name, "prod")
+    assert {t.tag for t in Template.get_tags(name)} == {"v1", "stable"}
+    with pytest.raises(Exception):
+        Template.assign_tags(f"{name}:nope", ["x"])
+
     sb = Sandbox.create(f"{name}:stable", timeout=120)
     try:
         r = sb.commands.run(
