@@ -37,7 +37,8 @@ func TestGatewayControlPlane(t *testing.T) {
 	e2e.Do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{"templateID":"base","metadata":{"e2b.x":"1"}}`)).ErrorBody(t, 400, `"e2b." is reserved`)
 	e2e.Do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{"templateID":"base","autoResume":{"policy":"sometimes"}}`)).ErrorBody(t, 400, "autoResume.policy")
 	e2e.Do(t, "POST", gw+"/v2/sandboxes", auth, strings.NewReader(`{"templateID":"base","autoResume":{"enabled":true,"policy":"off"}}`)).ErrorBody(t, 400, "disagree")
-	e2e.Do(t, "POST", gw+"/templates", auth, strings.NewReader(`{}`)).ErrorBody(t, 501, "template building")
+	e2e.Do(t, "POST", gw+"/templates", auth, strings.NewReader(`{}`)).ErrorBody(t, 501, "template call")
+	e2e.Do(t, "POST", gw+"/v3/templates", auth, strings.NewReader(`{"name":"Bad Name"}`)).ErrorBody(t, 400, "alias")
 	e2e.Do(t, "GET", gw+"/volumes", auth, nil).ErrorBody(t, 501, "volumes")
 	e2e.Do(t, "GET", gw+"/nope", auth, nil).ErrorBody(t, 404, "no such API route")
 
