@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -26,7 +27,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	ciImage := fs.String("code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
-	templateDir := fs.String("template-dir", "", "directory for the files E2B template builds upload (default: under the system's temporary directory)")
+	templateDir := fs.String("template-dir", "", "directory (0700) for the files E2B template builds upload (default: template-uploads beside the token secret file)")
 	buildBackend := fs.String("build-backend", "container", "backend that runs E2B template builds' steps (one that can commit: container or microvm)")
 	lf := addLogFlags(fs)
 	fs.Parse(args)
@@ -36,6 +37,9 @@ func cmdGateway(ctx context.Context, args []string) error {
 	key, err := os.ReadFile(*keyFile)
 	if err != nil {
 		return fmt.Errorf("gateway: service key: %w", err)
+	}
+	if *templateDir == "" {
+		*templateDir = filepath.Join(filepath.Dir(*secretFile), "template-uploads")
 	}
 	secret, err := e2b.LoadOrCreateSecret(*secretFile)
 	if err != nil {

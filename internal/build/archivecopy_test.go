@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/opendsec/opendsec/internal/testutil"
 )
 
 // tarOf writes a tar of entries (name → content; "->target" makes a
@@ -87,9 +89,8 @@ func (b *hostBox) WriteFile(_ context.Context, p string, r io.Reader, perm uint3
 // goes into a directory named with "/", the owner and mode are set, and
 // a source the archive lacks is named in the error.
 func TestCopyFromAnArchiveKeepsLinksAndMergesDirectories(t *testing.T) {
-	if _, err := exec.LookPath("tar"); err != nil {
-		t.Skip("no tar on this host")
-	}
+	testutil.RequireRoot(t) // the script chowns to root
+	testutil.RequireBinary(t, "tar")
 	dest := t.TempDir()
 	os.MkdirAll(filepath.Join(dest, "app", "keep"), 0o700)
 	os.WriteFile(filepath.Join(dest, "app", "old.txt"), []byte("old"), 0o644)

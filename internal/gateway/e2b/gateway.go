@@ -16,6 +16,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -101,6 +103,7 @@ type Gateway struct {
 
 	mu       sync.Mutex
 	projects map[string]knownProject // by the hash of an API key
+	swept    time.Time               // uploads, last
 }
 
 // New returns a gateway talking to the apiserver at cfg.APIURL.
@@ -122,6 +125,9 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	}
 	if cfg.TemplateDir == "" {
 		cfg.TemplateDir = filepath.Join(os.TempDir(), "dsec-e2b-templates")
+	}
+	if err := privateDir(cfg.TemplateDir); err != nil {
+		return nil, fmt.Errorf("gateway: template uploads: %w", err)
 	}
 	if cfg.BuildBackend == "" {
 		cfg.BuildBackend = "container"
@@ -269,4 +275,27 @@ const envdMaxMessage = 24 << 20
 // connectOpts are the handler options of the envd services.
 func connectOpts() []connect.HandlerOption {
 	return rpcopts.Handler(connect.WithReadMaxBytes(envdMaxMessage))
+}
+
+// privateDir makes dir (mode 0700) unless it is there, and refuses one
+// that another user could read or change: uploaded files are tenants'
+// sources, and a build trusts what it finds there.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory (a symlink?)", dir)
+	case !ok || int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s belongs to another user", dir)
+	case fi.Mode().Perm()&0o077 != 0:
+		return fmt.Errorf("%s is open to other users (mode %o; want 0700)", dir, fi.Mode().Perm())
+	}
+	return nil
 }

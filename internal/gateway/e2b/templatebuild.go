@@ -31,10 +31,13 @@ const (
 
 // Bounds of what the gateway keeps of builds.
 const (
-	maxBuilds     = 1000  // the oldest finished ones are forgotten
-	maxLogEntries = 20000 // per build; the rest is cut
+	maxBuilds     = 1000    // the oldest finished ones are forgotten
+	maxLogEntries = 20000   // per build; the rest is cut
+	maxLogBytes   = 8 << 20 // likewise
 	maxLogLine    = 4096
-	buildTimeout  = time.Hour
+	// maxRunning bounds a project's builds running at once.
+	maxRunning   = 4
+	buildTimeout = time.Hour
 )
 
 // templateBuild is one build and its log.
@@ -45,10 +48,11 @@ type templateBuild struct {
 	created                 time.Time
 
 	// Under templateBuilds.mu:
-	status  string
-	step    string // the E2B step running ("base", "1", …, "finalize")
-	entries []logEntryJSON
-	reason  *reasonJSON
+	status   string
+	step     string // the E2B step running ("base", "1", …, "finalize")
+	entries  []logEntryJSON
+	logBytes int
+	reason   *reasonJSON
 }
 
 type logEntryJSON struct {
@@ -104,6 +108,17 @@ func (s *templateBuilds) add(project, templateID string, tags []string, cpu, mem
 	return b
 }
 
+// running counts the project's builds in progress; the caller holds mu.
+func (s *templateBuilds) running(project string) int {
+	n := 0
+	for _, b := range s.byID {
+		if b.project == project && b.status == buildBuilding {
+			n++
+		}
+	}
+	return n
+}
+
 // knows says whether the project has asked to build the template.
 func (s *templateBuilds) knows(project, templateID string) bool {
 	s.mu.Lock()
@@ -132,15 +147,17 @@ func (s *templateBuilds) log(b *templateBuild, level, text string) {
 	defer s.mu.Unlock()
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	for _, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
-		switch {
-		case len(b.entries) > maxLogEntries:
-			return
-		case len(b.entries) == maxLogEntries:
-			line, level = fmt.Sprintf("(the log is cut here: more than %d lines)", maxLogEntries), "warn"
-		}
 		if len(line) > maxLogLine {
 			line = line[:maxLogLine] + "…"
 		}
+		switch {
+		case len(b.entries) > maxLogEntries || b.logBytes > maxLogBytes:
+			return
+		case len(b.entries) == maxLogEntries || b.logBytes+len(line) > maxLogBytes:
+			line, level = fmt.Sprintf("(the log is cut here: more than %d lines or %d MiB)", maxLogEntries, maxLogBytes>>20), "warn"
+			b.logBytes = maxLogBytes + 1
+		}
+		b.logBytes += len(line)
 		b.entries = append(b.entries, logEntryJSON{Timestamp: now, Level: level, Message: strings.ToValidUTF8(line, "?"), Step: b.step})
 	}
 }
@@ -204,7 +221,15 @@ func (g *Gateway) triggerBuild(w http.ResponseWriter, r *http.Request) {
 		}
 		creds = &imagev1.RegistryCredentials{Username: rg.Username, Password: rg.Password}
 	}
-	plan, err := planBuild(&req, base, fromTemplate, g.archiveOf(project, b.templateID))
+	baseUser := ""
+	if fromTemplate {
+		// A template's steps go on as its user (its start command too).
+		if baseUser, err = g.userOf(r.Context(), base); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	plan, err := planBuild(&req, base, fromTemplate, baseUser, g.archiveOf(project, b.templateID))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -218,6 +243,11 @@ func (g *Gateway) triggerBuild(w http.ResponseWriter, r *http.Request) {
 	if b.status != buildWaiting {
 		g.builds.mu.Unlock()
 		writeStatus(w, http.StatusBadRequest, "build "+b.id+" is "+b.status+", not waiting: request a new build")
+		return
+	}
+	if n := g.builds.running(project); n >= maxRunning {
+		g.builds.mu.Unlock()
+		writeError(w, errdefs.ResourceExhausted("your project has %d template builds running, the most at once; trigger this one when one ends", n))
 		return
 	}
 	b.status, b.step = buildBuilding, "base"
@@ -246,8 +276,11 @@ func (g *Gateway) runBuild(ctx context.Context, b *templateBuild, plan []planned
 	if err != nil {
 		step := "base"
 		var se *build.StepError
-		if errors.As(err, &se) && se.Step < len(plan) {
-			step = plan[se.Step].step
+		if errors.As(err, &se) {
+			step = "finalize" // after the last step: naming the result
+			if se.Step < len(plan) {
+				step = plan[se.Step].step
+			}
 		}
 		b.status, b.reason = buildError, &reasonJSON{Message: buildMessage(err), Step: step}
 		b.entries = append(b.entries, logEntryJSON{Timestamp: time.Now().UTC().Format(time.RFC3339Nano), Level: "error", Message: "Build failed: " + b.reason.Message, Step: step})

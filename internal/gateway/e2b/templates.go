@@ -160,6 +160,10 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if alias == "base" || alias == codeInterpreterTemplate {
+		writeStatus(w, http.StatusBadRequest, "name "+strconv.Quote(alias)+": the gateway's own template; choose another name")
+		return
+	}
 	var tags []string
 	seen := map[string]bool{}
 	for _, t := range append([]string{tag}, req.Tags...) {
@@ -192,8 +196,39 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	go g.sweepUploads()
 	b := g.builds.add(project, alias, tags, cpu, mem)
 	writeJSON(w, http.StatusAccepted, requestedJSON{TemplateID: alias, BuildID: b.id, Names: []string{alias}, Aliases: []string{alias}, Tags: tags})
+}
+
+// uploadTTL is how long uploaded files are kept after their last use,
+// for later builds that copy the same files.
+const uploadTTL = 24 * time.Hour
+
+// sweepUploads removes uploads unused for uploadTTL and what broken
+// uploads left, at most every 10 minutes.
+func (g *Gateway) sweepUploads() {
+	g.mu.Lock()
+	if time.Since(g.swept) < 10*time.Minute {
+		g.mu.Unlock()
+		return
+	}
+	g.swept = time.Now()
+	g.mu.Unlock()
+	filepath.WalkDir(g.cfg.TemplateDir, func(p string, d fs.DirEntry, err error) error { //nolint:errcheck // best effort; the next sweep tries again
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		age := time.Since(fi.ModTime())
+		if age > uploadTTL || strings.HasPrefix(d.Name(), ".upload-") && age > time.Hour {
+			os.Remove(p)
+		}
+		return nil
+	})
 }
 
 // uploadFile is where a COPY step's files of a hash are kept.
@@ -223,8 +258,9 @@ func (g *Gateway) fileLink(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, "template "+strconv.Quote(tid)+" not found: request a build first")
 		return
 	}
-	_, err = os.Stat(g.uploadFile(project, tid, hash))
-	present := err == nil
+	// Its time of last use, from which the sweep counts.
+	now := time.Now()
+	present := os.Chtimes(g.uploadFile(project, tid, hash), now, now) == nil
 	expires := strconv.FormatInt(time.Now().Add(30*time.Minute).Unix(), 10)
 	q := url.Values{"project": {project}, "expires": {expires}, "signature": {g.uploadSignature(project, tid, hash, expires)}}
 	scheme := "http"
@@ -301,7 +337,8 @@ func (g *Gateway) uploadTemplateFiles(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) archiveOf(project, templateID string) func(string) (string, error) {
 	return func(hash string) (string, error) {
 		p := g.uploadFile(project, templateID, hash)
-		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+		now := time.Now()
+		if err := os.Chtimes(p, now, now); errors.Is(err, fs.ErrNotExist) {
 			return "", fmt.Errorf("the files of hash %s were not uploaded (GET /templates/%s/files/%s gives the URL)", hash, templateID, hash)
 		} else if err != nil {
 			return "", err
@@ -344,6 +381,15 @@ func (g *Gateway) aliasExists(w http.ResponseWriter, r *http.Request, alias stri
 		}
 	}
 	writeStatus(w, http.StatusNotFound, "template "+strconv.Quote(alias)+" not found")
+}
+
+// userOf is the USER of a stored image ("" for root or none).
+func (g *Gateway) userOf(ctx context.Context, name string) (string, error) {
+	resp, err := g.images.GetImage(ctx, connect.NewRequest(&imagev1.GetImageRequest{Name: name}))
+	if err != nil {
+		return "", errdefs.FromConnect(err)
+	}
+	return resp.Msg.GetImage().GetConfig().GetUser(), nil
 }
 
 // baseOf resolves a build's base: E2B's base image and "base" are the

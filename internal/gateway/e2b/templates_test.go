@@ -336,7 +336,7 @@ func TestPlanBuildMakesE2BStepsInstructions(t *testing.T) {
 		{Type: "WORKDIR", Args: []string{"/srv/app"}},
 		{Type: "USER", Args: []string{"web"}},
 	}, StartCmd: &start, ReadyCmd: &ready}
-	plan, err := planBuild(req, "root/py:3.11", false, func(h string) (string, error) { return "/uploads/" + h, nil })
+	plan, err := planBuild(req, "root/py:3.11", false, "", func(h string) (string, error) { return "/uploads/" + h, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,10 +369,16 @@ func TestPlanBuildMakesE2BStepsInstructions(t *testing.T) {
 		{buildStartJSON{Steps: []stepJSON{{Type: "USER", Args: []string{"Root; rm"}}}}, "user name"},
 		{buildStartJSON{ReadyCmd: &ready}, "readyCmd: given without startCmd"},
 	} {
-		_, err := planBuild(&tc.req, "b", false, func(string) (string, error) { return "/x", nil })
+		_, err := planBuild(&tc.req, "b", false, "", func(string) (string, error) { return "/x", nil })
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v; want %q", tc.req, err, tc.want)
 		}
+	}
+	// On a template of ours, its user goes on: no implicit user, and the
+	// start command runs as the template's.
+	plan, err = planBuild(&buildStartJSON{Steps: []stepJSON{{Type: "WORKDIR", Args: []string{"/w"}}}, StartCmd: &start}, "root/e2b-x:default", true, "user", func(string) (string, error) { return "", nil })
+	if err != nil || len(plan) != 4 || plan[1].in.User != "root" || !strings.Contains(plan[3].in.Text, `org.opendsec.start.user="user"`) {
+		t.Fatalf("from a template: %+v %v", plan, err)
 	}
 	for src, want := range map[string]string{"folder/*": "folder", "*.txt": ".", "a.txt": "a.txt", ".": ".", "./foo": "foo", "a/b*/c": "a", "a/{x,y}": "a"} {
 		if got, err := copyBase(src); err != nil || got != want {
@@ -389,7 +395,7 @@ func FuzzTemplateBuildRequests(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body, name string) {
 		var req buildStartJSON
 		if json.Unmarshal([]byte(body), &req) == nil {
-			_, err := planBuild(&req, "root/b:1", len(name)%2 == 0, func(string) (string, error) { return "/x", nil })
+			_, err := planBuild(&req, "root/b:1", len(name)%2 == 0, name, func(string) (string, error) { return "/x", nil })
 			if err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("planBuild: %v", err)
 			}

@@ -62,9 +62,9 @@ type plannedStep struct {
 // planBuild turns a build request into instructions. base is the image
 // the build starts from (resolved by the caller from fromImage or
 // fromTemplate); fromTemplate says it is a template of ours, which keeps
-// its own user and directory. archive returns the uploaded file for a
-// COPY's hash, or an error.
-func planBuild(req *buildStartJSON, base string, fromTemplate bool, archive func(hash string) (string, error)) ([]plannedStep, error) {
+// its own user (baseUser) and directory. archive returns the uploaded
+// file for a COPY's hash, or an error.
+func planBuild(req *buildStartJSON, base string, fromTemplate bool, baseUser string, archive func(hash string) (string, error)) ([]plannedStep, error) {
 	if len(req.Steps) > maxSteps {
 		return nil, errdefs.InvalidArgument("steps: %d given, at most %d", len(req.Steps), maxSteps)
 	}
@@ -74,7 +74,7 @@ func planBuild(req *buildStartJSON, base string, fromTemplate bool, archive func
 		out = append(out, plannedStep{in: in, step: step})
 	}
 	add("base", build.Instruction{Cmd: "FROM", Text: base})
-	user := ""
+	user := baseUser
 	if !fromTemplate {
 		// E2B's base phase runs as root, then the steps as "user" in its
 		// home.
