@@ -307,8 +307,9 @@ func (e *Edge) Close() {
 	for _, sb := range e.reg.all() {
 		sb.CloseLink()
 	}
-	// Layers mounted from their EROFS forms, but for running sandboxes'.
-	if err := e.parts.Cache.UnmountUnused(); err != nil {
+	// Layers mounted from their EROFS forms (running sandboxes' overlays
+	// hold clones of theirs).
+	if err := e.parts.Cache.UnmountLayers(); err != nil {
 		e.log.Warn("unmount image layers", logging.Error, err)
 	}
 	if e.net != nil {

@@ -145,6 +145,9 @@ func (c *Cache) mountLayer(d digest.Digest) error {
 			return err
 		}
 	}
+	if isMountPoint(filepath.Join(dir, "fs")) {
+		return nil // mounted already: a second mount would stack on it
+	}
 	return mountEROFS(c.store.EROFSPath(d), filepath.Join(dir, "fs"))
 }
 
@@ -165,7 +168,9 @@ func (c *Cache) ensure(ctx context.Context, l ocispec.Descriptor, stage string, 
 	call := &unpackCall{done: make(chan struct{})}
 	c.inflight[l.Digest] = call
 	c.mu.Unlock()
-	call.err = c.prepare(l, stage, progress)
+	if !c.Has(l.Digest) { // another call may have made it since the look above
+		call.err = c.prepare(l, stage, progress)
+	}
 	c.mu.Lock()
 	delete(c.inflight, l.Digest)
 	c.mu.Unlock()
@@ -224,11 +229,11 @@ func (c *Cache) unpack(l ocispec.Descriptor, stage string, progress Progress) er
 	return nil
 }
 
-// UnmountUnused unmounts the layers' EROFS forms that no overlay holds
-// (a running sandbox's keep theirs): at a node's shutdown, so that a
-// stopped node leaves no mounts but its sandboxes'. The cache stays
-// usable: a layer is mounted again when next needed.
-func (c *Cache) UnmountUnused() error {
+// UnmountLayers unmounts the layers' EROFS forms, at a node's shutdown,
+// so that a stopped node leaves no mounts of its own. Running sandboxes
+// are not affected (overlayfs holds private clones of its lower mounts);
+// the cache stays usable: a layer is mounted again when next needed.
+func (c *Cache) UnmountLayers() error {
 	ents, err := os.ReadDir(c.dir)
 	if err != nil {
 		return err
@@ -239,7 +244,7 @@ func (c *Cache) UnmountUnused() error {
 		if !e.IsDir() || !isMountPoint(dir) {
 			continue
 		}
-		if err := unix.Unmount(dir, 0); err != nil && !errors.Is(err, unix.EBUSY) {
+		if err := unix.Unmount(dir, 0); err != nil {
 			errs = append(errs, fmt.Errorf("unmount layer %s: %w", dir, err))
 		}
 	}

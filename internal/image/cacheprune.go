@@ -121,7 +121,7 @@ func (c *Cache) Prune(inUse []digest.Digest, grace time.Duration, limit int64) (
 			continue
 		}
 		res.Size += l.size
-		if !needed[name] && !recent {
+		if !needed[name] && !recent && l.size > 0 { // a mounted form frees nothing
 			kept = append(kept, l)
 		}
 	}

@@ -3,18 +3,24 @@ package image
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/opendsec/opendsec/internal/loopdev"
 )
 
 // EROFS forms of layers [ours; the paper loads layers on demand from its
@@ -73,8 +79,8 @@ func (s *Store) makeEROFS(ctx context.Context, m ocispec.Manifest) error {
 		if validDigest(l.Digest) != nil || s.HasEROFS(l.Digest) {
 			continue
 		}
-		if _, err := os.Stat(s.erofsFailed(l.Digest)); err == nil {
-			continue
+		if fi, err := os.Stat(s.erofsFailed(l.Digest)); err == nil && time.Since(fi.ModTime()) < time.Hour {
+			continue // tried within the hour (a full disk passes; a bad layer does not)
 		}
 		if err := s.makeLayerEROFS(ctx, l); err != nil {
 			if ctx.Err() != nil {
@@ -141,7 +147,9 @@ func (s *Store) makeLayerEROFS(ctx context.Context, l ocispec.Descriptor) error 
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return err
 	}
-	dr, err := decompress(f)
+	h := sha256.New()
+	counted := io.TeeReader(f, h)
+	dr, err := decompress(counted)
 	if err != nil {
 		return err
 	}
@@ -149,6 +157,10 @@ func (s *Store) makeLayerEROFS(ctx context.Context, l ocispec.Descriptor) error 
 	dr.Close()
 	if err != nil {
 		return err
+	}
+	io.Copy(io.Discard, counted) //nolint:errcheck // trailing padding, for the digest
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != l.Digest.String() {
+		return fmt.Errorf("the stored blob has digest %s (corrupt image store)", got)
 	}
 	out := filepath.Join(tmp, "layer.erofs")
 	var msg bytes.Buffer
@@ -163,9 +175,48 @@ func (s *Store) makeLayerEROFS(ctx context.Context, l ocispec.Descriptor) error 
 	if err := os.Chmod(out, 0o444); err != nil {
 		return err
 	}
-	// The name is set last: a crash leaves only a temporary directory,
-	// which the next open of the store sweeps.
-	return os.Rename(out, s.EROFSPath(l.Digest))
+	if err := syncFile(out); err != nil {
+		return err
+	}
+	// The name is set last, and the directory synced: a crash leaves only
+	// a temporary directory, which the next open of the store sweeps, or
+	// the whole image.
+	if err := os.Rename(out, s.EROFSPath(l.Digest)); err != nil {
+		return err
+	}
+	return syncFile(filepath.Dir(s.EROFSPath(l.Digest)))
+}
+
+// syncFile flushes a file or directory to its disk.
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// VMRootDir is where microVM root disks made once per image live: EROFS
+// images of the image's merged layers, shared by every node's guests
+// (internal/edge/backend/microvm), named by VMRootKey.
+func (s *Store) VMRootDir() string { return filepath.Join(s.dir, "blobs", "vm-root") }
+
+// VMRootKey names the merged root of an image by its layers, given as the
+// first 16 hex digits of each digest (what a node's layer directories are
+// named), lowest first.
+func VMRootKey(layers []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(layers, "\n")))
+	return hex.EncodeToString(sum[:16])
+}
+
+// vmRootKeyOf is VMRootKey of a manifest's layers.
+func vmRootKeyOf(m ocispec.Manifest) string {
+	short := make([]string, len(m.Layers))
+	for i, l := range m.Layers {
+		short[i] = l.Digest.Encoded()[:min(16, len(l.Digest.Encoded()))]
+	}
+	return VMRootKey(short)
 }
 
 // erofsKernel reports whether this kernel mounts EROFS.
@@ -174,9 +225,15 @@ var erofsKernel = sync.OnceValue(func() bool {
 	return err == nil && bytes.Contains(data, []byte("\terofs\n"))
 })
 
-// mountEROFS mounts the EROFS image file at dir, read-only.
+// mountEROFS mounts the EROFS image file at dir, read-only: straight from
+// the file where the kernel can (6.12 and later), else through a loop
+// device.
 func mountEROFS(file, dir string) error {
-	if err := unix.Mount(file, dir, "erofs", unix.MS_RDONLY, ""); err != nil {
+	err := unix.Mount(file, dir, "erofs", unix.MS_RDONLY, "")
+	if errors.Is(err, unix.ENOTBLK) {
+		err = loopdev.Mount(file, dir, "erofs", unix.MS_RDONLY, "")
+	}
+	if err != nil {
 		return fmt.Errorf("mount the EROFS image %s at %s: %w", file, dir, err)
 	}
 	return nil

@@ -24,12 +24,15 @@ const PruneGrace = time.Hour
 // only by other references (the name is broken anyway).
 func (s *Store) Prune(keep []digest.Digest, grace time.Duration) (int64, error) {
 	live := map[digest.Digest]bool{}
+	liveRoots := map[string]bool{}
 	mark := func(md digest.Digest) {
 		live[md] = true
 		m, err := s.loadManifest(md)
 		if err != nil {
 			return
 		}
+		liveRoots[vmRootKeyOf(m)+".erofs"] = true
+		liveRoots[vmRootKeyOf(m)+".erofs.lock"] = true
 		live[m.Config.Digest] = true
 		for _, l := range m.Layers {
 			live[l.Digest] = true
@@ -83,6 +86,19 @@ func (s *Store) Prune(keep []digest.Digest, grace time.Duration) (int64, error) 
 			continue
 		}
 		if err := os.Remove(filepath.Join(s.dir, "blobs", "erofs", ent.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		freed += fi.Size()
+	}
+	// MicroVM roots of images no name and no sandbox uses.
+	roots, _ := os.ReadDir(s.VMRootDir())
+	for _, ent := range roots {
+		fi, err := ent.Info()
+		if err != nil || liveRoots[ent.Name()] || time.Since(fi.ModTime()) < grace {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.VMRootDir(), ent.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			continue
 		}

@@ -32,6 +32,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/loopdev"
 )
 
 // Config says where layers live and which to keep ready.
@@ -351,42 +352,8 @@ func randomName() string {
 // loopMount attaches img to a free loop device (which detaches itself when
 // unmounted) and mounts its ext4 file system at mnt.
 func loopMount(img, mnt string) error {
-	file, err := os.OpenFile(img, os.O_RDWR, 0)
-	if err != nil {
-		return err
+	if err := loopdev.Mount(img, mnt, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, "discard,noinit_itable"); err != nil {
+		return fmt.Errorf("writable layer: %w", err)
 	}
-	defer file.Close()
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer ctl.Close()
-	for attempt := 0; attempt < 16; attempt++ {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return os.NewSyscallError("ioctl(LOOP_CTL_GET_FREE)", err)
-		}
-		dev := fmt.Sprintf("/dev/loop%d", n)
-		lf, err := os.OpenFile(dev, os.O_RDWR, 0)
-		if err != nil {
-			return err
-		}
-		cfg := unix.LoopConfig{Fd: uint32(file.Fd()), Info: unix.LoopInfo64{Flags: unix.LO_FLAGS_AUTOCLEAR}}
-		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
-		if errors.Is(err, unix.EBUSY) {
-			lf.Close() // another process took this device first
-			continue
-		}
-		if err != nil {
-			lf.Close()
-			return os.NewSyscallError("ioctl(LOOP_CONFIGURE)", err)
-		}
-		err = unix.Mount(dev, mnt, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, "discard,noinit_itable")
-		lf.Close() // with AUTOCLEAR, the device goes away with the mount
-		if err != nil {
-			return fmt.Errorf("writable layer: mount %s: %w", dev, err)
-		}
-		return nil
-	}
-	return errdefs.Unavailable("writable layer: no free loop device after 16 tries")
+	return nil
 }

@@ -237,12 +237,14 @@ func withBase(ctx context.Context, store *image.Store, base *image.Image, work s
 	}
 	lowers, err := cache.Layers(ctx, base, o.Progress)
 	if err != nil {
+		cache.UnmountLayers() //nolint:errcheck // the error above matters more
 		return "", "", nil, err
 	}
 	upper, merged = filepath.Join(work, "upper"), filepath.Join(work, "merged")
 	workdir := filepath.Join(work, "ovl")
 	for _, d := range []string{upper, merged, workdir} {
 		if err := os.Mkdir(d, 0o755); err != nil {
+			cache.UnmountLayers() //nolint:errcheck // as above
 			return "", "", nil, err
 		}
 	}
@@ -252,10 +254,11 @@ func withBase(ctx context.Context, store *image.Store, base *image.Image, work s
 	}
 	opts := "lowerdir=" + strings.Join(rev, ":") + ",upperdir=" + upper + ",workdir=" + workdir
 	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		cache.UnmountLayers() //nolint:errcheck // as above
 		return "", "", nil, fmt.Errorf("overlay for the build: %w", err)
 	}
 	return merged, upper, func() {
 		unix.Unmount(merged, unix.MNT_DETACH) //nolint:errcheck // the build dir is removed next
-		cache.UnmountUnused()                 //nolint:errcheck // likewise
+		cache.UnmountLayers()                 //nolint:errcheck // likewise
 	}, nil
 }
