@@ -13,6 +13,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -137,7 +138,8 @@ const (
 
 // findDisk is the block device whose virtio serial is name (QEMU sets
 // it), else the one whose ext4 label is name (the backend labels its
-// disks the same; Firecracker gives its disks no serial), or "".
+// disks the same; Firecracker gives its disks no serial), or for the root
+// the EROFS disk, or "".
 func findDisk(name string) string {
 	disks, _ := filepath.Glob("/sys/block/vd*")
 	sort.Strings(disks)
@@ -147,7 +149,13 @@ func findDisk(name string) string {
 		}
 	}
 	for _, d := range disks {
-		if dev := "/dev/" + filepath.Base(d); ext4Label(dev) == name {
+		dev := "/dev/" + filepath.Base(d)
+		if ext4Label(dev) == name {
+			return dev
+		}
+		// A root shared through the image store is EROFS, which carries no
+		// label of ours: the only EROFS disk is the root.
+		if name == rootSerial && rootFSType(dev) == "erofs" {
 			return dev
 		}
 	}
@@ -182,12 +190,30 @@ func superblockLabel(sb []byte) string {
 	return string(name)
 }
 
+// erofsMagic is EROFS's superblock magic, at byte 1024 of the disk.
+const erofsMagic = 0xE0F5E1E2
+
+// rootFSType is "erofs" for a root disk an image store shares between
+// nodes (an EROFS image), else "ext4" (one a node made).
+func rootFSType(dev string) string {
+	f, err := os.Open(dev)
+	if err != nil {
+		return "ext4"
+	}
+	defer f.Close()
+	var b [4]byte
+	if _, err := f.ReadAt(b[:], 1024); err == nil && binary.LittleEndian.Uint32(b[:]) == erofsMagic {
+		return "erofs"
+	}
+	return "ext4"
+}
+
 // switchRoot makes the image's root disk (read-only) under an overlay
 // whose upper layer is on the writable disk the root, with the agent on a
 // tmpfs at /.dsec, and moves this init there.
 func switchRoot(rootDev, rwDev string) error {
 	for _, m := range []struct{ src, dst, fstype, data string }{
-		{rootDev, "/mnt/lower", "ext4", ""}, {rwDev, "/mnt/rw", "ext4", ""},
+		{rootDev, "/mnt/lower", rootFSType(rootDev), ""}, {rwDev, "/mnt/rw", "ext4", ""},
 	} {
 		os.MkdirAll(m.dst, 0o755)
 		flags := uintptr(0)

@@ -37,6 +37,28 @@ func TestExt4LabelOfARealImage(t *testing.T) {
 	}
 }
 
+// A root the image store shares is EROFS: the guest mounts it as such by
+// its magic, and an ext4 disk stays ext4.
+func TestRootFSTypeOfRealImages(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
+		t.Skip("no mkfs.erofs (Debian's erofs-utils)")
+	}
+	tree := t.TempDir()
+	os.WriteFile(filepath.Join(tree, "f"), []byte("x"), 0o644)
+	img := filepath.Join(t.TempDir(), "root.erofs")
+	if out, err := exec.Command("mkfs.erofs", img, tree).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.erofs: %v: %s", err, out)
+	}
+	if got := rootFSType(img); got != "erofs" {
+		t.Fatalf("an EROFS image is %q", got)
+	}
+	other := filepath.Join(t.TempDir(), "zeros")
+	os.WriteFile(other, make([]byte, 4096), 0o600)
+	if got := rootFSType(other); got != "ext4" {
+		t.Fatalf("a file of zeros is %q; want the default, ext4", got)
+	}
+}
+
 func TestVsockPortFromTheCommandLine(t *testing.T) {
 	for cmdline, want := range map[string]string{
 		"console=ttyS0 dsec.agent=vsock:1024 quiet": "1024",

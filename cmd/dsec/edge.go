@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
 	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -59,7 +60,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 			opts[b] = bf.options(b)
 		}
 	}
-	bs, err := registry().Open(ctx, opts, filepath.Join(*stateDir, "backends"), log)
+	bs, err := registry().Open(ctx, microvm.WithRootStore(opts, store.VMRootDir()), filepath.Join(*stateDir, "backends"), log)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/pki"
@@ -23,7 +24,7 @@ func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend
 	if i > 1 {
 		dir = fmt.Sprintf("%s-%d", dir, i)
 	}
-	backends, err := reg.Open(ctx, cfg.Backends, filepath.Join(dir, "backends"), c.log)
+	backends, err := reg.Open(ctx, microvm.WithRootStore(cfg.Backends, store.VMRootDir()), filepath.Join(dir, "backends"), c.log)
 	if err != nil {
 		return nil, "", err
 	}

@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -143,6 +144,17 @@ func TestPullRunPush(t *testing.T) {
 		stored, err := c.Images.Resolve(image.Ref{Project: "root", Name: "rich", Tag: "1"})
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The microvm's root disk of it is one EROFS image in the store,
+		// for every node (where the guest kernel has the module).
+		var short []string
+		for _, l := range stored.Manifest.Layers {
+			short = append(short, l.Digest.Encoded()[:16])
+		}
+		if _, err := os.Stat(filepath.Join(testutil.GuestKernelDir(t), "modules", "erofs.ko")); err == nil {
+			if _, err := os.Stat(filepath.Join(c.Images.VMRootDir(), image.VMRootKey(short)+".erofs")); err != nil {
+				t.Errorf("the microvm root of the image is not shared through the store: %v", err)
+			}
 		}
 		mounts, _ := os.ReadFile("/proc/self/mountinfo")
 		for _, l := range stored.Manifest.Layers {

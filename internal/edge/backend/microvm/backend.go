@@ -53,6 +53,10 @@ type Backend struct {
 	mu    sync.Mutex
 	boxes map[sandboxid.ID]*box  // guarded by mu
 	roots map[string]*sync.Mutex // guarded by mu: a lock per root image being made
+
+	rootStore string // Options.RootStore
+	mkfsEROFS string // its path, "" without erofs-utils
+	sharedWhy string // why roots are not shared here, "" if they are
 }
 
 // box is one sandbox's guest.
@@ -97,6 +101,10 @@ type Options struct {
 	Firecracker string `option:"firecracker"`
 	// CgroupParent is the VMMs' parent cgroup (oci.Cgroups).
 	CgroupParent string `option:"cgroup-parent"`
+	// RootStore is where root disks shared by every node are kept
+	// (sharedroot.go; the image store's blobs/vm-root). Empty: each node
+	// makes its own.
+	RootStore string `option:"root-store"`
 }
 
 // New makes the backend.
@@ -124,6 +132,11 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	if o.Firecracker != "" {
 		b.fc = &Firecracker{Binary: o.Firecracker, Kernel: q.Kernel, Modules: q.Modules, Init: q.Init, Log: b.log}
+	}
+	b.rootStore = o.RootStore
+	b.mkfsEROFS, _ = exec.LookPath("mkfs.erofs")
+	if b.sharedWhy = b.sharedRootsWhyNot(); b.sharedWhy != "" && b.rootStore != "" {
+		b.log.Info("root disks are made per node", "why", b.sharedWhy)
 	}
 	return b, nil
 }
@@ -242,6 +255,18 @@ func (b *Backend) Accel() string {
 // rootImage returns the read-only root disk of the image whose layers
 // are given, making it once per node.
 func (b *Backend) rootImage(ctx context.Context, layers []string) (string, error) {
+	merged := func() (string, func(), error) { return b.mergeLayers(layers) }
+	if key, ok := sharedRootKey(layers); ok && b.sharedWhy == "" {
+		l := b.rootLock(key)
+		l.Lock()
+		defer l.Unlock()
+		began := time.Now()
+		out, err := b.sharedRoot(ctx, key, merged)
+		if err == nil && time.Since(began) > 100*time.Millisecond {
+			b.log.Info("shared root image ready", "image", key, "took", time.Since(began).Round(time.Millisecond))
+		}
+		return out, err
+	}
 	sum := sha256.Sum256([]byte(strings.Join(layers, "\n")))
 	key := hex.EncodeToString(sum[:16])
 	out := filepath.Join(b.cfg.StateDir, "roots", key+".ext4")
@@ -253,29 +278,41 @@ func (b *Backend) rootImage(ctx context.Context, layers []string) (string, error
 		now := time.Now()
 		return out, os.Chtimes(out, now, now)
 	}
-	tree := layers[0]
-	if len(layers) > 1 {
-		mnt, err := os.MkdirTemp(b.cfg.StateDir, "merge-")
-		if err != nil {
-			return "", err
-		}
-		defer os.Remove(mnt)
-		lower := make([]string, len(layers))
-		for i, d := range layers {
-			lower[len(layers)-1-i] = d // overlayfs wants the top layer first
-		}
-		if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
-			return "", fmt.Errorf("merge the image's layers: %w", err)
-		}
-		defer unix.Unmount(mnt, unix.MNT_DETACH) //nolint:errcheck // a read-only view
-		tree = mnt
+	tree, done, err := merged()
+	if err != nil {
+		return "", err
 	}
+	defer done()
 	began := time.Now()
 	if err := BuildRootImage(ctx, tree, out); err != nil {
 		return "", err
 	}
 	b.log.Info("root image built", "image", key, "took", time.Since(began).Round(time.Millisecond))
 	return out, nil
+}
+
+// mergeLayers gives a read-only view of the layers merged, and what ends
+// it.
+func (b *Backend) mergeLayers(layers []string) (string, func(), error) {
+	if len(layers) == 1 {
+		return layers[0], func() {}, nil
+	}
+	mnt, err := os.MkdirTemp(b.cfg.StateDir, "merge-")
+	if err != nil {
+		return "", nil, err
+	}
+	lower := make([]string, len(layers))
+	for i, d := range layers {
+		lower[len(layers)-1-i] = d // overlayfs wants the top layer first
+	}
+	if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
+		os.Remove(mnt)
+		return "", nil, fmt.Errorf("merge the image's layers: %w", err)
+	}
+	return mnt, func() {
+		unix.Unmount(mnt, unix.MNT_DETACH) //nolint:errcheck // a read-only view
+		os.Remove(mnt)
+	}, nil
 }
 
 // GuestConfig is the sandbox's settings the guest's init applies
@@ -440,6 +477,9 @@ func shareRoot(disk, root, dst string) error {
 	}
 	if err := os.Symlink(root, dst); err != nil {
 		return fmt.Errorf("microvm: the root disk: %w", err)
+	}
+	if strings.HasSuffix(root, sharedRootSuffix) {
+		return nil // in the store, which no node prunes
 	}
 	// A symlink does not count as a link: the root must never be pruned.
 	if err := os.WriteFile(root+symlinkedSuffix, nil, 0o600); err != nil {

@@ -47,7 +47,7 @@ func (f *Firecracker) logger() *slog.Logger { return logging.OrDiscard(f.Log) }
 // FirecrackerModules are the modules a Firecracker guest loads, in order:
 // virtio-mmio devices, block, and the vsock transport for the agent.
 var FirecrackerModules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_blk",
-	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport", "overlay"}
+	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport", "overlay", "libcrc32c", "erofs"}
 
 // AgentVsockPort is the host port a Firecracker guest's agent dials.
 const AgentVsockPort = 1024

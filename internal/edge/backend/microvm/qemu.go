@@ -17,8 +17,9 @@ import (
 const VMInitMarker = "DSEC-VMINIT-UP"
 
 // ModuleOrder is the order the guest loads the virtio modules the guest
-// kernel has as modules (virtio_ring first, or "Unknown symbol").
-var ModuleOrder = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "overlay"}
+// kernel has as modules (virtio_ring first, or "Unknown symbol"), and
+// erofs for roots shared through the image store (libcrc32c first).
+var ModuleOrder = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "overlay", "libcrc32c", "erofs"}
 
 // QEMU runs guests on QEMU's microvm machine.
 type QEMU struct {
