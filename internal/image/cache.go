@@ -179,38 +179,13 @@ func (c *Cache) ensure(ctx context.Context, l ocispec.Descriptor, stage string, 
 }
 
 func (c *Cache) unpack(l ocispec.Descriptor, stage string, progress Progress) error {
-	if err := validDigest(l.Digest); err != nil {
-		return err
-	}
-	f, err := os.Open(c.store.BlobPath(l.Digest))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return errdefs.NotFound("layer %s: not in the image store", l.Digest)
-		}
-		return err
-	}
-	defer f.Close()
 	tmp, err := os.MkdirTemp(filepath.Join(c.dir, "tmp"), "layer-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
+	if err := c.store.unpackStored(l, filepath.Join(tmp, "fs"), stage, progress); err != nil {
 		return err
-	}
-	h := sha256.New()
-	counted := &countingReader{r: io.TeeReader(f, h), total: l.Size, stage: stage, p: progress}
-	dr, err := decompress(counted)
-	if err != nil {
-		return err
-	}
-	defer dr.Close()
-	if err := unpackLayer(dr, filepath.Join(tmp, "fs"), l.Size); err != nil {
-		return fmt.Errorf("unpack layer %s: %w", l.Digest, err)
-	}
-	io.Copy(io.Discard, counted) //nolint:errcheck // trailing padding, for the digest
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != l.Digest.String() {
-		return fmt.Errorf("layer %s: content has digest %s (corrupt image store)", l.Digest, got)
 	}
 	if err := os.WriteFile(filepath.Join(tmp, "digest"), []byte(l.Digest.String()), 0o644); err != nil {
 		return err
@@ -249,4 +224,38 @@ func (c *Cache) UnmountLayers() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unpackStored unpacks the stored layer l into dir (made here), checking
+// its digest as it reads it.
+func (s *Store) unpackStored(l ocispec.Descriptor, dir, stage string, progress Progress) error {
+	if err := validDigest(l.Digest); err != nil {
+		return err
+	}
+	f, err := os.Open(s.BlobPath(l.Digest))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return errdefs.NotFound("layer %s: not in the image store", l.Digest)
+		}
+		return err
+	}
+	defer f.Close()
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	h := sha256.New()
+	counted := &countingReader{r: io.TeeReader(f, h), total: l.Size, stage: stage, p: progress}
+	dr, err := decompress(counted)
+	if err != nil {
+		return err
+	}
+	defer dr.Close()
+	if err := unpackLayer(dr, dir, l.Size); err != nil {
+		return fmt.Errorf("unpack layer %s: %w", l.Digest, err)
+	}
+	io.Copy(io.Discard, counted) //nolint:errcheck // trailing padding, for the digest
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != l.Digest.String() {
+		return fmt.Errorf("layer %s: content has digest %s (corrupt image store)", l.Digest, got)
+	}
+	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -133,34 +132,14 @@ func (m *EROFSMaker) Wait() {
 }
 
 func (s *Store) makeLayerEROFS(ctx context.Context, l ocispec.Descriptor) error {
-	f, err := os.Open(s.BlobPath(l.Digest))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	tmp, err := os.MkdirTemp(filepath.Join(s.dir, "tmp"), "erofs-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
 	root := filepath.Join(tmp, "fs")
-	if err := os.Mkdir(root, 0o755); err != nil {
+	if err := s.unpackStored(l, root, "", nil); err != nil {
 		return err
-	}
-	h := sha256.New()
-	counted := io.TeeReader(f, h)
-	dr, err := decompress(counted)
-	if err != nil {
-		return err
-	}
-	err = unpackLayer(dr, root, l.Size)
-	dr.Close()
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, counted) //nolint:errcheck // trailing padding, for the digest
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != l.Digest.String() {
-		return fmt.Errorf("the stored blob has digest %s (corrupt image store)", got)
 	}
 	out := filepath.Join(tmp, "layer.erofs")
 	var msg bytes.Buffer

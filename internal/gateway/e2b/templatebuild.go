@@ -191,14 +191,20 @@ func (w *logWriter) flush() {
 	}
 }
 
-// triggerBuild starts a build with its steps.
-func (g *Gateway) triggerBuild(w http.ResponseWriter, r *http.Request) {
+// callerBuild is the build the request's path names, of the caller's
+// project.
+func (g *Gateway) callerBuild(r *http.Request) (string, *templateBuild, error) {
 	project, err := g.whoAmI(r.Context())
 	if err != nil {
-		writeError(w, err)
-		return
+		return "", nil, err
 	}
 	b, err := g.builds.get(project, r.PathValue("templateID"), r.PathValue("buildID"))
+	return project, b, err
+}
+
+// triggerBuild starts a build with its steps.
+func (g *Gateway) triggerBuild(w http.ResponseWriter, r *http.Request) {
+	project, b, err := g.callerBuild(r)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -363,12 +369,7 @@ func (g *Gateway) buildStatus(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	project, err := g.whoAmI(r.Context())
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	b, err := g.builds.get(project, r.PathValue("templateID"), r.PathValue("buildID"))
+	_, b, err := g.callerBuild(r)
 	if err != nil {
 		writeError(w, err)
 		return
