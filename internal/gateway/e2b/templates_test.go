@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -87,7 +88,7 @@ func (noSnapshots) ListSnapshots(context.Context, *connect.Request[sandboxv1.Lis
 
 // templateGateway is a gateway whose apiserver is fakes, and nothing at
 // APIURL: a build it starts fails at its base.
-func templateGateway(t *testing.T, images ...string) *httptest.Server {
+func templateGateway(t testing.TB, images ...string) *httptest.Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
@@ -108,7 +109,7 @@ type answer struct {
 	body   []byte
 }
 
-func call(t *testing.T, method, url string, body io.Reader, hdr ...string) answer {
+func call(t testing.TB, method, url string, body io.Reader, hdr ...string) answer {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, body)
 	for i := 0; i+1 < len(hdr); i += 2 {
@@ -392,7 +393,29 @@ func TestPlanBuildMakesE2BStepsInstructions(t *testing.T) {
 func FuzzTemplateBuildRequests(f *testing.F) {
 	f.Add(`{"fromImage":"e2bdev/base","steps":[{"type":"COPY","args":["a/*","b","u","0755"],"filesHash":"`+strings.Repeat("0", 64)+`"},{"type":"RUN","args":["x","root"]}],"startCmd":"s","readyCmd":"r"}`, "ns/a-b:t1")
 	f.Add(`{"steps":[{"type":"ENV","args":["A","$B","C"]},{"type":"USER","args":["x"]},{"type":"WORKDIR","args":[""]}]}`, "a:")
+	f.Add(`{"name":"t:1","tags":["a","b"],"cpuCount":1,"memoryMB":128}`, "logsOffset=1&limit=100")
+	f.Add(`{"target":"old:default","tags":["x"]}`, "project=root&expires=1&signature=00")
+	srv := templateGateway(f, "root/team/e2b-old:default")
 	f.Fuzz(func(t *testing.T, body, name string) {
+		// Through the routes, as a client would send them: never a 5xx.
+		q := strings.Map(func(r rune) rune {
+			if r <= ' ' || r == '#' || r == 0x7f || r > 0x7e {
+				return '_'
+			}
+			return r
+		}, name)
+		for _, c := range []struct{ method, path string }{
+			{"POST", "/v3/templates"}, {"POST", "/templates/tags"}, {"DELETE", "/templates/tags"},
+			{"POST", "/v2/templates/old/builds/x"}, {"GET", "/templates/old/builds/x/status?" + q},
+			{"PUT", "/e2b-uploads/old/" + strings.Repeat("a", 64) + "?" + q}, {"GET", "/templates/old/files/" + q},
+		} {
+			if _, err := url.ParseRequestURI(srv.URL + c.path); err != nil {
+				continue // not a URL a client could send
+			}
+			if a := call(t, c.method, srv.URL+c.path, strings.NewReader(body), apiKey...); a.status >= 500 && a.status != 501 {
+				t.Fatalf("%s %s with %q: %d %s", c.method, c.path, body, a.status, a.body)
+			}
+		}
 		var req buildStartJSON
 		if json.Unmarshal([]byte(body), &req) == nil {
 			_, err := planBuild(&req, "root/b:1", len(name)%2 == 0, name, func(string) (string, error) { return "/x", nil })
