@@ -59,16 +59,17 @@ func splitList(s string) []string {
 	return out
 }
 
-type registryFlags struct{ insecure, dockerConfig *string }
+type registryFlags struct{ insecure, allow, dockerConfig *string }
 
 // addRegistryFlags adds how image pulls and pushes reach registries.
 func addRegistryFlags(fs *flag.FlagSet) registryFlags {
 	return registryFlags{
 		insecure:     fs.String("insecure-registry", "", "comma-separated registries (host or host:port) image pulls and pushes may reach over plain HTTP; loopback ones always may, every other only over TLS"),
+		allow:        fs.String("registry-allow", "", "comma-separated registries (host or host:port; docker.io for Docker Hub) pulls and pushes may name; empty: any (link-local addresses are never reached)"),
 		dockerConfig: fs.String("registry-config", ociregistry.DefaultDockerConfigPath(), "docker config file with the logins (and credential helpers) used when a pull or push brings none; a missing file means none"),
 	}
 }
 
 func (f registryFlags) config() apiserver.RegistryConfig {
-	return apiserver.RegistryConfig{Insecure: splitList(*f.insecure), DockerConfig: *f.dockerConfig}
+	return apiserver.RegistryConfig{Insecure: splitList(*f.insecure), Allowed: splitList(*f.allow), DockerConfig: *f.dockerConfig}
 }

@@ -20,6 +20,9 @@ type RegistryConfig struct {
 	// Insecure lists registries ("host" or "host:port") reached over plain
 	// HTTP besides loopback ones.
 	Insecure []string
+	// Allowed, if set, lists the only registries pulls and pushes may name
+	// (registry.Options.Allowed).
+	Allowed []string
 	// DockerConfig is a docker config file with the apiserver's own logins
 	// (and credential helpers), used when a request brings none. It is read
 	// at each pull, so a rotated login needs no restart.
@@ -27,7 +30,7 @@ type RegistryConfig struct {
 }
 
 func (s *Server) registryOptions(ctx context.Context, cr *imagev1.RegistryCredentials, progress image.Progress) (registry.Options, error) {
-	o := registry.Options{Insecure: s.cfg.Registries.Insecure, Progress: progress, UserAgent: "opendsec-apiserver"}
+	o := registry.Options{Insecure: s.cfg.Registries.Insecure, Allowed: s.cfg.Registries.Allowed, Progress: progress, UserAgent: "opendsec-apiserver"}
 	if cr != nil {
 		o.Credentials = registry.Credentials{Username: cr.Username, Password: cr.Password, IdentityToken: cr.IdentityToken}
 	}

@@ -47,6 +47,9 @@ func Pull(ctx context.Context, s *image.Store, src string, as image.Ref, o Optio
 		return nil, err
 	}
 	reg := ref.Context().RegistryStr()
+	if err := o.checkAllowed(reg); err != nil {
+		return nil, err
+	}
 	auth, err := o.authenticator(ctx, ref.Context().Registry)
 	if err != nil {
 		return nil, err

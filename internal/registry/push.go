@@ -28,6 +28,9 @@ func Push(ctx context.Context, s *image.Store, im *image.Image, dst string, o Op
 		return "", err
 	}
 	reg := ref.Context().RegistryStr()
+	if err := o.checkAllowed(reg); err != nil {
+		return "", err
+	}
 	raw, err := s.ReadBlob(im.Digest, 4<<20)
 	if err != nil {
 		return "", err

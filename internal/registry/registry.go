@@ -18,6 +18,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -34,6 +36,11 @@ type Options struct {
 	// Insecure lists registries ("host" or "host:port") reached over plain
 	// HTTP, besides loopback ones.
 	Insecure []string
+	// Allowed, if set, lists the only registries ("host" or "host:port";
+	// "docker.io" is Docker Hub) a pull or push may name: an apiserver
+	// fetches what its users ask, and an operator may keep that to known
+	// registries.
+	Allowed []string
 	// Credentials log in; when empty, Config's logins for the registry are
 	// used, else none.
 	Credentials Credentials
@@ -85,13 +92,8 @@ func DefaultName(r name.Reference, proj string) (image.Ref, error) {
 // plainHTTPAllowed reports whether host (as in a URL: "host:port") may be
 // reached without TLS.
 func plainHTTPAllowed(host string, insecure []string) bool {
-	for _, h := range insecure {
-		if strings.EqualFold(h, host) {
-			return true
-		}
-		if hn, _, err := net.SplitHostPort(host); err == nil && strings.EqualFold(h, hn) {
-			return true
-		}
+	if hostListed(host, insecure) {
+		return true
 	}
 	hn := host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -122,9 +124,53 @@ func (g tlsGuard) RoundTrip(r *http.Request) (*http.Response, error) {
 func (o *Options) transport() http.RoundTripper {
 	next := o.Transport
 	if next == nil {
-		next = http.DefaultTransport
+		next = guardedTransport
 	}
 	return tlsGuard{next: next, insecure: o.Insecure}
+}
+
+// checkAllowed refuses a registry the operator's allow-list lacks.
+func (o *Options) checkAllowed(reg string) error {
+	if len(o.Allowed) == 0 || hostListed(reg, o.Allowed) || reg == name.DefaultRegistry && hostListed("docker.io", o.Allowed) {
+		return nil
+	}
+	return errdefs.PermissionDenied("registry %s: not one this cluster reaches (its operator allows %s)", reg, strings.Join(o.Allowed, ", "))
+}
+
+// hostListed reports whether host ("host" or "host:port") is in list, by
+// either form.
+func hostListed(host string, list []string) bool {
+	for _, h := range list {
+		if strings.EqualFold(h, host) {
+			return true
+		}
+		if hn, _, err := net.SplitHostPort(host); err == nil && strings.EqualFold(h, hn) {
+			return true
+		}
+	}
+	return false
+}
+
+// guardedTransport is http.DefaultTransport that never connects to a
+// link-local address (169.254.0.0/16, fe80::/10: cloud metadata services
+// live there), whatever a registry or its redirects name.
+var guardedTransport = func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: refuseLinkLocal}
+	t.DialContext = d.DialContext
+	return t
+}()
+
+// refuseLinkLocal is a dialer's Control: it refuses link-local addresses.
+func refuseLinkLocal(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); ip != nil && (ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast()) {
+		return errdefs.PermissionDenied("registry connection to %s refused: a link-local address (where cloud metadata services answer)", host)
+	}
+	return nil
 }
 
 func (o *Options) authenticator(ctx context.Context, reg name.Registry) (authn.Authenticator, error) {

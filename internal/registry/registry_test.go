@@ -41,6 +41,8 @@ type testRegistry struct {
 	corrupt atomic.Bool
 	// user:password required, if set.
 	login string
+	// all counts every request.
+	all atomic.Int64
 }
 
 func newTestRegistry(t *testing.T) *testRegistry {
@@ -48,6 +50,7 @@ func newTestRegistry(t *testing.T) *testRegistry {
 	tr := &testRegistry{blobGets: map[string]int{}}
 	inner := ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tr.all.Add(1)
 		if tr.login != "" {
 			u, p, ok := r.BasicAuth()
 			if !ok || u+":"+p != tr.login {
@@ -73,6 +76,8 @@ func newTestRegistry(t *testing.T) *testRegistry {
 	tr.host = strings.TrimPrefix(srv.URL, "http://")
 	return tr
 }
+
+func (tr *testRegistry) requests() int64 { return tr.all.Load() }
 
 func (tr *testRegistry) gets(d string) int {
 	tr.mu.Lock()
@@ -472,4 +477,60 @@ func TestDockerConfigFor(t *testing.T) {
 	if _, err := ParseDockerConfig([]byte(`{"auths":{"x":{"auth":"bm9jb2xvbg=="}}}`)); err == nil || !strings.Contains(err.Error(), `auths["x"].auth`) {
 		t.Fatalf("an auth without a colon: %v", err)
 	}
+}
+
+// An operator's allow-list keeps pulls and pushes to the registries it
+// names (docker.io meaning Docker Hub); a registry it lacks is refused
+// before anything is sent to it.
+func TestOnlyAllowedRegistriesAreReached(t *testing.T) {
+	tr := newTestRegistry(t)
+	pushRandom(t, tr, "team/app:1", 1024, 1)
+	s := newStore(t)
+	before := tr.requests()
+	_, err := Pull(context.Background(), s, tr.host+"/team/app:1", mustRef(t, "root/app:1"), Options{Allowed: []string{"registry.example.com", "docker.io"}})
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "registry.example.com, docker.io") {
+		t.Fatalf("a pull from a registry not allowed: %v", err)
+	}
+	if tr.requests() != before {
+		t.Fatal("the refused registry was sent requests")
+	}
+	im, err := Pull(context.Background(), s, tr.host+"/team/app:1", mustRef(t, "root/app:1"), Options{Allowed: []string{tr.host}})
+	if err != nil {
+		t.Fatalf("a pull from an allowed registry: %v", err)
+	}
+	if _, err := Push(context.Background(), s, im, "registry.example.com/x:1", Options{Allowed: []string{tr.host}}); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Fatalf("a push to a registry not allowed: %v", err)
+	}
+	hub := Options{Allowed: []string{"docker.io"}}
+	if err := hub.checkAllowed(name.DefaultRegistry); err != nil {
+		t.Fatalf("docker.io does not allow Docker Hub: %v", err)
+	}
+}
+
+// No registry, and no redirect of one, reaches a link-local address:
+// cloud metadata services answer there.
+func TestLinkLocalAddressesAreNeverDialled(t *testing.T) {
+	for addr, refused := range map[string]bool{"169.254.169.254:80": true, "[fe80::1]:443": true, "127.0.0.1:5000": false, "10.0.0.1:443": false, "[::1]:5000": false} {
+		err := refuseLinkLocal("tcp", addr, nil)
+		if refused != (err != nil) {
+			t.Errorf("%s: %v; refused %v", addr, err, refused)
+		}
+	}
+	resp, err := guardedTransport.RoundTrip(httptestRequest(t, "http://169.254.169.254/latest/meta-data/"))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("the transport reached a link-local address")
+	}
+	if !strings.Contains(err.Error(), "link-local") {
+		t.Fatalf("refused for another reason: %v", err)
+	}
+}
+
+func httptestRequest(t *testing.T, url string) *http.Request {
+	t.Helper()
+	r, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
