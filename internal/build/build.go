@@ -81,6 +81,7 @@ type state struct {
 	digest string
 	cfg    *imagev1.ImageConfig
 	args   map[string]string // ARGs in scope (and their values)
+	ignore *Ignore           // the context's .dockerignore
 }
 
 // Build runs the Dockerfile's instructions.
@@ -91,6 +92,13 @@ func Build(ctx context.Context, t Target, ins []Instruction, o Options) (*Result
 	}
 	res := &Result{}
 	st := &state{args: map[string]string{}}
+	if o.Context != "" {
+		ig, err := LoadIgnore(o.Context)
+		if err != nil {
+			return nil, err
+		}
+		st.ignore = ig
+	}
 	globals := map[string]string{}
 	for i, in := range ins {
 		if o.Step != nil {
@@ -314,7 +322,7 @@ func (st *state) layerStep(ctx context.Context, t Target, in Instruction, o Opti
 		}
 		what += " archive=" + sum
 	default:
-		if files, dest, err = st.sources(in, o.Context); err != nil {
+		if files, dest, err = st.sources(in, o.Context, st.ignore); err != nil {
 			return false, err
 		}
 	}

@@ -33,7 +33,7 @@ const MaxCopyFiles = 100000
 // sources resolves a COPY or ADD: its sources inside the context (globs
 // allowed; a directory copies its content), their destinations, and each
 // file's hash for the cache key.
-func (st *state) sources(in Instruction, ctxDir string) ([]copyFile, string, error) {
+func (st *state) sources(in Instruction, ctxDir string, ignore *Ignore) ([]copyFile, string, error) {
 	text, err := expand(in.Text, st.vars())
 	if err != nil {
 		return nil, "", lineErr(in.Line, "%s: %v", in.Cmd, err)
@@ -79,7 +79,16 @@ func (st *state) sources(in Instruction, ctxDir string) ([]copyFile, string, err
 		if err != nil || len(m) == 0 {
 			return nil, "", lineErr(in.Line, "%s %s: no such file in the build context %s", in.Cmd, s, ctxDir)
 		}
-		matches = append(matches, m...)
+		kept := m[:0]
+		for _, x := range m {
+			if rel, _ := filepath.Rel(root, x); !ignore.Excluded(rel) {
+				kept = append(kept, x)
+			}
+		}
+		if len(kept) == 0 {
+			return nil, "", lineErr(in.Line, "%s %s: left out of the build context by its .dockerignore", in.Cmd, s)
+		}
+		matches = append(matches, kept...)
 	}
 	intoDir := strings.HasSuffix(dest, "/") || len(matches) > 1
 	var out []copyFile
@@ -107,6 +116,12 @@ func (st *state) sources(in Instruction, ctxDir string) ([]copyFile, string, err
 		err = filepath.WalkDir(m, func(p string, de fs.DirEntry, err error) error {
 			if err != nil {
 				return err
+			}
+			if ctxRel, _ := filepath.Rel(root, p); p != m && ignore.Excluded(ctxRel) {
+				if de.IsDir() && !ignore.keepsAny() {
+					return filepath.SkipDir
+				}
+				return nil
 			}
 			rel, _ := filepath.Rel(m, p)
 			d := path.Join(dest, filepath.ToSlash(rel))
