@@ -18,7 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE>
+const imageUsage = `usage: dsec image <ls [--all] | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE>
 
 build recipes:
 `
@@ -29,7 +29,11 @@ func cmdImage(ctx context.Context, args []string) error {
 	}
 	switch args[0] {
 	case "ls":
-		return imageLs(ctx)
+		all := len(args) == 2 && (args[1] == "--all" || args[1] == "-a")
+		if len(args) > 2 || len(args) == 2 && !all {
+			return fmt.Errorf("image ls: usage: dsec image ls [--all] (--all also lists build steps' cache images)")
+		}
+		return imageLs(ctx, all)
 	case "import":
 		if len(args) != 3 {
 			return fmt.Errorf("image import: usage: dsec image import NAME FILE")
@@ -88,7 +92,9 @@ func imageHelp() error {
 	return fmt.Errorf("%s", b.String())
 }
 
-func imageLs(ctx context.Context) error {
+// imageLs lists the images; a build's step cache (PROJECT/build-cache:KEY,
+// internal/build) only with all, with a count of what it left out.
+func imageLs(ctx context.Context, all bool) error {
 	c, err := client.FromEnv()
 	if err != nil {
 		return err
@@ -99,10 +105,21 @@ func imageLs(ctx context.Context) error {
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tDIGEST\tLAYERS\tSIZE")
+	hidden := 0
 	for _, im := range resp.Msg.Images {
+		if !all && strings.Contains(im.Name, "/build-cache:") {
+			hidden++
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f MiB\n", im.Name, im.Digest[:19], im.Layers, float64(im.SizeBytes)/(1<<20))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if hidden > 0 {
+		fmt.Fprintf(os.Stderr, "(%d build cache images not shown; dsec image ls --all lists them)\n", hidden)
+	}
+	return nil
 }
 
 func imageImport(ctx context.Context, name, file string) error {

@@ -37,4 +37,19 @@ func TestCLIPushPull(t *testing.T) {
 	if _, errOut, code = run("", "image", "pull", reg+"/cli/none:1"); code == 0 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("pull of a missing image: %q exit %d", errOut, code)
 	}
+
+	// A build's step cache is left out of dsec image ls, unless --all.
+	if out, errOut, code = run("", "image", "tag", "root/bb:cli", "root/build-cache:0123456789abcdef"); code != 0 {
+		t.Fatalf("dsec image tag: %q %q exit %d", out, errOut, code)
+	}
+	out, errOut, code = run("", "image", "ls")
+	if code != 0 || strings.Contains(out, "build-cache") || !strings.Contains(out, "root/bb:cli") || !strings.Contains(errOut, "1 build cache images not shown") {
+		t.Fatalf("dsec image ls: %q %q exit %d", out, errOut, code)
+	}
+	if out, _, code = run("", "image", "ls", "--all"); code != 0 || !strings.Contains(out, "root/build-cache:0123456789abcdef") {
+		t.Fatalf("dsec image ls --all: %q exit %d", out, code)
+	}
+	if _, errOut, code = run("", "image", "ls", "--everything"); code == 0 || !strings.Contains(errOut, "usage") {
+		t.Fatalf("dsec image ls with a bad flag: %q exit %d", errOut, code)
+	}
 }
