@@ -23,9 +23,11 @@ import (
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/metrics"
 	"github.com/opendsec/opendsec/internal/rpcopts"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 	"github.com/opendsec/opendsec/internal/watcher"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures an apiserver.
@@ -55,6 +57,8 @@ type Deps struct {
 	Edges   EdgeDialer
 	Images  *image.Store
 	Log     *slog.Logger
+	// Metrics registers the apiserver's Prometheus metrics (nil: none).
+	Metrics prometheus.Registerer
 }
 
 // Server serves the client-facing API.
@@ -68,6 +72,7 @@ type Server struct {
 	inflight *inflight
 	// storageHolds are the imports and snapshots under way (storage.go).
 	storageHolds *storageHolds
+	rpcStats     *metrics.RPC
 
 	// missingSince is when each node of the view was first seen
 	// unreachable; only the reconciler (Run) touches it.
@@ -88,14 +93,15 @@ func New(cfg Config, deps Deps) *Server {
 	return &Server{
 		cfg: cfg, iam: deps.IAM, watcher: deps.Watcher, edges: deps.Edges, images: deps.Images,
 		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(), storageHolds: newStorageHolds(), missingSince: map[string]time.Time{},
-		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		rng:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		rpcStats: metrics.NewRPC(deps.Metrics, "apiserver"),
 	}
 }
 
 // Handler serves every client-facing route.
 func (s *Server) Handler() http.Handler {
 	opts := rpcopts.Handler(
-		connect.WithInterceptors(authInterceptor{s}, errdefs.Interceptor()),
+		connect.WithInterceptors(s.rpcStats.Interceptor(), authInterceptor{s}, errdefs.Interceptor()),
 		connect.WithReadMaxBytes(maxControlBytes),
 	)
 	mux := http.NewServeMux()

@@ -31,10 +31,12 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/metrics"
 	"github.com/opendsec/opendsec/internal/project"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures an edge.
@@ -103,6 +105,8 @@ type Deps struct {
 	Store    *image.Store
 	Backends []backend.Backend
 	Log      *slog.Logger
+	// Metrics registers the edge's Prometheus metrics (nil: none).
+	Metrics prometheus.Registerer
 }
 
 // Edge manages the sandboxes of one node.
@@ -114,6 +118,7 @@ type Edge struct {
 	cgroup   string // the node's cgroup layout, "v1" or "v2" ("" unknown)
 	// parts is what sandboxes start from: images, layers, the agent.
 	parts sandbox.Parts
+	prom  *promStats
 	dirs  nodeDirs
 	// disk is LayerDir's file system, what it keeps free and what this
 	// edge promised of it (internal/edge/diskroom), under a lock of its own.
@@ -193,6 +198,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		dirs: nodeDirs{stateDir: cfg.StateDir, runBase: cfg.RunBase, node: node}, backends: newBackendSet(node),
 		stop: make(chan struct{}),
 	}
+	e.prom = newPromStats(e, metrics.Instance(deps.Metrics, string(node)))
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
 	if e.parts.Agent, err = runbase.Prepare(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)

@@ -75,7 +75,9 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return nil, err
 	}
 	log := e.log.With(logging.SandboxID, rec.ID, logging.Backend, be.Name())
-	if err := sb.Start(ctx, im); err != nil {
+	err = sb.Start(ctx, im)
+	e.prom.created(be.Name(), now, err)
+	if err != nil {
 		if cerr := sb.Discard(context.WithoutCancel(ctx)); cerr != nil {
 			log.Error("clean up a sandbox that failed to start", logging.Error, cerr)
 		}

@@ -24,7 +24,7 @@ import (
 // other edges; an edge's certificate reaches only exported snapshots.
 func (e *Edge) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(errdefs.Interceptor()))...))
+	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(e.prom.rpc.Interceptor(), errdefs.Interceptor()))...))
 	ports := inbound.Ports(e.lookup, e.reg.lookupAny, e.log)
 	proxy := inbound.AgentCalls(e.lookup, e.log)
 	snaps := snapxfer.Handler(e.snaps.ExportedFile) // exported snapshots

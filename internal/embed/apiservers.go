@@ -12,6 +12,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/metrics"
 	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/watcher"
 )
@@ -43,7 +44,7 @@ func (c *Cluster) startAPIServer(ctx, runCtx context.Context, i int, cfg Config,
 	if err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id)})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id), Metrics: metrics.Instance(c.Metrics, fmt.Sprintf("apiserver-%d", i))})
 	go api.Run(runCtx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

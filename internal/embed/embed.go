@@ -27,9 +27,11 @@ import (
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/metrics"
 	"github.com/opendsec/opendsec/internal/pki"
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 	"github.com/opendsec/opendsec/internal/watcher"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures an all-in-one cluster.
@@ -63,6 +65,10 @@ type Config struct {
 	// WarmLayers is how many empty writable layers the edge keeps ready
 	// (edge.Config.WarmLayers); -1 for none.
 	WarmLayers int
+	// MetricsListen serves every component's Prometheus metrics at
+	// /metrics (written into the client env as DSEC_METRICS_URL); empty
+	// serves none.
+	MetricsListen string
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
@@ -103,6 +109,10 @@ type Cluster struct {
 	APIURLs []string
 	// GatewayURL is the E2B-compatible gateway, when one runs.
 	GatewayURL string
+	// MetricsURL serves the components' Prometheus metrics, when asked.
+	MetricsURL string
+	// Metrics is the registry every component of the cluster registers on.
+	Metrics *prometheus.Registry
 	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY (and
 	// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY with a gateway).
 	ClientEnv string
@@ -147,7 +157,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	store.SetLogger(log.With(logging.Component, "images"))
 	store.SetEROFS(!cfg.UnpackLayers)
 	runCtx, cancel := context.WithCancel(context.Background())
-	c := &Cluster{Images: store, log: log, cancel: cancel}
+	c := &Cluster{Images: store, log: log, cancel: cancel, Metrics: metrics.NewRegistry()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -199,7 +209,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	c.Watcher = w
 	go w.Run(runCtx)
 
-	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log, Metrics: metrics.Instance(c.Metrics, "apiserver-1")})
 	go api.Run(runCtx)
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -222,6 +232,17 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		if err := c.startGateway(ctx, cfg); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.MetricsListen != "" {
+		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: listen %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics.Handler(c.Metrics))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		c.serve(srv, func() error { return srv.Serve(ln) })
+		c.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
 	}
 
 	c.ClientEnv = filepath.Join(cfg.StateDir, "client.env")
@@ -261,6 +282,9 @@ func (c *Cluster) writeClientEnv(ctx context.Context, secret string) error {
 		secret = s
 	}
 	content := fmt.Sprintf("# OpenDsec client settings, written by dsec up. Source it: . %s\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n", c.ClientEnv, c.APIURL, secret)
+	if c.MetricsURL != "" {
+		content += "# Every component's Prometheus metrics:\nexport DSEC_METRICS_URL=" + c.MetricsURL + "\n"
+	}
 	if c.GatewayURL != "" {
 		key, err := c.keyFile(ctx, filepath.Join(filepath.Dir(c.ClientEnv), "gateway", "e2b-user.key"), "e2b", iam.FormatE2B)
 		if err != nil {

@@ -1,0 +1,124 @@
+// Package metrics is OpenDsec's Prometheus instrumentation [ours]: each
+// component registers its metrics on the registry it is given (one per
+// process; a process running several components wraps it with the
+// component's instance label), and the process serves them at /metrics.
+// Names follow Prometheus' conventions (opendsec_<component>_…_total,
+// _seconds, _bytes); labels are bounded sets (an RPC method, a code, a
+// backend, a state, a project), never a sandbox id: per-sandbox figures
+// stay in the per-sandbox metrics API. docs/operations.md lists them.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
+)
+
+// Namespace prefixes every OpenDsec metric.
+const Namespace = "opendsec"
+
+// NewRegistry returns a registry with the Go runtime's and the process's
+// own metrics.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// Handler serves a registry's metrics in Prometheus' text format. A
+// scrape reads counters and in-memory state only; it never calls out.
+func Handler(g prometheus.Gatherer) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 10 * time.Second})
+}
+
+// Instance labels a component's metrics when a process runs several of
+// one kind (dsec up's apiservers, edges).
+func Instance(r prometheus.Registerer, instance string) prometheus.Registerer {
+	if r == nil || instance == "" {
+		return r
+	}
+	return prometheus.WrapRegistererWith(prometheus.Labels{"instance": instance}, r)
+}
+
+// RPC counts a Connect server's calls by method and code, with their
+// durations.
+type RPC struct {
+	calls    *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+// NewRPC registers a server's RPC metrics as opendsec_<subsystem>_…; a nil
+// registerer makes metrics that go nowhere (tests, unconfigured daemons).
+func NewRPC(r prometheus.Registerer, subsystem string) *RPC {
+	m := &RPC{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: subsystem, Name: "requests_total",
+			Help: "RPCs answered, by method and code (ok or a Connect error code).",
+		}, []string{"method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: subsystem, Name: "request_duration_seconds",
+			Help:    "Time to answer an RPC (a stream: until it ends), by method.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"method"}),
+	}
+	if r != nil {
+		r.MustRegister(m.calls, m.duration)
+	}
+	return m
+}
+
+// method is the last part of a procedure ("/pkg.Service/Method").
+func method(procedure string) string {
+	return procedure[strings.LastIndexByte(procedure, '/')+1:]
+}
+
+// codeOf is "ok" or the Connect code the client gets (errdefs' one
+// classification).
+func codeOf(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return errdefs.Code(err).String()
+}
+
+func (m *RPC) observe(procedure string, began time.Time, err error) {
+	name := method(procedure)
+	m.calls.WithLabelValues(name, codeOf(err)).Inc()
+	m.duration.WithLabelValues(name).Observe(time.Since(began).Seconds())
+}
+
+// Interceptor counts the calls a handler answers; it goes first in the
+// chain, so that refusals of the interceptors after it count too.
+func (m *RPC) Interceptor() connect.Interceptor { return rpcInterceptor{m} }
+
+type rpcInterceptor struct{ m *RPC }
+
+func (i rpcInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		began := time.Now()
+		resp, err := next(ctx, req)
+		i.m.observe(req.Spec().Procedure, began, err)
+		return resp, err
+	}
+}
+
+func (i rpcInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (i rpcInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		began := time.Now()
+		err := next(ctx, conn)
+		i.m.observe(conn.Spec().Procedure, began, err)
+		return err
+	}
+}
