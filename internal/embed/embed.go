@@ -208,6 +208,8 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	}
 	c.Watcher = w
 	go w.Run(runCtx)
+	c.Metrics.MustRegister(watcher.Collector(w))
+	metrics.Instance(c.Metrics, "iam-1").MustRegister(iam.Collector(c.IAM))
 
 	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log, Metrics: metrics.Instance(c.Metrics, "apiserver-1")})
 	go api.Run(runCtx)

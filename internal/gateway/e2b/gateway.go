@@ -38,6 +38,7 @@ import (
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/rpcopts"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures a gateway.
@@ -72,6 +73,8 @@ type Config struct {
 	// MaxUpload bounds one uploaded file set of a template build (default
 	// 4 GiB).
 	MaxUpload int64
+	// Metrics registers the gateway's Prometheus metrics (nil: none).
+	Metrics prometheus.Registerer
 }
 
 // EnvdVersion is the envd version the gateway reports. The SDKs turn
@@ -96,6 +99,7 @@ type Gateway struct {
 	watchers *watchers
 	creating keyLocks // per caller and Idempotency-Key
 	builds   *templateBuilds
+	stats    *gatewayStats
 
 	// ctx ends with Close: template builds run under it.
 	ctx    context.Context
@@ -154,7 +158,7 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	base := strings.TrimRight(cfg.APIURL, "/")
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Gateway{
-		ctx: ctx, cancel: cancel, builds: newTemplateBuilds(), projects: map[string]knownProject{},
+		ctx: ctx, cancel: cancel, builds: newTemplateBuilds(), projects: map[string]knownProject{}, stats: newGatewayStats(cfg.Metrics),
 		iam:    iamv1connect.NewIAMServiceClient(hc, base),
 		images: imagev1connect.NewImageServiceClient(hc, base),
 		cfg:    cfg, log: logging.OrDiscard(log).With(logging.Component, "gateway"),
@@ -172,9 +176,13 @@ func (g *Gateway) Handler() http.Handler {
 	ports := g.portProxy()
 	control := g.controlMux()
 	envd := g.envdMux(ports)
+	stats := g.stats
+	if stats == nil {
+		stats = newGatewayStats(nil)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if port, id, ok := parseSandboxHost(r.Host); ok {
-			ports(w, r, port, id)
+			stats.count(w, r, "sandbox host", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ports(w, r, port, id) }))
 			return
 		}
 		if err := checkText(r); err != nil {
@@ -191,10 +199,10 @@ func (g *Gateway) Handler() http.Handler {
 			r.Header.Set("E2b-Sandbox-Id", id)
 		}
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
-			envd.ServeHTTP(w, r)
+			stats.count(w, r, "envd", envd)
 			return
 		}
-		control.ServeHTTP(w, r)
+		stats.count(w, r, "", control)
 	})
 }
 

@@ -96,11 +96,17 @@ func TestMetricsCountWhatTheClusterDoes(t *testing.T) {
 		{"opendsec_edge_requests_total", map[string]string{"method": "CreateSandbox", "code": "ok"}, 1},
 		{"opendsec_edge_create_duration_seconds", map[string]string{"backend": "fake", "outcome": "ok"}, 1},
 		{"opendsec_edge_sandboxes", map[string]string{"state": "running", "backend": "fake", "project": "root"}, 1},
+		{"opendsec_watcher_nodes", map[string]string{"health": "healthy"}, 1},
+		{"opendsec_iam_raft_has_leader", map[string]string{"instance": "iam-1"}, 1},
+		{"opendsec_iam_raft_state", map[string]string{"state": "Leader"}, 1},
 		{"go_goroutines", nil, 1},
 	} {
 		if got := value(fams, ch.name, ch.want); got < ch.min {
 			t.Errorf("%s%v = %v; want at least %v", ch.name, ch.want, got, ch.min)
 		}
+	}
+	if age := value(fams, "opendsec_watcher_view_age_seconds", nil); age < 0 || age > 60 {
+		t.Errorf("the watcher's view is %v s old", age)
 	}
 	for name, f := range fams {
 		for _, m := range f.Metric {

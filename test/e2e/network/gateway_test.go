@@ -26,7 +26,7 @@ import (
 // isolation. E2B's real SDKs run against it on gVisor in test/e2b.
 
 func TestGatewayControlPlane(t *testing.T) {
-	_, gw, key := e2e.GatewayCluster(t)
+	c, gw, key := e2e.GatewayCluster(t)
 	auth := map[string]string{"X-API-Key": key}
 
 	e2e.Do(t, "GET", gw+"/v2/sandboxes", nil, nil).ErrorBody(t, 401, "missing API key")
@@ -152,6 +152,30 @@ func TestGatewayControlPlane(t *testing.T) {
 	}
 	e2e.Do(t, "GET", gw+"/sandboxes/"+a.SandboxID, auth, nil).ErrorBody(t, 404, a.SandboxID)
 	e2e.Do(t, "DELETE", gw+"/sandboxes/"+a.SandboxID, auth, nil).ErrorBody(t, 404, "")
+
+	// The gateway's metrics count these by route and status.
+	fams, err := c.Metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "opendsec_gateway_requests_total" {
+			continue
+		}
+		for _, m := range f.Metric {
+			key := ""
+			for _, l := range m.Label {
+				key += l.GetName() + "=" + l.GetValue() + " "
+			}
+			counted[strings.TrimSpace(key)] = m.Counter.GetValue()
+		}
+	}
+	for _, want := range []string{"route=DELETE /sandboxes/{id} status=204", "route=DELETE /sandboxes/{id} status=404", "route=GET /v2/sandboxes status=401"} {
+		if counted[want] < 1 {
+			t.Errorf("opendsec_gateway_requests_total{%s} not counted; counted: %v", want, counted)
+		}
+	}
 }
 
 // envdClient makes envd Connect calls the way E2B's SDKs do.
