@@ -34,7 +34,7 @@ E2E_LONGEST := crash sandboxes
 E2E_ALONE := hostile
 export PATH := $(GOBIN_DIR):$(PATH)
 
-.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-go test-sdks test-python test-e2b test-e2b-python test-e2b-js test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
+.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-alerts test-go test-sdks test-python test-e2b test-e2b-python test-e2b-js test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
 
 all: build
 
@@ -101,7 +101,12 @@ quickstart: deps build images venv
 	@echo "fork with memory on the microvm backend (examples/fork.py):"
 	source $(STATE)/client.env && $(VENV)/bin/python examples/fork.py
 
-test: deps build images venv e2b-sdks check-generated lint test-go test-sdks test-hosts fuzz-smoke
+test: deps build images venv e2b-sdks check-generated lint test-go test-sdks test-hosts test-alerts fuzz-smoke
+
+# The alert rules, with Debian's promtool (package prometheus).
+test-alerts:
+	promtool check rules deploy/prometheus/alerts.yml
+	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 # The inner loop's tier: build, lint and the unit tests in short mode,
 # which skip every test that needs root, a runtime, a VM or the host's
