@@ -30,6 +30,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	rf := addRegistryFlags(fs)
 	tf := addTLSFlags(fs, "this apiserver's certificate (dsec ca issue --role apiserver)")
 	lf := addLogFlags(fs)
+	metricsListen := addMetricsFlag(fs)
 	fs.Parse(args)
 	if *id == "" || *stateDir == "" || *edges == "" || *iamPeers == "" || *images == "" {
 		return fmt.Errorf("apiserver: --id, --state-dir, --edges, --iam and --image-store: required")
@@ -45,7 +46,13 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind, Advertise: *iamAdvertise,
 			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
 	}
-	return apiserver.Serve(ctx, cfg, lf.logger().With(logging.Component, "apiserver"))
+	log := lf.logger().With(logging.Component, "apiserver")
+	reg, err := serveMetrics(ctx, *metricsListen, log)
+	if err != nil {
+		return err
+	}
+	cfg.Metrics = reg
+	return apiserver.Serve(ctx, cfg, log)
 }
 
 // splitList splits a comma-separated flag, dropping empty items.

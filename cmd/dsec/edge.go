@@ -36,6 +36,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers the sandboxes' DNS proxy asks")
 	tf := addTLSFlags(fs, "this edge's certificate (dsec ca issue --role edge)")
 	lf := addLogFlags(fs)
+	metricsListen := addMetricsFlag(fs)
 	fs.Parse(args)
 	if *stateDir == "" || *images == "" {
 		return fmt.Errorf("edge: --state-dir and --image-store: required")
@@ -74,5 +75,9 @@ func cmdEdge(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	return edge.Serve(ctx, cfg, edge.Deps{Store: store, Backends: bs, Log: log.With(logging.Component, "edge")})
+	reg, err := serveMetrics(ctx, *metricsListen, log)
+	if err != nil {
+		return err
+	}
+	return edge.Serve(ctx, cfg, edge.Deps{Store: store, Backends: bs, Log: log.With(logging.Component, "edge"), Metrics: reg})
 }

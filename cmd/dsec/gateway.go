@@ -30,6 +30,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	templateDir := fs.String("template-dir", "", "directory (0700) for the files E2B template builds upload (default: template-uploads beside the token secret file)")
 	buildBackend := fs.String("build-backend", "container", "backend that runs E2B template builds' steps (one that can commit: container or microvm)")
 	lf := addLogFlags(fs)
+	metricsListen := addMetricsFlag(fs)
 	fs.Parse(args)
 	if *apiURL == "" || *keyFile == "" || *secretFile == "" {
 		return errors.New("gateway: --api-url (or DSEC_API_URL), --service-key-file and --token-secret-file are required")
@@ -46,8 +47,13 @@ func cmdGateway(ctx context.Context, args []string) error {
 		return fmt.Errorf("gateway: token secret: %w", err)
 	}
 	log := lf.logger()
+	reg, err := serveMetrics(ctx, *metricsListen, log)
+	if err != nil {
+		return err
+	}
 	gw, err := e2b.New(e2b.Config{
-		APIURL: *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
+		Metrics: reg,
+		APIURL:  *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
 		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,
 		TemplateDir: *templateDir, BuildBackend: *buildBackend,
 	}, log)

@@ -92,6 +92,7 @@ func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, tf *tlsFlags
 	join := fs.String("join", "", "comma-separated addresses of replicas of an existing cluster to join")
 	adminKey := fs.String("admin-key-file", "", "with --bootstrap: where to write the root project's first admin key")
 	lf := addLogFlags(fs)
+	metricsListen := addMetricsFlag(fs)
 	fs.Parse(args)
 	if *id == "" || *dir == "" {
 		return fmt.Errorf("iam: --id and --dir: required\n%s", iamUsage)
@@ -105,5 +106,11 @@ func serveIAM(ctx context.Context, fs *flag.FlagSet, args []string, tf *tlsFlags
 		// Apiservers hold non-voting replicas: they join, and send writes.
 		ServerTLS: ident.ServerConfig(pki.RoleIAM, pki.RoleAPIServer), ClientTLS: ident.ClientConfig(),
 	}, Join: splitList(*join), AdminKeyFile: *adminKey}
-	return iam.Serve(ctx, cfg, lf.logger())
+	log := lf.logger()
+	reg, err := serveMetrics(ctx, *metricsListen, log)
+	if err != nil {
+		return err
+	}
+	cfg.Metrics = reg
+	return iam.Serve(ctx, cfg, log)
 }

@@ -18,6 +18,7 @@ func cmdWatcher(ctx context.Context, args []string) error {
 	interval := fs.Duration("interval", 0, "poll interval (default 1s)")
 	tf := addTLSFlags(fs, "this watcher's certificate (dsec ca issue --role watcher)")
 	lf := addLogFlags(fs)
+	metricsListen := addMetricsFlag(fs)
 	fs.Parse(args)
 	if *edges == "" {
 		return fmt.Errorf("watcher: --edges: required")
@@ -30,5 +31,11 @@ func cmdWatcher(ctx context.Context, args []string) error {
 		Config: watcher.Config{Edges: splitList(*edges), Interval: *interval},
 		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer), EdgeTLS: ident.ClientConfig(),
 	}
-	return watcher.Serve(ctx, cfg, lf.logger())
+	log := lf.logger()
+	reg, err := serveMetrics(ctx, *metricsListen, log)
+	if err != nil {
+		return err
+	}
+	cfg.Metrics = reg
+	return watcher.Serve(ctx, cfg, log)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/watcher"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ServeConfig runs an apiserver as its own daemon (dsec apiserver). It
@@ -45,6 +46,9 @@ type ServeConfig struct {
 	Watchers []string
 	// Ready, if set, is called with the API's URL.
 	Ready func(url string)
+	// Metrics registers the apiserver's metrics, its IAM read replica's
+	// and its watcher's (nil: none).
+	Metrics prometheus.Registerer
 }
 
 // Serve runs an apiserver until ctx ends.
@@ -84,7 +88,10 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 	} else {
 		go w.Run(ctx)
 	}
-	s := New(cfg.Config, Deps{IAM: rep, Watcher: view, Edges: pool, Images: store, Log: log})
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(iam.Collector(rep), watcher.Collector(w))
+	}
+	s := New(cfg.Config, Deps{IAM: rep, Watcher: view, Edges: pool, Images: store, Log: log, Metrics: cfg.Metrics})
 	go s.Run(ctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ServeConfig configures a replica run as its own daemon (dsec iam).
@@ -23,6 +24,8 @@ type ServeConfig struct {
 	// Ready, if set, is called once the replica is in a cluster with a
 	// leader.
 	Ready func(*Service)
+	// Metrics registers the replica's metrics (nil: none).
+	Metrics prometheus.Registerer
 }
 
 // Serve runs a replica until ctx ends.
@@ -35,6 +38,9 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		return err
 	}
 	defer s.Close()
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(Collector(s))
+	}
 	if err := s.JoinVia(ctx, cfg.Join, true); err != nil {
 		return err
 	}

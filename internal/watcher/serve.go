@@ -18,6 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/rpcopts"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ServeConfig runs a watcher as its own daemon (dsec watcher).
@@ -30,6 +31,8 @@ type ServeConfig struct {
 	TLS, EdgeTLS *tls.Config
 	// Ready, if set, is called with the listening address.
 	Ready func(addr string)
+	// Metrics registers the watcher's metrics (nil: none).
+	Metrics prometheus.Registerer
 }
 
 // Serve polls the edges and serves the view until ctx ends. It keeps
@@ -42,6 +45,9 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		return errors.New("watcher: --edges: at least one edge address is required")
 	}
 	w := New(cfg.Config, edgeclient.NewPool(cfg.EdgeTLS), log)
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(Collector(w))
+	}
 	w.Poll(ctx)
 	go w.Run(ctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
