@@ -3,6 +3,8 @@ package controlplane
 import (
 	"net/http"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/testutil"
 	"github.com/opendsec/opendsec/test/e2e"
 )
 
@@ -104,6 +107,26 @@ func TestMetricsCountWhatTheClusterDoes(t *testing.T) {
 		if got := value(fams, ch.name, ch.want); got < ch.min {
 			t.Errorf("%s%v = %v; want at least %v", ch.name, ch.want, got, ch.min)
 		}
+	}
+	// Every metric docs/operations.md lists is there (the gateway's run in
+	// test/e2e/network).
+	docs, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := 0
+	for _, line := range strings.Split(string(docs), "\n") {
+		name := regexp.MustCompile("^\\| `(opendsec_[a-z_]+)`").FindStringSubmatch(line)
+		if name == nil {
+			continue
+		}
+		listed++
+		if !strings.HasPrefix(name[1], "opendsec_gateway_") && fams[name[1]] == nil {
+			t.Errorf("docs/operations.md lists %s; the scrape has no such metric", name[1])
+		}
+	}
+	if listed < 10 {
+		t.Errorf("docs/operations.md's metrics table lists %d names", listed)
 	}
 	if age := value(fams, "opendsec_watcher_view_age_seconds", nil); age < 0 || age > 60 {
 		t.Errorf("the watcher's view is %v s old", age)

@@ -182,6 +182,23 @@ func TestPrometheusWatchesTheDaemons(t *testing.T) {
 	p.until(t, `sum(opendsec_apiserver_requests_total{method="CreateSandbox", code="ok"})`, 30*time.Second, one)
 	p.until(t, `min(opendsec_iam_raft_has_leader)`, 30*time.Second, one) // the replica, and the apiserver's read replica
 
+	// The dashboard's queries are PromQL this Prometheus runs.
+	dash, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "deploy", "grafana", "opendsec.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var board struct{ Panels []struct{ Targets []struct{ Expr string } } }
+	if err := json.Unmarshal(dash, &board); err != nil {
+		t.Fatal(err)
+	}
+	for _, panel := range board.Panels {
+		for _, tg := range panel.Targets {
+			if _, err := p.query(strings.ReplaceAll(tg.Expr, "$__rate_interval", "1m")); err != nil {
+				t.Errorf("the dashboard's query does not run: %v", err)
+			}
+		}
+	}
+
 	firing := func(alert string) string {
 		return fmt.Sprintf(`ALERTS{alertname=%q, alertstate="firing"}`, alert)
 	}
