@@ -69,6 +69,9 @@ type Config struct {
 	// /metrics (written into the client env as DSEC_METRICS_URL); empty
 	// serves none.
 	MetricsListen string
+	// NoMetrics makes the components keep no metrics at all (bench/metrics
+	// measures what they cost).
+	NoMetrics bool
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
@@ -113,6 +116,7 @@ type Cluster struct {
 	MetricsURL string
 	// Metrics is the registry every component of the cluster registers on.
 	Metrics *prometheus.Registry
+	reg     prometheus.Registerer // Metrics, or nil with Config.NoMetrics
 	// ClientEnv is the file holding DSEC_API_URL and DSEC_API_KEY (and
 	// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY with a gateway).
 	ClientEnv string
@@ -158,6 +162,9 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	store.SetEROFS(!cfg.UnpackLayers)
 	runCtx, cancel := context.WithCancel(context.Background())
 	c := &Cluster{Images: store, log: log, cancel: cancel, Metrics: metrics.NewRegistry()}
+	if !cfg.NoMetrics {
+		c.reg = c.Metrics
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -208,10 +215,12 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	}
 	c.Watcher = w
 	go w.Run(runCtx)
-	c.Metrics.MustRegister(watcher.Collector(w))
-	metrics.Instance(c.Metrics, "iam-1").MustRegister(iam.Collector(c.IAM))
+	if c.reg != nil {
+		c.reg.MustRegister(watcher.Collector(w))
+		metrics.Instance(c.reg, "iam-1").MustRegister(iam.Collector(c.IAM))
+	}
 
-	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log, Metrics: metrics.Instance(c.Metrics, "apiserver-1")})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log, Metrics: metrics.Instance(c.reg, "apiserver-1")})
 	go api.Run(runCtx)
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -36,7 +36,7 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
 	}
 	gcfg := cfg.Gateway
 	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
-	gcfg.Metrics = c.Metrics
+	gcfg.Metrics = c.reg
 	if gcfg.TemplateDir == "" {
 		gcfg.TemplateDir = filepath.Join(dir, "template-uploads")
 	}

@@ -9,15 +9,17 @@
 package metrics
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
@@ -33,10 +35,56 @@ func NewRegistry() *prometheus.Registry {
 	return r
 }
 
+// renderEvery bounds how often a flood of scrapes makes the process
+// gather its metrics: scrapes within it get the same text.
+const renderEvery = time.Second
+
 // Handler serves a registry's metrics in Prometheus' text format. A
 // scrape reads counters and in-memory state only; it never calls out.
+// The text is made at most once a second, whatever the number of
+// scrapers (bench/metrics).
 func Handler(g prometheus.Gatherer) http.Handler {
-	return promhttp.HandlerFor(g, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 10 * time.Second})
+	return &cachedHandler{g: g}
+}
+
+type cachedHandler struct {
+	g    prometheus.Gatherer
+	mu   sync.Mutex
+	at   time.Time
+	body []byte
+	err  error
+}
+
+func (h *cachedHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	if time.Since(h.at) >= renderEvery {
+		h.body, h.err = render(h.g)
+		h.at = time.Now()
+	}
+	body, err := h.body, h.err
+	h.mu.Unlock()
+	if err != nil {
+		http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	w.Write(body) //nolint:errcheck // the scraper went away
+}
+
+// render is the registry's metrics as Prometheus text.
+func render(g prometheus.Gatherer) ([]byte, error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return nil, err
+		}
+	}
+	return buf.Bytes(), nil
 }
 
 // Instance labels a component's metrics when a process runs several of
