@@ -187,7 +187,9 @@ func TestPrometheusWatchesTheDaemons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var board struct{ Panels []struct{ Targets []struct{ Expr string } } }
+	var board struct {
+		Panels []struct{ Targets []struct{ Expr string } }
+	}
 	if err := json.Unmarshal(dash, &board); err != nil {
 		t.Fatal(err)
 	}
