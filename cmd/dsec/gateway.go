@@ -27,6 +27,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 	ciImage := fs.String("code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
+	apiCA := fs.String("api-ca", os.Getenv("DSEC_CA_FILE"), "CA (PEM) the apiserver's TLS certificate is verified against besides the system's (default $DSEC_CA_FILE)")
 	templateDir := fs.String("template-dir", "", "directory (0700) for the files E2B template builds upload (default: template-uploads beside the token secret file)")
 	buildBackend := fs.String("build-backend", "container", "backend that runs E2B template builds' steps (one that can commit: container or microvm)")
 	lf := addLogFlags(fs)
@@ -55,7 +56,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 		Metrics: reg,
 		APIURL:  *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
 		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,
-		TemplateDir: *templateDir, BuildBackend: *buildBackend,
+		TemplateDir: *templateDir, BuildBackend: *buildBackend, APICAFile: *apiCA,
 	}, log)
 	if err != nil {
 		return err

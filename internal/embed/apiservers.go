@@ -50,8 +50,7 @@ func (c *Cluster) startAPIServer(ctx, runCtx context.Context, i int, cfg Config,
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: api.Handler(), Protocols: protos, ReadHeaderTimeout: 10 * time.Second}
-	c.serve(srv, func() error { return srv.Serve(ln) })
-	c.APIURLs = append(c.APIURLs, "http://"+ln.Addr().String())
+	srv := &http.Server{Handler: api.Handler(), Protocols: protos, TLSConfig: c.apiTLS, ReadHeaderTimeout: 10 * time.Second}
+	c.APIURLs = append(c.APIURLs, c.serveAPI(srv, ln))
 	return nil
 }

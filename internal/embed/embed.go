@@ -7,6 +7,7 @@ package embed
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,6 +73,10 @@ type Config struct {
 	// NoMetrics makes the components keep no metrics at all (bench/metrics
 	// measures what they cost).
 	NoMetrics bool
+	// TLS serves the client API over TLS with a certificate of the
+	// cluster's CA, which client.env names as DSEC_CA_FILE; without it the
+	// API is plain HTTP (fit for loopback only).
+	TLS bool
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
@@ -114,6 +119,10 @@ type Cluster struct {
 	GatewayURL string
 	// MetricsURL serves the components' Prometheus metrics, when asked.
 	MetricsURL string
+	// CAFile is the cluster CA's certificate, which clients verify the
+	// API's TLS with (Config.TLS; empty without).
+	CAFile string
+	apiTLS *tls.Config // the client API's, with Config.TLS
 	// Metrics is the registry every component of the cluster registers on.
 	Metrics *prometheus.Registry
 	reg     prometheus.Registerer // Metrics, or nil with Config.NoMetrics
@@ -229,9 +238,18 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
-	apiSrv := &http.Server{Handler: api.Handler(), Protocols: &protos, ReadHeaderTimeout: 10 * time.Second}
-	c.serve(apiSrv, func() error { return apiSrv.Serve(apiLn) })
-	c.APIURL = "http://" + apiLn.Addr().String()
+	if cfg.TLS {
+		protos.SetHTTP2(true)
+		cert, err := ca.Issue("apiserver-public", pki.RoleAPIServer, []string{"127.0.0.1", "localhost", hostOf(apiLn.Addr().String())})
+		if err != nil {
+			return nil, err
+		}
+		c.apiTLS, c.CAFile = ca.PublicServerConfig(cert), ca.CertFile()
+	} else {
+		log.Info("the client API is plain HTTP: fit for loopback only (dsec up --tls serves it over TLS)", logging.Component, "embed")
+	}
+	apiSrv := &http.Server{Handler: api.Handler(), Protocols: &protos, TLSConfig: c.apiTLS, ReadHeaderTimeout: 10 * time.Second}
+	c.APIURL = c.serveAPI(apiSrv, apiLn)
 	c.APIURLs = []string{c.APIURL}
 	for i := 2; i <= cfg.APIServers; i++ {
 		if err := c.startAPIServer(ctx, runCtx, i, cfg, ca, w, pool, store, &protos); err != nil {
@@ -293,6 +311,9 @@ func (c *Cluster) writeClientEnv(ctx context.Context, secret string) error {
 		secret = s
 	}
 	content := fmt.Sprintf("# OpenDsec client settings, written by dsec up. Source it: . %s\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n", c.ClientEnv, c.APIURL, secret)
+	if c.CAFile != "" {
+		content += "# The CA that signed the API's certificate:\nexport DSEC_CA_FILE=" + c.CAFile + "\n"
+	}
 	if c.MetricsURL != "" {
 		content += "# Every component's Prometheus metrics:\nexport DSEC_METRICS_URL=" + c.MetricsURL + "\n"
 	}
@@ -338,4 +359,24 @@ func (c *Cluster) Close() {
 	if c.IAM != nil {
 		c.IAM.Close()
 	}
+}
+
+// serveAPI serves an apiserver on ln, over TLS if the cluster has it, and
+// returns its URL.
+func (c *Cluster) serveAPI(srv *http.Server, ln net.Listener) string {
+	if c.apiTLS != nil {
+		c.serve(srv, func() error { return srv.ServeTLS(ln, "", "") })
+		return "https://" + ln.Addr().String()
+	}
+	c.serve(srv, func() error { return srv.Serve(ln) })
+	return "http://" + ln.Addr().String()
+}
+
+// hostOf is the host of a "host:port" address.
+func hostOf(addr string) string {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return h
 }

@@ -37,6 +37,7 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
 	gcfg := cfg.Gateway
 	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
 	gcfg.Metrics = c.reg
+	gcfg.APICAFile = c.CAFile
 	if gcfg.TemplateDir == "" {
 		gcfg.TemplateDir = filepath.Join(dir, "template-uploads")
 	}

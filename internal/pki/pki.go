@@ -166,6 +166,17 @@ func (ca *CA) ServerConfig(cert tls.Certificate, roles ...string) *tls.Config {
 	}
 }
 
+// PublicServerConfig serves cert to clients that bring no certificate
+// (the client API and the E2B gateway, whose callers authenticate with API
+// keys); they verify it against the CA (client.env's DSEC_CA_FILE).
+func (ca *CA) PublicServerConfig(cert tls.Certificate) *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+		NextProtos:   []string{"h2", "http/1.1"},
+	}
+}
+
 // ClientConfig presents cert and trusts only the CA.
 func (ca *CA) ClientConfig(cert tls.Certificate) *tls.Config {
 	return &tls.Config{

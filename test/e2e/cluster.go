@@ -121,7 +121,11 @@ func (c *Cluster) start(t testing.TB) {
 	}
 	c.Cluster = ec
 	c.Key = EnvKey(t, ec.ClientEnv)
-	c.Client, err = client.New(ec.APIURL, c.Key)
+	if ec.CAFile != "" {
+		c.Client, err = client.NewWithCA(ec.APIURL, c.Key, ec.CAFile)
+	} else {
+		c.Client, err = client.New(ec.APIURL, c.Key)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

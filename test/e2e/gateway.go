@@ -16,9 +16,18 @@ import (
 // GatewayCluster runs a cluster with its gateway; the fake backend runs
 // processes on the host as root, so E2B's default user is root here.
 func GatewayCluster(t testing.TB) (*Cluster, string, string) {
+	return GatewayClusterWith(t, nil)
+}
+
+// GatewayClusterWith is GatewayCluster after adjust has seen the
+// configuration.
+func GatewayClusterWith(t testing.TB, adjust func(*embed.Config)) (*Cluster, string, string) {
 	c := StartClusterWith(t, "", func(cfg *embed.Config) {
 		cfg.GatewayListen = "127.0.0.1:0"
 		cfg.Gateway = e2b.Config{Backend: "fake", BaseImage: "root/busybox:latest", DefaultUser: "root"}
+		if adjust != nil {
+			adjust(cfg)
+		}
 	}, "fake")
 	var key string
 	data, err := os.ReadFile(c.ClientEnv)

@@ -14,6 +14,8 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -45,6 +47,9 @@ import (
 type Config struct {
 	// APIURL is our apiserver.
 	APIURL string
+	// APICAFile, if set, is a CA (PEM) the apiserver's TLS certificate is
+	// verified against, besides the system's.
+	APICAFile string
 	// ServiceKey is the gateway's own API key (an ADMIN key of the root
 	// project), used for calls inside sandboxes after an access token check.
 	ServiceKey string
@@ -148,7 +153,21 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 		protos.SetHTTP1(true)
 		protos.SetHTTP2(true)
 	}
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.APICAFile != "" {
+		pem, err := os.ReadFile(cfg.APICAFile)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: the apiserver's CA: %w", err)
+		}
+		if tlsConfig.RootCAs, err = x509.SystemCertPool(); err != nil {
+			tlsConfig.RootCAs = x509.NewCertPool()
+		}
+		if !tlsConfig.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("gateway: %s holds no PEM certificate", cfg.APICAFile)
+		}
+	}
 	tr := &http.Transport{
+		TLSClientConfig:     tlsConfig,
 		Protocols:           &protos,
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,

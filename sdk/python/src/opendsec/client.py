@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
@@ -36,7 +37,9 @@ class DSecClient:
     sandbox. Use it as an async context manager, or call :meth:`close`.
     """
 
-    def __init__(self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100) -> None:
+    def __init__(
+        self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None
+    ) -> None:
         raw = api_url or os.environ.get("DSEC_API_URL", "")
         key = api_key or os.environ.get("DSEC_API_KEY", "")
         if not raw.strip(" ,"):
@@ -49,7 +52,18 @@ class DSecClient:
         self._endpoints = Endpoints(self.api_urls)
         if not key:
             raise AuthenticationError("no API key: pass api_key or set DSEC_API_KEY")
+        # A cluster's own CA (dsec up --tls writes it as DSEC_CA_FILE) is
+        # trusted besides the system's.
+        ca = ca_file or os.environ.get("DSEC_CA_FILE", "")
+        verify: Any = True
+        if ca:
+            try:
+                verify = ssl.create_default_context()
+                verify.load_verify_locations(cafile=ca)
+            except (OSError, ssl.SSLError) as e:
+                raise InvalidArgumentError(f"CA file {ca!r} (ca_file or DSEC_CA_FILE): {e}") from None
         self._http = httpx.AsyncClient(
+            verify=verify,
             headers={"Authorization": f"Bearer {key}"},
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             timeout=httpx.Timeout(120, connect=10),

@@ -175,11 +175,13 @@ class DSecClient(_Wrapper):
     """A connection to an OpenDsec apiserver (:class:`opendsec.DSecClient`),
     synchronously. Use it as a context manager, or call :meth:`close`."""
 
-    def __init__(self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100) -> None:
+    def __init__(
+        self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None
+    ) -> None:
         loop = _Loop()
 
         async def make() -> _client.DSecClient:
-            return _client.DSecClient(api_url, api_key, max_connections=max_connections)
+            return _client.DSecClient(api_url, api_key, max_connections=max_connections, ca_file=ca_file)
 
         try:
             inner = loop.run(make())

@@ -1,0 +1,93 @@
+package controlplane
+
+import (
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/testutil"
+	"github.com/opendsec/opendsec/test/e2e"
+)
+
+// TestClientAPIOverTLS: with TLS, the client API is HTTPS under a
+// certificate of the cluster's CA, which client.env names: the Go client,
+// the CLI and the Python SDK verify it with that CA and work; a client
+// without the CA refuses the certificate, and plain HTTP is not served.
+func TestClientAPIOverTLS(t *testing.T) {
+	c, gw, e2bKey := e2e.GatewayClusterWith(t, func(cfg *embed.Config) { cfg.TLS = true })
+	if !strings.HasPrefix(c.APIURL, "https://") || c.CAFile == "" {
+		t.Fatalf("API %s, CA %q", c.APIURL, c.CAFile)
+	}
+	env, _ := os.ReadFile(c.ClientEnv)
+	if !strings.Contains(string(env), "export DSEC_CA_FILE="+c.CAFile+"\n") || !strings.Contains(string(env), "export DSEC_API_URL=https://") {
+		t.Fatalf("client.env: %s", env)
+	}
+	ctx := e2e.Ctx(t)
+	sb, err := c.Client.Create(ctx, e2e.FakeSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Stop(ctx)
+	if r := e2e.Shell(t, sb, "echo over tls"); string(r.Stdout) != "over tls\n" {
+		t.Fatalf("an exec through the TLS API: %q %q", r.Stdout, r.Stderr)
+	}
+
+	untrusting, _ := client.New(c.APIURL, c.Key)
+	if _, err := untrusting.Sandboxes.ListSandboxes(ctx, connect.NewRequest(&sandboxv1.ListSandboxesRequest{})); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a client without the CA: %v", err)
+	}
+	resp, err := http.Get("http://" + strings.TrimPrefix(c.APIURL, "https://") + "/healthz")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatal("plain HTTP is served beside TLS")
+		}
+	}
+
+	// The E2B gateway reaches the apiserver over TLS, with the CA.
+	made := e2e.CreateE2B(t, gw, e2bKey, `{"templateID":"base"}`)
+	if r := e2e.Do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, map[string]string{"X-API-Key": e2bKey}, nil); r.Status != 204 {
+		t.Fatalf("kill through the gateway: %d %s", r.Status, r.Body)
+	}
+
+	// The CLI, with client.env's variables.
+	envVars := []string{"DSEC_API_URL=" + c.APIURL, "DSEC_API_KEY=" + c.Key, "DSEC_CA_FILE=" + c.CAFile}
+	if out, errOut, code := e2e.RunCLI(t, e2e.DsecBinary(t), envVars, "", "ls"); code != 0 || !strings.Contains(out, sb.ID) {
+		t.Fatalf("dsec ls over TLS: %q %q exit %d", out, errOut, code)
+	}
+	if _, errOut, code := e2e.RunCLI(t, e2e.DsecBinary(t), envVars[:2], "", "ls"); code == 0 || !strings.Contains(errOut, "certificate") {
+		t.Fatalf("dsec ls without the CA: %q exit %d", errOut, code)
+	}
+
+	// The Python SDK, sync, with DSEC_CA_FILE and without.
+	py := filepath.Join(testutil.RepoRoot(t), ".cache", "venv", "bin", "python")
+	if _, err := os.Stat(py); err != nil {
+		testutil.Missing(t, "the Python SDK's venv is not built (make venv)")
+	}
+	script := `
+import sys
+from opendsec.sync import DSecClient
+c = DSecClient()
+print(len(c.list_sandboxes()))
+`
+	run := func(extra ...string) (string, error) {
+		cmd := exec.Command(py, "-c", script)
+		cmd.Env = append(os.Environ(), append([]string{"DSEC_API_URL=" + c.APIURL, "DSEC_API_KEY=" + c.Key}, extra...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("DSEC_CA_FILE=" + c.CAFile); err != nil || strings.TrimSpace(out) != "1" {
+		t.Fatalf("the Python SDK with the CA: %q %v", out, err)
+	}
+	if out, err := run("DSEC_CA_FILE="); err == nil || !strings.Contains(out, "CERTIFICATE_VERIFY_FAILED") {
+		t.Fatalf("the Python SDK without the CA: %q %v", out, err)
+	}
+}
