@@ -31,6 +31,7 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	tf := addTLSFlags(fs, "this apiserver's certificate (dsec ca issue --role apiserver)")
 	lf := addLogFlags(fs)
 	metricsListen := addMetricsFlag(fs)
+	clientTLS := fs.Bool("client-tls", false, "serve the client API over TLS with this apiserver's certificate (clients verify it with the CA: DSEC_CA_FILE); default plain HTTP")
 	fs.Parse(args)
 	if *id == "" || *stateDir == "" || *edges == "" || *iamPeers == "" || *images == "" {
 		return fmt.Errorf("apiserver: --id, --state-dir, --edges, --iam and --image-store: required")
@@ -45,6 +46,9 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 		Config:   apiserver.Config{Registries: rf.config()},
 		IAM: iam.Config{Dir: filepath.Join(*stateDir, "iam"), NodeID: *id, Bind: *iamBind, Advertise: *iamAdvertise,
 			ServerTLS: ident.ServerConfig(pki.RoleIAM), ClientTLS: ident.ClientConfig()},
+	}
+	if *clientTLS {
+		cfg.TLS = ident.PublicServerConfig()
 	}
 	log := lf.logger().With(logging.Component, "apiserver")
 	reg, err := serveMetrics(ctx, *metricsListen, log)

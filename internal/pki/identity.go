@@ -131,6 +131,23 @@ func (id *Identity) ServerConfig(roles ...string) *tls.Config {
 	}
 }
 
+// PublicServerConfig serves the identity's certificate to clients that
+// bring none (an apiserver's client API: callers authenticate with API
+// keys and verify the certificate against the CA, DSEC_CA_FILE).
+func (id *Identity) PublicServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			cert, _, err := id.current()
+			if err != nil {
+				return nil, err
+			}
+			return &cert, nil
+		},
+	}
+}
+
 // ClientConfig presents the identity's certificate and trusts only the
 // CA bundle.
 func (id *Identity) ClientConfig() *tls.Config {

@@ -114,7 +114,8 @@ func (p *prometheus) until(t *testing.T, q string, wait time.Duration, ok func([
 // TestPrometheusWatchesTheDaemons: Debian's Prometheus server scrapes a
 // cluster of processes (IAM, an edge, the watcher, an apiserver, each at
 // its --metrics-listen) with the shipped alert rules: every target is up,
-// a create shows in the apiserver's and the edge's figures through PromQL,
+// a create (over the apiserver's client TLS) shows in the apiserver's and
+// the edge's figures through PromQL,
 // a kill -9 of the edge fires the target-down and edge-unhealthy alerts,
 // and its restart resolves them. The rules' `for` durations are set to 0
 // here (promtool's unit tests cover them); their expressions are those
@@ -150,7 +151,7 @@ func TestPrometheusWatchesTheDaemons(t *testing.T) {
 		"--backends", "container", "--agent", testutil.AgentBinary(t), "--sandbox-network=false", "--metrics-listen", m["edge-1"]}, tlsFlags("edge-1")...)...)
 	d.start("watcher", append([]string{"watcher", "--listen", wa, "--edges", ea, "--metrics-listen", m["watcher"]}, tlsFlags("watcher")...)...)
 	d.start("api-1", append([]string{"apiserver", "--id", "api-1", "--state-dir", filepath.Join(dir, "api-1"), "--listen", aa,
-		"--edges", ea, "--iam", ia, "--image-store", storeDir, "--watcher", wa, "--metrics-listen", m["api-1"]}, tlsFlags("api-1")...)...)
+		"--edges", ea, "--iam", ia, "--image-store", storeDir, "--watcher", wa, "--metrics-listen", m["api-1"], "--client-tls"}, tlsFlags("api-1")...)...)
 
 	// The shipped rules, fired at once.
 	rules, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "deploy", "prometheus", "alerts.yml"))
@@ -168,7 +169,8 @@ func TestPrometheusWatchesTheDaemons(t *testing.T) {
 			t.Fatal("the bootstrap replica wrote no admin key")
 		}
 	}
-	cl, err := client.New("http://"+aa, strings.TrimSpace(string(key)))
+	// Its clients reach it over TLS (--client-tls), verified with the CA.
+	cl, err := client.NewWithCA("https://"+aa, strings.TrimSpace(string(key)), filepath.Join(pkiDir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
