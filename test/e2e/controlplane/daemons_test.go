@@ -108,6 +108,27 @@ func mustIdentity(t *testing.T, pkiDir, name string) *pki.Identity {
 	return id
 }
 
+// run runs `dsec args...` to its end, failing the test if it fails.
+func (d *daemons) run(args ...string) {
+	d.t.Helper()
+	if out, err := exec.Command(d.bin, args...).CombinedOutput(); err != nil {
+		d.t.Fatalf("dsec %v: %v\n%s", args, err, out)
+	}
+}
+
+// certificates makes a CA in pkiDir and a certificate for 127.0.0.1 for
+// each name (→ its role), and returns the TLS flags a name's daemon takes.
+func (d *daemons) certificates(pkiDir string, roles map[string]string) func(name string) []string {
+	d.t.Helper()
+	d.run("ca", "init", "--dir", pkiDir)
+	for name, role := range roles {
+		d.run("ca", "issue", "--dir", pkiDir, "--role", role, "--host", "127.0.0.1", name)
+	}
+	return func(name string) []string {
+		return []string{"--ca", filepath.Join(pkiDir, "ca.crt"), "--cert", filepath.Join(pkiDir, name+".crt"), "--key", filepath.Join(pkiDir, name+".key")}
+	}
+}
+
 // restart starts name again with the same arguments.
 func (d *daemons) restart(name string) { d.start(name, d.args[name]...) }
 
@@ -131,20 +152,8 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	storeDir := e2e.BusyboxStore(t, dir)
 	d := newDaemons(t, dir)
 	pkiDir := filepath.Join(dir, "pki")
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(d.bin, args...).CombinedOutput(); err != nil {
-			t.Fatalf("dsec %v: %v\n%s", args, err, out)
-		}
-	}
-	run("ca", "init", "--dir", pkiDir)
-	roles := map[string]string{"iam-1": "iam", "iam-2": "iam", "iam-3": "iam", "edge-1": "edge", "edge-2": "edge", "api-1": "apiserver", "api-2": "apiserver", "watcher": "watcher"}
-	for name, role := range roles {
-		run("ca", "issue", "--dir", pkiDir, "--role", role, "--host", "127.0.0.1", name)
-	}
-	tlsFlags := func(name string) []string {
-		return []string{"--ca", filepath.Join(pkiDir, "ca.crt"), "--cert", filepath.Join(pkiDir, name+".crt"), "--key", filepath.Join(pkiDir, name+".key")}
-	}
+	run := d.run
+	tlsFlags := d.certificates(pkiDir, map[string]string{"iam-1": "iam", "iam-2": "iam", "iam-3": "iam", "edge-1": "edge", "edge-2": "edge", "api-1": "apiserver", "api-2": "apiserver", "watcher": "watcher"})
 	iamAddrs := map[string]string{"iam-1": freeAddr(t), "iam-2": freeAddr(t), "iam-3": freeAddr(t)}
 	e1, e2, a1, a2, wa := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	keyFile := filepath.Join(dir, "admin.key")

@@ -130,19 +130,7 @@ func TestPrometheusWatchesTheDaemons(t *testing.T) {
 	storeDir := e2e.BusyboxStore(t, dir)
 	d := newDaemons(t, dir)
 	pkiDir := filepath.Join(dir, "pki")
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(d.bin, args...).CombinedOutput(); err != nil {
-			t.Fatalf("dsec %v: %v\n%s", args, err, out)
-		}
-	}
-	run("ca", "init", "--dir", pkiDir)
-	for name, role := range map[string]string{"iam-1": "iam", "edge-1": "edge", "api-1": "apiserver", "watcher": "watcher"} {
-		run("ca", "issue", "--dir", pkiDir, "--role", role, "--host", "127.0.0.1", name)
-	}
-	tlsFlags := func(name string) []string {
-		return []string{"--ca", filepath.Join(pkiDir, "ca.crt"), "--cert", filepath.Join(pkiDir, name+".crt"), "--key", filepath.Join(pkiDir, name+".key")}
-	}
+	tlsFlags := d.certificates(pkiDir, map[string]string{"iam-1": "iam", "edge-1": "edge", "api-1": "apiserver", "watcher": "watcher"})
 	ia, ea, wa, aa := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	m := map[string]string{"iam-1": freeAddr(t), "edge-1": freeAddr(t), "watcher": freeAddr(t), "api-1": freeAddr(t)}
 	keyFile := filepath.Join(dir, "admin.key")
