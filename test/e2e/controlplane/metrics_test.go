@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	dto "github.com/prometheus/client_model/go"
@@ -143,7 +144,14 @@ func TestMetricsCountWhatTheClusterDoes(t *testing.T) {
 	if err := sb.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := value(scrape(t, c.MetricsURL), "opendsec_edge_sandboxes", map[string]string{"state": "running"}); got > 0 {
+	// The endpoint renders at most once a second (metrics.Handler).
+	got := 0.0
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if got = value(scrape(t, c.MetricsURL), "opendsec_edge_sandboxes", map[string]string{"state": "running"}); got <= 0 {
+			break
+		}
+	}
+	if got > 0 {
 		t.Errorf("after the stop, %v sandboxes still counted running", got)
 	}
 }
