@@ -13,7 +13,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,6 +140,5 @@ func measure(ctx context.Context, store, agent string, n int, withMetrics, scrap
 	}
 	close(stop)
 	wg.Wait()
-	sort.Slice(cycles, func(i, j int) bool { return cycles[i] < cycles[j] })
 	return result{cycles: cycles, scrapes: scrapes.Load()}, nil
 }
