@@ -198,7 +198,6 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		dirs: nodeDirs{stateDir: cfg.StateDir, runBase: cfg.RunBase, node: node}, backends: newBackendSet(node),
 		stop: make(chan struct{}),
 	}
-	e.prom = newPromStats(e, metrics.Instance(deps.Metrics, string(node)))
 	e.snaps = snapshots.New(node, cfg.StateDir, peerClient(cfg.PeerTLS), e.log)
 	if e.parts.Agent, err = runbase.Prepare(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
@@ -233,6 +232,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.reg = newRegistry(node, cfg.Capacity, e.disk)
+	// Prometheus may scrape as soon as the collector is registered, and
+	// the collector reads the registry: register it only once that exists.
+	e.prom = newPromStats(e, metrics.Instance(deps.Metrics, string(node)))
 	e.expiry = sandbox.NewExpiry(e.reg.all, e.log)
 	e.netOff = "not configured"
 	if cfg.Network != nil {

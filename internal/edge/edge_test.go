@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"connectrpc.com/connect"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
@@ -34,6 +36,7 @@ type fixture struct {
 	store          *image.Store
 	fake           *fake.Backend
 	edge           *Edge
+	metrics        prometheus.Registerer // Deps.Metrics of the edges it opens
 }
 
 func newFixture(t *testing.T, room capacity.Node) *fixture {
@@ -69,7 +72,7 @@ func (f *fixture) open(t *testing.T, room capacity.Node) *Edge {
 	e, err := New(context.Background(), Config{
 		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"), RunBase: f.runBase,
 		Capacity: room, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime,
-	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t)})
+	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t), Metrics: f.metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

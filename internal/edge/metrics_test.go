@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -88,4 +90,53 @@ func TestStatusIsStampedWithTheChangesItIncludes(t *testing.T) {
 	if after := f.edge.Status(); after.Usage.Seq <= st.Usage.Seq || after.Allocated.Sandboxes != 0 {
 		t.Fatalf("after the removal: %v with %d sandboxes", after.Usage, after.Allocated.Sandboxes)
 	}
+}
+
+// scrapingRegistry scrapes itself as each collector registers: Prometheus
+// may scrape the endpoint at any moment of an edge's start.
+type scrapingRegistry struct {
+	*prometheus.Registry
+	t *testing.T
+}
+
+func (r scrapingRegistry) Register(c prometheus.Collector) error {
+	if err := r.Registry.Register(c); err != nil {
+		return err
+	}
+	if _, err := r.Gather(); err != nil {
+		r.t.Errorf("a scrape during the edge's start: %v", err)
+	}
+	return nil
+}
+
+func (r scrapingRegistry) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// A scrape at any point of an edge's start answers (the sandbox counter
+// once read a registry not yet made and took the edge down), and a
+// restarted edge counts the sandboxes it recovered.
+func TestScrapesDuringStartAnswer(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	if _, err := f.edge.Create(context.Background(), spec(), "root/team"); err != nil {
+		t.Fatal(err)
+	}
+	f.edge.Close()
+	reg := prometheus.NewRegistry()
+	f.metrics = scrapingRegistry{reg, t}
+	f.edge = f.open(t, smallCapacity())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() == "opendsec_edge_sandboxes" && len(mf.Metric) == 1 && mf.Metric[0].GetGauge().GetValue() == 1 {
+			return
+		}
+	}
+	t.Fatalf("no opendsec_edge_sandboxes of 1 after the restart in %d families", len(families))
 }
