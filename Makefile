@@ -14,6 +14,11 @@ PROTOC_GEN_CONNECT_VERSION := v1.21.1
 # The gvisor backend's preload library (compat/gvisor): no libc of its own.
 COMPAT_CC := gcc -shared -fPIC -O2 -nostdlib -Wl,--build-id=none -Wall -Werror
 GO_TEST_FLAGS ?= -race -count=1
+# What every binary reports (dsec version, aether --version, the daemons'
+# logs, status and opendsec_build_info): an edge tells sandboxes whose agent
+# is older than itself by it after an upgrade.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION_LDFLAGS := -X github.com/opendsec/opendsec/internal/version.Version=$(VERSION)
 # Every package but the end-to-end suites takes about a minute. The suites
 # (test/e2e/..., one package per area) drive real runtimes and VMs for
 # several minutes each, so they have a timeout of their own with room for a
@@ -45,9 +50,9 @@ deps:
 	./scripts/firecracker.sh $(CACHE)/firecracker
 
 build:
-	go build -trimpath -o bin/dsec ./cmd/dsec
+	go build -trimpath -ldflags="$(VERSION_LDFLAGS)" -o bin/dsec ./cmd/dsec
 	@if [ -x $(CACHE)/bin/runsc-net ]; then ln -sf $(CACHE)/bin/runsc-net bin/runsc-net; fi
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/aether ./cmd/aether
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w $(VERSION_LDFLAGS)" -o bin/aether ./cmd/aether
 	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/dsec-vminit ./cmd/dsec-vminit
 	$(COMPAT_CC) -o bin/libdsec-compat.so compat/gvisor/statx.c
 

@@ -36,6 +36,7 @@ var allowedDeps = struct{ modules, ours []string }{
 		"internal/spawn",
 		"internal/sudo",
 		"internal/sysuser",
+		"internal/version",
 	},
 }
 

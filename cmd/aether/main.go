@@ -18,6 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sudo"
+	"github.com/opendsec/opendsec/internal/version"
 )
 
 func main() {
@@ -31,14 +32,14 @@ func main() {
 	verbose := flag.Bool("v", false, "log debug messages")
 	machineID := flag.String("machine-id", "", "write this machine id to /etc/machine-id (and the hostname to /etc/hostname) before dialing the edge")
 	pidsMax := flag.Int("pids-max", 0, "limit the sandbox's processes and threads in this kernel's pids cgroup (gVisor); 0 for none")
-	version := flag.Bool("version", false, "print the version and exit")
+	printVersion := flag.Bool("version", false, "print the version and exit")
 	syncClock := flag.Bool("sync-clock", false, "step the clock to the node's that every request from the edge carries (in a VM)")
 	linkAuth := flag.Bool("link-auth", false, "present the key the edge gives at the first connection at every later one (the edge then serves no other agent)")
 	memoryMax := flag.Int64("memory-max", 0, "keep the sandbox's memory under this many bytes by killing the process that holds the most (gVisor, whose sentry enforces no limit); 0 for none")
 	spawnCgroup := flag.String("spawn-cgroup", "", "start every process of the sandbox in this cgroup v2 directory, the agent staying outside it (a microVM's guest)")
 	flag.Parse()
-	if *version {
-		fmt.Println(aether.Version)
+	if *printVersion {
+		fmt.Println(version.Version)
 		return
 	}
 	level := slog.LevelInfo

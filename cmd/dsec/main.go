@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"connectrpc.com/connect"
+	"github.com/opendsec/opendsec/internal/version"
 )
 
 const usage = `usage: dsec <command> [flags]
@@ -41,7 +42,8 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   whoami    show the API key's project and role
   key       create | ls | revoke API keys (--format e2b for E2B's SDKs)
   project   create | ls | quota | rm projects; ls shows usage against quota
-  nodes     the edges: health, allocation against capacity, backends (root admin)
+  nodes     the edges: health, version, allocation against capacity, backends (root admin)
+  version   print this binary's version
 
 Run "dsec <command> -h" for the flags of a command.
 `
@@ -99,6 +101,9 @@ func main() {
 		err = cmdWatcher(ctx, args)
 	case "ca":
 		err = cmdCA(args)
+	case "version", "--version":
+		fmt.Println(version.Version)
+		return
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

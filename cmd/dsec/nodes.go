@@ -25,7 +25,7 @@ func cmdNodes(ctx context.Context, _ []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tHEALTH\tCGROUP\tSANDBOXES\tCPU CORES\tMEMORY MIB\tBACKENDS")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tHEALTH\tVERSION\tCGROUP\tSANDBOXES\tCPU CORES\tMEMORY MIB\tBACKENDS")
 	for _, n := range r.Msg.Nodes {
 		health := "healthy"
 		if !n.Healthy {
@@ -42,12 +42,16 @@ func cmdNodes(ctx context.Context, _ []string) error {
 		}
 		sort.Strings(bs)
 		a, cp := n.GetAllocated(), n.GetCapacity()
-		cg := n.Cgroup
-		if cg == "" {
-			cg = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%g/%g\t%d/%d\t%s\n", n.Id, n.Address, health, cg,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%g/%g\t%d/%d\t%s\n", n.Id, n.Address, health, orDash(n.Version), orDash(n.Cgroup),
 			a.GetSandboxes(), cp.GetSandboxes(), a.GetCpuCores(), cp.GetCpuCores(), a.GetMemoryMb(), cp.GetMemoryMb(), strings.Join(bs, ", "))
 	}
 	return tw.Flush()
+}
+
+// orDash is s, or "-" when it is empty (a column with nothing to say).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

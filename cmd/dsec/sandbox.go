@@ -238,14 +238,24 @@ func cmdLs(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROJECT\tBACKEND\tIMAGE\tSTATE\tCPU\tMEM\tAGE\tEXPIRES IN\tLIMITS HIT")
+	fmt.Fprintln(tw, "ID\tPROJECT\tBACKEND\tIMAGE\tSTATE\tCPU\tMEM\tAGE\tEXPIRES IN\tAGENT\tLIMITS HIT")
 	for _, sb := range all {
 		s := sb.Spec
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%g\t%dM\t%s\t%s\t%s\n", sb.Id, sb.Project, s.Backend, s.Image,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%g\t%dM\t%s\t%s\t%s\t%s\n", sb.Id, sb.Project, s.Backend, s.Image,
 			strings.ToLower(strings.TrimPrefix(sb.State.String(), "SANDBOX_STATE_")), s.Resources.GetCpuCores(), s.Resources.GetMemoryMb(),
-			time.Since(sb.CreatedAt.AsTime()).Round(time.Second), time.Until(sb.ExpiresAt.AsTime()).Round(time.Second), limitsHit(sb.LimitEvents))
+			time.Since(sb.CreatedAt.AsTime()).Round(time.Second), time.Until(sb.ExpiresAt.AsTime()).Round(time.Second), agentColumn(sb), limitsHit(sb.LimitEvents))
 	}
 	return tw.Flush()
+}
+
+// agentColumn is the sandbox's agent's version, marked when it is older
+// than its edge's (the sandbox was made before an upgrade).
+func agentColumn(sb *sandboxv1.Sandbox) string {
+	v := orDash(sb.AgentVersion)
+	if sb.AgentOutdated {
+		v += " (outdated)"
+	}
+	return v
 }
 
 // limitsHit says what a sandbox's limits did inside it: "-" for nothing,

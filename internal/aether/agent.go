@@ -28,10 +28,8 @@ import (
 	"github.com/opendsec/opendsec/internal/spawn"
 	"github.com/opendsec/opendsec/internal/sudo"
 	"github.com/opendsec/opendsec/internal/sysuser"
+	"github.com/opendsec/opendsec/internal/version"
 )
-
-// Version is the agent's version, set at build time.
-var Version = "dev"
 
 // Config configures an agent.
 type Config struct {
@@ -198,7 +196,7 @@ var _ agentv1connect.AgentServiceHandler = (*agentService)(nil)
 func (s *agentService) Health(ctx context.Context, req *connect.Request[agentv1.HealthRequest]) (*connect.Response[agentv1.HealthResponse], error) {
 	host, _ := os.Hostname()
 	return connect.NewResponse(&agentv1.HealthResponse{
-		Version: Version, Hostname: host,
+		Version: version.Version, Hostname: host,
 		UptimeMs: time.Since(s.a.started).Milliseconds(), Connects: s.a.dialer.Connects(),
 	}), nil
 }

@@ -24,7 +24,7 @@ func (h *sandboxService) ListNodes(ctx context.Context, _ *connect.Request[sandb
 		}
 		if st := n.Status; st != nil {
 			node.Capacity, node.Allocated = amount(st.Capacity), amount(st.Allocated)
-			node.Cgroup = st.Cgroup
+			node.Cgroup, node.Version = st.Cgroup, st.Version
 			for _, b := range st.Backends {
 				node.Backends[b.Name] = b.UnavailableReason
 				if b.Detail != "" {

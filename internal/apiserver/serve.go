@@ -14,6 +14,7 @@ import (
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/version"
 	"github.com/opendsec/opendsec/internal/watcher"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -116,7 +117,7 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		served <- srv.Serve(ln)
 	}()
 	url := scheme + "://" + ln.Addr().String()
-	log.Info("apiserver up", "url", url, "edges", len(cfg.Edges), "healthy", len(view.View().Healthy()), "watchers", cfg.Watchers, "iam_replica", rep.Addr())
+	log.Info("apiserver up", "version", version.Version, "url", url, "edges", len(cfg.Edges), "healthy", len(view.View().Healthy()), "watchers", cfg.Watchers, "iam_replica", rep.Addr())
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}

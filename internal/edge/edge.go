@@ -202,6 +202,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if e.parts.Agent, err = runbase.Prepare(cfg.RunBase, cfg.AgentPath, e.log); err != nil {
 		return nil, fmt.Errorf("edge: run base %s: %w", cfg.RunBase, err)
 	}
+	e.parts.AgentVersion = runbase.AgentVersion(ctx, cfg.AgentPath, e.log)
 	if h, err := cgroups.Detect(cgroups.DefaultRoot, ""); err == nil {
 		e.cgroup = h.String()
 	}

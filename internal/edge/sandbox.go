@@ -63,7 +63,8 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return nil, err
 	}
 	now := time.Now()
-	rec := &records.Record{ID: sandboxid.New(e.node), Project: project, State: records.StateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation}
+	rec := &records.Record{ID: sandboxid.New(e.node), Project: project, State: records.StateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation,
+		AgentVersion: e.parts.AgentVersion}
 	if !be.Capabilities().LinkBeforeAgent {
 		rec.AgentKey = agentlink.NewKey()
 	}

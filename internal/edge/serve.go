@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/version"
 )
 
 // ServeConfig runs an edge as its own daemon (dsec edge).
@@ -43,7 +44,7 @@ func Serve(ctx context.Context, cfg ServeConfig, deps Deps) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
 	usable, unusable := e.BackendNames()
-	e.log.Info("edge up", logging.NodeID, e.Node(), "addr", ln.Addr().String(), "backends", usable, "unavailable", unusable)
+	e.log.Info("edge up", logging.NodeID, e.Node(), "version", version.Version, "addr", ln.Addr().String(), "backends", usable, "unavailable", unusable)
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

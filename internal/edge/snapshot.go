@@ -116,7 +116,7 @@ func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backe
 		return nil, err
 	}
 	rec := &records.Record{ID: sandboxid.New(e.node), Project: o.project, State: records.StateCreating, CreatedAt: time.Now(), ImageDigest: snap.ImageDigest, SourceSnapshot: string(snap.ID),
-		AgentKey: snap.AgentKey}
+		AgentKey: snap.AgentKey, AgentVersion: snap.AgentVersion}
 	if err := rec.SetSpec(spec); err != nil {
 		return nil, err
 	}

@@ -7,10 +7,8 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/capacity"
+	"github.com/opendsec/opendsec/internal/version"
 )
-
-// Version is the edge's version, set at build time.
-var Version = "dev"
 
 // Status reports capacity, backends and usage per project, task and backend.
 func (e *Edge) Status() *edgev1.NodeStatus {
@@ -18,7 +16,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 	st := &edgev1.NodeStatus{
 		NodeId:   string(e.node),
 		Capacity: &edgev1.Usage{Sandboxes: c.MaxSandboxes, CpuCores: c.CPUCores, MemoryMb: c.MemoryMB},
-		Version:  Version,
+		Version:  version.Version,
 		Host:     &edgev1.Usage{CpuCores: c.HostCPUCores, MemoryMb: c.HostMemoryMB},
 		Cgroup:   e.cgroup,
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/version"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -62,7 +63,7 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 		}
 	}
 	st := s.Status()
-	s.log.Info("iam replica up", "id", st.ID, "addr", s.Addr(), "state", st.State, "leader", st.LeaderID, "members", len(st.Members))
+	s.log.Info("iam replica up", "version", version.Version, "id", st.ID, "addr", s.Addr(), "state", st.State, "leader", st.LeaderID, "members", len(st.Members))
 	if cfg.Ready != nil {
 		cfg.Ready(s)
 	}

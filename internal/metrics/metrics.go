@@ -22,16 +22,24 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/version"
 )
 
 // Namespace prefixes every OpenDsec metric.
 const Namespace = "opendsec"
 
 // NewRegistry returns a registry with the Go runtime's and the process's
-// own metrics.
+// own metrics, and opendsec_build_info: 1, labelled with the binary's
+// version (a rollout reads which processes run which build from it).
 func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "1, labelled with the version this process was built as.",
+		ConstLabels: prometheus.Labels{"version": version.Version},
+	})
+	build.Set(1)
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), build)
 	return r
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/version"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -34,5 +35,17 @@ func TestHandlerRendersAtMostOnceASecond(t *testing.T) {
 	time.Sleep(renderEvery + 50*time.Millisecond)
 	if got := get(); !strings.Contains(got, "opendsec_test_total 1") {
 		t.Fatalf("a scrape after the second: %q", got)
+	}
+}
+
+// Every process's registry says which build it runs.
+func TestRegistryCarriesTheBuildVersion(t *testing.T) {
+	old := version.Version
+	version.Version = "v9.9.9-test"
+	defer func() { version.Version = old }()
+	w := httptest.NewRecorder()
+	Handler(NewRegistry()).ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `opendsec_build_info{version="v9.9.9-test"} 1`; !strings.Contains(w.Body.String(), want) {
+		t.Fatalf("no %s in:\n%.2000s", want, w.Body.String())
 	}
 }

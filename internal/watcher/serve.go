@@ -18,6 +18,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/rpcopts"
+	"github.com/opendsec/opendsec/internal/version"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -57,7 +58,7 @@ func Serve(ctx context.Context, cfg ServeConfig, log *slog.Logger) error {
 	srv := &http.Server{Handler: Handler(w), TLSConfig: cfg.TLS, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
-	w.log.Info("watcher up", "addr", ln.Addr().String(), "edges", len(cfg.Edges), "healthy", len(w.View().Healthy()))
+	w.log.Info("watcher up", "version", version.Version, "addr", ln.Addr().String(), "edges", len(cfg.Edges), "healthy", len(w.View().Healthy()))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}

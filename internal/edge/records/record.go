@@ -57,6 +57,10 @@ type Record struct {
 	// (agentlink/auth.go). Empty for a VM (its link is its serial port) and
 	// for a sandbox made before agents authenticated.
 	AgentKey string `json:"agent_key,omitempty"`
+	// AgentVersion is the version of the agent running in the sandbox:
+	// its edge's at the create, its snapshot's for a copy. Empty for a
+	// sandbox made before versions were recorded.
+	AgentVersion string `json:"agent_version,omitempty"`
 
 	// Spec is the decoded spec; SetSpec sets both, and a store writes
 	// SpecJSON from it.
@@ -100,7 +104,7 @@ func (r *Record) Proto(node sandboxid.NodeID) *sandboxv1.Sandbox {
 		State: stateProto[r.State], CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
 		Message: r.Message, ImageDigest: r.ImageDigest, SourceSnapshotId: r.SourceSnapshot,
 		PauseDepth: r.PauseDepth(), TimeoutLeftSeconds: int64(r.TimeoutLeft / time.Second),
-		NetworkAddress: r.NetAddr,
+		NetworkAddress: r.NetAddr, AgentVersion: r.AgentVersion,
 	}
 }
 

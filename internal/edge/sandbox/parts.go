@@ -32,7 +32,10 @@ type Parts struct {
 	// Agent is the agent as staged in the run base from AgentSource;
 	// Restage stages it again (if it went) and returns where.
 	Agent, AgentSource string
-	Restage            func() (string, error)
+	// AgentVersion is what the agent says it is (`aether --version`);
+	// empty if it would not say.
+	AgentVersion string
+	Restage      func() (string, error)
 }
 
 // Resolve checks an image's name and finds it for project.

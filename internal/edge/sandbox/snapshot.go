@@ -54,7 +54,7 @@ func (sb *Sandbox) checkpoint(ctx context.Context, store *snapshots.Store, name 
 	snap = &snapshots.Snapshot{
 		ID: sandboxid.NewSnapshot(sb.node), Project: sb.rec.Project, SourceSandbox: sb.id, Backend: sb.be.Name(),
 		ImageDigest: sb.rec.ImageDigest, Spec: sb.rec.SpecJSON, CreatedAt: time.Now().UTC(), Ephemeral: ephemeral, Name: name,
-		AgentKey: sb.rec.AgentKey, SandboxSpec: proto.Clone(sb.rec.Spec).(*sandboxv1.SandboxSpec),
+		AgentKey: sb.rec.AgentKey, AgentVersion: sb.rec.AgentVersion, SandboxSpec: proto.Clone(sb.rec.Spec).(*sandboxv1.SandboxSpec),
 	}
 	snap.Dir = store.Dir(snap.ID)
 	if err := os.MkdirAll(snap.Dir, 0o700); err != nil {

@@ -42,6 +42,9 @@ type Snapshot struct {
 	// AgentKey is the source's agent key: the agent in the snapshot's
 	// memory presents it, so every copy's record takes it.
 	AgentKey string `json:"agent_key,omitempty"`
+	// AgentVersion is the source's agent's version: the agent in the
+	// snapshot's memory is the one every copy runs.
+	AgentVersion string `json:"agent_version,omitempty"`
 
 	// Dir is the directory of its files: this node's store, or the
 	// store's cache of snapshots pulled from other nodes.

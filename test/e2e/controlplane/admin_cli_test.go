@@ -10,6 +10,7 @@ import (
 	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/version"
 	"github.com/opendsec/opendsec/test/e2e"
 )
 
@@ -67,6 +68,10 @@ func TestProjectAndNodesCLI(t *testing.T) {
 	// Each node says its cgroup layout (this machine's, detected by the edge).
 	if want := " " + e2e.NodeCgroups().String() + " "; !strings.Contains(lines[0], "CGROUP") || !strings.Contains(lines[1], want) || !strings.Contains(lines[2], want) {
 		t.Fatalf("nodes: want a CGROUP column saying%q\n%s", want, out)
+	}
+	// And its edge's version (this test's edges are built in, "dev").
+	if want := " " + version.Version + " "; !strings.Contains(lines[0], "VERSION") || !strings.Contains(lines[1], want) || !strings.Contains(lines[2], want) {
+		t.Fatalf("nodes: want a VERSION column saying %q\n%s", want, out)
 	}
 	if out, err := run(key.Msg.Secret, "nodes"); err == nil || !strings.Contains(out, "ADMIN") {
 		t.Fatalf("nodes with a member key: %v\n%s", err, out)

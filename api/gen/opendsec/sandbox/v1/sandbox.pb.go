@@ -357,7 +357,9 @@ type Node struct {
 	// microvm backend's hypervisor and accelerator).
 	BackendDetails map[string]string `protobuf:"bytes,9,rep,name=backend_details,json=backendDetails,proto3" json:"backend_details,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The node's cgroup layout: "v1" or "v2".
-	Cgroup        string `protobuf:"bytes,10,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Cgroup string `protobuf:"bytes,10,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// The version of the edge serving the node (`dsec version`).
+	Version       string `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -458,6 +460,13 @@ func (x *Node) GetBackendDetails() map[string]string {
 func (x *Node) GetCgroup() string {
 	if x != nil {
 		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *Node) GetVersion() string {
+	if x != nil {
+		return x.Version
 	}
 	return ""
 }
@@ -892,7 +901,15 @@ type Sandbox struct {
 	PauseDepth         PauseDepth `protobuf:"varint,12,opt,name=pause_depth,json=pauseDepth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"pause_depth,omitempty"`
 	TimeoutLeftSeconds int64      `protobuf:"varint,13,opt,name=timeout_left_seconds,json=timeoutLeftSeconds,proto3" json:"timeout_left_seconds,omitempty"`
 	// What its limits ended or refused inside it so far while it lived on.
-	LimitEvents   *LimitEvents `protobuf:"bytes,14,opt,name=limit_events,json=limitEvents,proto3" json:"limit_events,omitempty"`
+	LimitEvents *LimitEvents `protobuf:"bytes,14,opt,name=limit_events,json=limitEvents,proto3" json:"limit_events,omitempty"`
+	// The version of the agent running inside it; empty when unknown (a
+	// sandbox made before agents' versions were recorded).
+	AgentVersion string `protobuf:"bytes,15,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// True when that agent is not the one its edge would start now: the
+	// sandbox was made before its edge was upgraded (or was restored from a
+	// snapshot taken before). It keeps running with its agent; calls that
+	// need a newer one are refused by it as unimplemented.
+	AgentOutdated bool `protobuf:"varint,16,opt,name=agent_outdated,json=agentOutdated,proto3" json:"agent_outdated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1023,6 +1040,20 @@ func (x *Sandbox) GetLimitEvents() *LimitEvents {
 		return x.LimitEvents
 	}
 	return nil
+}
+
+func (x *Sandbox) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
+}
+
+func (x *Sandbox) GetAgentOutdated() bool {
+	if x != nil {
+		return x.AgentOutdated
+	}
+	return false
 }
 
 // LimitEvents count what a sandbox's limits did to its processes, which a
@@ -3294,7 +3325,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"NodeAmount\x12\x1c\n" +
 	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
-	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xca\x04\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xe4\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
@@ -3306,7 +3337,8 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\tpolled_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bpolledAt\x12V\n" +
 	"\x0fbackend_details\x18\t \x03(\v2-.opendsec.sandbox.v1.Node.BackendDetailsEntryR\x0ebackendDetails\x12\x16\n" +
 	"\x06cgroup\x18\n" +
-	" \x01(\tR\x06cgroup\x1a;\n" +
+	" \x01(\tR\x06cgroup\x12\x18\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x1a;\n" +
 	"\rBackendsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aA\n" +
@@ -3349,7 +3381,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04cidr\x18\x02 \x01(\tR\x04cidr\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x14\n" +
-	"\x05ports\x18\x04 \x03(\tR\x05ports\"\xfe\x04\n" +
+	"\x05ports\x18\x04 \x03(\tR\x05ports\"\xca\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x17\n" +
@@ -3368,7 +3400,9 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\vpause_depth\x18\f \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\n" +
 	"pauseDepth\x120\n" +
 	"\x14timeout_left_seconds\x18\r \x01(\x03R\x12timeoutLeftSeconds\x12C\n" +
-	"\flimit_events\x18\x0e \x01(\v2 .opendsec.sandbox.v1.LimitEventsR\vlimitEvents\"O\n" +
+	"\flimit_events\x18\x0e \x01(\v2 .opendsec.sandbox.v1.LimitEventsR\vlimitEvents\x12#\n" +
+	"\ragent_version\x18\x0f \x01(\tR\fagentVersion\x12%\n" +
+	"\x0eagent_outdated\x18\x10 \x01(\bR\ragentOutdated\"O\n" +
 	"\vLimitEvents\x12\x1b\n" +
 	"\toom_kills\x18\x01 \x01(\x03R\boomKills\x12#\n" +
 	"\rforks_refused\x18\x02 \x01(\x03R\fforksRefused\"f\n" +
