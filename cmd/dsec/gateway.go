@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,11 +31,18 @@ func cmdGateway(ctx context.Context, args []string) error {
 	apiCA := fs.String("api-ca", os.Getenv("DSEC_CA_FILE"), "CA (PEM) the apiserver's TLS certificate is verified against besides the system's (default $DSEC_CA_FILE)")
 	templateDir := fs.String("template-dir", "", "directory (0700) for the files E2B template builds upload (default: template-uploads beside the token secret file)")
 	buildBackend := fs.String("build-backend", "container", "backend that runs E2B template builds' steps (one that can commit: container or microvm)")
+	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM; it should name the gateway's host and *.DOMAIN for sandbox hosts); default plain HTTP")
+	tlsKey := fs.String("tls-key", "", "the key of --tls-cert (PEM)")
+	clientCA := fs.String("client-ca", "", "with --tls-cert: also require clients to present a certificate this CA (PEM) signed (mutual TLS)")
 	lf := addLogFlags(fs)
 	metricsListen := addMetricsFlag(fs)
 	fs.Parse(args)
 	if *apiURL == "" || *keyFile == "" || *secretFile == "" {
 		return errors.New("gateway: --api-url (or DSEC_API_URL), --service-key-file and --token-secret-file are required")
+	}
+	serverTLS, err := publicTLS(*tlsCert, *tlsKey, *clientCA)
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
 	}
 	key, err := os.ReadFile(*keyFile)
 	if err != nil {
@@ -67,13 +75,21 @@ func cmdGateway(ctx context.Context, args []string) error {
 		return fmt.Errorf("gateway: listen %s: %w", *listen, err)
 	}
 	srv := e2b.NewServer(gw)
+	scheme := "http"
+	if serverTLS != nil {
+		srv.TLSConfig, scheme = serverTLS, "https"
+		srv.Protocols.SetHTTP2(true)
+		ln = tls.NewListener(ln, serverTLS)
+	}
+	// Serve takes the TLS listener's connections as ServeTLS would (HTTP/2
+	// by ALPN, the client's certificate checked at the handshake).
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx) //nolint:errcheck // best effort at shutdown
 	}()
-	url := "http://" + ln.Addr().String()
+	url := scheme + "://" + ln.Addr().String()
 	log.Info("E2B gateway is up", "url", url, "api", *apiURL)
 	fmt.Fprintf(os.Stderr, "\nE2B's SDKs reach OpenDsec with:\n  export E2B_API_URL=%s E2B_SANDBOX_URL=%s E2B_API_KEY=<an e2b_ key: dsec key create --format e2b>\n\n", url, url)
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

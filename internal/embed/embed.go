@@ -258,7 +258,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 	}
 
 	if cfg.GatewayListen != "" {
-		if err := c.startGateway(ctx, cfg); err != nil {
+		if err := c.startGateway(ctx, cfg, ca); err != nil {
 			return nil, err
 		}
 	}

@@ -12,12 +12,13 @@ import (
 	"github.com/opendsec/opendsec/internal/gateway/e2b"
 	"github.com/opendsec/opendsec/internal/iam"
 	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/pki"
 )
 
 // startGateway runs the E2B-compatible gateway as a client of the
 // apiserver, with its own service key and token secret kept under
 // StateDir/gateway so access tokens stay valid across restarts.
-func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
+func (c *Cluster) startGateway(ctx context.Context, cfg Config, ca *pki.CA) error {
 	dir := filepath.Join(cfg.StateDir, "gateway")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -54,8 +55,22 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config) error {
 	}
 	c.gateway = gw
 	srv := e2b.NewServer(gw)
-	c.serve(srv, func() error { return srv.Serve(ln) })
-	c.GatewayURL = "http://" + ln.Addr().String()
+	if c.apiTLS == nil {
+		c.serve(srv, func() error { return srv.Serve(ln) })
+		c.GatewayURL = "http://" + ln.Addr().String()
+	} else {
+		// With TLS the gateway is HTTPS too, under a certificate of the
+		// cluster's CA that also names the sandbox hosts (PORT-ID.localhost).
+		cert, err := ca.Issue("gateway-public", pki.RoleAPIServer, []string{"127.0.0.1", "localhost", "*.localhost", hostOf(ln.Addr().String())})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		srv.TLSConfig = ca.PublicServerConfig(cert)
+		srv.Protocols.SetHTTP2(true)
+		c.serve(srv, func() error { return srv.ServeTLS(ln, "", "") })
+		c.GatewayURL = "https://" + ln.Addr().String()
+	}
 	c.log.Info("E2B gateway is up", "url", c.GatewayURL, logging.Component, "embed")
 	return nil
 }

@@ -1,12 +1,17 @@
 package controlplane
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -21,6 +26,7 @@ import (
 // certificate of the cluster's CA, which client.env names: the Go client,
 // the CLI and the Python SDK verify it with that CA and work; a client
 // without the CA refuses the certificate, and plain HTTP is not served.
+// The E2B gateway likewise serves HTTPS.
 func TestClientAPIOverTLS(t *testing.T) {
 	c, gw, e2bKey := e2e.GatewayClusterWith(t, func(cfg *embed.Config) { cfg.TLS = true })
 	if !strings.HasPrefix(c.APIURL, "https://") || c.CAFile == "" {
@@ -52,10 +58,47 @@ func TestClientAPIOverTLS(t *testing.T) {
 		}
 	}
 
-	// The E2B gateway reaches the apiserver over TLS, with the CA.
-	made := e2e.CreateE2B(t, gw, e2bKey, `{"templateID":"base"}`)
-	if r := e2e.Do(t, "DELETE", gw+"/sandboxes/"+made.SandboxID, map[string]string{"X-API-Key": e2bKey}, nil); r.Status != 204 {
-		t.Fatalf("kill through the gateway: %d %s", r.Status, r.Body)
+	// The E2B gateway serves HTTPS too, under a certificate of the CA, and
+	// reaches the apiserver over TLS, with the CA.
+	if !strings.HasPrefix(gw, "https://") || !strings.Contains(string(env), "export E2B_API_URL="+gw+"\n") {
+		t.Fatalf("gateway %s; client.env: %s", gw, env)
+	}
+	pem, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}}
+	e2bCall := func(method, path, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, gw+path, strings.NewReader(body))
+		req.Header.Set("X-API-Key", e2bKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s over TLS: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	resp, body := e2bCall("POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	var made e2e.E2BSandbox
+	if err := json.Unmarshal(body, &made); resp.StatusCode != http.StatusCreated || err != nil || resp.ProtoMajor != 2 {
+		t.Fatalf("create through the gateway over TLS: %s %s %s", resp.Proto, resp.Status, body)
+	}
+	if resp, body := e2bCall("DELETE", "/sandboxes/"+made.SandboxID, ""); resp.StatusCode != 204 {
+		t.Fatalf("kill through the gateway: %s %s", resp.Status, body)
+	}
+	// A sandbox host name (PORT-ID.localhost) is in the certificate.
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(gw, "https://"), &tls.Config{RootCAs: roots, ServerName: "49999-" + made.SandboxID + ".localhost"})
+	if err != nil {
+		t.Fatalf("TLS to the gateway as a sandbox host: %v", err)
+	}
+	conn.Close()
+	if _, err := http.Get(gw); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a client without the CA at the gateway: %v", err)
 	}
 
 	// The CLI, with client.env's variables.
