@@ -2,10 +2,15 @@ package apiserver
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
+	"syscall"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -26,8 +31,67 @@ type route struct {
 // viaEdge sends a request over the chosen edge's connection pool.
 type viaEdge struct{}
 
+// edgeRestartWait is how long a call into a sandbox waits for its edge
+// to listen again: a restart (an upgrade) refuses connections for a
+// moment, and only that edge can serve the sandbox.
+const edgeRestartWait = 30 * time.Second
+
+// RoundTrip sends r; while the edge refuses the connection, and nothing
+// of the request was sent (a refused dial reads no body), it tries again
+// until edgeRestartWait or the call's deadline.
 func (viaEdge) RoundTrip(r *http.Request) (*http.Response, error) {
-	return r.Context().Value(routeKey{}).(route).edge.HTTP.Transport.RoundTrip(r)
+	t := r.Context().Value(routeKey{}).(route).edge.HTTP.Transport
+	body := &watchedBody{ReadCloser: r.Body}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = body
+	}
+	deadline := time.Now().Add(edgeRestartWait)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		resp, err := t.RoundTrip(r)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || body.read.Load() || time.Now().Add(wait).After(deadline) {
+			body.done(err)
+			return resp, err
+		}
+		select {
+		case <-r.Context().Done():
+			body.done(err)
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
+}
+
+// watchedBody says whether anything read the request's body, and keeps
+// a transport that failed before reading it from closing it (it closes
+// the body on every error) while the request may be sent again.
+type watchedBody struct {
+	io.ReadCloser
+	read, closeLater, final, closed atomic.Bool
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	b.read.Store(true)
+	return b.ReadCloser.Read(p)
+}
+
+func (b *watchedBody) Close() error {
+	if b.read.Load() || b.final.Load() {
+		b.closed.Store(true)
+		return b.ReadCloser.Close()
+	}
+	b.closeLater.Store(true)
+	return nil
+}
+
+// done ends the retries with the last attempt's error: a failed one's
+// close, held back, happens now; a sent one's transport closes the body
+// itself when it is through with it.
+func (b *watchedBody) done(err error) {
+	b.final.Store(true)
+	if err != nil && b.closeLater.Load() && !b.closed.Load() && b.ReadCloser != nil {
+		b.closed.Store(true)
+		b.ReadCloser.Close() //nolint:errcheck // the transport's close, held back
+	}
 }
 
 // agentProxy authenticates an agent RPC and forwards it to the edge that
