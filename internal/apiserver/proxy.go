@@ -26,6 +26,8 @@ type routeKey struct{}
 type route struct {
 	edge  *edgeclient.Conn
 	scope string
+	// waitUntil bounds the wait for an edge that refuses connections.
+	waitUntil time.Time
 }
 
 // viaEdge sends a request over the chosen edge's connection pool.
@@ -40,12 +42,13 @@ const edgeRestartWait = 30 * time.Second
 // of the request was sent (a refused dial reads no body), it tries again
 // until edgeRestartWait or the call's deadline.
 func (viaEdge) RoundTrip(r *http.Request) (*http.Response, error) {
-	t := r.Context().Value(routeKey{}).(route).edge.HTTP.Transport
+	rt := r.Context().Value(routeKey{}).(route)
+	t := rt.edge.HTTP.Transport
 	body := &watchedBody{ReadCloser: r.Body}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
-	deadline := time.Now().Add(edgeRestartWait)
+	deadline := rt.waitUntil
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		resp, err := t.RoundTrip(r)
 		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || body.read.Load() || time.Now().Add(wait).After(deadline) {
@@ -127,7 +130,7 @@ func (s *Server) agentProxy() http.Handler {
 			ew.Write(w, r, errdefs.ToConnect(errdefs.InvalidArgument("header %s: missing; it names the sandbox", headers.SandboxID))) //nolint:errcheck // the client went away
 			return
 		}
-		c, err := s.sandboxEdge(id)
+		c, waitUntil, err := s.callEdge(id)
 		if err != nil {
 			ew.Write(w, r, errdefs.ToConnect(err)) //nolint:errcheck // the client went away
 			return
@@ -137,6 +140,6 @@ func (s *Server) agentProxy() http.Handler {
 			return
 		}
 		rpcproxy.FullDuplex(w)
-		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, route{edge: c, scope: p.Project})))
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, route{edge: c, scope: p.Project, waitUntil: waitUntil})))
 	})
 }

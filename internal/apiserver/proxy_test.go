@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/opendsec/opendsec/internal/edgeclient"
 )
@@ -51,7 +52,7 @@ func TestCallsIntoASandboxWaitForItsEdgeToRestart(t *testing.T) {
 	send := func(e *refusingEdge) (string, *closeCounter, error) {
 		body := &closeCounter{Reader: strings.NewReader("request")}
 		req, _ := http.NewRequest("POST", "https://edge/x", body)
-		ctx := context.WithValue(context.Background(), routeKey{}, route{edge: &edgeclient.Conn{HTTP: &http.Client{Transport: e}}})
+		ctx := context.WithValue(context.Background(), routeKey{}, route{edge: &edgeclient.Conn{HTTP: &http.Client{Transport: e}}, waitUntil: time.Now().Add(edgeRestartWait)})
 		resp, err := viaEdge{}.RoundTrip(req.WithContext(ctx))
 		if err != nil {
 			return "", body, err

@@ -69,6 +69,27 @@ func (s *Server) edgeFor(node sandboxid.NodeID) (*edgeclient.Conn, error) {
 	return s.edges.Get(n.Addr), nil
 }
 
+// callEdge is the edge for a call into sandbox id, and until when the
+// call may wait for it to accept connections: an edge that went
+// unreachable less than edgeRestartWait ago may be restarting (an
+// upgrade), and only it can serve the sandbox.
+func (s *Server) callEdge(id string) (*edgeclient.Conn, time.Time, error) {
+	_, node, err := sandboxid.Parse(id)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	n, ok := s.watcher.View().Node(string(node))
+	switch {
+	case !ok:
+		return nil, time.Time{}, errdefs.NotFound("node %s: not known to this cluster", node)
+	case n.Healthy:
+		return s.edges.Get(n.Addr), time.Now().Add(edgeRestartWait), nil
+	case !n.UnhealthySince.IsZero() && time.Since(n.UnhealthySince) < edgeRestartWait:
+		return s.edges.Get(n.Addr), n.UnhealthySince.Add(edgeRestartWait), nil
+	}
+	return nil, time.Time{}, errdefs.Unavailable("node %s: unreachable (%s)", node, n.Err)
+}
+
 func (s *Server) sandboxEdge(id string) (*edgeclient.Conn, error) {
 	_, node, err := sandboxid.Parse(id)
 	if err != nil {

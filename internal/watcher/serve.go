@@ -90,7 +90,11 @@ func (s viewServer) GetView(ctx context.Context, _ *connect.Request[watcherv1.Ge
 func ViewToProto(v *View) []*watcherv1.NodeView {
 	out := make([]*watcherv1.NodeView, 0, len(v.Nodes))
 	for _, n := range v.Nodes {
-		out = append(out, &watcherv1.NodeView{NodeId: n.ID, Addr: n.Addr, Healthy: n.Healthy, Error: n.Err, PolledAt: timestamppb.New(n.PolledAt), Status: n.Status})
+		nv := &watcherv1.NodeView{NodeId: n.ID, Addr: n.Addr, Healthy: n.Healthy, Error: n.Err, PolledAt: timestamppb.New(n.PolledAt), Status: n.Status}
+		if !n.UnhealthySince.IsZero() {
+			nv.UnhealthySince = timestamppb.New(n.UnhealthySince)
+		}
+		out = append(out, nv)
 	}
 	return out
 }
@@ -104,6 +108,9 @@ func ViewFromProto(nodes []*watcherv1.NodeView) *View {
 			continue
 		}
 		nv := &NodeView{ID: n.NodeId, Addr: n.Addr, Healthy: n.Healthy, Err: n.Error, PolledAt: n.PolledAt.AsTime(), Status: n.Status}
+		if n.UnhealthySince != nil {
+			nv.UnhealthySince = n.UnhealthySince.AsTime()
+		}
 		v.Nodes = append(v.Nodes, nv)
 		v.byID[nv.ID] = nv
 	}

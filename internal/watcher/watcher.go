@@ -36,6 +36,9 @@ type NodeView struct {
 	Healthy  bool
 	Err      string
 	PolledAt time.Time // when the poll that produced Status started
+	// UnhealthySince is, for an unhealthy node, when its polls began to
+	// fail.
+	UnhealthySince time.Time
 	Status   *edgev1.NodeStatus
 	// slowPolls counts the polls in a row that the edge did not answer in
 	// time (a local watcher's own count).
@@ -208,6 +211,10 @@ func (w *Watcher) pollOne(ctx context.Context, addr string, prev *NodeView) *Nod
 			if prev.Healthy && !nv.Healthy {
 				w.log.Warn("edge unreachable", "addr", addr, logging.NodeID, prev.ID, logging.Error, err)
 			}
+			nv.UnhealthySince = prev.UnhealthySince
+		}
+		if !nv.Healthy && nv.UnhealthySince.IsZero() {
+			nv.UnhealthySince = started
 		}
 		return nv
 	}

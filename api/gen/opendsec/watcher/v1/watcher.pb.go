@@ -117,10 +117,14 @@ type NodeView struct {
 	// Why the last poll failed (the status is then the last good one).
 	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	// When the poll that produced status started.
-	PolledAt      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=polled_at,json=polledAt,proto3" json:"polled_at,omitempty"`
-	Status        *v1.NodeStatus         `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PolledAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=polled_at,json=polledAt,proto3" json:"polled_at,omitempty"`
+	Status   *v1.NodeStatus         `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
+	// For an unhealthy node: when its polls began to fail (a node that
+	// restarts is back within seconds; apiservers let calls into its
+	// sandboxes wait that out).
+	UnhealthySince *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=unhealthy_since,json=unhealthySince,proto3" json:"unhealthy_since,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeView) Reset() {
@@ -195,6 +199,13 @@ func (x *NodeView) GetStatus() *v1.NodeStatus {
 	return nil
 }
 
+func (x *NodeView) GetUnhealthySince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UnhealthySince
+	}
+	return nil
+}
+
 var File_opendsec_watcher_v1_watcher_proto protoreflect.FileDescriptor
 
 const file_opendsec_watcher_v1_watcher_proto_rawDesc = "" +
@@ -202,14 +213,15 @@ const file_opendsec_watcher_v1_watcher_proto_rawDesc = "" +
 	"!opendsec/watcher/v1/watcher.proto\x12\x13opendsec.watcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopendsec/edge/v1/edge.proto\"\x10\n" +
 	"\x0eGetViewRequest\"F\n" +
 	"\x0fGetViewResponse\x123\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1d.opendsec.watcher.v1.NodeViewR\x05nodes\"\xd6\x01\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1d.opendsec.watcher.v1.NodeViewR\x05nodes\"\x9b\x02\n" +
 	"\bNodeView\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x18\n" +
 	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x127\n" +
 	"\tpolled_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bpolledAt\x124\n" +
-	"\x06status\x18\x06 \x01(\v2\x1c.opendsec.edge.v1.NodeStatusR\x06status2f\n" +
+	"\x06status\x18\x06 \x01(\v2\x1c.opendsec.edge.v1.NodeStatusR\x06status\x12C\n" +
+	"\x0funhealthy_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0eunhealthySince2f\n" +
 	"\x0eWatcherService\x12T\n" +
 	"\aGetView\x12#.opendsec.watcher.v1.GetViewRequest\x1a$.opendsec.watcher.v1.GetViewResponseBDZBgithub.com/opendsec/opendsec/api/gen/opendsec/watcher/v1;watcherv1b\x06proto3"
 
@@ -237,13 +249,14 @@ var file_opendsec_watcher_v1_watcher_proto_depIdxs = []int32{
 	2, // 0: opendsec.watcher.v1.GetViewResponse.nodes:type_name -> opendsec.watcher.v1.NodeView
 	3, // 1: opendsec.watcher.v1.NodeView.polled_at:type_name -> google.protobuf.Timestamp
 	4, // 2: opendsec.watcher.v1.NodeView.status:type_name -> opendsec.edge.v1.NodeStatus
-	0, // 3: opendsec.watcher.v1.WatcherService.GetView:input_type -> opendsec.watcher.v1.GetViewRequest
-	1, // 4: opendsec.watcher.v1.WatcherService.GetView:output_type -> opendsec.watcher.v1.GetViewResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	3, // 3: opendsec.watcher.v1.NodeView.unhealthy_since:type_name -> google.protobuf.Timestamp
+	0, // 4: opendsec.watcher.v1.WatcherService.GetView:input_type -> opendsec.watcher.v1.GetViewRequest
+	1, // 5: opendsec.watcher.v1.WatcherService.GetView:output_type -> opendsec.watcher.v1.GetViewResponse
+	5, // [5:6] is the sub-list for method output_type
+	4, // [4:5] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_watcher_v1_watcher_proto_init() }
