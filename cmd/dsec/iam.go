@@ -72,8 +72,8 @@ func cmdIAM(ctx context.Context, args []string) error {
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(st)
 	}
-	fmt.Printf("replica %s: %s, term %d, last log index %d, commit index %d, applied index %d, last snapshot index %d\n",
-		st.ID, st.State, st.Term, st.LastLogIndex, st.CommitIndex, st.AppliedIndex, st.LastSnapshotIndex)
+	fmt.Printf("replica %s (version %s): %s, term %d, last log index %d, commit index %d, applied index %d, last snapshot index %d\n",
+		st.ID, st.Version, st.State, st.Term, st.LastLogIndex, st.CommitIndex, st.AppliedIndex, st.LastSnapshotIndex)
 	fmt.Printf("leader: %s (%s)\n", st.LeaderID, st.LeaderAddr)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tADDRESS\tVOTER")

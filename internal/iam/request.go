@@ -17,6 +17,7 @@ import (
 
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/pki"
+	"github.com/opendsec/opendsec/internal/version"
 )
 
 // Replica requests [ours]. A write reaches the leader from any replica:
@@ -69,6 +70,8 @@ type Status struct {
 	AppliedIndex      uint64   `json:"applied_index"`
 	LastSnapshotIndex uint64   `json:"last_snapshot_index"`
 	Members           []Member `json:"members"`
+	// Version is the replica's build (`dsec version`).
+	Version string `json:"version"`
 }
 
 // errNotLeader is a replica's answer to a request it will not forward.
@@ -327,6 +330,7 @@ func (s *Service) Status() Status {
 		ID: s.id, State: s.raft.State().String(), LeaderID: string(id), LeaderAddr: string(addr),
 		Term: num("term"), LastLogIndex: num("last_log_index"), CommitIndex: num("commit_index"),
 		AppliedIndex: num("applied_index"), LastSnapshotIndex: num("last_snapshot_index"), Members: s.members(),
+		Version: version.Version,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,10 +36,11 @@ type daemons struct {
 	dir   string
 	procs map[string]*exec.Cmd
 	args  map[string][]string
+	bins  map[string]string // a daemon's own binary, if not bin (an upgraded one)
 }
 
 func newDaemons(t *testing.T, dir string) *daemons {
-	d := &daemons{t: t, bin: e2e.DsecBinary(t), dir: dir, procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
+	d := &daemons{t: t, bin: e2e.DsecBinary(t), dir: dir, procs: map[string]*exec.Cmd{}, args: map[string][]string{}, bins: map[string]string{}}
 	t.Cleanup(func() {
 		for name := range d.procs {
 			d.stop(name)
@@ -61,7 +63,11 @@ func (d *daemons) start(name string, args ...string) {
 		d.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(d.bin, args...)
+	bin := d.bin
+	if b := d.bins[name]; b != "" {
+		bin = b
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -132,6 +138,19 @@ func (d *daemons) certificates(pkiDir string, roles map[string]string) func(name
 // restart starts name again with the same arguments.
 func (d *daemons) restart(name string) { d.start(name, d.args[name]...) }
 
+// upgrade stops name as an operator would and starts bin in its place
+// with the same arguments, but for the agent binary (an edge's --agent)
+// when agent is not "".
+func (d *daemons) upgrade(name, bin, agent string) {
+	d.stop(name)
+	args := slices.Clone(d.args[name])
+	if i := slices.Index(args, "--agent"); i >= 0 && agent != "" {
+		args[i+1] = agent
+	}
+	d.bins[name] = bin
+	d.start(name, args...)
+}
+
 // TestDaemonsSurviveKill9 runs a cluster of separate processes on the
 // container backend (three IAM replicas, two edges, two apiservers, all
 // with certificates from dsec ca). SIGKILL of the IAM leader, then of an
@@ -149,62 +168,11 @@ func TestDaemonsSurviveKill9(t *testing.T) {
 	// The drill takes over two minutes (Ctx's bound).
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	storeDir := e2e.BusyboxStore(t, dir)
-	d := newDaemons(t, dir)
-	pkiDir := filepath.Join(dir, "pki")
+	dc := startDaemonCluster(t, ctx, dir, newDaemons(t, dir))
+	d, pkiDir, iamAddrs, cl, key := dc.d, dc.pkiDir, dc.iamAddrs, dc.cl, dc.key
+	waitAPI := func(a string) { dc.waitAPI(t, ctx, a) }
+	e1, e2, a1, a2, wa := dc.edges["edge-1"], dc.edges["edge-2"], dc.apis["api-1"], dc.apis["api-2"], dc.watcher
 	run := d.run
-	tlsFlags := d.certificates(pkiDir, map[string]string{"iam-1": "iam", "iam-2": "iam", "iam-3": "iam", "edge-1": "edge", "edge-2": "edge", "api-1": "apiserver", "api-2": "apiserver", "watcher": "watcher"})
-	iamAddrs := map[string]string{"iam-1": freeAddr(t), "iam-2": freeAddr(t), "iam-3": freeAddr(t)}
-	e1, e2, a1, a2, wa := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	keyFile := filepath.Join(dir, "admin.key")
-	d.start("iam-1", append([]string{"iam", "--id", "iam-1", "--dir", filepath.Join(dir, "iam-1"), "--bind", iamAddrs["iam-1"], "--bootstrap", "--admin-key-file", keyFile}, tlsFlags("iam-1")...)...)
-	for _, id := range []string{"iam-2", "iam-3"} {
-		d.start(id, append([]string{"iam", "--id", id, "--dir", filepath.Join(dir, id), "--bind", iamAddrs[id], "--join", iamAddrs["iam-1"]}, tlsFlags(id)...)...)
-	}
-	allIAM := iamAddrs["iam-1"] + "," + iamAddrs["iam-2"] + "," + iamAddrs["iam-3"]
-	for name, addr := range map[string]string{"edge-1": e1, "edge-2": e2} {
-		d.start(name, append([]string{"edge", "--state-dir", filepath.Join(dir, name), "--listen", addr, "--image-store", storeDir,
-			"--backends", "container,gvisor", "--agent", testutil.AgentBinary(t), "--sandbox-network=false"}, tlsFlags(name)...)...)
-	}
-	d.start("watcher", append([]string{"watcher", "--listen", wa, "--edges", e1 + "," + e2}, tlsFlags("watcher")...)...)
-	for name, addr := range map[string]string{"api-1": a1, "api-2": a2} {
-		d.start(name, append([]string{"apiserver", "--id", name, "--state-dir", filepath.Join(dir, name), "--listen", addr,
-			"--edges", e1 + "," + e2, "--iam", allIAM, "--image-store", storeDir, "--watcher", wa}, tlsFlags(name)...)...)
-	}
-	var key []byte
-	for deadline := time.Now().Add(30 * time.Second); len(key) == 0; time.Sleep(100 * time.Millisecond) {
-		if key, _ = os.ReadFile(keyFile); len(key) == 0 && time.Now().After(deadline) {
-			t.Fatal("the bootstrap replica wrote no admin key")
-		}
-	}
-	cl, err := client.New("http://"+a1+",http://"+a2, strings.TrimSpace(string(key)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Both apiservers up, each with both edges in its view.
-	waitAPI := func(a string) {
-		t.Helper()
-		one, _ := client.New("http://"+a, strings.TrimSpace(string(key)))
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			nodes, err := one.Sandboxes.ListNodes(ctx, connect.NewRequest(&sandboxv1.ListNodesRequest{}))
-			healthy := 0
-			if err == nil {
-				for _, n := range nodes.Msg.Nodes {
-					if n.Healthy {
-						healthy++
-					}
-				}
-			}
-			if err == nil && healthy == 2 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("apiserver %s: %d healthy edges in its view, %v", a, healthy, err)
-			}
-		}
-	}
-	waitAPI(a1)
-	waitAPI(a2)
 	// Every component port takes only the cluster CA's certificates of
 	// the roles that call it.
 	other := filepath.Join(dir, "other-pki")
