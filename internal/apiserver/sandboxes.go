@@ -59,14 +59,8 @@ func (s *Server) limits() (sandboxspec.Limits, []string) {
 
 // edgeFor routes a sandbox or snapshot id to its edge.
 func (s *Server) edgeFor(node sandboxid.NodeID) (*edgeclient.Conn, error) {
-	n, ok := s.watcher.View().Node(string(node))
-	if !ok {
-		return nil, errdefs.NotFound("node %s: not known to this cluster", node)
-	}
-	if !n.Healthy {
-		return nil, errdefs.Unavailable("node %s: unreachable (%s)", node, n.Err)
-	}
-	return s.edges.Get(n.Addr), nil
+	c, _, err := s.nodeEdge(node, 0)
+	return c, err
 }
 
 // callEdge is the edge for a call into sandbox id, and until when the
@@ -78,14 +72,21 @@ func (s *Server) callEdge(id string) (*edgeclient.Conn, time.Time, error) {
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	return s.nodeEdge(node, edgeRestartWait)
+}
+
+// nodeEdge is node's edge and until when a call may wait for it: a
+// healthy node for up to grace from now, one unreachable for less than
+// grace until grace after it went; others are refused.
+func (s *Server) nodeEdge(node sandboxid.NodeID, grace time.Duration) (*edgeclient.Conn, time.Time, error) {
 	n, ok := s.watcher.View().Node(string(node))
 	switch {
 	case !ok:
 		return nil, time.Time{}, errdefs.NotFound("node %s: not known to this cluster", node)
 	case n.Healthy:
-		return s.edges.Get(n.Addr), time.Now().Add(edgeRestartWait), nil
-	case !n.UnhealthySince.IsZero() && time.Since(n.UnhealthySince) < edgeRestartWait:
-		return s.edges.Get(n.Addr), n.UnhealthySince.Add(edgeRestartWait), nil
+		return s.edges.Get(n.Addr), time.Now().Add(grace), nil
+	case !n.UnhealthySince.IsZero() && time.Since(n.UnhealthySince) < grace:
+		return s.edges.Get(n.Addr), n.UnhealthySince.Add(grace), nil
 	}
 	return nil, time.Time{}, errdefs.Unavailable("node %s: unreachable (%s)", node, n.Err)
 }
