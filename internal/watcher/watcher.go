@@ -39,7 +39,7 @@ type NodeView struct {
 	// UnhealthySince is, for an unhealthy node, when its polls began to
 	// fail.
 	UnhealthySince time.Time
-	Status   *edgev1.NodeStatus
+	Status         *edgev1.NodeStatus
 	// slowPolls counts the polls in a row that the edge did not answer in
 	// time (a local watcher's own count).
 	slowPolls int

@@ -27,7 +27,7 @@ type daemonCluster struct {
 	apis     map[string]string // api-1, api-2 → address
 	watcher  string
 	metrics  map[string]string // daemon name → its --metrics-listen address
-	key      string // the admin key of project root
+	key      string            // the admin key of project root
 	cl       *client.Client
 }
 
