@@ -267,7 +267,7 @@ func (sb *Sandbox) save() error {
 // under way a running sandbox is shown paused. Callers hold sb.mu.
 func (sb *Sandbox) publish() {
 	v := sb.rec.Proto(sb.node)
-	v.AgentOutdated = sb.parts.AgentVersion != "" && sb.rec.AgentVersion != sb.parts.AgentVersion
+	v.AgentOutdated = sb.parts != nil && sb.parts.AgentVersion != "" && sb.rec.AgentVersion != sb.parts.AgentVersion
 	if sb.pausing.Load() && v.State == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		v.State = sandboxv1.SandboxState_SANDBOX_STATE_PAUSED
 	}
