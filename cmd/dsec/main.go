@@ -25,6 +25,8 @@ Cluster:
   apiserver run an apiserver alone (with its own IAM read replica and view of the edges)
   watcher   run a watcher alone: polls the edges, serves their state to apiservers
   ca        init | issue: the cluster's certificate authority
+  rollout   roll a new build out over a cluster in waves, with health gates
+            and an automatic rollback (--plan, --binary; --rollback)
 
 Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   run       create a sandbox, optionally run a command in it
@@ -101,6 +103,8 @@ func main() {
 		err = cmdWatcher(ctx, args)
 	case "ca":
 		err = cmdCA(args)
+	case "rollout":
+		err = cmdRollout(ctx, args)
 	case "version", "--version":
 		fmt.Println(version.Version)
 		return

@@ -101,7 +101,7 @@ func New(cfg Config, deps Deps) *Server {
 // Handler serves every client-facing route.
 func (s *Server) Handler() http.Handler {
 	opts := rpcopts.Handler(
-		connect.WithInterceptors(s.rpcStats.Interceptor(), authInterceptor{s}, errdefs.Interceptor()),
+		connect.WithInterceptors(s.rpcStats.Interceptor(), faultInterceptor{}, authInterceptor{s}, errdefs.Interceptor()),
 		connect.WithReadMaxBytes(maxControlBytes),
 	)
 	mux := http.NewServeMux()

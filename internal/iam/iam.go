@@ -311,7 +311,12 @@ func (s *Service) EnsureRoot(ctx context.Context) (string, error) {
 	if !s.fsm.Empty() {
 		return "", nil
 	}
-	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Name: project.Root, At: time.Now().UTC()}); err != nil {
+	// A restarted replica may see a leader before its own state has caught
+	// up with the log: root's existence is the answer then (a rollout's
+	// restart of the bootstrap replica once stopped here).
+	if err := s.apply(ctx, fsm.CmdCreateProject, fsm.CreateProject{Name: project.Root, At: time.Now().UTC()}); errors.Is(err, errdefs.ErrAlreadyExists) {
+		return "", nil
+	} else if err != nil {
 		return "", err
 	}
 	_, secret, err := s.CreateKey(ctx, project.Root, "admin", fsm.RoleAdmin, FormatDsec)

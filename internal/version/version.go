@@ -10,3 +10,9 @@ package version
 //
 // The Makefile sets it from `git describe`; a plain `go build` says "dev".
 var Version = "dev"
+
+// Fault, set at build time like Version, makes a build misbehave on
+// purpose, for rollout drills (a rollout must catch it and roll back):
+// "answer-errors" makes the apiserver answer every call with an internal
+// error. Empty in every real build.
+var Fault = ""

@@ -16,16 +16,22 @@ import (
 	"github.com/opendsec/opendsec/test/e2e"
 )
 
-// TestClusterScript runs scripts/cluster.sh: 3 IAM replicas, a watcher, 2
-// apiservers and 3 edges, each edge in its own network namespace.
-// Sandboxes spread over the 3 edges, each answers through either
-// apiserver, a gVisor fork's copies on other edges carry its memory, and
-// `down` leaves no process, namespace, link or mount behind.
-func TestClusterScript(t *testing.T) {
+// clusterScript is a cluster scripts/cluster.sh made for a test.
+type clusterScript struct {
+	t        *testing.T
+	script   string
+	state    string // its directory
+	url, key string // from its client.env
+	downed   bool
+}
+
+// startClusterScript runs `scripts/cluster.sh up` (bin/dsec and bin/aether
+// built) with the busybox image and backends; the test's end takes it down
+// and shows its logs if the test failed.
+func startClusterScript(t *testing.T, backends string) *clusterScript {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "crun")
 	testutil.RequireBinary(t, "nsenter")
-	testutil.RequireBinary(t, "runsc")
 	repo := testutil.RepoRoot(t)
 	for _, b := range []string{"bin/dsec", "bin/aether"} {
 		if _, err := os.Stat(filepath.Join(repo, b)); err != nil {
@@ -33,41 +39,51 @@ func TestClusterScript(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	storeDir := e2e.BusyboxStore(t, dir)
-	script := filepath.Join(repo, "scripts", "cluster.sh")
-	state := filepath.Join(dir, "cluster")
-	down := func() {
-		if out, err := exec.Command(script, "down", state).CombinedOutput(); err != nil {
-			t.Errorf("cluster.sh down: %v\n%s", err, out)
-		}
-	}
-	if out, err := exec.Command(script, "up", state, "--image-store", storeDir, "--backends", "container,gvisor").CombinedOutput(); err != nil {
-		logs, _ := filepath.Glob(filepath.Join(state, "log", "*.log"))
+	cs := &clusterScript{t: t, script: filepath.Join(repo, "scripts", "cluster.sh"), state: filepath.Join(dir, "cluster")}
+	logs := func() {
+		logs, _ := filepath.Glob(filepath.Join(cs.state, "log", "*.log"))
 		for _, l := range logs {
 			data, _ := os.ReadFile(l)
 			t.Logf("%s:\n%s", filepath.Base(l), data)
 		}
-		down()
+	}
+	if out, err := exec.Command(cs.script, "up", cs.state, "--image-store", e2e.BusyboxStore(t, dir), "--backends", backends).CombinedOutput(); err != nil {
+		logs()
+		cs.down()
 		t.Fatalf("cluster.sh up: %v\n%s", err, out)
 	}
-	downed := false
 	t.Cleanup(func() {
-		if !downed {
-			down()
-		}
 		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(state, "log", "*.log"))
-			for _, l := range logs {
-				data, _ := os.ReadFile(l)
-				t.Logf("%s:\n%s", filepath.Base(l), data)
-			}
+			logs()
+		}
+		if !cs.downed {
+			cs.down()
 		}
 	})
-	env, err := os.ReadFile(filepath.Join(state, "client.env"))
+	env, err := os.ReadFile(filepath.Join(cs.state, "client.env"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, key := e2e.EnvValue(string(env), "DSEC_API_URL"), e2e.EnvValue(string(env), "DSEC_API_KEY")
+	cs.url, cs.key = e2e.EnvValue(string(env), "DSEC_API_URL"), e2e.EnvValue(string(env), "DSEC_API_KEY")
+	return cs
+}
+
+func (cs *clusterScript) down() {
+	cs.downed = true
+	if out, err := exec.Command(cs.script, "down", cs.state).CombinedOutput(); err != nil {
+		cs.t.Errorf("cluster.sh down: %v\n%s", err, out)
+	}
+}
+
+// TestClusterScript runs scripts/cluster.sh: 3 IAM replicas, a watcher, 2
+// apiservers and 3 edges, each edge in its own network namespace.
+// Sandboxes spread over the 3 edges, each answers through either
+// apiserver, a gVisor fork's copies on other edges carry its memory, and
+// `down` leaves no process, namespace, link or mount behind.
+func TestClusterScript(t *testing.T) {
+	testutil.RequireBinary(t, "runsc")
+	cs := startClusterScript(t, "container,gvisor")
+	url, key := cs.url, cs.key
 	if strings.Count(url, ",") != 1 {
 		t.Fatalf("client.env names %q, want two apiservers", url)
 	}
@@ -100,8 +116,8 @@ func TestClusterScript(t *testing.T) {
 		}
 	}
 	forkAcrossNamespaces(t, cl)
-	downed = true
-	down()
+	state := cs.state
+	cs.down()
 	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), "dsec-edge-") {
 		t.Errorf("namespaces left: %s", out)
 	}

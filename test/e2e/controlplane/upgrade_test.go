@@ -18,12 +18,15 @@ import (
 )
 
 // buildRelease builds dsec and aether as version (the way the Makefile
-// stamps a release), with the flags of the test's own builds so that only
+// stamps a release), with a fault (version.Fault) if not "", with the flags of the test's own builds so that only
 // the link differs, and returns their paths.
-func buildRelease(t *testing.T, version string) (dsec, agent string) {
+func buildRelease(t *testing.T, version, fault string) (dsec, agent string) {
 	t.Helper()
 	dir := t.TempDir()
 	ld := "-X github.com/opendsec/opendsec/internal/version.Version=" + version
+	if fault != "" {
+		ld += " -X github.com/opendsec/opendsec/internal/version.Fault=" + fault
+	}
 	dsec, agent = filepath.Join(dir, "dsec"), filepath.Join(dir, "aether")
 	for _, b := range []struct {
 		args []string
@@ -67,7 +70,7 @@ func TestUpgradeEachComponentUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const newVersion = "e2e-upgraded"
-	newDsec, newAgent := buildRelease(t, newVersion)
+	newDsec, newAgent := buildRelease(t, newVersion, "")
 	old := strings.TrimSpace(string(mustOutput(t, testutil.AgentBinary(t), "--version")))
 	if old == newVersion || old == "" {
 		t.Fatalf("the test's own agent says %q", old)
