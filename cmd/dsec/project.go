@@ -16,7 +16,7 @@ import (
 
 const projectUsage = `usage:
   dsec project create PARENT/NAME [quota flags]
-  dsec project ls [PATH]                 the subtree, with usage against quota
+  dsec project ls [PATH]                 the subtree, with usage against quota and CPU/memory used
   dsec project quota PATH [quota flags]  replace a project's quota
   dsec project rm PATH                   delete a leaf project without keys
 quota flags: --max-sandboxes N --cpu CORES --memory-mb MIB --storage-mb MIB --no-internet (0: no limit of its own)`
@@ -97,7 +97,7 @@ func cutLast(path string) (string, string, bool) {
 // printProjects prints projects with their usage against their quota.
 func printProjects(ps []*iamv1.Project) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tSANDBOXES\tCPU CORES\tMEMORY MIB\tSTORAGE MIB\tINTERNET")
+	fmt.Fprintln(tw, "PROJECT\tSANDBOXES\tCPU CORES\tMEMORY MIB\tSTORAGE MIB\tINTERNET\tCPU USED\tMEMORY USED")
 	limit := func(v float64) string {
 		if v == 0 {
 			return "-"
@@ -110,9 +110,10 @@ func printProjects(ps []*iamv1.Project) error {
 		if q.GetNoInternet() {
 			internet = "no"
 		}
-		fmt.Fprintf(tw, "%s\t%d/%s\t%g/%s\t%d/%s\t%d/%s\t%s\n", p.Path,
+		fmt.Fprintf(tw, "%s\t%d/%s\t%g/%s\t%d/%s\t%d/%s\t%s\t%.1f CPU-s\t%.1f GB-s\n", p.Path,
 			u.GetSandboxes(), limit(float64(q.GetMaxSandboxes())), u.GetCpuCores(), limit(q.GetCpuCores()),
-			u.GetMemoryMb(), limit(float64(q.GetMemoryMb())), u.GetStorageMb(), limit(float64(q.GetStorageMb())), internet)
+			u.GetMemoryMb(), limit(float64(q.GetMemoryMb())), u.GetStorageMb(), limit(float64(q.GetStorageMb())), internet,
+			u.GetCpuSeconds(), u.GetMemoryGbSeconds())
 	}
 	return tw.Flush()
 }

@@ -78,6 +78,7 @@ func (h *iamService) GetProject(ctx context.Context, req *connect.Request[iamv1.
 	}
 	out := projectProto(p, h.s.iam.State().Usage(p.Path))
 	h.addStorage(ctx, path, out)
+	h.addUsed(out)
 	return connect.NewResponse(&iamv1.GetProjectResponse{Project: out}), nil
 }
 
@@ -91,7 +92,28 @@ func (h *iamService) ListProjects(ctx context.Context, req *connect.Request[iamv
 		out.Projects = append(out.Projects, projectProto(p, h.s.iam.State().Usage(p.Path)))
 	}
 	h.addStorage(ctx, path, out.Projects...)
+	h.addUsed(out.Projects...)
 	return connect.NewResponse(out), nil
+}
+
+// addUsed fills what each project's subtree used (CPU-seconds, memory
+// GB-seconds) from the watcher's view of the edges: each edge keeps its
+// totals by group; a node the watcher no longer sees is not counted.
+func (h *iamService) addUsed(ps ...*iamv1.Project) {
+	nodes := h.s.watcher.View().Nodes
+	for _, p := range ps {
+		if p.Usage == nil {
+			p.Usage = &iamv1.Usage{}
+		}
+		for _, n := range nodes {
+			for _, g := range n.Status.GetGroups() {
+				if project.Within(g.Project, p.Path) {
+					p.Usage.CpuSeconds += g.CpuSeconds
+					p.Usage.MemoryGbSeconds += g.MemoryGbSeconds
+				}
+			}
+		}
+	}
 }
 
 // addStorage fills what each project's subtree stores (storage.go), read

@@ -119,6 +119,8 @@ type Edge struct {
 	// parts is what sandboxes start from: images, layers, the agent.
 	parts sandbox.Parts
 	prom  *promStats
+	// usage adds up what the node's sandboxes used, by group (usage.go).
+	usage *usageMeter
 	dirs  nodeDirs
 	// disk is LayerDir's file system, what it keeps free and what this
 	// edge promised of it (internal/edge/diskroom), under a lock of its own.
@@ -233,6 +235,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	}
 	e.reg = newRegistry(node, cfg.Capacity, e.disk)
+	if e.usage, err = openUsageMeter(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("edge: usage totals: %w", err)
+	}
 	// Prometheus may scrape as soon as the collector is registered, and
 	// the collector reads the registry: register it only once that exists.
 	e.prom = newPromStats(e, metrics.Instance(deps.Metrics, string(node)))
@@ -267,16 +272,24 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		}
 	})
 	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
-	every(e.stop, &e.wg, sandbox.MetricsEvery, func(now time.Time) {
-		for _, sb := range e.reg.all() {
-			sb.RecordMetrics(now)
-		}
-		e.disk.Publish()
-	})
+	every(e.stop, &e.wg, sandbox.MetricsEvery, e.sample)
 	e.pruneKick = make(chan struct{}, 1)
 	e.wg.Add(1)
 	go func() { defer e.wg.Done(); e.pruneLoop() }()
 	return e, nil
+}
+
+// sample takes each sandbox's metrics sample, adds what they used to the
+// node's totals and publishes the disk's room.
+func (e *Edge) sample(now time.Time) {
+	var uses []sandbox.Use
+	for _, sb := range e.reg.all() {
+		uses = append(uses, sb.RecordMetrics(now))
+	}
+	if err := e.usage.add(uses); err != nil {
+		e.log.Warn("keep the sandboxes' usage totals", logging.Error, err)
+	}
+	e.disk.Publish()
 }
 
 // every calls f each period until stop is closed, counted in wg.

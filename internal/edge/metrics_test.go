@@ -3,11 +3,14 @@ package edge
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -139,4 +142,76 @@ func TestScrapesDuringStartAnswer(t *testing.T) {
 		}
 	}
 	t.Fatalf("no opendsec_edge_sandboxes of 1 after the restart in %d families", len(families))
+}
+
+// What sandboxes use is added up by project, task and backend: the CPU
+// time their cgroups report between samples, and their memory times the
+// seconds they ran (a paused sandbox's time is free). The totals are in
+// the node's status (the apiserver sums them per project) and in
+// Prometheus, and a restarted edge goes on from them.
+func TestUsageIsAddedUpByGroupAndKeptAcrossRestarts(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	ctx := context.Background()
+	s := spec()
+	s.Task = "rollout-7"
+	created, err := f.edge.Create(ctx, s, "root/team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _ := f.edge.lookup(created.Id, "root")
+	first, err := f.edge.Metrics(created.Id, "root", time.Time{}, time.Time{})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("the sample of the start: %v, %v", first, err)
+	}
+	t0 := first[0].Time.AsTime()
+	f.fake.SetUsage(sb.ID(), backend.Usage{CPUNanos: uint64(time.Second)})
+	f.edge.sample(t0.Add(2 * time.Second))
+	f.fake.SetUsage(sb.ID(), backend.Usage{CPUNanos: uint64(3 * time.Second)})
+	f.edge.sample(t0.Add(4 * time.Second)) // 3 CPU-s since the start; 256 MiB for 4 s: 1 GB-s
+	group := func(e *Edge) *edgev1.GroupUsage {
+		t.Helper()
+		for _, g := range e.Status().Groups {
+			if g.Project == "root/team" && g.Task == "rollout-7" && g.Backend == "fake" {
+				return g
+			}
+		}
+		t.Fatalf("no group of root/team, rollout-7, fake in %v", e.Status().Groups)
+		return nil
+	}
+	if g := group(f.edge); g.CpuSeconds != 3 || g.MemoryGbSeconds != 1 || g.Usage.Sandboxes != 1 {
+		t.Fatalf("after 4 s: %v, want 3 CPU-s, 1 GB-s, 1 sandbox", g)
+	}
+	if _, err := f.edge.PauseAt(ctx, created.Id, "root/team", sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.SetUsage(sb.ID(), backend.Usage{CPUNanos: uint64(3 * time.Second)})
+	f.edge.sample(t0.Add(60 * time.Second))
+	if g := group(f.edge); g.MemoryGbSeconds != 1 {
+		t.Fatalf("paused for 56 s: %v GB-s, want still 1", g.MemoryGbSeconds)
+	}
+	if _, err := f.edge.Destroy(ctx, created.Id, "root/team"); err != nil {
+		t.Fatal(err)
+	}
+	f.edge.Close()
+	reg := prometheus.NewRegistry()
+	f.metrics = reg
+	f.edge = f.open(t, smallCapacity())
+	if g := group(f.edge); g.CpuSeconds != 3 || g.MemoryGbSeconds != 1 || g.Usage.GetSandboxes() != 0 {
+		t.Fatalf("after a restart, with the sandbox gone: %v, want the totals kept and no sandbox", g)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range families {
+		for _, m := range mf.Metric {
+			if strings.HasSuffix(mf.GetName(), "_seconds_total") && len(m.Label) > 0 {
+				got[mf.GetName()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["opendsec_edge_cpu_seconds_total"] != 3 || got["opendsec_edge_memory_gb_seconds_total"] != 1 {
+		t.Fatalf("Prometheus says %v, want 3 CPU-s and 1 GB-s", got)
+	}
 }

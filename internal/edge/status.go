@@ -32,7 +32,7 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		st.Backends = append(st.Backends, &edgev1.BackendStatus{Name: name, UnavailableReason: why})
 	}
 	sort.Slice(st.Backends, func(i, j int) bool { return st.Backends[i].Name < st.Backends[j].Name })
-	type key struct{ project, task, backend string }
+	type key = groupKey
 	groups := map[key]*capacity.Usage{}
 	boxes, stamp := e.reg.stamped()
 	st.Usage = stamp
@@ -41,18 +41,24 @@ func (e *Edge) Status() *edgev1.NodeStatus {
 		if v.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED && sb.Released() {
 			continue // holds nothing: not counted against node or quota
 		}
-		k := key{v.Project, v.Spec.Task, v.Spec.Backend}
+		k := key{Project: v.Project, Task: v.Spec.Task, Backend: v.Spec.Backend}
 		if groups[k] == nil {
 			groups[k] = &capacity.Usage{}
 		}
 		groups[k].Add(v.Spec.Resources.CpuCores, v.Spec.Resources.MemoryMb, 1)
 	}
 	var total capacity.Usage
+	used := e.usage.totals()
 	for k, u := range groups {
-		st.Groups = append(st.Groups, &edgev1.GroupUsage{Project: k.project, Task: k.task, Backend: k.backend, Usage: u.Proto()})
+		g := used[k]
+		delete(used, k)
+		st.Groups = append(st.Groups, &edgev1.GroupUsage{Project: k.Project, Task: k.Task, Backend: k.Backend, Usage: u.Proto(), CpuSeconds: g.CPUSeconds, MemoryGbSeconds: g.MemoryGBSeconds})
 		total.Sandboxes += u.Sandboxes
 		total.CPU += u.CPU
 		total.MemoryMB += u.MemoryMB
+	}
+	for k, g := range used { // groups that hold nothing now
+		st.Groups = append(st.Groups, &edgev1.GroupUsage{Project: k.Project, Task: k.Task, Backend: k.Backend, Usage: &edgev1.Usage{}, CpuSeconds: g.CPUSeconds, MemoryGbSeconds: g.MemoryGBSeconds})
 	}
 	sort.Slice(st.Groups, func(i, j int) bool {
 		a, b := st.Groups[i], st.Groups[j]

@@ -51,21 +51,34 @@ func (s sample) proto() *sandboxv1.MetricsSample {
 	}
 }
 
+// Use is what a sandbox used between two samples, for the node's
+// accounting by project, task and backend: the CPU time it took and its
+// memory (what it was given, in GB) times the seconds it ran. A paused
+// sandbox's time is free.
+type Use struct {
+	Project, Task, Backend string
+	CPUSeconds             float64
+	MemoryGBSeconds        float64
+}
+
 // RecordMetrics takes one sample of sb, if its backend can read its use
-// and it is running or paused.
-func (sb *Sandbox) RecordMetrics(now time.Time) {
+// and it is running or paused, and returns what it used since the last
+// (zero at the first sample after a start of the edge).
+func (sb *Sandbox) RecordMetrics(now time.Time) (use Use) {
 	ur, ok := sb.be.(backend.UsageReader)
 	if !ok {
-		return
+		return use
 	}
 	view := sb.View()
-	if st := view.GetState(); st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
-		return
+	st := view.GetState()
+	if st != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING && st != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED {
+		return use
 	}
 	u, err := ur.Usage(sb.id)
 	if err != nil {
-		return // gone, or going: nothing to record
+		return use // gone, or going: nothing to record
 	}
+	use = Use{Project: view.GetProject(), Task: view.GetSpec().GetTask(), Backend: view.GetSpec().GetBackend()}
 	sb.limits.fromNode(u)
 	r := &sb.metrics
 	r.mu.Lock()
@@ -86,6 +99,10 @@ func (sb *Sandbox) RecordMetrics(now time.Time) {
 	if !r.lastAt.IsZero() && u.CPUNanos >= r.lastCPU {
 		if dt := now.Sub(r.lastAt); dt > 0 {
 			s.cpuPct = float32(min(100, 100*float64(u.CPUNanos-r.lastCPU)/(float64(dt.Nanoseconds())*cores)))
+			use.CPUSeconds = float64(u.CPUNanos-r.lastCPU) / 1e9
+			if st == sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+				use.MemoryGBSeconds = float64(res.GetMemoryMb()) / 1024 * dt.Seconds()
+			}
 		}
 	}
 	r.lastCPU, r.lastAt = u.CPUNanos, now
@@ -101,6 +118,7 @@ func (sb *Sandbox) RecordMetrics(now time.Time) {
 		r.samples = r.samples[:MetricsKept-1]
 	}
 	r.samples = append(r.samples, s)
+	return use
 }
 
 // Samples are its recorded samples between start and end (zero: open).

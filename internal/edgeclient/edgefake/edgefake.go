@@ -232,6 +232,11 @@ func (e *Edge) ReleaseExport(ctx context.Context, req *connect.Request[edgev1.Re
 	return connect.NewResponse(&edgev1.ReleaseExportResponse{}), nil
 }
 
+// ListSnapshots answers that the fake keeps no snapshots.
+func (e *Edge) ListSnapshots(context.Context, *connect.Request[edgev1.ListSnapshotsRequest]) (*connect.Response[edgev1.ListSnapshotsResponse], error) {
+	return connect.NewResponse(&edgev1.ListSnapshotsResponse{}), nil
+}
+
 // Exporting lists the exports not yet released.
 func (e *Edge) Exporting() []string {
 	e.mu.Lock()

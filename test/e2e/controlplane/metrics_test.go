@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	iamv1 "github.com/opendsec/opendsec/api/gen/opendsec/iam/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/testutil"
@@ -88,7 +89,30 @@ func TestMetricsCountWhatTheClusterDoes(t *testing.T) {
 	if _, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: string(c.Edge.Node()) + "-aaaaaaaaaaaaaaaa"})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("get of a sandbox that is not there: %v", err)
 	}
-	fams := scrape(t, c.MetricsURL)
+	// The edge adds up what sandboxes use every 5 s: the running sandbox's
+	// memory-seconds reach Prometheus and the project's usage.
+	var fams map[string]*dto.MetricFamily
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
+		fams = scrape(t, c.MetricsURL)
+		if value(fams, "opendsec_edge_memory_gb_seconds_total", map[string]string{"project": "root", "backend": "fake"}) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no memory GB-seconds of project root after 30 s: %v", fams["opendsec_edge_memory_gb_seconds_total"])
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) { // the watcher's next poll
+		p, err := c.Client.IAM.GetProject(ctx, connect.NewRequest(&iamv1.GetProjectRequest{Path: "root"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Msg.Project.Usage.GetMemoryGbSeconds() > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("project root's usage after 30 s: %v", p.Msg.Project.Usage)
+		}
+	}
 	for _, ch := range []struct {
 		name string
 		want map[string]string

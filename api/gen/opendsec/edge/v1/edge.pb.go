@@ -2522,13 +2522,19 @@ func (x *Usage) GetMemoryMb() int64 {
 }
 
 type GroupUsage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Project       string                 `protobuf:"bytes,1,opt,name=project,proto3" json:"project,omitempty"`
-	Task          string                 `protobuf:"bytes,2,opt,name=task,proto3" json:"task,omitempty"`
-	Backend       string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
-	Usage         *Usage                 `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Project string                 `protobuf:"bytes,1,opt,name=project,proto3" json:"project,omitempty"`
+	Task    string                 `protobuf:"bytes,2,opt,name=task,proto3" json:"task,omitempty"`
+	Backend string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	// What the group's sandboxes hold now (none for a group that only used).
+	Usage *Usage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	// What the group's sandboxes used on this node since its state directory
+	// was made: CPU time in seconds, and memory (what each was given, in GB)
+	// times the seconds it ran. Counted every 5 s and kept across restarts.
+	CpuSeconds      float64 `protobuf:"fixed64,5,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	MemoryGbSeconds float64 `protobuf:"fixed64,6,opt,name=memory_gb_seconds,json=memoryGbSeconds,proto3" json:"memory_gb_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GroupUsage) Reset() {
@@ -2587,6 +2593,20 @@ func (x *GroupUsage) GetUsage() *Usage {
 		return x.Usage
 	}
 	return nil
+}
+
+func (x *GroupUsage) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *GroupUsage) GetMemoryGbSeconds() float64 {
+	if x != nil {
+		return x.MemoryGbSeconds
+	}
+	return 0
 }
 
 type NodeStatus struct {
@@ -3021,13 +3041,16 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05Usage\x12\x1c\n" +
 	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
-	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\x83\x01\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\"\xd0\x01\n" +
 	"\n" +
 	"GroupUsage\x12\x18\n" +
 	"\aproject\x18\x01 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x02 \x01(\tR\x04task\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12-\n" +
-	"\x05usage\x18\x04 \x01(\v2\x17.opendsec.edge.v1.UsageR\x05usage\"\x97\x03\n" +
+	"\x05usage\x18\x04 \x01(\v2\x17.opendsec.edge.v1.UsageR\x05usage\x12\x1f\n" +
+	"\vcpu_seconds\x18\x05 \x01(\x01R\n" +
+	"cpuSeconds\x12*\n" +
+	"\x11memory_gb_seconds\x18\x06 \x01(\x01R\x0fmemoryGbSeconds\"\x97\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x123\n" +

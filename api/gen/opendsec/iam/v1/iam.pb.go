@@ -286,9 +286,15 @@ type Usage struct {
 	MemoryMb  int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	// Images and snapshots of the subtree (see Quota.storage_mb), in MiB,
 	// rounded up; filled by GetProject and ListProjects.
-	StorageMb     int64 `protobuf:"varint,4,opt,name=storage_mb,json=storageMb,proto3" json:"storage_mb,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StorageMb int64 `protobuf:"varint,4,opt,name=storage_mb,json=storageMb,proto3" json:"storage_mb,omitempty"`
+	// What the subtree's sandboxes used, summed over the nodes the watcher
+	// sees: CPU time in seconds, and memory (what each was given, in GB)
+	// times the seconds it ran (paused time is free). Filled by GetProject
+	// and ListProjects.
+	CpuSeconds      float64 `protobuf:"fixed64,5,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	MemoryGbSeconds float64 `protobuf:"fixed64,6,opt,name=memory_gb_seconds,json=memoryGbSeconds,proto3" json:"memory_gb_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -345,6 +351,20 @@ func (x *Usage) GetMemoryMb() int64 {
 func (x *Usage) GetStorageMb() int64 {
 	if x != nil {
 		return x.StorageMb
+	}
+	return 0
+}
+
+func (x *Usage) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *Usage) GetMemoryGbSeconds() float64 {
+	if x != nil {
+		return x.MemoryGbSeconds
 	}
 	return 0
 }
@@ -1271,13 +1291,16 @@ const file_opendsec_iam_v1_iam_proto_rawDesc = "" +
 	"\x05quota\x18\x02 \x01(\v2\x16.opendsec.iam.v1.QuotaR\x05quota\x129\n" +
 	"\n" +
 	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n" +
-	"\x05usage\x18\x04 \x01(\v2\x16.opendsec.iam.v1.UsageR\x05usage\"~\n" +
+	"\x05usage\x18\x04 \x01(\v2\x16.opendsec.iam.v1.UsageR\x05usage\"\xcb\x01\n" +
 	"\x05Usage\x12\x1c\n" +
 	"\tsandboxes\x18\x01 \x01(\x03R\tsandboxes\x12\x1b\n" +
 	"\tcpu_cores\x18\x02 \x01(\x01R\bcpuCores\x12\x1b\n" +
 	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\x12\x1d\n" +
 	"\n" +
-	"storage_mb\x18\x04 \x01(\x03R\tstorageMb\"\xac\x01\n" +
+	"storage_mb\x18\x04 \x01(\x03R\tstorageMb\x12\x1f\n" +
+	"\vcpu_seconds\x18\x05 \x01(\x01R\n" +
+	"cpuSeconds\x12*\n" +
+	"\x11memory_gb_seconds\x18\x06 \x01(\x01R\x0fmemoryGbSeconds\"\xac\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
