@@ -215,3 +215,80 @@ func TestUsageIsAddedUpByGroupAndKeptAcrossRestarts(t *testing.T) {
 		t.Fatalf("Prometheus says %v, want 3 CPU-s and 1 GB-s", got)
 	}
 }
+
+// The edge's figures beside its creates: each pause, resume, snapshot,
+// fork (and its copies' restores, and how long its source stood still) by
+// operation, backend and outcome; refusals by what was missing; capacity
+// total and allocated; the state disk.
+func TestEdgeMetricsCountOperationsRefusalsAndCapacity(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	reg := prometheus.NewRegistry()
+	f.metrics = reg
+	room := smallCapacity()
+	room.MaxSandboxes = 3
+	f.edge = f.open(t, room)
+	ctx := context.Background()
+	sb, err := f.edge.Create(ctx, spec(), "root/team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.PauseAt(ctx, sb.Id, "root", sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Resume(ctx, sb.Id, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Snapshot(ctx, sb.Id, "root", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Fork(ctx, sb.Id, "root", ForkRequest{Count: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.edge.Create(ctx, spec(), "root/team"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a fourth sandbox on a node of 3: %v", err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range families {
+		for _, m := range mf.Metric {
+			key := mf.GetName()
+			for _, l := range m.Label {
+				if l.GetName() != "instance" && l.GetName() != "backend" {
+					key += "," + l.GetName() + "=" + l.GetValue()
+				}
+			}
+			switch {
+			case m.Histogram != nil:
+				got[key] += float64(m.Histogram.GetSampleCount())
+			case m.Counter != nil:
+				got[key] += m.Counter.GetValue()
+			case m.Gauge != nil:
+				got[key] += m.Gauge.GetValue()
+			}
+		}
+	}
+	for key, want := range map[string]float64{
+		"opendsec_edge_operation_duration_seconds,operation=pause,outcome=ok":              1,
+		"opendsec_edge_operation_duration_seconds,operation=resume,outcome=ok":             1,
+		"opendsec_edge_operation_duration_seconds,operation=snapshot,outcome=ok":           1,
+		"opendsec_edge_operation_duration_seconds,operation=fork,outcome=ok":               1,
+		"opendsec_edge_operation_duration_seconds,operation=fork_source_paused,outcome=ok": 1,
+		"opendsec_edge_operation_duration_seconds,operation=restore,outcome=ok":            2,
+		"opendsec_edge_admission_refusals_total,reason=sandboxes":                          1,
+		"opendsec_edge_capacity,kind=total,resource=sandboxes":                             3,
+		"opendsec_edge_capacity,kind=allocated,resource=sandboxes":                         3,
+		"opendsec_edge_capacity,kind=allocated,resource=memory_bytes":                      3 * 256 << 20,
+		"opendsec_edge_snapshot_pull_failures_total":                                       0,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v, want %v", key, got[key], want)
+		}
+	}
+	if got["opendsec_edge_state_disk_bytes,kind=total"] <= 0 || got["opendsec_edge_state_disk_bytes,kind=free"] > got["opendsec_edge_state_disk_bytes,kind=total"] {
+		t.Errorf("state disk: %v free of %v", got["opendsec_edge_state_disk_bytes,kind=free"], got["opendsec_edge_state_disk_bytes,kind=total"])
+	}
+}

@@ -25,7 +25,13 @@ func (e *Edge) PauseAt(ctx context.Context, id, scope string, depth sandboxv1.Pa
 	if err != nil {
 		return nil, err
 	}
+	began := time.Now()
 	view, released, note, err := sb.PauseAt(ctx, depth)
+	op := "pause"
+	if depth == sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD {
+		op = "offload"
+	}
+	e.prom.took(op, sb.Backend().Name(), began, err)
 	if err != nil {
 		return nil, err
 	}

@@ -1,11 +1,16 @@
 package edge
 
 import (
+	"errors"
+	"io"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
+	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/metrics"
 )
@@ -17,6 +22,10 @@ import (
 type promStats struct {
 	rpc     *metrics.RPC
 	creates *prometheus.HistogramVec
+	ops     *prometheus.HistogramVec
+	refusal *prometheus.CounterVec
+	// exported counts the bytes of snapshot files served to other edges.
+	exported prometheus.Counter
 }
 
 func newPromStats(e *Edge, r prometheus.Registerer) *promStats {
@@ -27,11 +36,101 @@ func newPromStats(e *Edge, r prometheus.Registerer) *promStats {
 			Help:    "Time from a create's admission to its sandbox's agent answering, by backend and outcome (ok or an error code).",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"backend", "outcome"}),
+		ops: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metrics.Namespace, Subsystem: "edge", Name: "operation_duration_seconds",
+			Help:    "Time of a sandbox's pause (freeze), offload, resume, snapshot, restore (a fork's copies included) and fork, and how long a fork's source did not run (fork_source_paused), by operation, backend and outcome (ok or an error code).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"operation", "backend", "outcome"}),
+		refusal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "edge", Name: "admission_refusals_total",
+			Help: "Creates the node refused, by what was missing: sandboxes, cpu_cores, memory, disk; fenced for a create another apiserver took over.",
+		}, []string{"reason"}),
+		exported: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "edge", Name: "snapshot_exported_bytes_total",
+			Help: "Bytes of snapshot files this node served to other edges (forks and restores placed there).",
+		}),
+	}
+	// Every reason from the start, so that the first refusal is a rise.
+	for _, reason := range []string{"sandboxes", "cpu_cores", "memory", "disk", "fenced", "other"} {
+		s.refusal.WithLabelValues(reason)
 	}
 	if r != nil {
-		r.MustRegister(s.creates, sandboxCollector{e})
+		r.MustRegister(s.creates, s.ops, s.refusal, s.exported, sandboxCollector{e})
 	}
 	return s
+}
+
+// took records one operation's time.
+func (s *promStats) took(op, backend string, began time.Time, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = errdefs.Code(err).String()
+	}
+	s.ops.WithLabelValues(op, backend, outcome).Observe(time.Since(began).Seconds())
+}
+
+// sourcePaused records how long a fork's source did not run.
+func (s *promStats) sourcePaused(backend string, d time.Duration) {
+	s.ops.WithLabelValues("fork_source_paused", backend, "ok").Observe(d.Seconds())
+}
+
+// countExported counts what h writes in its successful answers.
+func (s *promStats) countExported(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cw := &countingWriter{ResponseWriter: w}
+		h.ServeHTTP(cw, r)
+		if cw.status == 0 || cw.status/100 == 2 {
+			s.exported.Add(float64(cw.n))
+		}
+	})
+}
+
+// countingWriter counts the bytes of a response and keeps its status.
+type countingWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the connection's sendfile path for http.ServeContent.
+func (w *countingWriter) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		n, err := rf.ReadFrom(r)
+		w.n += n
+		return n, err
+	}
+	n, err := io.Copy(struct{ io.Writer }{w.ResponseWriter}, r)
+	w.n += n
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// refused counts an admission refusal by its reason.
+func (s *promStats) refused(err error) {
+	reason := "other"
+	var r *capacity.Refusal
+	switch {
+	case errors.As(err, &r):
+		reason = r.Resource
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		reason = "fenced"
+	}
+	s.refusal.WithLabelValues(reason).Inc()
 }
 
 // created records a create's time.
@@ -48,6 +147,14 @@ var (
 		"Sandboxes on the node, by state, backend, project and task.", []string{"state", "backend", "project", "task"}, nil)
 	cpuSecondsDesc = prometheus.NewDesc(metrics.Namespace+"_edge_cpu_seconds_total",
 		"CPU time the node's sandboxes used, by backend, project and task (kept across restarts of the edge).", []string{"backend", "project", "task"}, nil)
+	pulledBytesDesc = prometheus.NewDesc(metrics.Namespace+"_edge_snapshot_pulled_bytes_total",
+		"Bytes of the snapshots this node pulled from other edges.", nil, nil)
+	pullFailuresDesc = prometheus.NewDesc(metrics.Namespace+"_edge_snapshot_pull_failures_total",
+		"Snapshot pulls from other edges that failed.", nil, nil)
+	stateDiskDesc = prometheus.NewDesc(metrics.Namespace+"_edge_state_disk_bytes",
+		"The file system of the edge's state directory: its size (kind total) and what is free for the edge (kind free).", []string{"kind"}, nil)
+	capacityDesc = prometheus.NewDesc(metrics.Namespace+"_edge_capacity",
+		"What the node admits against (kind total) and what its sandboxes hold (kind allocated), by resource: sandboxes, cpu_cores, memory_bytes.", []string{"resource", "kind"}, nil)
 	memoryGBSecondsDesc = prometheus.NewDesc(metrics.Namespace+"_edge_memory_gb_seconds_total",
 		"Memory the node's sandboxes were given, in GB, times the seconds they ran (paused time is free), by backend, project and task.", []string{"backend", "project", "task"}, nil)
 )
@@ -60,6 +167,10 @@ func (c sandboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sandboxesDesc
 	ch <- cpuSecondsDesc
 	ch <- memoryGBSecondsDesc
+	ch <- capacityDesc
+	ch <- pulledBytesDesc
+	ch <- pullFailuresDesc
+	ch <- stateDiskDesc
 }
 
 func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
@@ -75,6 +186,25 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), k.state, k.backend, k.project, k.task)
+	}
+	total, held := c.e.cfg.Capacity, c.e.reg.allocatedNow()
+	for _, m := range []struct {
+		resource     string
+		total, alloc float64
+	}{
+		{"sandboxes", float64(total.MaxSandboxes), float64(held.Sandboxes)},
+		{"cpu_cores", total.CPUCores, held.CPU},
+		{"memory_bytes", float64(total.MemoryMB) * (1 << 20), float64(held.MemoryMB) * (1 << 20)},
+	} {
+		ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, m.total, m.resource, "total")
+		ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, m.alloc, m.resource, "allocated")
+	}
+	ch <- prometheus.MustNewConstMetric(pulledBytesDesc, prometheus.CounterValue, float64(c.e.snaps.Transfers.PulledBytes.Load()))
+	ch <- prometheus.MustNewConstMetric(pullFailuresDesc, prometheus.CounterValue, float64(c.e.snaps.Transfers.PullFailures.Load()))
+	var st unix.Statfs_t
+	if unix.Statfs(c.e.cfg.StateDir, &st) == nil {
+		ch <- prometheus.MustNewConstMetric(stateDiskDesc, prometheus.GaugeValue, float64(st.Blocks)*float64(st.Bsize), "total")
+		ch <- prometheus.MustNewConstMetric(stateDiskDesc, prometheus.GaugeValue, float64(st.Bavail)*float64(st.Bsize), "free")
 	}
 	for k, g := range c.e.usage.totals() {
 		ch <- prometheus.MustNewConstMetric(cpuSecondsDesc, prometheus.CounterValue, g.CPUSeconds, k.Backend, k.Project, k.Task)

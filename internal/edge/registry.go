@@ -57,13 +57,20 @@ func (r *registry) admit(sb *sandbox.Sandbox, reservation string, diskMB int64) 
 		return err
 	}
 	if err := r.disk.Admit(diskMB); err != nil {
-		return err
+		return capacity.Refused("disk", err)
 	}
 	r.allocated.Add(res.CpuCores, res.MemoryMb, 1)
 	r.boxes[sb.ID()] = sb
 	r.seq++
 	r.admitSeqs[sb.ID()] = r.seq
 	return nil
+}
+
+// allocatedNow is what the admitted sandboxes hold.
+func (r *registry) allocatedNow() capacity.Usage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.allocated
 }
 
 // adopt registers a sandbox a previous run of the edge left; counted says

@@ -93,6 +93,7 @@ func (e *Edge) admit(rec *records.Record, be backend.Backend) (*sandbox.Sandbox,
 	sb := e.newSandbox(rec, be)
 	if err := e.reg.admit(sb, rec.Reservation, e.diskOf(be, rec.Spec.Resources)); err != nil {
 		sb.End()
+		e.prom.refused(err)
 		return nil, err
 	}
 	return sb, nil
@@ -126,7 +127,10 @@ func (e *Edge) Resume(ctx context.Context, id, scope string) (*sandboxv1.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	return sb.Resume(ctx)
+	began := time.Now()
+	v, err := sb.Resume(ctx)
+	e.prom.took("resume", sb.Backend().Name(), began, err)
+	return v, err
 }
 
 // Destroy stops and removes a sandbox the caller may see, and returns its

@@ -27,7 +27,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.Handle(edgev1connect.NewEdgeServiceHandler(&server{e: e}, rpcopts.Handler(connect.WithInterceptors(e.prom.rpc.Interceptor(), errdefs.Interceptor()))...))
 	ports := inbound.Ports(e.lookup, e.reg.lookupAny, e.log)
 	proxy := inbound.AgentCalls(e.lookup, e.log)
-	snaps := snapxfer.Handler(e.snaps.ExportedFile) // exported snapshots
+	snaps := e.prom.countExported(snapxfer.Handler(e.snaps.ExportedFile)) // exported snapshots
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, snapxfer.Prefix) {
 			snaps.ServeHTTP(w, r)

@@ -31,7 +31,9 @@ func (e *Edge) Snapshot(ctx context.Context, id, scope, name string) (*sandboxv1
 	if err != nil {
 		return nil, err
 	}
+	began := time.Now()
 	snap, _, err := sb.Snapshot(ctx, e.snaps, name, false, nil)
+	e.prom.took("snapshot", sb.Backend().Name(), began, err)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +89,8 @@ type RestoreOptions struct {
 
 // startCopy admits and starts one sandbox from a snapshot, with its own id,
 // directory, agent socket and identity. On failure nothing of it remains.
-func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backend.Snapshotter, be backend.Backend, o copyOptions) (*sandboxv1.Sandbox, error) {
+func (e *Edge) startCopy(ctx context.Context, snap *snapshots.Snapshot, sn backend.Snapshotter, be backend.Backend, o copyOptions) (_ *sandboxv1.Sandbox, err error) {
+	defer func(began time.Time) { e.prom.took("restore", be.Name(), began, err) }(time.Now())
 	spec := proto.Clone(snap.SandboxSpec).(*sandboxv1.SandboxSpec)
 	if o.Timeout != 0 {
 		if err := sandboxspec.CheckTimeout(o.Timeout, e.cfg.Limits); err != nil {
@@ -233,6 +236,7 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 	var exportErr error
 	exported := make(chan struct{})
 	results := make([]ForkResult, count)
+	began := time.Now()
 	snap, paused, srcErr := sb.Snapshot(ctx, e.snaps, "", true, func(snap *snapshots.Snapshot) {
 		if req.Export {
 			// Hashed for the manifest while the copies here start.
@@ -255,8 +259,11 @@ func (e *Edge) Fork(ctx context.Context, id, scope string, req ForkRequest) (*Fo
 		wg.Wait()
 	})
 	if snap == nil {
+		e.prom.took("fork", sb.Backend().Name(), began, srcErr)
 		return nil, srcErr // the checkpoint failed
 	}
+	e.prom.took("fork", sb.Backend().Name(), began, nil)
+	e.prom.sourcePaused(sb.Backend().Name(), paused)
 	<-exported
 	if export == nil {
 		// An export is deleted when it is released or lapses.

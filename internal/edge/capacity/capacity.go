@@ -95,18 +95,32 @@ func (u Usage) Proto() *edgev1.Usage {
 }
 
 // Admit checks that n more sandboxes of this size fit on node beside cur.
+// A refusal is a *Refusal naming the resource.
 func (c Node) Admit(node string, cur Usage, cpu float64, mem, n int64) error {
 	switch {
 	case cpu > c.HostCPUCores:
-		return errdefs.InvalidArgument("resources.cpu_cores %g: over node %s's %g cores", cpu, node, c.HostCPUCores)
+		return &Refusal{"cpu_cores", errdefs.InvalidArgument("resources.cpu_cores %g: over node %s's %g cores", cpu, node, c.HostCPUCores)}
 	case mem > c.HostMemoryMB:
-		return errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)
+		return &Refusal{"memory", errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)}
 	case cur.Sandboxes+n > c.MaxSandboxes:
-		return errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.Sandboxes, c.MaxSandboxes)
+		return &Refusal{"sandboxes", errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.Sandboxes, c.MaxSandboxes)}
 	case cur.CPU+cpu*float64(n) > c.CPUCores+1e-9:
-		return errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.CPU, c.CPUCores, cpu*float64(n))
+		return &Refusal{"cpu_cores", errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.CPU, c.CPUCores, cpu*float64(n))}
 	case cur.MemoryMB+mem*n > c.MemoryMB:
-		return errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.MemoryMB, c.MemoryMB, mem*n)
+		return &Refusal{"memory", errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.MemoryMB, c.MemoryMB, mem*n)}
 	}
 	return nil
 }
+
+// Refusal is an admission refused for want of Resource ("sandboxes",
+// "cpu_cores", "memory"); it unwraps to its classified error.
+type Refusal struct {
+	Resource string
+	err      error
+}
+
+// Refused is err as a refusal for want of resource.
+func Refused(resource string, err error) *Refusal { return &Refusal{resource, err} }
+
+func (r *Refusal) Error() string { return r.err.Error() }
+func (r *Refusal) Unwrap() error { return r.err }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -55,6 +56,12 @@ type pull struct {
 	err  error
 }
 
+// Transfers counts a node's snapshot pulls: bytes pulled, pulls that
+// failed.
+type Transfers struct {
+	PulledBytes, PullFailures atomic.Int64
+}
+
 // Store keeps a node's snapshots, its exports and the snapshots it pulled.
 // Its lock is its own, apart from the edge's registry of sandboxes: no
 // other lock is taken under it, and no snapshot's files are read or
@@ -65,6 +72,8 @@ type Store struct {
 	pulledRoot string       // snapshots pulled from other nodes
 	peers      *http.Client // pulls from other edges; nil without PeerTLS
 	log        *slog.Logger
+	// Transfers counts the pulls of this node (for its metrics).
+	Transfers Transfers
 
 	mu        sync.Mutex
 	snapshots map[sandboxid.SnapshotID]*Snapshot // guarded by mu
@@ -263,9 +272,11 @@ func (st *Store) fetch(ctx context.Context, id sandboxid.SnapshotID, src *edgev1
 	m, err := snapxfer.Pull(ctx, snapxfer.Source{Client: st.peers, BaseURL: "https://" + src.Addr, ID: string(id), Token: src.Token}, dir, nil)
 	if err != nil {
 		// What arrived stays for a retry to resume, until the sweep.
+		st.Transfers.PullFailures.Add(1)
 		log.Warn("snapshot pull failed", logging.Error, err)
 		return nil, err
 	}
+	st.Transfers.PulledBytes.Add(m.Total())
 	s, err := Decode(m.Snapshot)
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("snapshot %s: the holder's description: %v", id, err)

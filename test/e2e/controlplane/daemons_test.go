@@ -457,7 +457,7 @@ func cutInFlight(err error) bool {
 }
 
 // gvisorSpec is the load's gVisor sandbox.
-var gvisorSpec = &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 128}}
+var gvisorSpec = &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 128, DiskMb: 64}}
 
 // load creates sandboxes (8 per goroutine at most, the first 2 of one
 // goroutine on gVisor) and runs commands in

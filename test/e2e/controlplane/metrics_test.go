@@ -89,6 +89,13 @@ func TestMetricsCountWhatTheClusterDoes(t *testing.T) {
 	if _, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: string(c.Edge.Node()) + "-aaaaaaaaaaaaaaaa"})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("get of a sandbox that is not there: %v", err)
 	}
+	// A pause and a resume are timed by operation.
+	if _, err := sb.Pause(ctx, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client.Sandboxes.ResumeSandbox(ctx, connect.NewRequest(&sandboxv1.ResumeSandboxRequest{SandboxId: sb.ID})); err != nil {
+		t.Fatal(err)
+	}
 	// The edge adds up what sandboxes use every 5 s: the running sandbox's
 	// memory-seconds reach Prometheus and the project's usage.
 	var fams map[string]*dto.MetricFamily
@@ -124,6 +131,10 @@ func TestMetricsCountWhatTheClusterDoes(t *testing.T) {
 		{"opendsec_edge_requests_total", map[string]string{"method": "CreateSandbox", "code": "ok"}, 1},
 		{"opendsec_edge_create_duration_seconds", map[string]string{"backend": "fake", "outcome": "ok"}, 1},
 		{"opendsec_edge_sandboxes", map[string]string{"state": "running", "backend": "fake", "project": "root"}, 1},
+		{"opendsec_edge_operation_duration_seconds", map[string]string{"operation": "pause", "backend": "fake", "outcome": "ok"}, 1},
+		{"opendsec_edge_operation_duration_seconds", map[string]string{"operation": "resume", "backend": "fake", "outcome": "ok"}, 1},
+		{"opendsec_edge_capacity", map[string]string{"resource": "sandboxes", "kind": "allocated"}, 1},
+		{"opendsec_edge_state_disk_bytes", map[string]string{"kind": "free"}, 1},
 		{"opendsec_watcher_nodes", map[string]string{"health": "healthy"}, 1},
 		{"opendsec_iam_raft_has_leader", map[string]string{"instance": "iam-1"}, 1},
 		{"opendsec_iam_raft_state", map[string]string{"state": "Leader"}, 1},
