@@ -35,6 +35,21 @@ type Link struct {
 	lost    time.Time     // guarded by mu; when the last connection ended (zero while one is up)
 
 	detaches atomic.Uint64 // how many times Detach cut the connection
+	refused  *Refusals     // nil: not counted
+}
+
+// Refusals counts the connections links refused, for the edge's metrics:
+// a failed handshake (a process that is not the sandbox's agent, or one
+// with a wrong key) or a failed HTTP/2 setup.
+type Refusals struct{ n atomic.Uint64 }
+
+// Count is how many connections were refused.
+func (r *Refusals) Count() uint64 { return r.n.Load() }
+
+func (r *Refusals) add() {
+	if r != nil {
+		r.n.Add(1)
+	}
 }
 
 type agentConn struct {
@@ -53,7 +68,13 @@ func Listen(path string, log *slog.Logger) (*Link, error) {
 // ListenAuthenticated is Listen for a link that serves only the agent that
 // presents auth's key (auth.go); nil auth is Listen.
 func ListenAuthenticated(path string, auth *Auth, log *slog.Logger) (*Link, error) {
-	l := &Link{path: path, auth: auth, log: logging.OrDiscard(log), changed: make(chan struct{})}
+	return ListenCounted(path, auth, nil, log)
+}
+
+// ListenCounted is ListenAuthenticated counting the connections it
+// refuses in refused (nil: not counted).
+func ListenCounted(path string, auth *Auth, refused *Refusals, log *slog.Logger) (*Link, error) {
+	l := &Link{path: path, auth: auth, log: logging.OrDiscard(log), changed: make(chan struct{}), refused: refused}
 	if err := l.listen(); err != nil {
 		return nil, err
 	}
@@ -94,6 +115,7 @@ func (l *Link) acceptLoop(ln net.Listener) {
 		go func() {
 			if err := l.auth.accept(c); err != nil {
 				l.log.Warn("agent connection refused", "path", l.path, logging.Error, err)
+				l.refused.add()
 				c.Close()
 				return
 			}
@@ -107,6 +129,7 @@ func (l *Link) take(c net.Conn) {
 	ac, err := newAgentConn(c)
 	if err != nil {
 		l.log.Warn("agent connection setup failed", logging.Error, err)
+		l.refused.add()
 		c.Close()
 		return
 	}

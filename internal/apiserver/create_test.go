@@ -203,4 +203,7 @@ func TestForkAcrossNodes(t *testing.T) {
 	if len(entries) != 5 {
 		t.Errorf("ledger %v; want the 5 copies and no reservation", entries)
 	}
+	if got := valueOf(t, f.s.placeStats.copies.WithLabelValues("fork", "ok")); got != 5 {
+		t.Errorf("fork copies counted ok: %v, want 5", got)
+	}
 }

@@ -228,6 +228,7 @@ func (h *sandboxService) ForkSandbox(ctx context.Context, req *connect.Request[s
 			}
 		}
 	}
+	h.s.placeStats.copied("fork", results)
 	return connect.NewResponse(&sandboxv1.ForkSandboxResponse{Results: results, SourcePauseUs: resp.Msg.SourcePauseUs, SourceError: resp.Msg.SourceError}), nil
 }
 
@@ -264,8 +265,10 @@ func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Reque
 	if plan.local == 1 {
 		resp, err := c.Edge.RestoreSnapshot(ctx, connect.NewRequest(edgeReq))
 		if err != nil {
+			h.s.placeStats.copied("restore", []*sandboxv1.ForkResult{forkError(err)})
 			return nil, err
 		}
+		h.s.placeStats.copied("restore", []*sandboxv1.ForkResult{{Sandbox: resp.Msg.Sandbox}})
 		run.made(snap.NodeId, []string{resp.Msg.Sandbox.GetId()}, resp.Msg.Usage)
 		return connect.NewResponse(&sandboxv1.RestoreSnapshotResponse{Sandbox: resp.Msg.Sandbox}), nil
 	}
@@ -277,6 +280,7 @@ func (h *sandboxService) RestoreSnapshot(ctx context.Context, req *connect.Reque
 	defer h.s.releaseExport(c, xr.Msg.Export)
 	edgeReq.Project = snap.Project
 	res := h.s.restoreAcross(ctx, plan, xr.Msg.Export, c, edgeReq, run)
+	h.s.placeStats.copied("restore", res)
 	if len(res) != 1 || res[0].Sandbox == nil {
 		code, msg := "unavailable", "no node took the copy"
 		if len(res) == 1 {

@@ -30,7 +30,11 @@ import (
 // holdQuota reserves need in proj's quota, under a create's idempotency
 // key if it has one.
 func (s *Server) holdQuota(ctx context.Context, proj string, need placement.Resources, key string) (string, error) {
-	return s.iam.Reserve(ctx, proj, fsm.Resources{Sandboxes: need.Sandboxes, CPUCores: need.CPUCores, MemoryMB: need.MemoryMB}, key)
+	rsv, err := s.iam.Reserve(ctx, proj, fsm.Resources{Sandboxes: need.Sandboxes, CPUCores: need.CPUCores, MemoryMB: need.MemoryMB}, key)
+	if err != nil {
+		s.placeStats.held(err)
+	}
+	return rsv, err
 }
 
 // maxIdempotencyKey bounds the Idempotency-Key header.

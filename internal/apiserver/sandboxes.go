@@ -195,6 +195,7 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 	ranked, err := placement.Place(view.Placement(), byNode, r, s.cfg.K, s.rng)
 	s.rngMu.Unlock()
 	if err != nil {
+		s.placeStats.placed(placedNoNode)
 		return nil, err
 	}
 	var errs []error
@@ -208,15 +209,19 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 		s.inflight.finish(id, err == nil, stamp)
 		if err == nil {
 			made = []string{sb.Id}
+			s.placeStats.placed(map[bool]string{true: placedFirst, false: placedAfter}[i == 0])
 			return sb, nil
 		}
 		err = errdefs.FromConnect(err)
 		if !errors.Is(err, errdefs.ErrResourceExhausted) && !errors.Is(err, errdefs.ErrUnavailable) {
+			s.placeStats.placed(placedErrorOut)
 			return nil, err
 		}
 		s.log.Info("edge declined; trying the next node", logging.NodeID, node, logging.Error, err)
+		s.placeStats.moved(err)
 		errs = append(errs, errdefs.OnNode(node, err))
 	}
+	s.placeStats.placed(placedNone)
 	return nil, errors.Join(errs...)
 }
 

@@ -73,6 +73,7 @@ type Server struct {
 	// storageHolds are the imports and snapshots under way (storage.go).
 	storageHolds *storageHolds
 	rpcStats     *metrics.RPC
+	placeStats   *placeStats
 
 	// missingSince is when each node of the view was first seen
 	// unreachable; only the reconciler (Run) touches it.
@@ -93,8 +94,9 @@ func New(cfg Config, deps Deps) *Server {
 	return &Server{
 		cfg: cfg, iam: deps.IAM, watcher: deps.Watcher, edges: deps.Edges, images: deps.Images,
 		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(), storageHolds: newStorageHolds(), missingSince: map[string]time.Time{},
-		rng:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		rpcStats: metrics.NewRPC(deps.Metrics, "apiserver"),
+		rng:        rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		rpcStats:   metrics.NewRPC(deps.Metrics, "apiserver"),
+		placeStats: newPlaceStats(deps.Metrics),
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/cgroups"
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/capacity"
@@ -196,7 +197,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e := &Edge{
 		cfg: cfg, log: logging.OrDiscard(deps.Log).With(logging.NodeID, node), node: node,
-		parts: sandbox.Parts{Store: deps.Store, Cache: cache, AgentSource: cfg.AgentPath, Restage: func() (string, error) { return runbase.Stage(cfg.AgentPath, cfg.RunBase) }}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
+		parts: sandbox.Parts{Store: deps.Store, Cache: cache, AgentSource: cfg.AgentPath, Restage: func() (string, error) { return runbase.Stage(cfg.AgentPath, cfg.RunBase) }, LinkRefusals: &agentlink.Refusals{}}, records: records.Dir{Root: filepath.Join(cfg.StateDir, "sandboxes")},
 		dirs: nodeDirs{stateDir: cfg.StateDir, runBase: cfg.RunBase, node: node}, backends: newBackendSet(node),
 		stop: make(chan struct{}),
 	}

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -248,6 +251,9 @@ func TestEdgeMetricsCountOperationsRefusalsAndCapacity(t *testing.T) {
 	if _, err := f.edge.Create(ctx, spec(), "root/team"); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("a fourth sandbox on a node of 3: %v", err)
 	}
+	// A policy change, counted whatever its outcome (this node has no
+	// sandbox network).
+	_, policyErr := f.edge.UpdateNetwork(ctx, &sandboxv1.UpdateNetworkRequest{SandboxId: sb.Id, Internet: proto.Bool(true)}, "root")
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +292,19 @@ func TestEdgeMetricsCountOperationsRefusalsAndCapacity(t *testing.T) {
 	} {
 		if got[key] != want {
 			t.Errorf("%s = %v, want %v", key, got[key], want)
+		}
+	}
+	policyOutcome := "ok"
+	if policyErr != nil {
+		policyOutcome = errdefs.Code(policyErr).String()
+	}
+	for key, want := range map[string]float64{
+		"opendsec_edge_network_policy_updates_total,outcome=" + policyOutcome: 1,
+		"opendsec_edge_agent_link_refusals_total":                             0,
+		"opendsec_edge_dns_queries_total,outcome=answered":                    0,
+	} {
+		if v, ok := got[key]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", key, v, ok, want)
 		}
 	}
 	if got["opendsec_edge_state_disk_bytes,kind=total"] <= 0 || got["opendsec_edge_state_disk_bytes,kind=free"] > got["opendsec_edge_state_disk_bytes,kind=total"] {

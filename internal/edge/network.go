@@ -60,7 +60,9 @@ func (e *Edge) UpdateNetwork(ctx context.Context, req *sandboxv1.UpdateNetworkRe
 	if err != nil {
 		return nil, err
 	}
-	return sb.UpdateNetwork(ctx, req)
+	v, err := sb.UpdateNetwork(ctx, req)
+	e.prom.policyUpdated(err)
+	return v, err
 }
 
 // asSandboxNetwork is n for its sandboxes; nil (not a nil pointer in an

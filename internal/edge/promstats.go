@@ -13,6 +13,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/metrics"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 )
 
 // promStats is what the edge tells Prometheus (internal/metrics): its RPCs,
@@ -26,6 +27,7 @@ type promStats struct {
 	refusal *prometheus.CounterVec
 	// exported counts the bytes of snapshot files served to other edges.
 	exported prometheus.Counter
+	policies *prometheus.CounterVec
 }
 
 func newPromStats(e *Edge, r prometheus.Registerer) *promStats {
@@ -45,17 +47,22 @@ func newPromStats(e *Edge, r prometheus.Registerer) *promStats {
 			Namespace: metrics.Namespace, Subsystem: "edge", Name: "admission_refusals_total",
 			Help: "Creates the node refused, by what was missing: sandboxes, cpu_cores, memory, disk; fenced for a create another apiserver took over.",
 		}, []string{"reason"}),
+		policies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "edge", Name: "network_policy_updates_total",
+			Help: "Changes of a running sandbox's network policy (UpdateNetwork), by outcome (ok or an error code).",
+		}, []string{"outcome"}),
 		exported: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "edge", Name: "snapshot_exported_bytes_total",
 			Help: "Bytes of snapshot files this node served to other edges (forks and restores placed there).",
 		}),
 	}
+	s.policies.WithLabelValues("ok")
 	// Every reason from the start, so that the first refusal is a rise.
 	for _, reason := range []string{"sandboxes", "cpu_cores", "memory", "disk", "fenced", "other"} {
 		s.refusal.WithLabelValues(reason)
 	}
 	if r != nil {
-		r.MustRegister(s.creates, s.ops, s.refusal, s.exported, sandboxCollector{e})
+		r.MustRegister(s.creates, s.ops, s.refusal, s.exported, s.policies, sandboxCollector{e})
 	}
 	return s
 }
@@ -120,6 +127,15 @@ func (w *countingWriter) ReadFrom(r io.Reader) (int64, error) {
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// policyUpdated counts a network policy change by outcome.
+func (s *promStats) policyUpdated(err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = errdefs.Code(err).String()
+	}
+	s.policies.WithLabelValues(outcome).Inc()
+}
+
 // refused counts an admission refusal by its reason.
 func (s *promStats) refused(err error) {
 	reason := "other"
@@ -151,6 +167,10 @@ var (
 		"Bytes of the snapshots this node pulled from other edges.", nil, nil)
 	pullFailuresDesc = prometheus.NewDesc(metrics.Namespace+"_edge_snapshot_pull_failures_total",
 		"Snapshot pulls from other edges that failed.", nil, nil)
+	linkRefusalsDesc = prometheus.NewDesc(metrics.Namespace+"_edge_agent_link_refusals_total",
+		"Connections to sandboxes' agent sockets the edge refused: a failed handshake (not the sandbox's agent, or a wrong key) or a failed HTTP/2 setup.", nil, nil)
+	dnsDesc = prometheus.NewDesc(metrics.Namespace+"_edge_dns_queries_total",
+		"Queries the node's DNS proxy answered, by outcome: answered, policy_refused, rate_limited, unknown_source, malformed, failed.", []string{"outcome"}, nil)
 	stateDiskDesc = prometheus.NewDesc(metrics.Namespace+"_edge_state_disk_bytes",
 		"The file system of the edge's state directory: its size (kind total) and what is free for the edge (kind free).", []string{"kind"}, nil)
 	capacityDesc = prometheus.NewDesc(metrics.Namespace+"_edge_capacity",
@@ -171,6 +191,8 @@ func (c sandboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pulledBytesDesc
 	ch <- pullFailuresDesc
 	ch <- stateDiskDesc
+	ch <- linkRefusalsDesc
+	ch <- dnsDesc
 }
 
 func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
@@ -201,6 +223,18 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(pulledBytesDesc, prometheus.CounterValue, float64(c.e.snaps.Transfers.PulledBytes.Load()))
 	ch <- prometheus.MustNewConstMetric(pullFailuresDesc, prometheus.CounterValue, float64(c.e.snaps.Transfers.PullFailures.Load()))
+	if r := c.e.parts.LinkRefusals; r != nil {
+		ch <- prometheus.MustNewConstMetric(linkRefusalsDesc, prometheus.CounterValue, float64(r.Count()))
+	}
+	q := &sandboxnet.DNSCounts{} // none without a sandbox network
+	if c.e.net != nil {
+		q = c.e.net.DNSQueries()
+	}
+	{
+		for o, name := range sandboxnet.DNSOutcomes {
+			ch <- prometheus.MustNewConstMetric(dnsDesc, prometheus.CounterValue, float64(q.Count(sandboxnet.DNSOutcome(o))), name)
+		}
+	}
 	var st unix.Statfs_t
 	if unix.Statfs(c.e.cfg.StateDir, &st) == nil {
 		ch <- prometheus.MustNewConstMetric(stateDiskDesc, prometheus.GaugeValue, float64(st.Blocks)*float64(st.Bsize), "total")

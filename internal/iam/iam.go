@@ -66,6 +66,7 @@ type Service struct {
 	trans       *raft.NetworkTransport
 	clientTLS   *tls.Config
 	log         *slog.Logger
+	stats       *raftStats
 }
 
 // Principal is an authenticated caller.
@@ -126,7 +127,7 @@ func Open(cfg Config, log *slog.Logger) (*Service, error) {
 		store.Close()
 		return nil, err
 	}
-	s := &Service{id: cfg.NodeID, incarnation: randomHex(6), raft: r, fsm: f, store: store, trans: trans, clientTLS: cfg.ClientTLS, log: log}
+	s := &Service{id: cfg.NodeID, incarnation: randomHex(6), raft: r, fsm: f, store: store, trans: trans, clientTLS: cfg.ClientTLS, log: log, stats: watchRaft(r)}
 	layer.serve = s.serveRequest
 	go layer.run()
 	if cfg.Bootstrap {
@@ -151,6 +152,7 @@ func (s *Service) Addr() string { return string(s.trans.LocalAddr()) }
 
 // Close stops the replica.
 func (s *Service) Close() error {
+	s.stats.stop(s.raft)
 	err := s.raft.Shutdown().Error()
 	s.trans.Close()
 	return errors.Join(err, s.store.Close())
@@ -246,8 +248,11 @@ func (s *Service) applyHere(ctx context.Context, data []byte) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
+	began := time.Now()
 	fut := s.raft.Apply(data, timeout)
-	if err := fut.Error(); err != nil {
+	err := fut.Error()
+	s.stats.applies.Observe(time.Since(began).Seconds())
+	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) {
 			return 0, errNotLeader // not in the log: the sender tries the new leader
 		}

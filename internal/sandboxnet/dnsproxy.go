@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -44,6 +45,8 @@ type DNSProxy struct {
 	// sandbox's policy generation, so a repeated answer costs no nftables
 	// transaction. Guarded by mu.
 	opened map[openKey]time.Time
+	// counts, if set, counts the answers by outcome.
+	counts *DNSCounts
 }
 
 type openKey struct {
@@ -62,6 +65,35 @@ const (
 	queryRate  = 50
 	queryBurst = 200
 )
+
+// DNSOutcome is how the proxy answered a query.
+type DNSOutcome int
+
+// The outcomes, in DNSOutcomes' order.
+const (
+	DNSAnswered      DNSOutcome = iota // resolved upstream (or an empty answer for a type sandboxes do not need)
+	DNSPolicyRefused                   // NXDOMAIN: the sandbox's policy does not allow the name
+	DNSRateLimited                     // REFUSED: over the sandbox's query rate
+	DNSUnknownSource                   // REFUSED: not from a sandbox of this node
+	DNSMalformed                       // FORMERR: not one question, or not a query
+	DNSFailed                          // SERVFAIL: the upstream or the firewall update failed
+	dnsOutcomes
+)
+
+// DNSOutcomes names the outcomes (the edge's metric labels).
+var DNSOutcomes = [dnsOutcomes]string{"answered", "policy_refused", "rate_limited", "unknown_source", "malformed", "failed"}
+
+// DNSCounts counts the proxy's answers by outcome.
+type DNSCounts struct{ n [dnsOutcomes]atomic.Uint64 }
+
+func (c *DNSCounts) add(o DNSOutcome) {
+	if c != nil {
+		c.n[o].Add(1)
+	}
+}
+
+// Count is how many queries were answered with o.
+func (c *DNSCounts) Count(o DNSOutcome) uint64 { return c.n[o].Load() }
 
 // NewDNSProxy makes a proxy that resolves through upstream ("host:port").
 func NewDNSProxy(res Resolver, upstream []string, log *slog.Logger) *DNSProxy {
@@ -85,43 +117,45 @@ func (p *DNSProxy) Serve(ctx context.Context, udp net.PacketConn, tcp net.Listen
 
 // ServeDNS answers one query.
 func (p *DNSProxy) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
-	resp := p.answer(w.RemoteAddr(), q)
+	resp, outcome := p.answer(w.RemoteAddr(), q)
+	p.counts.add(outcome)
 	w.WriteMsg(resp) //nolint:errcheck // the sandbox went away
 }
 
-func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
+// answer answers q and says how (a DNSOutcome).
+func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) (*dns.Msg, DNSOutcome) {
 	m := new(dns.Msg)
 	if len(q.Question) != 1 || q.Opcode != dns.OpcodeQuery {
-		return m.SetRcode(q, dns.RcodeFormatError)
+		return m.SetRcode(q, dns.RcodeFormatError), DNSMalformed
 	}
 	ap, err := netip.ParseAddrPort(from.String())
 	if err != nil {
-		return m.SetRcode(q, dns.RcodeRefused)
+		return m.SetRcode(q, dns.RcodeRefused), DNSUnknownSource
 	}
 	addr := ap.Addr().Unmap()
 	sb, pol, ok := p.res.Sandbox(addr)
 	if !ok {
-		return m.SetRcode(q, dns.RcodeRefused)
+		return m.SetRcode(q, dns.RcodeRefused), DNSUnknownSource
 	}
 	if !p.allow(addr) {
-		return refused(q, "rate limited: too many queries a second from this sandbox")
+		return refused(q, "rate limited: too many queries a second from this sandbox"), DNSRateLimited
 	}
 	qq := q.Question[0]
 	name := strings.ToLower(qq.Name)
 	if !pol.MayResolve(name) {
-		return refusedName(q, "the sandbox's network policy does not allow "+strings.TrimSuffix(name, "."))
+		return refusedName(q, "the sandbox's network policy does not allow "+strings.TrimSuffix(name, ".")), DNSPolicyRefused
 	}
 	switch qq.Qtype {
 	case dns.TypeA, dns.TypeCNAME:
 	default:
 		// IPv4 only (AAAA), and nothing else a sandbox needs from
 		// names it may reach: an empty answer.
-		return m.SetReply(q)
+		return m.SetReply(q), DNSAnswered
 	}
 	up, err := p.exchange(q)
 	if err != nil {
 		p.log.Warn("DNS upstream failed", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
-		return m.SetRcode(q, dns.RcodeServerFailure)
+		return m.SetRcode(q, dns.RcodeServerFailure), DNSFailed
 	}
 	var addrs []netip.Addr
 	ttl := maxTTL
@@ -141,7 +175,7 @@ func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
 		if !ok {
 			if err := p.res.Learn(context.Background(), sb, pol, rules, addrs, open); err != nil {
 				p.log.Error("open the addresses of an answer", logging.SandboxID, sb.Name, "name", name, logging.Error, err)
-				return m.SetRcode(q, dns.RcodeServerFailure)
+				return m.SetRcode(q, dns.RcodeServerFailure), DNSFailed
 			}
 			p.markOpen(sb, rules, addrs, open)
 			left = open
@@ -154,7 +188,7 @@ func (p *DNSProxy) answer(from net.Addr, q *dns.Msg) *dns.Msg {
 		}
 	}
 	up.Id = q.Id
-	return up
+	return up, DNSAnswered
 }
 
 func (p *DNSProxy) exchange(q *dns.Msg) (*dns.Msg, error) {

@@ -86,6 +86,13 @@ func upstream(t *testing.T) string {
 
 func startProxy(t *testing.T, res Resolver) string {
 	t.Helper()
+	addr, _ := startCountedProxy(t, res)
+	return addr
+}
+
+// startCountedProxy is startProxy, with the counts of its answers.
+func startCountedProxy(t *testing.T, res Resolver) (string, *DNSCounts) {
+	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -96,8 +103,10 @@ func startProxy(t *testing.T, res Resolver) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go NewDNSProxy(res, []string{upstream(t)}, testutil.Logger(t)).Serve(ctx, pc, ln)
-	return pc.LocalAddr().String()
+	p := NewDNSProxy(res, []string{upstream(t)}, testutil.Logger(t))
+	p.counts = &DNSCounts{}
+	go p.Serve(ctx, pc, ln)
+	return pc.LocalAddr().String(), p.counts
 }
 
 func ask(t *testing.T, proxy, name string, qtype uint16) *dns.Msg {
@@ -125,7 +134,7 @@ func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 	res := &fakeResolver{pol: policy(t, false,
 		netpolicy.RuleSpec{Domain: "pkg.example.org", Protocol: "tcp", Ports: []string{"443"}},
 		netpolicy.RuleSpec{Domain: "*.example.org"})}
-	proxy := startProxy(t, res)
+	proxy, counts := startCountedProxy(t, res)
 
 	r := ask(t, proxy, "PKG.example.org.", dns.TypeA)
 	if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "203.0.113.11" {
@@ -162,6 +171,12 @@ func TestDNSProxyAnswersAllowedNamesAndOpensTheirAddresses(t *testing.T) {
 	r, _, err := c.Exchange(new(dns.Msg).SetQuestion("pkg.example.org.", dns.TypeA), proxy)
 	if err != nil || r.Rcode != dns.RcodeRefused {
 		t.Fatalf("a query from no sandbox: %v %v", r, err)
+	}
+	// Each answer counted by outcome (the edge's metrics).
+	for o, want := range map[DNSOutcome]uint64{DNSAnswered: 3, DNSPolicyRefused: 1, DNSUnknownSource: 1, DNSRateLimited: 0, DNSMalformed: 0, DNSFailed: 0} {
+		if got := counts.Count(o); got != want {
+			t.Errorf("answers %s: %d, want %d", DNSOutcomes[o], got, want)
+		}
 	}
 }
 

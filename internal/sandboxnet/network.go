@@ -59,6 +59,8 @@ type Network struct {
 	node Node
 	gw   netip.Addr
 	log  *slog.Logger
+	// dnsCounts counts the DNS proxy's answers (DNSQueries).
+	dnsCounts DNSCounts
 
 	mu       sync.Mutex
 	used     map[netip.Addr]string   // address → sandbox; guarded by mu
@@ -484,3 +486,6 @@ func (n *Network) ListenDNS(ctx context.Context) (net.PacketConn, net.Listener, 
 	}
 	return pc, ln, nil
 }
+
+// DNSQueries counts the node's DNS proxy's answers by outcome.
+func (n *Network) DNSQueries() *DNSCounts { return &n.dnsCounts }

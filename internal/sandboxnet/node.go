@@ -77,7 +77,9 @@ func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		NewDNSProxy(n, cfg.Upstream, log).Serve(dctx, udp, tcp)
+		p := NewDNSProxy(n, cfg.Upstream, log)
+		p.counts = &n.dnsCounts
+		p.Serve(dctx, udp, tcp)
 	}()
 	log.Info("sandbox network ready", "subnet", cfg.Subnet, "dns", n.Node().DNS, "upstream", cfg.Upstream)
 	return n, cancel, nil

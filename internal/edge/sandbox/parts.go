@@ -36,6 +36,9 @@ type Parts struct {
 	// empty if it would not say.
 	AgentVersion string
 	Restage      func() (string, error)
+	// LinkRefusals counts the agent connections the sandboxes' links
+	// refused (the edge's metrics); nil: not counted.
+	LinkRefusals *agentlink.Refusals
 }
 
 // Resolve checks an image's name and finds it for project.

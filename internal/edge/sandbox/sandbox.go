@@ -339,7 +339,11 @@ func (sb *Sandbox) prepareDir() (*agentlink.Link, error) {
 		// edge's restart, so a restart never hands the key out again.)
 		auth = &agentlink.Auth{Key: rec.AgentKey, Issued: rec.State != records.StateCreating || rec.SourceSnapshot != ""}
 	}
-	return agentlink.ListenAuthenticated(filepath.Join(sb.runDir, "edge.sock"), auth, sb.log)
+	var refused *agentlink.Refusals
+	if sb.parts != nil {
+		refused = sb.parts.LinkRefusals
+	}
+	return agentlink.ListenCounted(filepath.Join(sb.runDir, "edge.sock"), auth, refused, sb.log)
 }
 
 // Start makes a new sandbox's directory, layer and network and starts it
