@@ -147,7 +147,7 @@ uninstall() {
 	rm -rf /run/opendsec
 	step "removing binaries and settings"
 	rm -rf "$prefix"
-	rm -f "$etc/client.env"
+	rm -f "$etc/client.env" "$etc/rollout.json" "$etc/rollout.json.state"
 	rmdir "$etc" 2>/dev/null || true
 	[ "$(readlink /usr/local/bin/dsec 2>/dev/null)" != "$dsec" ] || rm -f /usr/local/bin/dsec
 	if [ "$keep_state" = 0 ]; then
@@ -274,6 +274,28 @@ fi
 edge_flags="--state-dir $state/edge --listen 127.0.0.1:7080 --image-store $state/images --backends $backends --agent $prefix/bin/aether"
 [ -z "$guest" ] || edge_flags="$edge_flags --microvm-guest $prefix/guest --microvm-init $prefix/bin/dsec-vminit"
 
+# write_plan writes $etc/rollout.json, what `dsec rollout --plan` acts on:
+# each unit, the binary it runs, how to restart it and its metrics.
+write_plan() {
+	local first=1 u kind port agent
+	{
+		echo '{"components": ['
+		for u in $units; do
+			case $u in
+			dsec-iam) kind=iam port=9401 ;; dsec-edge) kind=edge port=9480 ;; dsec-watcher) kind=watcher port=9490 ;;
+			dsec-apiserver) kind=apiserver port=9470 ;; dsec-gateway) kind=gateway port=9471 ;;
+			esac
+			agent=""
+			[ "$kind" != edge ] || agent=", \"agent\": \"$prefix/bin/aether\""
+			[ $first = 1 ] || echo ,
+			first=0
+			printf '    {"name": "%s", "kind": "%s", "binary": "%s"%s, "restart": ["systemctl", "restart", "%s.service"], "metrics": "http://127.0.0.1:%s/metrics"}' \
+				"$u" "$kind" "$dsec" "$agent" "$u" "$port"
+		done
+		echo; echo ']}'
+	} >"$etc/rollout.json"
+}
+
 unit() { # name, description, extra [Service] lines, command
 	cat >"/etc/systemd/system/$1.service.new" <<EOF
 # Written by OpenDsec's deploy/quickstart.sh; --uninstall removes it.
@@ -303,20 +325,21 @@ if [ "$mode" = systemd ]; then
 	# (KillMode=process), which re-attaches them when it starts again.
 	parent=/system.slice/dsec-edge.service/sandboxes
 	if [ "$role" = all ]; then
-		unit dsec-iam "IAM replica" "" "$dsec iam --id iam-1 --dir $state/iam --bind 127.0.0.1:7401 --bootstrap --admin-key-file $state/admin.key $(tls iam-1)" ""
+		unit dsec-iam "IAM replica" "" "$dsec iam --id iam-1 --dir $state/iam --bind 127.0.0.1:7401 --bootstrap --admin-key-file $state/admin.key --metrics-listen 127.0.0.1:9401 $(tls iam-1)" ""
 	fi
 	unit dsec-edge "edge (the node daemon)" "Delegate=yes
 DelegateSubgroup=supervisor
 KillMode=process
-TasksMax=infinity" "$dsec edge $edge_flags --cgroup-parent $parent $(tls edge-1)" ""
+TasksMax=infinity" "$dsec edge $edge_flags --cgroup-parent $parent --metrics-listen 127.0.0.1:9480 $(tls edge-1)" ""
 	if [ "$role" = all ]; then
-		unit dsec-watcher "watcher" "" "$dsec watcher --listen 127.0.0.1:7090 --edges 127.0.0.1:7080 $(tls watcher)" "dsec-edge.service"
-		unit dsec-apiserver "apiserver" "" "$dsec apiserver --id api-1 --state-dir $state/api --listen 127.0.0.1:7070 --edges 127.0.0.1:7080 --iam 127.0.0.1:7401 --iam-bind 127.0.0.1:7411 --image-store $state/images --watcher 127.0.0.1:7090 $(tls api-1)" "dsec-iam.service dsec-watcher.service"
+		unit dsec-watcher "watcher" "" "$dsec watcher --listen 127.0.0.1:7090 --edges 127.0.0.1:7080 --metrics-listen 127.0.0.1:9490 $(tls watcher)" "dsec-edge.service"
+		unit dsec-apiserver "apiserver" "" "$dsec apiserver --id api-1 --state-dir $state/api --listen 127.0.0.1:7070 --edges 127.0.0.1:7080 --iam 127.0.0.1:7401 --iam-bind 127.0.0.1:7411 --image-store $state/images --watcher 127.0.0.1:7090 --metrics-listen 127.0.0.1:9470 $(tls api-1)" "dsec-iam.service dsec-watcher.service"
 		mkdir -p "$state/gateway"
-		unit dsec-gateway "E2B-compatible gateway" "" "$dsec gateway --api-url http://127.0.0.1:7070 --listen 127.0.0.1:7071 --service-key-file $state/admin.key --token-secret-file $state/gateway/secret" "dsec-apiserver.service"
+		unit dsec-gateway "E2B-compatible gateway" "" "$dsec gateway --api-url http://127.0.0.1:7070 --listen 127.0.0.1:7071 --service-key-file $state/admin.key --token-secret-file $state/gateway/secret --metrics-listen 127.0.0.1:9471" "dsec-apiserver.service"
 	else
 		units=dsec-edge
 	fi
+	write_plan
 	systemctl daemon-reload
 	for u in $units; do systemctl enable "$u.service" >/dev/null 2>&1; done
 	systemctl restart $(for u in $units; do echo "$u.service"; done)

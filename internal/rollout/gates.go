@@ -103,7 +103,7 @@ func (s *soak) verdict(g Gates) error {
 		return &GateError{Gate: "error rate", Detail: fmt.Sprintf("%.1f%% of %.0f calls answered with a server error (at most %.1f%%)", 100*bad/total, total, 100*g.MaxErrorRate)}
 	}
 	if p99, n := quantile(buckets, 0.99); n > 0 && p99 > g.MaxCreateP99.Seconds() {
-		return &GateError{Gate: "create latency", Detail: fmt.Sprintf("p99 of %.0f creates above %gs (at most %v)", n, p99, g.MaxCreateP99)}
+		return &GateError{Gate: "create latency", Detail: fmt.Sprintf("p99 of %.0f creates above %gs (at most %v; creates by bucket: %s)", n, p99, g.MaxCreateP99, describeBuckets(buckets))}
 	}
 	if s.polls > 0 && s.minStuck > g.MaxStuck {
 		return &GateError{Gate: "stuck sandboxes", Detail: fmt.Sprintf("%d sandboxes creating or stopping at every poll for %d polls (at most %d)", s.minStuck, s.polls, g.MaxStuck)}
@@ -208,4 +208,22 @@ func versionOf(f Families) string {
 		}
 	}
 	return ""
+}
+
+// describeBuckets lists cumulative bucket counts as "≤1s: 3, ≤10s: 5, all: 5".
+func describeBuckets(cum map[float64]float64) string {
+	bounds := make([]float64, 0, len(cum))
+	for ub := range cum {
+		bounds = append(bounds, ub)
+	}
+	sort.Float64s(bounds)
+	parts := make([]string, 0, len(bounds))
+	for _, ub := range bounds {
+		if math.IsInf(ub, 1) {
+			parts = append(parts, fmt.Sprintf("all: %.0f", cum[ub]))
+		} else {
+			parts = append(parts, fmt.Sprintf("≤%gs: %.0f", ub, cum[ub]))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

@@ -39,6 +39,10 @@ DSEC_HOST_TEST=1 ./hosts.test -test.v -test.timeout 25m ${HOST_TEST_RUN:+-test.r
 journalctl -u 'dsec-*' --no-pager >/host/units.journal 2>&1
 [ "$rc" = 0 ] || { echo "the units' journal: units.journal in the run directory"; journalctl -u dsec-edge --no-pager | grep -v level=INFO | tail -40; }
 
+section "rollout over the systemd units (the same build again, with its gates)"
+/host/bin/dsec rollout --plan /etc/opendsec/rollout.json --binary /host/bin/dsec --agent /host/bin/aether --soak 5s || { echo "FAIL: rollout"; rc=1; }
+DSEC_API_URL=http://127.0.0.1:7070 /host/bin/dsec nodes | grep -q " healthy " || { echo "FAIL: no healthy node after the rollout"; rc=1; }
+
 if [ -x /host/bench-create ]; then
 	section "bench: create to first exec against bare crun (cgroup v2, systemd host)"
 	# /tmp is a 3 GiB tmpfs on Debian 13; the bench's layers want disk.

@@ -67,7 +67,7 @@ func TestRolloutOverClusterScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64}}
+	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}
 	var made []*client.Sandbox
 	for range 3 {
 		sb, err := cl.Create(ctx, spec)
