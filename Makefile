@@ -39,7 +39,7 @@ E2E_LONGEST := crash sandboxes
 E2E_ALONE := hostile
 export PATH := $(GOBIN_DIR):$(PATH)
 
-.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-alerts test-go test-sdks test-python test-e2b test-e2b-python test-e2b-js test-hosts bench-hosts check-generated generate lint bench fuzz fuzz-smoke clean
+.PHONY: all deps build images venv e2b-sdks quickstart up down check test test-alerts test-go test-sdks test-python test-e2b test-e2b-python test-e2b-js test-hosts bench-hosts bundle check-generated generate lint bench fuzz fuzz-smoke clean
 
 all: build
 
@@ -170,6 +170,13 @@ test-hosts: build
 bench-hosts: build
 	HOST_BENCH=1 ./scripts/test-hosts.sh $(CACHE)/hostvm
 
+# The offline bundle: binaries, images (root/busybox:latest, root/py:3.11),
+# the guest kernel, runsc-net, Firecracker and the Debian packages the
+# installer needs, with a SHA-256 manifest (scripts/bundle.sh).
+# deploy/quickstart.sh --bundle FILE installs from it without a network.
+bundle: build images
+	./scripts/bundle.sh dist/opendsec-$(VERSION)-linux-amd64.tar.gz
+
 tools:
 	@test -x $(GOBIN_DIR)/buf || GOBIN=$(GOBIN_DIR) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	@test -x $(GOBIN_DIR)/protoc-gen-go || GOBIN=$(GOBIN_DIR) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
@@ -214,4 +221,4 @@ fuzz:
 	@./scripts/fuzz.sh $(FUZZTIME) $(FUZZJOBS)
 
 clean:
-	rm -rf bin $(CACHE)/gencheck
+	rm -rf bin dist $(CACHE)/gencheck

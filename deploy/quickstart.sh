@@ -7,6 +7,11 @@
 # Options:
 #   --bin DIR          take prebuilt binaries from DIR (dsec, aether, dsec-vminit,
 #                      libdsec-compat.so) instead of building them (needs Go)
+#   --bundle FILE      install from an offline bundle (make bundle): its
+#                      binaries, images, guest kernel and the Debian packages
+#                      this machine lacks; no registry or mirror needed. A
+#                      bundle whose files do not match its SHA-256 manifest is
+#                      refused before anything changes.
 #   --images DIR       copy the image store from DIR (default: build busybox;
 #                      the repository's .cache/images when it has one)
 #   --backends LIST    backends to enable (default container,gvisor,microvm;
@@ -35,14 +40,15 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 prefix=/usr/local/lib/opendsec
 state=/var/lib/opendsec
 etc=/etc/opendsec
-bin_from="" images_from="" backends=container,gvisor,microvm role=all join=""
+bin_from="" images_from="" bundle="" backends=container,gvisor,microvm role=all join=""
 uninstall=0 keep_state=0 check_run=1
 units="dsec-iam dsec-edge dsec-watcher dsec-apiserver dsec-gateway"
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--bin) bin_from=$2; shift 2 ;;
+	--bundle) bundle=$2; shift 2 ;;
 	--images) images_from=$2; shift 2 ;;
 	--backends) backends=$2; shift 2 ;;
 	--state) state=$2; shift 2 ;;
@@ -169,6 +175,45 @@ if [ "$uninstall" = 1 ]; then
 	exit 0
 fi
 
+# ---- the bundle: unpacked and checked before anything changes ----------
+
+bundle_debs=() # what the bundle installs: the packages this machine lacks
+if [ -n "$bundle" ]; then
+	[ -z "$bin_from$images_from" ] || fail "--bundle takes the place of --bin and --images: give one or the other"
+	[ -f "$bundle" ] || fail "--bundle $bundle: no such file"
+	step "unpacking and checking the bundle"
+	bundle_dir=$(mktemp -d "${TMPDIR:-/var/tmp}/opendsec-bundle.XXXXXX")
+	trap 'rm -rf "$bundle_dir"' EXIT
+	tar -xzf "$bundle" -C "$bundle_dir" 2>/dev/null || fail "--bundle $bundle: not a readable tar.gz; nothing was installed"
+	top=$(find "$bundle_dir" -mindepth 1 -maxdepth 1 -type d -name 'opendsec-*' | head -1)
+	[ -n "$top" ] && [ -s "$top/MANIFEST.sha256" ] || fail "--bundle $bundle: no opendsec-VERSION/MANIFEST.sha256 in it; nothing was installed"
+	bad=$(cd "$top" && sha256sum --quiet --strict -c MANIFEST.sha256 2>&1 | grep -v '^sha256sum: WARNING' || true)
+	extra=$(cd "$top" && comm -13 <(awk '{ sub(/^[^ ]+ +\*?/, ""); print }' MANIFEST.sha256 | LC_ALL=C sort) \
+		<(find . -type f ! -name MANIFEST.sha256 -printf '%P\n' | LC_ALL=C sort))
+	if [ -n "$bad$extra" ]; then
+		fail "--bundle $bundle does not match its manifest; nothing was installed:
+$(printf '%s\n' "$bad" | sed '/^$/d; s/^/  /')$([ -z "$extra" ] || printf '\n  not in the manifest: %s' "$extra")"
+	fi
+	bin_from=$top/bin images_from=$top/images
+	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	if [ "$(cat "$top/debs/CODENAME" 2>/dev/null)" = "$codename" ]; then
+		for d in "$top"/debs/*.deb; do
+			[ -e "$d" ] || continue
+			pkg=$(dpkg-deb -f "$d" Package)
+			dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || bundle_debs+=("$d")
+		done
+	elif ls "$top"/debs/*.deb >/dev/null 2>&1; then
+		echo
+		echo "  note: the bundle's Debian packages are for $(cat "$top/debs/CODENAME"), this machine is ${codename:-not Debian}: not installing them" >&2
+	fi
+fi
+# bundled PKG: the bundle will install PKG (a package this machine lacks).
+bundled() {
+	local d
+	for d in "${bundle_debs[@]}"; do [ "$(dpkg-deb -f "$d" Package)" = "$1" ] && return 0; done
+	return 1
+}
+
 # ---- checks: nothing changes before they pass -------------------------
 
 problems=()
@@ -195,12 +240,12 @@ else
 	done
 fi
 for tool in ip:iproute2 nft:nftables conntrack:conntrack; do
-	command -v "${tool%%:*}" >/dev/null || need "${tool%%:*} (sandbox networks): not found; apt-get install ${tool#*:}"
+	command -v "${tool%%:*}" >/dev/null || bundled "${tool#*:}" || need "${tool%%:*} (sandbox networks): not found; apt-get install ${tool#*:}"
 done
-case ",$backends," in *,container,*) command -v crun >/dev/null || need "crun (container backend): not found; apt-get install crun" ;; esac
-case ",$backends," in *,gvisor,*) command -v runsc >/dev/null || need "runsc (gvisor backend): not found; apt-get install runsc (Debian 12 and later)" ;; esac
+case ",$backends," in *,container,*) command -v crun >/dev/null || bundled crun || need "crun (container backend): not found; apt-get install crun" ;; esac
+case ",$backends," in *,gvisor,*) command -v runsc >/dev/null || bundled runsc || need "runsc (gvisor backend): not found; apt-get install runsc (Debian 12 and later)" ;; esac
 case ",$backends," in *,microvm,*)
-	if ! command -v qemu-system-x86_64 >/dev/null; then
+	if ! command -v qemu-system-x86_64 >/dev/null && ! bundled qemu-system-x86; then
 		echo
 		echo "  note: microvm off: qemu-system-x86_64 not found (apt-get install qemu-system-x86)" >&2
 		backends=$(echo ",$backends," | sed 's/,microvm,/,/; s/^,//; s/,$//')
@@ -232,18 +277,23 @@ echo "  cgroup $cgroup, kernel $(uname -r), services: $mode, backends: $backends
 
 # ---- install ------------------------------------------------------------
 
+if [ ${#bundle_debs[@]} -gt 0 ]; then
+	step "installing ${#bundle_debs[@]} Debian packages from the bundle"
+	dpkg -i "${bundle_debs[@]}" >"$bundle_dir/dpkg.log" 2>&1 || { tail -20 "$bundle_dir/dpkg.log" >&2; fail "dpkg -i of the bundle's packages failed (above)"; }
+fi
+
 step "installing binaries into $prefix"
 mkdir -p "$prefix/bin" "$state" "$etc"
 if [ -z "$bin_from" ]; then
 	(cd "$repo" && make -s build >/dev/null) || fail "make build failed"
 	bin_from=$repo/bin
 fi
-for f in dsec aether dsec-vminit libdsec-compat.so runsc-net; do
+for f in dsec aether dsec-vminit libdsec-compat.so runsc-net firecracker; do
 	if [ -e "$bin_from/$f" ]; then install -m 0755 "$(readlink -f "$bin_from/$f")" "$prefix/bin/$f.new" && mv -f "$prefix/bin/$f.new" "$prefix/bin/$f"; fi
 done
 [ "$prefix" != /usr/local/lib/opendsec ] || ln -sf "$dsec" /usr/local/bin/dsec
 guest=""
-for g in "$bin_from/../.cache/guest" "$repo/.cache/guest"; do
+for g in "$bin_from/../guest" "$bin_from/../.cache/guest" "$repo/.cache/guest"; do
 	if [ -s "$g/vmlinux" ]; then guest=$(cd "$g" && pwd); break; fi
 done
 if [ -n "$guest" ]; then

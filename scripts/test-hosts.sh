@@ -17,6 +17,10 @@ cache=${1:-$repo/.cache/hostvm}
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
 packages=systemd,systemd-sysv,udev,kmod,linux-image-amd64,crun,runsc,nftables,iproute2,conntrack,e2fsprogs,procps,ca-certificates,dbus
+# The disk lacks the runtimes: the offline bundle (make bundle) installs
+# them from the packages it carries, as on a machine without a mirror.
+bundled_packages="crun runsc"
+disk_packages=$(echo ",$packages," | sed 's/,crun,/,/; s/,runsc,/,/; s/^,//; s/,$//')
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 timeout_s=${HOST_TEST_TIMEOUT:-1800}
 
@@ -43,13 +47,17 @@ fi
 # 2. The base disk: the packages installed, a test unit that runs
 # /host/inside.sh from the shared directory and powers off.
 # disk_recipe names this recipe: change it when the disk's making changes.
-disk_recipe="2 $packages"
+disk_recipe="4 $disk_packages"
 base=$cache/base.img
 if [ ! -s "$base" ] || [ "$(cat "$cache/base.recipe" 2>/dev/null)" != "$disk_recipe" ]; then
 	log "building the Debian 13 disk"
 	root=$cache/root
 	rm -rf "$root" && mkdir -p "$root"
-	debootstrap --variant=minbase --include="$packages" --unpack-tarball="$tarball" trixie "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+	debootstrap --variant=minbase --include="$disk_packages" --unpack-tarball="$tarball" trixie "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
+	# debootstrap installs every package of the tarball: take the bundled
+	# ones out again.
+	chroot "$root" dpkg --purge $bundled_packages >>"$cache/debootstrap.log" 2>&1 ||
 		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
 	echo dsec-host >"$root/etc/hostname"
 	printf '127.0.0.1 localhost dsec-host\n' >"$root/etc/hosts"
@@ -83,8 +91,9 @@ EOF
 	rm -rf "$root"
 fi
 
-# 3. What the run takes in: the binaries, the host suite, the installer,
-# a busybox image store.
+# 3. What the run takes in: the offline bundle of the binaries just built
+# (with a busybox image store and Debian 13's crun and runsc), the host
+# suite, the installer.
 share=$cache/run
 rm -rf "$share" && mkdir -p "$share/bin" "$share/deploy"
 for f in dsec aether dsec-vminit libdsec-compat.so; do cp -L "$repo/bin/$f" "$share/bin/"; done
@@ -95,7 +104,8 @@ if [ "${HOST_BENCH:-0}" = 1 ]; then (cd "$repo" && go build -o "$share/bench-cre
 if [ ! -e "$cache/images/refs/root/busybox/latest" ]; then
 	"$repo/bin/dsec" image build busybox --store "$cache/images" >/dev/null
 fi
-cp -a "$cache/images" "$share/images"
+BUNDLE_PACKAGES=$bundled_packages "$repo/scripts/bundle.sh" "$share/opendsec.tar.gz" --images "$cache/images" \
+	--image root/busybox:latest --debs-from "$tarball" >"$cache/bundle.log" 2>&1 || { cat "$cache/bundle.log" >&2; exit 1; }
 cp "$repo/test/hosts/inside.sh" "$share/inside.sh"
 # Settings for inside.sh: HOST_TEST_RUN picks host tests (-test.run).
 printf 'HOST_TEST_RUN=%q\nBENCH_N=%q\nHOST_TEST_QUIT=%q\n' "${HOST_TEST_RUN:-}" "${BENCH_N:-10}" "${HOST_TEST_QUIT:-}" >"$share/env"

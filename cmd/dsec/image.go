@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +19,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls [--all] | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE>
+const imageUsage = `usage: dsec image <ls [--all] | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE | copy --from DIR --to DIR NAME...>
 
 build recipes:
 `
@@ -79,6 +80,8 @@ func cmdImage(ctx context.Context, args []string) error {
 		return imageBuild(ctx, args[1:])
 	case "export":
 		return imageExport(args[1:])
+	case "copy":
+		return imageCopy(ctx, args[1:])
 	}
 	return imageHelp()
 }
@@ -248,6 +251,48 @@ func imageExport(args []string) error {
 	}
 	defer f.Close()
 	return store.Export(im, f)
+}
+
+// imageCopy copies images from one store directory to another, without a
+// cluster (make bundle takes the images it ships so).
+func imageCopy(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("image copy", flag.ExitOnError)
+	from := fs.String("from", "", "the image store to copy from")
+	to := fs.String("to", "", "the image store to copy into (made if missing)")
+	fs.Parse(args)
+	if fs.NArg() == 0 || *from == "" || *to == "" {
+		return fmt.Errorf("image copy: usage: dsec image copy --from DIR --to DIR NAME...")
+	}
+	src, err := image.OpenStore(*from)
+	if err != nil {
+		return fmt.Errorf("image copy: --from: %w", err)
+	}
+	dst, err := image.OpenStore(*to)
+	if err != nil {
+		return fmt.Errorf("image copy: --to: %w", err)
+	}
+	for _, name := range fs.Args() {
+		ref, err := image.ParseRef(name)
+		if err != nil {
+			return fmt.Errorf("image copy: %w", err)
+		}
+		im, err := src.Resolve(ref)
+		if err != nil {
+			return fmt.Errorf("image copy: %s: %w", name, err)
+		}
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(src.Export(im, pw)) }()
+		got, err := dst.Import(ctx, pr, ref, image.ImportOptions{})
+		pr.CloseWithError(err)
+		if err != nil {
+			return fmt.Errorf("image copy: %s: %w", name, err)
+		}
+		if got.Digest != im.Digest {
+			return fmt.Errorf("image copy: %s: copied as %s, was %s", name, got.Digest, im.Digest)
+		}
+		fmt.Printf("%s %s\n", name, got.Digest)
+	}
+	return nil
 }
 
 // imageGC frees the store's unused blobs and prunes every node's layers.

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs inside the host test's Debian 13 VM (scripts/test-hosts.sh puts it
-# in the shared directory /host): install with deploy/quickstart.sh, run
-# the host suite, uninstall, and check that nothing is left.
+# in the shared directory /host): install with deploy/quickstart.sh from
+# the offline bundle (the VM has no network, crun or runsc), run the host
+# suite, roll out, uninstall, and check that nothing is left.
 set -u
 cd /host
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -14,7 +15,7 @@ section "the machine"
 echo "$(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r), $(systemctl --version | head -1), cgroup $(stat -fc %T /sys/fs/cgroup)"
 
 section "a check that fails changes nothing"
-if ./deploy/quickstart.sh --bin /nonexistent --images /host/images --backends container,gvisor >/tmp/refused.log 2>&1; then
+if ./deploy/quickstart.sh --bin /nonexistent --backends container,gvisor >/tmp/refused.log 2>&1; then
 	echo "FAIL: the installer accepted --bin /nonexistent"
 	rc=1
 elif [ -e /usr/local/lib/opendsec ] || [ -e /etc/systemd/system/dsec-edge.service ]; then
@@ -24,10 +25,29 @@ else
 	grep -- "- " /tmp/refused.log
 fi
 
-section "install"
-./deploy/quickstart.sh --bin /host/bin --images /host/images --backends container,gvisor || { echo "FAIL: install"; journalctl -u 'dsec-*' --no-pager | tail -60; exit 1; }
+section "a bundle that does not match its manifest is refused before anything changes"
+rm -rf /tmp/tampered && mkdir /tmp/tampered && tar -xzf /host/opendsec.tar.gz -C /tmp/tampered
+printf 'x' >>"$(ls -d /tmp/tampered/opendsec-*)/bin/aether"
+tar -C /tmp/tampered -czf /tmp/tampered.tar.gz . && rm -rf /tmp/tampered
+if ./deploy/quickstart.sh --bundle /tmp/tampered.tar.gz --backends container,gvisor >/tmp/refused.log 2>&1; then
+	echo "FAIL: the installer took a bundle whose aether does not match its manifest"
+	rc=1
+elif [ -e /usr/local/lib/opendsec ] || [ -e /etc/systemd/system/dsec-edge.service ] || command -v crun >/dev/null; then
+	echo "FAIL: a refused bundle changed the machine"
+	rc=1
+elif ! grep -q "bin/aether: FAILED" /tmp/refused.log; then
+	echo "FAIL: the refusal does not name bin/aether:"; cat /tmp/refused.log
+	rc=1
+else
+	tail -3 /tmp/refused.log
+fi
+
+section "install from the offline bundle (no network; crun and runsc from it)"
+ip route | grep -q default && { echo "FAIL: the VM has a route out; the offline install proves nothing"; rc=1; }
+if command -v crun || command -v runsc; then echo "FAIL: the VM has crun or runsc before the install"; rc=1; fi
+./deploy/quickstart.sh --bundle /host/opendsec.tar.gz --backends container,gvisor || { echo "FAIL: install"; journalctl -u 'dsec-*' --no-pager | tail -60; exit 1; }
 section "install again (idempotent)"
-./deploy/quickstart.sh --bin /host/bin --images /host/images --backends container,gvisor --no-check-run || { echo "FAIL: second install"; rc=1; }
+./deploy/quickstart.sh --bundle /host/opendsec.tar.gz --backends container,gvisor --no-check-run || { echo "FAIL: second install"; rc=1; }
 
 section "host suite"
 set +u
