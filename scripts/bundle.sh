@@ -106,7 +106,7 @@ else
 	closure=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances $packages |
 		grep -v '^ ' | grep -v '^<' | sort -u)
 	# shellcheck disable=SC2086
-	(cd "$top/debs" && apt-get download -q $closure >/dev/null)
+	(cd "$top/debs" && apt-get -o APT::Sandbox::User=root download -q $closure >/dev/null)
 fi
 echo "$codename" >"$top/debs/CODENAME"
 
