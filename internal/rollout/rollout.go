@@ -155,11 +155,15 @@ func (r *Rollout) restart(ctx context.Context, c Component, version string) erro
 			}
 			return &GateError{Gate: "target up", Detail: fmt.Sprintf("%s answers as version %q, not %q, after %v", c.Name, last, version, r.cfg.Gates.Ready)}
 		}
-		if err := r.deps.Sleep(ctx, r.cfg.Gates.Poll); err != nil {
+		if err := r.deps.Sleep(ctx, min(r.cfg.Gates.Poll, readyPoll)); err != nil {
 			return err
 		}
 	}
 }
+
+// readyPoll is how often a restarted component is asked whether it is
+// back: a scrape is cheap, and each wave waits on it.
+const readyPoll = 100 * time.Millisecond
 
 // soak polls every component for the soak time and judges the gates.
 func (r *Rollout) soak(ctx context.Context) error {
