@@ -9,7 +9,6 @@ package client
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,7 +33,7 @@ import (
 type Client struct {
 	URL       string
 	key       string
-	roots     *x509.CertPool // TLS roots besides the system's (nil: the system's)
+	tlsConf   *tls.Config // the TLS its calls use (nil: the system's roots, no client certificate)
 	http      *http.Client
 	Sandboxes sandboxv1connect.SandboxServiceClient
 	IAM       iamv1connect.IAMServiceClient
@@ -46,8 +45,8 @@ type Client struct {
 // key.
 func New(rawURL, key string) (*Client, error) { return newClient(rawURL, key, nil) }
 
-// newClient is New, verifying TLS against roots (nil: the system's).
-func newClient(rawURL, key string, roots *x509.CertPool) (*Client, error) {
+// newClient is New with TLS configured as conf (nil: the system's roots).
+func newClient(rawURL, key string, conf *tls.Config) (*Client, error) {
 	endpoints, err := parseEndpoints(rawURL)
 	if err != nil {
 		return nil, err
@@ -56,9 +55,9 @@ func newClient(rawURL, key string, roots *x509.CertPool) (*Client, error) {
 		return nil, errors.New("client: no API key (set DSEC_API_KEY)")
 	}
 	base := endpoints[0].String()
-	hc := &http.Client{Transport: authTransport{key: key, next: &failover{endpoints: endpoints, next: transportFor(endpoints[0].Scheme, roots)}}}
+	hc := &http.Client{Transport: authTransport{key: key, next: &failover{endpoints: endpoints, next: withCertHint(endpoints[0].Scheme, conf, transportFor(endpoints[0].Scheme, conf))}}}
 	return &Client{
-		URL: base, key: key, http: hc, roots: roots,
+		URL: base, key: key, http: hc, tlsConf: conf,
 		Sandboxes: sandboxv1connect.NewSandboxServiceClient(hc, base),
 		IAM:       iamv1connect.NewIAMServiceClient(hc, base),
 		Images:    imagev1connect.NewImageServiceClient(hc, base),
@@ -67,38 +66,25 @@ func newClient(rawURL, key string, roots *x509.CertPool) (*Client, error) {
 
 // FromEnv builds a client from DSEC_API_URL and DSEC_API_KEY, trusting
 // DSEC_CA_FILE's CA too when it is set (a cluster's own CA, which
-// `dsec up --tls` writes there).
+// `dsec up --tls` writes there) and presenting DSEC_CLIENT_CERT (with
+// DSEC_CLIENT_KEY) to apiservers that require mutual TLS.
 func FromEnv() (*Client, error) {
 	u := os.Getenv("DSEC_API_URL")
 	if u == "" {
 		return nil, errors.New("client: DSEC_API_URL is not set (source the client.env that dsec up wrote)")
 	}
-	if ca := os.Getenv("DSEC_CA_FILE"); ca != "" {
-		return NewWithCA(u, os.Getenv("DSEC_API_KEY"), ca)
-	}
-	return New(u, os.Getenv("DSEC_API_KEY"))
+	return NewWithTLS(u, os.Getenv("DSEC_API_KEY"), TLSFilesFromEnv())
 }
 
 // NewWithCA is New for apiservers whose certificates the CA in caFile (PEM)
 // signed, besides the system's.
 func NewWithCA(rawURL, key, caFile string) (*Client, error) {
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("client: the CA file (DSEC_CA_FILE): %w", err)
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("client: the CA file %s holds no PEM certificate", caFile)
-	}
-	return newClient(rawURL, key, pool)
+	return NewWithTLS(rawURL, key, TLSFiles{CA: caFile})
 }
 
 // transportFor speaks HTTP/2: with prior knowledge over plain HTTP, by ALPN
 // over TLS.
-func transportFor(scheme string, roots *x509.CertPool) http.RoundTripper {
+func transportFor(scheme string, conf *tls.Config) http.RoundTripper {
 	var protos http.Protocols
 	if scheme == "http" {
 		protos.SetUnencryptedHTTP2(true)
@@ -106,10 +92,13 @@ func transportFor(scheme string, roots *x509.CertPool) http.RoundTripper {
 		protos.SetHTTP1(true)
 		protos.SetHTTP2(true)
 	}
+	if conf == nil {
+		conf = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
 	return &http.Transport{
 		Protocols:           &protos,
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+		TLSClientConfig:     conf.Clone(),
 		MaxIdleConnsPerHost: 16,
 		HTTP2:               &http.HTTP2Config{MaxConcurrentStreams: 1000},
 	}

@@ -26,7 +26,7 @@ func (s *Sandbox) PortURL(port int) string {
 // (as X-API-Key, so the sandbox's own Authorization header passes).
 func (s *Sandbox) PortClient() *http.Client {
 	at := s.c.http.Transport.(authTransport)
-	return &http.Client{Transport: keyHeader{key: at.key, next: transportFor(strings.SplitN(s.c.URL, ":", 2)[0], s.c.roots)}}
+	return &http.Client{Transport: keyHeader{key: at.key, next: transportFor(strings.SplitN(s.c.URL, ":", 2)[0], s.c.tlsConf)}}
 }
 
 type keyHeader struct {

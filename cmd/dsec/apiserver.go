@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"path/filepath"
@@ -32,7 +33,11 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	lf := addLogFlags(fs)
 	metricsListen := addMetricsFlag(fs)
 	clientTLS := fs.Bool("client-tls", false, "serve the client API over TLS with this apiserver's certificate (clients verify it with the CA: DSEC_CA_FILE); default plain HTTP")
+	clientCA := fs.String("client-ca", "", "with --client-tls: require clients to present a certificate this CA (PEM) signed (mutual TLS; dsec ca issue --role client makes them)")
 	fs.Parse(args)
+	if *clientCA != "" && !*clientTLS {
+		return fmt.Errorf("apiserver: --client-ca %s needs --client-tls (mutual TLS is TLS)", *clientCA)
+	}
 	if *id == "" || *stateDir == "" || *edges == "" || *iamPeers == "" || *images == "" {
 		return fmt.Errorf("apiserver: --id, --state-dir, --edges, --iam and --image-store: required")
 	}
@@ -49,6 +54,12 @@ func cmdAPIServer(ctx context.Context, args []string) error {
 	}
 	if *clientTLS {
 		cfg.TLS = ident.PublicServerConfig()
+		if *clientCA != "" {
+			if cfg.TLS.ClientCAs, err = loadCAPool(*clientCA); err != nil {
+				return fmt.Errorf("apiserver: --client-ca %w", err)
+			}
+			cfg.TLS.ClientAuth = tls.RequireAndVerifyClientCert
+		}
 	}
 	log := lf.logger().With(logging.Component, "apiserver")
 	reg, err := serveMetrics(ctx, *metricsListen, log)

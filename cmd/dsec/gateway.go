@@ -29,6 +29,8 @@ func cmdGateway(ctx context.Context, args []string) error {
 	backend := fs.String("backend", "gvisor", "backend of E2B sandboxes (gvisor can pause and fork)")
 	user := fs.String("default-user", "user", "user that runs commands when the SDK names none")
 	apiCA := fs.String("api-ca", os.Getenv("DSEC_CA_FILE"), "CA (PEM) the apiserver's TLS certificate is verified against besides the system's (default $DSEC_CA_FILE)")
+	apiCert := fs.String("api-client-cert", os.Getenv("DSEC_CLIENT_CERT"), "certificate (PEM) the gateway presents to an apiserver that requires mutual TLS (default $DSEC_CLIENT_CERT)")
+	apiKey := fs.String("api-client-key", os.Getenv("DSEC_CLIENT_KEY"), "the key of --api-client-cert (default $DSEC_CLIENT_KEY)")
 	templateDir := fs.String("template-dir", "", "directory (0700) for the files E2B template builds upload (default: template-uploads beside the token secret file)")
 	buildBackend := fs.String("build-backend", "container", "backend that runs E2B template builds' steps (one that can commit: container or microvm)")
 	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM; it should name the gateway's host and *.DOMAIN for sandbox hosts); default plain HTTP")
@@ -64,7 +66,7 @@ func cmdGateway(ctx context.Context, args []string) error {
 		Metrics: reg,
 		APIURL:  *apiURL, ServiceKey: strings.TrimSpace(string(key)), TokenSecret: secret,
 		BaseImage: *baseImage, CodeInterpreterImage: *ciImage, Backend: *backend, DefaultUser: *user,
-		TemplateDir: *templateDir, BuildBackend: *buildBackend, APICAFile: *apiCA,
+		TemplateDir: *templateDir, BuildBackend: *buildBackend, APICAFile: *apiCA, APIClientCert: *apiCert, APIClientKey: *apiKey,
 	}, log)
 	if err != nil {
 		return err

@@ -25,15 +25,25 @@ func publicTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
 	if clientCA != "" {
-		pem, err := os.ReadFile(clientCA)
+		pool, err := loadCAPool(clientCA)
 		if err != nil {
-			return nil, fmt.Errorf("--client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--client-ca %s: no PEM certificate in it", clientCA)
+			return nil, fmt.Errorf("--client-ca %w", err)
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
 	return cfg, nil
+}
+
+// loadCAPool reads the CA certificates (PEM) clients' certificates must
+// chain to.
+func loadCAPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificate in it", file)
+	}
+	return pool, nil
 }

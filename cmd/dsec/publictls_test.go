@@ -81,3 +81,13 @@ func TestPublicTLSFlags(t *testing.T) {
 		t.Fatalf("a client certificate of the CA: %v", err)
 	}
 }
+
+// The apiserver's --client-ca needs --client-tls, and says so before it
+// starts anything.
+func TestAPIServerClientCANeedsTLS(t *testing.T) {
+	err := cmdAPIServer(t.Context(), []string{"--id", "api-1", "--state-dir", t.TempDir(), "--edges", "127.0.0.1:1", "--iam", "127.0.0.1:2",
+		"--image-store", t.TempDir(), "--client-ca", "/nonexistent/ca.pem"})
+	if err == nil || !strings.Contains(err.Error(), "--client-ca /nonexistent/ca.pem needs --client-tls") {
+		t.Fatalf("--client-ca without --client-tls: %v", err)
+	}
+}

@@ -32,6 +32,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	lf := addLogFlags(fs)
 	rf := addRegistryFlags(fs)
 	e2bListen := fs.String("e2b-listen", embed.DefaultGatewayListen, "address of the E2B-compatible gateway; empty for none")
+	clientCerts := fs.Bool("client-certs", false, "with --tls: require clients to present a certificate of the cluster's CA (mutual TLS); client.env names the admin's as DSEC_CLIENT_CERT and DSEC_CLIENT_KEY")
 	useTLS := fs.Bool("tls", false, "serve the client API over TLS with a certificate of the cluster's CA (client.env names the CA as DSEC_CA_FILE); without it the API is plain HTTP, fit for loopback only")
 	metricsListen := fs.String("metrics-listen", "127.0.0.1:0", "address serving every component's Prometheus metrics at /metrics (written into client.env as DSEC_METRICS_URL; port 0 picks a free one; empty: none)")
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
@@ -49,7 +50,7 @@ func cmdUp(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Registries: rf.config(), Backends: map[string]map[string]string{},
-		GatewayListen: *e2bListen, MetricsListen: *metricsListen, TLS: *useTLS, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges,
+		GatewayListen: *e2bListen, MetricsListen: *metricsListen, TLS: *useTLS, ClientCerts: *clientCerts, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges,
 		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, DiskOvercommit: *diskOver, LayerCacheLimit: *cacheLimit << 20, UnpackLayers: *unpack}
 	if *edges < 1 || *edges > 64 {
 		return fmt.Errorf("up: --edges %d: want 1 to 64", *edges)

@@ -77,6 +77,10 @@ type Config struct {
 	// cluster's CA, which client.env names as DSEC_CA_FILE; without it the
 	// API is plain HTTP (fit for loopback only).
 	TLS bool
+	// ClientCerts, with TLS, makes the client API require mutual TLS: a
+	// client certificate of the cluster's CA, which dsec up issues for its
+	// admin and client.env names (DSEC_CLIENT_CERT, DSEC_CLIENT_KEY).
+	ClientCerts bool
 	// GatewayListen is the E2B-compatible gateway's address; empty runs
 	// no gateway.
 	GatewayListen string
@@ -122,7 +126,10 @@ type Cluster struct {
 	// CAFile is the cluster CA's certificate, which clients verify the
 	// API's TLS with (Config.TLS; empty without).
 	CAFile string
-	apiTLS *tls.Config // the client API's, with Config.TLS
+	// ClientCert and ClientKey are the admin's client certificate and key
+	// (Config.ClientCerts; empty without).
+	ClientCert, ClientKey string
+	apiTLS                *tls.Config // the client API's, with Config.TLS
 	// Metrics is the registry every component of the cluster registers on.
 	Metrics *prometheus.Registry
 	reg     prometheus.Registerer // Metrics, or nil with Config.NoMetrics
@@ -245,6 +252,15 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 			return nil, err
 		}
 		c.apiTLS, c.CAFile = ca.PublicServerConfig(cert), ca.CertFile()
+		if cfg.ClientCerts {
+			if _, err := ca.Issue("client-admin", pki.RoleClient, nil); err != nil {
+				return nil, err
+			}
+			c.ClientCert, c.ClientKey = ca.PairFiles("client-admin")
+			c.apiTLS.ClientCAs, c.apiTLS.ClientAuth = ca.Pool, tls.RequireAndVerifyClientCert
+		}
+	} else if cfg.ClientCerts {
+		return nil, errors.New("client certificates (--client-certs) need TLS (--tls)")
 	} else {
 		log.Info("the client API is plain HTTP: fit for loopback only (dsec up --tls serves it over TLS)", logging.Component, "embed")
 	}
@@ -313,6 +329,9 @@ func (c *Cluster) writeClientEnv(ctx context.Context, secret string) error {
 	content := fmt.Sprintf("# OpenDsec client settings, written by dsec up. Source it: . %s\nexport DSEC_API_URL=%s\nexport DSEC_API_KEY=%s\n", c.ClientEnv, c.APIURL, secret)
 	if c.CAFile != "" {
 		content += "# The CA that signed the API's certificate:\nexport DSEC_CA_FILE=" + c.CAFile + "\n"
+	}
+	if c.ClientCert != "" {
+		content += "# The client certificate the API requires (mutual TLS):\nexport DSEC_CLIENT_CERT=" + c.ClientCert + "\nexport DSEC_CLIENT_KEY=" + c.ClientKey + "\n"
 	}
 	if c.MetricsURL != "" {
 		content += "# Every component's Prometheus metrics:\nexport DSEC_METRICS_URL=" + c.MetricsURL + "\n"

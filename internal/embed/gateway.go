@@ -38,7 +38,7 @@ func (c *Cluster) startGateway(ctx context.Context, cfg Config, ca *pki.CA) erro
 	gcfg := cfg.Gateway
 	gcfg.APIURL, gcfg.ServiceKey, gcfg.TokenSecret = c.APIURL, serviceKey, secret
 	gcfg.Metrics = c.reg
-	gcfg.APICAFile = c.CAFile
+	gcfg.APICAFile, gcfg.APIClientCert, gcfg.APIClientKey = c.CAFile, c.ClientCert, c.ClientKey
 	if gcfg.TemplateDir == "" {
 		gcfg.TemplateDir = filepath.Join(dir, "template-uploads")
 	}

@@ -33,10 +33,13 @@ const (
 	RoleEdge      = "edge"
 	RoleIAM       = "iam"
 	RoleGateway   = "gateway"
+	// RoleClient is a user's or tool's certificate for an apiserver that
+	// requires mutual TLS of its clients; no component accepts it.
+	RoleClient = "client"
 )
 
 // Roles is every role, for messages and checks.
-var Roles = []string{RoleAPIServer, RoleWatcher, RoleEdge, RoleIAM, RoleGateway}
+var Roles = []string{RoleAPIServer, RoleWatcher, RoleEdge, RoleIAM, RoleGateway, RoleClient}
 
 // CA is a loaded authority.
 type CA struct {

@@ -122,7 +122,7 @@ func (c *Cluster) start(t testing.TB) {
 	c.Cluster = ec
 	c.Key = EnvKey(t, ec.ClientEnv)
 	if ec.CAFile != "" {
-		c.Client, err = client.NewWithCA(ec.APIURL, c.Key, ec.CAFile)
+		c.Client, err = client.NewWithTLS(ec.APIURL, c.Key, client.TLSFiles{CA: ec.CAFile, Cert: ec.ClientCert, Key: ec.ClientKey})
 	} else {
 		c.Client, err = client.New(ec.APIURL, c.Key)
 	}

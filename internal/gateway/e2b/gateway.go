@@ -15,7 +15,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -36,6 +35,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
 	"github.com/opendsec/opendsec/api/gen/opendsec/image/v1/imagev1connect"
 	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/headers"
 	"github.com/opendsec/opendsec/internal/logging"
@@ -50,6 +50,9 @@ type Config struct {
 	// APICAFile, if set, is a CA (PEM) the apiserver's TLS certificate is
 	// verified against, besides the system's.
 	APICAFile string
+	// APIClientCert and APIClientKey, if set, are the certificate (PEM)
+	// the gateway presents to an apiserver that requires mutual TLS.
+	APIClientCert, APIClientKey string
 	// ServiceKey is the gateway's own API key (an ADMIN key of the root
 	// project), used for calls inside sandboxes after an access token check.
 	ServiceKey string
@@ -153,18 +156,12 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 		protos.SetHTTP1(true)
 		protos.SetHTTP2(true)
 	}
-	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
-	if cfg.APICAFile != "" {
-		pem, err := os.ReadFile(cfg.APICAFile)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: the apiserver's CA: %w", err)
-		}
-		if tlsConfig.RootCAs, err = x509.SystemCertPool(); err != nil {
-			tlsConfig.RootCAs = x509.NewCertPool()
-		}
-		if !tlsConfig.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("gateway: %s holds no PEM certificate", cfg.APICAFile)
-		}
+	tlsConfig, err := cfg.apiTLS().Config()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: the link to the apiserver: %w", err)
+	}
+	if tlsConfig == nil {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	tr := &http.Transport{
 		TLSClientConfig:     tlsConfig,
@@ -325,4 +322,9 @@ func privateDir(dir string) error {
 		return fmt.Errorf("%s is open to other users (mode %o; want 0700)", dir, fi.Mode().Perm())
 	}
 	return nil
+}
+
+// apiTLS names the files of the gateway's TLS to the apiserver.
+func (c Config) apiTLS() client.TLSFiles {
+	return client.TLSFiles{CA: c.APICAFile, Cert: c.APIClientCert, Key: c.APIClientKey}
 }

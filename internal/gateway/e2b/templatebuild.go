@@ -298,10 +298,7 @@ func (g *Gateway) runBuild(ctx context.Context, b *templateBuild, plan []planned
 }
 
 func (g *Gateway) build(ctx context.Context, b *templateBuild, plan []plannedStep, apiKey string, creds *imagev1.RegistryCredentials, force bool, lw *logWriter) error {
-	c, err := client.New(g.cfg.APIURL, apiKey)
-	if g.cfg.APICAFile != "" {
-		c, err = client.NewWithCA(g.cfg.APIURL, apiKey, g.cfg.APICAFile)
-	}
+	c, err := client.NewWithTLS(g.cfg.APIURL, apiKey, g.cfg.apiTLS())
 	if err != nil {
 		return err
 	}

@@ -161,3 +161,25 @@ async def test_create_does_not_retry_what_the_server_did_not_mark() -> None:
     finally:
         srv.shutdown()
     assert e.value.code == "unavailable" and len(_Stub.seen) == 1, _Stub.seen
+
+
+def test_tls_files_are_checked(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A client certificate without its key, or files that are no
+    certificates, are refused naming what is wrong; with none named the
+    system's roots verify."""
+    for var in ["DSEC_CA_FILE", "DSEC_CLIENT_CERT", "DSEC_CLIENT_KEY"]:
+        monkeypatch.delenv(var, raising=False)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    with pytest.raises(InvalidArgumentError, match="go together"):
+        DSecClient("https://a:1", "key", client_cert=str(junk))
+    monkeypatch.setenv("DSEC_CLIENT_KEY", str(junk))
+    with pytest.raises(InvalidArgumentError, match="go together"):
+        DSecClient("https://a:1", "key")
+    with pytest.raises(InvalidArgumentError, match="client certificate"):
+        DSecClient("https://a:1", "key", client_cert=str(junk))
+    monkeypatch.delenv("DSEC_CLIENT_KEY")
+    with pytest.raises(InvalidArgumentError, match="CA file"):
+        DSecClient("https://a:1", "key", ca_file=str(junk))
+    c = DSecClient("https://a:1", "key")
+    assert c._conn.closed_hint, "an https client without a certificate gets no hint"

@@ -99,6 +99,15 @@ class ConnectClient:
     def __init__(self, http: httpx.AsyncClient, endpoints: "Endpoints | str") -> None:
         self._http = http
         self._ends = endpoints if isinstance(endpoints, Endpoints) else Endpoints([endpoints.rstrip("/")])
+        # closed_hint is added to the error of a connection the server
+        # closed after TLS (what an apiserver that requires a client
+        # certificate does to a client without one).
+        self.closed_hint = ""
+
+    def _hint(self, e: Optional[Exception]) -> str:
+        if self.closed_hint and isinstance(e, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)):
+            return f" ({self.closed_hint})"
+        return ""
 
     async def unary(
         self,
@@ -122,13 +131,13 @@ class ConnectClient:
                 continue
             except httpx.TransportError as e:
                 if not _safe_to_repeat(method, h):
-                    raise error_from_code("unavailable", f"{method}: {e}") from e
+                    raise error_from_code("unavailable", f"{method}: {_reason(e)}") from e
                 last = e
                 continue
             self._ends.current = i
             break
         else:
-            err = error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {last}")
+            err = error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {_reason(last)}{self._hint(last)}")
             err.retryable = True
             raise err from last
         if resp.status_code != 200:
@@ -185,3 +194,16 @@ class ConnectClient:
         else:
             raise error_from_code("unavailable", f"{method}: no apiserver answered ({', '.join(self._ends.urls)}): {last}") from last
         raise error_from_code("unavailable", f"{method}: stream ended without an end-of-stream message")
+
+
+def _reason(e: Optional[BaseException]) -> str:
+    """What went wrong with a transport error: its own message, or its
+    causes' (a TLS alert, such as a client certificate the apiserver
+    requires, reaches httpx as a ReadError without one)."""
+    seen = 0
+    while e is not None and seen < 10:
+        if str(e):
+            return str(e)
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return "the connection closed"

@@ -27,6 +27,32 @@ _IMG = "opendsec.image.v1.ImageService/"
 ProgressFn = Callable[[str, int, int], None]
 
 
+def tls_context(ca_file: Optional[str], client_cert: Optional[str], client_key: Optional[str]) -> Any:
+    """The TLS verification httpx gets: True (the system's roots) unless a
+    CA (ca_file or DSEC_CA_FILE: a cluster's own, trusted besides the
+    system's) or a client certificate for mutual TLS (client_cert and
+    client_key, or DSEC_CLIENT_CERT and DSEC_CLIENT_KEY) is named."""
+    ca = ca_file or os.environ.get("DSEC_CA_FILE", "")
+    cert = client_cert or os.environ.get("DSEC_CLIENT_CERT", "")
+    key = client_key or os.environ.get("DSEC_CLIENT_KEY", "")
+    if not ca and not cert and not key:
+        return True
+    ctx = ssl.create_default_context()
+    if ca:
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as e:
+            raise InvalidArgumentError(f"CA file {ca!r} (ca_file or DSEC_CA_FILE): {e}") from None
+    if bool(cert) != bool(key):
+        raise InvalidArgumentError("client certificate: client_cert and client_key (DSEC_CLIENT_CERT, DSEC_CLIENT_KEY) go together: give both or neither")
+    if cert:
+        try:
+            ctx.load_cert_chain(certfile=cert, keyfile=key)
+        except (OSError, ssl.SSLError) as e:
+            raise InvalidArgumentError(f"client certificate {cert!r} with key {key!r}: {e}") from None
+    return ctx
+
+
 class DSecClient:
     """A connection to an OpenDsec apiserver.
 
@@ -38,7 +64,8 @@ class DSecClient:
     """
 
     def __init__(
-        self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None
+        self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None,
+        client_cert: Optional[str] = None, client_key: Optional[str] = None,
     ) -> None:
         raw = api_url or os.environ.get("DSEC_API_URL", "")
         key = api_key or os.environ.get("DSEC_API_KEY", "")
@@ -52,16 +79,7 @@ class DSecClient:
         self._endpoints = Endpoints(self.api_urls)
         if not key:
             raise AuthenticationError("no API key: pass api_key or set DSEC_API_KEY")
-        # A cluster's own CA (dsec up --tls writes it as DSEC_CA_FILE) is
-        # trusted besides the system's.
-        ca = ca_file or os.environ.get("DSEC_CA_FILE", "")
-        verify: Any = True
-        if ca:
-            try:
-                verify = ssl.create_default_context()
-                verify.load_verify_locations(cafile=ca)
-            except (OSError, ssl.SSLError) as e:
-                raise InvalidArgumentError(f"CA file {ca!r} (ca_file or DSEC_CA_FILE): {e}") from None
+        verify = tls_context(ca_file, client_cert, client_key)
         self._http = httpx.AsyncClient(
             verify=verify,
             headers={"Authorization": f"Bearer {key}"},
@@ -69,6 +87,8 @@ class DSecClient:
             timeout=httpx.Timeout(120, connect=10),
         )
         self._conn = ConnectClient(self._http, self._endpoints)
+        if any(u.startswith("https://") for u in self.api_urls) and not (client_cert or os.environ.get("DSEC_CLIENT_CERT")):
+            self._conn.closed_hint = "an apiserver that requires client certificates closes connections without one: set DSEC_CLIENT_CERT and DSEC_CLIENT_KEY"
 
     async def __aenter__(self) -> "DSecClient":
         return self

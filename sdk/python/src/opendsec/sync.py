@@ -176,12 +176,13 @@ class DSecClient(_Wrapper):
     synchronously. Use it as a context manager, or call :meth:`close`."""
 
     def __init__(
-        self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None
+        self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None,
+        client_cert: Optional[str] = None, client_key: Optional[str] = None,
     ) -> None:
         loop = _Loop()
 
         async def make() -> _client.DSecClient:
-            return _client.DSecClient(api_url, api_key, max_connections=max_connections, ca_file=ca_file)
+            return _client.DSecClient(api_url, api_key, max_connections=max_connections, ca_file=ca_file, client_cert=client_cert, client_key=client_key)
 
         try:
             inner = loop.run(make())
