@@ -73,6 +73,37 @@ def gateway(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
     images = Path(os.environ.get("DSEC_TEST_IMAGE_STORE", REPO / ".cache" / "images"))
     if not (images / "refs" / "root" / "py" / "3.11").exists():
         missing("root/py:3.11 is not built (make images)")
+    up = start_up(dsec, images)
+    for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+        os.environ[k] = up.env[k]
+    try:
+        yield up.env
+    finally:
+        up.stop(request.session.testsfailed > 0)
+
+
+class Up:
+    """A dsec up of a test's own: its process, state directory and client.env."""
+
+    def __init__(self, dsec: Path, proc: "subprocess.Popen[bytes]", state: Path, log, env: Dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+        self.dsec, self.proc, self.state, self.log, self.env = dsec, proc, state, log, env
+
+    def stop(self, failed: bool) -> None:
+        subprocess.run([str(self.dsec), "stop", "--all"], env={**os.environ, **self.env}, capture_output=True)
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+        # The state holds the node's unpacked image layers (hundreds of MB):
+        # removed after a clean run, kept (and named) after a failing one.
+        if failed or os.environ.get("DSEC_KEEP_TEST_STATE"):
+            print(f"\ndsec state kept in {self.state}")
+        else:
+            shutil.rmtree(self.state, ignore_errors=True)
+
+
+def start_up(dsec: Path, images: Path, *extra: str) -> Up:
+    """Starts bin/dsec up with the gateway on free loopback ports (and
+    extra flags) and waits for its client.env."""
     state = Path(tempfile.mkdtemp(prefix="dsec-e2b-test-"))
     log = open(state / "dsec.log", "w")
     proc = subprocess.Popen(
@@ -80,7 +111,7 @@ def gateway(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
             str(dsec), "up", "--state-dir", str(state),
             "--listen", f"127.0.0.1:{_free_port()}",
             "--e2b-listen", f"127.0.0.1:{_free_port()}",
-            "--image-store", str(images),
+            "--image-store", str(images), *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -92,22 +123,7 @@ def gateway(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
             log.close()
             raise RuntimeError("dsec up did not start: " + (state / "dsec.log").read_text())
         time.sleep(0.05)
-    env = _read_env(env_file)
-    for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
-        os.environ[k] = env[k]
-    try:
-        yield env
-    finally:
-        subprocess.run([str(dsec), "stop", "--all"], env={**os.environ, **env}, capture_output=True)
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-        # The state holds the node's unpacked image layers (hundreds of MB):
-        # removed after a clean run, kept (and named) after a failing one.
-        if request.session.testsfailed or os.environ.get("DSEC_KEEP_TEST_STATE"):
-            print(f"\ndsec state kept in {state}")
-        else:
-            shutil.rmtree(state, ignore_errors=True)
+    return Up(dsec, proc, state, log, _read_env(env_file))
 
 
 @pytest.fixture
