@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -67,6 +68,9 @@ type Service struct {
 	clientTLS   *tls.Config
 	log         *slog.Logger
 	stats       *raftStats
+	// handingOff is set once a stopping leader takes no more changes
+	// (handOff): they are answered not-leader and go to the next.
+	handingOff atomic.Bool
 }
 
 // Principal is an authenticated caller.
@@ -152,6 +156,7 @@ func (s *Service) Addr() string { return string(s.trans.LocalAddr()) }
 
 // Close stops the replica.
 func (s *Service) Close() error {
+	s.handOff()
 	s.stats.stop(s.raft)
 	err := s.raft.Shutdown().Error()
 	s.trans.Close()
@@ -248,12 +253,15 @@ func (s *Service) applyHere(ctx context.Context, data []byte) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
+	if s.handingOff.Load() {
+		return 0, errNotLeader // not in the log: the sender tries the next leader
+	}
 	began := time.Now()
 	fut := s.raft.Apply(data, timeout)
 	err := fut.Error()
 	s.stats.applies.Observe(time.Since(began).Seconds())
 	if err != nil {
-		if errors.Is(err, raft.ErrNotLeader) {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return 0, errNotLeader // not in the log: the sender tries the new leader
 		}
 		return 0, errdefs.Wrap(errdefs.ErrUnavailable, err, "iam: replicate (the change may or may not have been made)")
@@ -384,3 +392,42 @@ func (w slogWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = slogWriter{}
+
+// handOff, on a leader with other voters, lets the changes under way
+// finish and hands leadership to another voter before the replica stops:
+// a leader that just stops fails the applies in flight as "may or may not
+// have been made" (an upgrade restarts every replica in turn). From the
+// start new changes are refused as not-leader (they are not in the log,
+// so their senders try the next leader), the ones in the log are waited
+// for, then another voter is made leader.
+func (s *Service) handOff() {
+	if s.raft.State() != raft.Leader {
+		return
+	}
+	voters := 0
+	for _, m := range s.members() {
+		if m.Voter {
+			voters++
+		}
+	}
+	if voters < 2 {
+		return
+	}
+	s.handingOff.Store(true)
+	if err := s.raft.Barrier(2 * time.Second).Error(); err != nil {
+		s.log.Warn("hand-off: changes under way did not finish", logging.Error, err)
+	}
+	began := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- s.raft.LeadershipTransfer().Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			s.log.Warn("hand-off: leadership transfer failed; stopping as leader", logging.Error, err)
+			return
+		}
+		s.log.Info("handed leadership over before stopping", "took", time.Since(began).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		s.log.Warn("hand-off: leadership transfer took over 5 s; stopping as leader")
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,4 +319,60 @@ func TestNonVoterReadsItsWritesAndCannotChangeVoters(t *testing.T) {
 			t.Fatalf("create through the non-voter, read at once: %+v, %v", p, err)
 		}
 	}
+}
+
+// A leader that stops hands over first: writes sent through the followers
+// while it stops all succeed (none fails as "may or may not have been
+// made"), and another replica leads.
+func TestAStoppingLeaderHandsOverWithoutFailingWrites(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	nodes := []*Service{open(t, ca, dir, "iam-1", true, false)}
+	if _, err := nodes[0].EnsureRoot(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= 3; i++ {
+		n := open(t, ca, dir, fmt.Sprintf("iam-%d", i), false, false)
+		if err := nodes[0].Join(ctx(t), Member{ID: fmt.Sprintf("iam-%d", i), Addr: n.Addr(), Voter: true}); err != nil {
+			t.Fatalf("join iam-%d: %v", i, err)
+		}
+		nodes = append(nodes, n)
+	}
+	defer func() {
+		for _, n := range nodes[1:] {
+			n.Close()
+		}
+	}()
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	var mu sync.Mutex
+	var errs []error
+	writes := 0
+	for w, n := range nodes[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				_, err := n.CreateProject(ctx(t), "root", fmt.Sprintf("w%d-%d", w, i), fsm.Quota{})
+				mu.Lock()
+				writes++
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	nodes[0].Close()
+	time.Sleep(time.Second)
+	stop.Store(true)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d writes failed while the leader stopped: %v", len(errs), writes, errs[0])
+	}
+	if st := nodes[1].Status(); st.LeaderID == "" || st.LeaderID == "iam-1" {
+		t.Fatalf("after the leader stopped: %+v", st)
+	}
+	t.Logf("%d writes, none failed, while the leader handed over and stopped", writes)
 }
