@@ -187,12 +187,20 @@ if [ -n "$bundle" ]; then
 	tar -xzf "$bundle" -C "$bundle_dir" 2>/dev/null || fail "--bundle $bundle: not a readable tar.gz; nothing was installed"
 	top=$(find "$bundle_dir" -mindepth 1 -maxdepth 1 -type d -name 'opendsec-*' | head -1)
 	[ -n "$top" ] && [ -s "$top/MANIFEST.sha256" ] || fail "--bundle $bundle: no opendsec-VERSION/MANIFEST.sha256 in it; nothing was installed"
-	bad=$(cd "$top" && sha256sum --quiet --strict -c MANIFEST.sha256 2>&1 | grep -v '^sha256sum: WARNING' || true)
-	extra=$(cd "$top" && comm -13 <(awk '{ sub(/^[^ ]+ +\*?/, ""); print }' MANIFEST.sha256 | LC_ALL=C sort) \
+	# Every line of the manifest is a SHA-256, two spaces and a path inside
+	# the bundle; every file checks; nothing else is there (no file the
+	# manifest does not name, no link, device or pipe).
+	bad=$(grep -nvE '^[0-9a-f]{64}  [^/[:cntrl:]][^[:cntrl:]]*$' "$top/MANIFEST.sha256" | sed 's/^/malformed manifest line /' | head -3 || true)
+	bad=$bad$(awk '{ sub(/^[^ ]+  /, ""); print }' "$top/MANIFEST.sha256" | grep -E '(^|/)\.\.(/|$)' | sed 's/^/a path that leaves the bundle: /' | head -3 || true)
+	if [ -z "$bad" ] && ! sums=$(cd "$top" && sha256sum --quiet --strict -c MANIFEST.sha256 2>&1); then
+		bad=${sums:-sha256sum failed}
+	fi
+	extra=$(cd "$top" && comm -13 <(awk '{ sub(/^[^ ]+  /, ""); print }' MANIFEST.sha256 | LC_ALL=C sort) \
 		<(find . -type f ! -name MANIFEST.sha256 -printf '%P\n' | LC_ALL=C sort))
-	if [ -n "$bad$extra" ]; then
+	odd=$(cd "$top" && find . ! -type f ! -type d -printf '%P\n' | head -3)
+	if [ -n "$bad$extra$odd" ]; then
 		fail "--bundle $bundle does not match its manifest; nothing was installed:
-$(printf '%s\n' "$bad" | sed '/^$/d; s/^/  /')$([ -z "$extra" ] || printf '\n  not in the manifest: %s' "$extra")"
+$(printf '%s\n' "$bad" | sed '/^$/d; s/^/  /')$([ -z "$extra" ] || printf '\n  not in the manifest: %s' "$extra")$([ -z "$odd" ] || printf '\n  not a regular file: %s' "$odd")"
 	fi
 	bin_from=$top/bin images_from=$top/images
 	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")

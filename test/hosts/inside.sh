@@ -26,21 +26,28 @@ else
 fi
 
 section "a bundle that does not match its manifest is refused before anything changes"
-rm -rf /tmp/tampered && mkdir /tmp/tampered && tar -xzf /host/opendsec.tar.gz -C /tmp/tampered
-printf 'x' >>"$(ls -d /tmp/tampered/opendsec-*)/bin/aether"
-tar -C /tmp/tampered -czf /tmp/tampered.tar.gz . && rm -rf /tmp/tampered
-if ./deploy/quickstart.sh --bundle /tmp/tampered.tar.gz --backends container,gvisor >/tmp/refused.log 2>&1; then
-	echo "FAIL: the installer took a bundle whose aether does not match its manifest"
-	rc=1
-elif [ -e /usr/local/lib/opendsec ] || [ -e /etc/systemd/system/dsec-edge.service ] || command -v crun >/dev/null; then
-	echo "FAIL: a refused bundle changed the machine"
-	rc=1
-elif ! grep -q "bin/aether: FAILED" /tmp/refused.log; then
-	echo "FAIL: the refusal does not name bin/aether:"; cat /tmp/refused.log
-	rc=1
-else
-	tail -3 /tmp/refused.log
-fi
+# tamper HOW WANT: a copy of the bundle changed by HOW (a shell command run
+# in its top directory) must be refused, naming WANT, with nothing changed.
+tamper() {
+	rm -rf /tmp/tampered && mkdir /tmp/tampered && tar -xzf /host/opendsec.tar.gz -C /tmp/tampered
+	(cd /tmp/tampered/opendsec-* && eval "$1")
+	tar -C /tmp/tampered -czf /tmp/tampered.tar.gz . && rm -rf /tmp/tampered
+	if ./deploy/quickstart.sh --bundle /tmp/tampered.tar.gz --backends container,gvisor >/tmp/refused.log 2>&1; then
+		echo "FAIL: the installer took a bundle changed by: $1"
+		rc=1
+	elif [ -e /usr/local/lib/opendsec ] || [ -e /etc/systemd/system/dsec-edge.service ] || command -v crun >/dev/null; then
+		echo "FAIL: a refused bundle ($1) changed the machine"
+		rc=1
+	elif ! grep -q "$2" /tmp/refused.log; then
+		echo "FAIL: the refusal of a bundle changed by $1 does not say $2:"; cat /tmp/refused.log
+		rc=1
+	else
+		tail -2 /tmp/refused.log
+	fi
+}
+tamper "printf x >>bin/aether" "bin/aether: FAILED"
+tamper "sed -i 's/^[0-9a-f]* \(.*bin\/aether\)$/deadbeef \1/' MANIFEST.sha256; printf x >>bin/aether" "malformed manifest line"
+tamper "ln -s /etc/shadow images/shadow" "not a regular file: images/shadow"
 
 section "install from the offline bundle (no network; crun and runsc from it)"
 ip route | grep -q default && { echo "FAIL: the VM has a route out; the offline install proves nothing"; rc=1; }
@@ -66,7 +73,7 @@ DSEC_API_URL=http://127.0.0.1:7070 /host/bin/dsec nodes | grep -q " healthy " ||
 if [ -x /host/bench-create ]; then
 	section "bench: create to first exec against bare crun (cgroup v2, systemd host)"
 	# /tmp is a 3 GiB tmpfs on Debian 13; the bench's layers want disk.
-	TMPDIR=/var/tmp /host/bench-create -store /host/images -agent /host/bin/aether -n "${BENCH_N:-10}" || { echo "FAIL: bench"; rc=1; }
+	TMPDIR=/var/tmp /host/bench-create -store /var/lib/opendsec/images -agent /host/bin/aether -n "${BENCH_N:-10}" || { echo "FAIL: bench"; rc=1; }
 fi
 
 section "uninstall"
