@@ -68,7 +68,12 @@ func cmdRollout(ctx context.Context, args []string) error {
 		}
 	}
 	log := lf.logger().With("rollout", cfg.Version)
-	r, err := rollout.Open(cfg, rollout.Deps{Scrape: scrapeMetrics, Run: runRestart, Sleep: sleepCtx, Log: log})
+	deps := rollout.Deps{Scrape: scrapeMetrics, Run: runRestart, Sleep: sleepCtx, Log: log}
+	open := rollout.Open
+	if *rollback {
+		open = rollout.OpenRecorded // finished rollouts too
+	}
+	r, err := open(cfg, deps)
 	if err != nil {
 		return fmt.Errorf("rollout: %w", err)
 	}

@@ -90,7 +90,8 @@ func (s *soak) verdict(g Gates) error {
 		for fam, f := range last {
 			if strings.HasPrefix(fam, "opendsec_") && strings.HasSuffix(fam, "_requests_total") {
 				all := func(map[string]string) bool { return true }
-				failed := func(l map[string]string) bool { return serverErrors[l["code"]] }
+				// RPCs say their Connect code; the E2B gateway its HTTP status.
+				failed := func(l map[string]string) bool { return serverErrors[l["code"]] || strings.HasPrefix(l["status"], "5") }
 				total += grew(sum(first[fam], all), sum(f, all))
 				bad += grew(sum(first[fam], failed), sum(f, failed))
 			}

@@ -56,6 +56,21 @@ func Open(cfg Config, deps Deps) (*Rollout, error) {
 	return &Rollout{cfg: cfg, deps: deps, st: st}, nil
 }
 
+// OpenRecorded opens the rollout the state file records, as it stands
+// (finished ones too), for --rollback: what it replaced, and the builds
+// they ran before, are put back.
+func OpenRecorded(cfg Config, deps Deps) (*Rollout, error) {
+	st, err := LoadState(cfg.StatePath)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, fmt.Errorf("%s records no rollout", cfg.StatePath)
+	}
+	cfg.Version = st.Version
+	return &Rollout{cfg: cfg, deps: deps, st: st}, nil
+}
+
 // State is the rollout's record as it stands.
 func (r *Rollout) State() State { return *r.st }
 
@@ -70,6 +85,11 @@ func (r *Rollout) Run(ctx context.Context) error {
 	for i, wave := range waves {
 		for _, c := range wave {
 			if r.st.replaced(c.Name) {
+				// Recorded before its restart: a rollout cut short between
+				// the two restarts it now.
+				if err := r.catchUp(ctx, c); err != nil {
+					return r.Rollback(ctx, fmt.Errorf("wave %d/%d, %s: %w", i+1, len(waves), c.Name, err))
+				}
 				continue
 			}
 			if err := r.replace(ctx, c); err != nil {
@@ -108,6 +128,16 @@ func (r *Rollout) replace(ctx context.Context, c Component) error {
 	if err := r.st.save(r.cfg.StatePath); err != nil {
 		return err
 	}
+	return r.restart(ctx, c, r.cfg.Version)
+}
+
+// catchUp restarts c, recorded as replaced, unless it already answers as
+// the new build.
+func (r *Rollout) catchUp(ctx context.Context, c Component) error {
+	if f, err := r.deps.Scrape(ctx, c.Metrics); err == nil && versionOf(f) == r.cfg.Version {
+		return nil
+	}
+	r.deps.Log.Info("replaced but not restarted (the rollout was cut short): restarting", "component", c.Name)
 	return r.restart(ctx, c, r.cfg.Version)
 }
 

@@ -30,6 +30,9 @@ type fakeCluster struct {
 	failed    map[string]float64
 	restarts  []string
 	onRestart func(n int) // after the n-th restart (1-based)
+	// killBefore, if set, stops the rollout dead as its n-th restart
+	// begins (the component still runs its old build).
+	killBefore int
 }
 
 func newFakeCluster(t *testing.T, edges int) *fakeCluster {
@@ -84,6 +87,9 @@ func (f *fakeCluster) deps() Deps {
 				return err
 			}
 			name := argv[1]
+			if f.killBefore == len(f.restarts)+1 {
+				runtime.Goexit()
+			}
 			for _, c := range f.plan.Components {
 				if c.Name == name {
 					data, err := os.ReadFile(c.Binary)
@@ -275,5 +281,45 @@ func TestRolloutCutShortResumesOrRollsBack(t *testing.T) {
 	f.allRun(t, "v1")
 	if st := r.State(); st.Phase != PhaseRolledBack || st.Failure != "" {
 		t.Fatalf("state after --rollback: %+v", st)
+	}
+}
+
+// A rollout killed after recording a component as replaced but before its
+// restart restarts it when resumed; --rollback after a finished rollout
+// puts the previous build back everywhere.
+func TestRolloutResumesARestartItDidNotMakeAndRollsBackWhenDone(t *testing.T) {
+	f := newFakeCluster(t, 1)
+	cfg := f.config("v2")
+	r, _ := Open(cfg, f.deps())
+	f.killBefore = 2 // iam-2 recorded, not restarted
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(context.Background()) //nolint:errcheck // killed
+	}()
+	<-done
+	f.killBefore, f.restarts = 0, nil
+	if st, _ := LoadState(cfg.StatePath); !slices.Equal(st.Replaced, []string{"iam-1", "iam-2"}) || f.running["iam-2"] != "v1" {
+		t.Fatalf("after the kill: replaced %v, iam-2 runs %q", st.Replaced, f.running["iam-2"])
+	}
+	r, _ = Open(cfg, f.deps())
+	if err := r.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f.restarts[0] != "iam-2" {
+		t.Fatalf("the resumed rollout restarted %v; want iam-2 first", f.restarts)
+	}
+	f.allRun(t, "v2")
+
+	r, err := OpenRecorded(Config{Plan: f.plan, StatePath: cfg.StatePath, Gates: cfg.Gates}, f.deps())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Rollback(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	f.allRun(t, "v1")
+	if st := r.State(); st.Phase != PhaseRolledBack || len(st.Replaced) != len(f.plan.Components) {
+		t.Fatalf("after --rollback of a finished rollout: %+v", st)
 	}
 }
