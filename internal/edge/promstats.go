@@ -3,7 +3,9 @@ package edge
 import (
 	"errors"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -158,6 +160,9 @@ func (s *promStats) created(backend string, began time.Time, err error) {
 	s.creates.WithLabelValues(backend, outcome).Observe(time.Since(began).Seconds())
 }
 
+// maxTaskLabels bounds the task labels of the sandboxes gauge per scrape.
+const maxTaskLabels = 200
+
 var (
 	sandboxesDesc = prometheus.NewDesc(metrics.Namespace+"_edge_sandboxes",
 		"Sandboxes on the node, by state, backend, project and task.", []string{"state", "backend", "project", "task"}, nil)
@@ -205,6 +210,24 @@ func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		state := strings.ToLower(strings.TrimPrefix(v.State.String(), "SANDBOX_STATE_"))
 		counts[key{state, v.GetSpec().GetBackend(), v.Project, v.GetSpec().GetTask()}]++
+	}
+	// At most maxTaskLabels tasks keep their label, the first by name (so a
+	// task keeps its series from one scrape to the next); the others count
+	// as otherTasks.
+	tasks := map[string]bool{}
+	for k := range counts {
+		tasks[k.task] = true
+	}
+	if len(tasks) > maxTaskLabels {
+		names := slices.Sorted(maps.Keys(tasks))
+		folded := map[key]int{}
+		for k, n := range counts {
+			if i, _ := slices.BinarySearch(names, k.task); i >= maxTaskLabels {
+				k.task = otherTasks
+			}
+			folded[k] += n
+		}
+		counts = folded
 	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), k.state, k.backend, k.project, k.task)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/edge/sandbox"
 )
 
@@ -78,6 +79,9 @@ func (m *usageMeter) add(uses []sandbox.Use) error {
 			continue
 		}
 		k := groupKey{u.Project, u.Task, u.Backend}
+		if _, known := m.use[k]; !known && len(m.use) >= maxUsageGroups {
+			k.Task = otherTasks // bounded: a tenant that names a task per sandbox
+		}
 		g := m.use[k]
 		g.CPUSeconds += max(u.CPUSeconds, 0)
 		g.MemoryGBSeconds += max(u.MemoryGBSeconds, 0)
@@ -98,12 +102,17 @@ func (m *usageMeter) add(uses []sandbox.Use) error {
 	if err != nil {
 		return err
 	}
-	tmp := m.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, m.path)
+	return atomicfile.Write(m.path, data, 0o600)
 }
+
+// maxUsageGroups bounds the (project, task, backend) groups a node keeps
+// totals of (and exports as metric series); use of further tasks is added
+// to its project's otherTasks group.
+const maxUsageGroups = 1000
+
+// otherTasks is the task of the use of tasks past maxUsageGroups, and of
+// the sandboxes gauge's tasks past maxTaskLabels.
+const otherTasks = "(other)"
 
 // totals is a copy of the totals by group.
 func (m *usageMeter) totals() map[groupKey]groupUse {

@@ -99,9 +99,9 @@ func (u Usage) Proto() *edgev1.Usage {
 func (c Node) Admit(node string, cur Usage, cpu float64, mem, n int64) error {
 	switch {
 	case cpu > c.HostCPUCores:
-		return &Refusal{"cpu_cores", errdefs.InvalidArgument("resources.cpu_cores %g: over node %s's %g cores", cpu, node, c.HostCPUCores)}
+		return errdefs.InvalidArgument("resources.cpu_cores %g: over node %s's %g cores", cpu, node, c.HostCPUCores)
 	case mem > c.HostMemoryMB:
-		return &Refusal{"memory", errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)}
+		return errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)
 	case cur.Sandboxes+n > c.MaxSandboxes:
 		return &Refusal{"sandboxes", errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.Sandboxes, c.MaxSandboxes)}
 	case cur.CPU+cpu*float64(n) > c.CPUCores+1e-9:
