@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +72,10 @@ type Service struct {
 	// handingOff is set once a stopping leader takes no more changes
 	// (handOff): they are answered not-leader and go to the next.
 	handingOff atomic.Bool
+	// applying is held (shared) by each change from the handingOff check
+	// to its answer; handOff takes it to set handingOff, so no change
+	// passes the check and enters the log after the hand-off began.
+	applying sync.RWMutex
 }
 
 // Principal is an authenticated caller.
@@ -253,6 +258,8 @@ func (s *Service) applyHere(ctx context.Context, data []byte) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
+	s.applying.RLock()
+	defer s.applying.RUnlock()
 	if s.handingOff.Load() {
 		return 0, errNotLeader // not in the log: the sender tries the next leader
 	}
@@ -413,7 +420,9 @@ func (s *Service) handOff() {
 	if voters < 2 {
 		return
 	}
+	s.applying.Lock() // the changes under way are answered first
 	s.handingOff.Store(true)
+	s.applying.Unlock()
 	if err := s.raft.Barrier(2 * time.Second).Error(); err != nil {
 		s.log.Warn("hand-off: changes under way did not finish", logging.Error, err)
 	}
