@@ -257,7 +257,10 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 				return nil, err
 			}
 			c.ClientCert, c.ClientKey = ca.PairFiles("client-admin")
+			// Certificates of the role client only: the components' own
+			// (edges, IAM) are for their links, not the client API.
 			c.apiTLS.ClientCAs, c.apiTLS.ClientAuth = ca.Pool, tls.RequireAndVerifyClientCert
+			c.apiTLS.VerifyPeerCertificate = pki.RequireRole(pki.RoleClient)
 		}
 	} else if cfg.ClientCerts {
 		return nil, errors.New("client certificates (--client-certs) need TLS (--tls)")

@@ -189,6 +189,12 @@ func PeerHasRole(cs *tls.ConnectionState, roles ...string) bool {
 	return false
 }
 
+// RequireRole is a tls.Config.VerifyPeerCertificate that accepts only a
+// peer certificate carrying one of roles.
+func RequireRole(roles ...string) func([][]byte, [][]*x509.Certificate) error {
+	return requireRole(roles)
+}
+
 func requireRole(roles []string) func([][]byte, [][]*x509.Certificate) error {
 	return func(_ [][]byte, chains [][]*x509.Certificate) error {
 		for _, chain := range chains {

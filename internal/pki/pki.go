@@ -115,6 +115,14 @@ func (ca *CA) Renew(name, role string, hosts []string) (tls.Certificate, error) 
 	if name == "" || name == "ca" || strings.ContainsAny(name, "/\\") || strings.HasPrefix(name, ".") {
 		return tls.Certificate{}, fmt.Errorf("name %q: want a plain file name other than \"ca\"", name)
 	}
+	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	if role == RoleClient {
+		// A user's certificate: it can never pose as a server.
+		if len(hosts) > 0 {
+			return tls.Certificate{}, fmt.Errorf("role client: a client certificate names no hosts (it is not valid for serving); drop --host %v", hosts)
+		}
+		usage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
 	certPath, keyPath := ca.PairFiles(name)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -126,7 +134,7 @@ func (ca *CA) Renew(name, role string, hosts []string) (tls.Certificate, error) 
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().AddDate(1, 0, 0),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		ExtKeyUsage:  usage,
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {

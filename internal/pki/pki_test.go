@@ -2,7 +2,9 @@ package pki
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -153,5 +155,36 @@ func TestIdentityRotatesWithoutRestart(t *testing.T) {
 	}
 	if _, err := ca.Renew("x", "admin", nil); err == nil {
 		t.Fatal("Renew took an unknown role")
+	}
+}
+
+// A client certificate names no host and is valid for clients only: it
+// cannot pose as any server of the cluster.
+func TestClientCertificatesCannotServe(t *testing.T) {
+	ca, err := LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Issue("bad", RoleClient, []string{"127.0.0.1"}); err == nil || !strings.Contains(err.Error(), "names no hosts") {
+		t.Fatalf("a client certificate with a host: %v", err)
+	}
+	cert, err := ca.Issue("alice", RoleClient, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(cert.Certificate[0])
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+		t.Fatal("a client certificate verifies as a server's")
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatalf("a client certificate does not verify as a client's: %v", err)
+	}
+	if err := RequireRole(RoleClient)(nil, [][]*x509.Certificate{{leaf}}); err != nil {
+		t.Fatalf("RequireRole(client) refuses a client certificate: %v", err)
+	}
+	edge, _ := ca.Issue("edge-1", RoleEdge, []string{"127.0.0.1"})
+	edgeLeaf, _ := x509.ParseCertificate(edge.Certificate[0])
+	if err := RequireRole(RoleClient)(nil, [][]*x509.Certificate{{edgeLeaf}}); err == nil {
+		t.Fatal("RequireRole(client) takes an edge's certificate")
 	}
 }
