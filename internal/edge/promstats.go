@@ -169,7 +169,7 @@ var (
 	cpuSecondsDesc = prometheus.NewDesc(metrics.Namespace+"_edge_cpu_seconds_total",
 		"CPU time the node's sandboxes used, by backend, project and task (kept across restarts of the edge).", []string{"backend", "project", "task"}, nil)
 	pulledBytesDesc = prometheus.NewDesc(metrics.Namespace+"_edge_snapshot_pulled_bytes_total",
-		"Bytes of the snapshots this node pulled from other edges.", nil, nil)
+		"Bytes of snapshots this node received from other edges (a resumed pull counts only what it fetched).", nil, nil)
 	pullFailuresDesc = prometheus.NewDesc(metrics.Namespace+"_edge_snapshot_pull_failures_total",
 		"Snapshot pulls from other edges that failed.", nil, nil)
 	linkRefusalsDesc = prometheus.NewDesc(metrics.Namespace+"_edge_agent_link_refusals_total",

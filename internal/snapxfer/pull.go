@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -25,6 +26,9 @@ type Source struct {
 	BaseURL string // the holder, e.g. https://10.0.0.5:7080
 	ID      string
 	Token   string
+	// Received, if set, counts the bytes that came over the network (not
+	// those a resumed pull already had).
+	Received *atomic.Int64
 }
 
 // Progress is told how many bytes of how many have arrived.
@@ -184,6 +188,9 @@ func pullFile(ctx context.Context, src Source, dst string, f File, report func(i
 		if have < f.Size {
 			n, err := fetchRange(ctx, src, f, part, have, h)
 			report(n)
+			if src.Received != nil {
+				src.Received.Add(n)
+			}
 			if err != nil {
 				if !errors.Is(err, errdefs.ErrUnavailable) || ctx.Err() != nil {
 					return err

@@ -154,10 +154,15 @@ func TestPullResumesAfterTheProcessStopped(t *testing.T) {
 	os.WriteFile(filepath.Join(dst, "memory/pages.img"+partSuffix), data[:1<<20], 0o600)
 	c := &cutter{limit: 1 << 30}
 	srv = serve(t, dir, m, func(h http.Handler) http.Handler { c.next = h; return c })
-	if _, err := Pull(context.Background(), Source{Client: srv.Client(), BaseURL: srv.URL, ID: "snap-x", Token: "t0k"}, dst, nil); err != nil {
+	var received atomic.Int64
+	if _, err := Pull(context.Background(), Source{Client: srv.Client(), BaseURL: srv.URL, ID: "snap-x", Token: "t0k", Received: &received}, dst, nil); err != nil {
 		t.Fatal(err)
 	}
 	sameTree(t, m, dir, dst)
+	// Only what came over the network counts (the edge's pulled bytes).
+	if want := m.Total() - 1<<20; received.Load() != want {
+		t.Fatalf("received %d bytes, want %d (all but the MiB the pull had)", received.Load(), want)
+	}
 	if c.ranged.Load() != 1 {
 		t.Fatalf("%d range requests, want 1 (the rest of the partial file)", c.ranged.Load())
 	}

@@ -269,14 +269,13 @@ func (st *Store) fetch(ctx context.Context, id sandboxid.SnapshotID, src *edgev1
 	dir := st.PulledDir(id)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	m, err := snapxfer.Pull(ctx, snapxfer.Source{Client: st.peers, BaseURL: "https://" + src.Addr, ID: string(id), Token: src.Token}, dir, nil)
+	m, err := snapxfer.Pull(ctx, snapxfer.Source{Client: st.peers, BaseURL: "https://" + src.Addr, ID: string(id), Token: src.Token, Received: &st.Transfers.PulledBytes}, dir, nil)
 	if err != nil {
 		// What arrived stays for a retry to resume, until the sweep.
 		st.Transfers.PullFailures.Add(1)
 		log.Warn("snapshot pull failed", logging.Error, err)
 		return nil, err
 	}
-	st.Transfers.PulledBytes.Add(m.Total())
 	s, err := Decode(m.Snapshot)
 	if err != nil {
 		return nil, errdefs.FailedPrecondition("snapshot %s: the holder's description: %v", id, err)
