@@ -666,11 +666,22 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	name := r.URL.Query().Get("name")
 	out := []snapshotJSON{}
 	for _, s := range resp.Msg.Snapshots {
-		out = append(out, toSnapshotJSON(s))
+		if name == "" || snapshotCalled(s, name) {
+			out = append(out, toSnapshotJSON(s))
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// snapshotCalled reports whether s is what E2B's list filter name means:
+// the snapshot of that name (with or without a tag: OpenDsec's snapshots
+// have none) or that id. A name is matched whole, never as a prefix.
+func snapshotCalled(s *sandboxv1.Snapshot, name string) bool {
+	base, _, _ := strings.Cut(name, ":")
+	return s.Id == name || (s.Name != "" && (s.Name == name || s.Name == base))
 }
 
 // deleteTemplate deletes snapshots (E2B's SDKs delete a snapshot as the

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
@@ -160,5 +161,26 @@ func TestUploadMetadata(t *testing.T) {
 	bad := http.Header{"X-Metadata-A": {"caf\xe9"}}
 	if _, err := uploadMetadata(bad); err == nil || !strings.Contains(err.Error(), `key "a"`) {
 		t.Fatalf("a value that is not ASCII: %v", err)
+	}
+}
+
+// E2B's list_snapshots(name=…) names one snapshot: a longer name that
+// starts with it is not it (E2B's test_list_snapshots_filtered_by_name).
+func TestSnapshotCalled(t *testing.T) {
+	s := &sandboxv1.Snapshot{Id: "snap-node1-abcdefghijklmnop", Name: "snap-filter-test"}
+	for name, want := range map[string]bool{
+		"snap-filter-test":                true,
+		"snap-filter-test:default":        true,
+		"snap-node1-abcdefghijklmnop":     true,
+		"snap-filter-test-does-not-exist": false,
+		"snap-filter":                     false,
+		"":                                false,
+	} {
+		if got := snapshotCalled(s, name); got != want {
+			t.Errorf("snapshotCalled(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if snapshotCalled(&sandboxv1.Snapshot{Id: "snap-node1-abcdefghijklmnop"}, ":") {
+		t.Error("an unnamed snapshot matched the name \":\"")
 	}
 }
