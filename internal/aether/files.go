@@ -308,7 +308,7 @@ func (s *fileService) ReadFile(ctx context.Context, req *connect.Request[agentv1
 		return nil, err
 	}
 	// Opened with the user's rights; read as any file once open.
-	f, err := asUser(u, func() (*os.File, error) { return os.Open(p) })
+	f, err := asUser(u, func() (*os.File, error) { return openCompat(p) })
 	if err != nil {
 		return nil, fsError("read", p, err)
 	}
@@ -379,9 +379,15 @@ func (s *fileService) write(p string, perm fs.FileMode, u sysuser.User, m *agent
 	}
 	_, statErr := os.Lstat(p)
 	isNew := errors.Is(statErr, fs.ErrNotExist)
+	if !isNew && m.Mode == agentv1.WriteMode_WRITE_MODE_UNSPECIFIED {
+		chownLikeEnvd(func() error { return os.Chown(p, int(u.UID), int(u.GID)) })
+	}
 	f, err := os.OpenFile(p, flags, perm)
 	if err != nil {
 		return nil, fsError("write", p, err)
+	}
+	if isNew && m.Mode == agentv1.WriteMode_WRITE_MODE_UNSPECIFIED {
+		chownLikeEnvd(func() error { return f.Chown(int(u.UID), int(u.GID)) })
 	}
 	if m.Mode == agentv1.WriteMode_WRITE_MODE_AT_OFFSET {
 		_, err = f.WriteAt(m.Data, m.Offset)
@@ -419,4 +425,34 @@ func setMetadata(f *os.File, m *agentv1.WriteFileRequest) error {
 		return errdefs.FailedPrecondition("metadata: the file system of %s keeps no extended attributes", m.Path)
 	}
 	return err
+}
+
+// chownLikeEnvd gives a file written whole to its writer, as envd's upload
+// does (a chown of an existing file before it is truncated, of a new one
+// once created), so that a directory watch sees the same events as on
+// E2B: CREATE, CHMOD and WRITE for a new file, CHMOD and WRITE for an
+// overwrite. The file is already the writer's unless the writer may only
+// write to it; then the chown is refused and nothing changes, as intended.
+func chownLikeEnvd(chown func() error) {
+	_ = chown() //nolint:errcheck // refused for a file of another owner: it stays theirs
+}
+
+// bootIDPath is where programs read the kernel's boot id; Debian's runsc
+// has none, and the gvisor backend mounts the sandbox's own at
+// compatBootID, which the compat library (compat/gvisor) reads instead.
+// The agent, a static program, reads it there itself.
+const (
+	bootIDPath   = "/proc/sys/kernel/random/boot_id"
+	compatBootID = "/.dsec/boot_id"
+)
+
+// openCompat opens p for reading, as the sandbox's programs see it.
+func openCompat(p string) (*os.File, error) {
+	f, err := os.Open(p)
+	if err != nil && p == bootIDPath && errors.Is(err, fs.ErrNotExist) {
+		if g, gerr := os.Open(compatBootID); gerr == nil {
+			return g, nil
+		}
+	}
+	return f, err
 }
