@@ -1,11 +1,16 @@
 package sandbox
 
 import (
+	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 // TestExpiryRemovesWhatRanOutAndWakesForTheNext: a sandbox whose time to
@@ -58,5 +63,38 @@ func TestExpiryRemovesWhatRanOutAndWakesForTheNext(t *testing.T) {
 	}
 	if rh.forgotten != 1 || sh.forgotten != 1 {
 		t.Fatalf("forgotten: %d and %d times, want once each", rh.forgotten, sh.forgotten)
+	}
+}
+
+// Past its time to live a sandbox answers no call, even before the expiry
+// loop has removed it (E2B's test_shorten_timeout asks is_running a second
+// after the end, which a busy node may not have reached); one that pauses
+// at its timeout still takes a call that may resume it.
+func TestASandboxPastItsEndTakesNoCall(t *testing.T) {
+	sb, _, _, _ := hostedSandbox(t)
+	set := func(at time.Time, onTimeout sandboxv1.OnTimeout) {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		sb.rec.State, sb.rec.ExpiresAt = records.StateRunning, at
+		sb.rec.Spec.OnTimeout = onTimeout
+	}
+	ranOut := func(resume bool) bool {
+		_, err := sb.EnsureRunning(context.Background(), resume)
+		return errdefs.Code(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), "time to live ran out")
+	}
+	set(time.Now().Add(time.Minute), sandboxv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED)
+	if ranOut(true) || ranOut(false) {
+		t.Fatal("a sandbox with a minute left was refused as past its end")
+	}
+	set(time.Now().Add(-time.Millisecond), sandboxv1.OnTimeout_ON_TIMEOUT_UNSPECIFIED)
+	if !ranOut(true) || !ranOut(false) {
+		t.Fatal("a sandbox past its end took a call")
+	}
+	set(time.Now().Add(-time.Millisecond), sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE)
+	if !ranOut(false) {
+		t.Fatal("a probe of a sandbox pausing at its end was answered")
+	}
+	if ranOut(true) {
+		t.Fatal("a call that may resume a sandbox pausing at its end was refused")
 	}
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"time"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/agentlink"
@@ -92,6 +93,18 @@ func (sb *Sandbox) EnsureRunning(ctx context.Context, resume bool) (*agentlink.L
 	defer sb.mu.Unlock()
 	switch sb.rec.State {
 	case records.StateRunning:
+		// Past its time to live a sandbox is not running any more, even
+		// before the expiry loop has got to it: on a busy node that can be
+		// a second or more later. A call that may resume one that pauses
+		// at its timeout goes on (it would wake it anyway).
+		if !sb.rec.ExpiresAt.IsZero() && time.Now().After(sb.rec.ExpiresAt) {
+			if sb.rec.Spec.GetOnTimeout() != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+				return nil, errdefs.FailedPrecondition("sandbox %s: its time to live ran out; it is being removed", sb.id)
+			}
+			if !resume {
+				return nil, errdefs.FailedPrecondition("sandbox %s: its time to live ran out; it is being paused and this call does not resume it", sb.id)
+			}
+		}
 	case records.StatePaused:
 		if !resume {
 			return nil, errdefs.FailedPrecondition("sandbox %s is paused; this call does not resume it", sb.id)
