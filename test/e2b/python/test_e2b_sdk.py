@@ -268,15 +268,18 @@ def test_watch_dir(sandbox: Sandbox):
 
 def test_polling_watcher_sees_each_write_once_as_it_returns(sandbox: Sandbox):
     # Issue 13 item 7: a polling (sync) watcher saw only CREATE right after
-    # a write returned, and an overwrite gave two WRITEs.
+    # a write returned, and an overwrite gave two WRITEs. An upload gives
+    # the events envd's does (it chowns the file to the writer): CREATE,
+    # CHMOD, WRITE for a new file (E2B's test_watch_iterated counts three),
+    # CHMOD and one WRITE for an overwrite.
     sandbox.files.make_dir("polled")
     w = sandbox.files.watch_dir("polled")
     sandbox.files.write("polled/a.txt", "first")
     got = [(e.name, e.type) for e in w.get_new_events()]
-    assert [t for n, t in got if n == "a.txt"][:2] == [FilesystemEventType.CREATE, FilesystemEventType.WRITE], got
-    assert got.count(("a.txt", FilesystemEventType.WRITE)) == 1, got
+    assert got == [("a.txt", FilesystemEventType.CREATE), ("a.txt", FilesystemEventType.CHMOD), ("a.txt", FilesystemEventType.WRITE)], got
     sandbox.files.write("polled/a.txt", "second, longer")
-    assert [(e.name, e.type) for e in w.get_new_events()] == [("a.txt", FilesystemEventType.WRITE)]
+    got = [(e.name, e.type) for e in w.get_new_events()]
+    assert got == [("a.txt", FilesystemEventType.CHMOD), ("a.txt", FilesystemEventType.WRITE)], got
     # A command's writes are there once it has returned.
     sandbox.commands.run("echo x >> polled/b.txt")
     assert [(e.name, e.type) for e in w.get_new_events()] == [("b.txt", FilesystemEventType.CREATE), ("b.txt", FilesystemEventType.WRITE)]
@@ -596,7 +599,7 @@ def test_signed_file_urls(sandbox: Sandbox):
     assert httpx.get(url.replace("signed.txt", "uploaded.txt"), timeout=30).status_code == 401
     assert httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=60), timeout=30).status_code == 200
     expired = httpx.get(sandbox.download_url("signed.txt", use_signature_expiration=-60), timeout=30)
-    assert expired.status_code == 401 and "signature is already expired" in expired.json()["message"], expired.text
+    assert expired.status_code == 401 and expired.json()["message"] == "signature is already expired", expired.text
 
 
 def test_named_snapshots():
@@ -611,6 +614,9 @@ def test_named_snapshots():
         assert name in snap.names
         listed = [s for s in sb.list_snapshots().next_items() if s.snapshot_id == snap.snapshot_id]
         assert listed and name in listed[0].names
+        # The name filter matches whole names (test_list_snapshots_filtered_by_name).
+        assert [s.snapshot_id for s in Sandbox.list_snapshots(name=name).next_items()] == [snap.snapshot_id]
+        assert Sandbox.list_snapshots(name=name + "-does-not-exist").next_items() == []
         copy = Sandbox.create(name, timeout=120)
         try:
             assert copy.files.read("state.txt") == "kept"
@@ -627,3 +633,7 @@ def test_boot_id_is_there_and_survives_a_pause(sandbox: Sandbox):
     sandbox.pause()
     again = Sandbox.connect(sandbox.sandbox_id)
     assert again.commands.run("python3 -c 'print(open(\"/proc/sys/kernel/random/boot_id\").read().strip())'").stdout.strip() == first
+    # A file read through envd's API sees it too (E2B's keep_memory and
+    # filesystem-only pause tests read it so).
+    assert again.files.read("/proc/sys/kernel/random/boot_id").strip() == first
+
