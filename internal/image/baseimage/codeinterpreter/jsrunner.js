@@ -62,7 +62,48 @@ function withReturn(code) {
   return lines.join('\n')
 }
 
+// Static imports (`import { readFileSync } from 'fs'`) are not allowed in
+// a script; a cell's are made requires of the same names, declared with
+// var so that later cells see them, as E2B's kernel keeps them. What the
+// module exports is taken as CommonJS gives it (Node.js builtins and
+// CommonJS packages; a package that is only an ES module cannot be
+// loaded, as dynamic import() is not available to a cell either).
+const importFrom = /^[ \t]*import\s+(?![(\s])?([^'"`;]*?)\s+from\s*(['"])([^'"]+)\2[ \t]*;?/gm
+const importBare = /^[ \t]*import\s*(['"])([^'"]+)\1[ \t]*;?/gm
+
+function bindings(clause, mod) {
+  const out = []
+  const ns = /^\*\s+as\s+([\w$]+)$/
+  let rest = clause.trim()
+  const dflt = /^([\w$]+)\s*(,|$)/.exec(rest)
+  if (dflt) {
+    out.push(`var ${dflt[1]} = __dsecDefault(${mod});`)
+    rest = rest.slice(dflt[0].length).trim()
+  }
+  if (ns.test(rest)) {
+    out.push(`var ${ns.exec(rest)[1]} = ${mod};`)
+  } else if (rest.startsWith('{') && rest.endsWith('}')) {
+    const names = rest.slice(1, -1).split(',').map((n) => n.trim()).filter(Boolean)
+    out.push('var { ' + names.map((n) => n.replace(/^([\w$]+)\s+as\s+([\w$]+)$/, '$1: $2')).join(', ') + ` } = ${mod};`)
+  } else if (rest !== '') {
+    return null // not an import this runner understands: left for Node.js to refuse
+  }
+  return out.join(' ')
+}
+
+globalThis.__dsecDefault = (m) => (m && m.__esModule && 'default' in m ? m.default : m)
+
+function esmImports(code) {
+  return code
+    .replace(importFrom, (all, clause, q, name) => {
+      const made = bindings(clause, `require(${JSON.stringify(name)})`)
+      return made === null ? all : made
+    })
+    .replace(importBare, (all, q, name) => `require(${JSON.stringify(name)});`)
+}
+
 async function runCell(code) {
+  code = esmImports(code)
   let value
   try {
     value = vm.runInThisContext(code, { filename: 'cell', breakOnSigint: true })
