@@ -36,6 +36,9 @@ var codeInterpreterJSRunner []byte
 //go:embed codeinterpreter/ipython_startup.py
 var codeInterpreterIPythonStartup []byte
 
+//go:embed codeinterpreter/codeinterpreter_charts.py
+var codeInterpreterCharts []byte
+
 // codeInterpreterDebianPackages are installed with apt (Node.js for the
 // JavaScript kernel); their .debs and apt's lists are kept in the cache.
 var codeInterpreterDebianPackages = []string{"nodejs"}
@@ -145,6 +148,7 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 		CodeInterpreterServerPath: codeInterpreterServer,
 		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jskernel.py"):                                    codeInterpreterJSKernel,
 		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jsrunner.js"):                                    codeInterpreterJSRunner,
+		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "codeinterpreter_charts.py"):                      codeInterpreterCharts,
 		"/usr/local/share/jupyter/kernels/javascript/kernel.json":                                                []byte(jsKernelSpec),
 		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "ipython/profile_default/startup/00-opendsec.py"): codeInterpreterIPythonStartup,
 	}

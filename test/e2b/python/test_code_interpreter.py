@@ -61,6 +61,51 @@ def test_matplotlib_chart_is_a_png(ci):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 
 
+def test_figures_come_with_their_chart_data(ci):
+    # E2B's chart suites (charts/test_*.py): a figure's data in the SDK's
+    # Chart types, beside its PNG.
+    from e2b_code_interpreter.charts import BarChart, BoxAndWhiskerChart, LineChart, PieChart, ScatterChart, SuperChart
+
+    bar = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure()\n"
+        "plt.bar(['A', 'B'], [100, 200], label='Sold')\n"
+        "plt.xlabel('Authors'); plt.ylabel('Time (s)'); plt.title('Sales')\n"
+        "plt.show()"
+    ).results[0]
+    assert bar.png and isinstance(bar.chart, BarChart), bar.chart
+    assert (bar.chart.title, bar.chart.x_label, bar.chart.y_unit) == ("Sales", "Authors", "s")
+    assert [(b.label, b.value, b.group) for b in bar.chart.elements] == [("A", 100, "Sold"), ("B", 200, "Sold")]
+
+    box = ci.run_code(
+        "fig, ax = plt.subplots()\n"
+        "ax.boxplot([[85, 90, 78, 92, 88], [95, 89, 76, 91, 84, 87]], labels=['A', 'B'], patch_artist=True)\n"
+        "plt.show()"
+    ).results[0].chart
+    assert isinstance(box, BoxAndWhiskerChart), box
+    assert [(b.label, b.min, b.first_quartile, b.median, b.third_quartile, b.max, b.outliers) for b in box.elements] == [
+        ("A", 78, 85, 88, 90, 92, []),
+        ("B", 84, 84.75, 88, 90.5, 95, [76]),
+    ]
+
+    several = ci.run_code(
+        "import datetime, math\n"
+        "fig, axs = plt.subplots(1, 3)\n"
+        "fig.suptitle('All')\n"
+        "axs[0].plot([datetime.datetime(2023, 9, 1, 0, 0, i) for i in range(10)], [math.sin(i) for i in range(10)], label='sin')\n"
+        "axs[0].set_yscale('log')\n"
+        "axs[1].scatter([1, 2, 3], [4, 5, 6], label='dots')\n"
+        "axs[2].pie([90, 10], labels=['no', 'yes'])\n"
+        "plt.show()"
+    ).results[0].chart
+    assert isinstance(several, SuperChart) and several.title == "All"
+    line, dots, pie = several.elements
+    assert isinstance(line, LineChart) and line.x_scale == "datetime" and line.y_scale == "log"
+    assert line.elements[0].label == "sin" and line.elements[0].points[1][0].startswith("2023-09-01T00:00:01")
+    assert isinstance(dots, ScatterChart) and dots.elements[0].points == [(1.0, 4.0), (2.0, 5.0), (3.0, 6.0)]
+    assert isinstance(pie, PieChart) and [(w.label, w.angle) for w in pie.elements] == [("no", 324), ("yes", 36)]
+
+
 def test_exception_is_an_error_with_traceback(ci):
     ex = ci.run_code("def f():\n    return 1 / 0\nf()")
     assert ex.results == []
@@ -120,6 +165,11 @@ def test_javascript_cells_share_state(ci):
     err = ci.run_code("null.x", language="js").error
     assert err is not None and err.name == "TypeError" and "null" in err.value
     assert ci.run_code("process.env.DSEC_CI_JS", language="js", envs={"DSEC_CI_JS": "on"}).text == "on"
+    # Static imports, as E2B's test_js_esm_imports writes them; what they
+    # bind stays for later cells.
+    imported = ci.run_code("import { readFileSync } from 'fs'\nimport * as path from 'path'\nconsole.log(typeof readFileSync)", language="js")
+    assert imported.error is None and imported.logs.stdout == ["function\n"], imported
+    assert ci.run_code("path.join('a', 'b')", language="js").text == "a/b"
 
 
 def test_language_without_a_kernel_is_a_clear_error(ci):

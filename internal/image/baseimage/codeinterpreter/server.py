@@ -70,6 +70,7 @@ MIME_FIELDS = {
     "application/json": "json",
     "application/javascript": "javascript",
     "e2b/data": "data",  # a DataFrame's columns (the image's IPython startup script)
+    "e2b/chart": "chart",  # a matplotlib figure's data (the same script)
 }
 
 
