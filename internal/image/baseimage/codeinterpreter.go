@@ -40,12 +40,21 @@ var codeInterpreterIPythonStartup []byte
 var codeInterpreterCharts []byte
 
 // codeInterpreterDebianPackages are installed with apt (Node.js for the
-// JavaScript kernel); their .debs and apt's lists are kept in the cache.
-var codeInterpreterDebianPackages = []string{"nodejs"}
+// JavaScript kernel and TypeScript's compiler for the TypeScript one, R
+// with Debian's IRkernel, which brings its Jupyter kernelspec, ir); their
+// .debs and apt's lists are kept in the cache.
+var codeInterpreterDebianPackages = []string{"nodejs", "node-typescript", "r-cran-irkernel"}
 
 // jsKernelSpec is Jupyter's kernel.json of the JavaScript kernel.
 const jsKernelSpec = `{"argv": ["python3", "/opt/opendsec/code-interpreter/jskernel.py", "-f", "{connection_file}"],
  "display_name": "JavaScript (Node.js)", "language": "javascript", "interrupt_mode": "message"}
+`
+
+// tsKernelSpec is the TypeScript kernel's: the same kernel, its cells
+// transpiled first.
+const tsKernelSpec = `{"argv": ["python3", "/opt/opendsec/code-interpreter/jskernel.py", "-f", "{connection_file}"],
+ "env": {"DSEC_JS_LANGUAGE": "typescript"},
+ "display_name": "TypeScript (Node.js)", "language": "typescript", "interrupt_mode": "message"}
 `
 
 // Where server.py lives in the image, and the labels that start it.
@@ -150,6 +159,7 @@ func buildCodeInterpreter(ctx context.Context, o Options, root string) error {
 		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "jsrunner.js"):                                    codeInterpreterJSRunner,
 		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "codeinterpreter_charts.py"):                      codeInterpreterCharts,
 		"/usr/local/share/jupyter/kernels/javascript/kernel.json":                                                []byte(jsKernelSpec),
+		"/usr/local/share/jupyter/kernels/typescript/kernel.json":                                                []byte(tsKernelSpec),
 		filepath.Join(filepath.Dir(CodeInterpreterServerPath), "ipython/profile_default/startup/00-opendsec.py"): codeInterpreterIPythonStartup,
 	}
 	for p, data := range files {

@@ -175,8 +175,20 @@ def test_javascript_cells_share_state(ci):
 def test_language_without_a_kernel_is_a_clear_error(ci):
     from e2b import SandboxException
 
-    with pytest.raises(SandboxException, match="language 'r': not available in this sandbox; available: bash, javascript, python"):
-        ci.run_code("1", language="r")
+    with pytest.raises(SandboxException, match="language 'java': not available in this sandbox; available: bash, javascript, python, r, typescript"):
+        ci.run_code("1", language="java")
+
+
+def test_r_and_typescript_cells(ci):
+    # E2B's default-kernel, cwd and env-var suites for R and TypeScript.
+    assert ci.run_code('print("Hello, World!")', language="r").logs.stdout == ['[1] "Hello, World!"\n']
+    assert ci.run_code("getwd()", language="r").results[0].text.strip() == '[1] "/home/user"'
+    assert ci.run_code("Sys.getenv('DSEC_R')", language="r", envs={"DSEC_R": 'a "quoted" value'}).results[0].text.strip() == '[1] "a \\"quoted\\" value"'
+    assert ci.run_code("Sys.getenv('DSEC_R', unset = 'gone')", language="r").results[0].text.strip() == '[1] "gone"'
+    ts = ci.run_code("const message: string = 'Hello, World!'; console.log(message)", language="ts")
+    assert ts.error is None and ts.logs.stdout == ["Hello, World!\n"], ts
+    assert ci.run_code("process.cwd()", language="typescript").text == "/home/user"
+    assert ci.run_code("interface P { x: number }\nconst p: P = { x: 2 }\np.x * 21", language="ts").text == "42"
 
 
 def test_a_string_result_reads_without_its_quotes(ci):

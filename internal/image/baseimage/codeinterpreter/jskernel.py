@@ -27,6 +27,13 @@ class JavaScriptKernel(Kernel):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        # The TypeScript kernel is this one with cells transpiled first
+        # (its kernel.json sets DSEC_JS_LANGUAGE).
+        self.typescript = os.environ.pop("DSEC_JS_LANGUAGE", "") == "typescript"
+        if self.typescript:
+            self.language = "typescript"
+            self.language_info = {"name": "typescript", "mimetype": "text/x-typescript", "file_extension": ".ts"}
+            self.banner = "TypeScript (Node.js), OpenDsec"
         self.node = None
         self.buf = b""
         self.cells = 0
@@ -35,7 +42,7 @@ class JavaScriptKernel(Kernel):
         r, w = os.pipe()
         self.node = subprocess.Popen(
             ["node", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,  # Node's own errors: the kernel's stderr
-            pass_fds=(w,), env=dict(os.environ, DSEC_JS_MESSAGE_FD=str(w)),
+            pass_fds=(w,), env=dict(os.environ, DSEC_JS_MESSAGE_FD=str(w), **({"DSEC_JS_TYPESCRIPT": "1"} if self.typescript else {})),
         )
         os.close(w)
         self.out = r

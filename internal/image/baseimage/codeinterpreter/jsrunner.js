@@ -102,8 +102,24 @@ function esmImports(code) {
     .replace(importBare, (all, q, name) => `require(${JSON.stringify(name)});`)
 }
 
+// The TypeScript kernel's runner: a cell's types are removed with the
+// TypeScript compiler (Debian's node-typescript), without type checking,
+// as ts-node's transpile-only mode does; the JavaScript it gives runs as
+// any cell.
+const typescript = process.env.DSEC_JS_TYPESCRIPT === '1' ? require('typescript') : null
+delete process.env.DSEC_JS_TYPESCRIPT
+
+function transpiled(code) {
+  if (!typescript) return code
+  const out = typescript.transpileModule(code, {
+    compilerOptions: { target: typescript.ScriptTarget.ES2022, module: typescript.ModuleKind.ESNext, removeComments: false },
+    reportDiagnostics: false,
+  })
+  return out.outputText.replace(/^export \{\};\s*$/m, '')
+}
+
 async function runCell(code) {
-  code = esmImports(code)
+  code = esmImports(transpiled(code))
   let value
   try {
     value = vm.runInThisContext(code, { filename: 'cell', breakOnSigint: true })

@@ -227,13 +227,25 @@ def env_code(language, env_vars):
             after.append('if [ -n "$_dsec_had_%d" ]; then export %s="$_dsec_old_%d"; else unset %s; fi; unset _dsec_had_%d _dsec_old_%d'
                          % (i, k, i, k, i, i))
         return "\n".join(before), "\n".join(after)
-    if language == "javascript":
+    if language in ("javascript", "typescript"):  # one runner serves both
         values = json.dumps(env_vars)
         return (
             "globalThis.__dsecSaved = {}; for (const [k, v] of Object.entries(%s)) "
             "{ __dsecSaved[k] = process.env[k]; process.env[k] = v }" % values,
             "for (const [k, v] of Object.entries(globalThis.__dsecSaved)) "
             "{ if (v === undefined) delete process.env[k]; else process.env[k] = v }; delete globalThis.__dsecSaved",
+        )
+    if language == "r":
+        # R's string literals take JSON's escapes; names are checked
+        # (valid_env_name) before they get here.
+        names = ", ".join(json.dumps(k) for k in sorted(env_vars))
+        pairs = ", ".join("%s = %s" % (json.dumps(k), json.dumps(v)) for k, v in sorted(env_vars.items()))
+        return (
+            ".dsec_saved <- Sys.getenv(c(%s), unset = NA, names = TRUE)\n"
+            "invisible(do.call(Sys.setenv, as.list(c(%s))))" % (names, pairs),
+            "for (.dsec_k in names(.dsec_saved)) if (is.na(.dsec_saved[[.dsec_k]])) Sys.unsetenv(.dsec_k) "
+            "else do.call(Sys.setenv, setNames(list(.dsec_saved[[.dsec_k]]), .dsec_k))\n"
+            "rm(.dsec_saved, .dsec_k)",
         )
     raise HTTPError(400, "env_vars: not supported for language %r" % language)
 
