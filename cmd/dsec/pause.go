@@ -16,13 +16,14 @@ import (
 )
 
 // cmdPause is dsec pause and dsec resume: of sandboxes by id, or of every
-// sandbox of a task (--task), at a depth (--offload).
+// sandbox of a task (--task), at a depth (--offload, --filesystem).
 func cmdPause(ctx context.Context, verb string, args []string) error {
 	fs := flag.NewFlagSet(verb, flag.ExitOnError)
 	task := fs.String("task", "", "every sandbox of this task label, on every node, in parallel")
-	offload := false
+	offload, filesystem := false, false
 	if verb == "pause" {
 		fs.BoolVar(&offload, "offload", false, "write memory to the node's disk and give it back (gvisor); frozen where the backend cannot")
+		fs.BoolVar(&filesystem, "filesystem", false, "keep the files only: every process ends, and the resume starts the sandbox afresh (a new boot id, the image's service)")
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: dsec %s [flags] ID... | dsec %s --task TASK [flags]\n", verb, verb)
@@ -34,8 +35,13 @@ func cmdPause(ctx context.Context, verb string, args []string) error {
 		return err
 	}
 	depth := sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE
-	if offload {
+	switch {
+	case offload && filesystem:
+		return fmt.Errorf("%s: --offload or --filesystem, not both", verb)
+	case offload:
 		depth = sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
+	case filesystem:
+		depth = sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM
 	}
 	switch {
 	case *task != "" && fs.NArg() > 0:

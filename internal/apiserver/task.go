@@ -28,7 +28,7 @@ func (h *sandboxService) PauseTask(ctx context.Context, req *connect.Request[san
 		return nil, err
 	}
 	if _, ok := sandboxv1.PauseDepth_name[int32(m.Depth)]; !ok {
-		return nil, errdefs.InvalidArgument("depth %d: want FREEZE or OFFLOAD", m.Depth)
+		return nil, errdefs.InvalidArgument("depth %d: want FREEZE, OFFLOAD or FILESYSTEM", m.Depth)
 	}
 	results := h.s.eachEdge(ctx, func(ctx context.Context, e edgev1connect.EdgeServiceClient) ([]*sandboxv1.TaskSandboxResult, error) {
 		resp, err := e.PauseTask(ctx, connect.NewRequest(&edgev1.PauseTaskRequest{Task: m.Task, Scope: scope, Depth: m.Depth}))

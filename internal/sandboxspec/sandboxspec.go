@@ -134,6 +134,14 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 	if _, ok := sandboxv1.OnTimeout_name[int32(spec.OnTimeout)]; !ok {
 		return errdefs.InvalidArgument("on_timeout %d: want KILL or PAUSE", spec.OnTimeout)
 	}
+	switch spec.OnTimeoutDepth {
+	case sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD, sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM:
+	default:
+		return errdefs.InvalidArgument("on_timeout_depth %s: want OFFLOAD (the default) or FILESYSTEM", spec.OnTimeoutDepth)
+	}
+	if spec.OnTimeoutDepth != sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED && spec.OnTimeout != sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+		return errdefs.InvalidArgument("on_timeout_depth %s: only with on_timeout PAUSE", spec.OnTimeoutDepth)
+	}
 	if spec.Network != nil {
 		p, err := NetworkPolicy(spec.Network)
 		if err != nil {

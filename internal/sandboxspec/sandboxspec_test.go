@@ -35,18 +35,22 @@ func TestNormalizeNamesTheField(t *testing.T) {
 		mut  func(*sandboxv1.SandboxSpec)
 		want string
 	}{
-		"unknown backend": {func(s *sandboxv1.SandboxSpec) { s.Backend = "firecracker" }, `backend "firecracker": unknown; choose one of container, gvisor`},
-		"no backend":      {func(s *sandboxv1.SandboxSpec) { s.Backend = "" }, "backend: empty"},
-		"bad image":       {func(s *sandboxv1.SandboxSpec) { s.Image = "Py 3" }, "image"},
-		"cpu too high":    {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{CpuCores: 3} }, "resources.cpu_cores 3: want 0.1 to 2"},
-		"cpu NaN":         {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{CpuCores: math.NaN()} }, "resources.cpu_cores"},
-		"cpu negative":    {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{CpuCores: -1} }, "resources.cpu_cores -1"},
-		"memory too big":  {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{MemoryMb: 100000} }, "resources.memory_mb 100000: want 16 to 4096"},
-		"pids":            {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{Pids: 3} }, "resources.pids 3"},
-		"timeout":         {func(s *sandboxv1.SandboxSpec) { s.TimeoutSeconds = -5 }, "timeout_seconds -5"},
-		"env key":         {func(s *sandboxv1.SandboxSpec) { s.Env = map[string]string{"A=B": "x"} }, `env "A=B"`},
-		"task":            {func(s *sandboxv1.SandboxSpec) { s.Task = "a b" }, `task "a b"`},
-		"metadata":        {func(s *sandboxv1.SandboxSpec) { s.Metadata = map[string]string{"": "x"} }, "metadata key"},
+		"unknown backend":             {func(s *sandboxv1.SandboxSpec) { s.Backend = "firecracker" }, `backend "firecracker": unknown; choose one of container, gvisor`},
+		"no backend":                  {func(s *sandboxv1.SandboxSpec) { s.Backend = "" }, "backend: empty"},
+		"bad image":                   {func(s *sandboxv1.SandboxSpec) { s.Image = "Py 3" }, "image"},
+		"cpu too high":                {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{CpuCores: 3} }, "resources.cpu_cores 3: want 0.1 to 2"},
+		"cpu NaN":                     {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{CpuCores: math.NaN()} }, "resources.cpu_cores"},
+		"cpu negative":                {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{CpuCores: -1} }, "resources.cpu_cores -1"},
+		"memory too big":              {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{MemoryMb: 100000} }, "resources.memory_mb 100000: want 16 to 4096"},
+		"pids":                        {func(s *sandboxv1.SandboxSpec) { s.Resources = &sandboxv1.Resources{Pids: 3} }, "resources.pids 3"},
+		"timeout":                     {func(s *sandboxv1.SandboxSpec) { s.TimeoutSeconds = -5 }, "timeout_seconds -5"},
+		"env key":                     {func(s *sandboxv1.SandboxSpec) { s.Env = map[string]string{"A=B": "x"} }, `env "A=B"`},
+		"task":                        {func(s *sandboxv1.SandboxSpec) { s.Task = "a b" }, `task "a b"`},
+		"metadata":                    {func(s *sandboxv1.SandboxSpec) { s.Metadata = map[string]string{"": "x"} }, "metadata key"},
+		"pause depth without a pause": {func(s *sandboxv1.SandboxSpec) { s.OnTimeoutDepth = sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM }, "on_timeout_depth PAUSE_DEPTH_FILESYSTEM: only with on_timeout PAUSE"},
+		"freeze at the timeout": {func(s *sandboxv1.SandboxSpec) {
+			s.OnTimeout, s.OnTimeoutDepth = sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE
+		}, "on_timeout_depth PAUSE_DEPTH_FREEZE: want OFFLOAD (the default) or FILESYSTEM"},
 	}
 	for name, c := range cases {
 		s := base()

@@ -61,6 +61,12 @@ type Record struct {
 	// its edge's at the create, its snapshot's for a copy. Empty for a
 	// sandbox made before versions were recorded.
 	AgentVersion string `json:"agent_version,omitempty"`
+	// FilesystemOnly, for a paused sandbox, says its processes were ended
+	// at the pause (PAUSE_DEPTH_FILESYSTEM): its resume starts it afresh.
+	FilesystemOnly bool `json:"filesystem_only,omitempty"`
+	// Service is the image's service labels (image.LabelStart and the
+	// labels that go with it), kept to start it again after such a resume.
+	Service map[string]string `json:"service,omitempty"`
 
 	// Spec is the decoded spec; SetSpec sets both, and a store writes
 	// SpecJSON from it.
@@ -113,6 +119,8 @@ func (r *Record) PauseDepth() sandboxv1.PauseDepth {
 	switch {
 	case r.State != StatePaused:
 		return sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED
+	case r.FilesystemOnly:
+		return sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM
 	case r.Offloaded != "":
 		return sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
 	default:

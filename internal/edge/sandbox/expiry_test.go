@@ -98,3 +98,4 @@ func TestASandboxPastItsEndTakesNoCall(t *testing.T) {
 		t.Fatal("a call that may resume a sandbox pausing at its end was refused")
 	}
 }
+

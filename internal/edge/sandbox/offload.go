@@ -48,8 +48,12 @@ func (sb *Sandbox) pauseAtLocked(ctx context.Context, depth sandboxv1.PauseDepth
 	case sandboxv1.PauseDepth_PAUSE_DEPTH_UNSPECIFIED, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE:
 		return 0, "", sb.freeze(ctx)
 	case sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD:
+	case sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM:
+		if err := sb.shutDownLocked(ctx); err != nil {
+			return 0, "", err
+		}
 	default:
-		return 0, "", errdefs.InvalidArgument("depth %d: want FREEZE or OFFLOAD", depth)
+		return 0, "", errdefs.InvalidArgument("depth %d: want FREEZE, OFFLOAD or FILESYSTEM", depth)
 	}
 	if sb.rec.Offloaded != "" {
 		return 0, "", nil
@@ -66,6 +70,14 @@ func (sb *Sandbox) pauseAtLocked(ctx context.Context, depth sandboxv1.PauseDepth
 		if ferr := sb.freeze(ctx); ferr == nil {
 			return 0, "frozen, not offloaded: " + err.Error(), nil
 		}
+	}
+	if err != nil && sb.rec.FilesystemOnly && sb.rec.State == records.StateRunning {
+		// Not paused after all: it runs on, started afresh.
+		sb.rec.FilesystemOnly = false
+		if serr := sb.startService(ctx, sb.rec.Service); serr != nil {
+			sb.log.Warn("image service not started again after a failed pause", logging.Error, serr)
+		}
+		sb.save() //nolint:errcheck // the pause's error is the one to report
 	}
 	return released, note, err
 }
@@ -286,8 +298,12 @@ func (sb *Sandbox) Expire() error {
 		return nil
 	}
 	if sb.rec.State == records.StateRunning && sb.rec.Spec.GetOnTimeout() == sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE {
+		depth := sb.rec.Spec.GetOnTimeoutDepth()
+		if depth != sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM {
+			depth = sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		_, note, err := sb.pauseAtLocked(ctx, sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD)
+		_, note, err := sb.pauseAtLocked(ctx, depth)
 		cancel()
 		if err == nil {
 			sb.log.Info("sandbox time to live ran out; paused", "depth", sb.rec.PauseDepth().String(), "note", note)

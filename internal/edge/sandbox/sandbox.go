@@ -401,6 +401,12 @@ func (sb *Sandbox) Start(ctx context.Context, im *image.Image) error {
 	if err := sb.running(ctx, false); err != nil {
 		return err
 	}
+	if svc := serviceLabels(im.Config.Config.Labels); svc != nil {
+		rec.Service = svc // to start it again after a filesystem-only pause
+		if err := sb.save(); err != nil {
+			return err
+		}
+	}
 	return sb.startService(ctx, im.Config.Config.Labels)
 }
 

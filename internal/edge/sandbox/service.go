@@ -27,6 +27,20 @@ const (
 	serviceTag        = "image-service"
 )
 
+// serviceLabels is the labels of the image's service, nil if it has none.
+func serviceLabels(labels map[string]string) map[string]string {
+	if labels[image.LabelStart] == "" {
+		return nil
+	}
+	out := map[string]string{}
+	for _, k := range []string{image.LabelStart, image.LabelStartUser, image.LabelReady, image.LabelReadyLimit} {
+		if v, ok := labels[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // startService runs the image's start command and waits for its ready
 // command. Callers hold sb.mu.
 func (sb *Sandbox) startService(ctx context.Context, labels map[string]string) error {

@@ -141,11 +141,12 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	onTimeout := sandboxv1.OnTimeout_ON_TIMEOUT_KILL
+	var pauseDepth sandboxv1.PauseDepth // with its memory (offloaded where the backend can)
 	if req.AutoPause != nil && *req.AutoPause {
-		// Paused with its memory (offloaded where the backend can); a
-		// filesystem-only pause (autoPauseMemory false) keeps more than
-		// asked, which resumes the same way.
 		onTimeout = sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE
+		if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+			pauseDepth = sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM // its resume is a fresh start
+		}
 	}
 	// Auto-resume holds for any pause (the timeout's or an explicit one),
 	// so it is taken with or without autoPause.
@@ -242,7 +243,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		resp, err := g.sandbox.CreateSandbox(r.Context(), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: &sandboxv1.SandboxSpec{
-			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md, Network: netp, OnTimeout: onTimeout,
+			Backend: g.cfg.Backend, Image: img, TimeoutSeconds: timeout, Env: req.EnvVars, Metadata: md, Network: netp, OnTimeout: onTimeout, OnTimeoutDepth: pauseDepth,
 			ExplicitResume: explicit,
 		}}))
 		if err != nil {
@@ -473,8 +474,8 @@ func (g *Gateway) refresh(w http.ResponseWriter, r *http.Request) {
 // pause is E2B's pause: with its memory (the default, memory: true) the
 // sandbox is offloaded where the backend can (its memory written to disk
 // and given back; frozen elsewhere). A filesystem-only pause (memory:
-// false) is served the same way: it keeps more than asked and resumes
-// with its processes instead of rebooting.
+// false) ends its processes first, so that its resume is a fresh start on
+// its files, as E2B's cold boot is.
 func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Memory *bool `json:"memory"`
@@ -492,7 +493,11 @@ func (g *Gateway) pause(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusConflict, "sandbox "+sb.Id+" is already paused")
 		return
 	}
-	if _, err := g.sandbox.PauseSandbox(r.Context(), connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.Id, Depth: sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD})); err != nil {
+	depth := sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
+	if req.Memory != nil && !*req.Memory {
+		depth = sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM
+	}
+	if _, err := g.sandbox.PauseSandbox(r.Context(), connect.NewRequest(&sandboxv1.PauseSandboxRequest{SandboxId: sb.Id, Depth: depth})); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -637,3 +637,36 @@ def test_boot_id_is_there_and_survives_a_pause(sandbox: Sandbox):
     # filesystem-only pause tests read it so).
     assert again.files.read("/proc/sys/kernel/random/boot_id").strip() == first
 
+
+
+def test_filesystem_only_pause_starts_afresh_with_its_files(sandbox: Sandbox):
+    # E2B's test_pause_filesystem_only and test_auto_pause_filesystem_only_reboots:
+    # without its memory a pause keeps the files only; the resume is a fresh
+    # start (a new boot id, no process of before).
+    sandbox.files.write("/home/user/kept.txt", "kept")
+    boot = sandbox.files.read("/proc/sys/kernel/random/boot_id").strip()
+    sandbox.commands.run("sleep 1000", background=True, timeout=0)
+    assert sandbox.pause(keep_memory=False)
+    assert not sandbox.is_running()
+    again = sandbox.connect()
+    assert again.is_running()
+    assert again.files.read("/home/user/kept.txt") == "kept"
+    assert again.files.read("/proc/sys/kernel/random/boot_id").strip() != boot
+    assert "sleep 1000" not in again.commands.run("ps -eo args").stdout
+
+    # The timeout's pause without memory does the same; with keep_memory
+    # unset it keeps the memory (test_keep_memory_none_defaults_to_full_memory).
+    for keep_memory, same_boot in ((False, False), (None, True)):
+        sb = Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "keep_memory": keep_memory}})
+        try:
+            boot = sb.files.read("/proc/sys/kernel/random/boot_id").strip()
+            sb.set_timeout(0)
+            for _ in range(150):
+                if sb.get_info().state == SandboxState.PAUSED:
+                    break
+                time.sleep(0.2)
+            assert sb.get_info().state == SandboxState.PAUSED
+            resumed = sb.connect()
+            assert (resumed.files.read("/proc/sys/kernel/random/boot_id").strip() == boot) is same_boot, keep_memory
+        finally:
+            sb.kill()

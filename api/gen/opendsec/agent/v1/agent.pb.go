@@ -353,6 +353,87 @@ func (x *MetricsResponse) GetDiskTotalBytes() int64 {
 	return 0
 }
 
+type EndProcessesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndProcessesRequest) Reset() {
+	*x = EndProcessesRequest{}
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndProcessesRequest) ProtoMessage() {}
+
+func (x *EndProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndProcessesRequest.ProtoReflect.Descriptor instead.
+func (*EndProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+type EndProcessesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many processes were ended.
+	Ended         uint32 `protobuf:"varint,1,opt,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndProcessesResponse) Reset() {
+	*x = EndProcessesResponse{}
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndProcessesResponse) ProtoMessage() {}
+
+func (x *EndProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndProcessesResponse.ProtoReflect.Descriptor instead.
+func (*EndProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *EndProcessesResponse) GetEnded() uint32 {
+	if x != nil {
+		return x.Ended
+	}
+	return 0
+}
+
 var File_opendsec_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
@@ -379,11 +460,15 @@ const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fmem_total_bytes\x18\x04 \x01(\x03R\rmemTotalBytes\x12&\n" +
 	"\x0fmem_cache_bytes\x18\x05 \x01(\x03R\rmemCacheBytes\x12&\n" +
 	"\x0fdisk_used_bytes\x18\x06 \x01(\x03R\rdiskUsedBytes\x12(\n" +
-	"\x10disk_total_bytes\x18\a \x01(\x03R\x0ediskTotalBytes2\x8d\x02\n" +
+	"\x10disk_total_bytes\x18\a \x01(\x03R\x0ediskTotalBytes\"\x15\n" +
+	"\x13EndProcessesRequest\",\n" +
+	"\x14EndProcessesResponse\x12\x14\n" +
+	"\x05ended\x18\x01 \x01(\rR\x05ended2\xee\x02\n" +
 	"\fAgentService\x12M\n" +
 	"\x06Health\x12 .opendsec.agent.v1.HealthRequest\x1a!.opendsec.agent.v1.HealthResponse\x12\\\n" +
 	"\vSetIdentity\x12%.opendsec.agent.v1.SetIdentityRequest\x1a&.opendsec.agent.v1.SetIdentityResponse\x12P\n" +
-	"\aMetrics\x12!.opendsec.agent.v1.MetricsRequest\x1a\".opendsec.agent.v1.MetricsResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/agent/v1;agentv1b\x06proto3"
+	"\aMetrics\x12!.opendsec.agent.v1.MetricsRequest\x1a\".opendsec.agent.v1.MetricsResponse\x12_\n" +
+	"\fEndProcesses\x12&.opendsec.agent.v1.EndProcessesRequest\x1a'.opendsec.agent.v1.EndProcessesResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_opendsec_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -397,24 +482,28 @@ func file_opendsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_opendsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_opendsec_agent_v1_agent_proto_goTypes = []any{
-	(*HealthRequest)(nil),       // 0: opendsec.agent.v1.HealthRequest
-	(*HealthResponse)(nil),      // 1: opendsec.agent.v1.HealthResponse
-	(*SetIdentityRequest)(nil),  // 2: opendsec.agent.v1.SetIdentityRequest
-	(*SetIdentityResponse)(nil), // 3: opendsec.agent.v1.SetIdentityResponse
-	(*MetricsRequest)(nil),      // 4: opendsec.agent.v1.MetricsRequest
-	(*MetricsResponse)(nil),     // 5: opendsec.agent.v1.MetricsResponse
+	(*HealthRequest)(nil),        // 0: opendsec.agent.v1.HealthRequest
+	(*HealthResponse)(nil),       // 1: opendsec.agent.v1.HealthResponse
+	(*SetIdentityRequest)(nil),   // 2: opendsec.agent.v1.SetIdentityRequest
+	(*SetIdentityResponse)(nil),  // 3: opendsec.agent.v1.SetIdentityResponse
+	(*MetricsRequest)(nil),       // 4: opendsec.agent.v1.MetricsRequest
+	(*MetricsResponse)(nil),      // 5: opendsec.agent.v1.MetricsResponse
+	(*EndProcessesRequest)(nil),  // 6: opendsec.agent.v1.EndProcessesRequest
+	(*EndProcessesResponse)(nil), // 7: opendsec.agent.v1.EndProcessesResponse
 }
 var file_opendsec_agent_v1_agent_proto_depIdxs = []int32{
 	0, // 0: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
 	2, // 1: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
 	4, // 2: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
-	1, // 3: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
-	3, // 4: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
-	5, // 5: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
-	3, // [3:6] is the sub-list for method output_type
-	0, // [0:3] is the sub-list for method input_type
+	6, // 3: opendsec.agent.v1.AgentService.EndProcesses:input_type -> opendsec.agent.v1.EndProcessesRequest
+	1, // 4: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
+	3, // 5: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
+	5, // 6: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
+	7, // 7: opendsec.agent.v1.AgentService.EndProcesses:output_type -> opendsec.agent.v1.EndProcessesResponse
+	4, // [4:8] is the sub-list for method output_type
+	0, // [0:4] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -431,7 +520,7 @@ func file_opendsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_agent_proto_rawDesc), len(file_opendsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -90,6 +90,11 @@ const (
 	// (the container backend: no checkpoint on this kernel), the sandbox is
 	// frozen and the answer says so.
 	PauseDepth_PAUSE_DEPTH_OFFLOAD PauseDepth = 2
+	// Filesystem only, as E2B's pause without memory: every process ends, as
+	// at a shutdown, and the files stay; the sandbox is then offloaded (or
+	// frozen where it cannot be). A resume is a fresh start on those files:
+	// a new boot id, the image's service started again, nothing else running.
+	PauseDepth_PAUSE_DEPTH_FILESYSTEM PauseDepth = 3
 )
 
 // Enum value maps for PauseDepth.
@@ -98,11 +103,13 @@ var (
 		0: "PAUSE_DEPTH_UNSPECIFIED",
 		1: "PAUSE_DEPTH_FREEZE",
 		2: "PAUSE_DEPTH_OFFLOAD",
+		3: "PAUSE_DEPTH_FILESYSTEM",
 	}
 	PauseDepth_value = map[string]int32{
 		"PAUSE_DEPTH_UNSPECIFIED": 0,
 		"PAUSE_DEPTH_FREEZE":      1,
 		"PAUSE_DEPTH_OFFLOAD":     2,
+		"PAUSE_DEPTH_FILESYSTEM":  3,
 	}
 )
 
@@ -627,6 +634,8 @@ type SandboxSpec struct {
 	// resume it (it answers failed-precondition); only ResumeSandbox does.
 	// Unset, every call resumes a paused sandbox.
 	ExplicitResume bool `protobuf:"varint,10,opt,name=explicit_resume,json=explicitResume,proto3" json:"explicit_resume,omitempty"`
+	// How deep on_timeout PAUSE pauses: OFFLOAD (unset) or FILESYSTEM.
+	OnTimeoutDepth PauseDepth `protobuf:"varint,11,opt,name=on_timeout_depth,json=onTimeoutDepth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"on_timeout_depth,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -729,6 +738,13 @@ func (x *SandboxSpec) GetExplicitResume() bool {
 		return x.ExplicitResume
 	}
 	return false
+}
+
+func (x *SandboxSpec) GetOnTimeoutDepth() PauseDepth {
+	if x != nil {
+		return x.OnTimeoutDepth
+	}
+	return PauseDepth_PAUSE_DEPTH_UNSPECIFIED
 }
 
 // NetworkPolicy is what a sandbox may reach; everything else is refused.
@@ -3353,7 +3369,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x17\n" +
 	"\adisk_mb\x18\x04 \x01(\x03R\x06diskMb\x12\x1d\n" +
 	"\n" +
-	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xdc\x04\n" +
+	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xa7\x05\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12<\n" +
@@ -3366,7 +3382,8 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"on_timeout\x18\t \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x12'\n" +
 	"\x0fexplicit_resume\x18\n" +
-	" \x01(\bR\x0eexplicitResume\x1a6\n" +
+	" \x01(\bR\x0eexplicitResume\x12I\n" +
+	"\x10on_timeout_depth\x18\v \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\x0eonTimeoutDepth\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -3576,12 +3593,13 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\tOnTimeout\x12\x1a\n" +
 	"\x16ON_TIMEOUT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fON_TIMEOUT_KILL\x10\x01\x12\x14\n" +
-	"\x10ON_TIMEOUT_PAUSE\x10\x02*Z\n" +
+	"\x10ON_TIMEOUT_PAUSE\x10\x02*v\n" +
 	"\n" +
 	"PauseDepth\x12\x1b\n" +
 	"\x17PAUSE_DEPTH_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12PAUSE_DEPTH_FREEZE\x10\x01\x12\x17\n" +
-	"\x13PAUSE_DEPTH_OFFLOAD\x10\x02*\xcf\x01\n" +
+	"\x13PAUSE_DEPTH_OFFLOAD\x10\x02\x12\x1a\n" +
+	"\x16PAUSE_DEPTH_FILESYSTEM\x10\x03*\xcf\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -3705,89 +3723,90 @@ var file_opendsec_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	55, // 8: opendsec.sandbox.v1.SandboxSpec.metadata:type_name -> opendsec.sandbox.v1.SandboxSpec.MetadataEntry
 	10, // 9: opendsec.sandbox.v1.SandboxSpec.network:type_name -> opendsec.sandbox.v1.NetworkPolicy
 	0,  // 10: opendsec.sandbox.v1.SandboxSpec.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	11, // 11: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	9,  // 12: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	2,  // 13: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
-	59, // 14: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	59, // 15: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 16: opendsec.sandbox.v1.Sandbox.pause_depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	13, // 17: opendsec.sandbox.v1.Sandbox.limit_events:type_name -> opendsec.sandbox.v1.LimitEvents
-	9,  // 18: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	12, // 19: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	12, // 20: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	56, // 21: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
-	2,  // 22: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
-	12, // 23: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	59, // 24: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	59, // 25: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	59, // 26: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
-	23, // 27: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	12, // 28: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	1,  // 29: opendsec.sandbox.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	12, // 30: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	1,  // 31: opendsec.sandbox.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	12, // 32: opendsec.sandbox.v1.TaskSandboxResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	30, // 33: opendsec.sandbox.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	30, // 34: opendsec.sandbox.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	12, // 35: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	9,  // 36: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	59, // 37: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	60, // 38: opendsec.sandbox.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
-	61, // 39: opendsec.sandbox.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
-	36, // 40: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	57, // 41: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
-	0,  // 42: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	12, // 43: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	58, // 44: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
-	3,  // 45: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
-	12, // 46: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	44, // 47: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	36, // 48: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	11, // 49: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 50: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
-	11, // 51: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
-	12, // 52: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	14, // 53: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
-	16, // 54: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
-	18, // 55: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
-	20, // 56: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
-	25, // 57: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
-	27, // 58: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
-	34, // 59: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
-	29, // 60: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
-	32, // 61: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
-	39, // 62: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
-	37, // 63: opendsec.sandbox.v1.SandboxService.CommitSandbox:input_type -> opendsec.sandbox.v1.CommitSandboxRequest
-	41, // 64: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
-	43, // 65: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
-	46, // 66: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
-	48, // 67: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
-	50, // 68: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
-	22, // 69: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
-	4,  // 70: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
-	15, // 71: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
-	17, // 72: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
-	19, // 73: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
-	21, // 74: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
-	26, // 75: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
-	28, // 76: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
-	35, // 77: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
-	31, // 78: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
-	33, // 79: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
-	40, // 80: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
-	38, // 81: opendsec.sandbox.v1.SandboxService.CommitSandbox:output_type -> opendsec.sandbox.v1.CommitSandboxResponse
-	42, // 82: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
-	45, // 83: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
-	47, // 84: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
-	49, // 85: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
-	51, // 86: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
-	24, // 87: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
-	7,  // 88: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
-	71, // [71:89] is the sub-list for method output_type
-	53, // [53:71] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	1,  // 11: opendsec.sandbox.v1.SandboxSpec.on_timeout_depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	11, // 12: opendsec.sandbox.v1.NetworkPolicy.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	9,  // 13: opendsec.sandbox.v1.Sandbox.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	2,  // 14: opendsec.sandbox.v1.Sandbox.state:type_name -> opendsec.sandbox.v1.SandboxState
+	59, // 15: opendsec.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	59, // 16: opendsec.sandbox.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 17: opendsec.sandbox.v1.Sandbox.pause_depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	13, // 18: opendsec.sandbox.v1.Sandbox.limit_events:type_name -> opendsec.sandbox.v1.LimitEvents
+	9,  // 19: opendsec.sandbox.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	12, // 20: opendsec.sandbox.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	12, // 21: opendsec.sandbox.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	56, // 22: opendsec.sandbox.v1.ListSandboxesRequest.metadata:type_name -> opendsec.sandbox.v1.ListSandboxesRequest.MetadataEntry
+	2,  // 23: opendsec.sandbox.v1.ListSandboxesRequest.states:type_name -> opendsec.sandbox.v1.SandboxState
+	12, // 24: opendsec.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	59, // 25: opendsec.sandbox.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	59, // 26: opendsec.sandbox.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	59, // 27: opendsec.sandbox.v1.MetricsSample.time:type_name -> google.protobuf.Timestamp
+	23, // 28: opendsec.sandbox.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	12, // 29: opendsec.sandbox.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	1,  // 30: opendsec.sandbox.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	12, // 31: opendsec.sandbox.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	1,  // 32: opendsec.sandbox.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	12, // 33: opendsec.sandbox.v1.TaskSandboxResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	30, // 34: opendsec.sandbox.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	30, // 35: opendsec.sandbox.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	12, // 36: opendsec.sandbox.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	9,  // 37: opendsec.sandbox.v1.Snapshot.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	59, // 38: opendsec.sandbox.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	60, // 39: opendsec.sandbox.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
+	61, // 40: opendsec.sandbox.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
+	36, // 41: opendsec.sandbox.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	57, // 42: opendsec.sandbox.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.sandbox.v1.RestoreSnapshotRequest.MetadataEntry
+	0,  // 43: opendsec.sandbox.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	12, // 44: opendsec.sandbox.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	58, // 45: opendsec.sandbox.v1.ForkSandboxRequest.metadata:type_name -> opendsec.sandbox.v1.ForkSandboxRequest.MetadataEntry
+	3,  // 46: opendsec.sandbox.v1.ForkSandboxRequest.placement:type_name -> opendsec.sandbox.v1.ForkPlacement
+	12, // 47: opendsec.sandbox.v1.ForkResult.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	44, // 48: opendsec.sandbox.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	36, // 49: opendsec.sandbox.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	11, // 50: opendsec.sandbox.v1.UpdateNetworkRequest.rules:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 51: opendsec.sandbox.v1.UpdateNetworkRequest.add:type_name -> opendsec.sandbox.v1.NetworkRule
+	11, // 52: opendsec.sandbox.v1.UpdateNetworkRequest.remove:type_name -> opendsec.sandbox.v1.NetworkRule
+	12, // 53: opendsec.sandbox.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	14, // 54: opendsec.sandbox.v1.SandboxService.CreateSandbox:input_type -> opendsec.sandbox.v1.CreateSandboxRequest
+	16, // 55: opendsec.sandbox.v1.SandboxService.GetSandbox:input_type -> opendsec.sandbox.v1.GetSandboxRequest
+	18, // 56: opendsec.sandbox.v1.SandboxService.ListSandboxes:input_type -> opendsec.sandbox.v1.ListSandboxesRequest
+	20, // 57: opendsec.sandbox.v1.SandboxService.StopSandbox:input_type -> opendsec.sandbox.v1.StopSandboxRequest
+	25, // 58: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:input_type -> opendsec.sandbox.v1.SetSandboxTimeoutRequest
+	27, // 59: opendsec.sandbox.v1.SandboxService.PauseSandbox:input_type -> opendsec.sandbox.v1.PauseSandboxRequest
+	34, // 60: opendsec.sandbox.v1.SandboxService.ResumeSandbox:input_type -> opendsec.sandbox.v1.ResumeSandboxRequest
+	29, // 61: opendsec.sandbox.v1.SandboxService.PauseTask:input_type -> opendsec.sandbox.v1.PauseTaskRequest
+	32, // 62: opendsec.sandbox.v1.SandboxService.ResumeTask:input_type -> opendsec.sandbox.v1.ResumeTaskRequest
+	39, // 63: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:input_type -> opendsec.sandbox.v1.SnapshotSandboxRequest
+	37, // 64: opendsec.sandbox.v1.SandboxService.CommitSandbox:input_type -> opendsec.sandbox.v1.CommitSandboxRequest
+	41, // 65: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:input_type -> opendsec.sandbox.v1.RestoreSnapshotRequest
+	43, // 66: opendsec.sandbox.v1.SandboxService.ForkSandbox:input_type -> opendsec.sandbox.v1.ForkSandboxRequest
+	46, // 67: opendsec.sandbox.v1.SandboxService.ListSnapshots:input_type -> opendsec.sandbox.v1.ListSnapshotsRequest
+	48, // 68: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:input_type -> opendsec.sandbox.v1.DeleteSnapshotRequest
+	50, // 69: opendsec.sandbox.v1.SandboxService.UpdateNetwork:input_type -> opendsec.sandbox.v1.UpdateNetworkRequest
+	22, // 70: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:input_type -> opendsec.sandbox.v1.GetSandboxMetricsRequest
+	4,  // 71: opendsec.sandbox.v1.SandboxService.ListNodes:input_type -> opendsec.sandbox.v1.ListNodesRequest
+	15, // 72: opendsec.sandbox.v1.SandboxService.CreateSandbox:output_type -> opendsec.sandbox.v1.CreateSandboxResponse
+	17, // 73: opendsec.sandbox.v1.SandboxService.GetSandbox:output_type -> opendsec.sandbox.v1.GetSandboxResponse
+	19, // 74: opendsec.sandbox.v1.SandboxService.ListSandboxes:output_type -> opendsec.sandbox.v1.ListSandboxesResponse
+	21, // 75: opendsec.sandbox.v1.SandboxService.StopSandbox:output_type -> opendsec.sandbox.v1.StopSandboxResponse
+	26, // 76: opendsec.sandbox.v1.SandboxService.SetSandboxTimeout:output_type -> opendsec.sandbox.v1.SetSandboxTimeoutResponse
+	28, // 77: opendsec.sandbox.v1.SandboxService.PauseSandbox:output_type -> opendsec.sandbox.v1.PauseSandboxResponse
+	35, // 78: opendsec.sandbox.v1.SandboxService.ResumeSandbox:output_type -> opendsec.sandbox.v1.ResumeSandboxResponse
+	31, // 79: opendsec.sandbox.v1.SandboxService.PauseTask:output_type -> opendsec.sandbox.v1.PauseTaskResponse
+	33, // 80: opendsec.sandbox.v1.SandboxService.ResumeTask:output_type -> opendsec.sandbox.v1.ResumeTaskResponse
+	40, // 81: opendsec.sandbox.v1.SandboxService.SnapshotSandbox:output_type -> opendsec.sandbox.v1.SnapshotSandboxResponse
+	38, // 82: opendsec.sandbox.v1.SandboxService.CommitSandbox:output_type -> opendsec.sandbox.v1.CommitSandboxResponse
+	42, // 83: opendsec.sandbox.v1.SandboxService.RestoreSnapshot:output_type -> opendsec.sandbox.v1.RestoreSnapshotResponse
+	45, // 84: opendsec.sandbox.v1.SandboxService.ForkSandbox:output_type -> opendsec.sandbox.v1.ForkSandboxResponse
+	47, // 85: opendsec.sandbox.v1.SandboxService.ListSnapshots:output_type -> opendsec.sandbox.v1.ListSnapshotsResponse
+	49, // 86: opendsec.sandbox.v1.SandboxService.DeleteSnapshot:output_type -> opendsec.sandbox.v1.DeleteSnapshotResponse
+	51, // 87: opendsec.sandbox.v1.SandboxService.UpdateNetwork:output_type -> opendsec.sandbox.v1.UpdateNetworkResponse
+	24, // 88: opendsec.sandbox.v1.SandboxService.GetSandboxMetrics:output_type -> opendsec.sandbox.v1.GetSandboxMetricsResponse
+	7,  // 89: opendsec.sandbox.v1.SandboxService.ListNodes:output_type -> opendsec.sandbox.v1.ListNodesResponse
+	72, // [72:90] is the sub-list for method output_type
+	54, // [54:72] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_sandbox_v1_sandbox_proto_init() }

@@ -40,6 +40,9 @@ const (
 	AgentServiceSetIdentityProcedure = "/opendsec.agent.v1.AgentService/SetIdentity"
 	// AgentServiceMetricsProcedure is the fully-qualified name of the AgentService's Metrics RPC.
 	AgentServiceMetricsProcedure = "/opendsec.agent.v1.AgentService/Metrics"
+	// AgentServiceEndProcessesProcedure is the fully-qualified name of the AgentService's EndProcesses
+	// RPC.
+	AgentServiceEndProcessesProcedure = "/opendsec.agent.v1.AgentService/EndProcesses"
 )
 
 // AgentServiceClient is a client for the opendsec.agent.v1.AgentService service.
@@ -50,6 +53,10 @@ type AgentServiceClient interface {
 	SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error)
 	// Metrics samples the sandbox's CPU, memory and disk use as seen inside.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error)
+	// EndProcesses ends every process of the sandbox but the agent, as a
+	// shutdown would (a filesystem-only pause: what comes back on resume is
+	// a fresh start on the same files).
+	EndProcesses(context.Context, *connect.Request[v1.EndProcessesRequest]) (*connect.Response[v1.EndProcessesResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the opendsec.agent.v1.AgentService service. By
@@ -81,14 +88,21 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Metrics")),
 			connect.WithClientOptions(opts...),
 		),
+		endProcesses: connect.NewClient[v1.EndProcessesRequest, v1.EndProcessesResponse](
+			httpClient,
+			baseURL+AgentServiceEndProcessesProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("EndProcesses")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // agentServiceClient implements AgentServiceClient.
 type agentServiceClient struct {
-	health      *connect.Client[v1.HealthRequest, v1.HealthResponse]
-	setIdentity *connect.Client[v1.SetIdentityRequest, v1.SetIdentityResponse]
-	metrics     *connect.Client[v1.MetricsRequest, v1.MetricsResponse]
+	health       *connect.Client[v1.HealthRequest, v1.HealthResponse]
+	setIdentity  *connect.Client[v1.SetIdentityRequest, v1.SetIdentityResponse]
+	metrics      *connect.Client[v1.MetricsRequest, v1.MetricsResponse]
+	endProcesses *connect.Client[v1.EndProcessesRequest, v1.EndProcessesResponse]
 }
 
 // Health calls opendsec.agent.v1.AgentService.Health.
@@ -106,6 +120,11 @@ func (c *agentServiceClient) Metrics(ctx context.Context, req *connect.Request[v
 	return c.metrics.CallUnary(ctx, req)
 }
 
+// EndProcesses calls opendsec.agent.v1.AgentService.EndProcesses.
+func (c *agentServiceClient) EndProcesses(ctx context.Context, req *connect.Request[v1.EndProcessesRequest]) (*connect.Response[v1.EndProcessesResponse], error) {
+	return c.endProcesses.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the opendsec.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	Health(context.Context, *connect.Request[v1.HealthRequest]) (*connect.Response[v1.HealthResponse], error)
@@ -114,6 +133,10 @@ type AgentServiceHandler interface {
 	SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error)
 	// Metrics samples the sandbox's CPU, memory and disk use as seen inside.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error)
+	// EndProcesses ends every process of the sandbox but the agent, as a
+	// shutdown would (a filesystem-only pause: what comes back on resume is
+	// a fresh start on the same files).
+	EndProcesses(context.Context, *connect.Request[v1.EndProcessesRequest]) (*connect.Response[v1.EndProcessesResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -141,6 +164,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("Metrics")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceEndProcessesHandler := connect.NewUnaryHandler(
+		AgentServiceEndProcessesProcedure,
+		svc.EndProcesses,
+		connect.WithSchema(agentServiceMethods.ByName("EndProcesses")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceHealthProcedure:
@@ -149,6 +178,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceSetIdentityHandler.ServeHTTP(w, r)
 		case AgentServiceMetricsProcedure:
 			agentServiceMetricsHandler.ServeHTTP(w, r)
+		case AgentServiceEndProcessesProcedure:
+			agentServiceEndProcessesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -168,4 +199,8 @@ func (UnimplementedAgentServiceHandler) SetIdentity(context.Context, *connect.Re
 
 func (UnimplementedAgentServiceHandler) Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.agent.v1.AgentService.Metrics is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) EndProcesses(context.Context, *connect.Request[v1.EndProcessesRequest]) (*connect.Response[v1.EndProcessesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.agent.v1.AgentService.EndProcesses is not implemented"))
 }
