@@ -99,3 +99,30 @@ func TestASandboxPastItsEndTakesNoCall(t *testing.T) {
 	}
 }
 
+// The expiry loop reads deadlines without taking sandboxes' locks: one
+// sandbox held for seconds by a checkpoint must not delay another's end
+// (E2B's auto-pause tests saw a sandbox still running 2 s after its end
+// while another sandbox was being offloaded).
+func TestExpiryIsNotHeldUpByABusySandbox(t *testing.T) {
+	ran, _, _, _ := hostedSandbox(t)
+	busy, _, _, _ := hostedSandbox(t)
+	for sb, at := range map[*Sandbox]time.Time{ran: time.Now().Add(-time.Second), busy: time.Now().Add(time.Hour)} {
+		sb.mu.Lock()
+		sb.rec.State, sb.rec.ExpiresAt = records.StateRunning, at
+		sb.publish()
+		sb.mu.Unlock()
+	}
+	x := NewExpiry(func() []*Sandbox { return []*Sandbox{busy, ran} }, ran.log)
+	busy.mu.Lock() // a long call holds it
+	defer busy.mu.Unlock()
+	got := make(chan []*Sandbox, 1)
+	go func() { got <- x.due(time.Now()) }()
+	select {
+	case due := <-got:
+		if len(due) != 1 || due[0] != ran {
+			t.Fatalf("due: %v, want only the sandbox that ran out", due)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the expiry loop waited for a busy sandbox's lock")
+	}
+}

@@ -277,11 +277,13 @@ func (sb *Sandbox) startClock() {
 	sb.expiry.Poke()
 }
 
-// expiredBy reports whether sb's time (to live, or paused) ended by now.
+// expiredBy reports whether sb's time (to live, or paused) ended by now,
+// from its published view: without its lock, so that the expiry loop is
+// never held up by another sandbox's long call (a checkpoint holds the
+// lock for seconds). Expire checks again under the lock.
 func (sb *Sandbox) expiredBy(now time.Time) bool {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.rec.State != records.StateCreating && !sb.rec.ExpiresAt.IsZero() && now.After(sb.rec.ExpiresAt)
+	v := sb.View()
+	return v.State != sandboxv1.SandboxState_SANDBOX_STATE_CREATING && v.ExpiresAt != nil && v.ExpiresAt.AsTime().Unix() > 0 && now.After(v.ExpiresAt.AsTime())
 }
 
 // Expire ends a sandbox the expiry loop picked, holding its lock from
