@@ -38,22 +38,37 @@ type viaEdge struct{}
 // moment, and only that edge can serve the sandbox.
 const edgeRestartWait = 30 * time.Second
 
-// RoundTrip sends r; while the edge refuses the connection, and nothing
-// of the request was sent (a refused dial reads no body), it tries again
-// until edgeRestartWait or the call's deadline.
+// RoundTrip sends r; while the edge refuses the connection, it tries
+// again until edgeRestartWait or the call's deadline, if nothing of the
+// request was sent (a refused dial reads no body) or the body can be
+// sent again (a buffered unary call's). The transport read the body only
+// if it first tried a pooled connection the restarting edge had dropped;
+// it goes on to dial only for a request that connection never delivered,
+// and a refused dial delivers none, so the call has not run.
 func (viaEdge) RoundTrip(r *http.Request) (*http.Response, error) {
 	rt := r.Context().Value(routeKey{}).(route)
 	t := rt.edge.HTTP.Transport
+	hasBody := r.Body != nil && r.Body != http.NoBody
 	body := &watchedBody{ReadCloser: r.Body}
-	if r.Body != nil && r.Body != http.NoBody {
+	if hasBody {
 		r.Body = body
 	}
 	deadline := rt.waitUntil
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		resp, err := t.RoundTrip(r)
-		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || body.read.Load() || time.Now().Add(wait).After(deadline) {
+		resend := !body.read.Load() || r.GetBody != nil
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || !resend || time.Now().Add(wait).After(deadline) {
 			body.done(err)
 			return resp, err
+		}
+		if hasBody && body.read.Load() {
+			again, gerr := r.GetBody()
+			if gerr != nil {
+				body.done(err)
+				return resp, err
+			}
+			body = &watchedBody{ReadCloser: again}
+			r.Body = body
 		}
 		select {
 		case <-r.Context().Done():

@@ -70,3 +70,25 @@ func TestCallsIntoASandboxWaitForItsEdgeToRestart(t *testing.T) {
 		t.Fatalf("a refusal after the body went out: %v after %d calls, body closed %d times", err, e.calls, body.closes)
 	}
 }
+
+// A buffered unary call (rpcproxy.BufferUnary sets GetBody) is sent again
+// even if the transport read its body first: it read it for a pooled
+// connection the restarting edge had dropped, which delivered nothing,
+// as the refused dial after it did (the rollout test's exec that failed
+// while an edge was replaced).
+func TestABufferedCallIsResentAfterADroppedConnection(t *testing.T) {
+	e := &refusingEdge{refusals: 2, readFirst: true}
+	req, _ := http.NewRequest("POST", "https://edge/x", strings.NewReader("request"))
+	if req.GetBody == nil {
+		t.Fatal("http.NewRequest gave a strings.Reader body no GetBody")
+	}
+	ctx := context.WithValue(context.Background(), routeKey{}, route{edge: &edgeclient.Conn{HTTP: &http.Client{Transport: e}}, waitUntil: time.Now().Add(edgeRestartWait)})
+	resp, err := viaEdge{}.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		t.Fatalf("after %d calls: %v", e.calls, err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	if string(got) != "request" || e.calls != 3 {
+		t.Fatalf("answered %q after %d calls, want the whole body after 3", got, e.calls)
+	}
+}
