@@ -75,13 +75,7 @@ func (sb *Sandbox) resumeLocked(ctx context.Context) error {
 	sb.rec.State, sb.rec.PausedTask = records.StateRunning, false
 	sb.log.Info("sandbox resumed")
 	if sb.rec.FilesystemOnly {
-		// Its processes ended at the pause: a fresh start, with the
-		// image's service as at its create.
-		sb.rec.FilesystemOnly = false
-		if err := sb.save(); err != nil {
-			return err
-		}
-		return sb.startService(ctx, sb.rec.Service)
+		return sb.startAfreshLocked(ctx) // its processes ended at the pause
 	}
 	return sb.save()
 }

@@ -72,12 +72,11 @@ func (sb *Sandbox) pauseAtLocked(ctx context.Context, depth sandboxv1.PauseDepth
 		}
 	}
 	if err != nil && sb.rec.FilesystemOnly && sb.rec.State == records.StateRunning {
-		// Not paused after all: it runs on, started afresh.
-		sb.rec.FilesystemOnly = false
-		if serr := sb.startService(ctx, sb.rec.Service); serr != nil {
+		// Not paused after all: it runs on, started afresh (the pause's
+		// error is the one to report).
+		if serr := sb.startAfreshLocked(ctx); serr != nil {
 			sb.log.Warn("image service not started again after a failed pause", logging.Error, serr)
 		}
-		sb.save() //nolint:errcheck // the pause's error is the one to report
 	}
 	return released, note, err
 }

@@ -323,8 +323,8 @@ func (sb *Sandbox) prepareDir() (*agentlink.Link, error) {
 	// The sandbox's boot id, for runtimes whose /proc has none (Debian's
 	// runsc: the gvisor backend mounts it where compat/gvisor reads it).
 	// Kept across edge restarts.
-	if bootID := filepath.Join(sb.runDir, "boot_id"); !regularFile(bootID) {
-		if err := os.WriteFile(bootID, []byte(newUUID()+"\n"), 0o644); err != nil {
+	if !regularFile(sb.bootIDFile()) {
+		if err := sb.newBootID(); err != nil {
 			return nil, err
 		}
 	}

@@ -39,10 +39,31 @@ func (sb *Sandbox) shutDownLocked(ctx context.Context) error {
 	}
 	// Where the runtime's /proc has no boot id, the backend shows this
 	// file in its place (see Start); elsewhere the kernel's stays.
-	if err := os.WriteFile(filepath.Join(sb.runDir, "boot_id"), []byte(newUUID()+"\n"), 0o644); err != nil {
+	if err := sb.newBootID(); err != nil {
 		return err
 	}
 	sb.rec.FilesystemOnly = true
 	sb.log.Info("sandbox processes ended for a filesystem-only pause", "ended", res.Msg.Ended)
 	return sb.save()
+}
+
+// startAfreshLocked ends a filesystem-only pause's mark on a sandbox that
+// runs again (resumed, or not paused after all) and starts the image's
+// service, as at its create. Callers hold sb.mu.
+func (sb *Sandbox) startAfreshLocked(ctx context.Context) error {
+	sb.rec.FilesystemOnly = false
+	if err := sb.save(); err != nil {
+		return err
+	}
+	return sb.startService(ctx, sb.rec.Service)
+}
+
+// bootIDFile is the sandbox's own boot id, for runtimes whose /proc has
+// none (Debian's runsc: the gvisor backend mounts it where compat/gvisor
+// reads it).
+func (sb *Sandbox) bootIDFile() string { return filepath.Join(sb.runDir, "boot_id") }
+
+// newBootID gives sb a boot id of its own.
+func (sb *Sandbox) newBootID() error {
+	return os.WriteFile(sb.bootIDFile(), []byte(newUUID()+"\n"), 0o644)
 }
