@@ -19,9 +19,14 @@ import (
 // exitedRetention is how long an exited process stays findable by Connect.
 const exitedRetention = time.Minute
 
-// drainGrace is how long output is still read after the process exits, for
-// pipes a background child keeps open.
-const drainGrace = 250 * time.Millisecond
+const (
+	// drainGrace is how long output is still read after the process exits,
+	// for streams a background child keeps open.
+	drainGrace = 250 * time.Millisecond
+	// drainCap bounds the whole drain after an exit, for a background child
+	// that keeps writing.
+	drainCap = 5 * time.Second
+)
 
 // process is one process started through ProcessService.
 type process struct {
@@ -326,22 +331,22 @@ func winsize(s *agentv1.PtySize) *pty.Winsize {
 }
 
 // supervise pumps output, waits for the process and publishes its exit.
+//
+// After the exit, each pump reads on for drainGrace: a read deadline ends a
+// read that a background child keeps open, and the pump then takes what is
+// already buffered without waiting.
+// A starved agent (a busy host, a throttled cgroup) may see the deadline's
+// timer before the poller sees the data, so the deadline never drops output
+// that the process wrote before it exited (a terminal's last line once went
+// missing so). Streams that cannot take a deadline are closed after the
+// grace, as a last resort after drainCap for all of them.
 func (t *processTable) supervise(p *process, proc *os.Process, readers []readerStream, timer *time.Timer) {
 	var pumps sync.WaitGroup
 	for _, r := range readers {
 		pumps.Add(1)
 		go func() {
 			defer pumps.Done()
-			buf := make([]byte, 32*1024)
-			for {
-				n, err := r.f.Read(buf)
-				if n > 0 {
-					p.publish(outputEvent(r.stream, append([]byte(nil), buf[:n]...)))
-				}
-				if err != nil {
-					return
-				}
-			}
+			pumpOutput(r.f, func(data []byte) { p.publish(outputEvent(r.stream, data)) })
 		}()
 	}
 	state, werr := proc.Wait()
@@ -351,9 +356,23 @@ func (t *processTable) supervise(p *process, proc *os.Process, readers []readerS
 	}
 	pumped := make(chan struct{})
 	go func() { pumps.Wait(); close(pumped) }()
+	var undated []*os.File
+	for _, r := range readers {
+		if r.f.SetReadDeadline(time.Now().Add(drainGrace)) != nil {
+			undated = append(undated, r.f)
+		}
+	}
+	capAt := time.After(drainCap)
+	if len(undated) > 0 {
+		select {
+		case <-pumped:
+		case <-time.After(drainGrace):
+			closeAll(undated...)
+		}
+	}
 	select {
 	case <-pumped:
-	case <-time.After(drainGrace):
+	case <-capAt:
 	}
 	for _, r := range readers {
 		r.f.Close()
