@@ -13,10 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -38,6 +40,13 @@ type Client struct {
 	Sandboxes sandboxv1connect.SandboxServiceClient
 	IAM       iamv1connect.IAMServiceClient
 	Images    imagev1connect.ImageServiceClient
+	// CreateWait bounds how long Create sends a create again while the
+	// answers say to (a fleet with no room now, an apiserver that died);
+	// 0 is a minute.
+	CreateWait time.Duration
+	// OnCreateRetry, when set, hears each such answer and the pause
+	// before the next attempt (the CLI prints it).
+	OnCreateRetry func(err error, pause time.Duration)
 }
 
 // New returns a client for the apiserver at url, or the apiservers at a
@@ -153,18 +162,28 @@ func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sand
 	key := newIdempotencyKey()
 	var resp *connect.Response[sandboxv1.CreateSandboxResponse]
 	var err error
-	deadline := time.Now().Add(createRetry)
+	deadline := time.Now().Add(c.createWait())
 	for pause := 200 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
 		req := connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec})
 		req.Header().Set(IdempotencyHeader, key)
 		resp, err = c.Sandboxes.CreateSandbox(ctx, req)
-		if err == nil || !retryable(err) || time.Now().Add(pause).After(deadline) {
+		if err == nil || !retryable(err) {
 			break
+		}
+		wait := pause
+		if after, ok := retryAfter(err); ok {
+			wait = spread(after)
+		}
+		if time.Now().Add(wait).After(deadline) {
+			break
+		}
+		if c.OnCreateRetry != nil {
+			c.OnCreateRetry(err, wait)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, err
-		case <-time.After(pause):
+		case <-time.After(wait):
 		}
 	}
 	if err != nil {
@@ -176,12 +195,43 @@ func (c *Client) Create(ctx context.Context, spec *sandboxv1.SandboxSpec) (*Sand
 }
 
 // createRetry is how long Create tries again while it gets retryable
-// answers.
+// answers, unless Client.CreateWait says otherwise.
 const createRetry = time.Minute
 
+func (c *Client) createWait() time.Duration {
+	if c.CreateWait > 0 {
+		return c.CreateWait
+	}
+	return createRetry
+}
+
+// retryAfter is the pause a server asked for with Retry-After (whole
+// seconds): a fleet with no room for the create now.
+func retryAfter(err error) (time.Duration, bool) {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return 0, false
+	}
+	secs, perr := strconv.Atoi(ce.Meta().Get(retryAfterHeader))
+	if perr != nil || secs < 0 {
+		return 0, false
+	}
+	return time.Duration(secs) * time.Second, true
+}
+
+// spread is d within ±25 %, so a burst's refused creates do not all come
+// back in the same instant.
+func spread(d time.Duration) time.Duration {
+	return d*3/4 + rand.N(d/2+1)
+}
+
 // retryHeader marks a server's error as worth sending the same request
-// again for (internal/errdefs.RetryHeader).
-const retryHeader = "Dsec-Retry"
+// again for (internal/errdefs.RetryHeader); retryAfterHeader says after
+// how long (internal/errdefs.RetryAfterHeader).
+const (
+	retryHeader      = "Dsec-Retry"
+	retryAfterHeader = "Retry-After"
+)
 
 // retryable reports an error the server marked so, or one that never came
 // from a server (the connection failed).

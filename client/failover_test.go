@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/iam/v1/iamv1connect"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1/sandboxv1connect"
+	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 // apiserverStub answers WhoAmI, CreateSandbox and StopSandbox and
@@ -30,6 +33,9 @@ type apiserverStub struct {
 	// unready answers every create Unavailable, unmarked.
 	busy    int
 	unready bool
+	// full answers this many creates as a fleet without room does
+	// (ResourceExhausted, marked to be sent again after a second).
+	full int
 }
 
 func (s *apiserverStub) WhoAmI(context.Context, *connect.Request[iamv1.WhoAmIRequest]) (*connect.Response[iamv1.WhoAmIResponse], error) {
@@ -40,7 +46,11 @@ func (s *apiserverStub) CreateSandbox(_ context.Context, r *connect.Request[sand
 	s.mu.Lock()
 	s.keys = append(s.keys, r.Header().Get(IdempotencyHeader))
 	busy := len(s.keys) <= s.busy
+	full := len(s.keys) <= s.full
 	s.mu.Unlock()
+	if full {
+		return nil, errdefs.ToConnect(errdefs.RetryAfter(errdefs.ResourceExhausted("node n1: node full: 4 sandboxes, its limit is 4"), time.Second))
+	}
 	if busy {
 		ce := connect.NewError(connect.CodeUnavailable, errors.New("its sandbox is still being made; retry"))
 		ce.Meta().Set("Dsec-Retry", "1")
@@ -192,5 +202,56 @@ func TestCreateDoesNotRetryWhatTheServerDidNotMark(t *testing.T) {
 	}
 	if len(stub.keys) != 1 {
 		t.Fatalf("%d attempts, want 1", len(stub.keys))
+	}
+}
+
+// TestCreateBacksOffWhileTheFleetIsFull: a create every node refused for
+// room is sent again, with its key, after the pause the server asked for
+// (spread ±25 %), until it is made; the hook hears each pause.
+func TestCreateBacksOffWhileTheFleetIsFull(t *testing.T) {
+	stub := &apiserverStub{full: 2}
+	c, err := New(serveStub(t, stub), "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pauses []time.Duration
+	c.OnCreateRetry = func(err error, pause time.Duration) {
+		if connect.CodeOf(err) != connect.CodeResourceExhausted {
+			t.Errorf("hook heard %v", err)
+		}
+		pauses = append(pauses, pause)
+	}
+	sb, err := c.Create(context.Background(), &sandboxv1.SandboxSpec{})
+	if err != nil || sb.ID != "n1-sb" {
+		t.Fatalf("create: %v, %v", sb, err)
+	}
+	if len(stub.keys) != 3 || stub.keys[0] != stub.keys[1] || stub.keys[1] != stub.keys[2] {
+		t.Fatalf("keys sent: %q, want the same key 3 times", stub.keys)
+	}
+	if len(pauses) != 2 {
+		t.Fatalf("pauses %v, want 2", pauses)
+	}
+	for _, p := range pauses {
+		if p < 750*time.Millisecond || p > 1250*time.Millisecond {
+			t.Fatalf("pause %v: not the server's second within ±25 %%", p)
+		}
+	}
+}
+
+// TestCreateGivesUpOnAFullFleetAfterCreateWait: the refusal comes back
+// once the next pause would pass CreateWait.
+func TestCreateGivesUpOnAFullFleetAfterCreateWait(t *testing.T) {
+	stub := &apiserverStub{full: 100}
+	c, err := New(serveStub(t, stub), "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CreateWait = 500 * time.Millisecond
+	_, err = c.Create(context.Background(), &sandboxv1.SandboxSpec{})
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "node full") {
+		t.Fatalf("create on a full fleet: %v", err)
+	}
+	if len(stub.keys) != 1 {
+		t.Fatalf("%d attempts within 500 ms of a 1 s pause, want 1", len(stub.keys))
 	}
 }

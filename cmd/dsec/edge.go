@@ -25,6 +25,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	bf := addBackendFlags(fs)
 	cpuOver := fs.Float64("cpu-overcommit", capacity.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
 	memOver := fs.Float64("memory-overcommit", capacity.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
+	maxSandboxes := fs.Int64("max-sandboxes", 0, "sandboxes the node admits at most (0: what its memory, tasks and file descriptors allow)")
 	cacheLimit := fs.Int64("layer-cache-limit", 0, "MiB the node's unpacked image layers may take; beyond it the least recently used ones no sandbox needs are removed (0: no limit)")
 	diskOver := fs.Float64("disk-overcommit", 1, "above 1, the sandboxes' disk limits may add up to this many times the free space of the layers' disk; a sandbox that fills it then loses its neighbours' writes; 1: every layer can be written in full")
 	diskLedger := fs.String("disk-ledger", "/run/opendsec/disk-ledger", "directory where the edges of this host count what each promised of a disk they share; empty: this edge counts only its own sandboxes")
@@ -66,7 +67,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := edge.ServeConfig{
-		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, DiskOvercommit: *diskOver, DiskLedgerDir: *diskLedger, LayerCacheLimit: *cacheLimit << 20, PeerTLS: ident.ClientConfig()},
+		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, MaxSandboxes: *maxSandboxes, DiskOvercommit: *diskOver, DiskLedgerDir: *diskLedger, LayerCacheLimit: *cacheLimit << 20, PeerTLS: ident.ClientConfig()},
 		// Other edges pull exported snapshots (cross-node fork and restore).
 		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher, pki.RoleEdge),
 	}

@@ -58,10 +58,15 @@ func cmdRun(ctx context.Context, args []string) (int, error) {
 	internet := fs.Bool("internet", false, "allow every public address (implies --network)")
 	fs.Var(&allow, "allow", `allowed destination, e.g. "pypi.example.org", "tcp 10.1.0.0/16:443" (repeatable; implies --network)`)
 	public := fs.Bool("public", false, "let requests without an API key reach the sandbox's ports (implies --network)")
+	wait := fs.Duration("wait", 0, "how long to keep sending the create again while the fleet has no room (0: a minute)")
 	fs.Parse(args)
 	c, err := client.FromEnv()
 	if err != nil {
 		return 1, err
+	}
+	c.CreateWait = *wait
+	c.OnCreateRetry = func(err error, pause time.Duration) {
+		fmt.Fprintf(os.Stderr, "dsec run: %v; trying again in %.1fs\n", err, pause.Seconds())
 	}
 	e, err := envMap(env)
 	if err != nil {

@@ -24,6 +24,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	bf := addBackendFlags(fs)
 	cpuOver := fs.Float64("cpu-overcommit", capacity.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
 	memOver := fs.Float64("memory-overcommit", capacity.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")
+	maxSandboxes := fs.Int64("max-sandboxes", 0, "sandboxes each edge admits at most (0: what the host's memory, tasks and file descriptors allow)")
 	cacheLimit := fs.Int64("layer-cache-limit", 0, "MiB the node's unpacked image layers may take; beyond it the least recently used ones no sandbox needs are removed (0: no limit; layers mounted from their EROFS forms take no node disk)")
 	unpack := fs.Bool("unpack-layers", false, "keep new layers without their EROFS forms, so that nodes unpack them (for kernels without EROFS)")
 	diskOver := fs.Float64("disk-overcommit", 1, "above 1, the sandboxes' disk limits may add up to this many times the free space of the layers' disk; a sandbox that fills it then loses its neighbours' writes; 1: every layer can be written in full")
@@ -51,7 +52,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Registries: rf.config(), Backends: map[string]map[string]string{},
 		GatewayListen: *e2bListen, MetricsListen: *metricsListen, TLS: *useTLS, ClientCerts: *clientCerts, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges,
-		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, DiskOvercommit: *diskOver, LayerCacheLimit: *cacheLimit << 20, UnpackLayers: *unpack}
+		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, MaxSandboxes: *maxSandboxes, DiskOvercommit: *diskOver, LayerCacheLimit: *cacheLimit << 20, UnpackLayers: *unpack}
 	if *edges < 1 || *edges > 64 {
 		return fmt.Errorf("up: --edges %d: want 1 to 64", *edges)
 	}

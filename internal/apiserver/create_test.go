@@ -58,6 +58,9 @@ func TestEveryNodeDeclines(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "node "+string(a.Node)+": node full") || !strings.Contains(err.Error(), "node "+string(b.Node)+": node draining") {
 		t.Fatalf("every node declined: %v", err)
 	}
+	if d, ok := errdefs.RetryDelay(err); !ok || d != capacityRetryAfter {
+		t.Fatalf("a create every node declined asks for no pause before it is sent again (%v %v): a burst past the fleet would fail instead of waiting", d, ok)
+	}
 	if got := f.entries(); len(got) != 0 {
 		t.Fatalf("ledger after a failed create: %v; want empty", got)
 	}
@@ -68,6 +71,29 @@ func TestEveryNodeDeclines(t *testing.T) {
 	_, err = f.create(ctxFor(t), "")
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "a layer is missing") || b.Creates() != before {
 		t.Fatalf("a refusal not about room: %v, and the next node was asked %d times", err, b.Creates()-before)
+	}
+	if _, ok := errdefs.RetryDelay(err); ok {
+		t.Fatalf("a bad request is marked to be sent again: %v", err)
+	}
+}
+
+// A create refused for room and sent again with its idempotency key, as
+// the clients do after the pause, makes its sandbox once a node has room.
+func TestACreateRefusedForRoomSucceedsWhenSentAgain(t *testing.T) {
+	t.Parallel()
+	e := edgefake.New("10.0.0.1:7000", usage(16))
+	e.Decline(errdefs.ResourceExhausted("node full: 16 sandboxes, its limit is 16"))
+	f := newFixture(t, e)
+	if _, err := f.create(ctxFor(t), "burst-1"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("create on a full node: %v", err)
+	}
+	e.Decline(nil)
+	sb, err := f.create(ctxFor(t), "burst-1")
+	if err != nil || !e.Has(sb.Id) {
+		t.Fatalf("the same create once the node has room: %v", err)
+	}
+	if got := f.entries(); len(got) != 1 {
+		t.Fatalf("ledger %v; want the one sandbox", got)
 	}
 }
 

@@ -222,8 +222,16 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 		errs = append(errs, errdefs.OnNode(node, err))
 	}
 	s.placeStats.placed(placedNone)
-	return nil, errors.Join(errs...)
+	// Every node tried was full or away: backpressure, not a failure. The
+	// clients send the create again after the pause (and keep its
+	// idempotency key), so a burst past the fleet waits for room.
+	return nil, errdefs.RetryAfter(errors.Join(errs...), capacityRetryAfter)
 }
+
+// capacityRetryAfter is the pause a create refused by every node it tried
+// asks its client for: about how long a sandbox takes to end and give its
+// room back.
+const capacityRetryAfter = time.Second
 
 func (h *sandboxService) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.GetSandboxResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)

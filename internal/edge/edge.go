@@ -52,7 +52,11 @@ type Config struct {
 	Capacity         capacity.Node
 	CPUOvercommit    float64
 	MemoryOvercommit float64
-	Limits           sandboxspec.Limits
+	// MaxSandboxes, when above 0, is how many sandboxes the node admits,
+	// instead of what its memory, tasks and descriptors allow
+	// (capacity.SandboxLimit).
+	MaxSandboxes int64
+	Limits       sandboxspec.Limits
 	// AgentTimeout bounds the wait for a new sandbox's agent.
 	AgentTimeout time.Duration
 	// RunBase holds each sandbox's agent socket directory. Unix socket paths
@@ -162,7 +166,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return nil, fmt.Errorf("edge: agent binary: %w", err)
 	}
-	if cfg.Capacity.HostCPUCores == 0 {
+	hostCapacity := cfg.Capacity.HostCPUCores == 0
+	if hostCapacity {
 		cfg.Capacity = capacity.Host(cfg.CPUOvercommit, cfg.MemoryOvercommit)
 	}
 	if cfg.Limits.MaxCPUCores == 0 {
@@ -235,7 +240,15 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
-	e.reg = newRegistry(node, cfg.Capacity, e.disk)
+	if hostCapacity {
+		// Read again: the backends raise kernel.pid_max and fs.file-max
+		// as they start.
+		e.cfg.Capacity.MaxSandboxes, e.cfg.Capacity.SandboxBound = capacity.SandboxLimit(capacity.ReadHostLimits(e.cfg.Capacity.HostMemoryMB))
+	}
+	e.cfg.Capacity = e.cfg.Capacity.WithMaxSandboxes(cfg.MaxSandboxes)
+	e.reg = newRegistry(node, e.cfg.Capacity, e.disk)
+	e.log.Info("node capacity", "max_sandboxes", e.cfg.Capacity.MaxSandboxes, "bounded_by", e.cfg.Capacity.SandboxBound,
+		"cpu_cores", e.cfg.Capacity.CPUCores, "memory_mb", e.cfg.Capacity.MemoryMB)
 	if e.usage, err = openUsageMeter(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("edge: usage totals: %w", err)
 	}

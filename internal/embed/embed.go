@@ -53,6 +53,8 @@ type Config struct {
 	Capacity         capacity.Node
 	CPUOvercommit    float64
 	MemoryOvercommit float64
+	// MaxSandboxes is each edge's edge.Config.MaxSandboxes.
+	MaxSandboxes int64
 	// DiskOvercommit is the edges' (edge.Config.DiskOvercommit).
 	DiskOvercommit float64
 	// RunBase is the edge's short directory for agent sockets.

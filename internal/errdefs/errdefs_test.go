@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 )
@@ -59,6 +60,29 @@ func TestRetryMarksTheConnectError(t *testing.T) {
 	plain := ToConnect(Unavailable("never ready")).(*connect.Error)
 	if plain.Meta().Get(RetryHeader) != "" {
 		t.Fatalf("unmarked error carries %v", plain.Meta())
+	}
+}
+
+// A capacity refusal marked RetryAfter keeps its code and class, and its
+// Connect error tells the client to send again after whole seconds.
+func TestRetryAfterMarksTheConnectError(t *testing.T) {
+	t.Parallel()
+	err := RetryAfter(ResourceExhausted("node full"), 1500*time.Millisecond)
+	if !errors.Is(err, ErrResourceExhausted) {
+		t.Fatalf("the mark hides the class: %v", err)
+	}
+	if d, ok := RetryDelay(fmt.Errorf("placing: %w", err)); !ok || d != 1500*time.Millisecond {
+		t.Fatalf("RetryDelay through a wrap: %v %v", d, ok)
+	}
+	ce := ToConnect(err).(*connect.Error)
+	if ce.Code() != connect.CodeResourceExhausted || ce.Meta().Get(RetryHeader) != "1" || ce.Meta().Get(RetryAfterHeader) != "2" {
+		t.Fatalf("connect error: %v %v", ce.Code(), ce.Meta())
+	}
+	if got := ToConnect(RetryAfter(ResourceExhausted("full"), 0)).(*connect.Error).Meta().Get(RetryAfterHeader); got != "1" {
+		t.Fatalf("a zero pause is sent as %q, want at least 1 second", got)
+	}
+	if _, ok := RetryDelay(ResourceExhausted("quota")); ok {
+		t.Fatal("an unmarked error has a retry delay")
 	}
 }
 

@@ -3,6 +3,9 @@ package errdefs
 import (
 	"context"
 	"errors"
+	"math"
+	"strconv"
+	"time"
 
 	"connectrpc.com/connect"
 )
@@ -63,6 +66,38 @@ func (r retry) Unwrap() error { return r.error }
 // Retry marks err so ToConnect sets RetryHeader.
 func Retry(err error) error { return retry{err} }
 
+// RetryAfterHeader, beside RetryHeader, says how long to wait before
+// sending the request again, in whole seconds as HTTP's Retry-After: a
+// node that is full now may have room once sandboxes end, so a burst past
+// it backs off instead of failing.
+const RetryAfterHeader = "Retry-After"
+
+// retryAfter marks an error as worth sending again after a pause.
+type retryAfter struct {
+	error
+	after time.Duration
+}
+
+func (r retryAfter) Unwrap() error { return r.error }
+
+// RetryAfter marks err so ToConnect sets RetryHeader and RetryAfterHeader
+// (after rounded up to whole seconds, at least one).
+func RetryAfter(err error, after time.Duration) error { return retryAfter{err, after} }
+
+// RetryDelay is the pause RetryAfter marked err with.
+func RetryDelay(err error) (time.Duration, bool) {
+	var r retryAfter
+	if errors.As(err, &r) {
+		return r.after, true
+	}
+	return 0, false
+}
+
+// retryAfterSeconds is after as the header's whole seconds.
+func retryAfterSeconds(after time.Duration) string {
+	return strconv.Itoa(max(1, int(math.Ceil(after.Seconds()))))
+}
+
 // ItemError is err as a per-item result (a fork's copy, one sandbox of a
 // task-wide call) carries it: the name of its RPC code, as Connect spells
 // it ("resource_exhausted"), and its message; both "" for nil.
@@ -98,6 +133,10 @@ func ToConnect(err error) error {
 	var r retry
 	if errors.As(err, &r) {
 		out.Meta().Set(RetryHeader, "1")
+	}
+	if after, ok := RetryDelay(err); ok {
+		out.Meta().Set(RetryHeader, "1")
+		out.Meta().Set(RetryAfterHeader, retryAfterSeconds(after))
 	}
 	return out
 }

@@ -22,6 +22,9 @@ type Node struct {
 	CPUCores     float64 // admitted total
 	MemoryMB     int64   // admitted total
 	MaxSandboxes int64
+	// SandboxBound says what set MaxSandboxes: the host resource that runs
+	// out first (SandboxLimit), or the operator's setting.
+	SandboxBound string
 	// HostCPUCores and HostMemoryMB bound a single sandbox.
 	HostCPUCores float64
 	HostMemoryMB int64
@@ -40,7 +43,8 @@ const (
 
 // Host reads the host: all cores and memory, minus a reserve for the node
 // itself, with the given overcommit factors for the totals (0: the
-// default).
+// default). The number of sandboxes is what the host's memory, tasks and
+// file descriptors allow (SandboxLimit); WithMaxSandboxes sets it instead.
 func Host(cpuOvercommit, memoryOvercommit float64) Node {
 	if cpuOvercommit <= 0 {
 		cpuOvercommit = DefaultCPUOvercommit
@@ -53,10 +57,20 @@ func Host(cpuOvercommit, memoryOvercommit float64) Node {
 	if mem < 256 {
 		mem = 256
 	}
+	count, bound := SandboxLimit(ReadHostLimits(mem))
 	return Node{
-		CPUCores: cores * cpuOvercommit, MemoryMB: int64(float64(mem) * memoryOvercommit), MaxSandboxes: 4096,
+		CPUCores: cores * cpuOvercommit, MemoryMB: int64(float64(mem) * memoryOvercommit), MaxSandboxes: count, SandboxBound: bound,
 		HostCPUCores: cores, HostMemoryMB: mem,
 	}
+}
+
+// WithMaxSandboxes is c admitting at most n sandboxes, an operator's
+// setting (dsec edge --max-sandboxes); n <= 0 leaves c as it is.
+func (c Node) WithMaxSandboxes(n int64) Node {
+	if n > 0 {
+		c.MaxSandboxes, c.SandboxBound = n, "the operator's setting"
+	}
+	return c
 }
 
 func hostMemoryMB() int64 {

@@ -83,3 +83,38 @@ func TestAdmitFillsANodeExactly(t *testing.T) {
 		t.Errorf("a fourth on a full node: %v, want resource exhausted", err)
 	}
 }
+
+// TestSandboxLimitFollowsTheHost: the count a node admits is set by
+// whichever of memory, tasks and file descriptors runs out first, named,
+// with no fixed cap; an operator's setting replaces it.
+func TestSandboxLimitFollowsTheHost(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		lim   HostLimits
+		want  int64
+		bound string
+	}{
+		// A 384-thread node of the seed: its burst of 5,120 fits.
+		{"big host", HostLimits{MemoryMB: 1536 << 10, Tasks: 4194304, Files: 1 << 20}, 235929, "tasks"},
+		{"memory", HostLimits{MemoryMB: 8192, Tasks: 4194304, Files: 1 << 20}, 2048, "memory (8192 MiB, 4 MiB a sandbox)"},
+		{"a low pid_max", HostLimits{MemoryMB: 1536 << 10, Tasks: 32768, Files: 1 << 20}, 1843, "tasks (32768 of kernel.pid_max"},
+		{"a low RLIMIT_NOFILE", HostLimits{MemoryMB: 1536 << 10, Tasks: 4194304, Files: 1024}, 256, "file descriptors (RLIMIT_NOFILE 1024"},
+		{"nothing left", HostLimits{MemoryMB: 1, Tasks: 1, Files: 1}, 1, ""},
+	} {
+		n, bound := SandboxLimit(tc.lim)
+		if n != tc.want || !strings.Contains(bound, tc.bound) {
+			t.Errorf("%s: %d sandboxes, bounded by %q; want %d, %q", tc.name, n, bound, tc.want, tc.bound)
+		}
+	}
+	host := Host(0, 0)
+	if host.MaxSandboxes < 1 || host.SandboxBound == "" {
+		t.Fatalf("this host: %d sandboxes, bound %q", host.MaxSandboxes, host.SandboxBound)
+	}
+	if set := host.WithMaxSandboxes(8192); set.MaxSandboxes != 8192 || set.SandboxBound != "the operator's setting" {
+		t.Fatalf("operator's 8192: %+v", set)
+	}
+	if same := host.WithMaxSandboxes(0); same != host {
+		t.Fatalf("no setting changed the node: %+v", same)
+	}
+}

@@ -36,8 +36,13 @@ func messageOf(err error) string {
 	return err.Error()
 }
 
-// writeError answers with E2B's {code, message} body.
+// writeError answers with E2B's {code, message} body, and the pause a
+// refusal for room asked for as HTTP's Retry-After.
 func writeError(w http.ResponseWriter, err error) {
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Meta().Get(errdefs.RetryAfterHeader) != "" {
+		w.Header().Set("Retry-After", ce.Meta().Get(errdefs.RetryAfterHeader))
+	}
 	code := statusOf(errdefs.Code(err))
 	writeJSON(w, code, apiError{Code: code, Message: messageOf(err)})
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator, List, Tuple
 
@@ -161,6 +162,56 @@ async def test_create_does_not_retry_what_the_server_did_not_mark() -> None:
     finally:
         srv.shutdown()
     assert e.value.code == "unavailable" and len(_Stub.seen) == 1, _Stub.seen
+
+
+class _Full(_Stub):
+    """Answers the first two creates as a fleet without room does
+    (resource_exhausted, marked to be sent again after a second), then like
+    _Stub."""
+
+    def do_POST(self) -> None:
+        if sum(1 for m, _ in _Stub.seen if m == "CreateSandbox") < _Full.refusals:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
+            _Full.at.append(time.monotonic())
+            body = json.dumps({"code": "resource_exhausted", "message": "node n1: node full: 4 sandboxes, its limit is 4"}).encode()
+            self.send_response(429)
+            self.send_header("Dsec-Retry", "1")
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_POST()
+
+    refusals = 2
+    at: List[float] = []
+
+
+async def test_create_backs_off_while_the_fleet_is_full() -> None:
+    """A create every node refused for room is sent again with its key after
+    the second the server asked for (±25 %), until it is made; with a
+    shorter create_wait the refusal comes back at once."""
+    _Stub.seen, _Full.at, _Full.refusals = [], [], 2
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Full)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        async with DSecClient(f"http://127.0.0.1:{srv.server_address[1]}", "key") as c:
+            sb = await c.run_sandbox()
+            assert sb.id == "n1-sb"
+            creates = [k for m, k in _Stub.seen if m == "CreateSandbox"]
+            assert len(creates) == 3 and len(set(creates)) == 1, _Stub.seen
+            gaps = [b - a for a, b in zip(_Full.at, _Full.at[1:])]
+            assert gaps and all(0.7 <= g for g in gaps), gaps
+        _Stub.seen, _Full.at, _Full.refusals = [], [], 100
+        async with DSecClient(f"http://127.0.0.1:{srv.server_address[1]}", "key", create_wait=0.5) as c:
+            with pytest.raises(DSecError) as e:
+                await c.run_sandbox()
+            assert e.value.code == "resource_exhausted" and e.value.retry_after == 1.0
+            assert len(_Stub.seen) == 1, _Stub.seen
+    finally:
+        srv.shutdown()
 
 
 def test_tls_files_are_checked(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

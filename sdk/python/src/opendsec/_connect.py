@@ -143,6 +143,7 @@ class ConnectClient:
         if resp.status_code != 200:
             err = _error(resp.status_code, resp.content)
             err.retryable = resp.headers.get("dsec-retry") == "1"
+            err.retry_after = _retry_after(resp.headers.get("retry-after"))
             raise err
         return resp.json() if resp.content else {}
 
@@ -207,3 +208,12 @@ def _reason(e: Optional[BaseException]) -> str:
         e = e.__cause__ or e.__context__
         seen += 1
     return "the connection closed"
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """A Retry-After header's whole seconds; None when absent or a date."""
+    try:
+        secs = int(value or "")
+    except ValueError:
+        return None
+    return float(secs) if secs >= 0 else None

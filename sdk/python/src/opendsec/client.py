@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import ssl
 import uuid
 from typing import Any, Callable, Dict, List, Optional
@@ -11,13 +12,14 @@ from typing import Any, Callable, Dict, List, Optional
 import httpx
 
 from ._connect import IDEMPOTENCY_HEADER, ConnectClient, Endpoints, parse_urls
-from .errors import AuthenticationError, InvalidArgumentError, UnavailableError
+from .errors import AuthenticationError, DSecError, InvalidArgumentError, UnavailableError
 from .models import DSecRunArgs, ImageInfo, NodeInfo, ProjectInfo, SandboxInfo, SnapshotInfo, TaskResult, TaskSandboxResult, _pause_depth
 from .sandbox import Sandbox
 
 _SB = "opendsec.sandbox.v1.SandboxService/"
-# How long a create keeps trying (with its idempotency key) while
-# apiservers answer Unavailable.
+# How long a create keeps trying (with its idempotency key) while the
+# answers say to: an apiserver taking over a dead one's create, a fleet with
+# no room now (DSecClient(create_wait=...) sets it per client).
 _CREATE_RETRY_SECONDS = 60
 _IAM = "opendsec.iam.v1.IAMService/"
 _IMG = "opendsec.image.v1.ImageService/"
@@ -65,7 +67,7 @@ class DSecClient:
 
     def __init__(
         self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None,
-        client_cert: Optional[str] = None, client_key: Optional[str] = None,
+        client_cert: Optional[str] = None, client_key: Optional[str] = None, create_wait: float = _CREATE_RETRY_SECONDS,
     ) -> None:
         raw = api_url or os.environ.get("DSEC_API_URL", "")
         key = api_key or os.environ.get("DSEC_API_KEY", "")
@@ -87,6 +89,9 @@ class DSecClient:
             timeout=httpx.Timeout(120, connect=10),
         )
         self._conn = ConnectClient(self._http, self._endpoints)
+        #: How long run_sandbox sends a create again while the answers say to
+        #: (a fleet with no room now, an apiserver that died), in seconds.
+        self.create_wait = create_wait
         if any(u.startswith("https://") for u in self.api_urls) and not (client_cert or os.environ.get("DSEC_CLIENT_CERT")):
             self._conn.closed_hint = "an apiserver that requires client certificates closes connections without one: set DSEC_CLIENT_CERT and DSEC_CLIENT_KEY"
 
@@ -113,16 +118,21 @@ class DSecClient:
         # One key for every attempt: an attempt whose apiserver died answers,
         # on the next one, with the sandbox it made or makes a new one.
         key = uuid.uuid4().hex
-        deadline = asyncio.get_running_loop().time() + _CREATE_RETRY_SECONDS
+        deadline = asyncio.get_running_loop().time() + self.create_wait
         pause = 0.2
         while True:
             try:
                 r = await self._call(_SB + "CreateSandbox", req, timeout=300, headers={IDEMPOTENCY_HEADER: key})
                 return Sandbox(self, SandboxInfo.from_json(r["sandbox"]))
-            except UnavailableError as e:
-                if not e.retryable or asyncio.get_running_loop().time() + pause > deadline:
+            except DSecError as e:
+                if not e.retryable:
                     raise
-                await asyncio.sleep(pause)
+                # A fleet with no room says how long to wait; spread ±25 %
+                # so a burst's refused creates do not return all at once.
+                wait = e.retry_after * random.uniform(0.75, 1.25) if e.retry_after is not None else pause
+                if asyncio.get_running_loop().time() + wait > deadline:
+                    raise
+                await asyncio.sleep(wait)
                 pause = min(pause * 2, 2.0)
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:

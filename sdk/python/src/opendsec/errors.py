@@ -15,6 +15,10 @@ class DSecError(Exception):
     #: said so (its Dsec-Retry header), or the connection failed before any
     #: answer.
     retryable = False
+    #: Seconds the server asked to wait before the request is sent again
+    #: (its Retry-After header: a fleet with no room for a create now), or
+    #: None.
+    retry_after: "float | None" = None
 
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)

@@ -177,12 +177,14 @@ class DSecClient(_Wrapper):
 
     def __init__(
         self, api_url: Optional[str] = None, api_key: Optional[str] = None, *, max_connections: int = 100, ca_file: Optional[str] = None,
-        client_cert: Optional[str] = None, client_key: Optional[str] = None,
+        client_cert: Optional[str] = None, client_key: Optional[str] = None, create_wait: float = _client._CREATE_RETRY_SECONDS,
     ) -> None:
         loop = _Loop()
 
         async def make() -> _client.DSecClient:
-            return _client.DSecClient(api_url, api_key, max_connections=max_connections, ca_file=ca_file, client_cert=client_cert, client_key=client_key)
+            return _client.DSecClient(
+                api_url, api_key, max_connections=max_connections, ca_file=ca_file, client_cert=client_cert, client_key=client_key, create_wait=create_wait
+            )
 
         try:
             inner = loop.run(make())
