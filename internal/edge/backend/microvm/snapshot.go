@@ -11,6 +11,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sparsefile"
 )
 
 // Memory snapshots [ours; docs/design.md, "microvm backend"]. A guest's
@@ -47,14 +48,14 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 // which never changes, and the root disk as links (the source may be
 // removed before the last copy is made); and the guest's description.
 func keepGuestFiles(ctx context.Context, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	if err := linkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
+	if err := sparsefile.LinkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
 		return nil, err
 	}
 	copies := [][2]string{{g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4")}}
 	if g.MemFile != "" {
 		copies = append([][2]string{{g.MemFile, filepath.Join(ref.Dir, "mem")}}, copies...)
 	}
-	if err := copyAll(ctx, copies, 2); err != nil {
+	if err := sparsefile.CopyAll(ctx, copies, 2); err != nil {
 		return nil, err
 	}
 	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(ref.Dir, "root.ext4")); err != nil {
@@ -166,10 +167,10 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	g.WritableDisk, g.Initrd = filepath.Join(bx.Dir, "rw.ext4"), filepath.Join(bx.Dir, "initrd.cpio")
-	if err := copyFile(ctx, filepath.Join(ref.Dir, "rw.ext4"), g.WritableDisk, 1); err != nil {
+	if err := sparsefile.Copy(ctx, filepath.Join(ref.Dir, "rw.ext4"), g.WritableDisk, 1); err != nil {
 		return nil, err
 	}
-	if err := linkOrCopy(ctx, filepath.Join(ref.Dir, "initrd.cpio"), g.Initrd); err != nil {
+	if err := sparsefile.LinkOrCopy(ctx, filepath.Join(ref.Dir, "initrd.cpio"), g.Initrd); err != nil {
 		return nil, err
 	}
 	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(bx.Dir, "root.ext4")); err != nil {

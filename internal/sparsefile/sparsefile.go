@@ -1,4 +1,7 @@
-package microvm
+// Package sparsefile copies files that are mostly holes (a guest's RAM,
+// disk images, empty file systems) in the kernel, only where they hold
+// data, and reflinks them where the file system can.
+package sparsefile
 
 import (
 	"context"
@@ -11,12 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// copyFile copies src to dst (made anew) in the kernel, only the parts
-// of src that hold data (a guest's RAM file and its disks are mostly
-// holes), in parts parallel pieces: a snapshot copies while its source
-// is stopped, so this is the source's pause. A reflink is used where the
-// file system has them (dst then shares src's blocks until written).
-func copyFile(ctx context.Context, src, dst string, parts int) error {
+// Copy copies src to dst (made anew) in the kernel, only the parts of src
+// that hold data, in parts parallel pieces (a microVM snapshot copies while
+// its source is stopped, so this is the source's pause). A reflink is used
+// where the file system has them (dst then shares src's blocks until
+// written).
+func Copy(ctx context.Context, src, dst string, parts int) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -155,9 +158,9 @@ func copyRangeRW(in, out *os.File, off, n int64) error {
 	return err
 }
 
-// copyAll copies each {src, dst} pair at once, the first (the largest, a
+// CopyAll copies each {src, dst} pair at once, the first (the largest, a
 // guest's RAM) in parts pieces.
-func copyAll(ctx context.Context, pairs [][2]string, parts int) error {
+func CopyAll(ctx context.Context, pairs [][2]string, parts int) error {
 	errs := make([]error, len(pairs))
 	var wg sync.WaitGroup
 	for i, p := range pairs {
@@ -168,18 +171,18 @@ func copyAll(ctx context.Context, pairs [][2]string, parts int) error {
 			if i == 0 {
 				n = parts
 			}
-			errs[i] = copyFile(ctx, p[0], p[1], n)
+			errs[i] = Copy(ctx, p[0], p[1], n)
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// linkOrCopy makes dst name src's contents: a hard link for a file
+// LinkOrCopy makes dst name src's contents: a hard link for a file
 // nothing writes (an initramfs), a copy across file systems.
-func linkOrCopy(ctx context.Context, src, dst string) error {
+func LinkOrCopy(ctx context.Context, src, dst string) error {
 	if os.Link(src, dst) == nil {
 		return nil
 	}
-	return copyFile(ctx, src, dst, 1)
+	return Copy(ctx, src, dst, 1)
 }

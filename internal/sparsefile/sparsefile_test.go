@@ -1,4 +1,4 @@
-package microvm
+package sparsefile
 
 import (
 	"bytes"
@@ -34,7 +34,7 @@ func TestCopyFileKeepsDataAndHoles(t *testing.T) {
 		want, _ := os.ReadFile(src)
 		for _, parts := range []int{1, 2, 3} {
 			dst := filepath.Join(t.TempDir(), "dst")
-			if err := copyFile(context.Background(), src, dst, parts); err != nil {
+			if err := Copy(context.Background(), src, dst, parts); err != nil {
 				t.Fatal(err)
 			}
 			got, _ := os.ReadFile(dst)
