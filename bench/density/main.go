@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,7 +40,9 @@ func main() {
 	over := flag.Float64("cpu-overcommit", 64, "the edge's CPU overcommit")
 	memOver := flag.Float64("memory-overcommit", 3, "the edge's memory overcommit")
 	agent := flag.String("agent", "bin/aether", "aether binary")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the burst (the edge, apiserver and client, in this process) to this file")
 	flag.Parse()
+	profile = *cpuProfile
 	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -73,6 +76,10 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	var mu sync.Mutex
 	var made []*client.Sandbox
 	var firstErr error
+	stopProfile, err := startProfile()
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
@@ -100,6 +107,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	}
 	wg.Wait()
 	took := time.Since(start)
+	stopProfile()
 	time.Sleep(2 * time.Second) // let the agents settle
 	after := memAvailableMB()
 	fmt.Fprintln(os.Stderr)
@@ -218,4 +226,23 @@ func memAvailableMB() int64 {
 		}
 	}
 	return 0
+}
+
+// profile is where -cpuprofile writes; "" for none.
+var profile string
+
+// startProfile starts the CPU profile of the burst, if one was asked for.
+func startProfile() (stop func(), err error) {
+	if profile == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(profile)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

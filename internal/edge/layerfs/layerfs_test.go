@@ -100,6 +100,58 @@ func TestLayerIsBoundedAndRemovable(t *testing.T) {
 	}
 }
 
+// Layers of one size are copies of one template, formatted once: each is
+// its own empty file system (what one holds the other does not), the
+// template stays small and sparse, and the next start removes templates
+// and half-made ones with the other strays.
+func TestLayersOfASizeShareOneTemplate(t *testing.T) {
+	f := open(t, 0)
+	ctx := context.Background()
+	a, err := f.Create(ctx, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, _ := filepath.Glob(filepath.Join(f.dir, templatePrefix+"*"))
+	var st unix.Stat_t
+	if len(tmpl) != 1 || unix.Stat(tmpl[0], &st) != nil || st.Size != 40<<20 || st.Blocks*512 > 4<<20 {
+		t.Fatalf("templates after one 40 MiB layer: %v (size %d, %d bytes on disk)", tmpl, st.Size, st.Blocks*512)
+	}
+	before := st.Mtim
+	b, err := f.Create(ctx, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unix.Stat(tmpl[0], &st) != nil || st.Mtim != before {
+		t.Fatal("the template was formatted again for the second layer")
+	}
+	if err := os.WriteFile(filepath.Join(a, "only-in-a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(b)
+	if err != nil || len(ents) != 0 {
+		t.Fatalf("the second layer holds %v (%v); want it empty", ents, err)
+	}
+	if _, size, err := Usage(b); err != nil || size > 40<<20 || size < 36<<20 {
+		t.Fatalf("statfs of the copy: size %d, %v", size, err)
+	}
+	for _, l := range []string{a, b} {
+		if err := f.Remove(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As a node killed while formatting leaves them: the template and a
+	// half-made one.
+	if err := os.WriteFile(filepath.Join(f.dir, templatePrefix+"64.img.tmp"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{Dir: f.dir}, testutil.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(f.dir, templatePrefix+"*")); len(left) != 0 {
+		t.Fatalf("templates left by a new start: %v", left)
+	}
+}
+
 // Layers of the warm size come from the warm set, which refills; Close
 // removes the unused ones.
 func TestWarmLayers(t *testing.T) {

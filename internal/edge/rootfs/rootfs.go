@@ -137,6 +137,21 @@ func IsMounted(path string) (bool, error) {
 	return len(mounts) > 0, err
 }
 
+// HoldsOwnFileSystem reports whether path is the root of a file system
+// other than its parent directory's: a mount of another device. It costs
+// two stats, where IsMountPoint reads the whole mount table (on a node of
+// a thousand sandboxes, two thousand lines for every create).
+func HoldsOwnFileSystem(path string) (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return false, err
+	}
+	if err := unix.Stat(filepath.Dir(filepath.Clean(path)), &parent); err != nil {
+		return false, err
+	}
+	return st.Dev != parent.Dev, nil
+}
+
 // IsMountPoint reports whether something is mounted exactly at path.
 func IsMountPoint(path string) (bool, error) {
 	mounts, err := MountsUnder(path)

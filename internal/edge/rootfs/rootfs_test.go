@@ -23,6 +23,12 @@ func TestMountStacksLayersAndUnmountCleans(t *testing.T) {
 	}
 	defer Unmount(l.Target)
 	read := func(p string) string { b, _ := os.ReadFile(filepath.Join(l.Target, p)); return string(b) }
+	if own, err := HoldsOwnFileSystem(l.Target); !own || err != nil {
+		t.Fatalf("the overlay at %s is not its own file system: %v %v", l.Target, own, err)
+	}
+	if own, _ := HoldsOwnFileSystem(l.Upper); own {
+		t.Fatalf("a plain directory %s counts as its own file system", l.Upper)
+	}
 	if read("a") != "low" || read("b") != "high" {
 		t.Fatalf("stacking order wrong: a=%q b=%q", read("a"), read("b"))
 	}

@@ -369,7 +369,7 @@ func (sb *Sandbox) Start(ctx context.Context, im *image.Image) error {
 			return err
 		}
 		// A layer is its own file system, or it bounds nothing.
-		if ok, _ := rootfs.IsMountPoint(rec.LayerDir); !ok {
+		if ok, _ := rootfs.HoldsOwnFileSystem(rec.LayerDir); !ok {
 			return errdefs.Unavailable("writable layer %s is not mounted; its size limit would not hold", rec.LayerDir)
 		}
 		if err := sb.save(); err != nil {
