@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -41,8 +42,9 @@ func main() {
 	memOver := flag.Float64("memory-overcommit", 3, "the edge's memory overcommit")
 	agent := flag.String("agent", "bin/aether", "aether binary")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the burst (the edge, apiserver and client, in this process) to this file")
+	mutexProfile := flag.String("mutexprofile", "", "write a profile of lock contention during the burst to this file")
 	flag.Parse()
-	profile = *cpuProfile
+	profile, lockProfile = *cpuProfile, *mutexProfile
 	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -228,13 +230,25 @@ func memAvailableMB() int64 {
 	return 0
 }
 
-// profile is where -cpuprofile writes; "" for none.
-var profile string
+// profile and lockProfile are where -cpuprofile and -mutexprofile
+// write; "" for none.
+var profile, lockProfile string
 
-// startProfile starts the CPU profile of the burst, if one was asked for.
+// startProfile starts the profiles of the burst that were asked for.
 func startProfile() (stop func(), err error) {
+	stopLocks := func() {}
+	if lockProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		stopLocks = func() {
+			runtime.SetMutexProfileFraction(0)
+			if f, err := os.Create(lockProfile); err == nil {
+				pprof.Lookup("mutex").WriteTo(f, 0) //nolint:errcheck // a bench's extra
+				f.Close()
+			}
+		}
+	}
 	if profile == "" {
-		return func() {}, nil
+		return stopLocks, nil
 	}
 	f, err := os.Create(profile)
 	if err != nil {
@@ -244,5 +258,5 @@ func startProfile() (stop func(), err error) {
 		f.Close()
 		return nil, err
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return func() { pprof.StopCPUProfile(); f.Close(); stopLocks() }, nil
 }

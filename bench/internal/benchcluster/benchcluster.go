@@ -5,6 +5,7 @@ package benchcluster
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -55,7 +56,18 @@ func Start(ctx context.Context, storeDir, agent string, be Backend, adjust func(
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	c, err := embed.Start(ctx, cfg, reg, nil)
+	// DSEC_BENCH_LOG names a file for the cluster's log (the edge's
+	// "sandbox started took=" lines time each create's own part).
+	var log *slog.Logger
+	if path := os.Getenv("DSEC_BENCH_LOG"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			os.RemoveAll(work)
+			return nil, err
+		}
+		log = slog.New(slog.NewTextHandler(f, nil))
+	}
+	c, err := embed.Start(ctx, cfg, reg, log)
 	if err != nil {
 		os.RemoveAll(work)
 		return nil, err
