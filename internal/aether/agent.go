@@ -132,7 +132,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.reapOrphans(ctx)
 	}
 	if a.cfg.ApplyIdentity { // inside a sandbox, not the fake's in-process agent
-		warmThreads(spareThreads)
+		// While the agent connects, not before: making them holds 8
+		// threads in a 20 ms sleep, which every create waited for. No
+		// process starts until they exist (a fork bomb must not find the
+		// agent unable to make a thread).
+		warmed := make(chan struct{})
+		a.spawner.Ready = warmed
+		go func() { warmThreads(spareThreads); close(warmed) }()
 	}
 	// A new sandbox's identity comes with its command line: no call is
 	// needed before it is ready (a restored copy gets SetIdentity).

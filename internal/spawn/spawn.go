@@ -46,6 +46,9 @@ type Spawner struct {
 	// processes while the agent, outside, keeps running (a microVM's
 	// guest, dsec-vminit).
 	Cgroup *os.File
+	// Ready, if set, is closed once processes may start: Start waits for
+	// it (the agent makes its spare threads meanwhile, while it connects).
+	Ready <-chan struct{}
 
 	mu      sync.Mutex
 	tracked map[int]struct{} // guarded by mu: pids of children someone waits for
@@ -157,6 +160,9 @@ func isExecutable(p string) bool {
 
 // Start starts a resolved process and tracks it until Forget.
 func (s *Spawner) Start(res *Resolved, r Request) (*os.Process, error) {
+	if s.Ready != nil {
+		<-s.Ready
+	}
 	sys := &syscall.SysProcAttr{}
 	if r.Setsid {
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -107,5 +108,38 @@ func TestProcessesRunAsTheImagesUser(t *testing.T) {
 	}
 	if r, err := s.Resolve(Request{Args: []string{"/bin/sh"}, User: "root"}); err != nil || r.User.Name != "root" {
 		t.Fatalf("root named: %+v %v", r, err)
+	}
+}
+
+// TestStartWaitsUntilReady: no process starts before Ready is closed (the
+// agent's spare threads are still being made), and each starts after.
+func TestStartWaitsUntilReady(t *testing.T) {
+	ready := make(chan struct{})
+	s := &Spawner{Users: sysuser.NewDB("/"), Ready: ready}
+	r, err := s.Resolve(Request{Args: []string{"/bin/true"}, Cwd: "/"})
+	if err != nil {
+		t.Skipf("no /bin/true to start: %v", err)
+	}
+	started := make(chan *os.Process, 1)
+	go func() {
+		p, err := s.Start(r, Request{Args: []string{"/bin/true"}})
+		if err != nil {
+			t.Error(err)
+		}
+		started <- p
+	}()
+	select {
+	case <-started:
+		t.Fatal("a process started before the spawner was ready")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(ready)
+	select {
+	case p := <-started:
+		if p != nil {
+			p.Wait() //nolint:errcheck // reaped
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the start did not go on once the spawner was ready")
 	}
 }
