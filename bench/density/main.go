@@ -30,6 +30,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/sandboxnet"
 )
 
 func main() {
@@ -43,7 +44,9 @@ func main() {
 	agent := flag.String("agent", "bin/aether", "aether binary")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the burst (the edge, apiserver and client, in this process) to this file")
 	mutexProfile := flag.String("mutexprofile", "", "write a profile of lock contention during the burst to this file")
+	network := flag.Bool("network", false, "give every sandbox a network interface (default deny), as the issue's second goal measures")
 	flag.Parse()
+	withNetwork = *network
 	profile, lockProfile = *cpuProfile, *mutexProfile
 	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -56,6 +59,9 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
 		cfg.Capacity = capacity.Host(over, memOver)
 		cfg.Capacity.MaxSandboxes = int64(n) + 16
+		if withNetwork {
+			cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{"127.0.0.1:53"}}
+		}
 	})
 	if err != nil {
 		return err
@@ -66,7 +72,11 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		return err
 	}
 	spec := func() *sandboxv1.SandboxSpec {
-		return &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}
+		s := &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}
+		if withNetwork {
+			s.Network = &sandboxv1.NetworkPolicy{}
+		}
+		return s
 	}
 	warm, err := cl.Create(ctx, spec()) // unpack the image's layers once
 	if err != nil {
@@ -132,7 +142,11 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	host, _ := os.Hostname()
 	fmt.Printf("density: %d container sandboxes (0.1 core, 64 MiB, 64 MiB disk) onto one edge, %d at a time, overcommit cpu %g, memory %g (machine %s)\n", n, par, over, memOver, host)
 	fmt.Printf("%-40s %10s %12s %16s\n", "", "made", "creates/s", "host MiB/sandbox")
-	fmt.Printf("%-40s %10d %12.1f %16.1f\n", "ours (crun + agent, full path)", ours, float64(ours)/took.Seconds(), float64(before-after)/float64(max(ours, 1)))
+	label := "ours (crun + agent, full path)"
+	if withNetwork {
+		label = "ours, each with a network"
+	}
+	fmt.Printf("%-40s %10d %12.1f %16.1f\n", label, ours, float64(ours)/took.Seconds(), float64(before-after)/float64(max(ours, 1)))
 	if raw > 0 {
 		mem := fmt.Sprintf("%16.1f", rawMem)
 		if rawMem < 0.5 {
@@ -229,6 +243,9 @@ func memAvailableMB() int64 {
 	}
 	return 0
 }
+
+// withNetwork gives every sandbox of the burst a network interface.
+var withNetwork bool
 
 // profile and lockProfile are where -cpuprofile and -mutexprofile
 // write; "" for none.
