@@ -103,21 +103,28 @@ def test_url_lists_are_checked() -> None:
     assert c.api_urls == ["http://a:1", "http://b:2"] and c.api_url == "http://a:1"
 
 
+def _refuse(h: BaseHTTPRequestHandler, status: int, code: str, message: str, **headers: str) -> None:
+    """Reads the request, notes it in _Stub.seen and answers with a Connect
+    error and headers (underscores in their names become dashes)."""
+    h.rfile.read(int(h.headers.get("Content-Length") or 0))
+    _Stub.seen.append((h.path.rsplit("/", 1)[-1], h.headers.get("Idempotency-Key", "")))
+    body = json.dumps({"code": code, "message": message}).encode()
+    h.send_response(status)
+    for name, value in headers.items():
+        h.send_header(name.replace("_", "-"), value)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
 class _Busy(_Stub):
     """Answers the first two creates Unavailable, marked retryable (as an
     apiserver taking over a dead one's create does), then like _Stub."""
 
     def do_POST(self) -> None:
         if sum(1 for m, _ in _Stub.seen if m == "CreateSandbox") < 2:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
-            body = json.dumps({"code": "unavailable", "message": "its sandbox is still being made; retry"}).encode()
-            self.send_response(503)
-            self.send_header("Dsec-Retry", "1")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _refuse(self, 503, "unavailable", "its sandbox is still being made; retry", Dsec_Retry="1")
             return
         super().do_POST()
 
@@ -141,14 +148,7 @@ class _Unready(_Stub):
     ready)."""
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
-        body = json.dumps({"code": "unavailable", "message": "did not become ready within 1s"}).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _refuse(self, 503, "unavailable", "did not become ready within 1s")
 
 
 async def test_create_does_not_retry_what_the_server_did_not_mark() -> None:
@@ -171,17 +171,8 @@ class _Full(_Stub):
 
     def do_POST(self) -> None:
         if sum(1 for m, _ in _Stub.seen if m == "CreateSandbox") < _Full.refusals:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            _Stub.seen.append((self.path.rsplit("/", 1)[-1], self.headers.get("Idempotency-Key", "")))
             _Full.at.append(time.monotonic())
-            body = json.dumps({"code": "resource_exhausted", "message": "node n1: node full: 4 sandboxes, its limit is 4"}).encode()
-            self.send_response(429)
-            self.send_header("Dsec-Retry", "1")
-            self.send_header("Retry-After", "1")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _refuse(self, 429, "resource_exhausted", "node n1: node full: 4 sandboxes, its limit is 4", Dsec_Retry="1", Retry_After="1")
             return
         super().do_POST()
 
