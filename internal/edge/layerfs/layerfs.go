@@ -399,14 +399,17 @@ func (f *FS) keepWarm() {
 				return
 			default:
 			}
+			// Marked before it is made: a layer being made for the warm
+			// set is never listed as a sandbox's (Layers), nor counted as
+			// promised. A mark left without its layer is removed by Open.
 			name := randomName()
-			if _, err := f.make(context.Background(), name, size, true); err != nil {
-				f.log.Warn("make a warm layer", logging.Error, err)
-				break
-			}
 			if err := os.WriteFile(f.Path(name)+warmMark, nil, 0o600); err != nil {
 				f.log.Warn("mark a warm layer", logging.Error, err)
-				f.Remove(f.Path(name)) //nolint:errcheck // it was never handed out
+				break
+			}
+			if _, err := f.make(context.Background(), name, size, true); err != nil {
+				f.log.Warn("make a warm layer", logging.Error, err)
+				os.Remove(f.Path(name) + warmMark) //nolint:errcheck // it was never made
 				break
 			}
 			f.mu.Lock()
