@@ -41,7 +41,7 @@ func envMap(kvs []string) (map[string]string, error) {
 
 func cmdRun(ctx context.Context, args []string) (int, error) {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	backend := fs.String("backend", "container", "isolation backend: container or gvisor")
+	backend := fs.String("backend", "container", "isolation backend: container, gvisor or microvm")
 	img := fs.String("image", "root/busybox:latest", "image name project/name:tag")
 	cpu := fs.Float64("cpu", 0, "cpu cores (0: server default)")
 	mem := fs.Int64("memory", 0, "memory limit in MiB (0: server default)")
