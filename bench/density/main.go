@@ -205,10 +205,21 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 			defer wg.Done()
 			defer func() { <-sem }()
 			id := "dsec-density-" + strconv.Itoa(i)
-			// No pipes: the detached container would hold them open.
-			if err := exec.CommandContext(ctx, "crun", "--root", state, "run", "-d", "-b", bundle, id).Run(); err != nil {
-				errOnce.Do(func() { runErr = fmt.Errorf("crun run %s: %v", id, err) })
+			// No pipes: the detached container would hold them open. Its
+			// errors go to a file of its own, kept for the report.
+			errFile := filepath.Join(root, id+".err")
+			stderr, err := os.Create(errFile)
+			if err == nil {
+				cmd := exec.CommandContext(ctx, "crun", "--root", state, "run", "-d", "-b", bundle, id)
+				cmd.Stderr = stderr
+				err = cmd.Run()
+				stderr.Close()
 			}
+			if err != nil {
+				msg, _ := os.ReadFile(errFile)
+				errOnce.Do(func() { runErr = fmt.Errorf("crun run %s: %v: %s", id, err, strings.TrimSpace(string(msg))) })
+			}
+			os.Remove(errFile) //nolint:errcheck // scratch
 		}()
 	}
 	wg.Wait()
