@@ -51,7 +51,7 @@ func TestEveryNodeDeclines(t *testing.T) {
 	t.Parallel()
 	// a is the less loaded: placement asks it first.
 	a, b := edgefake.New("10.0.0.1:7000", usage(32)), edgefake.New("10.0.0.2:7000", usage(16))
-	a.Decline(errdefs.ResourceExhausted("node full"))
+	a.Decline(errdefs.RetryAfter(errdefs.ResourceExhausted("node full"), time.Second))
 	b.Decline(errdefs.Unavailable("node draining"))
 	f := newFixture(t, a, b)
 	_, err := f.create(ctxFor(t), "")
@@ -74,6 +74,18 @@ func TestEveryNodeDeclines(t *testing.T) {
 	}
 	if _, ok := errdefs.RetryDelay(err); ok {
 		t.Fatalf("a bad request is marked to be sent again: %v", err)
+	}
+
+	// A node out of disk is out of room that ending sandboxes seldom
+	// give back: the refusal comes back at once, unmarked.
+	a.Decline(errdefs.ResourceExhausted("node disk full: 100 MiB free, 600 asked"))
+	b.Decline(errdefs.RetryAfter(errdefs.ResourceExhausted("node full"), time.Second))
+	_, err = f.create(ctxFor(t), "")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a disk refusal: %v", err)
+	}
+	if _, ok := errdefs.RetryDelay(err); ok {
+		t.Fatalf("a create one node refused for disk is marked to be sent again: %v", err)
 	}
 }
 

@@ -199,6 +199,9 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 		return nil, err
 	}
 	var errs []error
+	// waitable stays true while every node declined for room that ends
+	// sandboxes give back (marked so by the edge) or was away.
+	waitable := true
 	for i, node := range ranked {
 		if i >= s.cfg.MaxTries {
 			break
@@ -212,6 +215,7 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 			s.placeStats.placed(map[bool]string{true: placedFirst, false: placedAfter}[i == 0])
 			return sb, nil
 		}
+		waitable = waitable && (marksRetry(err) || errors.Is(errdefs.FromConnect(err), errdefs.ErrUnavailable))
 		err = errdefs.FromConnect(err)
 		if !errors.Is(err, errdefs.ErrResourceExhausted) && !errors.Is(err, errdefs.ErrUnavailable) {
 			s.placeStats.placed(placedErrorOut)
@@ -222,6 +226,9 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 		errs = append(errs, errdefs.OnNode(node, err))
 	}
 	s.placeStats.placed(placedNone)
+	if !waitable {
+		return nil, errors.Join(errs...)
+	}
 	// Every node tried was full or away: backpressure, not a failure. The
 	// clients send the create again after the pause (and keep its
 	// idempotency key), so a burst past the fleet waits for room.
@@ -230,8 +237,15 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 
 // capacityRetryAfter is the pause a create refused by every node it tried
 // asks its client for: about how long a sandbox takes to end and give its
-// room back.
+// room back (capacity.RoomRetryAfter).
 const capacityRetryAfter = time.Second
+
+// marksRetry reports an edge's answer marked to be sent again (a node
+// full for its count, CPU or memory: errdefs.RetryHeader).
+func marksRetry(err error) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && ce.Meta().Get(errdefs.RetryHeader) == "1"
+}
 
 func (h *sandboxService) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.GetSandboxResponse], error) {
 	c, err := h.s.sandboxEdge(req.Msg.SandboxId)

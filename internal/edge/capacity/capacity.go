@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -117,13 +118,25 @@ func (c Node) Admit(node string, cur Usage, cpu float64, mem, n int64) error {
 	case mem > c.HostMemoryMB:
 		return errdefs.InvalidArgument("resources.memory_mb %d: over node %s's %d MiB", mem, node, c.HostMemoryMB)
 	case cur.Sandboxes+n > c.MaxSandboxes:
-		return &Refusal{"sandboxes", errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.Sandboxes, c.MaxSandboxes)}
+		return full("sandboxes", errdefs.ResourceExhausted("node full: %d sandboxes, its limit is %d", cur.Sandboxes, c.MaxSandboxes))
 	case cur.CPU+cpu*float64(n) > c.CPUCores+1e-9:
-		return &Refusal{"cpu_cores", errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.CPU, c.CPUCores, cpu*float64(n))}
+		return full("cpu_cores", errdefs.ResourceExhausted("node full: %.1f of %.1f cpu cores free, %g asked", c.CPUCores-cur.CPU, c.CPUCores, cpu*float64(n)))
 	case cur.MemoryMB+mem*n > c.MemoryMB:
-		return &Refusal{"memory", errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.MemoryMB, c.MemoryMB, mem*n)}
+		return full("memory", errdefs.ResourceExhausted("node full: %d of %d MiB memory free, %d asked", c.MemoryMB-cur.MemoryMB, c.MemoryMB, mem*n))
 	}
 	return nil
+}
+
+// RoomRetryAfter is the pause a create refused for a full node's count,
+// CPU or memory asks for (errdefs.RetryAfter): about how long a sandbox
+// takes to end and give its room back. A refusal for disk is not marked:
+// a full disk seldom frees itself within a client's wait.
+const RoomRetryAfter = time.Second
+
+// full is a refusal for want of resource that room freed by ending
+// sandboxes answers: the client is asked to send the create again.
+func full(resource string, err error) *Refusal {
+	return &Refusal{resource, errdefs.RetryAfter(err, RoomRetryAfter)}
 }
 
 // Refusal is an admission refused for want of Resource ("sandboxes",

@@ -60,6 +60,11 @@ func TestAdmitNamesWhatIsShort(t *testing.T) {
 		if !errors.Is(err, tc.class) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: %v, want %v saying %q", tc.name, err, tc.class, tc.says)
 		}
+		// A full node asks the client to come back; a request too big
+		// for any node does not.
+		if d, ok := errdefs.RetryDelay(err); ok != (tc.class == errdefs.ErrResourceExhausted) || (ok && d != RoomRetryAfter) {
+			t.Errorf("%s: retry delay %v %v", tc.name, d, ok)
+		}
 	}
 	cur.Add(1.5, 1500, -2)
 	if cur != (Usage{}) {
