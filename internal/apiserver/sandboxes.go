@@ -215,8 +215,9 @@ func (s *Server) place(ctx context.Context, proj, key string, r placement.Reques
 			s.placeStats.placed(map[bool]string{true: placedFirst, false: placedAfter}[i == 0])
 			return sb, nil
 		}
-		waitable = waitable && (marksRetry(err) || errors.Is(errdefs.FromConnect(err), errdefs.ErrUnavailable))
+		marked := marksRetry(err)
 		err = errdefs.FromConnect(err)
+		waitable = waitable && (marked || errors.Is(err, errdefs.ErrUnavailable))
 		if !errors.Is(err, errdefs.ErrResourceExhausted) && !errors.Is(err, errdefs.ErrUnavailable) {
 			s.placeStats.placed(placedErrorOut)
 			return nil, err

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,7 +43,7 @@ func TestABurstPastTheNodeWaitsForRoom(t *testing.T) {
 	}
 	_, err := c.Client.Sandboxes.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Spec: spec()}))
 	var ce *connect.Error
-	if !asConnect(err, &ce) || ce.Code() != connect.CodeResourceExhausted || ce.Meta().Get("Retry-After") != "1" || ce.Meta().Get("Dsec-Retry") != "1" {
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeResourceExhausted || ce.Meta().Get("Retry-After") != "1" || ce.Meta().Get("Dsec-Retry") != "1" {
 		t.Fatalf("a create on a full node: %v (meta %v); want resource_exhausted with Retry-After 1 and Dsec-Retry 1", err, metaOf(ce))
 	}
 	for _, stop := range held {
@@ -83,12 +84,6 @@ func TestABurstPastTheNodeWaitsForRoom(t *testing.T) {
 		t.Fatal("6 creates on a node for 2 were never told to wait: the node's limit did not hold")
 	}
 	t.Logf("6 creates on a node for 2: %d answers to wait", retries.Load())
-}
-
-func asConnect(err error, ce **connect.Error) bool {
-	e, ok := err.(*connect.Error)
-	*ce = e
-	return ok
 }
 
 func metaOf(ce *connect.Error) any {
