@@ -215,11 +215,27 @@ func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[age
 	if m.MachineId != "" && (len(m.MachineId) != 32 || strings.Trim(m.MachineId, "0123456789abcdef") != "") {
 		return nil, errdefs.InvalidArgument("machine_id: want 32 lowercase hex characters")
 	}
-	if !s.a.cfg.ApplyIdentity {
-		return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
+	var env map[string]string
+	if m.Settings != nil {
+		var err error
+		if env, err = checkSettings(m.Settings); err != nil {
+			return nil, err
+		}
 	}
-	if err := applyIdentity(m.Hostname, m.MachineId, m.Entropy); err != nil {
-		return nil, err
+	if s.a.cfg.ApplyIdentity {
+		if err := applyIdentity(m.Hostname, m.MachineId, m.Entropy); err != nil {
+			return nil, err
+		}
+		if m.Settings != nil {
+			if err := applySettings(m.Settings, env); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if m.Settings != nil {
+		user := env[agentlink.ImageUserEnv]
+		delete(env, agentlink.ImageUserEnv)
+		s.a.spawner.SetDefaults(env, m.Settings.WorkDir, user)
 	}
 	return connect.NewResponse(&agentv1.SetIdentityResponse{}), nil
 }

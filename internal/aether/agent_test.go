@@ -630,3 +630,41 @@ func TestSetIdentityValidates(t *testing.T) {
 		t.Fatal("an agent that does not apply identities changed the host's name")
 	}
 }
+
+// A template copy's settings replace the environment, directory and
+// default user processes start with; bad settings are refused whole.
+func TestSetIdentitySettingsReplaceTheTemplates(t *testing.T) {
+	c := startAgent(t)
+	ctx := ctxT(t)
+	bad := map[string]*agentv1.SandboxSettings{
+		"env without =":         {Env: []string{"NOEQUALS"}},
+		"env with an empty key": {Env: []string{"=v"}},
+		"env with a NUL":        {Env: []string{"A=b\x00c"}},
+		"relative work_dir":     {WorkDir: "tmp"},
+		"hosts too large":       {Hosts: strings.Repeat("h", maxSettingsFile+1)},
+	}
+	for name, st := range bad {
+		if _, err := c.agent.SetIdentity(ctx, connect.NewRequest(&agentv1.SetIdentityRequest{Settings: st})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("%s: %v, want invalid_argument", name, err)
+		}
+	}
+	// Refused settings changed nothing.
+	out := run(t, c, &agentv1.ProcessConfig{Args: []string{"sh", "-c", "echo $DSEC_TEST"}}, 0)
+	if string(out.Stdout) != "1\n" {
+		t.Fatalf("after refused settings the environment is %q", out.Stdout)
+	}
+	dir, err := os.MkdirTemp("", "workdir") // nobody may enter it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755) //nolint:errcheck // the run says it
+	st := &agentv1.SandboxSettings{Env: []string{"PATH=" + os.Getenv("PATH"), "MINE=yes", "DSEC_IMAGE_USER=nobody"}, WorkDir: dir}
+	if _, err := c.agent.SetIdentity(ctx, connect.NewRequest(&agentv1.SetIdentityRequest{Settings: st})); err != nil {
+		t.Fatal(err)
+	}
+	out = run(t, c, &agentv1.ProcessConfig{Args: []string{"sh", "-c", `echo "$MINE/$DSEC_TEST/$DSEC_IMAGE_USER/$(pwd)/$(id -un)"`}}, 0)
+	if want := "yes///" + dir + "/nobody\n"; string(out.Stdout) != want {
+		t.Fatalf("a process after the settings sees %q, want %q", out.Stdout, want)
+	}
+}

@@ -54,6 +54,21 @@ type Spawner struct {
 	tracked map[int]struct{} // guarded by mu: pids of children someone waits for
 }
 
+// SetDefaults replaces BaseEnv, WorkDir and DefaultUser while processes
+// may be starting: a sandbox restored from a template snapshot gets its
+// own in its first request.
+func (s *Spawner) SetDefaults(env map[string]string, workDir, user string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.BaseEnv, s.WorkDir, s.DefaultUser = env, workDir, user
+}
+
+func (s *Spawner) defaults() (map[string]string, string, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.BaseEnv, s.WorkDir, s.DefaultUser
+}
+
 // ErrNotFound marks a program that does not exist: the caller reports exit
 // code 127, as a shell would.
 type ErrNotFound struct{ Program string }
@@ -74,16 +89,17 @@ func (s *Spawner) Resolve(r Request) (*Resolved, error) {
 	if len(r.Args) == 0 || r.Args[0] == "" {
 		return nil, errdefs.InvalidArgument("args: need at least the program name")
 	}
+	baseEnv, workDir, defaultUser := s.defaults()
 	name := r.User
 	if name == "" {
-		name = s.DefaultUser
+		name = defaultUser
 	}
 	u, err := s.Users.Lookup(name)
 	if err != nil {
 		return nil, err
 	}
 	env := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	for k, v := range s.BaseEnv {
+	for k, v := range baseEnv {
 		env[k] = v
 	}
 	env["HOME"], env["USER"], env["LOGNAME"] = u.Home, u.Name, u.Name
@@ -101,8 +117,8 @@ func (s *Spawner) Resolve(r Request) (*Resolved, error) {
 	dir := r.Cwd
 	if dir == "" {
 		dir = u.Home
-		if s.WorkDir != "" {
-			dir = s.WorkDir
+		if workDir != "" {
+			dir = workDir
 		}
 	}
 	if !filepath.IsAbs(dir) {

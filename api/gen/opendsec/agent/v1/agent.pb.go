@@ -132,7 +132,11 @@ type SetIdentityRequest struct {
 	// 32 lowercase hex characters, written to /etc/machine-id.
 	MachineId string `protobuf:"bytes,2,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
 	// Fresh random bytes mixed into the entropy pool.
-	Entropy       []byte `protobuf:"bytes,3,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	Entropy []byte `protobuf:"bytes,3,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	// Settings, if set, replace what the guest was started with: a sandbox
+	// created from a node's template snapshot (a booted guest of the same
+	// image and shape) gets its own here, in its first request.
+	Settings      *SandboxSettings `protobuf:"bytes,4,opt,name=settings,proto3" json:"settings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,6 +192,88 @@ func (x *SetIdentityRequest) GetEntropy() []byte {
 	return nil
 }
 
+func (x *SetIdentityRequest) GetSettings() *SandboxSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+// SandboxSettings are what a new sandbox's agent otherwise takes from its
+// start: its environment and directory, and the files the runtime writes.
+type SandboxSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// KEY=VALUE, the environment of every process (the agent's own from
+	// then on).
+	Env []string `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	// Where processes that name no directory start (made if missing); empty:
+	// the user's home.
+	WorkDir string `protobuf:"bytes,2,opt,name=work_dir,json=workDir,proto3" json:"work_dir,omitempty"`
+	// /etc/hosts and /etc/resolv.conf, written when set.
+	Hosts         string `protobuf:"bytes,3,opt,name=hosts,proto3" json:"hosts,omitempty"`
+	ResolvConf    string `protobuf:"bytes,4,opt,name=resolv_conf,json=resolvConf,proto3" json:"resolv_conf,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxSettings) Reset() {
+	*x = SandboxSettings{}
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxSettings) ProtoMessage() {}
+
+func (x *SandboxSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxSettings.ProtoReflect.Descriptor instead.
+func (*SandboxSettings) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SandboxSettings) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *SandboxSettings) GetWorkDir() string {
+	if x != nil {
+		return x.WorkDir
+	}
+	return ""
+}
+
+func (x *SandboxSettings) GetHosts() string {
+	if x != nil {
+		return x.Hosts
+	}
+	return ""
+}
+
+func (x *SandboxSettings) GetResolvConf() string {
+	if x != nil {
+		return x.ResolvConf
+	}
+	return ""
+}
+
 type SetIdentityResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -196,7 +282,7 @@ type SetIdentityResponse struct {
 
 func (x *SetIdentityResponse) Reset() {
 	*x = SetIdentityResponse{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +294,7 @@ func (x *SetIdentityResponse) String() string {
 func (*SetIdentityResponse) ProtoMessage() {}
 
 func (x *SetIdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +307,7 @@ func (x *SetIdentityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetIdentityResponse.ProtoReflect.Descriptor instead.
 func (*SetIdentityResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 type MetricsRequest struct {
@@ -232,7 +318,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +330,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +343,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 type MetricsResponse struct {
@@ -276,7 +362,7 @@ type MetricsResponse struct {
 
 func (x *MetricsResponse) Reset() {
 	*x = MetricsResponse{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +374,7 @@ func (x *MetricsResponse) String() string {
 func (*MetricsResponse) ProtoMessage() {}
 
 func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +387,7 @@ func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
 func (*MetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MetricsResponse) GetCpuUsedPct() float64 {
@@ -361,7 +447,7 @@ type EndProcessesRequest struct {
 
 func (x *EndProcessesRequest) Reset() {
 	*x = EndProcessesRequest{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -373,7 +459,7 @@ func (x *EndProcessesRequest) String() string {
 func (*EndProcessesRequest) ProtoMessage() {}
 
 func (x *EndProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -386,7 +472,7 @@ func (x *EndProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndProcessesRequest.ProtoReflect.Descriptor instead.
 func (*EndProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 type EndProcessesResponse struct {
@@ -399,7 +485,7 @@ type EndProcessesResponse struct {
 
 func (x *EndProcessesResponse) Reset() {
 	*x = EndProcessesResponse{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +497,7 @@ func (x *EndProcessesResponse) String() string {
 func (*EndProcessesResponse) ProtoMessage() {}
 
 func (x *EndProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +510,7 @@ func (x *EndProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndProcessesResponse.ProtoReflect.Descriptor instead.
 func (*EndProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EndProcessesResponse) GetEnded() uint32 {
@@ -444,12 +530,19 @@ const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x1b\n" +
 	"\tuptime_ms\x18\x03 \x01(\x03R\buptimeMs\x12\x1a\n" +
-	"\bconnects\x18\x04 \x01(\x04R\bconnects\"i\n" +
+	"\bconnects\x18\x04 \x01(\x04R\bconnects\"\xa9\x01\n" +
 	"\x12SetIdentityRequest\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x02 \x01(\tR\tmachineId\x12\x18\n" +
-	"\aentropy\x18\x03 \x01(\fR\aentropy\"\x15\n" +
+	"\aentropy\x18\x03 \x01(\fR\aentropy\x12>\n" +
+	"\bsettings\x18\x04 \x01(\v2\".opendsec.agent.v1.SandboxSettingsR\bsettings\"u\n" +
+	"\x0fSandboxSettings\x12\x10\n" +
+	"\x03env\x18\x01 \x03(\tR\x03env\x12\x19\n" +
+	"\bwork_dir\x18\x02 \x01(\tR\aworkDir\x12\x14\n" +
+	"\x05hosts\x18\x03 \x01(\tR\x05hosts\x12\x1f\n" +
+	"\vresolv_conf\x18\x04 \x01(\tR\n" +
+	"resolvConf\"\x15\n" +
 	"\x13SetIdentityResponse\"\x10\n" +
 	"\x0eMetricsRequest\"\x98\x02\n" +
 	"\x0fMetricsResponse\x12 \n" +
@@ -482,31 +575,33 @@ func file_opendsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_opendsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_opendsec_agent_v1_agent_proto_goTypes = []any{
 	(*HealthRequest)(nil),        // 0: opendsec.agent.v1.HealthRequest
 	(*HealthResponse)(nil),       // 1: opendsec.agent.v1.HealthResponse
 	(*SetIdentityRequest)(nil),   // 2: opendsec.agent.v1.SetIdentityRequest
-	(*SetIdentityResponse)(nil),  // 3: opendsec.agent.v1.SetIdentityResponse
-	(*MetricsRequest)(nil),       // 4: opendsec.agent.v1.MetricsRequest
-	(*MetricsResponse)(nil),      // 5: opendsec.agent.v1.MetricsResponse
-	(*EndProcessesRequest)(nil),  // 6: opendsec.agent.v1.EndProcessesRequest
-	(*EndProcessesResponse)(nil), // 7: opendsec.agent.v1.EndProcessesResponse
+	(*SandboxSettings)(nil),      // 3: opendsec.agent.v1.SandboxSettings
+	(*SetIdentityResponse)(nil),  // 4: opendsec.agent.v1.SetIdentityResponse
+	(*MetricsRequest)(nil),       // 5: opendsec.agent.v1.MetricsRequest
+	(*MetricsResponse)(nil),      // 6: opendsec.agent.v1.MetricsResponse
+	(*EndProcessesRequest)(nil),  // 7: opendsec.agent.v1.EndProcessesRequest
+	(*EndProcessesResponse)(nil), // 8: opendsec.agent.v1.EndProcessesResponse
 }
 var file_opendsec_agent_v1_agent_proto_depIdxs = []int32{
-	0, // 0: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
-	2, // 1: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
-	4, // 2: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
-	6, // 3: opendsec.agent.v1.AgentService.EndProcesses:input_type -> opendsec.agent.v1.EndProcessesRequest
-	1, // 4: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
-	3, // 5: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
-	5, // 6: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
-	7, // 7: opendsec.agent.v1.AgentService.EndProcesses:output_type -> opendsec.agent.v1.EndProcessesResponse
-	4, // [4:8] is the sub-list for method output_type
-	0, // [0:4] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	3, // 0: opendsec.agent.v1.SetIdentityRequest.settings:type_name -> opendsec.agent.v1.SandboxSettings
+	0, // 1: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
+	2, // 2: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
+	5, // 3: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
+	7, // 4: opendsec.agent.v1.AgentService.EndProcesses:input_type -> opendsec.agent.v1.EndProcessesRequest
+	1, // 5: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
+	4, // 6: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
+	6, // 7: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
+	8, // 8: opendsec.agent.v1.AgentService.EndProcesses:output_type -> opendsec.agent.v1.EndProcessesResponse
+	5, // [5:9] is the sub-list for method output_type
+	1, // [1:5] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_agent_v1_agent_proto_init() }
@@ -520,7 +615,7 @@ func file_opendsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_agent_proto_rawDesc), len(file_opendsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

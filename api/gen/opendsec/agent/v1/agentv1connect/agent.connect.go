@@ -49,7 +49,8 @@ const (
 type AgentServiceClient interface {
 	Health(context.Context, *connect.Request[v1.HealthRequest]) (*connect.Response[v1.HealthResponse], error)
 	// SetIdentity gives a forked or restored copy its own hostname and machine
-	// id and reseeds the kernel entropy pool.
+	// id and reseeds the kernel entropy pool; a copy of a template also gets
+	// its sandbox's settings.
 	SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error)
 	// Metrics samples the sandbox's CPU, memory and disk use as seen inside.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error)
@@ -129,7 +130,8 @@ func (c *agentServiceClient) EndProcesses(ctx context.Context, req *connect.Requ
 type AgentServiceHandler interface {
 	Health(context.Context, *connect.Request[v1.HealthRequest]) (*connect.Response[v1.HealthResponse], error)
 	// SetIdentity gives a forked or restored copy its own hostname and machine
-	// id and reseeds the kernel entropy pool.
+	// id and reseeds the kernel entropy pool; a copy of a template also gets
+	// its sandbox's settings.
 	SetIdentity(context.Context, *connect.Request[v1.SetIdentityRequest]) (*connect.Response[v1.SetIdentityResponse], error)
 	// Metrics samples the sandbox's CPU, memory and disk use as seen inside.
 	Metrics(context.Context, *connect.Request[v1.MetricsRequest]) (*connect.Response[v1.MetricsResponse], error)
