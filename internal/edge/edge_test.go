@@ -170,6 +170,21 @@ func TestCreateExecDestroy(t *testing.T) {
 	}
 }
 
+// A sandbox its backend made from a template snapshot starts with the
+// template's environment; its own arrives with its identity, in its first
+// request, before anyone else's.
+func TestTemplateCopyGetsItsOwnSettings(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.FromTemplate = true
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := echo(t, agentClient(t, f.edge, sb.Id, "root")); err != nil || got != "yes "+sb.Id {
+		t.Fatalf("exec in a template copy = %q, %v; want the image's and the sandbox's variables", got, err)
+	}
+}
+
 func TestBadRequestsLeaveNothing(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	ctx := context.Background()

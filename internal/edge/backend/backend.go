@@ -144,6 +144,11 @@ type Handle struct {
 	// Version is bumped when State's layout changes.
 	Version int    `json:"version"`
 	State   []byte `json:"state,omitempty"`
+	// Restored says Create made the sandbox from a snapshot of another
+	// guest (a node's template of its image and shape): its agent starts
+	// with that guest's identity and settings, and takes its own from its
+	// first request.
+	Restored bool `json:"restored,omitempty"`
 }
 
 // State is a sandbox's run state as the backend sees it.

@@ -109,7 +109,7 @@ func (sb *Sandbox) setIdentity(ctx context.Context) (bool, error) {
 	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
 	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
 	_, err := c.SetIdentity(ctx, connect.NewRequest(&agentv1.SetIdentityRequest{
-		Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy,
+		Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy, Settings: sb.settings,
 	}))
 	if err == nil {
 		return true, nil
@@ -118,6 +118,19 @@ func (sb *Sandbox) setIdentity(ctx context.Context) (bool, error) {
 		return true, fmt.Errorf("set identity of %s: %w: %w", sb.id, errIdentity, errdefs.FromConnect(err))
 	}
 	return false, fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))
+}
+
+// settingsOf is what a sandbox made from a template takes from spec in
+// its first request.
+func settingsOf(spec *backend.Spec) *agentv1.SandboxSettings {
+	st := &agentv1.SandboxSettings{Env: spec.Env, WorkDir: spec.WorkDir}
+	if data, err := os.ReadFile(spec.HostsFile); err == nil {
+		st.Hosts = string(data)
+	}
+	if data, err := os.ReadFile(spec.ResolvConf); err == nil {
+		st.ResolvConf = string(data)
+	}
+	return st
 }
 
 // identityCall is setIdentity as WaitServingWith's first request.

@@ -22,6 +22,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
@@ -73,6 +74,9 @@ type Sandbox struct {
 	rec  *records.Record  // guarded by mu
 	link *agentlink.Link  // guarded by mu; nil once removed
 	net  *sandboxnet.Link // guarded by mu; its network attachment, if any
+	// settings, for a sandbox its backend made from a template snapshot,
+	// go with its identity in its first request (guarded by mu).
+	settings *agentv1.SandboxSettings
 	// nodeNet is the node's sandbox network it attaches to (nil: the
 	// node runs without one, and nodeNetOff says why).
 	nodeNet    Network
@@ -395,10 +399,13 @@ func (sb *Sandbox) Start(ctx context.Context, im *image.Image) error {
 	if err := sb.save(); err != nil {
 		return err
 	}
+	if h.Restored {
+		sb.settings = settingsOf(bspec)
+	}
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
 		return err
 	}
-	if err := sb.running(ctx, false); err != nil {
+	if err := sb.running(ctx, h.Restored); err != nil {
 		return err
 	}
 	if svc := serviceLabels(im.Config.Config.Labels); svc != nil {

@@ -54,6 +54,10 @@ type Knobs struct {
 	// Snapshot, so a test holds a pause under way (a checkpoint takes
 	// seconds) until it sends or closes.
 	PauseGate chan struct{}
+	// FromTemplate makes Create say it restored a template (Handle.Restored):
+	// the agent starts with only a PATH, and the sandbox's environment
+	// reaches it in its first request or not at all.
+	FromTemplate bool
 	// DestroyGate, if set, is received from at the start of each Destroy,
 	// so a test holds a removal under way until it sends or closes.
 	DestroyGate chan struct{}
@@ -138,6 +142,8 @@ type box struct {
 	done   chan struct{}
 	gate   *gate
 	agent  *aether.Agent // nil until launched
+	// template says the agent starts with a template's environment.
+	template bool
 }
 
 // gate blocks agent requests while the sandbox is paused.
@@ -213,9 +219,9 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.boxes[spec.ID] = &box{spec: spec, state: backend.StateCreated, gate: &gate{}}
+	b.boxes[spec.ID] = &box{spec: spec, state: backend.StateCreated, gate: &gate{}, template: b.Knobs.FromTemplate}
 	state, _ := json.Marshal(spec)
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: b.Knobs.FromTemplate}, nil
 }
 
 func (b *Backend) get(id sandboxid.ID) (*box, error) {
@@ -243,7 +249,13 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 
 func (b *Backend) launch(bx *box) {
 	env := map[string]string{}
+	if bx.template {
+		env["PATH"] = os.Getenv("PATH")
+	}
 	for _, kv := range bx.spec.Env {
+		if bx.template {
+			break
+		}
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}
