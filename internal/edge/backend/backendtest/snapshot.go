@@ -28,28 +28,7 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 	src.Sh(t, `echo before > /root/file; (i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &`)
 	src.counterAdvances(t, "source before the snapshot")
 
-	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: filepath.Join(t.TempDir(), "snap")}
-	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Link.Detach(ctx); err != nil {
-		t.Fatalf("detach: %v", err)
-	}
-	info, err := sn.Snapshot(ctx, src.ID, ref)
-	if err != nil {
-		t.Fatalf("snapshot: %v", err)
-	}
-	if info.SizeBytes == 0 {
-		t.Fatal("snapshot has no size")
-	}
-	if err := src.Link.Reattach(); err != nil {
-		t.Fatal(err)
-	}
-	if info.Stopped {
-		if _, err := sn.Restore(ctx, ref, src.Spec); err != nil {
-			t.Fatalf("restore the source: %v", err)
-		}
-	}
+	ref := snapshotOf(ctx, t, sn, src, "the source")
 	var copies []*Sandbox
 	for i := 0; i < 2; i++ {
 		spec := NewSpec(t, env, "aaaaaaaa")
@@ -75,6 +54,24 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 			t.Fatalf("sandbox %d sees a copy's later write: %q", i, out)
 		}
 	}
+	// A copy is snapshotted in turn (its memory is mapped over its
+	// snapshot's): its own copy has its files and memory, and it runs on.
+	ref2 := snapshotOf(ctx, t, sn, copies[0], "a copy")
+	spec2 := NewSpec(t, env, "aaaaaaaa")
+	second := Attach(t, b, spec2)
+	if _, err := sn.Restore(ctx, ref2, spec2); err != nil {
+		t.Fatalf("restore a copy's snapshot: %v", err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec2.ID) })
+	for who, sb := range map[string]*Sandbox{"the snapshotted copy": copies[0], "a copy of a copy": second} {
+		if err := WaitAgent(ctx, b, sb.Link); err != nil {
+			t.Fatalf("%s: agent: %v", who, err)
+		}
+		if got := sb.Sh(t, "cat /root/file /root/private"); got != "before\nmine\n" {
+			t.Fatalf("%s reads %q", who, got)
+		}
+		sb.counterAdvances(t, who)
+	}
 	// A snapshot outlives its source: once the source is removed, a copy
 	// still starts from it, with the files and memory of the moment.
 	if err := b.Destroy(ctx, src.ID); err != nil {
@@ -93,6 +90,36 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 		t.Fatalf("a copy made after the source was removed reads %q", got)
 	}
 	late.counterAdvances(t, "a copy made after the source was removed")
+}
+
+// snapshotOf snapshots sb into a new directory, as the edge does: its link
+// detached, then attached again (and sb restored where the snapshot
+// stopped it).
+func snapshotOf(ctx context.Context, t *testing.T, sn backend.Snapshotter, sb *Sandbox, who string) backend.SnapshotRef {
+	t.Helper()
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: filepath.Join(t.TempDir(), "snap")}
+	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Link.Detach(ctx); err != nil {
+		t.Fatalf("detach %s: %v", who, err)
+	}
+	info, err := sn.Snapshot(ctx, sb.ID, ref)
+	if err != nil {
+		t.Fatalf("snapshot of %s: %v", who, err)
+	}
+	if info.SizeBytes == 0 {
+		t.Fatalf("the snapshot of %s has no size", who)
+	}
+	if err := sb.Link.Reattach(); err != nil {
+		t.Fatal(err)
+	}
+	if info.Stopped {
+		if _, err := sn.Restore(ctx, ref, sb.Spec); err != nil {
+			t.Fatalf("restore %s: %v", who, err)
+		}
+	}
+	return ref
 }
 
 // counterAdvances waits until the loop's counter in /tmp/count moves past

@@ -32,8 +32,7 @@
 // fork paths are unverified.
 // Networking (net.go): the sandbox network's namespace, with the guest
 // on a TAP joined to its eth0; the network policy suite passes on QEMU.
-// Not yet: CPU limits beyond the vCPU count (a cgroup for the VMM), a
-// snapshot of a QEMU copy, snapshots of a guest with a network.
+// Not yet: snapshots of a guest with a network.
 package microvm
 
 import (

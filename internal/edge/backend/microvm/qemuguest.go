@@ -3,6 +3,7 @@ package microvm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,7 +14,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
-	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
 // QEMU as the backend's vmm: one daemonized QEMU per guest, driven through
@@ -80,10 +81,15 @@ func (q *QEMU) paused(ctx context.Context, bx *box) bool {
 
 // snapshot stops the guest, has QEMU write only its device state
 // (x-ignore-shared: the RAM stays in its shared file), keeps the RAM file
-// and the writable disk beside it, and lets the guest run on.
+// and the writable disk beside it, and lets the guest run on. A guest
+// whose RAM is not a shared file of its own (a copy, mapping its
+// snapshot's file privately, or one booted again since) has QEMU write
+// its RAM into the stream too: the snapshot then has no RAM file, and
+// its copies read their RAM from the stream into files of their own.
 func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	if !g.MemShared {
-		return nil, errdefs.Unsupported("sandbox %s was restored from a snapshot; a snapshot of a copy is not built yet", filepath.Base(filepath.Dir(bx.Dir)))
+	shared := g.MemShared && g.MemFile != ""
+	if !shared {
+		g.MemFile = ""
 	}
 	m, err := dialQMP(ctx, bx.qmpSock())
 	if err != nil {
@@ -96,7 +102,7 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 		m.call("cont", nil)                               //nolint:errcheck // reported by Status if it fails
 		m.Close()
 	}()
-	if _, err := m.call("migrate-set-capabilities", ignoreShared); err != nil {
+	if _, err := m.call("migrate-set-capabilities", ignoringShared(shared)); err != nil {
 		return nil, err
 	}
 	agentLeft(ctx, m, agentLeftWait)
@@ -114,9 +120,19 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 }
 
 // restore starts a QEMU that maps the snapshot's RAM file privately
-// (copy-on-write), takes the device state in and runs on.
+// (copy-on-write), takes the device state in and runs on. From a snapshot
+// without a RAM file (its RAM is in the stream) the copy's RAM is a shared
+// file of its own, as a booted guest's.
 func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
-	g.MemFile, g.MemShared, g.Incoming = filepath.Join(ref.Dir, "mem"), false, true
+	ramFile := filepath.Join(ref.Dir, "mem")
+	_, err := os.Stat(ramFile)
+	inStream := errors.Is(err, os.ErrNotExist)
+	if inStream {
+		g.MemFile, g.MemShared = memFile(sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))), true
+	} else {
+		g.MemFile, g.MemShared = ramFile, false
+	}
+	g.Incoming = true
 	if err := bx.saveGuest(g); err != nil {
 		return err
 	}
@@ -135,7 +151,7 @@ func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.Snapsh
 		return fail(err)
 	}
 	defer m.Close()
-	if _, err := m.call("migrate-set-capabilities", ignoreShared); err != nil {
+	if _, err := m.call("migrate-set-capabilities", ignoringShared(!inStream)); err != nil {
 		return fail(err)
 	}
 	if _, err := m.call("migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
@@ -148,8 +164,12 @@ func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.Snapsh
 		return fail(err)
 	}
 	// Started again later (after a stop), it boots: the description it
-	// keeps is of a fresh guest on its own disk.
-	g.Incoming, g.MemFile, g.MemShared = false, "", false
+	// keeps is of a fresh guest on its own disk (with its own RAM file,
+	// if it has one).
+	g.Incoming = false
+	if !inStream {
+		g.MemFile, g.MemShared = "", false
+	}
 	if err := bx.saveGuest(g); err != nil {
 		return fail(err)
 	}

@@ -92,4 +92,11 @@ func qmp(ctx context.Context, sock, command string, args any) (json.RawMessage, 
 
 // ignoreShared has migration leave out RAM that is a shared file (the
 // guest's RAM, which a snapshot keeps as the file itself).
-var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+var ignoreShared = ignoringShared(true)
+
+// ignoringShared sets QEMU's x-ignore-shared migration capability: on,
+// RAM mapped shared stays out of the stream (it is in its file); off, the
+// stream carries all of it.
+func ignoringShared(on bool) map[string]any {
+	return map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
+}
