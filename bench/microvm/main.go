@@ -1,7 +1,10 @@
 // Command microvm measures the microvm backend against what it wraps, in
 // one run: create to the first answered command, through the apiserver,
-// against a bare QEMU boot of the same guest kernel to its init's marker
-// (the backend's probe boot), medians of -n runs; and fork(count) with
+// (a restore of the node's template snapshot of the image) against a bare
+// QEMU restore of that snapshot (to a running guest, and to its agent's
+// answer), a bare QEMU boot of the same guest kernel to its init's marker
+// (the backend's probe boot) and a create with templates off (a boot),
+// medians of -n runs; and fork(count) with
 // memory, until every copy answers, against the bare QEMU steps (stop +
 // migrate of a shared-RAM guest, then count -incoming QEMUs), gvisor's
 // fork of the same image and preparation, and count cold creates that
@@ -81,6 +84,11 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 		}
 		bare, accel = append(bare, res.Boot), res.Accel
 	}
+	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 256}}
+	cold, err := coldCreates(ctx, store, agent, guest, init, spec, n)
+	if err != nil {
+		return err
+	}
 	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: microvm.Name, Factory: microvm.New, Config: map[string]string{"guest": guest, "init": init}}, nil)
 	if err != nil {
 		return err
@@ -90,29 +98,24 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 	if err != nil {
 		return err
 	}
-	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 256}}
-	var ours, creates []time.Duration
-	for i := range n + 1 {
-		t0 := time.Now()
-		sb, err := cl.Create(ctx, spec)
+	ours, creates, err := createToAnswer(ctx, cl, spec, n)
+	if err != nil {
+		return err
+	}
+	tpl, err := findTemplate(c.Work)
+	if err != nil {
+		return err
+	}
+	var restoreRunning, restoreAnswered []time.Duration
+	for range n {
+		running, answered, err := bareRestore(ctx, q, tpl)
 		if err != nil {
 			return err
 		}
-		created := time.Since(t0)
-		r, err := sb.Shell(ctx, "true")
-		if err != nil || r.ExitCode != 0 {
-			return fmt.Errorf("first exec: %v %v", r, err)
-		}
-		if i > 0 { // the first builds the image's root disk
-			ours, creates = append(ours, time.Since(t0)), append(creates, created)
-		}
-		sb.Stop(ctx) //nolint:errcheck // measured
+		restoreRunning, restoreAnswered = append(restoreRunning, running), append(restoreAnswered, answered)
 	}
 	host, _ := os.Hostname()
-	fmt.Printf("microvm boot, median of %d (machine %s, accelerator %s)\n", n, host, accel)
-	fmt.Printf("%-56s %8s\n", "bare QEMU boot to the init's marker (probe)", benchstat.Ms(median(bare), 0))
-	fmt.Printf("%-56s %8s  (create answered after %s)\n", "dsec create to the first command's answer", benchstat.Ms(median(ours), 0), benchstat.Ms(median(creates), 0))
-	fmt.Printf("ratio ours / bare: %.2fx\n", float64(median(ours))/float64(median(bare)))
+	printCreateTable(host, accel, n, bare, restoreRunning, restoreAnswered, ours, creates, cold)
 	return forks(ctx, cl, q, spec, store, agent, counts, reps)
 }
 

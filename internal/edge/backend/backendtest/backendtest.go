@@ -5,6 +5,8 @@ package backendtest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -128,10 +130,43 @@ func StartSpec(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 	if err := b.Start(ctx, spec.ID); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	if err := WaitAgent(ctx, b, sb.Link); err != nil {
+	wait := WaitAgent
+	if h.Restored {
+		wait = sendSettings(spec)
+	}
+	if err := wait(ctx, b, sb.Link); err != nil {
 		t.Fatalf("agent did not connect: %v", err)
 	}
 	return sb
+}
+
+// sendSettings waits for the agent of a sandbox made from a template as
+// the edge does: its first request is its identity and spec's settings.
+func sendSettings(spec *backend.Spec) func(context.Context, backend.Backend, *agentlink.Link) error {
+	st := &agentv1.SandboxSettings{Env: spec.Env, WorkDir: spec.WorkDir}
+	if data, err := os.ReadFile(spec.HostsFile); err == nil {
+		st.Hosts = string(data)
+	}
+	if data, err := os.ReadFile(spec.ResolvConf); err == nil {
+		st.ResolvConf = string(data)
+	}
+	machineID := make([]byte, 16)
+	rand.Read(machineID) //nolint:errcheck // crypto/rand does not fail on Linux
+	req := &agentv1.SetIdentityRequest{Hostname: spec.Hostname, MachineId: hex.EncodeToString(machineID), Settings: st}
+	return func(ctx context.Context, b backend.Backend, link *agentlink.Link) error {
+		c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
+		return link.WaitServingWith(ctx, func(try context.Context) (bool, error) {
+			_, err := c.SetIdentity(try, connect.NewRequest(req))
+			if err == nil {
+				return true, nil
+			}
+			switch connect.CodeOf(err) {
+			case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
+				return false, err
+			}
+			return true, err
+		})
+	}
 }
 
 // WaitAgent waits for the agent as the edge does: for its connection, or,

@@ -54,9 +54,11 @@ type Backend struct {
 	boxes map[sandboxid.ID]*box  // guarded by mu
 	roots map[string]*sync.Mutex // guarded by mu: a lock per root image being made
 
-	rootStore string // Options.RootStore
-	mkfsEROFS string // its path, "" without erofs-utils
-	sharedWhy string // why roots are not shared here, "" if they are
+	templatesOn bool       // Options.Templates
+	tpl         *templates // the node's template snapshots
+	rootStore   string     // Options.RootStore
+	mkfsEROFS   string     // its path, "" without erofs-utils
+	sharedWhy   string     // why roots are not shared here, "" if they are
 }
 
 // box is one sandbox's guest.
@@ -101,6 +103,10 @@ type Options struct {
 	Firecracker string `option:"firecracker"`
 	// CgroupParent is the VMMs' parent cgroup (oci.Cgroups).
 	CgroupParent string `option:"cgroup-parent"`
+	// Templates: "on" (the default) creates QEMU guests without a network
+	// by restoring a snapshot of a booted guest of their image and shape
+	// (template.go); "off" boots every guest.
+	Templates string `option:"templates"`
 	// RootStore is where root disks shared by every node are kept
 	// (sharedroot.go; the image store's blobs/vm-root). Empty: each node
 	// makes its own.
@@ -122,7 +128,8 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	b := &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
 		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}
-	if cg, err := oci.Cgroups(o.CgroupParent); err == nil {
+	cg, err := oci.Cgroups(o.CgroupParent)
+	if err == nil {
 		b.cg = cg
 		if err := cg.Prepare(b.log, false); err != nil {
 			b.log.Warn("no CPU limit for microVMs beyond their vCPU count", "err", err)
@@ -132,6 +139,12 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	if o.Firecracker != "" {
 		b.fc = &Firecracker{Binary: o.Firecracker, Kernel: q.Kernel, Modules: q.Modules, Init: q.Init, Log: b.log}
+	}
+	if b.templatesOn, err = templatesOption(o.Templates); err != nil {
+		return nil, err
+	}
+	if b.tpl, err = newTemplates(filepath.Join(cfg.StateDir, "templates"), q, b.log); err != nil {
+		return nil, err
 	}
 	b.rootStore = o.RootStore
 	b.mkfsEROFS, _ = exec.LookPath("mkfs.erofs")
@@ -349,9 +362,6 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if disk <= 0 {
 		disk = 1024
 	}
-	if err := NewWritableDisk(ctx, filepath.Join(bx.Dir, "rw.ext4"), disk); err != nil {
-		return nil, err
-	}
 	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, WorkDir: spec.WorkDir, MachineID: spec.MachineID, Pids: spec.Pids, NoFile: spec.NoFile}
 	if spec.HostsFile != "" {
 		data, _ := os.ReadFile(spec.HostsFile)
@@ -400,6 +410,9 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if guest.Accel == "kvm" {
 		guest.CPU = "host"
 	}
+	if err := b.writableDisk(ctx, spec, &guest, disk); err != nil {
+		return nil, err
+	}
 	if err := bx.saveGuest(guest); err != nil {
 		return nil, err
 	}
@@ -407,7 +420,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	b.mu.Lock()
 	b.boxes[spec.ID] = bx
 	b.mu.Unlock()
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: guest.Template != ""}, nil
 }
 
 func (b *Backend) get(id sandboxid.ID) (*box, error) {
@@ -431,6 +444,9 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 	g, err := bx.loadGuest()
 	if err != nil {
 		return err
+	}
+	if g.Template != "" {
+		return b.startFromTemplate(ctx, bx, g)
 	}
 	return b.launch(ctx, bx, g)
 }

@@ -140,6 +140,9 @@ type Guest struct {
 	// Incoming starts the guest waiting for a migration stream (QMP
 	// migrate-incoming) instead of booting.
 	Incoming bool
+	// Template, if set, is the template snapshot the guest's first start
+	// restores (template.go) instead of booting.
+	Template string `json:",omitempty"`
 }
 
 // Args is the QEMU command line of g.

@@ -18,16 +18,18 @@ import (
 // marked (KEY.ext4.linked) to be kept for good.
 const symlinkedSuffix = ".linked"
 
-// PruneCache implements backend.CachePruner: it removes the root disks that
-// no guest or snapshot links to and that no create used within grace.
+// PruneCache implements backend.CachePruner: it removes the template
+// snapshots and then the root disks that no guest or snapshot links to and
+// that no create used within grace.
 func (b *Backend) PruneCache(grace time.Duration) (int64, error) {
+	// Templates first: each links its root disk.
+	freed, err := b.tpl.prune(grace)
+	errs := []error{err}
 	dir := filepath.Join(b.cfg.StateDir, "roots")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return 0, err
+		return freed, errors.Join(append(errs, err)...)
 	}
-	var freed int64
-	var errs []error
 	for _, ent := range ents {
 		key, ok := strings.CutSuffix(ent.Name(), ".ext4")
 		if !ok || ent.IsDir() {

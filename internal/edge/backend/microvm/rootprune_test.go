@@ -78,7 +78,7 @@ func TestPruneCacheOnTheBackendsOwnRoots(t *testing.T) {
 	q := testQEMU(t)
 	state := t.TempDir()
 	b, err := New(context.Background(), backend.Config{StateDir: state, Log: testutil.Logger(t), Options: map[string]string{
-		"qemu": q.Binary, "guest": filepath.Dir(q.Kernel), "init": q.Init,
+		"qemu": q.Binary, "guest": filepath.Dir(q.Kernel), "init": q.Init, "templates": "off", // roots only
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,427 @@
+package microvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sparsefile"
+)
+
+// Template snapshots [ours; docs/design.md, "microvm backend"]. A guest
+// boots in seconds under TCG; a restore of a snapshot of a booted one
+// takes a fraction of that, which is how E2B and its peers create every
+// sandbox. The first create of an image and shape on a node (QEMU, no
+// network) boots a template guest with neutral settings (hostname
+// dsec-template, no environment), waits for its agent and snapshots it;
+// that create and every later one of the same key restore the template:
+// RAM mapped privately from its file (copies share the pages they do not
+// write), a sparse copy of its writable disk, and the sandbox's own
+// identity and settings as its agent's first request (the edge sends them,
+// Handle.Restored). The sandbox's own initramfs is written too, for a
+// later reboot. A template that does not restore is removed, the sandbox
+// boots, and the next create builds the template again; a template of
+// another QEMU, kernel, init or agent has another key.
+
+// templateFormat is bumped when what a template holds changes.
+const templateFormat = 1
+
+// templateShape is what a template is made for: a create restores one
+// only when all of it is equal.
+type templateShape struct {
+	Format int `json:"format"`
+	// Root is the node's root disk of the image (named by its layers).
+	Root     string  `json:"root"`
+	MemoryMB int     `json:"memory_mb"`
+	SMP      int     `json:"smp"`
+	DiskMB   int64   `json:"disk_mb"`
+	Pids     int64   `json:"pids,omitempty"`
+	NoFile   int64   `json:"nofile,omitempty"`
+	Accel    string  `json:"accel"`
+	CPU      string  `json:"cpu,omitempty"`
+	Files    []stamp `json:"files"` // QEMU, the kernel, modules, init and agent as they were
+}
+
+// stamp is a file's identity as far as a template cares.
+type stamp struct {
+	Path  string `json:"path"`
+	Size  int64  `json:"size"`
+	MTime int64  `json:"mtime"`
+}
+
+func stampOf(path string) (stamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return stamp{}, err
+	}
+	return stamp{Path: path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}, nil
+}
+
+// key names the shape's template.
+func (s templateShape) key() string {
+	data, _ := json.Marshal(s)
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:12])
+}
+
+// templateShapeOf is the shape of a guest of spec on root disk root, and
+// whether a template serves it.
+func (b *Backend) templateShapeOf(spec *backend.Spec, root string, g Guest, diskMB int64) (templateShape, bool) {
+	if !b.templatesOn || spec.NetNS != "" || g.VMM != b.qemu.id() {
+		return templateShape{}, false
+	}
+	s := templateShape{Format: templateFormat, Root: root, MemoryMB: g.MemoryMB, SMP: max(g.SMP, 1), DiskMB: diskMB,
+		Pids: spec.Pids, NoFile: spec.NoFile, Accel: g.Accel, CPU: g.CPU}
+	qemu, err := exec.LookPath(b.qemu.Binary)
+	if err != nil {
+		return s, false
+	}
+	// The root disk is named by its image's layers; its time is its last
+	// use (PruneCache), which is no change.
+	for _, p := range []string{qemu, b.qemu.Kernel, b.qemu.Modules, b.qemu.Init, spec.AgentPath} {
+		st, err := stampOf(p)
+		if err != nil {
+			return s, false
+		}
+		s.Files = append(s.Files, st)
+	}
+	return s, true
+}
+
+// templates are the node's template snapshots, under StateDir/templates:
+// KEY/ (state, mem, rw.ext4, initrd.cpio, root.ext4, guest.json, shape.json
+// and, last, ready) and .build-KEY/ while one is made.
+type templates struct {
+	dir string
+	q   *QEMU
+	log *slog.Logger
+
+	mu     sync.Mutex
+	locks  map[string]*sync.Mutex // guarded by mu: one per key being made or used
+	failed map[string]time.Time   // guarded by mu: keys whose build failed, and when
+}
+
+// retryFailedBuild is how long a key whose template failed to build is
+// booted without trying again.
+const retryFailedBuild = 10 * time.Minute
+
+func newTemplates(dir string, q *QEMU, log *slog.Logger) (*templates, error) {
+	t := &templates{dir: dir, q: q, log: log, locks: map[string]*sync.Mutex{}, failed: map[string]time.Time{}}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	t.removeUnfinished()
+	return t, nil
+}
+
+// removeUnfinished removes the builds a crash cut (their QEMU died with
+// the edge: it runs with PDEATHSIG) and their guest RAM.
+func (t *templates) removeUnfinished() {
+	ents, _ := os.ReadDir(t.dir)
+	for _, ent := range ents {
+		if strings.HasPrefix(ent.Name(), ".build-") || strings.HasPrefix(ent.Name(), ".gone-") {
+			build := filepath.Join(t.dir, ent.Name())
+			os.Remove(buildMemFile(build)) //nolint:errcheck // may not exist
+			if err := os.RemoveAll(build); err != nil {
+				t.log.Warn("unfinished template left", "dir", build, "err", err)
+			}
+		}
+	}
+}
+
+// buildMemFile is the template guest's RAM while it is made: shared memory
+// named after its build directory (not a sandbox id, so orphans.go never
+// takes it for one).
+func buildMemFile(build string) string {
+	sum := sha256.Sum256([]byte(build))
+	return filepath.Join("/dev/shm", "opendsec-template."+hex.EncodeToString(sum[:8])+".mem")
+}
+
+func (t *templates) lock(key string) *sync.Mutex {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.locks[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		t.locks[key] = l
+	}
+	return l
+}
+
+// get returns the directory of shape's template, built first if there is
+// none (creates of one key wait for one build). "" without an error: no
+// template now (its build failed lately); the caller boots.
+// Its guest has wait to answer.
+func (t *templates) get(ctx context.Context, s templateShape, agentPath string, wait time.Duration) string {
+	key := s.key()
+	l := t.lock(key)
+	l.Lock()
+	defer l.Unlock()
+	dir := filepath.Join(t.dir, key)
+	if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+		now := time.Now()
+		os.Chtimes(filepath.Join(dir, "ready"), now, now) //nolint:errcheck // its last use, for pruning
+		return dir
+	}
+	t.mu.Lock()
+	failed, ok := t.failed[key]
+	t.mu.Unlock()
+	if ok && time.Since(failed) < retryFailedBuild {
+		return ""
+	}
+	began := time.Now()
+	if err := t.build(ctx, s, agentPath, dir, wait); err != nil {
+		t.mu.Lock()
+		t.failed[key] = time.Now()
+		t.mu.Unlock()
+		t.log.Warn("template snapshot not built; sandboxes of this image and shape boot", "template", key, "err", err)
+		return ""
+	}
+	t.log.Info("template snapshot built", "template", key, "took", time.Since(began).Round(time.Millisecond))
+	return dir
+}
+
+// discard removes a template that did not restore (why): the next create
+// of its key builds it again.
+func (t *templates) discard(dir string, why error) {
+	t.log.Warn("template snapshot removed: it did not restore", "template", filepath.Base(dir), "err", why)
+	gone := filepath.Join(t.dir, ".gone-"+filepath.Base(dir))
+	if err := os.Rename(dir, gone); err != nil {
+		return
+	}
+	os.RemoveAll(gone) //nolint:errcheck // removed again at the next start
+}
+
+// build boots a template guest of s, waits for its agent, snapshots it and
+// puts the snapshot at dir.
+func (t *templates) build(ctx context.Context, s templateShape, agentPath, dir string, wait time.Duration) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, wait+time.Minute)
+	defer cancel()
+	build := filepath.Join(t.dir, ".build-"+filepath.Base(dir))
+	os.Remove(buildMemFile(build)) //nolint:errcheck // from a build a crash cut
+	if err := os.RemoveAll(build); err != nil {
+		return err
+	}
+	boot := filepath.Join(build, "boot")
+	if err := os.MkdirAll(boot, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		os.Remove(buildMemFile(build)) //nolint:errcheck // may not exist
+		if err != nil {
+			os.RemoveAll(build) //nolint:errcheck // reporting err
+		}
+	}()
+	g, err := t.prepare(ctx, s, agentPath, build, boot)
+	if err != nil {
+		return err
+	}
+	// The agent's and monitor's sockets need a short path.
+	socks, err := os.MkdirTemp("", "dsec-tpl")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(socks)
+	link, err := agentlink.Listen(filepath.Join(socks, "a.sock"), t.log)
+	if err != nil {
+		return err
+	}
+	defer link.Close()
+	g.AgentChardev = "socket,id=agent,path=" + link.Path() + ",server=off,reconnect=1"
+	bx := &box{Dir: boot, QMP: filepath.Join(socks, "q.sock")}
+	stop, err := t.start(bx, g)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	serving, cancelWait := context.WithTimeout(ctx, wait)
+	defer cancelWait()
+	if err := link.WaitServing(serving); err != nil {
+		return fmt.Errorf("the template guest's agent did not answer within %s: %w; console: %s", wait, err, t.q.consoleTail(ctx, bx, g))
+	}
+	if err := link.Detach(ctx); err != nil {
+		return err
+	}
+	if _, err := t.q.snapshot(ctx, bx, g, backend.SnapshotRef{Dir: build}); err != nil {
+		return err
+	}
+	stop()
+	if err := os.RemoveAll(boot); err != nil {
+		return err
+	}
+	shape, _ := json.MarshalIndent(s, "", "  ")
+	if err := os.WriteFile(filepath.Join(build, "shape.json"), shape, 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(build, "ready"), nil, 0o600); err != nil {
+		return err
+	}
+	os.RemoveAll(dir) //nolint:errcheck // a template that was not ready
+	return os.Rename(build, dir)
+}
+
+// prepare writes the template guest's disks and initramfs in boot and
+// returns its description.
+func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, build, boot string) (Guest, error) {
+	rw := filepath.Join(boot, "rw.ext4")
+	if err := NewWritableDisk(ctx, rw, s.DiskMB); err != nil {
+		return Guest{}, err
+	}
+	agent, err := os.ReadFile(agentPath)
+	if err != nil {
+		return Guest{}, err
+	}
+	cfg, _ := json.Marshal(GuestConfig{Hostname: "dsec-template", Pids: s.Pids, NoFile: s.NoFile})
+	initrd := filepath.Join(boot, "initrd.cpio")
+	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfg}}
+	if err := writeGuestInitramfs(initrd, t.q.Init, t.q.Modules, t.q.modules(false), extra); err != nil {
+		return Guest{}, err
+	}
+	rootDisk := filepath.Join(boot, "root.ext4")
+	if err := shareRoot(s.Root, s.Root, rootDisk); err != nil {
+		return Guest{}, err
+	}
+	return Guest{Root: s.Root, Accel: s.Accel, CPU: s.CPU, MemoryMB: s.MemoryMB, SMP: s.SMP,
+		Initrd: initrd, RootDisk: rootDisk, WritableDisk: rw,
+		MemFile: buildMemFile(build), MemShared: true}, nil
+}
+
+// start runs the template guest's QEMU as the edge's child, which the
+// kernel ends if the edge dies (PDEATHSIG, bound to this OS thread until
+// stop), at low CPU priority beside the node's sandboxes.
+func (t *templates) start(bx *box, g Guest) (stop func(), err error) {
+	runtime.LockOSThread()
+	argv := append(t.q.Args(g), "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile())
+	cmd := exec.Command(t.q.Binary, argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("microvm: start the template guest: %w", err)
+	}
+	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, 10) //nolint:errcheck // only its priority
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cmd.Process.Kill() //nolint:errcheck // may have ended
+			cmd.Wait()         //nolint:errcheck // killed
+			runtime.UnlockOSThread()
+		})
+	}, nil
+}
+
+// prune removes the templates no create used within grace.
+func (t *templates) prune(grace time.Duration) (int64, error) {
+	if t == nil {
+		return 0, nil
+	}
+	ents, err := os.ReadDir(t.dir)
+	if err != nil {
+		return 0, err
+	}
+	var freed int64
+	var errs []error
+	for _, ent := range ents {
+		if !ent.IsDir() || strings.HasPrefix(ent.Name(), ".") {
+			continue
+		}
+		l := t.lock(ent.Name())
+		l.Lock()
+		dir := filepath.Join(t.dir, ent.Name())
+		if fi, err := os.Stat(filepath.Join(dir, "ready")); err == nil && time.Since(fi.ModTime()) >= grace {
+			n := allocated(dir) - fileBlocks(filepath.Join(dir, "root.ext4")) // the root disk is a link, counted where it is pruned
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, err)
+			} else {
+				freed += n
+				t.log.Info("template snapshot pruned", "template", ent.Name(), "bytes", n)
+			}
+		}
+		l.Unlock()
+	}
+	return freed, errors.Join(errs...)
+}
+
+// templatesOption reads the templates option: on (the default) or off.
+func templatesOption(v string) (bool, error) {
+	switch v {
+	case "", "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, errdefs.InvalidArgument("microvm backend: option templates %q: want on or off", errdefs.Clip(v, 40))
+}
+
+// writableDisk makes the writable disk of g, a new guest of spec: a copy
+// of its template's, if a template serves it (g.Template then names it),
+// else an empty file system of diskMB.
+func (b *Backend) writableDisk(ctx context.Context, spec *backend.Spec, g *Guest, diskMB int64) error {
+	if shape, ok := b.templateShapeOf(spec, g.Root, *g, diskMB); ok {
+		if dir := b.tpl.get(ctx, shape, spec.AgentPath, b.templateWait()); dir != "" {
+			err := sparsefile.Copy(ctx, filepath.Join(dir, "rw.ext4"), g.WritableDisk, 1)
+			if err == nil {
+				g.Template = dir
+				return nil
+			}
+			b.log.Warn("template's disk not copied; the sandbox boots", "sandbox", spec.ID, "err", err)
+		}
+	}
+	return NewWritableDisk(ctx, g.WritableDisk, diskMB)
+}
+
+// templateWait is how long a template guest has to answer.
+func (b *Backend) templateWait() time.Duration {
+	if b.Accel() == "tcg" && b.probe != nil {
+		return tcgAgentWait(b.probe.Boot)
+	}
+	return 2 * time.Minute
+}
+
+// startFromTemplate starts g, a new guest, by restoring its template, with
+// the template's initramfs (QEMU checks the devices' state against its
+// own); the description it keeps names the guest's own, for a reboot. A
+// template that does not restore is removed and the guest boots.
+func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error {
+	tpl, own := g.Template, g
+	own.Template = ""
+	g.Template, g.Initrd = "", filepath.Join(tpl, "initrd.cpio")
+	err := b.qemu.restore(ctx, bx, g, backend.SnapshotRef{Dir: tpl}, func() error { return b.limitGuestCPU(bx, g, b.qemu) })
+	if err == nil {
+		// Its RAM is a private mapping of the template's (a snapshot of it
+		// carries its RAM in the stream); booted again, it has its own.
+		own.MemFile, own.MemShared = "", false
+		return bx.saveGuest(own)
+	}
+	if ctx.Err() != nil {
+		return err
+	}
+	b.tpl.discard(tpl, err)
+	if err := bx.saveGuest(own); err != nil {
+		return err
+	}
+	return b.launch(ctx, bx, own)
+}
+
+// fileBlocks is the disk space one file takes.
+func fileBlocks(path string) int64 {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}

@@ -1,0 +1,209 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// Every field of a shape names another template.
+func TestTemplateKeyCoversTheShape(t *testing.T) {
+	base := templateShape{Format: templateFormat, Root: "/r.ext4", MemoryMB: 256, SMP: 1, DiskMB: 1024, Accel: "tcg",
+		Files: []stamp{{Path: "/usr/bin/qemu", Size: 1, MTime: 2}}}
+	changes := map[string]func(*templateShape){
+		"format":    func(s *templateShape) { s.Format++ },
+		"root":      func(s *templateShape) { s.Root = "/other.ext4" },
+		"memory":    func(s *templateShape) { s.MemoryMB = 512 },
+		"vCPUs":     func(s *templateShape) { s.SMP = 2 },
+		"disk":      func(s *templateShape) { s.DiskMB = 2048 },
+		"pids":      func(s *templateShape) { s.Pids = 64 },
+		"nofile":    func(s *templateShape) { s.NoFile = 1024 },
+		"accel":     func(s *templateShape) { s.Accel = "kvm" },
+		"cpu model": func(s *templateShape) { s.CPU = "host" },
+		"a binary":  func(s *templateShape) { s.Files[0].MTime++ },
+	}
+	seen := map[string]string{base.key(): "base"}
+	for name, change := range changes {
+		s := base
+		s.Files = append([]stamp(nil), base.Files...)
+		change(&s)
+		if other, ok := seen[s.key()]; ok {
+			t.Errorf("%s: same key as %s", name, other)
+		}
+		seen[s.key()] = name
+	}
+}
+
+func TestTemplatesOption(t *testing.T) {
+	for v, want := range map[string]bool{"": true, "on": true, "off": false} {
+		if got, err := templatesOption(v); err != nil || got != want {
+			t.Errorf("templates=%q: %v, %v; want %v", v, got, err, want)
+		}
+	}
+	if _, err := templatesOption("yes"); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "want on or off") {
+		t.Errorf("templates=yes: %v", err)
+	}
+}
+
+// Guests with a network, on Firecracker, or on a backend with templates
+// off boot.
+func TestTemplateShapeOnlyForQEMUWithoutNetwork(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(name), 0o755) //nolint:errcheck // the stat says it
+		return p
+	}
+	b := &Backend{templatesOn: true, qemu: &QEMU{Binary: file("qemu"), Kernel: file("vmlinux"), Modules: dir, Init: file("init")}}
+	spec := &backend.Spec{AgentPath: file("aether"), Resources: backend.Resources{MemoryMB: 256}}
+	g := Guest{MemoryMB: 256, SMP: 1, Accel: "tcg"}
+	root := file("root.ext4")
+	if _, ok := b.templateShapeOf(spec, root, g, 1024); !ok {
+		t.Fatal("a QEMU guest without a network has no template shape")
+	}
+	withNet := *spec
+	withNet.NetNS = "/run/netns/x"
+	fc := g
+	fc.VMM = vmmFirecracker
+	off := &Backend{qemu: b.qemu}
+	for name, ok := range map[string]bool{
+		"with a network": func() bool { _, ok := b.templateShapeOf(&withNet, root, g, 1024); return ok }(),
+		"on Firecracker": func() bool { _, ok := b.templateShapeOf(spec, root, fc, 1024); return ok }(),
+		"templates off":  func() bool { _, ok := off.templateShapeOf(spec, root, g, 1024); return ok }(),
+		"agent missing": func() bool {
+			s := *spec
+			s.AgentPath = filepath.Join(dir, "none")
+			_, ok := b.templateShapeOf(&s, root, g, 1024)
+			return ok
+		}(),
+	} {
+		if ok {
+			t.Errorf("%s: has a template", name)
+		}
+	}
+}
+
+// A build a crash cut is removed when the backend starts; prune removes
+// templates unused within its grace, and only those.
+func TestTemplatesUnfinishedAndPrune(t *testing.T) {
+	dir := t.TempDir()
+	build := filepath.Join(dir, ".build-abc")
+	os.MkdirAll(filepath.Join(build, "boot"), 0o700)        //nolint:errcheck // checked below
+	os.WriteFile(buildMemFile(build), []byte("ram"), 0o600) //nolint:errcheck // checked below
+	for _, name := range []string{"old", "fresh"} {
+		os.MkdirAll(filepath.Join(dir, name), 0o700)                             //nolint:errcheck // checked below
+		os.WriteFile(filepath.Join(dir, name, "mem"), make([]byte, 8192), 0o600) //nolint:errcheck // checked below
+		os.WriteFile(filepath.Join(dir, name, "ready"), nil, 0o600)              //nolint:errcheck // checked below
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(dir, "old", "ready"), old, old) //nolint:errcheck // checked below
+	tpl, err := newTemplates(dir, &QEMU{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(build); !os.IsNotExist(err) {
+		t.Fatalf("an unfinished build is left: %v", err)
+	}
+	if _, err := os.Stat(buildMemFile(build)); !os.IsNotExist(err) {
+		t.Fatalf("an unfinished build's RAM is left: %v", err)
+	}
+	freed, err := tpl.prune(time.Hour)
+	if err != nil || freed < 8192 {
+		t.Fatalf("prune: freed %d, %v", freed, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "old")); !os.IsNotExist(err) {
+		t.Fatal("a template unused for 2 h survived a prune with 1 h of grace")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fresh", "ready")); err != nil {
+		t.Fatalf("a template used now was pruned: %v", err)
+	}
+}
+
+// On real QEMU: sandboxes made from one template each have their own
+// identity, settings and files; a template copy boots again after a stop;
+// a template that does not restore is removed, its sandbox boots and the
+// next create builds the template again.
+func TestTemplateCopies(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	q := testQEMU(t)
+	state := t.TempDir()
+	b := factory(q)(t, state)
+	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
+	start := func(workDir string) *backendtest.Sandbox {
+		spec := backendtest.NewSpec(t, env, "n1")
+		spec.WorkDir = workDir
+		spec.Env = append(spec.Env, "MINE="+string(spec.ID))
+		return backendtest.StartSpec(t, b, spec)
+	}
+	a, c := start("/srv/a"), start("")
+	for _, sb := range []*backendtest.Sandbox{a, c} {
+		if !sb.Handle.Restored {
+			t.Fatalf("sandbox %s was booted, not made from the template", sb.ID)
+		}
+	}
+	ids := map[string]bool{}
+	for _, sb := range []*backendtest.Sandbox{a, c} {
+		got := strings.Fields(sb.Sh(t, `echo "$(hostname) $MINE $(cat /etc/machine-id) $(pwd)"; grep -c `+string(sb.ID)+` /etc/hosts`))
+		want := string(sb.ID)
+		if len(got) != 5 || got[0] != want || got[1] != want || got[4] != "1" {
+			t.Fatalf("sandbox %s: hostname, $MINE, machine id, directory, hosts lines = %q", sb.ID, got)
+		}
+		if ids[got[2]] {
+			t.Fatalf("two copies share machine id %s", got[2])
+		}
+		ids[got[2]] = true
+	}
+	if wd := strings.TrimSpace(a.Sh(t, "pwd")); wd != "/srv/a" {
+		t.Fatalf("the working directory is %q, want /srv/a", wd)
+	}
+	a.Sh(t, "echo mine > /root/a; sync") // a stop ends QEMU: unsynced writes are lost, as on any VM
+	if got := c.Sh(t, "cat /root/a 2>/dev/null || echo absent"); got != "absent\n" {
+		t.Fatalf("a copy sees another's file: %q", got)
+	}
+
+	// Stopped and started, a copy boots from its own disk and initramfs.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := b.Stop(ctx, a.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := backendtest.WaitAgent(ctx, b, a.Link); err != nil {
+		t.Fatalf("a copy started again: %v", err)
+	}
+	if got := strings.Fields(a.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(a.ID) || got[1] != string(a.ID) || got[2] != "mine" {
+		t.Fatalf("a copy booted again: hostname, $MINE, its file = %q", got)
+	}
+
+	// A corrupt template is removed and its sandbox boots.
+	tpls, _ := filepath.Glob(filepath.Join(state, "templates", "*", "state"))
+	if len(tpls) != 1 {
+		t.Fatalf("templates: %v", tpls)
+	}
+	if err := os.WriteFile(tpls[0], []byte("not a migration stream"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	booted := start("")
+	if got := strings.TrimSpace(booted.Sh(t, "hostname")); got != string(booted.ID) {
+		t.Fatalf("the sandbox of a corrupt template: hostname %q", got)
+	}
+	if _, err := os.Stat(filepath.Dir(tpls[0])); !os.IsNotExist(err) {
+		t.Fatalf("a template that did not restore is kept: %v", err)
+	}
+	if again := start(""); !again.Handle.Restored {
+		t.Fatal("the next create did not build the template again")
+	}
+}
