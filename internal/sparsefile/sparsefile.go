@@ -44,6 +44,40 @@ func Copy(ctx context.Context, src, dst string, parts int) error {
 	return nil
 }
 
+// Prepare makes dst (anew) as large as src and returns fill, which copies
+// src's data into it as Copy does and closes both files: for a reader that
+// opens dst before its data arrive (a VMM that maps a guest's RAM at its
+// start and reads it only later). A fill that fails leaves dst to the
+// caller.
+func Prepare(src, dst string) (fill func(ctx context.Context, parts int) error, err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := in.Stat()
+	if err == nil {
+		var out *os.File
+		if out, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600); err == nil {
+			if err = out.Truncate(fi.Size()); err == nil {
+				return func(ctx context.Context, parts int) error {
+					defer in.Close()
+					err := copyInto(ctx, in, out, fi.Size(), parts)
+					if cerr := out.Close(); err == nil {
+						err = cerr
+					}
+					if err != nil {
+						return fmt.Errorf("copy %s: %w", src, err)
+					}
+					return nil
+				}, nil
+			}
+			out.Close()
+		}
+	}
+	in.Close()
+	return nil, err
+}
+
 func copyInto(ctx context.Context, in, out *os.File, size int64, parts int) error {
 	if err := out.Truncate(size); err != nil {
 		return err

@@ -75,3 +75,29 @@ func TestSplitCoversEveryByteOnce(t *testing.T) {
 		}
 	}
 }
+
+// Prepare gives the file its size at once and its data at fill.
+func TestPrepareSizesThenFills(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	data := append(make([]byte, 1<<20), []byte("tail")...)
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fill, err := Prepare(src, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dst); err != nil || fi.Size() != int64(len(data)) {
+		t.Fatalf("before fill: %v, %v; want %d bytes", fi, err, len(data))
+	}
+	if err := fill(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, data) {
+		t.Fatal("after fill the file differs from its source")
+	}
+	if _, err := Prepare(filepath.Join(dir, "none"), dst); err == nil {
+		t.Fatal("Prepare of a missing source did not fail")
+	}
+}

@@ -123,13 +123,20 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 // (copy-on-write), takes the device state in and runs on. From a snapshot
 // without a RAM file (its RAM is in the stream) the copy's RAM is a shared
 // file of its own, as a booted guest's.
+//
+// A guest whose RAM is already a shared file of its own holding the
+// snapshot's (a template copy: the caller copied it) keeps that file.
 func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
 	ramFile := filepath.Join(ref.Dir, "mem")
 	_, err := os.Stat(ramFile)
 	inStream := errors.Is(err, os.ErrNotExist)
-	if inStream {
+	ownRAM := g.MemShared && g.MemFile != ""
+	switch {
+	case ownRAM:
+		inStream = false
+	case inStream:
 		g.MemFile, g.MemShared = memFile(sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))), true
-	} else {
+	default:
 		g.MemFile, g.MemShared = ramFile, false
 	}
 	g.Incoming = true
@@ -167,7 +174,7 @@ func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.Snapsh
 	// keeps is of a fresh guest on its own disk (with its own RAM file,
 	// if it has one).
 	g.Incoming = false
-	if !inStream {
+	if !inStream && !ownRAM {
 		g.MemFile, g.MemShared = "", false
 	}
 	if err := bx.saveGuest(g); err != nil {

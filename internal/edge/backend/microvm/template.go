@@ -396,15 +396,32 @@ func (b *Backend) templateWait() time.Duration {
 // the template's initramfs (QEMU checks the devices' state against its
 // own); the description it keeps names the guest's own, for a reboot. A
 // template that does not restore is removed and the guest boots.
+//
+// Its RAM is a shared file of its own, a copy of the template's (the
+// touched pages only), not a private mapping of the template's: its
+// snapshots then leave RAM in that file, which keeps a fork's pause at
+// milliseconds (a private mapping's RAM has to go through QEMU's stream:
+// 963 ms against 70 ms paused, and forked copies of 3x the memory). Its
+// guest then is as a booted one.
 func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error {
 	tpl, own := g.Template, g
 	own.Template = ""
 	g.Template, g.Initrd = "", filepath.Join(tpl, "initrd.cpio")
-	err := b.qemu.restore(ctx, bx, g, backend.SnapshotRef{Dir: tpl}, func() error { return b.limitGuestCPU(bx, g, b.qemu) })
+	// QEMU starts (and maps the file) while the RAM is copied; it reads
+	// the RAM only once the device state is in, after started.
+	began := time.Now()
+	fill, err := sparsefile.Prepare(filepath.Join(tpl, "mem"), g.MemFile)
 	if err == nil {
-		// Its RAM is a private mapping of the template's (a snapshot of it
-		// carries its RAM in the stream); booted again, it has its own.
-		own.MemFile, own.MemShared = "", false
+		filled := make(chan error, 1)
+		go func() { filled <- fill(ctx, 2) }()
+		started := func() error {
+			err := b.limitGuestCPU(bx, g, b.qemu)
+			return errors.Join(<-filled, err)
+		}
+		err = b.qemu.restore(ctx, bx, g, backend.SnapshotRef{Dir: tpl}, started)
+	}
+	if err == nil {
+		b.log.Debug("restored from template", "template", filepath.Base(tpl), "took", time.Since(began))
 		return bx.saveGuest(own)
 	}
 	if ctx.Err() != nil {
