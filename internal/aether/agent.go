@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
@@ -264,6 +265,11 @@ func applyIdentity(hostname, machineID string, entropy []byte) error {
 		// the kernel reseeds its CRNG from the mixed pool).
 		if f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0); err == nil {
 			f.Write(entropy) //nolint:errcheck // best effort; gVisor draws from the host anyway
+			// A write only mixes the pool; the CRNG that copies of one
+			// snapshot share would go on the same for up to a minute
+			// (boot_id, every key drawn). Reseed it now (needs
+			// CAP_SYS_ADMIN: a VM's agent has it).
+			unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0) //nolint:errcheck // best effort, as above
 			f.Close()
 		}
 	}

@@ -152,6 +152,11 @@ func TestTemplateCopies(t *testing.T) {
 			t.Fatalf("sandbox %s was booted, not made from the template", sb.ID)
 		}
 	}
+	// Copies of one snapshot reseed their CRNG with their identity: the
+	// boot id each draws on its first read differs.
+	if a, c := a.Sh(t, "cat /proc/sys/kernel/random/boot_id"), c.Sh(t, "cat /proc/sys/kernel/random/boot_id"); a == c {
+		t.Fatalf("two copies drew the same boot id %s", a)
+	}
 	ids := map[string]bool{}
 	for _, sb := range []*backendtest.Sandbox{a, c} {
 		got := strings.Fields(sb.Sh(t, `echo "$(hostname) $MINE $(cat /etc/machine-id) $(pwd)"; grep -c `+string(sb.ID)+` /etc/hosts`))
