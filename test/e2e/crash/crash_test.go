@@ -217,6 +217,15 @@ func checkNodeClean(t *testing.T, state string, up *e2e.UpProcess) {
 		}
 	}
 	backends := filepath.Join(state, "edge", "backends")
+	// A template build a kill cut: its QEMU died with dsec up (PDEATHSIG)
+	// and the next start removed its directory and guest RAM.
+	templates := filepath.Join(backends, "microvm", "templates")
+	if builds, _ := filepath.Glob(filepath.Join(templates, ".build-*")); len(builds) > 0 {
+		t.Errorf("template builds left: %v", builds)
+	}
+	if strings.Contains(string(out), templates+"/") {
+		t.Errorf("a template guest's QEMU is left:\n%s", out)
+	}
 	for _, rt := range []struct{ bin, root, quiet string }{
 		{"crun", filepath.Join(backends, "container", "crun"), "-q"},
 		{"runsc", filepath.Join(backends, "gvisor", "runsc"), "-quiet"},
