@@ -30,6 +30,7 @@ import (
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/embed"
 )
 
 func main() {
@@ -40,6 +41,7 @@ func main() {
 	n := flag.Int("n", 5, "runs of each")
 	countList := flag.String("counts", "1,4,8", "fork counts")
 	reps := flag.Int("reps", 3, "runs per fork count; the table shows the median by ours")
+	concurrent := flag.Int("concurrent", 0, "also fork this many copies at once against as many bare restores (0: not)")
 	flag.Parse()
 	var counts []int
 	for _, f := range strings.Split(*countList, ",") {
@@ -50,7 +52,7 @@ func main() {
 		}
 		counts = append(counts, c)
 	}
-	if err := run(context.Background(), *store, *agent, *init, *guest, *n, counts, max(*reps, 1)); err != nil {
+	if err := run(context.Background(), *store, *agent, *init, *guest, *n, counts, max(*reps, 1), *concurrent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -61,7 +63,7 @@ func median(d []time.Duration) time.Duration {
 	return d[len(d)/2]
 }
 
-func run(ctx context.Context, store, agent, init, guest string, n int, counts []int, reps int) error {
+func run(ctx context.Context, store, agent, init, guest string, n int, counts []int, reps, concurrent int) error {
 	for _, p := range []*string{&init, &guest} {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
@@ -89,7 +91,9 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 	if err != nil {
 		return err
 	}
-	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: microvm.Name, Factory: microvm.New, Config: map[string]string{"guest": guest, "init": init}}, nil)
+	// Room for the concurrent fork's copies (1 core each) beside its source.
+	roomy := func(cfg *embed.Config) { cfg.CPUOvercommit = float64(max(8, concurrent)) }
+	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: microvm.Name, Factory: microvm.New, Config: map[string]string{"guest": guest, "init": init}}, roomy)
 	if err != nil {
 		return err
 	}
@@ -116,7 +120,34 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 	}
 	host, _ := os.Hostname()
 	printCreateTable(host, accel, n, bare, restoreRunning, restoreAnswered, ours, creates, cold)
-	return forks(ctx, cl, q, spec, store, agent, counts, reps)
+	if err := forks(ctx, cl, q, spec, store, agent, counts, reps); err != nil {
+		return err
+	}
+	if concurrent > 0 {
+		return concurrentRestores(ctx, cl, q, spec, agent, concurrent)
+	}
+	return nil
+}
+
+// concurrentRestores forks one prepared source into n copies at once
+// through the API, until every copy answers, against n bare QEMU restores
+// of one snapshot started at once, until every one runs.
+func concurrentRestores(ctx context.Context, cl *client.Client, q *microvm.QEMU, spec *sandboxv1.SandboxSpec, agent string, n int) error {
+	ours, paused, ids, err := forkOnce(ctx, cl, spec, n)
+	if err != nil {
+		return fmt.Errorf("microvm fork(%d): %w", n, err)
+	}
+	mem := pss(ids)
+	for _, id := range ids {
+		cl.Sandbox(id).Stop(ctx) //nolint:errcheck // measured
+	}
+	bare, stopped, err := bareFork(ctx, q, agent, int(spec.Resources.MemoryMb), n)
+	if err != nil {
+		return fmt.Errorf("bare fork(%d): %w", n, err)
+	}
+	fmt.Printf("\n%d copies of one snapshot at once: microvm fork %s until every copy answers (source paused %s; copies' QEMU PSS %d MiB); bare QEMU %s until every copy runs (stopped %s); %.2fx\n",
+		n, benchstat.Ms(ours, 0), benchstat.Ms(paused, 0), mem>>20, benchstat.Ms(bare, 0), benchstat.Ms(stopped, 0), float64(ours)/float64(bare))
+	return nil
 }
 
 // forks runs the fork table: for each count, fork through the API, the
