@@ -185,7 +185,9 @@ func (t *templates) get(ctx context.Context, s templateShape, agentPath string, 
 		return ""
 	}
 	began := time.Now()
-	if err := t.build(ctx, s, agentPath, dir, wait); err != nil {
+	// The build outlives a create whose caller gave up: the next create
+	// of the key would only start it again.
+	if err := t.build(context.WithoutCancel(ctx), s, agentPath, dir, wait); err != nil {
 		t.mu.Lock()
 		t.failed[key] = time.Now()
 		t.mu.Unlock()
