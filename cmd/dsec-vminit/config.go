@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/opendsec/opendsec/internal/guestnet"
 )
 
 // configPath is the sandbox's settings in the initramfs, written by the
@@ -24,7 +26,7 @@ type config struct {
 	Hosts      string `json:"hosts,omitempty"`
 	ResolvConf string `json:"resolv_conf,omitempty"`
 	// Net is the guest's network interface, when the sandbox has one.
-	Net *netConfig `json:"net,omitempty"`
+	Net *guestnet.Config `json:"net,omitempty"`
 	// Pids and NoFile are the sandbox's limits on processes and threads
 	// and on open files per process (limits.go); 0: none.
 	Pids   int64 `json:"pids,omitempty"`
@@ -49,9 +51,9 @@ func readConfig() (*config, error) {
 // apply sets the hostname, writes /etc/hosts and /etc/resolv.conf in
 // the (new) root, brings loopback up and configures the network interface.
 func (c *config) apply() error {
-	errs := []error{upLoopback()}
+	errs := []error{guestnet.UpLoopback()}
 	if c.Net != nil {
-		errs = append(errs, c.Net.apply())
+		errs = append(errs, c.Net.Apply())
 	}
 	if c.Hostname != "" {
 		errs = append(errs, unix.Sethostname([]byte(c.Hostname)))

@@ -1,4 +1,8 @@
-package main
+// Package guestnet configures a VM guest's network interface from inside
+// the guest over rtnetlink: at boot (cmd/dsec-vminit) and when a restored
+// copy takes the address of its own sandbox network (the agent's
+// SetIdentity).
+package guestnet
 
 import (
 	"encoding/binary"
@@ -11,21 +15,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// netConfig is the guest's interface as the host's sandbox network set
-// it up (microvm.GuestNet): an address of its own (a /32), reached through
-// the gateway, on the NIC with this MAC.
-type netConfig struct {
+// Config is the guest's interface as the host's sandbox network set it up
+// (microvm.GuestNet): an address of its own (a /32), reached through the
+// gateway, on the NIC with this MAC.
+type Config struct {
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
 	MAC     string `json:"mac"`
 }
 
-// upLoopback brings lo up: a guest's kernel starts with it down.
-func upLoopback() error { return linkUp("lo") }
+// UpLoopback brings lo up: a guest's kernel starts with it down.
+func UpLoopback() error { return linkUp("lo") }
 
-// apply configures the NIC: up, the address, a route to the gateway on
+// Apply configures the NIC: up, the address, a route to the gateway on
 // the link, and the default route through it.
-func (n *netConfig) apply() error {
+func (n *Config) Apply() error {
 	addr, err := netip.ParseAddr(n.Address)
 	if err != nil || !addr.Is4() {
 		return fmt.Errorf("network: address %q: want IPv4", n.Address)
@@ -41,14 +45,11 @@ func (n *netConfig) apply() error {
 	if err := linkUp(ifc.Name); err != nil {
 		return err
 	}
-	nl, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	nl, err := openNetlink()
 	if err != nil {
-		return fmt.Errorf("network: netlink: %w", err)
+		return err
 	}
 	defer unix.Close(nl)
-	if err := unix.Bind(nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("network: netlink: %w", err)
-	}
 	a4, g4 := addr.As4(), gw.As4()
 	idx := uint32(ifc.Index)
 	steps := []struct {
@@ -88,7 +89,10 @@ func interfaceByMAC(mac string) (*net.Interface, error) {
 }
 
 // linkUp sets IFF_UP on the interface called name.
-func linkUp(name string) error {
+func linkUp(name string) error { return setLinkUp(name, true) }
+
+// setLinkUp sets or clears IFF_UP on the interface called name.
+func setLinkUp(name string, up bool) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -101,11 +105,28 @@ func linkUp(name string) error {
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, req); err != nil {
 		return fmt.Errorf("network: flags of %s: %w", name, err)
 	}
-	req.SetUint16(req.Uint16() | unix.IFF_UP)
+	flags := req.Uint16() &^ unix.IFF_UP
+	if up {
+		flags |= unix.IFF_UP
+	}
+	req.SetUint16(flags)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, req); err != nil {
-		return fmt.Errorf("network: bring %s up: %w", name, err)
+		return fmt.Errorf("network: set %s up=%v: %w", name, up, err)
 	}
 	return nil
+}
+
+// openNetlink is a bound rtnetlink socket.
+func openNetlink() (int, error) {
+	nl, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return -1, fmt.Errorf("network: netlink: %w", err)
+	}
+	if err := unix.Bind(nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(nl)
+		return -1, fmt.Errorf("network: netlink: %w", err)
+	}
+	return nl, nil
 }
 
 // attr is one rtnetlink attribute, padded to 4 bytes.

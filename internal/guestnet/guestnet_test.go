@@ -1,4 +1,4 @@
-package main
+package guestnet
 
 import (
 	"encoding/json"
@@ -32,12 +32,12 @@ func TestNetConfigApplies(t *testing.T) {
 		t.Fatalf("veth: %v: %s", err, out)
 	}
 	exec.Command("ip", "-n", ns, "link", "set", "peer7", "up").Run()
-	n := &netConfig{Address: "10.64.0.5", Gateway: "10.64.0.1", MAC: "02:00:0a:40:00:05"}
+	n := &Config{Address: "10.64.0.5", Gateway: "10.64.0.1", MAC: "02:00:0a:40:00:05"}
 	if err := sandboxnet.InNetNS("/run/netns/"+ns, func() error {
-		if err := upLoopback(); err != nil {
+		if err := UpLoopback(); err != nil {
 			return err
 		}
-		return n.apply()
+		return n.Apply()
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -76,12 +76,69 @@ func TestNetConfigApplies(t *testing.T) {
 		}
 	}
 	// Errors name what is wrong.
-	for _, bad := range []*netConfig{
+	for _, bad := range []*Config{
 		{Address: "x", Gateway: "10.64.0.1", MAC: n.MAC},
 		{Address: "10.64.0.6", Gateway: "10.64.0.1", MAC: "02:00:00:00:00:99"},
 	} {
-		err := sandboxnet.InNetNS("/run/netns/"+ns, bad.apply)
+		err := sandboxnet.InNetNS("/run/netns/"+ns, bad.Apply)
 		if err == nil || !(strings.Contains(err.Error(), "address \"x\"") || strings.Contains(err.Error(), "no interface has MAC")) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+}
+
+// A restored copy's NIC, configured as its source's, takes its own MAC,
+// address and routes; its source's address goes.
+func TestReaddressTakesTheCopysNetwork(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (a network namespace)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs ip (iproute2)")
+	}
+	ns := "dsect-guestnet-copy"
+	exec.Command("ip", "netns", "del", ns).Run()
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	// One NIC in the namespace, as in a guest: the veth's peer leaves.
+	for _, args := range [][]string{
+		{"-n", ns, "link", "add", "eth0", "address", "02:00:0a:40:00:05", "type", "veth", "peer", "name", "dsectpeer"},
+		{"-n", ns, "link", "set", "dsectpeer", "netns", "1"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", "dsectpeer").Run() })
+	source := &Config{Address: "10.64.0.5", Gateway: "10.64.0.1", MAC: "02:00:0a:40:00:05"}
+	cp := &Config{Address: "10.64.0.9", Gateway: "10.64.0.1", MAC: "02:00:0a:40:00:09"}
+	if err := sandboxnet.InNetNS("/run/netns/"+ns, func() error {
+		if err := source.Apply(); err != nil {
+			return err
+		}
+		return cp.Readdress()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command("ip", "-n", ns, "-4", "addr", "show", "dev", "eth0").CombinedOutput()
+	link, _ := exec.Command("ip", "-n", ns, "link", "show", "dev", "eth0").CombinedOutput()
+	routes, _ := exec.Command("ip", "-n", ns, "-4", "route", "show").CombinedOutput()
+	if !strings.Contains(string(out), "10.64.0.9/32") || strings.Contains(string(out), "10.64.0.5") {
+		t.Fatalf("addresses after Readdress:\n%s", out)
+	}
+	if !strings.Contains(string(link), "02:00:0a:40:00:09") || !strings.Contains(string(link), "UP") {
+		t.Fatalf("link after Readdress:\n%s", link)
+	}
+	if !strings.Contains(string(routes), "default via 10.64.0.1 dev eth0") {
+		t.Fatalf("routes after Readdress:\n%s", routes)
+	}
+	for _, bad := range []*Config{
+		{Address: "10.64.0.9", Gateway: "nope", MAC: cp.MAC},
+		{Address: "10.64.0.9", Gateway: "10.64.0.1", MAC: "zz"},
+	} {
+		if err := bad.Readdress(); err == nil || !strings.Contains(err.Error(), "want") {
 			t.Errorf("%+v: %v", bad, err)
 		}
 	}
