@@ -24,6 +24,7 @@ import (
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/chronus"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/guestnet"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/rpcopts"
 	"github.com/opendsec/opendsec/internal/spawn"
@@ -216,6 +217,13 @@ func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[age
 	if m.MachineId != "" && (len(m.MachineId) != 32 || strings.Trim(m.MachineId, "0123456789abcdef") != "") {
 		return nil, errdefs.InvalidArgument("machine_id: want 32 lowercase hex characters")
 	}
+	var nic *guestnet.Config
+	if n := m.Network; n != nil {
+		nic = &guestnet.Config{Address: n.Address, Gateway: n.Gateway, MAC: n.Mac}
+		if err := nic.Check(); err != nil {
+			return nil, errdefs.InvalidArgument("network: %v", err)
+		}
+	}
 	var env map[string]string
 	if m.Settings != nil {
 		var err error
@@ -230,6 +238,11 @@ func (s *agentService) SetIdentity(ctx context.Context, req *connect.Request[age
 		if m.Settings != nil {
 			if err := applySettings(m.Settings, env); err != nil {
 				return nil, err
+			}
+		}
+		if nic != nil {
+			if err := nic.Readdress(); err != nil {
+				return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, err, "take the copy's network")
 			}
 		}
 	}

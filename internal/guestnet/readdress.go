@@ -17,7 +17,7 @@ import (
 // neighbours, among them the source's gateway's MAC), takes n.MAC, loses
 // its IPv4 addresses and comes up with n's address and routes (Apply).
 func (n *Config) Readdress() error {
-	if err := n.check(); err != nil {
+	if err := n.Check(); err != nil {
 		return err
 	}
 	mac, _ := net.ParseMAC(n.MAC)
@@ -53,8 +53,8 @@ func (n *Config) Readdress() error {
 	return n.Apply()
 }
 
-// check validates n's fields, naming the one that is wrong.
-func (n *Config) check() error {
+// Check validates n's fields, naming the one that is wrong.
+func (n *Config) Check() error {
 	if a, err := netip.ParseAddr(n.Address); err != nil || !a.Is4() {
 		return fmt.Errorf("network: address %q: want IPv4", n.Address)
 	}

@@ -149,6 +149,18 @@ type Handle struct {
 	// with that guest's identity and settings, and takes its own from its
 	// first request.
 	Restored bool `json:"restored,omitempty"`
+	// Network, if set, is the interface a restored VM guest must give
+	// itself (its memory holds its source's): the edge sends it in the
+	// copy's first request.
+	Network *GuestNetwork `json:"network,omitempty"`
+}
+
+// GuestNetwork is a VM guest's network interface: an IPv4 /32 reached
+// through Gateway, on the NIC with MAC.
+type GuestNetwork struct {
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
+	MAC     string `json:"mac"`
 }
 
 // State is a sandbox's run state as the backend sees it.

@@ -53,6 +53,7 @@ func (sb *Sandbox) running(ctx context.Context, restored bool) error {
 			return err
 		}
 	}
+	sb.settings, sb.guestNet = nil, nil // taken: a later identity is a copy's own
 	sb.rec.State = records.StateRunning
 	sb.started.Store(time.Now().UnixNano())
 	sb.rec.ExpiresAt = time.Now().Add(time.Duration(sb.rec.Spec.TimeoutSeconds) * time.Second)
@@ -108,9 +109,11 @@ func (sb *Sandbox) setIdentity(ctx context.Context) (bool, error) {
 	entropy := make([]byte, 64)
 	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
 	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
-	_, err := c.SetIdentity(ctx, connect.NewRequest(&agentv1.SetIdentityRequest{
-		Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy, Settings: sb.settings,
-	}))
+	req := &agentv1.SetIdentityRequest{Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy, Settings: sb.settings}
+	if n := sb.guestNet; n != nil {
+		req.Network = &agentv1.GuestNetwork{Address: n.Address, Gateway: n.Gateway, Mac: n.MAC}
+	}
+	_, err := c.SetIdentity(ctx, connect.NewRequest(req))
 	if err == nil {
 		return true, nil
 	}

@@ -77,6 +77,9 @@ type Sandbox struct {
 	// settings, for a sandbox its backend made from a template snapshot,
 	// go with its identity in its first request (guarded by mu).
 	settings *agentv1.SandboxSettings
+	// guestNet, for a restored VM with a network, goes with its identity
+	// too (guarded by mu).
+	guestNet *backend.GuestNetwork
 	// nodeNet is the node's sandbox network it attaches to (nil: the
 	// node runs without one, and nodeNetOff says why).
 	nodeNet    Network

@@ -212,6 +212,7 @@ func (sb *Sandbox) RestoreInto(ctx context.Context, snap *snapshots.Snapshot, sn
 	if err != nil {
 		return err
 	}
+	sb.guestNet = h.Network
 	sb.rec.Handle = h
 	if err := sb.save(); err != nil {
 		return err

@@ -62,7 +62,9 @@ func TestSandboxNetwork(t *testing.T) {
 	for _, backend := range []string{"container", "gvisor", "microvm"} {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
-	t.Run("gvisor-fork", func(t *testing.T) { testForkWithNetwork(t, c, in) })
+	for _, backend := range []string{"gvisor", "microvm"} {
+		t.Run(backend+"-fork", func(t *testing.T) { testForkWithNetwork(t, c, in, backend) })
+	}
 	t.Run("gvisor-offload", func(t *testing.T) { testOffloadWithNetwork(t, c, in) })
 	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
 	t.Run("no-internet-project", func(t *testing.T) { testNoInternetProject(t, c) })
@@ -625,9 +627,9 @@ func heldBody(t *testing.T, sb *client.Sandbox, when string) string {
 
 // heldServing creates a gVisor sandbox allowed to reach in.web:8080 that
 // serves a value held in its memory on port 9000 (heldServer).
-func heldServing(t *testing.T, c *e2e.Cluster, in *internet) *client.Sandbox {
+func heldServing(t *testing.T, c *e2e.Cluster, in *internet, backend string) *client.Sandbox {
 	t.Helper()
-	sb, err := c.Client.Create(e2e.Ctx(t), &sandboxv1.SandboxSpec{Backend: "gvisor", Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
+	sb, err := c.Client.Create(e2e.Ctx(t), &sandboxv1.SandboxSpec{Backend: backend, Image: "root/py:3.11", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 1024},
 		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
 	if err != nil {
 		t.Fatal(err)
@@ -642,7 +644,7 @@ func heldServing(t *testing.T, c *e2e.Cluster, in *internet) *client.Sandbox {
 // routes, policy and the server it ran, as it was.
 func testOffloadWithNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
 	ctx := e2e.Ctx(t)
-	sb := heldServing(t, c, in)
+	sb := heldServing(t, c, in, "gvisor")
 	get := func(when string) string { return heldBody(t, sb, when) }
 	value := get("before the offload")
 	info, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: sb.ID}))
@@ -667,12 +669,13 @@ func testOffloadWithNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
 	}
 }
 
-// testForkWithNetwork: a gVisor sandbox that has used its network forks;
-// each copy has its own address, the source's policy, working egress,
-// the source's memory and its listening port reachable from outside.
-func testForkWithNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
+// testForkWithNetwork: a sandbox (gVisor or microVM) that has used its
+// network forks; each copy has its own address, the source's policy,
+// working egress, the source's memory and its listening port reachable
+// from outside (a microVM copy's guest takes its address itself).
+func testForkWithNetwork(t *testing.T, c *e2e.Cluster, in *internet, backend string) {
 	ctx := e2e.Ctx(t)
-	src := heldServing(t, c, in)
+	src := heldServing(t, c, in, backend)
 	// A connection out first: Debian's runsc could not checkpoint after one.
 	expectProbe(t, "source before the fork", src, [][2]string{{in.web + ":8080", "open"}, {in.alt + ":8080", "refused"}})
 	body := func(sb *client.Sandbox) string { return heldBody(t, sb, "fork") }

@@ -132,7 +132,7 @@ func StartSpec(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 	}
 	wait := WaitAgent
 	if h.Restored {
-		wait = sendSettings(spec)
+		wait = func(ctx context.Context, b backend.Backend, link *agentlink.Link) error { return WaitCopy(ctx, link, spec, h) }
 	}
 	if err := wait(ctx, b, sb.Link); err != nil {
 		t.Fatalf("agent did not connect: %v", err)
@@ -140,33 +140,39 @@ func StartSpec(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 	return sb
 }
 
-// sendSettings waits for the agent of a sandbox made from a template as
-// the edge does: its first request is its identity and spec's settings.
-func sendSettings(spec *backend.Spec) func(context.Context, backend.Backend, *agentlink.Link) error {
-	st := &agentv1.SandboxSettings{Env: spec.Env, WorkDir: spec.WorkDir}
-	if data, err := os.ReadFile(spec.HostsFile); err == nil {
-		st.Hosts = string(data)
-	}
-	if data, err := os.ReadFile(spec.ResolvConf); err == nil {
-		st.ResolvConf = string(data)
-	}
+// WaitCopy waits for the agent of a copy (a restored snapshot, or a
+// sandbox made from a template, h.Restored) as the edge does: its first
+// request is its identity, with spec's settings for a template's copy and
+// its network where h names one.
+func WaitCopy(ctx context.Context, link *agentlink.Link, spec *backend.Spec, h *backend.Handle) error {
 	machineID := make([]byte, 16)
 	rand.Read(machineID) //nolint:errcheck // crypto/rand does not fail on Linux
-	req := &agentv1.SetIdentityRequest{Hostname: spec.Hostname, MachineId: hex.EncodeToString(machineID), Settings: st}
-	return func(ctx context.Context, b backend.Backend, link *agentlink.Link) error {
-		c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
-		return link.WaitServingWith(ctx, func(try context.Context) (bool, error) {
-			_, err := c.SetIdentity(try, connect.NewRequest(req))
-			if err == nil {
-				return true, nil
-			}
-			switch connect.CodeOf(err) {
-			case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
-				return false, err
-			}
-			return true, err
-		})
+	req := &agentv1.SetIdentityRequest{Hostname: spec.Hostname, MachineId: hex.EncodeToString(machineID)}
+	if h.Restored {
+		st := &agentv1.SandboxSettings{Env: spec.Env, WorkDir: spec.WorkDir}
+		if data, err := os.ReadFile(spec.HostsFile); err == nil {
+			st.Hosts = string(data)
+		}
+		if data, err := os.ReadFile(spec.ResolvConf); err == nil {
+			st.ResolvConf = string(data)
+		}
+		req.Settings = st
 	}
+	if n := h.Network; n != nil {
+		req.Network = &agentv1.GuestNetwork{Address: n.Address, Gateway: n.Gateway, Mac: n.MAC}
+	}
+	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
+	return link.WaitServingWith(ctx, func(try context.Context) (bool, error) {
+		_, err := c.SetIdentity(try, connect.NewRequest(req))
+		if err == nil {
+			return true, nil
+		}
+		switch connect.CodeOf(err) {
+		case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
+			return false, err
+		}
+		return true, err
+	})
 }
 
 // WaitAgent waits for the agent as the edge does: for its connection, or,

@@ -167,7 +167,10 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	if b.Accel() == "tcg" {
 		calls, wait = 4, tcgAgentWait(b.probe.Boot)
 	}
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: MinMemoryMB, AgentWait: wait}
+	// A copy of a guest with a network takes its own address (Restore);
+	// on QEMU only: Firecracker's copies are unverified.
+	snapNet := b.booting() == vmm(b.qemu)
+	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, SnapshotNetwork: snapNet, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: MinMemoryMB, AgentWait: wait}
 }
 
 // tcgAgentWait is how long a guest under TCG is given to boot and answer:

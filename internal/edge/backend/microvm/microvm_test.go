@@ -364,6 +364,58 @@ func TestGuestNetwork(t *testing.T) {
 	if err != nil || string(reply) != "hello from the guest\n" {
 		t.Fatalf("from the peer to the guest: %q %v", reply, err)
 	}
+
+	// A copy on a namespace of its own (another address and MAC on the
+	// same gateway) takes its own address and reaches the peer; the source
+	// keeps its own.
+	copyNS := "dsect-vmcopy-" + randSuffix()
+	sh("netns", "add", copyNS)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", copyNS).Run() })
+	sh("-n", peerNS, "link", "add", "gw1", "type", "veth", "peer", "name", "eth0", "netns", copyNS)
+	sh("-n", peerNS, "addr", "add", "10.99.0.1/32", "dev", "gw1")
+	sh("-n", peerNS, "link", "set", "gw1", "up")
+	sh("-n", peerNS, "route", "add", "10.99.0.3/32", "dev", "gw1")
+	sh("-n", copyNS, "addr", "add", "10.99.0.3/32", "dev", "eth0")
+	sh("-n", copyNS, "link", "set", "eth0", "up")
+	sh("-n", copyNS, "route", "add", "10.99.0.1/32", "dev", "eth0")
+	sh("-n", copyNS, "route", "add", "default", "via", "10.99.0.1")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: t.TempDir()}
+	if err := sb.Link.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.(backend.Snapshotter).Snapshot(ctx, sb.ID, ref); err != nil {
+		t.Fatalf("snapshot of a guest with a network: %v", err)
+	}
+	if err := sb.Link.Reattach(); err != nil {
+		t.Fatal(err)
+	}
+	cspec := backendtest.NewSpec(t, env, sandboxid.NewNodeID())
+	cspec.NetNS = "/run/netns/" + copyNS
+	cp := backendtest.Attach(t, b, cspec)
+	h, err := b.(backend.Snapshotter).Restore(ctx, ref, cspec)
+	if err != nil {
+		t.Fatalf("restore with a network: %v", err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), cspec.ID) })
+	if h.Network == nil || h.Network.Address != "10.99.0.3" {
+		t.Fatalf("the copy's network in its handle: %+v", h.Network)
+	}
+	if err := backendtest.WaitCopy(ctx, cp.Link, cspec, h); err != nil {
+		t.Fatalf("the copy's agent: %v", err)
+	}
+	if err := backendtest.WaitAgent(ctx, b, sb.Link); err != nil {
+		t.Fatalf("the source's agent after the snapshot: %v", err)
+	}
+	if got := cp.Sh(t, "ip -4 -o addr show dev eth0 | awk '{print $4}'; cat /sys/class/net/eth0/address"); got != "10.99.0.3/32\n"+h.Network.MAC+"\n" {
+		t.Fatalf("the copy's address and MAC:\n%s", got)
+	}
+	for who, s := range map[string]*backendtest.Sandbox{"the copy": cp, "the source": sb} {
+		if got := s.Sh(t, "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc 10.99.0.1 8080 | tail -1"); got != "hello from the peer" {
+			t.Fatalf("from %s to the peer: %q", who, got)
+		}
+	}
 }
 
 func randSuffix() string { return strconv.FormatInt(time.Now().UnixNano()%1e6, 36) }

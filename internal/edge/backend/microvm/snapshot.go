@@ -150,10 +150,12 @@ func allocated(dir string) int64 {
 // Restore implements backend.Snapshotter: a new guest from a snapshot,
 // with its own writable disk and agent socket, mapping the snapshot's RAM
 // copy-on-write.
+//
+// A copy of a guest with a network runs on its own namespace's TAP with
+// that namespace's MAC; its guest takes that MAC and address itself in its
+// first request (Handle.Network; guestnet.Readdress), since its memory
+// holds its source's.
 func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *backend.Spec) (*backend.Handle, error) {
-	if spec.NetNS != "" {
-		return nil, errdefs.Unsupported("microvm: a copy with a network interface is not built yet (the guest would keep its source's address)")
-	}
 	var g Guest
 	data, err := os.ReadFile(filepath.Join(ref.Dir, "guest.json"))
 	if err == nil {
@@ -161,6 +163,20 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	}
 	if err != nil {
 		return nil, errdefs.NotFound("snapshot %s: no guest description: %v", ref.ID, err)
+	}
+	var nic *backend.GuestNetwork
+	switch {
+	case spec.NetNS != "" && g.NetNS != "":
+		n, err := readGuestNet(ctx, spec.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		g.NetNS, g.MAC = spec.NetNS, n.MAC
+		nic = &backend.GuestNetwork{Address: n.Address, Gateway: n.Gateway, MAC: n.MAC}
+	case spec.NetNS != "":
+		return nil, errdefs.FailedPrecondition("microvm: snapshot %s is of a guest without a network interface; a copy cannot have one", ref.ID)
+	case g.NetNS != "":
+		return nil, errdefs.FailedPrecondition("microvm: snapshot %s is of a guest with a network interface; its copy needs a network too", ref.ID)
 	}
 	bx := newBox(spec, g.VMM)
 	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
@@ -190,7 +206,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	b.boxes[spec.ID] = bx
 	b.mu.Unlock()
 	state, _ := json.Marshal(bx)
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state}, nil
+	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Network: nic}, nil
 }
 
 var _ backend.Snapshotter = (*Backend)(nil)

@@ -136,7 +136,10 @@ type SetIdentityRequest struct {
 	// Settings, if set, replace what the guest was started with: a sandbox
 	// created from a node's template snapshot (a booted guest of the same
 	// image and shape) gets its own here, in its first request.
-	Settings      *SandboxSettings `protobuf:"bytes,4,opt,name=settings,proto3" json:"settings,omitempty"`
+	Settings *SandboxSettings `protobuf:"bytes,4,opt,name=settings,proto3" json:"settings,omitempty"`
+	// Network, if set, is the copy's own network interface, which a VM's
+	// guest sets itself (its memory holds its source's).
+	Network       *GuestNetwork `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -199,6 +202,75 @@ func (x *SetIdentityRequest) GetSettings() *SandboxSettings {
 	return nil
 }
 
+func (x *SetIdentityRequest) GetNetwork() *GuestNetwork {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// GuestNetwork is a VM guest's interface: an IPv4 /32 of its own reached
+// through the gateway, on the NIC with this MAC.
+type GuestNetwork struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Gateway       string                 `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	Mac           string                 `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestNetwork) Reset() {
+	*x = GuestNetwork{}
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestNetwork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestNetwork) ProtoMessage() {}
+
+func (x *GuestNetwork) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestNetwork.ProtoReflect.Descriptor instead.
+func (*GuestNetwork) Descriptor() ([]byte, []int) {
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GuestNetwork) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *GuestNetwork) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *GuestNetwork) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
 // SandboxSettings are what a new sandbox's agent otherwise takes from its
 // start: its environment and directory, and the files the runtime writes.
 type SandboxSettings struct {
@@ -218,7 +290,7 @@ type SandboxSettings struct {
 
 func (x *SandboxSettings) Reset() {
 	*x = SandboxSettings{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +302,7 @@ func (x *SandboxSettings) String() string {
 func (*SandboxSettings) ProtoMessage() {}
 
 func (x *SandboxSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +315,7 @@ func (x *SandboxSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSettings.ProtoReflect.Descriptor instead.
 func (*SandboxSettings) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SandboxSettings) GetEnv() []string {
@@ -282,7 +354,7 @@ type SetIdentityResponse struct {
 
 func (x *SetIdentityResponse) Reset() {
 	*x = SetIdentityResponse{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +366,7 @@ func (x *SetIdentityResponse) String() string {
 func (*SetIdentityResponse) ProtoMessage() {}
 
 func (x *SetIdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +379,7 @@ func (x *SetIdentityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetIdentityResponse.ProtoReflect.Descriptor instead.
 func (*SetIdentityResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 type MetricsRequest struct {
@@ -318,7 +390,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +402,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +415,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 type MetricsResponse struct {
@@ -362,7 +434,7 @@ type MetricsResponse struct {
 
 func (x *MetricsResponse) Reset() {
 	*x = MetricsResponse{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +446,7 @@ func (x *MetricsResponse) String() string {
 func (*MetricsResponse) ProtoMessage() {}
 
 func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +459,7 @@ func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
 func (*MetricsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MetricsResponse) GetCpuUsedPct() float64 {
@@ -447,7 +519,7 @@ type EndProcessesRequest struct {
 
 func (x *EndProcessesRequest) Reset() {
 	*x = EndProcessesRequest{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +531,7 @@ func (x *EndProcessesRequest) String() string {
 func (*EndProcessesRequest) ProtoMessage() {}
 
 func (x *EndProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +544,7 @@ func (x *EndProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndProcessesRequest.ProtoReflect.Descriptor instead.
 func (*EndProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 type EndProcessesResponse struct {
@@ -485,7 +557,7 @@ type EndProcessesResponse struct {
 
 func (x *EndProcessesResponse) Reset() {
 	*x = EndProcessesResponse{}
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +569,7 @@ func (x *EndProcessesResponse) String() string {
 func (*EndProcessesResponse) ProtoMessage() {}
 
 func (x *EndProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_opendsec_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +582,7 @@ func (x *EndProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndProcessesResponse.ProtoReflect.Descriptor instead.
 func (*EndProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EndProcessesResponse) GetEnded() uint32 {
@@ -530,13 +602,18 @@ const file_opendsec_agent_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x1b\n" +
 	"\tuptime_ms\x18\x03 \x01(\x03R\buptimeMs\x12\x1a\n" +
-	"\bconnects\x18\x04 \x01(\x04R\bconnects\"\xa9\x01\n" +
+	"\bconnects\x18\x04 \x01(\x04R\bconnects\"\xe4\x01\n" +
 	"\x12SetIdentityRequest\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x02 \x01(\tR\tmachineId\x12\x18\n" +
 	"\aentropy\x18\x03 \x01(\fR\aentropy\x12>\n" +
-	"\bsettings\x18\x04 \x01(\v2\".opendsec.agent.v1.SandboxSettingsR\bsettings\"u\n" +
+	"\bsettings\x18\x04 \x01(\v2\".opendsec.agent.v1.SandboxSettingsR\bsettings\x129\n" +
+	"\anetwork\x18\x05 \x01(\v2\x1f.opendsec.agent.v1.GuestNetworkR\anetwork\"T\n" +
+	"\fGuestNetwork\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x10\n" +
+	"\x03mac\x18\x03 \x01(\tR\x03mac\"u\n" +
 	"\x0fSandboxSettings\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x12\x19\n" +
 	"\bwork_dir\x18\x02 \x01(\tR\aworkDir\x12\x14\n" +
@@ -575,33 +652,35 @@ func file_opendsec_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_opendsec_agent_v1_agent_proto_rawDescData
 }
 
-var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_opendsec_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_opendsec_agent_v1_agent_proto_goTypes = []any{
 	(*HealthRequest)(nil),        // 0: opendsec.agent.v1.HealthRequest
 	(*HealthResponse)(nil),       // 1: opendsec.agent.v1.HealthResponse
 	(*SetIdentityRequest)(nil),   // 2: opendsec.agent.v1.SetIdentityRequest
-	(*SandboxSettings)(nil),      // 3: opendsec.agent.v1.SandboxSettings
-	(*SetIdentityResponse)(nil),  // 4: opendsec.agent.v1.SetIdentityResponse
-	(*MetricsRequest)(nil),       // 5: opendsec.agent.v1.MetricsRequest
-	(*MetricsResponse)(nil),      // 6: opendsec.agent.v1.MetricsResponse
-	(*EndProcessesRequest)(nil),  // 7: opendsec.agent.v1.EndProcessesRequest
-	(*EndProcessesResponse)(nil), // 8: opendsec.agent.v1.EndProcessesResponse
+	(*GuestNetwork)(nil),         // 3: opendsec.agent.v1.GuestNetwork
+	(*SandboxSettings)(nil),      // 4: opendsec.agent.v1.SandboxSettings
+	(*SetIdentityResponse)(nil),  // 5: opendsec.agent.v1.SetIdentityResponse
+	(*MetricsRequest)(nil),       // 6: opendsec.agent.v1.MetricsRequest
+	(*MetricsResponse)(nil),      // 7: opendsec.agent.v1.MetricsResponse
+	(*EndProcessesRequest)(nil),  // 8: opendsec.agent.v1.EndProcessesRequest
+	(*EndProcessesResponse)(nil), // 9: opendsec.agent.v1.EndProcessesResponse
 }
 var file_opendsec_agent_v1_agent_proto_depIdxs = []int32{
-	3, // 0: opendsec.agent.v1.SetIdentityRequest.settings:type_name -> opendsec.agent.v1.SandboxSettings
-	0, // 1: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
-	2, // 2: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
-	5, // 3: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
-	7, // 4: opendsec.agent.v1.AgentService.EndProcesses:input_type -> opendsec.agent.v1.EndProcessesRequest
-	1, // 5: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
-	4, // 6: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
-	6, // 7: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
-	8, // 8: opendsec.agent.v1.AgentService.EndProcesses:output_type -> opendsec.agent.v1.EndProcessesResponse
-	5, // [5:9] is the sub-list for method output_type
-	1, // [1:5] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4, // 0: opendsec.agent.v1.SetIdentityRequest.settings:type_name -> opendsec.agent.v1.SandboxSettings
+	3, // 1: opendsec.agent.v1.SetIdentityRequest.network:type_name -> opendsec.agent.v1.GuestNetwork
+	0, // 2: opendsec.agent.v1.AgentService.Health:input_type -> opendsec.agent.v1.HealthRequest
+	2, // 3: opendsec.agent.v1.AgentService.SetIdentity:input_type -> opendsec.agent.v1.SetIdentityRequest
+	6, // 4: opendsec.agent.v1.AgentService.Metrics:input_type -> opendsec.agent.v1.MetricsRequest
+	8, // 5: opendsec.agent.v1.AgentService.EndProcesses:input_type -> opendsec.agent.v1.EndProcessesRequest
+	1, // 6: opendsec.agent.v1.AgentService.Health:output_type -> opendsec.agent.v1.HealthResponse
+	5, // 7: opendsec.agent.v1.AgentService.SetIdentity:output_type -> opendsec.agent.v1.SetIdentityResponse
+	7, // 8: opendsec.agent.v1.AgentService.Metrics:output_type -> opendsec.agent.v1.MetricsResponse
+	9, // 9: opendsec.agent.v1.AgentService.EndProcesses:output_type -> opendsec.agent.v1.EndProcessesResponse
+	6, // [6:10] is the sub-list for method output_type
+	2, // [2:6] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_agent_v1_agent_proto_init() }
@@ -615,7 +694,7 @@ func file_opendsec_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_agent_v1_agent_proto_rawDesc), len(file_opendsec_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
