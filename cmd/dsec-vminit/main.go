@@ -249,6 +249,17 @@ func switchRoot(rootDev, rwDev string) error {
 			return fmt.Errorf("move %s: %w", d, err)
 		}
 	}
+	// Terminals (a PTY opens /dev/ptmx, which needs devpts at /dev/pts)
+	// and POSIX shared memory, as a container runtime gives them.
+	for _, m := range []struct{ fstype, dst, data string }{
+		{"devpts", "/newroot/dev/pts", "newinstance,ptmxmode=0666,mode=0620,gid=5"},
+		{"tmpfs", "/newroot/dev/shm", "mode=1777"},
+	} {
+		os.MkdirAll(m.dst, 0o755)
+		if err := unix.Mount(m.fstype, m.dst, m.fstype, unix.MS_NOSUID|unix.MS_NOEXEC, m.data); err != nil {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
 	if err := unix.Chdir("/newroot"); err != nil {
 		return err
 	}

@@ -212,6 +212,7 @@ func Run(t *testing.T, newBackend Factory, env Env) {
 	t.Run("Pause", func(t *testing.T) { testPause(t, newBackend, env) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, newBackend, env) })
 	t.Run("Changes", func(t *testing.T) { testChanges(t, newBackend, env) })
+	t.Run("Terminal", func(t *testing.T) { testTerminal(t, newBackend, env) })
 	if env.Isolated {
 		t.Run("Isolation", func(t *testing.T) { testIsolation(t, newBackend, env) })
 	}
@@ -433,6 +434,42 @@ func testRecover(t *testing.T, newBackend Factory, env Env) {
 	}
 	if err := b2.Destroy(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testTerminal: a process in a pseudo-terminal of the size asked, and
+// POSIX shared memory (/dev/shm), as every runtime gives them.
+func testTerminal(t *testing.T, newBackend Factory, env Env) {
+	b := newBackend(t, t.TempDir())
+	sb := Start(t, b, env)
+	ctx := ctxFor(t, 60*time.Second)
+	stream, err := sb.Proc.Start(ctx, connect.NewRequest(&agentv1.StartRequest{Process: &agentv1.ProcessConfig{
+		Args: []string{"sh"}, Pty: &agentv1.PtySize{Cols: 91, Rows: 27}, Tag: "term",
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() {
+		t.Fatalf("the terminal's process did not start: %v", stream.Err())
+	}
+	shm := "/dev/shm/dsec-conformance-" + string(sb.ID)
+	input := "stty size; tty; touch " + shm + " && rm " + shm + " && echo shm-ok; exit 3\n"
+	sel := &agentv1.ProcessSelector{Selector: &agentv1.ProcessSelector_Tag{Tag: "term"}}
+	if _, err := sb.Proc.SendInput(ctx, connect.NewRequest(&agentv1.SendInputRequest{Process: sel, Data: []byte(input)})); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	var code int32 = -1
+	for stream.Receive() {
+		if o := stream.Msg().Event.GetOutput(); o != nil {
+			out.Write(o.Data)
+		}
+		if e := stream.Msg().Event.GetExited(); e != nil {
+			code = e.ExitCode
+		}
+	}
+	if got := out.String(); !strings.Contains(got, "27 91") || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "shm-ok") || code != 3 {
+		t.Fatalf("terminal: output %q, exit %d; want its size, a /dev/pts name, shm-ok and exit 3 (%v)", got, code, stream.Err())
 	}
 }
 
