@@ -403,7 +403,7 @@ func (sb *Sandbox) Start(ctx context.Context, im *image.Image) error {
 		return err
 	}
 	if h.Restored {
-		sb.settings = settingsOf(bspec)
+		sb.settings, sb.guestNet = settingsOf(bspec), h.Network
 	}
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
 		return err

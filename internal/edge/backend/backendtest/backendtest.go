@@ -132,7 +132,9 @@ func StartSpec(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 	}
 	wait := WaitAgent
 	if h.Restored {
-		wait = func(ctx context.Context, b backend.Backend, link *agentlink.Link) error { return WaitCopy(ctx, link, spec, h) }
+		wait = func(ctx context.Context, b backend.Backend, link *agentlink.Link) error {
+			return WaitCopy(ctx, link, spec, h)
+		}
 	}
 	if err := wait(ctx, b, sb.Link); err != nil {
 		t.Fatalf("agent did not connect: %v", err)

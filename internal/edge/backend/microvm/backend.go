@@ -423,7 +423,11 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	b.mu.Lock()
 	b.boxes[spec.ID] = bx
 	b.mu.Unlock()
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: guest.Template != ""}, nil
+	h := &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: guest.Template != ""}
+	if h.Restored && gc.Net != nil {
+		h.Network = &backend.GuestNetwork{Address: gc.Net.Address, Gateway: gc.Net.Gateway, MAC: gc.Net.MAC}
+	}
+	return h, nil
 }
 
 func (b *Backend) get(id sandboxid.ID) (*box, error) {

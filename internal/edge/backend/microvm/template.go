@@ -26,14 +26,15 @@ import (
 // Template snapshots [ours; docs/design.md, "microvm backend"]. A guest
 // boots in seconds under TCG; a restore of a snapshot of a booted one
 // takes a fraction of that, which is how E2B and its peers create every
-// sandbox. The first create of an image and shape on a node (QEMU, no
-// network) boots a template guest with neutral settings (hostname
-// dsec-template, no environment), waits for its agent and snapshots it;
-// that create and every later one of the same key restore the template:
-// RAM mapped privately from its file (copies share the pages they do not
-// write), a sparse copy of its writable disk, and the sandbox's own
-// identity and settings as its agent's first request (the edge sends them,
-// Handle.Restored). The sandbox's own initramfs is written too, for a
+// sandbox. The first create of an image and shape on a node (QEMU) boots
+// a template guest with neutral settings (hostname dsec-template, no
+// environment; a guest with a NIC on a TAP that leads nowhere), waits for
+// its agent and snapshots it; that create and every later one of the same
+// key restore the template: its RAM copied into a shared file of the
+// sandbox's own (startFromTemplate says why not mapped), a sparse copy of
+// its writable disk, and the sandbox's own identity, settings and network
+// as its agent's first request (the edge sends them, Handle.Restored and
+// Handle.Network). The sandbox's own initramfs is written too, for a
 // later reboot. A template that does not restore is removed, the sandbox
 // boots, and the next create builds the template again; a template of
 // another QEMU, kernel, init or agent has another key.
@@ -46,15 +47,18 @@ const templateFormat = 1
 type templateShape struct {
 	Format int `json:"format"`
 	// Root is the node's root disk of the image (named by its layers).
-	Root     string  `json:"root"`
-	MemoryMB int     `json:"memory_mb"`
-	SMP      int     `json:"smp"`
-	DiskMB   int64   `json:"disk_mb"`
-	Pids     int64   `json:"pids,omitempty"`
-	NoFile   int64   `json:"nofile,omitempty"`
-	Accel    string  `json:"accel"`
-	CPU      string  `json:"cpu,omitempty"`
-	Files    []stamp `json:"files"` // QEMU, the kernel, modules, init and agent as they were
+	Root     string `json:"root"`
+	MemoryMB int    `json:"memory_mb"`
+	SMP      int    `json:"smp"`
+	DiskMB   int64  `json:"disk_mb"`
+	Pids     int64  `json:"pids,omitempty"`
+	NoFile   int64  `json:"nofile,omitempty"`
+	Accel    string `json:"accel"`
+	CPU      string `json:"cpu,omitempty"`
+	// Net: the guest has a NIC (its copies take their own address in
+	// their first request, as a fork's copies do).
+	Net   bool    `json:"net,omitempty"`
+	Files []stamp `json:"files"` // QEMU, the kernel, modules, init and agent as they were
 }
 
 // stamp is a file's identity as far as a template cares.
@@ -82,11 +86,11 @@ func (s templateShape) key() string {
 // templateShapeOf is the shape of a guest of spec on root disk root, and
 // whether a template serves it.
 func (b *Backend) templateShapeOf(spec *backend.Spec, root string, g Guest, diskMB int64) (templateShape, bool) {
-	if !b.templatesOn || spec.NetNS != "" || g.VMM != b.qemu.id() {
+	if !b.templatesOn || g.VMM != b.qemu.id() {
 		return templateShape{}, false
 	}
 	s := templateShape{Format: templateFormat, Root: root, MemoryMB: g.MemoryMB, SMP: max(g.SMP, 1), DiskMB: diskMB,
-		Pids: spec.Pids, NoFile: spec.NoFile, Accel: g.Accel, CPU: g.CPU}
+		Pids: spec.Pids, NoFile: spec.NoFile, Accel: g.Accel, CPU: g.CPU, Net: spec.NetNS != ""}
 	qemu, err := exec.LookPath(b.qemu.Binary)
 	if err != nil {
 		return s, false
@@ -136,7 +140,8 @@ func (t *templates) removeUnfinished() {
 	for _, ent := range ents {
 		if strings.HasPrefix(ent.Name(), ".build-") || strings.HasPrefix(ent.Name(), ".gone-") {
 			build := filepath.Join(t.dir, ent.Name())
-			os.Remove(buildMemFile(build)) //nolint:errcheck // may not exist
+			os.Remove(buildMemFile(build))                              //nolint:errcheck // may not exist
+			exec.Command("ip", "netns", "del", buildNetNS(build)).Run() //nolint:errcheck // most builds have none
 			if err := os.RemoveAll(build); err != nil {
 				t.log.Warn("unfinished template left", "dir", build, "err", err)
 			}
@@ -151,6 +156,17 @@ func buildMemFile(build string) string {
 	sum := sha256.Sum256([]byte(build))
 	return filepath.Join("/dev/shm", "opendsec-template."+hex.EncodeToString(sum[:8])+".mem")
 }
+
+// buildNetNS names the namespace a template guest with a NIC runs in
+// while it is made (a TAP that leads nowhere).
+func buildNetNS(build string) string {
+	sum := sha256.Sum256([]byte(build))
+	return "dsec-tpl-" + hex.EncodeToString(sum[:6])
+}
+
+// templateNet is the template guest's interface: an address of no
+// network, which every copy replaces with its own.
+var templateNet = GuestNet{Address: "10.255.255.2", Gateway: "10.255.255.1", MAC: "02:00:0a:ff:ff:02"}
 
 func (t *templates) lock(key string) *sync.Mutex {
 	t.mu.Lock()
@@ -233,6 +249,19 @@ func (t *templates) build(ctx context.Context, s templateShape, agentPath, dir s
 	if err != nil {
 		return err
 	}
+	if s.Net {
+		ns := buildNetNS(build)
+		if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
+			return fmt.Errorf("microvm: the template's namespace: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+		defer exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck // reported by the next start's cleanup if left
+		g.NetNS, g.MAC = "/run/netns/"+ns, templateNet.MAC
+		for _, args := range [][]string{{"ip", "tuntap", "add", "dev", guestTap, "mode", "tap"}, {"ip", "link", "set", guestTap, "up"}} {
+			if _, err := runIn(ctx, g.NetNS, args...); err != nil {
+				return fmt.Errorf("microvm: the template's TAP: %w", err)
+			}
+		}
+	}
 	// The agent's and monitor's sockets need a short path.
 	socks, err := os.MkdirTemp("", "dsec-tpl")
 	if err != nil {
@@ -288,10 +317,15 @@ func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, bui
 	if err != nil {
 		return Guest{}, err
 	}
-	cfg, _ := json.Marshal(GuestConfig{Hostname: "dsec-template", Pids: s.Pids, NoFile: s.NoFile})
+	gc := GuestConfig{Hostname: "dsec-template", Pids: s.Pids, NoFile: s.NoFile}
+	if s.Net {
+		n := templateNet
+		gc.Net = &n
+	}
+	cfg, _ := json.Marshal(gc)
 	initrd := filepath.Join(boot, "initrd.cpio")
 	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfg}}
-	if err := writeGuestInitramfs(initrd, t.q.Init, t.q.Modules, t.q.modules(false), extra); err != nil {
+	if err := writeGuestInitramfs(initrd, t.q.Init, t.q.Modules, t.q.modules(s.Net), extra); err != nil {
 		return Guest{}, err
 	}
 	rootDisk := filepath.Join(boot, "root.ext4")
@@ -308,8 +342,11 @@ func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, bui
 // stop), at low CPU priority beside the node's sandboxes.
 func (t *templates) start(bx *box, g Guest) (stop func(), err error) {
 	runtime.LockOSThread()
-	argv := append(t.q.Args(g), "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile())
-	cmd := exec.Command(t.q.Binary, argv...)
+	argv := append(append([]string{t.q.Binary}, t.q.Args(g)...), "-qmp", "unix:"+bx.qmpSock()+",server=on,wait=off", "-pidfile", bx.pidFile())
+	if g.NetNS != "" {
+		argv = inNetNS(g.NetNS, argv...) // nsenter execs QEMU: the same process
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		runtime.UnlockOSThread()

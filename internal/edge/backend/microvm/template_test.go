@@ -55,9 +55,9 @@ func TestTemplatesOption(t *testing.T) {
 	}
 }
 
-// Guests with a network, on Firecracker, or on a backend with templates
-// off boot.
-func TestTemplateShapeOnlyForQEMUWithoutNetwork(t *testing.T) {
+// Guests on Firecracker, or on a backend with templates off, boot; a guest
+// with a NIC has templates of its own.
+func TestTemplateShapeOnlyForQEMU(t *testing.T) {
 	dir := t.TempDir()
 	file := func(name string) string {
 		p := filepath.Join(dir, name)
@@ -68,16 +68,19 @@ func TestTemplateShapeOnlyForQEMUWithoutNetwork(t *testing.T) {
 	spec := &backend.Spec{AgentPath: file("aether"), Resources: backend.Resources{MemoryMB: 256}}
 	g := Guest{MemoryMB: 256, SMP: 1, Accel: "tcg"}
 	root := file("root.ext4")
-	if _, ok := b.templateShapeOf(spec, root, g, 1024); !ok {
+	plain, ok := b.templateShapeOf(spec, root, g, 1024)
+	if !ok {
 		t.Fatal("a QEMU guest without a network has no template shape")
 	}
 	withNet := *spec
 	withNet.NetNS = "/run/netns/x"
+	if s, ok := b.templateShapeOf(&withNet, root, g, 1024); !ok || !s.Net || s.key() == plain.key() {
+		t.Fatalf("a QEMU guest with a network: shape %+v, %v; want one of its own", s, ok)
+	}
 	fc := g
 	fc.VMM = vmmFirecracker
 	off := &Backend{qemu: b.qemu}
 	for name, ok := range map[string]bool{
-		"with a network": func() bool { _, ok := b.templateShapeOf(&withNet, root, g, 1024); return ok }(),
 		"on Firecracker": func() bool { _, ok := b.templateShapeOf(spec, root, fc, 1024); return ok }(),
 		"templates off":  func() bool { _, ok := off.templateShapeOf(spec, root, g, 1024); return ok }(),
 		"agent missing": func() bool {
