@@ -30,6 +30,7 @@ var allowedDeps = struct{ modules, ours []string }{
 		"internal/chronus",
 		"internal/errdefs",
 		"internal/filemeta",
+		"internal/guestnet",
 		"internal/headers",
 		"internal/logging",
 		"internal/rpcopts",
