@@ -11,23 +11,30 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxnet"
 )
 
-// The guest's network setup, run in a network namespace of the test's
-// own: the NIC with the given MAC comes up with its /32 address, a link
-// route to the gateway and the default route through it, as the host's
-// sandbox network gives them to a container.
-func TestNetConfigApplies(t *testing.T) {
+// testNetNS makes the network namespace name for the test (root and
+// iproute2 needed), removed at its end.
+func testNetNS(t *testing.T, name string) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (a network namespace)")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs ip (iproute2)")
 	}
-	ns := "dsect-vminit-net"
-	exec.Command("ip", "netns", "del", ns).Run()
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+	exec.Command("ip", "netns", "del", name).Run()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	return name
+}
+
+// The guest's network setup, run in a network namespace of the test's
+// own: the NIC with the given MAC comes up with its /32 address, a link
+// route to the gateway and the default route through it, as the host's
+// sandbox network gives them to a container.
+func TestNetConfigApplies(t *testing.T) {
+	ns := testNetNS(t, "dsect-vminit-net")
 	if out, err := exec.Command("ip", "-n", ns, "link", "add", "eth7", "address", "02:00:0a:40:00:05", "type", "veth", "peer", "name", "peer7").CombinedOutput(); err != nil {
 		t.Fatalf("veth: %v: %s", err, out)
 	}
@@ -90,18 +97,7 @@ func TestNetConfigApplies(t *testing.T) {
 // A restored copy's NIC, configured as its source's, takes its own MAC,
 // address and routes; its source's address goes.
 func TestReaddressTakesTheCopysNetwork(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (a network namespace)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs ip (iproute2)")
-	}
-	ns := "dsect-guestnet-copy"
-	exec.Command("ip", "netns", "del", ns).Run()
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testNetNS(t, "dsect-guestnet-copy")
 	// One NIC in the namespace, as in a guest: the veth's peer leaves.
 	for _, args := range [][]string{
 		{"-n", ns, "link", "add", "eth0", "address", "02:00:0a:40:00:05", "type", "veth", "peer", "name", "dsectpeer"},

@@ -313,18 +313,23 @@ func TestGuestNetwork(t *testing.T) {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	for _, ns := range []string{sbNS, peerNS} {
+	sh("netns", "add", peerNS)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", peerNS).Run() })
+	// sandboxNS makes a sandbox's namespace as the edge's sandbox network
+	// does: eth0 with addr, joined to the peer by gw, the gateway 10.99.0.1.
+	sandboxNS := func(ns, gw, addr string) {
 		sh("netns", "add", ns)
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		sh("-n", peerNS, "link", "add", gw, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		sh("-n", peerNS, "addr", "add", "10.99.0.1/32", "dev", gw)
+		sh("-n", peerNS, "link", "set", gw, "up")
+		sh("-n", peerNS, "route", "add", addr+"/32", "dev", gw)
+		sh("-n", ns, "addr", "add", addr+"/32", "dev", "eth0")
+		sh("-n", ns, "link", "set", "eth0", "up")
+		sh("-n", ns, "route", "add", "10.99.0.1/32", "dev", "eth0")
+		sh("-n", ns, "route", "add", "default", "via", "10.99.0.1")
 	}
-	sh("-n", peerNS, "link", "add", "gw0", "type", "veth", "peer", "name", "eth0", "netns", sbNS)
-	sh("-n", peerNS, "addr", "add", "10.99.0.1/32", "dev", "gw0")
-	sh("-n", peerNS, "link", "set", "gw0", "up")
-	sh("-n", peerNS, "route", "add", "10.99.0.2/32", "dev", "gw0")
-	sh("-n", sbNS, "addr", "add", "10.99.0.2/32", "dev", "eth0")
-	sh("-n", sbNS, "link", "set", "eth0", "up")
-	sh("-n", sbNS, "route", "add", "10.99.0.1/32", "dev", "eth0")
-	sh("-n", sbNS, "route", "add", "default", "via", "10.99.0.1")
+	sandboxNS(sbNS, "gw0", "10.99.0.2")
 	var ln net.Listener
 	if err := sandboxnet.InNetNS("/run/netns/"+peerNS, func() (err error) {
 		ln, err = net.Listen("tcp", "10.99.0.1:8080")
@@ -369,16 +374,7 @@ func TestGuestNetwork(t *testing.T) {
 	// same gateway) takes its own address and reaches the peer; the source
 	// keeps its own.
 	copyNS := "dsect-vmcopy-" + randSuffix()
-	sh("netns", "add", copyNS)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", copyNS).Run() })
-	sh("-n", peerNS, "link", "add", "gw1", "type", "veth", "peer", "name", "eth0", "netns", copyNS)
-	sh("-n", peerNS, "addr", "add", "10.99.0.1/32", "dev", "gw1")
-	sh("-n", peerNS, "link", "set", "gw1", "up")
-	sh("-n", peerNS, "route", "add", "10.99.0.3/32", "dev", "gw1")
-	sh("-n", copyNS, "addr", "add", "10.99.0.3/32", "dev", "eth0")
-	sh("-n", copyNS, "link", "set", "eth0", "up")
-	sh("-n", copyNS, "route", "add", "10.99.0.1/32", "dev", "eth0")
-	sh("-n", copyNS, "route", "add", "default", "via", "10.99.0.1")
+	sandboxNS(copyNS, "gw1", "10.99.0.3")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("aaaaaaaa"), Dir: t.TempDir()}
