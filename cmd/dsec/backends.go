@@ -27,6 +27,7 @@ type backendFlags struct {
 	runtime, platform, runscNet *string
 	newerFor                    *string
 	guest, vmInit, firecracker  *string
+	templates                   *string
 	cgroupParent                *string
 }
 
@@ -39,6 +40,7 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 		guest:        fs.String("microvm-guest", "", "directory of the microvm backend's guest kernel (default: .cache/guest of the tree dsec was built in; scripts/guest-kernel.sh fills it)"),
 		vmInit:       fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
 		cgroupParent: fs.String("cgroup-parent", "", "the sandboxes' parent cgroup, a path from the cgroup root (default /opendsec; under systemd the edge unit's delegated subtree, as deploy/quickstart.sh sets it)"),
+		templates:    fs.String("microvm-templates", "on", "\"on\": a node boots the first microVM of an image and shape once, snapshots it and creates every later one by restoring that snapshot (a fifth of a boot's time under TCG); \"off\": every microVM boots"),
 		firecracker:  fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries before QEMU: its probe boot decides (make deps fetches one into .cache/firecracker; default: none)"),
 	}
 }
@@ -72,6 +74,7 @@ func (f *backendFlags) options(name string) map[string]string {
 				o[k], _ = filepath.Abs(v)
 			}
 		}
+		o["templates"] = *f.templates
 	default:
 		return o
 	}

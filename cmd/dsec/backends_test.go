@@ -17,7 +17,7 @@ import (
 func TestEveryBackendTakesItsFlags(t *testing.T) {
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	bf := addBackendFlags(fs)
-	if err := fs.Parse([]string{"--cgroup-parent", "/opendsec.slice", "--microvm-firecracker", "/usr/bin/firecracker", "--gvisor-runsc-network", "none"}); err != nil {
+	if err := fs.Parse([]string{"--cgroup-parent", "/opendsec.slice", "--microvm-firecracker", "/usr/bin/firecracker", "--gvisor-runsc-network", "none", "--microvm-templates", "off"}); err != nil {
 		t.Fatal(err)
 	}
 	into := map[string]any{container.Name: &container.Options{}, gvisor.Name: &gvisor.Options{}, microvm.Name: &microvm.Options{}}
@@ -38,7 +38,7 @@ func TestEveryBackendTakesItsFlags(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if o := into[microvm.Name].(*microvm.Options); o.Firecracker != "/usr/bin/firecracker" || o.Init == "" {
+	if o := into[microvm.Name].(*microvm.Options); o.Firecracker != "/usr/bin/firecracker" || o.Init == "" || o.Templates != "off" {
 		t.Errorf("microvm options %+v", o)
 	}
 }
