@@ -180,9 +180,9 @@ func (t *templates) lock(key string) *sync.Mutex {
 }
 
 // get returns the directory of shape's template, built first if there is
-// none (creates of one key wait for one build). "" without an error: no
-// template now (its build failed lately); the caller boots.
-// Its guest has wait to answer.
+// none (creates of one key wait for one build, whose guest has wait to
+// answer). "": no template now (its build failed lately); the caller
+// boots.
 func (t *templates) get(ctx context.Context, s templateShape, agentPath string, wait time.Duration) string {
 	key := s.key()
 	l := t.lock(key)
