@@ -124,8 +124,13 @@ func (l *Link) acceptLoop(ln net.Listener) {
 	}
 }
 
-// take makes c, a connection from the agent, the current one.
+// take makes c, a connection from the agent, the current one. A VM's
+// (a link without authentication) starts at the agent's first SETTINGS
+// frame (stale.go).
 func (l *Link) take(c net.Conn) {
+	if l.auth == nil {
+		c = &staleSkippingConn{Conn: c}
+	}
 	ac, err := newAgentConn(c)
 	if err != nil {
 		l.log.Warn("agent connection setup failed", logging.Error, err)
@@ -383,8 +388,8 @@ func (l *Link) Detach(ctx context.Context) error {
 	if cur == nil {
 		return nil
 	}
-	if uc, ok := cur.raw.Conn.(*net.UnixConn); ok {
-		uc.CloseWrite()
+	if hc, ok := cur.raw.Conn.(interface{ CloseWrite() error }); ok {
+		hc.CloseWrite()
 	}
 	// The HTTP/2 client reads continuously, so EOF is seen as soon as the
 	// agent closes.
