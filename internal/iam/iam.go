@@ -76,6 +76,14 @@ type Service struct {
 	// to its answer; handOff takes it to set handingOff, so no change
 	// passes the check and enters the log after the hand-off began.
 	applying sync.RWMutex
+	// requests counts the request connections being answered; once
+	// draining is set (Close) new ones are told "not the leader" and Close
+	// waits for these, so a stopping replica answers what it took instead
+	// of ending it with the connection (EOF: the sender cannot tell
+	// whether it ran).
+	reqMu    sync.Mutex
+	requests sync.WaitGroup
+	draining bool // guarded by reqMu
 }
 
 // Principal is an authenticated caller.
@@ -162,6 +170,7 @@ func (s *Service) Addr() string { return string(s.trans.LocalAddr()) }
 // Close stops the replica.
 func (s *Service) Close() error {
 	s.handOff()
+	s.drainRequests(10 * time.Second)
 	s.stats.stop(s.raft)
 	err := s.raft.Shutdown().Error()
 	s.trans.Close()

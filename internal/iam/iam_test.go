@@ -376,3 +376,38 @@ func TestAStoppingLeaderHandsOverWithoutFailingWrites(t *testing.T) {
 	}
 	t.Logf("%d writes, none failed, while the leader handed over and stopped", writes)
 }
+
+// A stopping replica answers the requests it took before it goes, and
+// sends new ones to the leader ("not the leader") instead of ending them
+// with its connection: their senders cannot tell an EOF from a change
+// made (an upgrade of the leader lost a create so).
+func TestStoppingReplicaAnswersWhatItTook(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	s := open(t, ca, dir, "iam-1", true, true)
+	defer s.Close()
+	s.requests.Add(1) // a request being answered
+	drained := make(chan struct{})
+	go func() { s.drainRequests(10 * time.Second); close(drained) }()
+	select {
+	case <-drained:
+		t.Fatal("the drain did not wait for the request being answered")
+	case <-time.After(100 * time.Millisecond):
+	}
+	client, server := net.Pipe()
+	go s.serveRequest(server, bufio.NewReader(server))
+	client.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck // a pipe
+	if err := writeFrame(client, byte(opStatus), nil); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, err := readFrame(client); err != nil || byte(code) != codeNotLeader {
+		t.Fatalf("a request while draining: code %d, %v; want not-the-leader", code, err)
+	}
+	client.Close()
+	s.requests.Done()
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not end once the request was answered")
+	}
+}

@@ -85,6 +85,15 @@ func (s *Service) serveRequest(c net.Conn, br *bufio.Reader) {
 	if err != nil {
 		return
 	}
+	s.reqMu.Lock()
+	if s.draining {
+		s.reqMu.Unlock()
+		writeFrame(c, codeNotLeader, nil) //nolint:errcheck // the sender went away
+		return
+	}
+	s.requests.Add(1)
+	s.reqMu.Unlock()
+	defer s.requests.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out []byte
@@ -100,6 +109,21 @@ func (s *Service) serveRequest(c net.Conn, br *bufio.Reader) {
 		code, out = byte(errdefs.Code(err)), []byte(err.Error())
 	}
 	writeFrame(c, code, out) //nolint:errcheck // the sender went away
+}
+
+// drainRequests makes new requests go elsewhere ("not the leader": their
+// senders try the leader) and waits up to wait for those being answered.
+func (s *Service) drainRequests(wait time.Duration) {
+	s.reqMu.Lock()
+	s.draining = true
+	s.reqMu.Unlock()
+	done := make(chan struct{})
+	go func() { s.requests.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(wait):
+		s.log.Warn("stopping with requests unanswered", "after", wait)
+	}
 }
 
 // peerRole is the role in the certificate the peer of c presented.
@@ -237,7 +261,7 @@ func sendRequest(ctx context.Context, addr string, client *tls.Config, op reques
 	}
 	code, out, err := readFrame(bufio.NewReader(c))
 	if err != nil {
-		return nil, fmt.Errorf("iam replica %s: %w", addr, err)
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "iam replica %s: its answer was lost (a change may or may not have been made)", addr)
 	}
 	switch byte(code) {
 	case codeOK:
