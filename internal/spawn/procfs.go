@@ -14,6 +14,9 @@ type ProcStat struct {
 	PGID  int
 	State string
 	RSS   int64 // pages
+	// CPUTicks is its user and system time (utime + stime), in clock ticks
+	// (USER_HZ).
+	CPUTicks uint64
 }
 
 // ReadStat parses /proc/PID/stat. The command name may contain spaces and
@@ -38,7 +41,15 @@ func parseStat(pid int, data []byte) (ProcStat, bool) {
 	ppid, _ := strconv.Atoi(f[1])
 	pgid, _ := strconv.Atoi(f[2])
 	rss, _ := strconv.ParseInt(f[21], 10, 64)
-	return ProcStat{PID: pid, PPID: ppid, PGID: pgid, State: f[0], RSS: rss}, true
+	utime, err := strconv.ParseUint(f[11], 10, 64)
+	if err != nil {
+		return ProcStat{}, false
+	}
+	stime, err := strconv.ParseUint(f[12], 10, 64)
+	if err != nil {
+		return ProcStat{}, false
+	}
+	return ProcStat{PID: pid, PPID: ppid, PGID: pgid, State: f[0], RSS: rss, CPUTicks: utime + stime}, true
 }
 
 // Pids lists the numeric entries of /proc.
