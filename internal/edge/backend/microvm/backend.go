@@ -103,9 +103,9 @@ type Options struct {
 	Firecracker string `option:"firecracker"`
 	// CgroupParent is the VMMs' parent cgroup (oci.Cgroups).
 	CgroupParent string `option:"cgroup-parent"`
-	// Templates: "on" (the default) creates QEMU guests without a network
-	// by restoring a snapshot of a booted guest of their image and shape
-	// (template.go); "off" boots every guest.
+	// Templates: "on" (the default) creates QEMU guests by restoring a
+	// snapshot of a booted guest of their image and shape (template.go);
+	// "off" boots every guest.
 	Templates string `option:"templates"`
 	// RootStore is where root disks shared by every node are kept
 	// (sharedroot.go; the image store's blobs/vm-root). Empty: each node
@@ -424,8 +424,8 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	b.boxes[spec.ID] = bx
 	b.mu.Unlock()
 	h := &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: guest.Template != ""}
-	if h.Restored && gc.Net != nil {
-		h.Network = &backend.GuestNetwork{Address: gc.Net.Address, Gateway: gc.Net.Gateway, MAC: gc.Net.MAC}
+	if h.Restored {
+		h.Network = gc.Net
 	}
 	return h, nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+
+	"github.com/opendsec/opendsec/internal/edge/backend"
 )
 
 // A microvm sandbox's network [ours]. The edge gives the sandbox a network
@@ -20,13 +22,10 @@ import (
 // not change, so policies, the DNS proxy and port forwarding work as for
 // the other backends.
 
-// GuestNet is the guest's network interface, in the guest's config
-// (cmd/dsec-vminit's netConfig).
-type GuestNet struct {
-	Address string `json:"address"`
-	Gateway string `json:"gateway"`
-	MAC     string `json:"mac"`
-}
+// GuestNet is the guest's network interface, in the guest's config (read
+// there as guestnet.Config) and in a restored copy's handle, which the
+// edge sends to its agent.
+type GuestNet = backend.GuestNetwork
 
 // NetModules are the modules a guest with a NIC loads after ModuleOrder's.
 var NetModules = []string{"failover", "net_failover", "virtio_net"}

@@ -164,15 +164,14 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err != nil {
 		return nil, errdefs.NotFound("snapshot %s: no guest description: %v", ref.ID, err)
 	}
-	var nic *backend.GuestNetwork
+	var nic *GuestNet
 	switch {
 	case spec.NetNS != "" && g.NetNS != "":
 		n, err := readGuestNet(ctx, spec.NetNS)
 		if err != nil {
 			return nil, err
 		}
-		g.NetNS, g.MAC = spec.NetNS, n.MAC
-		nic = &backend.GuestNetwork{Address: n.Address, Gateway: n.Gateway, MAC: n.MAC}
+		g.NetNS, g.MAC, nic = spec.NetNS, n.MAC, &n
 	case spec.NetNS != "":
 		return nil, errdefs.FailedPrecondition("microvm: snapshot %s is of a guest without a network interface; a copy cannot have one", ref.ID)
 	case g.NetNS != "":
