@@ -249,13 +249,11 @@ func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
 
 func (b *Backend) launch(bx *box) {
 	env := map[string]string{}
+	spec := bx.spec.Env
 	if bx.template {
-		env["PATH"] = os.Getenv("PATH")
+		env["PATH"], spec = os.Getenv("PATH"), nil
 	}
-	for _, kv := range bx.spec.Env {
-		if bx.template {
-			break
-		}
+	for _, kv := range spec {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}

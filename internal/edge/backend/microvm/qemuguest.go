@@ -127,17 +127,15 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 // A guest whose RAM is already a shared file of its own holding the
 // snapshot's (a template copy: the caller copied it) keeps that file.
 func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
-	ramFile := filepath.Join(ref.Dir, "mem")
-	_, err := os.Stat(ramFile)
-	inStream := errors.Is(err, os.ErrNotExist)
-	ownRAM := g.MemShared && g.MemFile != ""
-	switch {
-	case ownRAM:
-		inStream = false
-	case inStream:
-		g.MemFile, g.MemShared = memFile(sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))), true
-	default:
-		g.MemFile, g.MemShared = ramFile, false
+	ownRAM, inStream := g.MemShared && g.MemFile != "", false
+	if !ownRAM {
+		ramFile := filepath.Join(ref.Dir, "mem")
+		_, err := os.Stat(ramFile)
+		if inStream = errors.Is(err, os.ErrNotExist); inStream {
+			g.MemFile, g.MemShared = memFile(sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))), true
+		} else {
+			g.MemFile, g.MemShared = ramFile, false
+		}
 	}
 	g.Incoming = true
 	if err := bx.saveGuest(g); err != nil {
