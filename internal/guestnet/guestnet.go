@@ -30,14 +30,10 @@ func UpLoopback() error { return linkUp("lo") }
 // Apply configures the NIC: up, the address, a route to the gateway on
 // the link, and the default route through it.
 func (n *Config) Apply() error {
-	addr, err := netip.ParseAddr(n.Address)
-	if err != nil || !addr.Is4() {
-		return fmt.Errorf("network: address %q: want IPv4", n.Address)
+	if err := n.Check(); err != nil {
+		return err
 	}
-	gw, err := netip.ParseAddr(n.Gateway)
-	if err != nil || !gw.Is4() {
-		return fmt.Errorf("network: gateway %q: want IPv4", n.Gateway)
-	}
+	addr, gw := netip.MustParseAddr(n.Address), netip.MustParseAddr(n.Gateway)
 	ifc, err := interfaceByMAC(n.MAC)
 	if err != nil {
 		return err
@@ -139,12 +135,13 @@ func attr(typ uint16, data []byte) []byte {
 	return b
 }
 
-// message is a netlink request: header, body and attributes (the header's
-// length and sequence are filled by netlinkDo).
-func message(typ uint16, body []byte, attrs ...[]byte) []byte {
+// message is a netlink request: header with flags (beside
+// NLM_F_REQUEST|NLM_F_ACK), body and attributes (the header's length and
+// sequence are filled by netlinkDo).
+func message(typ, flags uint16, body []byte, attrs ...[]byte) []byte {
 	b := make([]byte, unix.SizeofNlMsghdr, 64)
 	binary.NativeEndian.PutUint16(b[4:], typ)
-	binary.NativeEndian.PutUint16(b[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	binary.NativeEndian.PutUint16(b[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK|flags)
 	b = append(b, body...)
 	for _, a := range attrs {
 		b = append(b, a...)
@@ -159,7 +156,7 @@ func newAddrMsg(idx uint32, addr [4]byte) []byte {
 	body[1] = 32 // prefix length
 	body[3] = unix.RT_SCOPE_UNIVERSE
 	binary.NativeEndian.PutUint32(body[4:], idx)
-	return message(unix.RTM_NEWADDR, body, attr(unix.IFA_LOCAL, addr[:]), attr(unix.IFA_ADDRESS, addr[:]))
+	return message(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, body, attr(unix.IFA_LOCAL, addr[:]), attr(unix.IFA_ADDRESS, addr[:]))
 }
 
 // newRouteMsg is RTM_NEWROUTE in the main table out of interface idx: to
@@ -184,7 +181,7 @@ func newRouteMsg(idx uint32, dst []byte, dstLen byte, gw []byte) []byte {
 	if gw != nil {
 		attrs = append(attrs, attr(unix.RTA_GATEWAY, gw))
 	}
-	return message(unix.RTM_NEWROUTE, body, attrs...)
+	return message(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, body, attrs...)
 }
 
 // netlinkDo sends msg with sequence seq and reads the kernel's ack.

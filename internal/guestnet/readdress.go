@@ -93,9 +93,7 @@ func setLinkAddrMsg(idx uint32, mac net.HardwareAddr) []byte {
 	body := make([]byte, unix.SizeofIfInfomsg)
 	body[0] = unix.AF_UNSPEC
 	binary.NativeEndian.PutUint32(body[4:], idx)
-	m := message(unix.RTM_SETLINK, body, attr(unix.IFLA_ADDRESS, mac))
-	binary.NativeEndian.PutUint16(m[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	return m
+	return message(unix.RTM_SETLINK, 0, body, attr(unix.IFLA_ADDRESS, mac))
 }
 
 // delAddrMsg is RTM_DELADDR of p on interface idx.
@@ -105,7 +103,5 @@ func delAddrMsg(idx uint32, p netip.Prefix) []byte {
 	body[1] = byte(p.Bits())
 	binary.NativeEndian.PutUint32(body[4:], idx)
 	a := p.Addr().As4()
-	m := message(unix.RTM_DELADDR, body, attr(unix.IFA_LOCAL, a[:]))
-	binary.NativeEndian.PutUint16(m[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	return m
+	return message(unix.RTM_DELADDR, 0, body, attr(unix.IFA_LOCAL, a[:]))
 }
