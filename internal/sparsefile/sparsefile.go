@@ -20,26 +20,13 @@ import (
 // where the file system has them (dst then shares src's blocks until
 // written).
 func Copy(ctx context.Context, src, dst string, parts int) error {
-	in, err := os.Open(src)
+	fill, err := Prepare(src, dst)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	fi, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	err = copyInto(ctx, in, out, fi.Size(), parts)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := fill(ctx, parts); err != nil {
 		os.Remove(dst)
-		return fmt.Errorf("copy %s: %w", src, err)
+		return err
 	}
 	return nil
 }
@@ -55,27 +42,31 @@ func Prepare(src, dst string) (fill func(ctx context.Context, parts int) error, 
 		return nil, err
 	}
 	fi, err := in.Stat()
+	var out *os.File
 	if err == nil {
-		var out *os.File
-		if out, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600); err == nil {
-			if err = out.Truncate(fi.Size()); err == nil {
-				return func(ctx context.Context, parts int) error {
-					defer in.Close()
-					err := copyInto(ctx, in, out, fi.Size(), parts)
-					if cerr := out.Close(); err == nil {
-						err = cerr
-					}
-					if err != nil {
-						return fmt.Errorf("copy %s: %w", src, err)
-					}
-					return nil
-				}, nil
+		out, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err == nil {
+			if err = out.Truncate(fi.Size()); err != nil {
+				out.Close()
+				os.Remove(dst)
 			}
-			out.Close()
 		}
 	}
-	in.Close()
-	return nil, err
+	if err != nil {
+		in.Close()
+		return nil, fmt.Errorf("copy %s: %w", src, err)
+	}
+	return func(ctx context.Context, parts int) error {
+		defer in.Close()
+		err := copyInto(ctx, in, out, fi.Size(), parts)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
+		return nil
+	}, nil
 }
 
 func copyInto(ctx context.Context, in, out *os.File, size int64, parts int) error {
