@@ -160,9 +160,12 @@ func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.Snapsh
 		return fail(err)
 	}
 	if _, err := m.call("migrate-incoming", map[string]any{"uri": "exec:cat " + filepath.Join(ref.Dir, "state")}); err != nil {
-		return fail(err)
+		return fail(&loadError{err})
 	}
 	if err := waitMigration(ctx, m); err != nil {
+		if ctx.Err() == nil {
+			err = &loadError{err}
+		}
 		return fail(err)
 	}
 	if _, err := m.call("cont", nil); err != nil {

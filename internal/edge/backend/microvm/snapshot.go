@@ -106,6 +106,14 @@ func agentLeft(ctx context.Context, q *qmpConn, wait time.Duration) bool {
 }
 
 // waitMigration polls the session until its QEMU's migration completed.
+// loadError is a snapshot's state that did not load: its incoming
+// migration failed, or QEMU ended (as it does on a stream it cannot read)
+// while loading it.
+type loadError struct{ err error }
+
+func (e *loadError) Error() string { return e.err.Error() }
+func (e *loadError) Unwrap() error { return e.err }
+
 func waitMigration(ctx context.Context, q *qmpConn) error {
 	for {
 		out, err := q.call("query-migrate", nil)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -274,7 +275,8 @@ func (b *Backend) templateWait() time.Duration {
 // startFromTemplate starts g, a new guest, by restoring its template, with
 // the template's initramfs (QEMU checks the devices' state against its
 // own); the description it keeps names the guest's own, for a reboot. A
-// template that does not restore is removed and the guest boots.
+// guest that does not restore boots; its template is removed when the
+// fault is the template's (templateFault).
 //
 // Its RAM is a shared file of its own, a copy of the template's (the
 // touched pages only), not a private mapping of the template's: its
@@ -306,11 +308,25 @@ func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error
 	if ctx.Err() != nil {
 		return err
 	}
-	b.tpl.discard(tpl, err)
+	if templateFault(err) {
+		b.tpl.discard(tpl, err)
+	} else {
+		b.log.Warn("not restored from its template; the sandbox boots", "dir", bx.Dir, "template", filepath.Base(tpl), "err", err)
+	}
 	if err := bx.saveGuest(own); err != nil {
 		return err
 	}
 	return b.launch(ctx, bx, own)
+}
+
+// templateFault says whether err, a failed restore of a template, is the
+// template's fault: its state did not load or one of its files is gone.
+// Anything else (QEMU did not start, the host refused a limit) leaves the
+// template to the next create: under a burst, one sandbox's trouble would
+// otherwise have every other create build it again.
+func templateFault(err error) bool {
+	var load *loadError
+	return errors.As(err, &load) || errors.Is(err, fs.ErrNotExist)
 }
 
 // fileBlocks is the disk space one file takes.

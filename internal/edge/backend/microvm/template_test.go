@@ -3,6 +3,7 @@ package microvm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -15,6 +16,26 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
+
+// Only a template's own fault has it removed: a state that did not load, a
+// file that is gone; not a QEMU that did not start or a limit refused.
+func TestTemplateFault(t *testing.T) {
+	_, missing := os.Open(filepath.Join(t.TempDir(), "mem"))
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("restore: %w", &loadError{errors.New("microvm: migration failed: load of migration failed: Invalid argument")}), true},
+		{fmt.Errorf("copy: %w", missing), true},
+		{errors.New("microvm: qemu exited: Could not allocate memory"), false},
+		{errdefs.ResourceExhausted("cpu limit"), false},
+		{context.Canceled, false},
+	} {
+		if got := templateFault(c.err); got != c.want {
+			t.Errorf("templateFault(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
 
 // Every field of a shape names another template.
 func TestTemplateKeyCoversTheShape(t *testing.T) {
