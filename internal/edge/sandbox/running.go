@@ -6,17 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
-	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
-	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/identity"
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 )
@@ -106,34 +102,14 @@ var errIdentity = errors.New("identity refused")
 // setIdentity sends a copy its identity and says whether the agent
 // answered (its refusal is an answer, and wraps errIdentity).
 func (sb *Sandbox) setIdentity(ctx context.Context) (bool, error) {
-	entropy := make([]byte, 64)
-	rand.Read(entropy) //nolint:errcheck // crypto/rand does not fail on Linux
-	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: sb.link}, "http://agent")
-	req := &agentv1.SetIdentityRequest{Hostname: string(sb.id), MachineId: newMachineID(), Entropy: entropy, Settings: sb.settings}
-	if n := sb.guestNet; n != nil {
-		req.Network = &agentv1.GuestNetwork{Address: n.Address, Gateway: n.Gateway, Mac: n.MAC}
-	}
-	_, err := c.SetIdentity(ctx, connect.NewRequest(req))
-	if err == nil {
+	answered, err := identity.Set(ctx, sb.link, identity.Request(string(sb.id), sb.settings, sb.guestNet))
+	switch {
+	case err == nil:
 		return true, nil
-	}
-	if code := connect.CodeOf(err); code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded && code != connect.CodeCanceled && code != connect.CodeUnknown {
+	case answered:
 		return true, fmt.Errorf("set identity of %s: %w: %w", sb.id, errIdentity, errdefs.FromConnect(err))
 	}
 	return false, fmt.Errorf("set identity of %s: %w", sb.id, errdefs.FromConnect(err))
-}
-
-// settingsOf is what a sandbox made from a template takes from spec in
-// its first request.
-func settingsOf(spec *backend.Spec) *agentv1.SandboxSettings {
-	st := &agentv1.SandboxSettings{Env: spec.Env, WorkDir: spec.WorkDir}
-	if data, err := os.ReadFile(spec.HostsFile); err == nil {
-		st.Hosts = string(data)
-	}
-	if data, err := os.ReadFile(spec.ResolvConf); err == nil {
-		st.ResolvConf = string(data)
-	}
-	return st
 }
 
 // identityCall is setIdentity as WaitServingWith's first request.

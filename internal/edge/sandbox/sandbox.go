@@ -26,6 +26,7 @@ import (
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/identity"
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -403,7 +404,7 @@ func (sb *Sandbox) Start(ctx context.Context, im *image.Image) error {
 		return err
 	}
 	if h.Restored {
-		sb.settings, sb.guestNet = settingsOf(bspec), h.Network
+		sb.settings, sb.guestNet = identity.Settings(bspec), h.Network
 	}
 	if err := sb.be.Start(ctx, rec.ID); err != nil {
 		return err

@@ -5,8 +5,6 @@ package backendtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -22,6 +20,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/identity"
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
@@ -147,34 +146,12 @@ func StartSpec(t *testing.T, b backend.Backend, spec *backend.Spec) *Sandbox {
 // request is its identity, with spec's settings for a template's copy and
 // its network where h names one.
 func WaitCopy(ctx context.Context, link *agentlink.Link, spec *backend.Spec, h *backend.Handle) error {
-	machineID := make([]byte, 16)
-	rand.Read(machineID) //nolint:errcheck // crypto/rand does not fail on Linux
-	req := &agentv1.SetIdentityRequest{Hostname: spec.Hostname, MachineId: hex.EncodeToString(machineID)}
+	var settings *agentv1.SandboxSettings
 	if h.Restored {
-		st := &agentv1.SandboxSettings{Env: spec.Env, WorkDir: spec.WorkDir}
-		if data, err := os.ReadFile(spec.HostsFile); err == nil {
-			st.Hosts = string(data)
-		}
-		if data, err := os.ReadFile(spec.ResolvConf); err == nil {
-			st.ResolvConf = string(data)
-		}
-		req.Settings = st
+		settings = identity.Settings(spec)
 	}
-	if n := h.Network; n != nil {
-		req.Network = &agentv1.GuestNetwork{Address: n.Address, Gateway: n.Gateway, Mac: n.MAC}
-	}
-	c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: link}, "http://agent")
-	return link.WaitServingWith(ctx, func(try context.Context) (bool, error) {
-		_, err := c.SetIdentity(try, connect.NewRequest(req))
-		if err == nil {
-			return true, nil
-		}
-		switch connect.CodeOf(err) {
-		case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
-			return false, err
-		}
-		return true, err
-	})
+	req := identity.Request(spec.Hostname, settings, h.Network)
+	return link.WaitServingWith(ctx, func(try context.Context) (bool, error) { return identity.Set(try, link, req) })
 }
 
 // WaitAgent waits for the agent as the edge does: for its connection, or,
