@@ -347,6 +347,33 @@ type GuestConfig struct {
 	NoFile int64 `json:"nofile,omitempty"`
 }
 
+// guestConfig is the settings of spec's guest, with nic its network
+// interface (nil: none), as its /dsec/config.json.
+func guestConfig(spec *backend.Spec, nic *GuestNet) []byte {
+	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, WorkDir: spec.WorkDir, MachineID: spec.MachineID, Pids: spec.Pids, NoFile: spec.NoFile, Net: nic}
+	if spec.HostsFile != "" {
+		data, _ := os.ReadFile(spec.HostsFile)
+		gc.Hosts = string(data)
+	}
+	if spec.ResolvConf != "" {
+		data, _ := os.ReadFile(spec.ResolvConf)
+		gc.ResolvConf = string(data)
+	}
+	data, _ := json.Marshal(gc)
+	return data
+}
+
+// writeInitrd writes a booting guest's initramfs to dst: the init, the
+// kernel modules, the agent and config.
+func (b *Backend) writeInitrd(dst, agentPath string, modules []string, config []byte) error {
+	agent, err := os.ReadFile(agentPath)
+	if err != nil {
+		return err
+	}
+	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: config}}
+	return writeGuestInitramfs(dst, b.qemu.Init, b.qemu.Modules, modules, extra)
+}
+
 // Create implements backend.Backend: the root disk (shared), the
 // sandbox's writable disk and its initramfs with its settings.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
@@ -365,35 +392,17 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if disk <= 0 {
 		disk = 1024
 	}
-	gc := GuestConfig{Hostname: spec.Hostname, Env: spec.Env, WorkDir: spec.WorkDir, MachineID: spec.MachineID, Pids: spec.Pids, NoFile: spec.NoFile}
-	if spec.HostsFile != "" {
-		data, _ := os.ReadFile(spec.HostsFile)
-		gc.Hosts = string(data)
-	}
-	if spec.ResolvConf != "" {
-		data, _ := os.ReadFile(spec.ResolvConf)
-		gc.ResolvConf = string(data)
-	}
+	var nic *GuestNet
 	if spec.NetNS != "" {
 		n, err := readGuestNet(ctx, spec.NetNS)
 		if err != nil {
 			return nil, err
 		}
-		gc.Net = &n
+		nic = &n
 	}
-	cfgJSON, _ := json.Marshal(gc)
-	agent, err := os.ReadFile(spec.AgentPath)
-	if err != nil {
-		return nil, err
-	}
-	initrd := filepath.Join(bx.Dir, "initrd.cpio")
-	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfgJSON}}
+	config := guestConfig(spec, nic)
 	v := b.booting()
 	bx.VMM = v.id()
-	err = writeGuestInitramfs(initrd, b.qemu.Init, b.qemu.Modules, v.modules(spec.NetNS != ""), extra)
-	if err != nil {
-		return nil, err
-	}
 	rootDisk := filepath.Join(bx.Dir, "root.ext4")
 	if err := shareRoot(root, root, rootDisk); err != nil {
 		return nil, err
@@ -404,8 +413,8 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
 		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
 	}
-	if gc.Net != nil {
-		guest.NetNS, guest.MAC = spec.NetNS, gc.Net.MAC
+	if nic != nil {
+		guest.NetNS, guest.MAC = spec.NetNS, nic.MAC
 	}
 	if v.sharesMemory() {
 		guest.MemFile, guest.MemShared = memFile(spec.ID), true
@@ -414,6 +423,14 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		guest.CPU = "host"
 	}
 	if err := b.writableDisk(ctx, spec, &guest, disk); err != nil {
+		return nil, err
+	}
+	if guest.Template != "" {
+		err = bootInitrdLater(ctx, &guest, bx.Dir, filepath.Join(guest.Template, "initrd.cpio"), config)
+	} else {
+		err = b.writeInitrd(guest.Initrd, spec.AgentPath, v.modules(nic != nil), config)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := bx.saveGuest(guest); err != nil {
@@ -425,7 +442,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	b.mu.Unlock()
 	h := &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: guest.Template != ""}
 	if h.Restored {
-		h.Network = gc.Net
+		h.Network = nic
 	}
 	return h, nil
 }
@@ -463,6 +480,14 @@ func (b *Backend) launch(ctx context.Context, bx *box, g Guest) error {
 	v, err := b.vmmOf(bx)
 	if err != nil {
 		return err
+	}
+	if len(g.BootInitrd) > 0 {
+		if g, err = bootInitrd(g, bx.Dir); err != nil {
+			return err
+		}
+		if err := bx.saveGuest(g); err != nil {
+			return err
+		}
 	}
 	if err := v.launch(ctx, bx, g); err != nil {
 		return err

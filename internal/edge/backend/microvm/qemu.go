@@ -143,6 +143,10 @@ type Guest struct {
 	// Template, if set, is the template snapshot the guest's first start
 	// restores (template.go) instead of booting.
 	Template string `json:",omitempty"`
+	// BootInitrd, if set, is what the guest's own initramfs is made of,
+	// joined at its first boot (bootinitrd.go); until then Initrd is the
+	// one it runs from, its template's or snapshot's.
+	BootInitrd []string `json:",omitempty"`
 }
 
 // Args is the QEMU command line of g.

@@ -62,7 +62,7 @@ func keepGuestFiles(ctx context.Context, g Guest, ref backend.SnapshotRef) (*bac
 		return nil, err
 	}
 	snap := g
-	snap.MemFile, snap.WritableDisk, snap.Initrd, snap.RootDisk = "", "", "", filepath.Join(ref.Dir, "root.ext4")
+	snap.MemFile, snap.WritableDisk, snap.Initrd, snap.BootInitrd, snap.RootDisk = "", "", "", nil, filepath.Join(ref.Dir, "root.ext4")
 	data, _ := json.Marshal(snap)
 	if err := os.WriteFile(filepath.Join(ref.Dir, "guest.json"), data, 0o600); err != nil {
 		return nil, err
@@ -189,11 +189,12 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	g.WritableDisk, g.Initrd = filepath.Join(bx.Dir, "rw.ext4"), filepath.Join(bx.Dir, "initrd.cpio")
+	g.WritableDisk = filepath.Join(bx.Dir, "rw.ext4")
 	if err := sparsefile.Copy(ctx, filepath.Join(ref.Dir, "rw.ext4"), g.WritableDisk, 1); err != nil {
 		return nil, err
 	}
-	if err := sparsefile.LinkOrCopy(ctx, filepath.Join(ref.Dir, "initrd.cpio"), g.Initrd); err != nil {
+	// It runs from its source's initramfs; booted later, from its own.
+	if err := bootInitrdLater(ctx, &g, bx.Dir, filepath.Join(ref.Dir, "initrd.cpio"), guestConfig(spec, nic)); err != nil {
 		return nil, err
 	}
 	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(bx.Dir, "root.ext4")); err != nil {

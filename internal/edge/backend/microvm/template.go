@@ -274,7 +274,7 @@ func (b *Backend) templateWait() time.Duration {
 
 // startFromTemplate starts g, a new guest, by restoring its template, with
 // the template's initramfs (QEMU checks the devices' state against its
-// own); the description it keeps names the guest's own, for a reboot. A
+// own; g's own is made if it boots: bootinitrd.go). A
 // guest that does not restore boots; its template is removed when the
 // fault is the template's (templateFault).
 //
@@ -285,9 +285,8 @@ func (b *Backend) templateWait() time.Duration {
 // 963 ms against 70 ms paused, and forked copies of 3x the memory). Its
 // guest then is as a booted one.
 func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error {
-	tpl, own := g.Template, g
-	own.Template = ""
-	g.Template, g.Initrd = "", filepath.Join(tpl, "initrd.cpio")
+	tpl := g.Template
+	g.Template = ""
 	// QEMU starts (and maps the file) while the RAM is copied; it reads
 	// the RAM only once the device state is in, after started.
 	began := time.Now()
@@ -303,7 +302,7 @@ func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error
 	}
 	if err == nil {
 		b.log.Debug("restored from template", "template", filepath.Base(tpl), "took", time.Since(began))
-		return bx.saveGuest(own)
+		return bx.saveGuest(g)
 	}
 	if ctx.Err() != nil {
 		return err
@@ -313,10 +312,10 @@ func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error
 	} else {
 		b.log.Warn("not restored from its template; the sandbox boots", "dir", bx.Dir, "template", filepath.Base(tpl), "err", err)
 	}
-	if err := bx.saveGuest(own); err != nil {
+	if err := bx.saveGuest(g); err != nil {
 		return err
 	}
-	return b.launch(ctx, bx, own)
+	return b.launch(ctx, bx, g)
 }
 
 // templateFault says whether err, a failed restore of a template, is the

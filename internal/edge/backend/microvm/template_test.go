@@ -14,6 +14,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
 	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/sandboxid"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -215,6 +216,43 @@ func TestTemplateCopies(t *testing.T) {
 	}
 	if got := strings.Fields(a.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(a.ID) || got[1] != string(a.ID) || got[2] != "mine" {
 		t.Fatalf("a copy booted again: hostname, $MINE, its file = %q", got)
+	}
+
+	// A copy of a snapshot of it, stopped and started, boots as itself:
+	// its own settings over its source's initramfs.
+	sn := b.(backend.Snapshotter)
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot("n1"), Dir: filepath.Join(t.TempDir(), "snap")}
+	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Link.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sn.Snapshot(ctx, a.ID, ref); err != nil {
+		t.Fatal(err)
+	}
+	spec := backendtest.NewSpec(t, env, "n1")
+	spec.Env = append(spec.Env, "MINE="+string(spec.ID))
+	f := backendtest.Attach(t, b, spec)
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	h, err := sn.Restore(ctx, ref, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := backendtest.WaitCopy(ctx, f.Link, spec, h); err != nil {
+		t.Fatalf("a copy of a copy: %v", err)
+	}
+	if err := b.Stop(ctx, f.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := backendtest.WaitAgent(ctx, b, f.Link); err != nil {
+		t.Fatalf("a snapshot's copy started again: %v", err)
+	}
+	if got := strings.Fields(f.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(f.ID) || got[1] != string(f.ID) || got[2] != "mine" {
+		t.Fatalf("a snapshot's copy booted again: hostname, $MINE, its source's file = %q", got)
 	}
 
 	// A corrupt template is removed and its sandbox boots.
