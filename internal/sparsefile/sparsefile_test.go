@@ -101,3 +101,47 @@ func TestPrepareSizesThenFills(t *testing.T) {
 		t.Fatal("Prepare of a missing source did not fail")
 	}
 }
+
+// Blocks of zeros become holes; blocks with data (even one byte) stay,
+// and the file reads the same.
+func TestPunchZerosKeepsTheData(t *testing.T) {
+	for _, dir := range []string{t.TempDir(), "/dev/shm"} {
+		path := filepath.Join(dir, "dsec-punch")
+		defer os.Remove(path)
+		const block, blocks = 4096, 1024 // 4 MiB, written whole
+		want := make([]byte, block*blocks)
+		rng := rand.New(rand.NewPCG(3, 4))
+		data := map[int]bool{0: true, 1: true, 7: true, 300: true, 301: true, blocks - 1: true}
+		for b := range data {
+			for i := 0; i < block; i += 1 + rng.IntN(512) {
+				want[b*block+i] = byte(1 + rng.IntN(255))
+			}
+		}
+		want[500*block+block-1] = 9 // a block with a single byte at its end
+		data[500] = true
+		if err := os.WriteFile(path, want, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		freed, err := PunchZeros(context.Background(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if freed != int64(blocks-len(data))*block {
+			t.Errorf("%s: freed %d bytes, want %d", dir, freed, (blocks-len(data))*block)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: the file reads differently after the punch (%v)", dir, err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		if used := st.Blocks * 512; used > int64(len(data)+16)*block {
+			t.Errorf("%s: %d bytes still allocated for %d blocks of data", dir, used, len(data))
+		}
+		if again, err := PunchZeros(context.Background(), path); err != nil || again != 0 {
+			t.Errorf("%s: a second punch freed %d (%v)", dir, again, err)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/backendtest"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sparsefile"
 	"github.com/opendsec/opendsec/internal/testutil"
 )
 
@@ -176,6 +177,15 @@ func TestTemplateCopies(t *testing.T) {
 		if !sb.Handle.Restored {
 			t.Fatalf("sandbox %s was booted, not made from the template", sb.ID)
 		}
+	}
+	// The template's RAM file holds no block of zeros, which every copy
+	// would copy and hold.
+	mems, _ := filepath.Glob(filepath.Join(state, "templates", "*", "mem"))
+	if len(mems) != 1 {
+		t.Fatalf("template RAM files: %v", mems)
+	}
+	if freed, err := sparsefile.PunchZeros(context.Background(), mems[0]); err != nil || freed != 0 {
+		t.Fatalf("the template's RAM file had %d bytes of zero blocks left (%v)", freed, err)
 	}
 	// Copies of one snapshot reseed their CRNG with their identity: the
 	// boot id each draws on its first read differs.

@@ -22,6 +22,7 @@ import (
 	"github.com/opendsec/opendsec/api/gen/opendsec/agent/v1/agentv1connect"
 	"github.com/opendsec/opendsec/internal/agentlink"
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/sparsefile"
 )
 
 // Building a template snapshot (template.go): a guest of the shape booted
@@ -116,6 +117,12 @@ func (t *templates) build(ctx context.Context, s templateShape, agentPath, dir s
 		return err
 	}
 	stop()
+	// Every copy copies the template's RAM file; a fifth of its blocks
+	// hold only zeros (98 MiB allocated, 75 MiB of data for a 256 MiB
+	// busybox guest), which then are neither copied nor held by a copy.
+	if _, err := sparsefile.PunchZeros(ctx, filepath.Join(build, "mem")); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(boot); err != nil {
 		return err
 	}
