@@ -90,6 +90,55 @@ func RunSnapshot(t *testing.T, newBackend Factory, env Env) {
 		t.Fatalf("a copy made after the source was removed reads %q", got)
 	}
 	late.counterAdvances(t, "a copy made after the source was removed")
+	testOffload(t, b, sn, env)
+}
+
+// testOffload checks a Releaser as the edge's offload uses it: a
+// sandbox snapshotted with its link detached, then released (nothing of
+// it runs), is restored in place from that snapshot with its files and
+// the memory of its processes, and runs on once the snapshot is gone.
+func testOffload(t *testing.T, b backend.Backend, sn backend.Snapshotter, env Env) {
+	r, ok := b.(backend.Releaser)
+	if !ok {
+		t.Logf("backend %s cannot give a snapshotted sandbox's memory back (no Releaser): offload not checked", b.Name())
+		return
+	}
+	ctx := ctxFor(t, 3*time.Minute)
+	sb := Start(t, b, env)
+	sb.Sh(t, `echo kept > /root/kept; (i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &`)
+	sb.counterAdvances(t, "the sandbox before its offload")
+	ref := backend.SnapshotRef{ID: sandboxid.NewSnapshot(sb.ID.Node()), Dir: filepath.Join(t.TempDir(), "offload")}
+	if err := os.MkdirAll(ref.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Link.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sn.Snapshot(ctx, sb.ID, ref); err != nil {
+		t.Fatalf("the offload's snapshot: %v", err)
+	}
+	if err := sb.Link.Reattach(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release(ctx, sb.ID); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if st, err := b.Status(ctx, sb.ID); err != nil || st.State != backend.StateStopped {
+		t.Fatalf("released, the sandbox is %v (%v), want stopped", st.State, err)
+	}
+	if _, err := sn.Restore(ctx, ref, sb.Spec); err != nil {
+		t.Fatalf("restore in place: %v", err)
+	}
+	if err := os.RemoveAll(ref.Dir); err != nil { // as the edge does once it is back
+		t.Fatal(err)
+	}
+	if err := WaitAgent(ctx, b, sb.Link); err != nil {
+		t.Fatalf("restored in place: %v", err)
+	}
+	if got := sb.Sh(t, "cat /root/kept"); got != "kept\n" {
+		t.Fatalf("restored in place, its file reads %q", got)
+	}
+	sb.counterAdvances(t, "the sandbox restored in place")
 }
 
 // snapshotOf snapshots sb into a new directory, as the edge does: its link

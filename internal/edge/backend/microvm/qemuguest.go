@@ -127,11 +127,13 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 // A guest whose RAM is already a shared file of its own holding the
 // snapshot's (a template copy: the caller copied it) keeps that file.
 func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
-	ownRAM, inStream := g.MemShared && g.MemFile != "", false
+	// RAM is in the snapshot's stream unless the snapshot has a RAM file;
+	// a guest without a RAM file of its own maps that one privately.
+	ownRAM, ramFile := g.MemShared && g.MemFile != "", filepath.Join(ref.Dir, "mem")
+	_, err := os.Stat(ramFile)
+	inStream := errors.Is(err, os.ErrNotExist)
 	if !ownRAM {
-		ramFile := filepath.Join(ref.Dir, "mem")
-		_, err := os.Stat(ramFile)
-		if inStream = errors.Is(err, os.ErrNotExist); inStream {
+		if inStream {
 			g.MemFile, g.MemShared = memFile(sandboxid.ID(filepath.Base(filepath.Dir(bx.Dir)))), true
 		} else {
 			g.MemFile, g.MemShared = ramFile, false

@@ -3,7 +3,9 @@ package microvm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -157,7 +159,10 @@ func allocated(dir string) int64 {
 
 // Restore implements backend.Snapshotter: a new guest from a snapshot,
 // with its own writable disk and agent socket, mapping the snapshot's RAM
-// copy-on-write.
+// copy-on-write. A sandbox restored in place (its own offload, after
+// Release: spec names a guest the backend has) gets a RAM file of its
+// own again, a copy of the snapshot's, so that the snapshot can go and
+// its later forks stay as fast as before it was offloaded.
 //
 // A copy of a guest with a network runs on its own namespace's TAP with
 // that namespace's MAC; its guest takes that MAC and address itself in its
@@ -185,9 +190,17 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	case g.NetNS != "":
 		return nil, errdefs.FailedPrecondition("microvm: snapshot %s is of a guest with a network interface; its copy needs a network too", ref.ID)
 	}
+	b.mu.Lock()
+	_, inPlace := b.boxes[spec.ID]
+	b.mu.Unlock()
 	bx := newBox(spec, g.VMM)
 	if err := os.MkdirAll(bx.Dir, 0o700); err != nil {
 		return nil, err
+	}
+	if inPlace {
+		if err := clearReleased(bx.Dir); err != nil {
+			return nil, err
+		}
 	}
 	g.WritableDisk = filepath.Join(bx.Dir, "rw.ext4")
 	if err := sparsefile.Copy(ctx, filepath.Join(ref.Dir, "rw.ext4"), g.WritableDisk, 1); err != nil {
@@ -207,7 +220,13 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err != nil {
 		return nil, err
 	}
-	if err := v.restore(ctx, bx, g, ref, func() error { return b.limitGuestCPU(bx, g, v) }); err != nil {
+	if inPlace && v.sharesMemory() {
+		g.MemFile, g.MemShared = memFile(spec.ID), true
+		err = b.restoreOwnRAM(ctx, bx, g, ref)
+	} else {
+		err = v.restore(ctx, bx, g, ref, func() error { return b.limitGuestCPU(bx, g, v) })
+	}
+	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
@@ -217,4 +236,66 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Network: nic}, nil
 }
 
-var _ backend.Snapshotter = (*Backend)(nil)
+// clearReleased removes, from the directory of a released guest about to
+// be restored in place, the names Restore makes anew. Several are hard
+// links whose other name is in the snapshot (the initramfs it ran from);
+// writing through them would change the snapshot being restored.
+func clearReleased(dir string) error {
+	for _, name := range []string{"rw.ext4", "root.ext4", "initrd.cpio", "initrd-runs.cpio", "initrd-own.cpio"} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// restoreOwnRAM restores g, whose RAM is a shared file of its own
+// (g.MemFile), from the snapshot in ref: that file a copy of the
+// snapshot's, made while QEMU starts (QEMU maps it at its start and reads
+// it only once the device state is in, after started), or, for a
+// snapshot whose RAM is in its stream, filled by the stream.
+func (b *Backend) restoreOwnRAM(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef) error {
+	filled := make(chan error, 1)
+	fill, err := sparsefile.Prepare(filepath.Join(ref.Dir, "mem"), g.MemFile)
+	switch {
+	case err == nil:
+		go func() { filled <- fill(ctx, 2) }()
+	case errors.Is(err, fs.ErrNotExist):
+		filled <- nil // the stream has it
+	default:
+		return err
+	}
+	started := func() error {
+		err := b.limitGuestCPU(bx, g, b.qemu)
+		return errors.Join(<-filled, err)
+	}
+	return b.qemu.restore(ctx, bx, g, ref, started)
+}
+
+// Release implements backend.Releaser: after an offload's snapshot the
+// guest's VMM ends and its RAM file goes, which gives the node its memory
+// back; the guest's directory stays for the Restore in place.
+func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
+	bx, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	g, err := bx.loadGuest()
+	if err != nil {
+		return err
+	}
+	if err := bx.kill(0); err != nil {
+		return err
+	}
+	if g.MemShared && g.MemFile != "" {
+		if err := os.Remove(g.MemFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("microvm: give the RAM of %s back: %w", id, err)
+		}
+	}
+	return nil
+}
+
+var (
+	_ backend.Snapshotter = (*Backend)(nil)
+	_ backend.Releaser    = (*Backend)(nil)
+)

@@ -287,18 +287,10 @@ func (b *Backend) templateWait() time.Duration {
 func (b *Backend) startFromTemplate(ctx context.Context, bx *box, g Guest) error {
 	tpl := g.Template
 	g.Template = ""
-	// QEMU starts (and maps the file) while the RAM is copied; it reads
-	// the RAM only once the device state is in, after started.
 	began := time.Now()
-	fill, err := sparsefile.Prepare(filepath.Join(tpl, "mem"), g.MemFile)
+	_, err := os.Stat(filepath.Join(tpl, "mem")) // a template's RAM is never in its stream
 	if err == nil {
-		filled := make(chan error, 1)
-		go func() { filled <- fill(ctx, 2) }()
-		started := func() error {
-			err := b.limitGuestCPU(bx, g, b.qemu)
-			return errors.Join(<-filled, err)
-		}
-		err = b.qemu.restore(ctx, bx, g, backend.SnapshotRef{Dir: tpl}, started)
+		err = b.restoreOwnRAM(ctx, bx, g, backend.SnapshotRef{Dir: tpl})
 	}
 	if err == nil {
 		b.log.Debug("restored from template", "template", filepath.Base(tpl), "took", time.Since(began))
