@@ -133,3 +133,89 @@ func TestForkAcrossEdges(t *testing.T) {
 		t.Fatalf("restored on another edge: %+v", st)
 	}
 }
+
+// TestMicrovmForkAcrossEdges: a microVM's fork, with its edge full, runs
+// its copies on another edge, which pulls the snapshot (the guest's RAM,
+// device state and disks) and restores it there: each copy has the
+// source's shell variable (guest memory), its file, and a hostname and
+// machine id of its own. A named snapshot restores there too.
+func TestMicrovmForkAcrossEdges(t *testing.T) {
+	vm := e2e.MicrovmOptions(t)
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.Backends["microvm"] = vm
+		cfg.Edges = 2
+		cfg.EdgeCapacity = func(i int) capacity.Node {
+			node := cfg.Capacity
+			if i == 1 {
+				node.MaxSandboxes = 1
+			}
+			return node
+		}
+	}, "microvm")
+	ctx := e2e.Ctx(t)
+	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256}}
+	made, err := c.Edges[0].Create(ctx, spec, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := c.Client.Sandbox(made.Id)
+	t.Cleanup(func() { src.Stop(e2e.Ctx(t)) }) //nolint:errcheck // cleanup
+	srcNode := c.Edges[0].Node()
+	sess, err := src.Sessions.CreateSession(ctx, connect.NewRequest(&agentv1.CreateSessionRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := strings.TrimSpace(string(e2e.RunIn(t, src, sess.Msg.Session.Id, "SECRET=$RANDOM$RANDOM$RANDOM; echo $SECRET")))
+	e2e.Shell(t, src, "echo from-source > /root/before-fork; sync")
+
+	resp, err := c.Client.Sandboxes.ForkSandbox(ctx, connect.NewRequest(&sandboxv1.ForkSandboxRequest{SandboxId: src.ID, Count: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copies []*client.Sandbox
+	for i, r := range resp.Msg.Results {
+		if r.Sandbox == nil {
+			t.Fatalf("copy %d failed: %s: %s", i, r.ErrorCode, r.ErrorMessage)
+		}
+		if _, node, _ := sandboxid.Parse(r.Sandbox.Id); node == srcNode {
+			t.Fatalf("copy %d ran on the source's full edge %s", i, node)
+		}
+		cp := c.Client.Sandbox(r.Sandbox.Id)
+		copies = append(copies, cp)
+		t.Cleanup(func() { cp.Stop(e2e.Ctx(t)) }) //nolint:errcheck // cleanup
+	}
+	if len(copies) != 2 {
+		t.Fatalf("%d copies, want 2", len(copies))
+	}
+	t.Logf("microvm fork of 2 onto another edge: source paused %d us", resp.Msg.SourcePauseUs)
+	seen := map[string]bool{}
+	for i, cp := range append([]*client.Sandbox{src}, copies...) {
+		if got := strings.TrimSpace(string(e2e.RunIn(t, cp, sess.Msg.Session.Id, "echo $SECRET"))); got != secret {
+			t.Fatalf("sandbox %d: the shell's variable reads %q, want %q", i, got, secret)
+		}
+		got := strings.Fields(string(e2e.Shell(t, cp, "hostname; cat /etc/machine-id /root/before-fork").Stdout))
+		if len(got) != 3 || got[0] != cp.ID || got[2] != "from-source" || seen[got[1]] {
+			t.Fatalf("sandbox %d (%s): hostname, machine id, file = %q (machine ids so far %v)", i, cp.ID, got, seen)
+		}
+		seen[got[1]] = true
+	}
+
+	// A named snapshot restores on the other edge (the holder is full).
+	e2e.RunIn(t, src, sess.Msg.Session.Id, "SECRET=named")
+	snap, err := c.Client.Sandboxes.SnapshotSandbox(ctx, connect.NewRequest(&sandboxv1.SnapshotSandboxRequest{SandboxId: src.ID, Name: "across"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := c.Client.Sandboxes.RestoreSnapshot(ctx, connect.NewRequest(&sandboxv1.RestoreSnapshotRequest{SnapshotId: snap.Msg.Snapshot.Id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := c.Client.Sandbox(rr.Msg.Sandbox.Id)
+	t.Cleanup(func() { restored.Stop(e2e.Ctx(t)) }) //nolint:errcheck // cleanup
+	if _, node, _ := sandboxid.Parse(restored.ID); node == srcNode {
+		t.Fatalf("restore with the holder full ran on the holder %s", node)
+	}
+	if got := strings.TrimSpace(string(e2e.RunIn(t, restored, sess.Msg.Session.Id, "echo $SECRET"))); got != "named" {
+		t.Fatalf("restored on another edge, the shell's variable reads %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -177,6 +178,10 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err != nil {
 		return nil, errdefs.NotFound("snapshot %s: no guest description: %v", ref.ID, err)
 	}
+	if accel, took := b.Accel(), cmp.Or(g.Accel, "tcg"); g.VMM == "" && accel != "" && took != accel {
+		// A guest's CPU state does not cross between KVM and TCG.
+		return nil, errdefs.FailedPrecondition("microvm: snapshot %s was taken of a guest under %s; this node runs guests under %s", ref.ID, took, accel)
+	}
 	var nic *GuestNet
 	switch {
 	case spec.NetNS != "" && g.NetNS != "":
@@ -210,7 +215,14 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	if err := bootInitrdLater(ctx, &g, bx.Dir, filepath.Join(ref.Dir, "initrd.cpio"), guestConfig(spec, nic)); err != nil {
 		return nil, err
 	}
-	if err := shareRoot(g.RootDisk, g.Root, filepath.Join(bx.Dir, "root.ext4")); err != nil {
+	// The root disk the guest ran on is the snapshot's: a link to its
+	// node's, or, pulled from another node, a file of its own (this node's
+	// root of the same image, built anew, is not the same bytes).
+	snapRoot := filepath.Join(ref.Dir, "root.ext4")
+	if !sameFile(snapRoot, g.Root) {
+		g.Root = snapRoot
+	}
+	if err := shareRoot(snapRoot, g.Root, filepath.Join(bx.Dir, "root.ext4")); err != nil {
 		return nil, err
 	}
 	g.RootDisk = filepath.Join(bx.Dir, "root.ext4")
@@ -234,6 +246,16 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	b.mu.Unlock()
 	state, _ := json.Marshal(bx)
 	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Network: nic}, nil
+}
+
+// sameFile says whether paths a and b name one file.
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
 }
 
 // clearReleased removes, from the directory of a released guest about to
