@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
+	"github.com/opendsec/opendsec/bench/internal/benchplot"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
@@ -45,8 +47,9 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the burst (the edge, apiserver and client, in this process) to this file")
 	mutexProfile := flag.String("mutexprofile", "", "write a profile of lock contention during the burst to this file")
 	network := flag.Bool("network", false, "give every sandbox a network interface (default deny), as the issue's second goal measures")
+	plot := flag.String("plot", "density.png", "write a plot of creates over time, ours and bare crun's, to this PNG (\"\": none)")
 	flag.Parse()
-	withNetwork = *network
+	withNetwork, plotPath = *network, *plot
 	profile, lockProfile = *cpuProfile, *mutexProfile
 	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -87,6 +90,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	var failed atomic.Int64
 	var mu sync.Mutex
 	var made []*client.Sandbox
+	var oursAt []time.Duration // when each create was answered, from the start
 	var firstErr error
 	stopProfile, err := startProfile()
 	if err != nil {
@@ -112,6 +116,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 				return
 			}
 			made = append(made, sb)
+			oursAt = append(oursAt, time.Since(start))
 			if len(made)%100 == 0 {
 				fmt.Fprintf(os.Stderr, "\r%d/%d sandboxes", len(made), n)
 			}
@@ -133,8 +138,9 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	stopWG.Wait()
 
 	var rawRate, rawMem float64
+	var rawAt []time.Duration
 	if raw > 0 {
-		rawRate, rawMem, err = bareBurst(ctx, c.Work, raw, par)
+		rawRate, rawMem, rawAt, err = bareBurst(ctx, c.Work, raw, par)
 		if err != nil {
 			return err
 		}
@@ -160,28 +166,51 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		fmt.Printf(" (first: %v)", firstErr)
 	}
 	fmt.Println()
+	if plotPath != "" {
+		chart := benchplot.Chart{Title: fmt.Sprintf("creates over time, %d at a time (machine %s)", par, host), XLabel: "seconds from the burst's start", YLabel: "sandboxes made",
+			Series: []benchplot.Series{{Name: label, Color: benchplot.Ours, Points: cumulative(oursAt)}}}
+		if raw > 0 {
+			chart.Series = append(chart.Series, benchplot.Series{Name: "bare crun run", Color: benchplot.Raw, Points: cumulative(rawAt)})
+		}
+		if err := chart.WritePNG(plotPath); err != nil {
+			return err
+		}
+		fmt.Printf("plot: %s\n", plotPath)
+	}
 	return nil
 }
 
+// cumulative is how many of the creates answered at times were done by
+// each of them.
+func cumulative(times []time.Duration) []benchplot.Point {
+	sorted := slices.Sorted(slices.Values(times))
+	out := []benchplot.Point{{X: 0, Y: 0}}
+	for i, t := range sorted {
+		out = append(out, benchplot.Point{X: t.Seconds(), Y: float64(i + 1)})
+	}
+	return out
+}
+
 // bareBurst runs n busybox containers with crun, par at a time, and
-// returns containers per second and host MiB per container.
-func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, error) {
+// returns containers per second, host MiB per container and when each
+// run returned, from the start.
+func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, []time.Duration, error) {
 	root := filepath.Join(work, "raw")
 	bundle := filepath.Join(root, "bundle")
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs", "bin"), 0o755); err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	if out, err := exec.Command("cp", bb, filepath.Join(bundle, "rootfs", "bin", "busybox")).CombinedOutput(); err != nil {
-		return 0, 0, fmt.Errorf("%v: %s", err, out)
+		return 0, 0, nil, fmt.Errorf("%v: %s", err, out)
 	}
 	os.Symlink("busybox", filepath.Join(bundle, "rootfs", "bin", "sleep")) //nolint:errcheck // exists on a rerun
 	os.Remove(filepath.Join(bundle, "config.json"))                        //nolint:errcheck // a rerun's
 	if out, err := exec.Command("crun", "spec", "-b", bundle).CombinedOutput(); err != nil {
-		return 0, 0, fmt.Errorf("crun spec: %v: %s", err, out)
+		return 0, 0, nil, fmt.Errorf("crun spec: %v: %s", err, out)
 	}
 	cfgPath := filepath.Join(bundle, "config.json")
 	data, _ := os.ReadFile(cfgPath)
@@ -189,7 +218,7 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 	conf = strings.Replace(conf, `"terminal": true`, `"terminal": false`, 1)
 	conf = strings.Replace(conf, `"readonly": true`, `"readonly": false`, 1)
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	state := filepath.Join(root, "state")
 	before := memAvailableMB()
@@ -197,6 +226,8 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
 	var errOnce sync.Once
+	var atMu sync.Mutex
+	var at []time.Duration
 	var runErr error
 	for i := range n {
 		wg.Add(1)
@@ -215,6 +246,11 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 				err = cmd.Run()
 				stderr.Close()
 			}
+			if err == nil {
+				atMu.Lock()
+				at = append(at, time.Since(start))
+				atMu.Unlock()
+			}
 			if err != nil {
 				msg, _ := os.ReadFile(errFile)
 				errOnce.Do(func() { runErr = fmt.Errorf("crun run %s: %v: %s", id, err, strings.TrimSpace(string(msg))) })
@@ -230,9 +266,9 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 		exec.Command("crun", "--root", state, "delete", "-f", "dsec-density-"+strconv.Itoa(i)).Run() //nolint:errcheck // cleanup
 	}
 	if runErr != nil {
-		return 0, 0, runErr
+		return 0, 0, nil, runErr
 	}
-	return float64(n) / took.Seconds(), float64(before-after) / float64(n), nil
+	return float64(n) / took.Seconds(), float64(before-after) / float64(n), at, nil
 }
 
 // memAvailableMB is the host's MemAvailable, with clean caches dropped
@@ -257,6 +293,9 @@ func memAvailableMB() int64 {
 
 // withNetwork gives every sandbox of the burst a network interface.
 var withNetwork bool
+
+// plotPath is where the -plot flag puts the plot ("": none).
+var plotPath string
 
 // profile and lockProfile are where -cpuprofile and -mutexprofile
 // write; "" for none.
