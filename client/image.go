@@ -75,3 +75,21 @@ func (s *Sandbox) Commit(ctx context.Context, name string, exclude ...string) (*
 	}
 	return resp.Msg.Image, nil
 }
+
+// WarmImage has every node prepare for the first sandbox of image on
+// backend with resources (nil: a create's defaults), with a network
+// interface if network: the microvm backend builds its template snapshot
+// there, so that even a node's first create of it restores instead of
+// booting. It returns each node's answer; a node's failure is in its
+// Error. Root admin keys only.
+func (c *Client) WarmImage(ctx context.Context, image, backend string, resources *sandboxv1.Resources, network bool) ([]*imagev1.NodeWarmth, error) {
+	req := &imagev1.WarmImageRequest{Name: image, Backend: backend, Network: network}
+	if resources != nil {
+		req.CpuCores, req.MemoryMb, req.DiskMb = resources.CpuCores, resources.MemoryMb, resources.DiskMb
+	}
+	resp, err := c.Images.WarmImage(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Nodes, nil
+}

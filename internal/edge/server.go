@@ -89,6 +89,14 @@ func (s *server) CollectGarbage(ctx context.Context, _ *connect.Request[edgev1.C
 	return connect.NewResponse(&edgev1.CollectGarbageResponse{FreedBytes: freed, Removed: removed}), nil
 }
 
+func (s *server) WarmImage(ctx context.Context, req *connect.Request[edgev1.WarmImageRequest]) (*connect.Response[edgev1.WarmImageResponse], error) {
+	prepared, note, err := s.e.WarmImage(ctx, req.Msg.Spec, req.Msg.Project)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.WarmImageResponse{Prepared: prepared, Note: note}), nil
+}
+
 func (s *server) CommitSandbox(ctx context.Context, req *connect.Request[edgev1.CommitSandboxRequest]) (*connect.Response[edgev1.CommitSandboxResponse], error) {
 	im, err := s.e.Commit(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name, req.Msg.Exclude, req.Msg.Config)
 	if err != nil {

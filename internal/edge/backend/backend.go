@@ -313,6 +313,15 @@ type Releaser interface {
 	Release(ctx context.Context, id sandboxid.ID) error
 }
 
+// Warmer is implemented by backends whose first sandbox of an image and
+// shape costs more than the later ones (microvm builds a template
+// snapshot for it): Warm pays that cost now, for sandboxes of spec (a
+// sandbox's spec without its directories) with a network interface or
+// without. prepared is false when the node had it already.
+type Warmer interface {
+	Warm(ctx context.Context, spec *Spec, network bool) (prepared bool, err error)
+}
+
 // CachePruner is implemented by backends that keep files of their own per
 // image on the node (microvm's root disks): PruneCache removes those that
 // no sandbox or snapshot uses and that were not used within grace, and

@@ -141,3 +141,17 @@ func (p *Parts) backendSpec(rec *records.Record, dir, runDir string, layers []st
 		LayerDir: rec.LayerDir,
 	}
 }
+
+// Warm prepares the node for the first sandbox of rec's image im and
+// shape on w (backend.Warmer). rec is a sandbox's record that is never
+// created: its spec is normalized, its id names no directory.
+func (p *Parts) Warm(ctx context.Context, w backend.Warmer, rec *records.Record, im *image.Image) (bool, error) {
+	if err := p.ensureAgentStaged(); err != nil {
+		return false, err
+	}
+	layers, err := p.Cache.Layers(ctx, im, nil)
+	if err != nil {
+		return false, fmt.Errorf("image %s: %w", rec.Spec.Image, err)
+	}
+	return w.Warm(ctx, p.backendSpec(rec, "", "", layers, im.Config.Config), rec.Spec.Network != nil)
+}

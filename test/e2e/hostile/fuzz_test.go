@@ -43,6 +43,7 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.image.v1.ImageService/TagImage",
 		"/opendsec.sandbox.v1.SandboxService/CommitSandbox",
 		"/opendsec.image.v1.ImageService/CollectGarbage",
+		"/opendsec.image.v1.ImageService/WarmImage",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -68,6 +69,8 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(18), []byte(`{"source":"root/busybox:latest","name":"root/../etc:1"}`))
 	f.Add(uint8(19), []byte(`{"sandboxId":"aaaaaaaa-aaaaaaaaaaaaaaaa","name":"root/c:1","exclude":["/","[","a/b"],"config":{"env":["A"],"labels":{"":""}}}`))
 	f.Add(uint8(20), []byte(`{}`))
+	f.Add(uint8(21), []byte(`{"name":"root/busybox:latest","backend":"fake","cpuCores":-1,"memoryMb":"99999999999"}`))
+	f.Add(uint8(21), []byte(`{"name":"root/../x:1","backend":"microvm","network":true}`))
 	c := e2e.StartCluster(f, "fake")
 	sb, err := c.Client.Create(e2e.CtxTB(f), e2e.FakeSpec())
 	if err != nil {

@@ -255,3 +255,57 @@ func TestKillDsecUpLeavesVMsRunning(t *testing.T) {
 		t.Fatalf("QEMU left running after stop: %s", got)
 	}
 }
+
+// TestWarmImage: `dsec image warm` has each of two microvm edges build
+// the template snapshot of an image and shape before any sandbox asks for
+// it; warmed again, each says it had it; the container backend has
+// nothing to prepare; a project's admin (not root's) may not warm.
+func TestWarmImage(t *testing.T) {
+	vm := e2e.MicrovmOptions(t)
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.Backends["microvm"] = vm
+		cfg.Edges = 2
+	}, "container", "microvm")
+	bin := e2e.DsecBinary(t)
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		return e2e.RunCLI(t, bin, []string{"DSEC_API_URL=" + c.APIURL, "DSEC_API_KEY=" + c.Key}, "", args...)
+	}
+	templates := func() []string {
+		ready, _ := filepath.Glob(filepath.Join(c.Cfg.StateDir, "edge*", "backends", "microvm", "templates", "*", "ready"))
+		return ready
+	}
+	if got := templates(); len(got) != 0 {
+		t.Fatalf("templates before any warm or create: %v", got)
+	}
+	out, errOut, code := run("image", "warm", "root/busybox:latest", "--memory", "256", "--cpu", "1")
+	if code != 0 || strings.Count(out, "prepared it") != 2 {
+		t.Fatalf("dsec image warm: %q %q exit %d", out, errOut, code)
+	}
+	if got := templates(); len(got) != 2 {
+		t.Fatalf("templates after warming two edges: %v", got)
+	}
+	out, _, code = run("image", "warm", "root/busybox:latest", "--memory", "256", "--cpu", "1")
+	if code != 0 || strings.Count(out, "had it prepared already") != 2 {
+		t.Fatalf("dsec image warm again: %q exit %d", out, code)
+	}
+	if out, _, code := run("image", "warm", "root/busybox:latest", "--backend", "container"); code != 0 || strings.Count(out, "nothing to prepare") != 2 {
+		t.Fatalf("dsec image warm --backend container: %q exit %d", out, code)
+	}
+	if _, errOut, code := run("image", "warm", "root/no-such:1"); code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("warm of a missing image: %q exit %d", errOut, code)
+	}
+	team := c.Project(t, "root", "warmers", nil)
+	if _, err := team.WarmImage(e2e.Ctx(t), "root/busybox:latest", "microvm", nil, false); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("a sub-project's admin warmed: %v", err)
+	}
+	// A create of the warmed shape on either edge uses its template.
+	sb, err := c.Client.Create(e2e.Ctx(t), &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Stop(e2e.Ctx(t)) //nolint:errcheck // cleanup
+	if got := templates(); len(got) != 2 {
+		t.Fatalf("a create of the warmed shape made another template: %v", got)
+	}
+}

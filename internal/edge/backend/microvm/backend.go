@@ -347,6 +347,24 @@ type GuestConfig struct {
 	NoFile int64 `json:"nofile,omitempty"`
 }
 
+// shapeOf is what a guest of spec runs as on vmm: its accelerator and
+// CPU model, memory and vCPUs, and CPU limit.
+func (b *Backend) shapeOf(spec *backend.Spec, vmm string) Guest {
+	g := Guest{Accel: b.Accel(), MemoryMB: int(spec.MemoryMB), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))), CPUCores: spec.CPUCores, VMM: vmm}
+	if g.Accel == "kvm" {
+		g.CPU = "host"
+	}
+	return g
+}
+
+// diskOf is the size of spec's writable disk.
+func diskOf(spec *backend.Spec) int64 {
+	if spec.DiskMB <= 0 {
+		return 1024
+	}
+	return spec.DiskMB
+}
+
 // guestConfig is the settings of spec's guest, with nic its network
 // interface (nil: none), as its /dsec/config.json.
 func guestConfig(spec *backend.Spec, nic *GuestNet) []byte {
@@ -388,10 +406,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err != nil {
 		return nil, err
 	}
-	disk := spec.DiskMB
-	if disk <= 0 {
-		disk = 1024
-	}
+	disk := diskOf(spec)
 	var nic *GuestNet
 	if spec.NetNS != "" {
 		n, err := readGuestNet(ctx, spec.NetNS)
@@ -407,20 +422,15 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if err := shareRoot(root, root, rootDisk); err != nil {
 		return nil, err
 	}
-	guest := Guest{Root: root,
-		Accel: b.Accel(), MemoryMB: int(spec.MemoryMB), SMP: int(math.Max(1, math.Ceil(spec.CPUCores))), CPUCores: spec.CPUCores,
-		Initrd:   filepath.Join(bx.Dir, "initrd.cpio"),
-		RootDisk: rootDisk, WritableDisk: filepath.Join(bx.Dir, "rw.ext4"),
-		AgentChardev: agentChardev(spec), AgentSocket: agentSocket(spec), VMM: bx.VMM,
-	}
+	guest := b.shapeOf(spec, bx.VMM)
+	guest.Root, guest.Initrd = root, filepath.Join(bx.Dir, "initrd.cpio")
+	guest.RootDisk, guest.WritableDisk = rootDisk, filepath.Join(bx.Dir, "rw.ext4")
+	guest.AgentChardev, guest.AgentSocket = agentChardev(spec), agentSocket(spec)
 	if nic != nil {
 		guest.NetNS, guest.MAC = spec.NetNS, nic.MAC
 	}
 	if v.sharesMemory() {
 		guest.MemFile, guest.MemShared = memFile(spec.ID), true
-	}
-	if guest.Accel == "kvm" {
-		guest.CPU = "host"
 	}
 	if err := b.writableDisk(ctx, spec, &guest, disk); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -163,6 +164,18 @@ func (t *templates) lock(key string) *sync.Mutex {
 // answer). "": no template now (its build failed lately); the caller
 // boots.
 func (t *templates) get(ctx context.Context, s templateShape, agentPath string, wait time.Duration) string {
+	dir, _ := t.getOrBuild(ctx, s, agentPath, wait)
+	return dir
+}
+
+// ready says whether shape's template is there, whole.
+func (t *templates) ready(s templateShape) bool {
+	_, err := os.Stat(filepath.Join(t.dir, s.key(), "ready"))
+	return err == nil
+}
+
+// getOrBuild is get, with why there is no template.
+func (t *templates) getOrBuild(ctx context.Context, s templateShape, agentPath string, wait time.Duration) (string, error) {
 	key := s.key()
 	l := t.lock(key)
 	l.Lock()
@@ -171,13 +184,13 @@ func (t *templates) get(ctx context.Context, s templateShape, agentPath string, 
 	if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
 		now := time.Now()
 		os.Chtimes(filepath.Join(dir, "ready"), now, now) //nolint:errcheck // its last use, for pruning
-		return dir
+		return dir, nil
 	}
 	t.mu.Lock()
 	failed, ok := t.failed[key]
 	t.mu.Unlock()
 	if ok && time.Since(failed) < retryFailedBuild {
-		return ""
+		return "", fmt.Errorf("its build failed %s ago; the next try is after %s (the node's log says why)", time.Since(failed).Round(time.Second), retryFailedBuild)
 	}
 	began := time.Now()
 	// The build outlives a create whose caller gave up: the next create
@@ -187,10 +200,10 @@ func (t *templates) get(ctx context.Context, s templateShape, agentPath string, 
 		t.failed[key] = time.Now()
 		t.mu.Unlock()
 		t.log.Warn("template snapshot not built; sandboxes of this image and shape boot", "template", key, "err", err)
-		return ""
+		return "", err
 	}
 	t.log.Info("template snapshot built", "template", key, "took", time.Since(began).Round(time.Millisecond))
-	return dir
+	return dir, nil
 }
 
 // discard removes a template that did not restore (why): the next create
@@ -264,6 +277,29 @@ func (b *Backend) writableDisk(ctx context.Context, spec *backend.Spec, g *Guest
 	return NewWritableDisk(ctx, g.WritableDisk, diskMB)
 }
 
+// Warm implements backend.Warmer: the template snapshot of spec's image
+// and shape, with a NIC if network, built now unless the node has it.
+func (b *Backend) Warm(ctx context.Context, spec *backend.Spec, network bool) (bool, error) {
+	if len(spec.Layers) == 0 {
+		return false, errdefs.InvalidArgument("microvm: the image has no layers")
+	}
+	root, err := b.rootImage(ctx, spec.Layers)
+	if err != nil {
+		return false, err
+	}
+	g := b.shapeOf(spec, b.booting().id())
+	shape, ok := b.templateShapeOf(spec, root, g, diskOf(spec))
+	if !ok {
+		return false, errdefs.FailedPrecondition("microvm: this node makes no template snapshots (option templates=off, or its guests run on Firecracker): every create boots")
+	}
+	shape.Net = network
+	had := b.tpl.ready(shape)
+	if _, err := b.tpl.getOrBuild(ctx, shape, spec.AgentPath, b.templateWait()); err != nil {
+		return false, errdefs.Wrap(errdefs.ErrUnavailable, err, "microvm: the template snapshot of this image and shape")
+	}
+	return !had, nil
+}
+
 // templateWait is how long a template guest has to answer.
 func (b *Backend) templateWait() time.Duration {
 	if b.Accel() == "tcg" && b.probe != nil {
@@ -328,3 +364,5 @@ func fileBlocks(path string) int64 {
 	}
 	return st.Blocks * 512
 }
+
+var _ backend.Warmer = (*Backend)(nil)

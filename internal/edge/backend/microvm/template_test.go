@@ -39,6 +39,35 @@ func TestTemplateFault(t *testing.T) {
 	}
 }
 
+// Warm builds a shape's template ahead of its first create, once; the
+// create then restores it.
+func TestWarmBuildsTheTemplateOnce(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	q := testQEMU(t)
+	state := t.TempDir()
+	b := factory(q)(t, state)
+	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for i, want := range []bool{true, false} {
+		prepared, err := b.(backend.Warmer).Warm(ctx, backendtest.NewSpec(t, env, "n1"), false)
+		if err != nil || prepared != want {
+			t.Fatalf("warm %d: prepared %v (%v), want %v", i+1, prepared, err, want)
+		}
+	}
+	ready, _ := filepath.Glob(filepath.Join(state, "templates", "*", "ready"))
+	if len(ready) != 1 {
+		t.Fatalf("templates after warming: %v", ready)
+	}
+	if sb := backendtest.Start(t, b, env); !sb.Handle.Restored {
+		t.Fatal("the first create after a warm booted")
+	}
+	if again, _ := filepath.Glob(filepath.Join(state, "templates", "*", "ready")); len(again) != 1 {
+		t.Fatalf("the create made another template: %v", again)
+	}
+}
+
 // Every field of a shape names another template.
 func TestTemplateKeyCoversTheShape(t *testing.T) {
 	base := templateShape{Format: templateFormat, Root: "/r.ext4", MemoryMB: 256, SMP: 1, DiskMB: 1024, Accel: "tcg",

@@ -1202,6 +1202,113 @@ func (x *ResumeSandboxResponse) GetSandbox() *v1.Sandbox {
 	return nil
 }
 
+type WarmImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A sandbox's spec of the image and shape: only its image, backend,
+	// resources and whether it has a network are read.
+	Spec *v1.SandboxSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// The project whose view of images resolves spec.image.
+	Project       string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmImageRequest) Reset() {
+	*x = WarmImageRequest{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmImageRequest) ProtoMessage() {}
+
+func (x *WarmImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmImageRequest.ProtoReflect.Descriptor instead.
+func (*WarmImageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *WarmImageRequest) GetSpec() *v1.SandboxSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *WarmImageRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type WarmImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prepared      bool                   `protobuf:"varint,1,opt,name=prepared,proto3" json:"prepared,omitempty"`
+	Note          string                 `protobuf:"bytes,2,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmImageResponse) Reset() {
+	*x = WarmImageResponse{}
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmImageResponse) ProtoMessage() {}
+
+func (x *WarmImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmImageResponse.ProtoReflect.Descriptor instead.
+func (*WarmImageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *WarmImageResponse) GetPrepared() bool {
+	if x != nil {
+		return x.Prepared
+	}
+	return false
+}
+
+func (x *WarmImageResponse) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
 type CollectGarbageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1210,7 +1317,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1329,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[23]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1342,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{23}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
 }
 
 type CollectGarbageResponse struct {
@@ -1248,7 +1355,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1367,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[24]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1380,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{24}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CollectGarbageResponse) GetFreedBytes() int64 {
@@ -1305,7 +1412,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1424,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[25]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1437,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{25}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -1377,7 +1484,7 @@ type CommitSandboxResponse struct {
 
 func (x *CommitSandboxResponse) Reset() {
 	*x = CommitSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1496,7 @@ func (x *CommitSandboxResponse) String() string {
 func (*CommitSandboxResponse) ProtoMessage() {}
 
 func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[26]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1509,7 @@ func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CommitSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{26}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitSandboxResponse) GetImage() *v11.Image {
@@ -1423,7 +1530,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1542,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[27]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1555,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{27}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotSandboxRequest) GetSandboxId() string {
@@ -1481,7 +1588,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1600,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[28]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1613,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{28}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *v1.Snapshot {
@@ -1536,7 +1643,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1655,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[29]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1668,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{29}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RestoreSnapshotRequest) GetSnapshotId() string {
@@ -1633,7 +1740,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1752,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[30]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1765,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{30}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotSource) GetAddr() string {
@@ -1688,7 +1795,7 @@ type SnapshotExport struct {
 
 func (x *SnapshotExport) Reset() {
 	*x = SnapshotExport{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1807,7 @@ func (x *SnapshotExport) String() string {
 func (*SnapshotExport) ProtoMessage() {}
 
 func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[31]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1820,7 @@ func (x *SnapshotExport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExport.ProtoReflect.Descriptor instead.
 func (*SnapshotExport) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{31}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotExport) GetSnapshotId() string {
@@ -1754,7 +1861,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1873,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[32]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1886,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{32}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -1805,7 +1912,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1924,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[33]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1937,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{33}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExportSnapshotResponse) GetExport() *SnapshotExport {
@@ -1850,7 +1957,7 @@ type ReleaseExportRequest struct {
 
 func (x *ReleaseExportRequest) Reset() {
 	*x = ReleaseExportRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1969,7 @@ func (x *ReleaseExportRequest) String() string {
 func (*ReleaseExportRequest) ProtoMessage() {}
 
 func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[34]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1982,7 @@ func (x *ReleaseExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseExportRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{34}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReleaseExportRequest) GetSnapshotId() string {
@@ -1900,7 +2007,7 @@ type ReleaseExportResponse struct {
 
 func (x *ReleaseExportResponse) Reset() {
 	*x = ReleaseExportResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1912,7 +2019,7 @@ func (x *ReleaseExportResponse) String() string {
 func (*ReleaseExportResponse) ProtoMessage() {}
 
 func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[35]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1925,7 +2032,7 @@ func (x *ReleaseExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseExportResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseExportResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{35}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
 }
 
 type RestoreSnapshotResponse struct {
@@ -1938,7 +2045,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2057,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[36]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2070,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{36}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *v1.Sandbox {
@@ -1996,7 +2103,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2115,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[37]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2128,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{37}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2083,7 +2190,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2202,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[38]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2215,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{38}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ForkSandboxResponse) GetResults() []*v1.ForkResult {
@@ -2163,7 +2270,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2282,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[39]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2295,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{39}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListSnapshotsRequest) GetScope() string {
@@ -2214,7 +2321,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2333,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[40]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2346,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{40}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*v1.Snapshot {
@@ -2259,7 +2366,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2378,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[41]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2391,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{41}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2309,7 +2416,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2428,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[42]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2441,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{42}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{44}
 }
 
 type GetNodeStatusRequest struct {
@@ -2345,7 +2452,7 @@ type GetNodeStatusRequest struct {
 
 func (x *GetNodeStatusRequest) Reset() {
 	*x = GetNodeStatusRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2464,7 @@ func (x *GetNodeStatusRequest) String() string {
 func (*GetNodeStatusRequest) ProtoMessage() {}
 
 func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[43]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2477,7 @@ func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{43}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{45}
 }
 
 type BackendStatus struct {
@@ -2390,7 +2497,7 @@ type BackendStatus struct {
 
 func (x *BackendStatus) Reset() {
 	*x = BackendStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2509,7 @@ func (x *BackendStatus) String() string {
 func (*BackendStatus) ProtoMessage() {}
 
 func (x *BackendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[44]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2522,7 @@ func (x *BackendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStatus.ProtoReflect.Descriptor instead.
 func (*BackendStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{44}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *BackendStatus) GetName() string {
@@ -2472,7 +2579,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2591,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[45]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2604,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{45}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Usage) GetSandboxes() int64 {
@@ -2539,7 +2646,7 @@ type GroupUsage struct {
 
 func (x *GroupUsage) Reset() {
 	*x = GroupUsage{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2658,7 @@ func (x *GroupUsage) String() string {
 func (*GroupUsage) ProtoMessage() {}
 
 func (x *GroupUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[46]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2671,7 @@ func (x *GroupUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsage.ProtoReflect.Descriptor instead.
 func (*GroupUsage) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{46}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GroupUsage) GetProject() string {
@@ -2632,7 +2739,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2644,7 +2751,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[47]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2657,7 +2764,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{47}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -2732,7 +2839,7 @@ type GetNodeStatusResponse struct {
 
 func (x *GetNodeStatusResponse) Reset() {
 	*x = GetNodeStatusResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +2851,7 @@ func (x *GetNodeStatusResponse) String() string {
 func (*GetNodeStatusResponse) ProtoMessage() {}
 
 func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[48]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +2864,7 @@ func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{48}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetNodeStatusResponse) GetStatus() *NodeStatus {
@@ -2777,7 +2884,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[49]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +2896,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[49]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +2909,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{49}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateNetworkRequest) GetScope() string {
@@ -2828,7 +2935,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[50]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2840,7 +2947,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[50]
+	mi := &file_opendsec_edge_v1_edge_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2853,7 +2960,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{50}
+	return file_opendsec_edge_v1_edge_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateNetworkResponse) GetSandbox() *v1.Sandbox {
@@ -2939,7 +3046,13 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\"O\n" +
 	"\x15ResumeSandboxResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"\x17\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox\"b\n" +
+	"\x10WarmImageRequest\x124\n" +
+	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\"C\n" +
+	"\x11WarmImageResponse\x12\x1a\n" +
+	"\bprepared\x18\x01 \x01(\bR\bprepared\x12\x12\n" +
+	"\x04note\x18\x02 \x01(\tR\x04note\"\x17\n" +
 	"\x15CollectGarbageRequest\"S\n" +
 	"\x16CollectGarbageResponse\x12\x1f\n" +
 	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
@@ -3068,7 +3181,7 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2).opendsec.sandbox.v1.UpdateNetworkRequestR\x06update\"O\n" +
 	"\x15UpdateNetworkResponse\x126\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\x8b\x11\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.opendsec.sandbox.v1.SandboxR\asandbox2\xe1\x11\n" +
 	"\vEdgeService\x12`\n" +
 	"\rCreateSandbox\x12&.opendsec.edge.v1.CreateSandboxRequest\x1a'.opendsec.edge.v1.CreateSandboxResponse\x12W\n" +
 	"\n" +
@@ -3085,7 +3198,8 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"ResumeTask\x12#.opendsec.edge.v1.ResumeTaskRequest\x1a$.opendsec.edge.v1.ResumeTaskResponse\x12f\n" +
 	"\x0fSnapshotSandbox\x12(.opendsec.edge.v1.SnapshotSandboxRequest\x1a).opendsec.edge.v1.SnapshotSandboxResponse\x12`\n" +
 	"\rCommitSandbox\x12&.opendsec.edge.v1.CommitSandboxRequest\x1a'.opendsec.edge.v1.CommitSandboxResponse\x12c\n" +
-	"\x0eCollectGarbage\x12'.opendsec.edge.v1.CollectGarbageRequest\x1a(.opendsec.edge.v1.CollectGarbageResponse\x12f\n" +
+	"\x0eCollectGarbage\x12'.opendsec.edge.v1.CollectGarbageRequest\x1a(.opendsec.edge.v1.CollectGarbageResponse\x12T\n" +
+	"\tWarmImage\x12\".opendsec.edge.v1.WarmImageRequest\x1a#.opendsec.edge.v1.WarmImageResponse\x12f\n" +
 	"\x0fRestoreSnapshot\x12(.opendsec.edge.v1.RestoreSnapshotRequest\x1a).opendsec.edge.v1.RestoreSnapshotResponse\x12Z\n" +
 	"\vForkSandbox\x12$.opendsec.edge.v1.ForkSandboxRequest\x1a%.opendsec.edge.v1.ForkSandboxResponse\x12`\n" +
 	"\rListSnapshots\x12&.opendsec.edge.v1.ListSnapshotsRequest\x1a'.opendsec.edge.v1.ListSnapshotsResponse\x12c\n" +
@@ -3107,7 +3221,7 @@ func file_opendsec_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_opendsec_edge_v1_edge_proto_rawDescData
 }
 
-var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_opendsec_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*CreateSandboxRequest)(nil),      // 0: opendsec.edge.v1.CreateSandboxRequest
 	(*FenceReservationRequest)(nil),   // 1: opendsec.edge.v1.FenceReservationRequest
@@ -3132,141 +3246,146 @@ var file_opendsec_edge_v1_edge_proto_goTypes = []any{
 	(*ResumeTaskResponse)(nil),        // 20: opendsec.edge.v1.ResumeTaskResponse
 	(*ResumeSandboxRequest)(nil),      // 21: opendsec.edge.v1.ResumeSandboxRequest
 	(*ResumeSandboxResponse)(nil),     // 22: opendsec.edge.v1.ResumeSandboxResponse
-	(*CollectGarbageRequest)(nil),     // 23: opendsec.edge.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil),    // 24: opendsec.edge.v1.CollectGarbageResponse
-	(*CommitSandboxRequest)(nil),      // 25: opendsec.edge.v1.CommitSandboxRequest
-	(*CommitSandboxResponse)(nil),     // 26: opendsec.edge.v1.CommitSandboxResponse
-	(*SnapshotSandboxRequest)(nil),    // 27: opendsec.edge.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),   // 28: opendsec.edge.v1.SnapshotSandboxResponse
-	(*RestoreSnapshotRequest)(nil),    // 29: opendsec.edge.v1.RestoreSnapshotRequest
-	(*SnapshotSource)(nil),            // 30: opendsec.edge.v1.SnapshotSource
-	(*SnapshotExport)(nil),            // 31: opendsec.edge.v1.SnapshotExport
-	(*ExportSnapshotRequest)(nil),     // 32: opendsec.edge.v1.ExportSnapshotRequest
-	(*ExportSnapshotResponse)(nil),    // 33: opendsec.edge.v1.ExportSnapshotResponse
-	(*ReleaseExportRequest)(nil),      // 34: opendsec.edge.v1.ReleaseExportRequest
-	(*ReleaseExportResponse)(nil),     // 35: opendsec.edge.v1.ReleaseExportResponse
-	(*RestoreSnapshotResponse)(nil),   // 36: opendsec.edge.v1.RestoreSnapshotResponse
-	(*ForkSandboxRequest)(nil),        // 37: opendsec.edge.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),       // 38: opendsec.edge.v1.ForkSandboxResponse
-	(*ListSnapshotsRequest)(nil),      // 39: opendsec.edge.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 40: opendsec.edge.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),     // 41: opendsec.edge.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 42: opendsec.edge.v1.DeleteSnapshotResponse
-	(*GetNodeStatusRequest)(nil),      // 43: opendsec.edge.v1.GetNodeStatusRequest
-	(*BackendStatus)(nil),             // 44: opendsec.edge.v1.BackendStatus
-	(*Usage)(nil),                     // 45: opendsec.edge.v1.Usage
-	(*GroupUsage)(nil),                // 46: opendsec.edge.v1.GroupUsage
-	(*NodeStatus)(nil),                // 47: opendsec.edge.v1.NodeStatus
-	(*GetNodeStatusResponse)(nil),     // 48: opendsec.edge.v1.GetNodeStatusResponse
-	(*UpdateNetworkRequest)(nil),      // 49: opendsec.edge.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),     // 50: opendsec.edge.v1.UpdateNetworkResponse
-	nil,                               // 51: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	nil,                               // 52: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	(*v1.SandboxSpec)(nil),            // 53: opendsec.sandbox.v1.SandboxSpec
-	(*v1.Sandbox)(nil),                // 54: opendsec.sandbox.v1.Sandbox
-	(*timestamppb.Timestamp)(nil),     // 55: google.protobuf.Timestamp
-	(*v1.MetricsSample)(nil),          // 56: opendsec.sandbox.v1.MetricsSample
-	(v1.PauseDepth)(0),                // 57: opendsec.sandbox.v1.PauseDepth
-	(*v1.TaskSandboxResult)(nil),      // 58: opendsec.sandbox.v1.TaskSandboxResult
-	(*v11.ImageConfig)(nil),           // 59: opendsec.image.v1.ImageConfig
-	(*v11.Image)(nil),                 // 60: opendsec.image.v1.Image
-	(*v1.Snapshot)(nil),               // 61: opendsec.sandbox.v1.Snapshot
-	(v1.OnTimeout)(0),                 // 62: opendsec.sandbox.v1.OnTimeout
-	(*v1.ForkResult)(nil),             // 63: opendsec.sandbox.v1.ForkResult
-	(*v1.UpdateNetworkRequest)(nil),   // 64: opendsec.sandbox.v1.UpdateNetworkRequest
+	(*WarmImageRequest)(nil),          // 23: opendsec.edge.v1.WarmImageRequest
+	(*WarmImageResponse)(nil),         // 24: opendsec.edge.v1.WarmImageResponse
+	(*CollectGarbageRequest)(nil),     // 25: opendsec.edge.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil),    // 26: opendsec.edge.v1.CollectGarbageResponse
+	(*CommitSandboxRequest)(nil),      // 27: opendsec.edge.v1.CommitSandboxRequest
+	(*CommitSandboxResponse)(nil),     // 28: opendsec.edge.v1.CommitSandboxResponse
+	(*SnapshotSandboxRequest)(nil),    // 29: opendsec.edge.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 30: opendsec.edge.v1.SnapshotSandboxResponse
+	(*RestoreSnapshotRequest)(nil),    // 31: opendsec.edge.v1.RestoreSnapshotRequest
+	(*SnapshotSource)(nil),            // 32: opendsec.edge.v1.SnapshotSource
+	(*SnapshotExport)(nil),            // 33: opendsec.edge.v1.SnapshotExport
+	(*ExportSnapshotRequest)(nil),     // 34: opendsec.edge.v1.ExportSnapshotRequest
+	(*ExportSnapshotResponse)(nil),    // 35: opendsec.edge.v1.ExportSnapshotResponse
+	(*ReleaseExportRequest)(nil),      // 36: opendsec.edge.v1.ReleaseExportRequest
+	(*ReleaseExportResponse)(nil),     // 37: opendsec.edge.v1.ReleaseExportResponse
+	(*RestoreSnapshotResponse)(nil),   // 38: opendsec.edge.v1.RestoreSnapshotResponse
+	(*ForkSandboxRequest)(nil),        // 39: opendsec.edge.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 40: opendsec.edge.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 41: opendsec.edge.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 42: opendsec.edge.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 43: opendsec.edge.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 44: opendsec.edge.v1.DeleteSnapshotResponse
+	(*GetNodeStatusRequest)(nil),      // 45: opendsec.edge.v1.GetNodeStatusRequest
+	(*BackendStatus)(nil),             // 46: opendsec.edge.v1.BackendStatus
+	(*Usage)(nil),                     // 47: opendsec.edge.v1.Usage
+	(*GroupUsage)(nil),                // 48: opendsec.edge.v1.GroupUsage
+	(*NodeStatus)(nil),                // 49: opendsec.edge.v1.NodeStatus
+	(*GetNodeStatusResponse)(nil),     // 50: opendsec.edge.v1.GetNodeStatusResponse
+	(*UpdateNetworkRequest)(nil),      // 51: opendsec.edge.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),     // 52: opendsec.edge.v1.UpdateNetworkResponse
+	nil,                               // 53: opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	nil,                               // 54: opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	(*v1.SandboxSpec)(nil),            // 55: opendsec.sandbox.v1.SandboxSpec
+	(*v1.Sandbox)(nil),                // 56: opendsec.sandbox.v1.Sandbox
+	(*timestamppb.Timestamp)(nil),     // 57: google.protobuf.Timestamp
+	(*v1.MetricsSample)(nil),          // 58: opendsec.sandbox.v1.MetricsSample
+	(v1.PauseDepth)(0),                // 59: opendsec.sandbox.v1.PauseDepth
+	(*v1.TaskSandboxResult)(nil),      // 60: opendsec.sandbox.v1.TaskSandboxResult
+	(*v11.ImageConfig)(nil),           // 61: opendsec.image.v1.ImageConfig
+	(*v11.Image)(nil),                 // 62: opendsec.image.v1.Image
+	(*v1.Snapshot)(nil),               // 63: opendsec.sandbox.v1.Snapshot
+	(v1.OnTimeout)(0),                 // 64: opendsec.sandbox.v1.OnTimeout
+	(*v1.ForkResult)(nil),             // 65: opendsec.sandbox.v1.ForkResult
+	(*v1.UpdateNetworkRequest)(nil),   // 66: opendsec.sandbox.v1.UpdateNetworkRequest
 }
 var file_opendsec_edge_v1_edge_proto_depIdxs = []int32{
-	53, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
-	54, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	54, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	55, // 0: opendsec.edge.v1.CreateSandboxRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	56, // 1: opendsec.edge.v1.FenceReservationResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	56, // 2: opendsec.edge.v1.CreateSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
 	4,  // 3: opendsec.edge.v1.CreateSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	54, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	54, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
-	54, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	55, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	55, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	56, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
-	54, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	57, // 11: opendsec.edge.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	54, // 12: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	57, // 13: opendsec.edge.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
-	58, // 14: opendsec.edge.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	58, // 15: opendsec.edge.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
-	54, // 16: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	59, // 17: opendsec.edge.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
-	60, // 18: opendsec.edge.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
-	61, // 19: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
-	51, // 20: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
-	30, // 21: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
-	62, // 22: opendsec.edge.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
-	55, // 23: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
-	31, // 24: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	54, // 25: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	4,  // 26: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	52, // 27: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
-	63, // 28: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
-	4,  // 29: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
-	31, // 30: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
-	61, // 31: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
-	45, // 32: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
-	45, // 33: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
-	45, // 34: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
-	44, // 35: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
-	46, // 36: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
-	45, // 37: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
-	4,  // 38: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
-	47, // 39: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
-	64, // 40: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
-	54, // 41: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
-	0,  // 42: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
-	5,  // 43: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
-	7,  // 44: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
-	9,  // 45: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
-	13, // 46: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
-	49, // 47: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
-	11, // 48: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
-	15, // 49: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
-	21, // 50: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
-	17, // 51: opendsec.edge.v1.EdgeService.PauseTask:input_type -> opendsec.edge.v1.PauseTaskRequest
-	18, // 52: opendsec.edge.v1.EdgeService.ResumeTask:input_type -> opendsec.edge.v1.ResumeTaskRequest
-	27, // 53: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
-	25, // 54: opendsec.edge.v1.EdgeService.CommitSandbox:input_type -> opendsec.edge.v1.CommitSandboxRequest
-	23, // 55: opendsec.edge.v1.EdgeService.CollectGarbage:input_type -> opendsec.edge.v1.CollectGarbageRequest
-	29, // 56: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
-	37, // 57: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
-	39, // 58: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
-	41, // 59: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
-	32, // 60: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
-	34, // 61: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
-	1,  // 62: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
-	43, // 63: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
-	3,  // 64: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
-	6,  // 65: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
-	8,  // 66: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
-	10, // 67: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
-	14, // 68: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
-	50, // 69: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
-	12, // 70: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
-	16, // 71: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
-	22, // 72: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
-	19, // 73: opendsec.edge.v1.EdgeService.PauseTask:output_type -> opendsec.edge.v1.PauseTaskResponse
-	20, // 74: opendsec.edge.v1.EdgeService.ResumeTask:output_type -> opendsec.edge.v1.ResumeTaskResponse
-	28, // 75: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
-	26, // 76: opendsec.edge.v1.EdgeService.CommitSandbox:output_type -> opendsec.edge.v1.CommitSandboxResponse
-	24, // 77: opendsec.edge.v1.EdgeService.CollectGarbage:output_type -> opendsec.edge.v1.CollectGarbageResponse
-	36, // 78: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
-	38, // 79: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
-	40, // 80: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
-	42, // 81: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
-	33, // 82: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
-	35, // 83: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
-	2,  // 84: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
-	48, // 85: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
-	64, // [64:86] is the sub-list for method output_type
-	42, // [42:64] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	56, // 4: opendsec.edge.v1.GetSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	56, // 5: opendsec.edge.v1.ListSandboxesResponse.sandboxes:type_name -> opendsec.sandbox.v1.Sandbox
+	56, // 6: opendsec.edge.v1.DestroySandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	57, // 7: opendsec.edge.v1.GetSandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	57, // 8: opendsec.edge.v1.GetSandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	58, // 9: opendsec.edge.v1.GetSandboxMetricsResponse.samples:type_name -> opendsec.sandbox.v1.MetricsSample
+	56, // 10: opendsec.edge.v1.SetSandboxTimeoutResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	59, // 11: opendsec.edge.v1.PauseSandboxRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	56, // 12: opendsec.edge.v1.PauseSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	59, // 13: opendsec.edge.v1.PauseTaskRequest.depth:type_name -> opendsec.sandbox.v1.PauseDepth
+	60, // 14: opendsec.edge.v1.PauseTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	60, // 15: opendsec.edge.v1.ResumeTaskResponse.results:type_name -> opendsec.sandbox.v1.TaskSandboxResult
+	56, // 16: opendsec.edge.v1.ResumeSandboxResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	55, // 17: opendsec.edge.v1.WarmImageRequest.spec:type_name -> opendsec.sandbox.v1.SandboxSpec
+	61, // 18: opendsec.edge.v1.CommitSandboxRequest.config:type_name -> opendsec.image.v1.ImageConfig
+	62, // 19: opendsec.edge.v1.CommitSandboxResponse.image:type_name -> opendsec.image.v1.Image
+	63, // 20: opendsec.edge.v1.SnapshotSandboxResponse.snapshot:type_name -> opendsec.sandbox.v1.Snapshot
+	53, // 21: opendsec.edge.v1.RestoreSnapshotRequest.metadata:type_name -> opendsec.edge.v1.RestoreSnapshotRequest.MetadataEntry
+	32, // 22: opendsec.edge.v1.RestoreSnapshotRequest.source:type_name -> opendsec.edge.v1.SnapshotSource
+	64, // 23: opendsec.edge.v1.RestoreSnapshotRequest.on_timeout:type_name -> opendsec.sandbox.v1.OnTimeout
+	57, // 24: opendsec.edge.v1.SnapshotExport.expires_at:type_name -> google.protobuf.Timestamp
+	33, // 25: opendsec.edge.v1.ExportSnapshotResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	56, // 26: opendsec.edge.v1.RestoreSnapshotResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	4,  // 27: opendsec.edge.v1.RestoreSnapshotResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	54, // 28: opendsec.edge.v1.ForkSandboxRequest.metadata:type_name -> opendsec.edge.v1.ForkSandboxRequest.MetadataEntry
+	65, // 29: opendsec.edge.v1.ForkSandboxResponse.results:type_name -> opendsec.sandbox.v1.ForkResult
+	4,  // 30: opendsec.edge.v1.ForkSandboxResponse.usage:type_name -> opendsec.edge.v1.UsageStamp
+	33, // 31: opendsec.edge.v1.ForkSandboxResponse.export:type_name -> opendsec.edge.v1.SnapshotExport
+	63, // 32: opendsec.edge.v1.ListSnapshotsResponse.snapshots:type_name -> opendsec.sandbox.v1.Snapshot
+	47, // 33: opendsec.edge.v1.GroupUsage.usage:type_name -> opendsec.edge.v1.Usage
+	47, // 34: opendsec.edge.v1.NodeStatus.capacity:type_name -> opendsec.edge.v1.Usage
+	47, // 35: opendsec.edge.v1.NodeStatus.allocated:type_name -> opendsec.edge.v1.Usage
+	46, // 36: opendsec.edge.v1.NodeStatus.backends:type_name -> opendsec.edge.v1.BackendStatus
+	48, // 37: opendsec.edge.v1.NodeStatus.groups:type_name -> opendsec.edge.v1.GroupUsage
+	47, // 38: opendsec.edge.v1.NodeStatus.host:type_name -> opendsec.edge.v1.Usage
+	4,  // 39: opendsec.edge.v1.NodeStatus.usage:type_name -> opendsec.edge.v1.UsageStamp
+	49, // 40: opendsec.edge.v1.GetNodeStatusResponse.status:type_name -> opendsec.edge.v1.NodeStatus
+	66, // 41: opendsec.edge.v1.UpdateNetworkRequest.update:type_name -> opendsec.sandbox.v1.UpdateNetworkRequest
+	56, // 42: opendsec.edge.v1.UpdateNetworkResponse.sandbox:type_name -> opendsec.sandbox.v1.Sandbox
+	0,  // 43: opendsec.edge.v1.EdgeService.CreateSandbox:input_type -> opendsec.edge.v1.CreateSandboxRequest
+	5,  // 44: opendsec.edge.v1.EdgeService.GetSandbox:input_type -> opendsec.edge.v1.GetSandboxRequest
+	7,  // 45: opendsec.edge.v1.EdgeService.ListSandboxes:input_type -> opendsec.edge.v1.ListSandboxesRequest
+	9,  // 46: opendsec.edge.v1.EdgeService.DestroySandbox:input_type -> opendsec.edge.v1.DestroySandboxRequest
+	13, // 47: opendsec.edge.v1.EdgeService.SetSandboxTimeout:input_type -> opendsec.edge.v1.SetSandboxTimeoutRequest
+	51, // 48: opendsec.edge.v1.EdgeService.UpdateNetwork:input_type -> opendsec.edge.v1.UpdateNetworkRequest
+	11, // 49: opendsec.edge.v1.EdgeService.GetSandboxMetrics:input_type -> opendsec.edge.v1.GetSandboxMetricsRequest
+	15, // 50: opendsec.edge.v1.EdgeService.PauseSandbox:input_type -> opendsec.edge.v1.PauseSandboxRequest
+	21, // 51: opendsec.edge.v1.EdgeService.ResumeSandbox:input_type -> opendsec.edge.v1.ResumeSandboxRequest
+	17, // 52: opendsec.edge.v1.EdgeService.PauseTask:input_type -> opendsec.edge.v1.PauseTaskRequest
+	18, // 53: opendsec.edge.v1.EdgeService.ResumeTask:input_type -> opendsec.edge.v1.ResumeTaskRequest
+	29, // 54: opendsec.edge.v1.EdgeService.SnapshotSandbox:input_type -> opendsec.edge.v1.SnapshotSandboxRequest
+	27, // 55: opendsec.edge.v1.EdgeService.CommitSandbox:input_type -> opendsec.edge.v1.CommitSandboxRequest
+	25, // 56: opendsec.edge.v1.EdgeService.CollectGarbage:input_type -> opendsec.edge.v1.CollectGarbageRequest
+	23, // 57: opendsec.edge.v1.EdgeService.WarmImage:input_type -> opendsec.edge.v1.WarmImageRequest
+	31, // 58: opendsec.edge.v1.EdgeService.RestoreSnapshot:input_type -> opendsec.edge.v1.RestoreSnapshotRequest
+	39, // 59: opendsec.edge.v1.EdgeService.ForkSandbox:input_type -> opendsec.edge.v1.ForkSandboxRequest
+	41, // 60: opendsec.edge.v1.EdgeService.ListSnapshots:input_type -> opendsec.edge.v1.ListSnapshotsRequest
+	43, // 61: opendsec.edge.v1.EdgeService.DeleteSnapshot:input_type -> opendsec.edge.v1.DeleteSnapshotRequest
+	34, // 62: opendsec.edge.v1.EdgeService.ExportSnapshot:input_type -> opendsec.edge.v1.ExportSnapshotRequest
+	36, // 63: opendsec.edge.v1.EdgeService.ReleaseExport:input_type -> opendsec.edge.v1.ReleaseExportRequest
+	1,  // 64: opendsec.edge.v1.EdgeService.FenceReservation:input_type -> opendsec.edge.v1.FenceReservationRequest
+	45, // 65: opendsec.edge.v1.EdgeService.GetNodeStatus:input_type -> opendsec.edge.v1.GetNodeStatusRequest
+	3,  // 66: opendsec.edge.v1.EdgeService.CreateSandbox:output_type -> opendsec.edge.v1.CreateSandboxResponse
+	6,  // 67: opendsec.edge.v1.EdgeService.GetSandbox:output_type -> opendsec.edge.v1.GetSandboxResponse
+	8,  // 68: opendsec.edge.v1.EdgeService.ListSandboxes:output_type -> opendsec.edge.v1.ListSandboxesResponse
+	10, // 69: opendsec.edge.v1.EdgeService.DestroySandbox:output_type -> opendsec.edge.v1.DestroySandboxResponse
+	14, // 70: opendsec.edge.v1.EdgeService.SetSandboxTimeout:output_type -> opendsec.edge.v1.SetSandboxTimeoutResponse
+	52, // 71: opendsec.edge.v1.EdgeService.UpdateNetwork:output_type -> opendsec.edge.v1.UpdateNetworkResponse
+	12, // 72: opendsec.edge.v1.EdgeService.GetSandboxMetrics:output_type -> opendsec.edge.v1.GetSandboxMetricsResponse
+	16, // 73: opendsec.edge.v1.EdgeService.PauseSandbox:output_type -> opendsec.edge.v1.PauseSandboxResponse
+	22, // 74: opendsec.edge.v1.EdgeService.ResumeSandbox:output_type -> opendsec.edge.v1.ResumeSandboxResponse
+	19, // 75: opendsec.edge.v1.EdgeService.PauseTask:output_type -> opendsec.edge.v1.PauseTaskResponse
+	20, // 76: opendsec.edge.v1.EdgeService.ResumeTask:output_type -> opendsec.edge.v1.ResumeTaskResponse
+	30, // 77: opendsec.edge.v1.EdgeService.SnapshotSandbox:output_type -> opendsec.edge.v1.SnapshotSandboxResponse
+	28, // 78: opendsec.edge.v1.EdgeService.CommitSandbox:output_type -> opendsec.edge.v1.CommitSandboxResponse
+	26, // 79: opendsec.edge.v1.EdgeService.CollectGarbage:output_type -> opendsec.edge.v1.CollectGarbageResponse
+	24, // 80: opendsec.edge.v1.EdgeService.WarmImage:output_type -> opendsec.edge.v1.WarmImageResponse
+	38, // 81: opendsec.edge.v1.EdgeService.RestoreSnapshot:output_type -> opendsec.edge.v1.RestoreSnapshotResponse
+	40, // 82: opendsec.edge.v1.EdgeService.ForkSandbox:output_type -> opendsec.edge.v1.ForkSandboxResponse
+	42, // 83: opendsec.edge.v1.EdgeService.ListSnapshots:output_type -> opendsec.edge.v1.ListSnapshotsResponse
+	44, // 84: opendsec.edge.v1.EdgeService.DeleteSnapshot:output_type -> opendsec.edge.v1.DeleteSnapshotResponse
+	35, // 85: opendsec.edge.v1.EdgeService.ExportSnapshot:output_type -> opendsec.edge.v1.ExportSnapshotResponse
+	37, // 86: opendsec.edge.v1.EdgeService.ReleaseExport:output_type -> opendsec.edge.v1.ReleaseExportResponse
+	2,  // 87: opendsec.edge.v1.EdgeService.FenceReservation:output_type -> opendsec.edge.v1.FenceReservationResponse
+	50, // 88: opendsec.edge.v1.EdgeService.GetNodeStatus:output_type -> opendsec.edge.v1.GetNodeStatusResponse
+	66, // [66:89] is the sub-list for method output_type
+	43, // [43:66] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_edge_v1_edge_proto_init() }
@@ -3274,14 +3393,14 @@ func file_opendsec_edge_v1_edge_proto_init() {
 	if File_opendsec_edge_v1_edge_proto != nil {
 		return
 	}
-	file_opendsec_edge_v1_edge_proto_msgTypes[29].OneofWrappers = []any{}
+	file_opendsec_edge_v1_edge_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_edge_v1_edge_proto_rawDesc), len(file_opendsec_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   53,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,221 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type WarmImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "project/name:tag", an image the caller's project may read.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The backend its sandboxes will run on ("microvm" is the one that
+	// prepares something).
+	Backend string `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Their shape: vCPUs, memory and disk; 0 takes a create's default. A
+	// sandbox of another shape (or without a network where this has one,
+	// or the other way) is another template.
+	CpuCores float64 `protobuf:"fixed64,3,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb int64   `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	DiskMb   int64   `protobuf:"varint,5,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// Whether its sandboxes have a network interface.
+	Network       bool `protobuf:"varint,6,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmImageRequest) Reset() {
+	*x = WarmImageRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmImageRequest) ProtoMessage() {}
+
+func (x *WarmImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmImageRequest.ProtoReflect.Descriptor instead.
+func (*WarmImageRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WarmImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WarmImageRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *WarmImageRequest) GetCpuCores() float64 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *WarmImageRequest) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *WarmImageRequest) GetDiskMb() int64 {
+	if x != nil {
+		return x.DiskMb
+	}
+	return 0
+}
+
+func (x *WarmImageRequest) GetNetwork() bool {
+	if x != nil {
+		return x.Network
+	}
+	return false
+}
+
+type WarmImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeWarmth          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmImageResponse) Reset() {
+	*x = WarmImageResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmImageResponse) ProtoMessage() {}
+
+func (x *WarmImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmImageResponse.ProtoReflect.Descriptor instead.
+func (*WarmImageResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WarmImageResponse) GetNodes() []*NodeWarmth {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodeWarmth is one node's answer to WarmImage.
+type NodeWarmth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Whether the node prepared something now (false: it had it already,
+	// or its backend needs nothing; note says which).
+	Prepared bool   `protobuf:"varint,2,opt,name=prepared,proto3" json:"prepared,omitempty"`
+	TookMs   int64  `protobuf:"varint,3,opt,name=took_ms,json=tookMs,proto3" json:"took_ms,omitempty"`
+	Note     string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
+	// Why the node did not prepare it, if it failed or did not answer.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeWarmth) Reset() {
+	*x = NodeWarmth{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeWarmth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeWarmth) ProtoMessage() {}
+
+func (x *NodeWarmth) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeWarmth.ProtoReflect.Descriptor instead.
+func (*NodeWarmth) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeWarmth) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeWarmth) GetPrepared() bool {
+	if x != nil {
+		return x.Prepared
+	}
+	return false
+}
+
+func (x *NodeWarmth) GetTookMs() int64 {
+	if x != nil {
+		return x.TookMs
+	}
+	return 0
+}
+
+func (x *NodeWarmth) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *NodeWarmth) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type Image struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "project/name:tag".
@@ -45,7 +260,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -57,7 +272,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -70,7 +285,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{0}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Image) GetName() string {
@@ -133,7 +348,7 @@ type ImageConfig struct {
 
 func (x *ImageConfig) Reset() {
 	*x = ImageConfig{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -145,7 +360,7 @@ func (x *ImageConfig) String() string {
 func (*ImageConfig) ProtoMessage() {}
 
 func (x *ImageConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -158,7 +373,7 @@ func (x *ImageConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageConfig.ProtoReflect.Descriptor instead.
 func (*ImageConfig) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ImageConfig) GetEnv() []string {
@@ -213,7 +428,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +440,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +453,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListImagesRequest) GetProject() string {
@@ -257,7 +472,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -269,7 +484,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -282,7 +497,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -301,7 +516,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +528,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +541,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -345,7 +560,7 @@ type GetImageResponse struct {
 
 func (x *GetImageResponse) Reset() {
 	*x = GetImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -357,7 +572,7 @@ func (x *GetImageResponse) String() string {
 func (*GetImageResponse) ProtoMessage() {}
 
 func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -370,7 +585,7 @@ func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageResponse.ProtoReflect.Descriptor instead.
 func (*GetImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetImageResponse) GetImage() *Image {
@@ -388,7 +603,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +615,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +628,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 type CollectGarbageResponse struct {
@@ -427,7 +642,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +654,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +667,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CollectGarbageResponse) GetStoreFreedBytes() int64 {
@@ -484,7 +699,7 @@ type NodeGarbage struct {
 
 func (x *NodeGarbage) Reset() {
 	*x = NodeGarbage{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +711,7 @@ func (x *NodeGarbage) String() string {
 func (*NodeGarbage) ProtoMessage() {}
 
 func (x *NodeGarbage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +724,7 @@ func (x *NodeGarbage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeGarbage.ProtoReflect.Descriptor instead.
 func (*NodeGarbage) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeGarbage) GetNode() string {
@@ -552,7 +767,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +779,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +792,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -603,7 +818,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +830,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +843,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TagImageResponse) GetImage() *Image {
@@ -647,7 +862,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +874,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +887,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteImageRequest) GetName() string {
@@ -694,7 +909,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +921,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +934,7 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteImageResponse) GetFreedBytes() int64 {
@@ -744,7 +959,7 @@ type RegistryCredentials struct {
 
 func (x *RegistryCredentials) Reset() {
 	*x = RegistryCredentials{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +971,7 @@ func (x *RegistryCredentials) String() string {
 func (*RegistryCredentials) ProtoMessage() {}
 
 func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +984,7 @@ func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryCredentials.ProtoReflect.Descriptor instead.
 func (*RegistryCredentials) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RegistryCredentials) GetUsername() string {
@@ -806,7 +1021,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +1033,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +1046,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Progress) GetStage() string {
@@ -870,7 +1085,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +1097,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +1110,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PullImageRequest) GetSource() string {
@@ -930,7 +1145,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1157,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1170,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PullImageResponse) GetProgress() *Progress {
@@ -985,7 +1200,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1212,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1225,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PushImageRequest) GetName() string {
@@ -1045,7 +1260,7 @@ type PushImageResponse struct {
 
 func (x *PushImageResponse) Reset() {
 	*x = PushImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1272,7 @@ func (x *PushImageResponse) String() string {
 func (*PushImageResponse) ProtoMessage() {}
 
 func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1285,7 @@ func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageResponse.ProtoReflect.Descriptor instead.
 func (*PushImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PushImageResponse) GetProgress() *Progress {
@@ -1091,7 +1306,23 @@ var File_opendsec_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n" +
+	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xad\x01\n" +
+	"\x10WarmImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
+	"\tcpu_cores\x18\x03 \x01(\x01R\bcpuCores\x12\x1b\n" +
+	"\tmemory_mb\x18\x04 \x01(\x03R\bmemoryMb\x12\x17\n" +
+	"\adisk_mb\x18\x05 \x01(\x03R\x06diskMb\x12\x18\n" +
+	"\anetwork\x18\x06 \x01(\bR\anetwork\"H\n" +
+	"\x11WarmImageResponse\x123\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1d.opendsec.image.v1.NodeWarmthR\x05nodes\"\x7f\n" +
+	"\n" +
+	"NodeWarmth\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
+	"\bprepared\x18\x02 \x01(\bR\bprepared\x12\x17\n" +
+	"\atook_ms\x18\x03 \x01(\x03R\x06tookMs\x12\x12\n" +
+	"\x04note\x18\x04 \x01(\tR\x04note\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xdd\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -1163,7 +1394,7 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\vcredentials\x18\x03 \x01(\v2&.opendsec.image.v1.RegistryCredentialsR\vcredentials\"d\n" +
 	"\x11PushImageResponse\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.opendsec.image.v1.ProgressR\bprogress\x12\x16\n" +
-	"\x06digest\x18\x02 \x01(\tR\x06digest2\x8c\x05\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest2\xe4\x05\n" +
 	"\fImageService\x12Y\n" +
 	"\n" +
 	"ListImages\x12$.opendsec.image.v1.ListImagesRequest\x1a%.opendsec.image.v1.ListImagesResponse\x12S\n" +
@@ -1172,7 +1403,8 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\bTagImage\x12\".opendsec.image.v1.TagImageRequest\x1a#.opendsec.image.v1.TagImageResponse\x12e\n" +
 	"\x0eCollectGarbage\x12(.opendsec.image.v1.CollectGarbageRequest\x1a).opendsec.image.v1.CollectGarbageResponse\x12X\n" +
 	"\tPullImage\x12#.opendsec.image.v1.PullImageRequest\x1a$.opendsec.image.v1.PullImageResponse0\x01\x12X\n" +
-	"\tPushImage\x12#.opendsec.image.v1.PushImageRequest\x1a$.opendsec.image.v1.PushImageResponse0\x01B@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
+	"\tPushImage\x12#.opendsec.image.v1.PushImageRequest\x1a$.opendsec.image.v1.PushImageResponse0\x01\x12V\n" +
+	"\tWarmImage\x12#.opendsec.image.v1.WarmImageRequest\x1a$.opendsec.image.v1.WarmImageResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
 
 var (
 	file_opendsec_image_v1_image_proto_rawDescOnce sync.Once
@@ -1186,62 +1418,68 @@ func file_opendsec_image_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_image_v1_image_proto_rawDescData
 }
 
-var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_opendsec_image_v1_image_proto_goTypes = []any{
-	(*Image)(nil),                  // 0: opendsec.image.v1.Image
-	(*ImageConfig)(nil),            // 1: opendsec.image.v1.ImageConfig
-	(*ListImagesRequest)(nil),      // 2: opendsec.image.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),     // 3: opendsec.image.v1.ListImagesResponse
-	(*GetImageRequest)(nil),        // 4: opendsec.image.v1.GetImageRequest
-	(*GetImageResponse)(nil),       // 5: opendsec.image.v1.GetImageResponse
-	(*CollectGarbageRequest)(nil),  // 6: opendsec.image.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 7: opendsec.image.v1.CollectGarbageResponse
-	(*NodeGarbage)(nil),            // 8: opendsec.image.v1.NodeGarbage
-	(*TagImageRequest)(nil),        // 9: opendsec.image.v1.TagImageRequest
-	(*TagImageResponse)(nil),       // 10: opendsec.image.v1.TagImageResponse
-	(*DeleteImageRequest)(nil),     // 11: opendsec.image.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),    // 12: opendsec.image.v1.DeleteImageResponse
-	(*RegistryCredentials)(nil),    // 13: opendsec.image.v1.RegistryCredentials
-	(*Progress)(nil),               // 14: opendsec.image.v1.Progress
-	(*PullImageRequest)(nil),       // 15: opendsec.image.v1.PullImageRequest
-	(*PullImageResponse)(nil),      // 16: opendsec.image.v1.PullImageResponse
-	(*PushImageRequest)(nil),       // 17: opendsec.image.v1.PushImageRequest
-	(*PushImageResponse)(nil),      // 18: opendsec.image.v1.PushImageResponse
-	nil,                            // 19: opendsec.image.v1.ImageConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 20: google.protobuf.Timestamp
+	(*WarmImageRequest)(nil),       // 0: opendsec.image.v1.WarmImageRequest
+	(*WarmImageResponse)(nil),      // 1: opendsec.image.v1.WarmImageResponse
+	(*NodeWarmth)(nil),             // 2: opendsec.image.v1.NodeWarmth
+	(*Image)(nil),                  // 3: opendsec.image.v1.Image
+	(*ImageConfig)(nil),            // 4: opendsec.image.v1.ImageConfig
+	(*ListImagesRequest)(nil),      // 5: opendsec.image.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),     // 6: opendsec.image.v1.ListImagesResponse
+	(*GetImageRequest)(nil),        // 7: opendsec.image.v1.GetImageRequest
+	(*GetImageResponse)(nil),       // 8: opendsec.image.v1.GetImageResponse
+	(*CollectGarbageRequest)(nil),  // 9: opendsec.image.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 10: opendsec.image.v1.CollectGarbageResponse
+	(*NodeGarbage)(nil),            // 11: opendsec.image.v1.NodeGarbage
+	(*TagImageRequest)(nil),        // 12: opendsec.image.v1.TagImageRequest
+	(*TagImageResponse)(nil),       // 13: opendsec.image.v1.TagImageResponse
+	(*DeleteImageRequest)(nil),     // 14: opendsec.image.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),    // 15: opendsec.image.v1.DeleteImageResponse
+	(*RegistryCredentials)(nil),    // 16: opendsec.image.v1.RegistryCredentials
+	(*Progress)(nil),               // 17: opendsec.image.v1.Progress
+	(*PullImageRequest)(nil),       // 18: opendsec.image.v1.PullImageRequest
+	(*PullImageResponse)(nil),      // 19: opendsec.image.v1.PullImageResponse
+	(*PushImageRequest)(nil),       // 20: opendsec.image.v1.PushImageRequest
+	(*PushImageResponse)(nil),      // 21: opendsec.image.v1.PushImageResponse
+	nil,                            // 22: opendsec.image.v1.ImageConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 23: google.protobuf.Timestamp
 }
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
-	20, // 0: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	1,  // 1: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
-	19, // 2: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
-	0,  // 3: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
-	0,  // 4: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	8,  // 5: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
-	0,  // 6: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
-	13, // 7: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	14, // 8: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	0,  // 9: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
-	13, // 10: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	14, // 11: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	2,  // 12: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	4,  // 13: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	11, // 14: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	9,  // 15: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
-	6,  // 16: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
-	15, // 17: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
-	17, // 18: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
-	3,  // 19: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	5,  // 20: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	12, // 21: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	10, // 22: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
-	7,  // 23: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
-	16, // 24: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
-	18, // 25: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 0: opendsec.image.v1.WarmImageResponse.nodes:type_name -> opendsec.image.v1.NodeWarmth
+	23, // 1: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	4,  // 2: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
+	22, // 3: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
+	3,  // 4: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
+	3,  // 5: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
+	11, // 6: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
+	3,  // 7: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
+	16, // 8: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	17, // 9: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	3,  // 10: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	16, // 11: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	17, // 12: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	5,  // 13: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	7,  // 14: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	14, // 15: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	12, // 16: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
+	9,  // 17: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
+	18, // 18: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	20, // 19: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	0,  // 20: opendsec.image.v1.ImageService.WarmImage:input_type -> opendsec.image.v1.WarmImageRequest
+	6,  // 21: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	8,  // 22: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	15, // 23: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	13, // 24: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
+	10, // 25: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
+	19, // 26: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	21, // 27: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	1,  // 28: opendsec.image.v1.ImageService.WarmImage:output_type -> opendsec.image.v1.WarmImageResponse
+	21, // [21:29] is the sub-list for method output_type
+	13, // [13:21] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
@@ -1255,7 +1493,7 @@ func file_opendsec_image_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_image_v1_image_proto_rawDesc), len(file_opendsec_image_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -75,6 +75,8 @@ const (
 	// EdgeServiceCollectGarbageProcedure is the fully-qualified name of the EdgeService's
 	// CollectGarbage RPC.
 	EdgeServiceCollectGarbageProcedure = "/opendsec.edge.v1.EdgeService/CollectGarbage"
+	// EdgeServiceWarmImageProcedure is the fully-qualified name of the EdgeService's WarmImage RPC.
+	EdgeServiceWarmImageProcedure = "/opendsec.edge.v1.EdgeService/WarmImage"
 	// EdgeServiceRestoreSnapshotProcedure is the fully-qualified name of the EdgeService's
 	// RestoreSnapshot RPC.
 	EdgeServiceRestoreSnapshotProcedure = "/opendsec.edge.v1.EdgeService/RestoreSnapshot"
@@ -122,6 +124,9 @@ type EdgeServiceClient interface {
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
 	// CollectGarbage prunes the node's layer cache now.
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
+	// WarmImage prepares the node for the first sandbox of an image and
+	// shape (ImageService.WarmImage).
+	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -234,6 +239,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("CollectGarbage")),
 			connect.WithClientOptions(opts...),
 		),
+		warmImage: connect.NewClient[v1.WarmImageRequest, v1.WarmImageResponse](
+			httpClient,
+			baseURL+EdgeServiceWarmImageProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("WarmImage")),
+			connect.WithClientOptions(opts...),
+		),
 		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
 			httpClient,
 			baseURL+EdgeServiceRestoreSnapshotProcedure,
@@ -301,6 +312,7 @@ type edgeServiceClient struct {
 	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
 	collectGarbage    *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
+	warmImage         *connect.Client[v1.WarmImageRequest, v1.WarmImageResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -381,6 +393,11 @@ func (c *edgeServiceClient) CollectGarbage(ctx context.Context, req *connect.Req
 	return c.collectGarbage.CallUnary(ctx, req)
 }
 
+// WarmImage calls opendsec.edge.v1.EdgeService.WarmImage.
+func (c *edgeServiceClient) WarmImage(ctx context.Context, req *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error) {
+	return c.warmImage.CallUnary(ctx, req)
+}
+
 // RestoreSnapshot calls opendsec.edge.v1.EdgeService.RestoreSnapshot.
 func (c *edgeServiceClient) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
 	return c.restoreSnapshot.CallUnary(ctx, req)
@@ -443,6 +460,9 @@ type EdgeServiceHandler interface {
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.CommitSandboxResponse], error)
 	// CollectGarbage prunes the node's layer cache now.
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
+	// WarmImage prepares the node for the first sandbox of an image and
+	// shape (ImageService.WarmImage).
+	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -551,6 +571,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("CollectGarbage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceWarmImageHandler := connect.NewUnaryHandler(
+		EdgeServiceWarmImageProcedure,
+		svc.WarmImage,
+		connect.WithSchema(edgeServiceMethods.ByName("WarmImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceRestoreSnapshotHandler := connect.NewUnaryHandler(
 		EdgeServiceRestoreSnapshotProcedure,
 		svc.RestoreSnapshot,
@@ -629,6 +655,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case EdgeServiceCollectGarbageProcedure:
 			edgeServiceCollectGarbageHandler.ServeHTTP(w, r)
+		case EdgeServiceWarmImageProcedure:
+			edgeServiceWarmImageHandler.ServeHTTP(w, r)
 		case EdgeServiceRestoreSnapshotProcedure:
 			edgeServiceRestoreSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceForkSandboxProcedure:
@@ -708,6 +736,10 @@ func (UnimplementedEdgeServiceHandler) CommitSandbox(context.Context, *connect.R
 
 func (UnimplementedEdgeServiceHandler) CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.CollectGarbage is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.WarmImage is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {

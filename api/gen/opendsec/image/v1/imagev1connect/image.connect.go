@@ -53,6 +53,8 @@ const (
 	ImageServicePullImageProcedure = "/opendsec.image.v1.ImageService/PullImage"
 	// ImageServicePushImageProcedure is the fully-qualified name of the ImageService's PushImage RPC.
 	ImageServicePushImageProcedure = "/opendsec.image.v1.ImageService/PushImage"
+	// ImageServiceWarmImageProcedure is the fully-qualified name of the ImageService's WarmImage RPC.
+	ImageServiceWarmImageProcedure = "/opendsec.image.v1.ImageService/WarmImage"
 )
 
 // ImageServiceClient is a client for the opendsec.image.v1.ImageService service.
@@ -75,6 +77,14 @@ type ImageServiceClient interface {
 	PullImage(context.Context, *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error)
 	// PushImage uploads a stored image to an OCI registry.
 	PushImage(context.Context, *connect.Request[v1.PushImageRequest]) (*connect.ServerStreamForClient[v1.PushImageResponse], error)
+	// WarmImage prepares every node, ahead of time, for the first sandbox
+	// of an image and shape: the microvm backend boots a guest of that
+	// shape once and keeps its template snapshot, which every later create
+	// of it restores instead of booting. Each node answers for itself, at
+	// once; a backend whose first sandbox costs what the others do answers
+	// that there was nothing to prepare. Root admin keys only: each shape
+	// warmed costs every node a guest's boot and a snapshot on its disk.
+	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the opendsec.image.v1.ImageService service. By
@@ -130,6 +140,12 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("PushImage")),
 			connect.WithClientOptions(opts...),
 		),
+		warmImage: connect.NewClient[v1.WarmImageRequest, v1.WarmImageResponse](
+			httpClient,
+			baseURL+ImageServiceWarmImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("WarmImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -142,6 +158,7 @@ type imageServiceClient struct {
 	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	pullImage      *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
 	pushImage      *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
+	warmImage      *connect.Client[v1.WarmImageRequest, v1.WarmImageResponse]
 }
 
 // ListImages calls opendsec.image.v1.ImageService.ListImages.
@@ -179,6 +196,11 @@ func (c *imageServiceClient) PushImage(ctx context.Context, req *connect.Request
 	return c.pushImage.CallServerStream(ctx, req)
 }
 
+// WarmImage calls opendsec.image.v1.ImageService.WarmImage.
+func (c *imageServiceClient) WarmImage(ctx context.Context, req *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error) {
+	return c.warmImage.CallUnary(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the opendsec.image.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ListImages lists the images of the caller's project and its ancestors.
@@ -199,6 +221,14 @@ type ImageServiceHandler interface {
 	PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error
 	// PushImage uploads a stored image to an OCI registry.
 	PushImage(context.Context, *connect.Request[v1.PushImageRequest], *connect.ServerStream[v1.PushImageResponse]) error
+	// WarmImage prepares every node, ahead of time, for the first sandbox
+	// of an image and shape: the microvm backend boots a guest of that
+	// shape once and keeps its template snapshot, which every later create
+	// of it restores instead of booting. Each node answers for itself, at
+	// once; a backend whose first sandbox costs what the others do answers
+	// that there was nothing to prepare. Root admin keys only: each shape
+	// warmed costs every node a guest's boot and a snapshot on its disk.
+	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -250,6 +280,12 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("PushImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceWarmImageHandler := connect.NewUnaryHandler(
+		ImageServiceWarmImageProcedure,
+		svc.WarmImage,
+		connect.WithSchema(imageServiceMethods.ByName("WarmImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.image.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -266,6 +302,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServicePullImageHandler.ServeHTTP(w, r)
 		case ImageServicePushImageProcedure:
 			imageServicePushImageHandler.ServeHTTP(w, r)
+		case ImageServiceWarmImageProcedure:
+			imageServiceWarmImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -301,4 +339,8 @@ func (UnimplementedImageServiceHandler) PullImage(context.Context, *connect.Requ
 
 func (UnimplementedImageServiceHandler) PushImage(context.Context, *connect.Request[v1.PushImageRequest], *connect.ServerStream[v1.PushImageResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.PushImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.WarmImage is not implemented"))
 }
