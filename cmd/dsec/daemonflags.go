@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/pki"
 )
@@ -49,3 +50,18 @@ func addLogFlags(fs *flag.FlagSet) *logFlags {
 }
 
 func (f *logFlags) logger() *slog.Logger { return logging.New(*f.format, f.level) }
+
+// poolFlag is the repeatable --pool flag: warm pools (edge.ParsePool).
+type poolFlag []edge.Pool
+
+func (f *poolFlag) String() string { return fmt.Sprint(len(*f), " pools") }
+func (f *poolFlag) Set(v string) error {
+	p, err := edge.ParsePool(v)
+	if err != nil {
+		return err
+	}
+	*f = append(*f, p)
+	return nil
+}
+
+const poolHelp = "a warm pool, repeatable: IMAGE=SIZE[,backend=B][,cpu=CORES][,memory=MIB][,disk=MIB][,project=P] keeps SIZE sandboxes of that image and shape started (backend container, project root); a create of that image and shape without a network claims one instead of starting one"

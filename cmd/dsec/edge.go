@@ -38,6 +38,8 @@ func cmdEdge(ctx context.Context, args []string) error {
 	tf := addTLSFlags(fs, "this edge's certificate (dsec ca issue --role edge)")
 	lf := addLogFlags(fs)
 	metricsListen := addMetricsFlag(fs)
+	var pools poolFlag
+	fs.Var(&pools, "pool", poolHelp)
 	fs.Parse(args)
 	if *stateDir == "" || *images == "" {
 		return fmt.Errorf("edge: --state-dir and --image-store: required")
@@ -67,7 +69,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := edge.ServeConfig{
-		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, MaxSandboxes: *maxSandboxes, DiskOvercommit: *diskOver, DiskLedgerDir: *diskLedger, LayerCacheLimit: *cacheLimit << 20, PeerTLS: ident.ClientConfig()},
+		Config: edge.Config{StateDir: *stateDir, AgentPath: agentPath, RunBase: *runBase, CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, MaxSandboxes: *maxSandboxes, DiskOvercommit: *diskOver, DiskLedgerDir: *diskLedger, LayerCacheLimit: *cacheLimit << 20, Pools: pools, PeerTLS: ident.ClientConfig()},
 		// Other edges pull exported snapshots (cross-node fork and restore).
 		Listen: *listen, TLS: ident.ServerConfig(pki.RoleAPIServer, pki.RoleWatcher, pki.RoleEdge),
 	}

@@ -42,6 +42,8 @@ func cmdUp(ctx context.Context, args []string) error {
 	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: a /20 in 10.64.0.0/10 chosen by the node id)")
 	allowClosed := fs.Bool("sandbox-allow-closed-rules", false, "let a sandbox's policy name a closed address (the node's own, link-local and cloud metadata, the control plane's); off, such rules are refused")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers (host:port) the sandboxes' DNS proxy asks (default: /etc/resolv.conf's)")
+	var pools poolFlag
+	fs.Var(&pools, "pool", poolHelp)
 	fs.Parse(args)
 	if *stateDir == "" {
 		return fmt.Errorf("up: --state-dir is required")
@@ -52,7 +54,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	}
 	cfg := embed.Config{StateDir: *stateDir, Listen: *listen, AgentPath: agentPath, ImageStore: *images, Registries: rf.config(), Backends: map[string]map[string]string{},
 		GatewayListen: *e2bListen, MetricsListen: *metricsListen, TLS: *useTLS, ClientCerts: *clientCerts, Gateway: e2b.Config{BaseImage: *e2bImage, CodeInterpreterImage: *e2bCIImage}, Edges: *edges,
-		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, MaxSandboxes: *maxSandboxes, DiskOvercommit: *diskOver, LayerCacheLimit: *cacheLimit << 20, UnpackLayers: *unpack}
+		CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver, MaxSandboxes: *maxSandboxes, DiskOvercommit: *diskOver, LayerCacheLimit: *cacheLimit << 20, UnpackLayers: *unpack, Pools: pools}
 	if *edges < 1 || *edges > 64 {
 		return fmt.Errorf("up: --edges %d: want 1 to 64", *edges)
 	}

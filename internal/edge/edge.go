@@ -74,6 +74,9 @@ type Config struct {
 	// WarmLayers is how many empty layers of the default size are kept
 	// ready, so a create does not wait for one to be formatted; default 4.
 	WarmLayers int
+	// Pools are warm pools: sandboxes of an image and shape kept started,
+	// which creates of that image and shape claim (pool.go).
+	Pools []Pool
 	// DiskOvercommit above 1 lets the disk limits of the sandboxes add up
 	// to that many times the free space of LayerDir's file system when the
 	// edge starts: layers are sparse and most sandboxes write far less than
@@ -147,6 +150,8 @@ type Edge struct {
 	// reg is the node's sandboxes and what they were admitted with
 	// (registry.go), under the edge's one lock over sandboxes.
 	reg *registry
+	// pools are the node's warm pools (pool.go).
+	pools *pools
 
 	expiry   *sandbox.Expiry
 	stop     chan struct{}
@@ -256,6 +261,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	// the collector reads the registry: register it only once that exists.
 	e.prom = newPromStats(e, metrics.Instance(deps.Metrics, string(node)))
 	e.expiry = sandbox.NewExpiry(e.reg.all, e.log)
+	if e.pools, err = newPools(e, cfg.Pools); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
+	}
 	e.netOff = "not configured"
 	if cfg.Network != nil {
 		if e.net, e.stopDNS, err = sandboxnet.OpenNode(ctx, string(node), *cfg.Network, networkedRecords(e.records), &e.wg, e.log); err != nil {
@@ -267,7 +275,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	if e.recoveryIncomplete {
 		e.log.Warn("not removing what backends run without a record: the records could not all be read")
 	} else {
-		e.dirs.sweepBackends(ctx, e.backends.usable, func(id sandboxid.ID) bool { _, ok := e.reg.get(id); return ok }, e.log)
+		e.dirs.sweepBackends(ctx, e.backends.usable, func(id sandboxid.ID) bool { _, ok := e.reg.get(id); return ok || e.pools.has(id) }, e.log)
 	}
 	sweepLayers(e.parts.Layers, e.records, e.log)
 	e.dirs.sweepRuns(e.log)
@@ -287,6 +295,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	})
 	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
 	every(e.stop, &e.wg, sandbox.MetricsEvery, e.sample)
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); e.pools.run(e.stop) }()
 	e.pruneKick = make(chan struct{}, 1)
 	e.wg.Add(1)
 	go func() { defer e.wg.Done(); e.pruneLoop() }()

@@ -37,6 +37,7 @@ type fixture struct {
 	fake           *fake.Backend
 	edge           *Edge
 	metrics        prometheus.Registerer // Deps.Metrics of the edges it opens
+	pools          []Pool                // Config.Pools of the edges it opens
 }
 
 func newFixture(t *testing.T, room capacity.Node) *fixture {
@@ -71,7 +72,7 @@ func (f *fixture) open(t *testing.T, room capacity.Node) *Edge {
 	t.Helper()
 	e, err := New(context.Background(), Config{
 		StateDir: filepath.Join(f.dir, "edge"), AgentPath: filepath.Join(f.dir, "aether"), RunBase: f.runBase,
-		Capacity: room, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime,
+		Capacity: room, AgentTimeout: 5 * time.Second, PausedLifetime: f.pausedLifetime, Pools: f.pools,
 	}, Deps{Store: f.store, Backends: []backend.Backend{f.fake}, Log: testutil.Logger(t), Metrics: f.metrics})
 	if err != nil {
 		t.Fatal(err)

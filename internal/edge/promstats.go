@@ -30,6 +30,8 @@ type promStats struct {
 	// exported counts the bytes of snapshot files served to other edges.
 	exported prometheus.Counter
 	policies *prometheus.CounterVec
+	// claims counts creates that claimed a warm pool's sandbox.
+	claims *prometheus.CounterVec
 }
 
 func newPromStats(e *Edge, r prometheus.Registerer) *promStats {
@@ -53,20 +55,43 @@ func newPromStats(e *Edge, r prometheus.Registerer) *promStats {
 			Namespace: metrics.Namespace, Subsystem: "edge", Name: "network_policy_updates_total",
 			Help: "Changes of a running sandbox's network policy (UpdateNetwork), by outcome (ok or an error code).",
 		}, []string{"outcome"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "edge", Name: "pool_claims_total",
+			Help: "Creates that claimed a warm pool's sandbox, by outcome (ok, or the error code of a claim that failed and started one instead).",
+		}, []string{"outcome"}),
 		exported: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "edge", Name: "snapshot_exported_bytes_total",
 			Help: "Bytes of snapshot files this node served to other edges (forks and restores placed there).",
 		}),
 	}
 	s.policies.WithLabelValues("ok")
+	s.claims.WithLabelValues("ok")
+	poolReady := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: metrics.Namespace, Subsystem: "edge", Name: "pool_ready_sandboxes",
+		Help: "Sandboxes the node's warm pools hold started, ready to be claimed.",
+	}, func() float64 {
+		if e.pools == nil {
+			return 0
+		}
+		return float64(e.pools.readyCount())
+	})
 	// Every reason from the start, so that the first refusal is a rise.
 	for _, reason := range []string{"sandboxes", "cpu_cores", "memory", "disk", "fenced", "other"} {
 		s.refusal.WithLabelValues(reason)
 	}
 	if r != nil {
-		r.MustRegister(s.creates, s.ops, s.refusal, s.exported, s.policies, sandboxCollector{e})
+		r.MustRegister(s.creates, s.ops, s.refusal, s.exported, s.policies, s.claims, poolReady, sandboxCollector{e})
 	}
 	return s
+}
+
+// claimed records a claim of a pool's sandbox.
+func (s *promStats) claimed(err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = errdefs.Code(err).String()
+	}
+	s.claims.WithLabelValues(outcome).Inc()
 }
 
 // took records one operation's time.

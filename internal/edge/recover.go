@@ -64,6 +64,9 @@ func (e *Edge) recoverOne(ctx context.Context, rec *records.Record) error {
 	if !ok {
 		return errdefs.FailedPrecondition("backend %q is not available on this node any more", name)
 	}
+	if rec.Project == poolProject {
+		return e.pools.adopt(ctx, rec, be)
+	}
 	sb := e.newSandbox(rec, be)
 	r := rec.Spec.Resources
 	// A failed sandbox holds nothing once its backend has nothing of it;

@@ -63,6 +63,19 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return nil, err
 	}
 	now := time.Now()
+	if sb := e.pools.take(poolKey(spec, im.Digest.String())); sb != nil {
+		v, err := e.pools.claim(ctx, sb, spec, project, reservation, im)
+		e.prom.claimed(err)
+		if err == nil {
+			e.prom.created(be.Name(), now, nil)
+			e.log.Info("sandbox claimed from a warm pool", logging.SandboxID, v.Id, logging.Project, project, logging.Image, spec.Image, "took", time.Since(now).Round(time.Millisecond))
+			return v, nil
+		}
+		if errors.Is(err, errdefs.ErrResourceExhausted) {
+			return nil, err // the node is full: a create of its own would not fit either
+		}
+		e.log.Warn("pool sandbox not claimed; the create starts one", logging.SandboxID, sb.ID(), logging.Error, err)
+	}
 	rec := &records.Record{ID: sandboxid.New(e.node), Project: project, State: records.StateCreating, CreatedAt: now, ImageDigest: im.Digest.String(), Reservation: reservation,
 		AgentVersion: e.parts.AgentVersion}
 	if !be.Capabilities().LinkBeforeAgent {
@@ -96,6 +109,7 @@ func (e *Edge) admit(rec *records.Record, be backend.Backend) (*sandbox.Sandbox,
 		e.prom.refused(err)
 		return nil, err
 	}
+	e.pools.yieldSoon()
 	return sb, nil
 }
 

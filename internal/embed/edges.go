@@ -46,7 +46,7 @@ func (c *Cluster) startEdge(ctx context.Context, i int, cfg Config, reg *backend
 	if err != nil {
 		return nil, "", err
 	}
-	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, CPUOvercommit: cfg.CPUOvercommit, MemoryOvercommit: cfg.MemoryOvercommit, MaxSandboxes: cfg.MaxSandboxes, DiskOvercommit: cfg.DiskOvercommit, DiskLedgerDir: filepath.Join(cfg.StateDir, "disk-ledger"), RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, LayerCacheLimit: cfg.LayerCacheLimit, Network: network, PeerTLS: ca.ClientConfig(cert)},
+	e, err := edge.New(ctx, edge.Config{StateDir: dir, AgentPath: cfg.AgentPath, Capacity: capacity, CPUOvercommit: cfg.CPUOvercommit, MemoryOvercommit: cfg.MemoryOvercommit, MaxSandboxes: cfg.MaxSandboxes, DiskOvercommit: cfg.DiskOvercommit, DiskLedgerDir: filepath.Join(cfg.StateDir, "disk-ledger"), RunBase: cfg.RunBase, WarmLayers: cfg.WarmLayers, Pools: cfg.Pools, LayerCacheLimit: cfg.LayerCacheLimit, Network: network, PeerTLS: ca.ClientConfig(cert)},
 		edge.Deps{Store: store, Backends: backends, Log: c.log.With(logging.Component, "edge"), Metrics: c.reg})
 	if err != nil {
 		return nil, "", err

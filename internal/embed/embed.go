@@ -68,6 +68,8 @@ type Config struct {
 	// WarmLayers is how many empty writable layers the edge keeps ready
 	// (edge.Config.WarmLayers); -1 for none.
 	WarmLayers int
+	// Pools are each edge's warm pools (edge.Config.Pools).
+	Pools []edge.Pool
 	// MetricsListen serves every component's Prometheus metrics at
 	// /metrics (written into the client env as DSEC_METRICS_URL); empty
 	// serves none.

@@ -134,6 +134,7 @@ func (c *Cluster) start(t testing.TB) {
 		if c.Cluster == ec {
 			for _, e := range ec.Edges { // every edge's, not only the first's
 				e.DestroyAll(context.Background(), "root")
+				e.DrainPools(context.Background())
 			}
 			ec.Close()
 		}

@@ -54,7 +54,7 @@ type Sandbox struct {
 	// pausedLifetime is how long it is kept paused.
 	pausedLifetime time.Duration
 	be             backend.Backend
-	proj           string // immutable
+	proj           string // immutable once registered (a pool's sandbox takes its own when claimed, before)
 	// records is where save writes rec (the edge's record store).
 	records records.Store
 	// expiry is the node's expiry loop, told of a new deadline.
@@ -184,7 +184,8 @@ func New(rec *records.Record, be backend.Backend, env Env) *Sandbox {
 	return sb
 }
 
-// Project is the project it belongs to (it does not change).
+// Project is the project it belongs to (it does not change once it is
+// registered).
 func (sb *Sandbox) Project() string { return sb.proj }
 
 // ID is its id.

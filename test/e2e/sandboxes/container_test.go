@@ -1,12 +1,18 @@
 package sandboxes
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge"
+	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/test/e2e"
 )
 
@@ -124,4 +130,59 @@ func TestOutOfMemoryKillStaysInsideTheLimit(t *testing.T) {
 	if got := e2e.Shell(t, sb, "echo still here"); string(got.Stdout) != "still here\n" {
 		t.Fatalf("after the OOM kill: %q", got.Stdout)
 	}
+}
+
+// TestWarmPoolOnCrun: an edge with a warm pool of two crun sandboxes of
+// busybox; creates of that image and shape claim them: each is the
+// create's (its environment, hostname and machine id of its own, its
+// memory limit), and the pool starts new ones. A create with a network
+// starts its own. Drained, the pool leaves nothing.
+func TestWarmPoolOnCrun(t *testing.T) {
+	pool := ContainerSpec()
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
+		cfg.Pools = []edge.Pool{{Spec: pool, Project: "root", Size: 2}}
+	}, "container")
+	waitPool := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		for c.Edge.PoolReady() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pool holds %d ready, want %d", c.Edge.PoolReady(), n)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitPool(2)
+	pooled := c.Edge.PoolSandboxes()
+	ctx := e2e.Ctx(t)
+	var machineIDs []string
+	for i := range 2 {
+		spec := ContainerSpec()
+		spec.Env = map[string]string{"MINE": fmt.Sprint("claim-", i)}
+		sb, err := c.Client.Create(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(pooled, sb.ID) {
+			t.Fatalf("create %d made %s, not one of the pool's %v", i+1, sb.ID, pooled)
+		}
+		r := e2e.Shell(t, sb, "echo $MINE $DSEC_SANDBOX_ID; hostname; cat /etc/machine-id /sys/fs/cgroup/memory/memory.limit_in_bytes")
+		got := strings.Fields(string(r.Stdout))
+		if len(got) != 5 || got[0] != fmt.Sprint("claim-", i) || got[1] != sb.ID || got[2] != sb.ID || got[4] != "209715200" || slices.Contains(machineIDs, got[3]) {
+			t.Fatalf("claimed sandbox %s: $MINE, $DSEC_SANDBOX_ID, hostname, machine id, memory limit = %q (machine ids so far %v)", sb.ID, got, machineIDs)
+		}
+		machineIDs = append(machineIDs, got[3])
+	}
+	waitPool(2) // refilled
+	refilled := c.Edge.PoolSandboxes()
+	networked := ContainerSpec()
+	networked.Network = &sandboxv1.NetworkPolicy{}
+	if sb, err := c.Client.Create(ctx, networked); err == nil && slices.Contains(refilled, sb.ID) {
+		t.Fatalf("a create with a network claimed pool sandbox %s", sb.ID)
+	}
+	for _, e := range c.Edges {
+		e.DestroyAll(context.Background(), "root")
+		e.DrainPools(context.Background())
+	}
+	e2e.AssertNoLeaks(t, c)
 }

@@ -1,0 +1,484 @@
+package edge
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/agentlink"
+	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/edge/capacity"
+	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/edge/sandbox"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
+)
+
+// Warm pools [ours; issue 28]: a node keeps sandboxes of an image and
+// shape started ahead of any create (Config.Pools); a create of that
+// image and shape, without a network, claims one (sandbox/claim.go)
+// instead of starting one, and the pool starts another in the
+// background. A pool's sandboxes are not the registry's: no call finds
+// them, and the node's admission does not count them; the pool fills only
+// into room the registry's sandboxes leave, and gives a sandbox up
+// whenever the registry's grow into it.
+
+// Pool is one warm pool of a node.
+type Pool struct {
+	// Spec is its sandboxes' backend, image and resources; a network, a
+	// time to live, an environment and the rest are not a pool's.
+	Spec *sandboxv1.SandboxSpec
+	// Project is whose view of images resolves Spec.Image.
+	Project string
+	// Size is how many it keeps started.
+	Size int
+}
+
+// poolProject owns a pool's sandboxes until a create claims one: it is
+// within no key's scope.
+const poolProject = ".pool"
+
+// poolKey is the image and shape a pool's sandbox has, which a create's
+// spec must have to claim it ("" for a spec no pool serves: one with a
+// network).
+func poolKey(spec *sandboxv1.SandboxSpec, digest string) string {
+	if spec.Network != nil {
+		return ""
+	}
+	shape, _ := proto.MarshalOptions{Deterministic: true}.Marshal(spec.Resources)
+	return spec.Backend + "|" + digest + "|" + hex.EncodeToString(shape)
+}
+
+// pools are the node's warm pools.
+type pools struct {
+	e     *Edge
+	wants []poolWant
+	kick  chan struct{}
+	// yielding is set while a yield runs in the background.
+	yielding atomic.Bool
+	// draining is set once the pools are emptied for good (Drain).
+	draining atomic.Bool
+
+	mu    sync.Mutex
+	ready map[string][]*sandbox.Sandbox // guarded by mu; by key, oldest first
+	held  map[*sandbox.Sandbox]heldBy   // guarded by mu; every pool sandbox, ready or starting
+	ids   map[sandboxid.ID]bool         // guarded by mu; the ids of held
+}
+
+// heldBy is a pool sandbox's key and what it holds of the node.
+type heldBy struct {
+	key string
+	res *sandboxv1.Resources
+}
+
+// poolWant is a configured pool, its spec normalized.
+type poolWant struct {
+	Pool
+	key string // "" until its image is resolved
+}
+
+func newPools(e *Edge, cfg []Pool) (*pools, error) {
+	p := &pools{e: e, kick: make(chan struct{}, 1), ready: map[string][]*sandbox.Sandbox{}, held: map[*sandbox.Sandbox]heldBy{}, ids: map[sandboxid.ID]bool{}}
+	for i, c := range cfg {
+		spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
+		spec.Network, spec.Env, spec.Metadata, spec.Task = nil, nil, nil, ""
+		spec.TimeoutSeconds = e.cfg.Limits.MaxTimeout
+		if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
+			return nil, fmt.Errorf("pool %d: %w", i+1, err)
+		}
+		if c.Size < 1 || c.Project == "" {
+			return nil, errdefs.InvalidArgument("pool %d: size %d and project %q: want a size of 1 or more and a project", i+1, c.Size, c.Project)
+		}
+		p.wants = append(p.wants, poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size}})
+	}
+	return p, nil
+}
+
+// poolHost is what a pool's sandbox reaches of the edge: its removal
+// leaves the pool.
+type poolHost struct{ p *pools }
+
+func (h poolHost) Release(sb *sandbox.Sandbox)  { h.p.drop(sb) }
+func (h poolHost) Forget(sb *sandbox.Sandbox)   { h.p.drop(sb) }
+func (h poolHost) RemoveLayer(dir string) error { return h.p.e.parts.RemoveLayer(dir) }
+
+// drop forgets sb, if the pool holds it.
+func (p *pools) drop(sb *sandbox.Sandbox) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropLocked(sb)
+}
+
+func (p *pools) dropLocked(sb *sandbox.Sandbox) {
+	delete(p.held, sb)
+	delete(p.ids, sb.ID())
+	for key, list := range p.ready {
+		for i, r := range list {
+			if r == sb {
+				p.ready[key] = append(list[:i:i], list[i+1:]...)
+				return
+			}
+		}
+	}
+}
+
+// has says whether id is a pool's sandbox.
+func (p *pools) has(id sandboxid.ID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ids[id]
+}
+
+// take gives a ready sandbox of key out of its pool (the oldest), or nil.
+func (p *pools) take(key string) *sandbox.Sandbox {
+	if key == "" {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.ready[key]
+	if len(list) == 0 {
+		return nil
+	}
+	sb := list[0]
+	p.dropLocked(sb)
+	p.poke()
+	return sb
+}
+
+// ready counts the ready sandboxes of every pool.
+func (p *pools) readyCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, list := range p.ready {
+		n += len(list)
+	}
+	return n
+}
+
+func (p *pools) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// heldUsage is what the pools' sandboxes hold.
+func (p *pools) heldUsage() capacity.Usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var u capacity.Usage
+	for _, h := range p.held {
+		u.Add(h.res.CpuCores, h.res.MemoryMb, 1)
+	}
+	return u
+}
+
+// room says whether one more sandbox of r fits beside the registry's and
+// the pools' own.
+func (p *pools) room(r *sandboxv1.Resources) bool {
+	used := plus(p.e.reg.allocatedNow(), p.heldUsage())
+	return p.e.reg.capacity.Admit(string(p.e.node), used, r.CpuCores, r.MemoryMb, 1) == nil
+}
+
+// plus is u and v together.
+func plus(u, v capacity.Usage) capacity.Usage {
+	return capacity.Usage{Sandboxes: u.Sandboxes + v.Sandboxes, CPU: u.CPU + v.CPU, MemoryMB: u.MemoryMB + v.MemoryMB}
+}
+
+// yield gives up ready sandboxes while the registry's and the pools'
+// together do not fit the node: a create never waits for a pool.
+func (p *pools) yield(ctx context.Context) {
+	for {
+		held := p.heldUsage()
+		if held.Sandboxes == 0 {
+			return
+		}
+		if used := plus(p.e.reg.allocatedNow(), held); p.e.reg.capacity.Admit(string(p.e.node), used, 0, 0, 0) == nil {
+			return
+		}
+		sb := p.takeAny()
+		if sb == nil {
+			return // only starting ones: they are checked when they are ready
+		}
+		p.e.log.Info("pool sandbox given up for the node's own", logging.SandboxID, sb.ID())
+		p.remove(ctx, sb)
+	}
+}
+
+// yieldSoon has the pools yield, in the background, to what the node's
+// own admitted.
+func (p *pools) yieldSoon() {
+	if p.heldUsage().Sandboxes == 0 || !p.yielding.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer p.yielding.Store(false)
+		p.yield(context.Background())
+	}()
+}
+
+// takeAny takes the newest ready sandbox of any pool.
+func (p *pools) takeAny() *sandbox.Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, list := range p.ready {
+		if len(list) > 0 {
+			sb := list[len(list)-1]
+			p.dropLocked(sb)
+			return sb
+		}
+	}
+	return nil
+}
+
+// remove removes sb, taken from its pool.
+func (p *pools) remove(ctx context.Context, sb *sandbox.Sandbox) {
+	if err := sb.Destroy(context.WithoutCancel(ctx)); err != nil {
+		p.e.log.Warn("remove a pool's sandbox", logging.SandboxID, sb.ID(), logging.Error, err)
+	}
+}
+
+// run keeps each pool full until stop, starting one sandbox at a time
+// (a pool must not slow the node's own creates more than one create
+// does).
+func (p *pools) run(stop <-chan struct{}) {
+	if len(p.wants) == 0 {
+		return
+	}
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-stop; cancel() }()
+	for {
+		for p.fillOne(ctx) {
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		case <-p.kick:
+		}
+	}
+}
+
+// fillOne starts one sandbox for the first pool short of its size with
+// room for it, and says whether it did.
+func (p *pools) fillOne(ctx context.Context) bool {
+	if p.draining.Load() {
+		return false
+	}
+	for i := range p.wants {
+		w := &p.wants[i]
+		be, err := p.e.backends.get(w.Spec.Backend)
+		if err != nil {
+			continue
+		}
+		im, err := p.e.parts.Resolve(w.Spec.Image, w.Project)
+		if err != nil {
+			continue
+		}
+		key := poolKey(w.Spec, im.Digest.String())
+		p.mu.Lock()
+		have := 0
+		for _, h := range p.held {
+			if h.key == key {
+				have++
+			}
+		}
+		p.mu.Unlock()
+		if have >= w.Size || !p.room(w.Spec.Resources) {
+			continue
+		}
+		if err := p.start(ctx, w.Spec, key, im, be); err != nil {
+			p.e.log.Warn("pool sandbox not started", logging.Image, w.Spec.Image, logging.Error, err)
+			return false // tried again at the next tick
+		}
+		return true
+	}
+	return false
+}
+
+// start starts one sandbox of spec for the pool of key.
+func (p *pools) start(ctx context.Context, spec *sandboxv1.SandboxSpec, key string, im *image.Image, be backend.Backend) error {
+	e := p.e
+	rec := &records.Record{ID: sandboxid.New(e.node), Project: poolProject, State: records.StateCreating, CreatedAt: time.Now(),
+		ImageDigest: im.Digest.String(), AgentVersion: e.parts.AgentVersion}
+	if !be.Capabilities().LinkBeforeAgent {
+		rec.AgentKey = agentlink.NewKey()
+	}
+	if err := rec.SetSpec(proto.Clone(spec).(*sandboxv1.SandboxSpec)); err != nil {
+		return err
+	}
+	sb := p.newSandbox(rec, be)
+	p.mu.Lock()
+	p.held[sb], p.ids[sb.ID()] = heldBy{key: key, res: spec.Resources}, true
+	p.mu.Unlock()
+	began := time.Now()
+	if err := sb.Start(ctx, im); err != nil {
+		if derr := sb.Discard(context.WithoutCancel(ctx)); derr != nil {
+			e.log.Error("clean up a pool sandbox that failed to start", logging.SandboxID, rec.ID, logging.Error, derr)
+		}
+		p.drop(sb)
+		return err
+	}
+	p.mu.Lock()
+	_, still := p.held[sb]
+	still = still && !p.draining.Load()
+	if still {
+		p.ready[key] = append(p.ready[key], sb)
+	} else {
+		p.dropLocked(sb)
+	}
+	p.mu.Unlock()
+	if !still { // removed while it started
+		p.remove(ctx, sb)
+		return nil
+	}
+	e.log.Debug("pool sandbox started", logging.SandboxID, rec.ID, logging.Image, spec.Image, "took", time.Since(began).Round(time.Millisecond))
+	p.yield(ctx) // the node's own may have grown meanwhile
+	return nil
+}
+
+// newSandbox is a pool's sandbox of rec on be.
+func (p *pools) newSandbox(rec *records.Record, be backend.Backend) *sandbox.Sandbox {
+	e := p.e
+	return sandbox.New(rec, be, sandbox.Env{Node: e.node, Dir: e.dirs.sandbox(rec.ID), RunDir: e.dirs.run(rec.ID), AgentTimeout: e.cfg.AgentTimeout, PausedLifetime: e.cfg.PausedLifetime,
+		Net: asSandboxNetwork(e.net), NetOff: e.netOff, Disk: e.disk, Records: e.records, Expiry: e.expiry, Host: poolHost{p}, Parts: &e.parts, Log: e.log})
+}
+
+// adopt takes back a pool's sandbox a previous run of the edge left, if
+// a pool still wants its key; else it is removed.
+func (p *pools) adopt(ctx context.Context, rec *records.Record, be backend.Backend) error {
+	sb := p.newSandbox(rec, be)
+	key := poolKey(rec.Spec, rec.ImageDigest)
+	p.mu.Lock()
+	p.held[sb], p.ids[sb.ID()] = heldBy{key: key, res: rec.Spec.Resources}, true
+	p.mu.Unlock()
+	wanted := false
+	for _, w := range p.wants {
+		if im, err := p.e.parts.Resolve(w.Spec.Image, w.Project); err == nil && poolKey(w.Spec, im.Digest.String()) == key {
+			wanted = true
+		}
+	}
+	if err := sb.Reattach(ctx, &p.e.wg); err != nil || !wanted || rec.State != records.StateRunning {
+		p.remove(ctx, sb)
+		return err
+	}
+	p.mu.Lock()
+	p.ready[key] = append(p.ready[key], sb)
+	p.mu.Unlock()
+	return nil
+}
+
+// claim gives sb, taken from a pool, to a create of spec in project (of
+// reservation), registered with the node's admission; on an error sb is
+// removed and the create goes on without it.
+func (p *pools) claim(ctx context.Context, sb *sandbox.Sandbox, spec *sandboxv1.SandboxSpec, project, reservation string, im *image.Image) (*sandboxv1.Sandbox, error) {
+	e := p.e
+	admit := func() error {
+		err := e.reg.admit(sb, reservation, e.diskOf(sb.Backend(), spec.Resources))
+		if err != nil {
+			e.prom.refused(err)
+		}
+		return err
+	}
+	if err := sb.Claim(ctx, spec, project, reservation, im, sandboxHost{e}, admit); err != nil {
+		p.remove(ctx, sb)
+		return nil, err
+	}
+	p.yield(ctx)
+	return sb.View(), nil
+}
+
+// ParsePool reads a pool from its flag form,
+// "IMAGE=SIZE[,backend=B][,cpu=CORES][,memory=MIB][,disk=MIB][,project=P]"
+// (backend container and project root unless named; resources a create's
+// defaults unless named).
+func ParsePool(s string) (Pool, error) {
+	fields := strings.Split(s, ",")
+	name, size, ok := strings.Cut(fields[0], "=")
+	if !ok || name == "" {
+		return Pool{}, errdefs.InvalidArgument("pool %q: want IMAGE=SIZE first, then backend=, cpu=, memory=, disk= or project=", errdefs.Clip(s, 80))
+	}
+	n, err := strconv.Atoi(size)
+	if err != nil || n < 1 || n > maxPoolSize {
+		return Pool{}, errdefs.InvalidArgument("pool %q: size %q: want a whole number from 1 to %d", errdefs.Clip(s, 80), errdefs.Clip(size, 20), maxPoolSize)
+	}
+	p := Pool{Spec: &sandboxv1.SandboxSpec{Backend: "container", Image: name, Resources: &sandboxv1.Resources{}}, Project: "root", Size: n}
+	r := p.Spec.Resources
+	for _, f := range fields[1:] {
+		k, v, _ := strings.Cut(f, "=")
+		var err error
+		switch k {
+		case "backend":
+			p.Spec.Backend = v
+		case "project":
+			p.Project = v
+		case "cpu":
+			r.CpuCores, err = strconv.ParseFloat(v, 64)
+			if err == nil && (math.IsNaN(r.CpuCores) || r.CpuCores <= 0) {
+				err = errors.New("not a positive number")
+			}
+		case "memory":
+			r.MemoryMb, err = strconv.ParseInt(v, 10, 64)
+		case "disk":
+			r.DiskMb, err = strconv.ParseInt(v, 10, 64)
+		default:
+			return Pool{}, errdefs.InvalidArgument("pool %q: %q: want backend=, cpu=, memory=, disk= or project=", errdefs.Clip(s, 80), errdefs.Clip(f, 40))
+		}
+		if err != nil || v == "" {
+			return Pool{}, errdefs.InvalidArgument("pool %q: %s %q: %v", errdefs.Clip(s, 80), k, errdefs.Clip(v, 20), cmp.Or(err, errors.New("empty")))
+		}
+	}
+	return p, nil
+}
+
+// maxPoolSize bounds one pool (each of its sandboxes runs).
+const maxPoolSize = 1024
+
+// DrainPools stops the node's warm pools and removes their sandboxes,
+// for good (the next start of the edge fills its pools again).
+func (e *Edge) DrainPools(ctx context.Context) {
+	e.pools.draining.Store(true)
+	for sb := e.pools.takeAny(); sb != nil; sb = e.pools.takeAny() {
+		e.pools.remove(ctx, sb)
+	}
+}
+
+// PoolReady is how many sandboxes the node's warm pools hold ready.
+func (e *Edge) PoolReady() int { return e.pools.readyCount() }
+
+// PoolSandboxes are the ids of the sandboxes the node's warm pools hold
+// ready, each pool's in the order creates claim them.
+func (e *Edge) PoolSandboxes() []string {
+	p := e.pools
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []string
+	for _, list := range p.ready {
+		for _, sb := range list {
+			ids = append(ids, string(sb.ID()))
+		}
+	}
+	return ids
+}

@@ -1,0 +1,188 @@
+package edge
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	"github.com/opendsec/opendsec/internal/sandboxid"
+)
+
+// waitPoolReady waits until e's pools hold n ready sandboxes.
+func waitPoolReady(t *testing.T, e *Edge, n int) []sandboxid.ID {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for e.pools.readyCount() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool: %d ready, want %d", e.pools.readyCount(), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.pools.mu.Lock()
+	defer e.pools.mu.Unlock()
+	var ids []sandboxid.ID
+	for _, list := range e.pools.ready {
+		for _, sb := range list {
+			ids = append(ids, sb.ID())
+		}
+	}
+	return ids
+}
+
+// A warm pool's sandboxes are nobody's until a create of their image and
+// shape claims one: it is then the create's, with the create's
+// environment, metadata and project, and the pool starts another. A
+// create of another shape starts its own. A restarted edge takes its
+// pool's sandboxes back.
+func TestPoolClaimsAndRefills(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 2}}
+	e := f.open(t, smallCapacity())
+	pooled := waitPoolReady(t, e, 2)
+	if got := e.List("root"); len(got) != 0 {
+		t.Fatalf("a pool's sandboxes are listed: %v", got)
+	}
+	if st := e.Status(); st.Allocated.Sandboxes != 0 {
+		t.Fatalf("a pool's sandboxes are admitted: %+v", st.Allocated)
+	}
+	ctx := context.Background()
+	want := spec()
+	want.Env, want.Metadata, want.TimeoutSeconds = map[string]string{"MINE": "claimed"}, map[string]string{"k": "v"}, 120
+	sb, err := e.Create(ctx, want, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(pooled, sandboxid.ID(sb.Id)) {
+		t.Fatalf("create made %s, not one of the pool's %v", sb.Id, pooled)
+	}
+	if sb.Project != "root" || sb.Spec.Metadata["k"] != "v" || sb.Spec.TimeoutSeconds != 120 {
+		t.Fatalf("the claimed sandbox: %+v", sb)
+	}
+	c := agentClient(t, e, sb.Id, "root")
+	r, err := c.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", "echo $MINE $FROM_IMAGE $DSEC_SANDBOX_ID"}}}))
+	if err != nil || string(r.Msg.Stdout) != "claimed yes "+sb.Id+"\n" {
+		t.Fatalf("exec in the claimed sandbox: %q, %v", r.Msg.GetStdout(), err)
+	}
+	if st := e.Status(); st.Allocated.Sandboxes != 1 {
+		t.Fatalf("the claimed sandbox is not admitted: %+v", st.Allocated)
+	}
+	refilled := waitPoolReady(t, e, 2)
+
+	other := spec()
+	other.Resources.MemoryMb = 512
+	own, err := e.Create(ctx, other, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(refilled, sandboxid.ID(own.Id)) {
+		t.Fatalf("a create of another shape claimed pool sandbox %s", own.Id)
+	}
+
+	e.Close()
+	e2 := f.open(t, smallCapacity())
+	if back := waitPoolReady(t, e2, 2); !sameIDs(back, refilled) {
+		t.Fatalf("after a restart the pool holds %v, want its own %v", back, refilled)
+	}
+	if got, err := e2.Get(sb.Id, "root"); err != nil || got.Project != "root" {
+		t.Fatalf("the claimed sandbox after a restart: %v, %v", got, err)
+	}
+}
+
+// The node's own creates take the room a pool holds: the pool gives its
+// sandboxes up, and fills again only into room left over.
+func TestPoolYieldsToTheNodesOwn(t *testing.T) {
+	f := newFixture(t, smallCapacity()) // 10 sandboxes
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 3}}
+	e := f.open(t, smallCapacity())
+	waitPoolReady(t, e, 3)
+	other := spec()
+	other.Resources.CpuCores, other.Resources.MemoryMb = 0.1, 128 // another shape: never claims
+	for i := range 9 {
+		if _, err := e.Create(context.Background(), other, "root"); err != nil {
+			t.Fatalf("create %d with the pool holding %d: %v", i+1, e.pools.readyCount(), err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.pools.heldUsage().Sandboxes > 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool holds %d beside the node's 9 of 10", e.pools.heldUsage().Sandboxes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := e.Create(context.Background(), other, "root"); err != nil {
+		t.Fatalf("the tenth create: %v", err)
+	}
+}
+
+func sameIDs(a, b []sandboxid.ID) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+func TestParsePool(t *testing.T) {
+	p, err := ParsePool("root/busybox:latest=8,backend=gvisor,cpu=0.25,memory=64,disk=128,project=root/team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Spec.Resources
+	if p.Spec.Image != "root/busybox:latest" || p.Size != 8 || p.Spec.Backend != "gvisor" || p.Project != "root/team" || r.CpuCores != 0.25 || r.MemoryMb != 64 || r.DiskMb != 128 {
+		t.Fatalf("parsed %+v %+v", p, r)
+	}
+	if p, err := ParsePool("root/x:1=1"); err != nil || p.Spec.Backend != "container" || p.Project != "root" {
+		t.Fatalf("defaults: %+v %v", p, err)
+	}
+	for in, want := range map[string]string{
+		"root/x:1":            "want IMAGE=SIZE",
+		"=3":                  "want IMAGE=SIZE",
+		"root/x:1=0":          "size",
+		"root/x:1=2000":       "size",
+		"root/x:1=2,cpu=-1":   "cpu",
+		"root/x:1=2,cpu=NaN":  "cpu",
+		"root/x:1=2,memory=":  "memory",
+		"root/x:1=2,disk=big": "disk",
+		"root/x:1=2,net=on":   `"net=on"`,
+	} {
+		if _, err := ParsePool(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParsePool(%q) = %v, want an error naming %s", in, err, want)
+		}
+	}
+}
+
+func FuzzParsePool(f *testing.F) {
+	f.Add("root/busybox:latest=8,backend=container,cpu=0.1,memory=64,disk=64")
+	f.Add("a=1,cpu=1e309")
+	f.Add(",,=,")
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePool(s)
+		if err == nil && (p.Size < 1 || p.Size > maxPoolSize || p.Spec.Image == "" || p.Spec.Resources == nil) {
+			t.Fatalf("ParsePool(%q) accepted %+v", s, p)
+		}
+	})
+}
+
+// Drained, the pools remove their sandboxes and start no more.
+func TestDrainPools(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 2}}
+	e := f.open(t, smallCapacity())
+	waitPoolReady(t, e, 2)
+	e.DrainPools(context.Background())
+	time.Sleep(100 * time.Millisecond) // a refill would have begun
+	if n := e.pools.heldUsage().Sandboxes; n != 0 {
+		t.Fatalf("drained pools hold %d sandboxes", n)
+	}
+	if ents, _ := os.ReadDir(e.dirs.sandboxes()); len(ents) != 0 {
+		t.Fatalf("drained pools left %d sandbox directories", len(ents))
+	}
+}

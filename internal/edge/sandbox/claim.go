@@ -1,0 +1,72 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/edge/identity"
+	"github.com/opendsec/opendsec/internal/edge/records"
+	"github.com/opendsec/opendsec/internal/errdefs"
+	"github.com/opendsec/opendsec/internal/image"
+)
+
+// A warm pool's sandbox [ours; issue 28] is started ahead of any create,
+// with a spec of its image and shape, for a project of no one's, and
+// counted by its pool, not the node's registry. A create of that image
+// and shape claims it instead of starting one: what a create sets that
+// is not its image and shape is either the record's (project, spec,
+// metadata, time to live, task) or its agent's defaults for the processes
+// it starts (environment, directory), which the claim's one request
+// sets. Its hostname and machine id were its own from its start.
+
+// Claim makes sb, a pool's sandbox that runs and is registered nowhere,
+// the sandbox of spec (of sb's image im and shape) in project, settling
+// reservation: its agent takes spec's defaults, admit registers it (with
+// its new record: the node's admission, under sb's lock, so nothing sees
+// it half claimed), and host is then what it reaches of the edge. On an
+// error sb is still the pool's, to be removed.
+func (sb *Sandbox) Claim(ctx context.Context, spec *sandboxv1.SandboxSpec, project, reservation string, im *image.Image, host Host, admit func() error) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.removed || sb.rec.State != records.StateRunning || sb.link == nil {
+		return errdefs.FailedPrecondition("pooled sandbox %s is %s", sb.id, sb.rec.State)
+	}
+	claimed := *sb.rec
+	claimed.Project, claimed.Reservation = project, reservation
+	if err := claimed.SetSpec(spec); err != nil {
+		return err
+	}
+	// Its agent's defaults: the environment a create of spec starts with
+	// (the image's, spec's, the sandbox id, the image's USER) and the
+	// image's directory. Its hosts and resolv.conf are already its own.
+	settings := identity.Settings(sb.parts.backendSpec(&claimed, sb.dir, sb.runDir, nil, im.Config.Config))
+	settings.Hosts, settings.ResolvConf = "", ""
+	req := identity.Request(string(sb.id), settings, nil)
+	answered, err := identity.Set(ctxTimeout(ctx, 10*time.Second), sb.link, req)
+	if err != nil {
+		if answered {
+			return fmt.Errorf("claim pooled sandbox %s: %w: %w", sb.id, errIdentity, errdefs.FromConnect(err))
+		}
+		return fmt.Errorf("claim pooled sandbox %s: %w", sb.id, errdefs.FromConnect(err))
+	}
+	now := time.Now()
+	claimed.CreatedAt = now
+	claimed.ExpiresAt = now.Add(time.Duration(spec.TimeoutSeconds) * time.Second)
+	pooled, pooledProj := *sb.rec, sb.proj
+	*sb.rec, sb.proj = claimed, project
+	err = sb.save() // before it is admitted: a restarted edge must not pool it again
+	if err == nil {
+		err = admit()
+	}
+	if err != nil {
+		*sb.rec, sb.proj = pooled, pooledProj
+		return err
+	}
+	sb.host = host
+	sb.started.Store(now.UnixNano())
+	sb.expiry.Poke()
+	sb.publish()
+	return nil
+}
