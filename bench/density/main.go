@@ -29,6 +29,7 @@ import (
 	"github.com/opendsec/opendsec/bench/internal/benchplot"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge"
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
@@ -47,9 +48,10 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the burst (the edge, apiserver and client, in this process) to this file")
 	mutexProfile := flag.String("mutexprofile", "", "write a profile of lock contention during the burst to this file")
 	network := flag.Bool("network", false, "give every sandbox a network interface (default deny), as the issue's second goal measures")
+	pool := flag.Int("pool", 0, "keep a warm pool of this many sandboxes of the burst's image and shape on the edge, full before the burst (0: none)")
 	plot := flag.String("plot", "density.png", "write a plot of creates over time, ours and bare crun's, to this PNG (\"\": none)")
 	flag.Parse()
-	withNetwork, plotPath = *network, *plot
+	withNetwork, plotPath, poolSize = *network, *plot, *pool
 	profile, lockProfile = *cpuProfile, *mutexProfile
 	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -61,7 +63,10 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	be := benchcluster.Backend{Name: container.Name, Factory: container.New, Config: map[string]string{"runtime": "crun"}}
 	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
 		cfg.Capacity = capacity.Host(over, memOver)
-		cfg.Capacity.MaxSandboxes = int64(n) + 16
+		cfg.Capacity.MaxSandboxes = int64(n+poolSize) + 16
+		if poolSize > 0 {
+			cfg.Pools = []edge.Pool{{Spec: &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}, Project: "root", Size: poolSize}}
+		}
 		if withNetwork {
 			cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{"127.0.0.1:53"}}
 		}
@@ -70,6 +75,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		return err
 	}
 	defer c.Close()
+	defer c.Edge.DrainPools(ctx)
 	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
 	if err != nil {
 		return err
@@ -86,6 +92,11 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		return err
 	}
 	warm.Stop(ctx) //nolint:errcheck // a warm-up
+	for deadline := time.Now().Add(10 * time.Minute); c.Edge.PoolReady() < poolSize; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the warm pool did not fill (%d of %d)", c.Edge.PoolReady(), poolSize)
+		}
+	}
 	before := memAvailableMB()
 	var failed atomic.Int64
 	var mu sync.Mutex
@@ -149,8 +160,11 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	fmt.Printf("density: %d container sandboxes (0.1 core, 64 MiB, 64 MiB disk) onto one edge, %d at a time, overcommit cpu %g, memory %g (machine %s)\n", n, par, over, memOver, host)
 	fmt.Printf("%-40s %10s %12s %16s\n", "", "made", "creates/s", "host MiB/sandbox")
 	label := "ours (crun + agent, full path)"
-	if withNetwork {
+	switch {
+	case withNetwork:
 		label = "ours, each with a network"
+	case poolSize > 0:
+		label = fmt.Sprintf("ours, a warm pool of %d first", poolSize)
 	}
 	fmt.Printf("%-40s %10d %12.1f %16.1f\n", label, ours, float64(ours)/took.Seconds(), float64(before-after)/float64(max(ours, 1)))
 	if raw > 0 {
@@ -296,6 +310,9 @@ var withNetwork bool
 
 // plotPath is where the -plot flag puts the plot ("": none).
 var plotPath string
+
+// poolSize is the -pool flag: a warm pool of the burst's spec (0: none).
+var poolSize int
 
 // profile and lockProfile are where -cpuprofile and -mutexprofile
 // write; "" for none.
