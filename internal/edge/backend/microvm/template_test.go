@@ -244,18 +244,7 @@ func TestTemplateCopies(t *testing.T) {
 	// Stopped and started, a copy boots from its own disk and initramfs.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := b.Stop(ctx, a.ID, time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx, a.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := backendtest.WaitAgent(ctx, b, a.Link); err != nil {
-		t.Fatalf("a copy started again: %v", err)
-	}
-	if got := strings.Fields(a.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(a.ID) || got[1] != string(a.ID) || got[2] != "mine" {
-		t.Fatalf("a copy booted again: hostname, $MINE, its file = %q", got)
-	}
+	bootsAsItself(ctx, t, b, a, "a copy")
 
 	// A copy of a snapshot of it, stopped and started, boots as itself:
 	// its own settings over its source's initramfs.
@@ -281,18 +270,7 @@ func TestTemplateCopies(t *testing.T) {
 	if err := backendtest.WaitCopy(ctx, f.Link, spec, h); err != nil {
 		t.Fatalf("a copy of a copy: %v", err)
 	}
-	if err := b.Stop(ctx, f.ID, time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx, f.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := backendtest.WaitAgent(ctx, b, f.Link); err != nil {
-		t.Fatalf("a snapshot's copy started again: %v", err)
-	}
-	if got := strings.Fields(f.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(f.ID) || got[1] != string(f.ID) || got[2] != "mine" {
-		t.Fatalf("a snapshot's copy booted again: hostname, $MINE, its source's file = %q", got)
-	}
+	bootsAsItself(ctx, t, b, f, "a snapshot's copy")
 
 	// A corrupt template is removed and its sandbox boots.
 	tpls, _ := filepath.Glob(filepath.Join(state, "templates", "*", "state"))
@@ -311,5 +289,24 @@ func TestTemplateCopies(t *testing.T) {
 	}
 	if again := start(""); !again.Handle.Restored {
 		t.Fatal("the next create did not build the template again")
+	}
+}
+
+// bootsAsItself stops sb and starts it again (a boot, not a restore):
+// its hostname and $MINE are its own id, and /root/a, which its source
+// wrote before its snapshot or it before the stop, reads "mine".
+func bootsAsItself(ctx context.Context, t *testing.T, b backend.Backend, sb *backendtest.Sandbox, who string) {
+	t.Helper()
+	if err := b.Stop(ctx, sb.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := backendtest.WaitAgent(ctx, b, sb.Link); err != nil {
+		t.Fatalf("%s started again: %v", who, err)
+	}
+	if got := strings.Fields(sb.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(sb.ID) || got[1] != string(sb.ID) || got[2] != "mine" {
+		t.Fatalf("%s booted again: hostname, $MINE, /root/a = %q", who, got)
 	}
 }
