@@ -42,12 +42,7 @@ func TestTemplateFault(t *testing.T) {
 // Warm builds a shape's template ahead of its first create, once; the
 // create then restores it.
 func TestWarmBuildsTheTemplateOnce(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "mkfs.ext4")
-	q := testQEMU(t)
-	state := t.TempDir()
-	b := factory(q)(t, state)
-	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
+	b, state, env := templatesBackend(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for i, want := range []bool{true, false} {
@@ -189,12 +184,7 @@ func TestTemplatesUnfinishedAndPrune(t *testing.T) {
 // a template that does not restore is removed, its sandbox boots and the
 // next create builds the template again.
 func TestTemplateCopies(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "mkfs.ext4")
-	q := testQEMU(t)
-	state := t.TempDir()
-	b := factory(q)(t, state)
-	env := backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
+	b, state, env := templatesBackend(t)
 	start := func(workDir string) *backendtest.Sandbox {
 		spec := backendtest.NewSpec(t, env, "n1")
 		spec.WorkDir = workDir
@@ -309,4 +299,15 @@ func bootsAsItself(ctx context.Context, t *testing.T, b backend.Backend, sb *bac
 	if got := strings.Fields(sb.Sh(t, `echo "$(hostname) $MINE $(cat /root/a)"`)); len(got) != 3 || got[0] != string(sb.ID) || got[1] != string(sb.ID) || got[2] != "mine" {
 		t.Fatalf("%s booted again: hostname, $MINE, /root/a = %q", who, got)
 	}
+}
+
+// templatesBackend is a QEMU backend (templates on) in a state directory
+// of its own, and the busybox image's environment.
+func templatesBackend(t *testing.T) (backend.Backend, string, backendtest.Env) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	q := testQEMU(t)
+	state := t.TempDir()
+	return factory(q)(t, state), state, backendtest.Env{Layers: backendtest.BusyboxLayers(t), Agent: testutil.AgentBinary(t), Isolated: true}
 }
