@@ -37,7 +37,7 @@ func (e *Edge) pruneCacheReport(grace time.Duration) (int64, []string) {
 			inUse = append(inUse, md)
 		}
 	}
-	for _, sb := range e.reg.all() {
+	for _, sb := range append(e.reg.all(), e.pools.all()...) {
 		use(sb.View().GetImageDigest())
 	}
 	for _, d := range e.snaps.ImageDigests() {

@@ -350,7 +350,7 @@ func (e *Edge) Close() {
 		e.parts.Layers.Close() // removes the warm layers; sandboxes' stay
 	}
 	e.disk.Close()
-	for _, sb := range e.reg.all() {
+	for _, sb := range append(e.reg.all(), e.pools.all()...) {
 		sb.CloseLink()
 	}
 	// Layers mounted from their EROFS forms (running sandboxes' overlays

@@ -68,8 +68,10 @@ type pools struct {
 	e     *Edge
 	wants []poolWant
 	kick  chan struct{}
-	// yielding is set while a yield runs in the background.
-	yielding atomic.Bool
+	// yieldKick asks the pools' loop to yield to the node's own; gone
+	// takes sandboxes a claim gave up to that loop for removal.
+	yieldKick chan struct{}
+	gone      chan *sandbox.Sandbox
 	// draining is set once the pools are emptied for good (Drain).
 	draining atomic.Bool
 
@@ -88,11 +90,18 @@ type heldBy struct {
 // poolWant is a configured pool, its spec normalized.
 type poolWant struct {
 	Pool
-	key string // "" until its image is resolved
+	// failedAt is when its last start failed: it is tried again after
+	// poolRetry, and the other pools fill meanwhile.
+	failedAt time.Time
+	// skipped says why it is not filled at all ("": it is).
+	skipped string
 }
 
+// poolRetry is how long a pool whose start failed waits to try again.
+const poolRetry = 10 * time.Second
+
 func newPools(e *Edge, cfg []Pool) (*pools, error) {
-	p := &pools{e: e, kick: make(chan struct{}, 1), ready: map[string][]*sandbox.Sandbox{}, held: map[*sandbox.Sandbox]heldBy{}, ids: map[sandboxid.ID]bool{}}
+	p := &pools{e: e, kick: make(chan struct{}, 1), yieldKick: make(chan struct{}, 1), gone: make(chan *sandbox.Sandbox, 64), ready: map[string][]*sandbox.Sandbox{}, held: map[*sandbox.Sandbox]heldBy{}, ids: map[sandboxid.ID]bool{}}
 	for i, c := range cfg {
 		spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
 		spec.Network, spec.Env, spec.Metadata, spec.Task = nil, nil, nil, ""
@@ -102,6 +111,9 @@ func newPools(e *Edge, cfg []Pool) (*pools, error) {
 		}
 		if c.Size < 1 || c.Project == "" {
 			return nil, errdefs.InvalidArgument("pool %d: size %d and project %q: want a size of 1 or more and a project", i+1, c.Size, c.Project)
+		}
+		if be, err := e.backends.get(spec.Backend); err == nil && spec.Resources.MemoryMb < be.Capabilities().MinMemoryMB {
+			return nil, errdefs.InvalidArgument("pool %d: memory %d MiB: backend %q needs at least %d", i+1, spec.Resources.MemoryMb, spec.Backend, be.Capabilities().MinMemoryMB)
 		}
 		p.wants = append(p.wants, poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size}})
 	}
@@ -141,6 +153,44 @@ func (p *pools) has(id sandboxid.ID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ids[id]
+}
+
+// trim removes ready sandboxes no pool wants any more (their image's
+// tag moved to another digest, or a pool was made smaller), the oldest
+// first.
+func (p *pools) trim(ctx context.Context) {
+	want := map[string]int{}
+	for _, w := range p.wants {
+		if im, err := p.e.parts.Resolve(w.Spec.Image, w.Project); err == nil && w.skipped == "" {
+			want[poolKey(w.Spec, im.Digest.String())] += w.Size
+		}
+	}
+	var extra []*sandbox.Sandbox
+	p.mu.Lock()
+	for key, list := range p.ready {
+		if over := len(list) - want[key]; over > 0 {
+			extra = append(extra, list[:over]...)
+		}
+	}
+	for _, sb := range extra {
+		p.dropLocked(sb)
+	}
+	p.mu.Unlock()
+	for _, sb := range extra {
+		p.e.log.Info("pool sandbox removed: no pool wants it any more", logging.SandboxID, sb.ID())
+		p.remove(ctx, sb)
+	}
+}
+
+// all is every pool sandbox, ready or starting.
+func (p *pools) all() []*sandbox.Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*sandbox.Sandbox, 0, len(p.held))
+	for sb := range p.held {
+		out = append(out, sb)
+	}
+	return out
 }
 
 // take gives a ready sandbox of key out of its pool (the oldest), or nil.
@@ -221,16 +271,21 @@ func (p *pools) yield(ctx context.Context) {
 	}
 }
 
-// yieldSoon has the pools yield, in the background, to what the node's
-// own admitted.
+// yieldSoon has the pools' loop yield to what the node's own admitted.
 func (p *pools) yieldSoon() {
-	if p.heldUsage().Sandboxes == 0 || !p.yielding.CompareAndSwap(false, true) {
-		return
+	select {
+	case p.yieldKick <- struct{}{}:
+	default:
 	}
-	go func() {
-		defer p.yielding.Store(false)
-		p.yield(context.Background())
-	}()
+}
+
+// removeLater has the pools' loop remove sb, taken from its pool.
+func (p *pools) removeLater(ctx context.Context, sb *sandbox.Sandbox) {
+	select {
+	case p.gone <- sb:
+	default:
+		p.remove(ctx, sb)
+	}
 }
 
 // takeAny takes the newest ready sandbox of any pool.
@@ -258,25 +313,34 @@ func (p *pools) remove(ctx context.Context, sb *sandbox.Sandbox) {
 // (a pool must not slow the node's own creates more than one create
 // does).
 func (p *pools) run(stop <-chan struct{}) {
-	if len(p.wants) == 0 {
-		return
-	}
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { <-stop; cancel() }()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
 	for {
+		p.yield(ctx)
+		p.trim(ctx)
 		for p.fillOne(ctx) {
 			if ctx.Err() != nil {
-				return
+				break
 			}
 		}
 		select {
 		case <-stop:
-			return
+			for {
+				select {
+				case sb := <-p.gone:
+					p.remove(ctx, sb)
+				default:
+					return
+				}
+			}
+		case sb := <-p.gone:
+			p.remove(ctx, sb)
 		case <-tick.C:
 		case <-p.kick:
+		case <-p.yieldKick:
 		}
 	}
 }
@@ -293,8 +357,18 @@ func (p *pools) fillOne(ctx context.Context) bool {
 		if err != nil {
 			continue
 		}
+		if w.skipped != "" || time.Since(w.failedAt) < poolRetry {
+			continue
+		}
 		im, err := p.e.parts.Resolve(w.Spec.Image, w.Project)
 		if err != nil {
+			continue
+		}
+		if sandbox.HasService(im.Config.Config.Labels) {
+			// Its service starts with the pool's environment, which a
+			// claim does not change.
+			w.skipped = "the image starts a service"
+			p.e.log.Warn("pool not filled: its image starts a service, which would keep the pool's environment", logging.Image, w.Spec.Image)
 			continue
 		}
 		key := poolKey(w.Spec, im.Digest.String())
@@ -310,8 +384,9 @@ func (p *pools) fillOne(ctx context.Context) bool {
 			continue
 		}
 		if err := p.start(ctx, w.Spec, key, im, be); err != nil {
-			p.e.log.Warn("pool sandbox not started", logging.Image, w.Spec.Image, logging.Error, err)
-			return false // tried again at the next tick
+			p.e.log.Warn("pool sandbox not started; the pool tries again later", logging.Image, w.Spec.Image, logging.Error, err, "after", poolRetry)
+			w.failedAt = time.Now()
+			continue
 		}
 		return true
 	}
@@ -336,7 +411,10 @@ func (p *pools) start(ctx context.Context, spec *sandboxv1.SandboxSpec, key stri
 	began := time.Now()
 	if err := sb.Start(ctx, im); err != nil {
 		if derr := sb.Discard(context.WithoutCancel(ctx)); derr != nil {
+			// What is left of it stays counted (held) until a restart
+			// of the edge removes it.
 			e.log.Error("clean up a pool sandbox that failed to start", logging.SandboxID, rec.ID, logging.Error, derr)
+			return err
 		}
 		p.drop(sb)
 		return err
@@ -403,10 +481,9 @@ func (p *pools) claim(ctx context.Context, sb *sandbox.Sandbox, spec *sandboxv1.
 		return err
 	}
 	if err := sb.Claim(ctx, spec, project, reservation, im, sandboxHost{e}, admit); err != nil {
-		p.remove(ctx, sb)
+		p.removeLater(ctx, sb)
 		return nil, err
 	}
-	p.yield(ctx)
 	return sb.View(), nil
 }
 

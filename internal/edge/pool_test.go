@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
+	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -129,6 +131,37 @@ func sameIDs(a, b []sandboxid.ID) bool {
 	return slices.Equal(a, b)
 }
 
+// A spec with a network has no pool; every resource names another.
+func TestPoolKey(t *testing.T) {
+	base := spec()
+	base.Resources.DiskMb, base.Resources.Pids, base.Resources.OpenFiles = 64, 100, 1024
+	key := poolKey(base, "sha256:a")
+	if key == "" || poolKey(base, "sha256:b") == key {
+		t.Fatalf("keys of two digests: %q", key)
+	}
+	networked := proto.Clone(base).(*sandboxv1.SandboxSpec)
+	networked.Network = &sandboxv1.NetworkPolicy{}
+	if k := poolKey(networked, "sha256:a"); k != "" {
+		t.Fatalf("a spec with a network has pool key %q", k)
+	}
+	for name, change := range map[string]func(*sandboxv1.Resources){
+		"cpu": func(r *sandboxv1.Resources) { r.CpuCores++ }, "memory": func(r *sandboxv1.Resources) { r.MemoryMb++ },
+		"disk": func(r *sandboxv1.Resources) { r.DiskMb++ }, "pids": func(r *sandboxv1.Resources) { r.Pids++ },
+		"open files": func(r *sandboxv1.Resources) { r.OpenFiles++ },
+	} {
+		other := proto.Clone(base).(*sandboxv1.SandboxSpec)
+		change(other.Resources)
+		if poolKey(other, "sha256:a") == key {
+			t.Errorf("another %s has the same pool key", name)
+		}
+	}
+	other := proto.Clone(base).(*sandboxv1.SandboxSpec)
+	other.Env, other.Metadata, other.TimeoutSeconds = map[string]string{"A": "1"}, map[string]string{"k": "v"}, 5
+	if poolKey(other, "sha256:a") != key {
+		t.Error("the environment, metadata or time to live changed the pool key")
+	}
+}
+
 func TestParsePool(t *testing.T) {
 	p, err := ParsePool("root/busybox:latest=8,backend=gvisor,cpu=0.25,memory=64,disk=128,project=root/team")
 	if err != nil {
@@ -171,6 +204,7 @@ func FuzzParsePool(f *testing.F) {
 }
 
 // Drained, the pools remove their sandboxes and start no more.
+// (fillOne is what the pools' loop calls each tick.)
 func TestDrainPools(t *testing.T) {
 	f := newFixture(t, smallCapacity())
 	f.edge.Close()
@@ -178,11 +212,43 @@ func TestDrainPools(t *testing.T) {
 	e := f.open(t, smallCapacity())
 	waitPoolReady(t, e, 2)
 	e.DrainPools(context.Background())
-	time.Sleep(100 * time.Millisecond) // a refill would have begun
+	if e.pools.fillOne(context.Background()) {
+		t.Fatal("drained pools started a sandbox")
+	}
 	if n := e.pools.heldUsage().Sandboxes; n != 0 {
 		t.Fatalf("drained pools hold %d sandboxes", n)
 	}
 	if ents, _ := os.ReadDir(e.dirs.sandboxes()); len(ents) != 0 {
 		t.Fatalf("drained pools left %d sandbox directories", len(ents))
+	}
+}
+
+// A pool made smaller (here across a restart) gives up what it holds
+// beyond its size; a pool no longer configured gives up all it holds.
+func TestPoolTrimsWhatNoPoolWants(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 3}}
+	e := f.open(t, smallCapacity())
+	waitPoolReady(t, e, 3)
+	e.Close()
+	f.pools[0].Size = 1
+	e = f.open(t, smallCapacity())
+	waitPoolReady(t, e, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for e.pools.heldUsage().Sandboxes != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a pool of 1 holds %d", e.pools.heldUsage().Sandboxes)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.Close()
+	f.pools = nil
+	e = f.open(t, smallCapacity())
+	if n := e.pools.heldUsage().Sandboxes; n != 0 {
+		t.Fatalf("with no pool configured the node holds %d pool sandboxes", n)
+	}
+	if ents, _ := os.ReadDir(e.dirs.sandboxes()); len(ents) != 0 {
+		t.Fatalf("%d sandbox directories left of a pool no longer configured", len(ents))
 	}
 }

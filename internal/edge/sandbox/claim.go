@@ -21,6 +21,11 @@ import (
 // it starts (environment, directory), which the claim's one request
 // sets. Its hostname and machine id were its own from its start.
 
+// claimWait bounds a claim's one request: a pool's sandbox whose agent
+// does not answer within it is taken for dead (the pool's sandboxes have
+// no health checks), and the create starts one of its own.
+const claimWait = 3 * time.Second
+
 // Claim makes sb, a pool's sandbox that runs and is registered nowhere,
 // the sandbox of spec (of sb's image im and shape) in project, settling
 // reservation: its agent takes spec's defaults, admit registers it (with
@@ -44,7 +49,7 @@ func (sb *Sandbox) Claim(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	settings := identity.Settings(sb.parts.backendSpec(&claimed, sb.dir, sb.runDir, nil, im.Config.Config))
 	settings.Hosts, settings.ResolvConf = "", ""
 	req := identity.Request(string(sb.id), settings, nil)
-	answered, err := identity.Set(ctxTimeout(ctx, 10*time.Second), sb.link, req)
+	answered, err := identity.Set(ctxTimeout(ctx, claimWait), sb.link, req)
 	if err != nil {
 		if answered {
 			return fmt.Errorf("claim pooled sandbox %s: %w: %w", sb.id, errIdentity, errdefs.FromConnect(err))
@@ -65,6 +70,9 @@ func (sb *Sandbox) Claim(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		return err
 	}
 	sb.host = host
+	// What it used and did while it waited in the pool is nobody's.
+	sb.metrics.forget()
+	sb.limits.reset()
 	sb.started.Store(now.UnixNano())
 	sb.expiry.Poke()
 	sb.publish()

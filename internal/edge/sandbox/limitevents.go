@@ -20,6 +20,13 @@ type limitCounts struct {
 	nodeOOM, nodeForks   atomic.Int64
 }
 
+// reset starts the counts afresh.
+func (c *limitCounts) reset() {
+	for _, n := range []*atomic.Int64{&c.agentOOM, &c.agentForks, &c.nodeOOM, &c.nodeForks} {
+		n.Store(0)
+	}
+}
+
 // fromAgent takes the counts an agent's answer carries, if it does.
 func (c *limitCounts) fromAgent(h http.Header) {
 	if oom, forks, ok := headers.ParseLimitEvents(h.Get(headers.LimitEvents)); ok {

@@ -33,6 +33,13 @@ type metricsRing struct {
 	layerDir string    // guarded by mu; the writable layer, once known
 }
 
+// forget drops what was recorded: the next sample is a first one.
+func (r *metricsRing) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.samples, r.lastCPU, r.lastAt = nil, 0, time.Time{}
+}
+
 // sample is one recorded sample, kept small (56 bytes: an hour of them is
 // 40 KB a sandbox); proto turns it into the API's form.
 type sample struct {

@@ -27,6 +27,10 @@ const (
 	serviceTag        = "image-service"
 )
 
+// HasService says whether an image of these labels starts a service in
+// each new sandbox.
+func HasService(labels map[string]string) bool { return serviceLabels(labels) != nil }
+
 // serviceLabels is the labels of the image's service, nil if it has none.
 func serviceLabels(labels map[string]string) map[string]string {
 	if labels[image.LabelStart] == "" {

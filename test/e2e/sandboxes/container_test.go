@@ -135,8 +135,8 @@ func TestOutOfMemoryKillStaysInsideTheLimit(t *testing.T) {
 // TestWarmPoolOnCrun: an edge with a warm pool of two crun sandboxes of
 // busybox; creates of that image and shape claim them: each is the
 // create's (its environment, hostname and machine id of its own, its
-// memory limit), and the pool starts new ones. A create with a network
-// starts its own. Drained, the pool leaves nothing.
+// memory limit), and the pool starts new ones. A create of another
+// shape starts its own. Drained, the pool leaves nothing.
 func TestWarmPoolOnCrun(t *testing.T) {
 	pool := ContainerSpec()
 	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) {
@@ -175,10 +175,10 @@ func TestWarmPoolOnCrun(t *testing.T) {
 	}
 	waitPool(2) // refilled
 	refilled := c.Edge.PoolSandboxes()
-	networked := ContainerSpec()
-	networked.Network = &sandboxv1.NetworkPolicy{}
-	if sb, err := c.Client.Create(ctx, networked); err == nil && slices.Contains(refilled, sb.ID) {
-		t.Fatalf("a create with a network claimed pool sandbox %s", sb.ID)
+	other := ContainerSpec()
+	other.Resources.MemoryMb = 256
+	if sb, err := c.Client.Create(ctx, other); err != nil || slices.Contains(refilled, sb.ID) {
+		t.Fatalf("a create of another shape: %v, or it claimed a pool sandbox (pool %v)", err, refilled)
 	}
 	for _, e := range c.Edges {
 		e.DestroyAll(context.Background(), "root")

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
@@ -287,11 +288,21 @@ func (b *Backend) restoreOwnRAM(ctx context.Context, bx *box, g Guest, ref backe
 	default:
 		return err
 	}
+	var fillErr error
+	var waited sync.Once
+	waitFill := func() error { waited.Do(func() { fillErr = <-filled }); return fillErr }
 	started := func() error {
 		err := b.limitGuestCPU(bx, g, b.qemu)
-		return errors.Join(<-filled, err)
+		return errors.Join(waitFill(), err)
 	}
-	return b.qemu.restore(ctx, bx, g, ref, started)
+	if err := b.qemu.restore(ctx, bx, g, ref, started); err != nil {
+		// Its RAM file holds the node's memory: it goes with the failed
+		// restore (once the copy into it has ended).
+		waitFill() //nolint:errcheck // reporting err
+		os.Remove(g.MemFile)
+		return err
+	}
+	return nil
 }
 
 // Release implements backend.Releaser: after an offload's snapshot the
@@ -305,6 +316,13 @@ func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
 	g, err := bx.loadGuest()
 	if err != nil {
 		return err
+	}
+	if g.VMM != "" {
+		// A Firecracker guest's restore in place would map the
+		// checkpoint's RAM privately, which the edge deletes once it is
+		// back: its disk would stay taken, uncounted, while the guest
+		// runs. Until it gets a RAM file of its own, it is frozen instead.
+		return errdefs.Unsupported("microvm: %s runs on %s, whose guests are not offloaded yet; it stays frozen", id, g.VMM)
 	}
 	if err := bx.kill(0); err != nil {
 		return err
