@@ -193,7 +193,8 @@ func (p *pools) all() []*sandbox.Sandbox {
 	return out
 }
 
-// take gives a ready sandbox of key out of its pool (the oldest), or nil.
+// take gives a ready sandbox of key out of its pool (the oldest), or nil,
+// for claim.
 func (p *pools) take(key string) *sandbox.Sandbox {
 	if key == "" {
 		return nil
@@ -204,9 +205,10 @@ func (p *pools) take(key string) *sandbox.Sandbox {
 	if len(list) == 0 {
 		return nil
 	}
+	// Out of ready, still held: until its claim is admitted (or failed)
+	// it counts as the pool's, so no start of another takes its room.
 	sb := list[0]
-	p.dropLocked(sb)
-	p.poke()
+	p.ready[key] = list[1:]
 	return sb
 }
 
@@ -480,10 +482,13 @@ func (p *pools) claim(ctx context.Context, sb *sandbox.Sandbox, spec *sandboxv1.
 		}
 		return err
 	}
-	if err := sb.Claim(ctx, spec, project, reservation, im, sandboxHost{e}, admit); err != nil {
-		p.removeLater(ctx, sb)
+	err := sb.Claim(ctx, spec, project, reservation, im, sandboxHost{e}, admit)
+	if err != nil {
+		p.removeLater(ctx, sb) // still the pool's: its removal drops it
 		return nil, err
 	}
+	p.drop(sb) // the registry's now
+	p.poke()
 	return sb.View(), nil
 }
 
