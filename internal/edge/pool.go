@@ -78,7 +78,6 @@ type pools struct {
 	mu    sync.Mutex
 	ready map[string][]*sandbox.Sandbox // guarded by mu; by key, oldest first
 	held  map[*sandbox.Sandbox]heldBy   // guarded by mu; every pool sandbox, ready or starting
-	ids   map[sandboxid.ID]bool         // guarded by mu; the ids of held
 }
 
 // heldBy is a pool sandbox's key and what it holds of the node.
@@ -97,11 +96,20 @@ type poolWant struct {
 	skipped string
 }
 
+// resolve is the image w's name names now and w's key with it.
+func (w *poolWant) resolve(e *Edge) (*image.Image, string, error) {
+	im, err := e.parts.Resolve(w.Spec.Image, w.Project)
+	if err != nil {
+		return nil, "", err
+	}
+	return im, poolKey(w.Spec, im.Digest.String()), nil
+}
+
 // poolRetry is how long a pool whose start failed waits to try again.
 const poolRetry = 10 * time.Second
 
 func newPools(e *Edge, cfg []Pool) (*pools, error) {
-	p := &pools{e: e, kick: make(chan struct{}, 1), yieldKick: make(chan struct{}, 1), gone: make(chan *sandbox.Sandbox, 64), ready: map[string][]*sandbox.Sandbox{}, held: map[*sandbox.Sandbox]heldBy{}, ids: map[sandboxid.ID]bool{}}
+	p := &pools{e: e, kick: make(chan struct{}, 1), yieldKick: make(chan struct{}, 1), gone: make(chan *sandbox.Sandbox, 64), ready: map[string][]*sandbox.Sandbox{}, held: map[*sandbox.Sandbox]heldBy{}}
 	for i, c := range cfg {
 		spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
 		spec.Network, spec.Env, spec.Metadata, spec.Task = nil, nil, nil, ""
@@ -112,8 +120,10 @@ func newPools(e *Edge, cfg []Pool) (*pools, error) {
 		if c.Size < 1 || c.Project == "" {
 			return nil, errdefs.InvalidArgument("pool %d: size %d and project %q: want a size of 1 or more and a project", i+1, c.Size, c.Project)
 		}
-		if be, err := e.backends.get(spec.Backend); err == nil && spec.Resources.MemoryMb < be.Capabilities().MinMemoryMB {
-			return nil, errdefs.InvalidArgument("pool %d: memory %d MiB: backend %q needs at least %d", i+1, spec.Resources.MemoryMb, spec.Backend, be.Capabilities().MinMemoryMB)
+		if be, err := e.backends.get(spec.Backend); err == nil { // one not usable here never fills
+			if err := checkMinMemory(be, spec.Resources); err != nil {
+				return nil, fmt.Errorf("pool %d: %w", i+1, err)
+			}
 		}
 		p.wants = append(p.wants, poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size}})
 	}
@@ -137,7 +147,6 @@ func (p *pools) drop(sb *sandbox.Sandbox) {
 
 func (p *pools) dropLocked(sb *sandbox.Sandbox) {
 	delete(p.held, sb)
-	delete(p.ids, sb.ID())
 	for key, list := range p.ready {
 		for i, r := range list {
 			if r == sb {
@@ -152,7 +161,12 @@ func (p *pools) dropLocked(sb *sandbox.Sandbox) {
 func (p *pools) has(id sandboxid.ID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.ids[id]
+	for sb := range p.held {
+		if sb.ID() == id {
+			return true
+		}
+	}
+	return false
 }
 
 // trim removes ready sandboxes no pool wants any more (their image's
@@ -160,9 +174,9 @@ func (p *pools) has(id sandboxid.ID) bool {
 // first.
 func (p *pools) trim(ctx context.Context) {
 	want := map[string]int{}
-	for _, w := range p.wants {
-		if im, err := p.e.parts.Resolve(w.Spec.Image, w.Project); err == nil && w.skipped == "" {
-			want[poolKey(w.Spec, im.Digest.String())] += w.Size
+	for i := range p.wants {
+		if _, key, err := p.wants[i].resolve(p.e); err == nil && p.wants[i].skipped == "" {
+			want[key] += p.wants[i].Size
 		}
 	}
 	var extra []*sandbox.Sandbox
@@ -362,7 +376,7 @@ func (p *pools) fillOne(ctx context.Context) bool {
 		if w.skipped != "" || time.Since(w.failedAt) < poolRetry {
 			continue
 		}
-		im, err := p.e.parts.Resolve(w.Spec.Image, w.Project)
+		im, key, err := w.resolve(p.e)
 		if err != nil {
 			continue
 		}
@@ -373,7 +387,6 @@ func (p *pools) fillOne(ctx context.Context) bool {
 			p.e.log.Warn("pool not filled: its image starts a service, which would keep the pool's environment", logging.Image, w.Spec.Image)
 			continue
 		}
-		key := poolKey(w.Spec, im.Digest.String())
 		p.mu.Lock()
 		have := 0
 		for _, h := range p.held {
@@ -408,7 +421,7 @@ func (p *pools) start(ctx context.Context, spec *sandboxv1.SandboxSpec, key stri
 	}
 	sb := p.newSandbox(rec, be)
 	p.mu.Lock()
-	p.held[sb], p.ids[sb.ID()] = heldBy{key: key, res: spec.Resources}, true
+	p.held[sb] = heldBy{key: key, res: spec.Resources}
 	p.mu.Unlock()
 	began := time.Now()
 	if err := sb.Start(ctx, im); err != nil {
@@ -441,9 +454,7 @@ func (p *pools) start(ctx context.Context, spec *sandboxv1.SandboxSpec, key stri
 
 // newSandbox is a pool's sandbox of rec on be.
 func (p *pools) newSandbox(rec *records.Record, be backend.Backend) *sandbox.Sandbox {
-	e := p.e
-	return sandbox.New(rec, be, sandbox.Env{Node: e.node, Dir: e.dirs.sandbox(rec.ID), RunDir: e.dirs.run(rec.ID), AgentTimeout: e.cfg.AgentTimeout, PausedLifetime: e.cfg.PausedLifetime,
-		Net: asSandboxNetwork(e.net), NetOff: e.netOff, Disk: e.disk, Records: e.records, Expiry: e.expiry, Host: poolHost{p}, Parts: &e.parts, Log: e.log})
+	return p.e.newSandboxWith(rec, be, poolHost{p})
 }
 
 // adopt takes back a pool's sandbox a previous run of the edge left, if
@@ -452,11 +463,11 @@ func (p *pools) adopt(ctx context.Context, rec *records.Record, be backend.Backe
 	sb := p.newSandbox(rec, be)
 	key := poolKey(rec.Spec, rec.ImageDigest)
 	p.mu.Lock()
-	p.held[sb], p.ids[sb.ID()] = heldBy{key: key, res: rec.Spec.Resources}, true
+	p.held[sb] = heldBy{key: key, res: rec.Spec.Resources}
 	p.mu.Unlock()
 	wanted := false
-	for _, w := range p.wants {
-		if im, err := p.e.parts.Resolve(w.Spec.Image, w.Project); err == nil && poolKey(w.Spec, im.Digest.String()) == key {
+	for i := range p.wants {
+		if _, k, err := p.wants[i].resolve(p.e); err == nil && k == key {
 			wanted = true
 		}
 	}

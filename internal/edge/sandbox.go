@@ -28,8 +28,14 @@ func (h sandboxHost) RemoveLayer(dir string) error { return h.e.parts.RemoveLaye
 
 // newSandbox is the sandbox of rec on backend be, on this edge.
 func (e *Edge) newSandbox(rec *records.Record, be backend.Backend) *sandbox.Sandbox {
+	return e.newSandboxWith(rec, be, sandboxHost{e})
+}
+
+// newSandboxWith is newSandbox reaching the edge through host (a warm
+// pool's sandbox reaches its pool).
+func (e *Edge) newSandboxWith(rec *records.Record, be backend.Backend, host sandbox.Host) *sandbox.Sandbox {
 	return sandbox.New(rec, be, sandbox.Env{Node: e.node, Dir: e.dirs.sandbox(rec.ID), RunDir: e.dirs.run(rec.ID), AgentTimeout: e.cfg.AgentTimeout, PausedLifetime: e.cfg.PausedLifetime,
-		Net: asSandboxNetwork(e.net), NetOff: e.netOff, Disk: e.disk, Records: e.records, Expiry: e.expiry, Host: sandboxHost{e}, Parts: &e.parts, Log: e.log})
+		Net: asSandboxNetwork(e.net), NetOff: e.netOff, Disk: e.disk, Records: e.records, Expiry: e.expiry, Host: host, Parts: &e.parts, Log: e.log})
 }
 
 // Create admits, prepares and starts a sandbox, and returns once its agent
@@ -48,12 +54,9 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	if project == "" {
 		return nil, errdefs.InvalidArgument("project: empty")
 	}
-	be, err := e.backends.get(spec.Backend)
+	be, err := e.backendFor(spec)
 	if err != nil {
 		return nil, err
-	}
-	if least := be.Capabilities().MinMemoryMB; spec.Resources.MemoryMb < least {
-		return nil, errdefs.InvalidArgument("resources.memory_mb %d: backend %q needs at least %d (its guest kernel and agent)", spec.Resources.MemoryMb, be.Name(), least)
 	}
 	if err := checkPolicy(asSandboxNetwork(e.net), "network.rules", spec.Network); err != nil {
 		return nil, err
@@ -99,6 +102,25 @@ func (e *Edge) CreateFor(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	}
 	log.Info("sandbox started", logging.Project, project, logging.Image, spec.Image, "took", time.Since(now).Round(time.Millisecond))
 	return sb.View(), nil
+}
+
+// backendFor is the backend that runs sandboxes of spec (normalized),
+// which must give them the memory its guests need.
+func (e *Edge) backendFor(spec *sandboxv1.SandboxSpec) (backend.Backend, error) {
+	be, err := e.backends.get(spec.Backend)
+	if err != nil {
+		return nil, err
+	}
+	return be, checkMinMemory(be, spec.Resources)
+}
+
+// checkMinMemory refuses resources with less memory than be's sandboxes
+// need.
+func checkMinMemory(be backend.Backend, r *sandboxv1.Resources) error {
+	if least := be.Capabilities().MinMemoryMB; r.MemoryMb < least {
+		return errdefs.InvalidArgument("resources.memory_mb %d: backend %q needs at least %d (its guest kernel and agent)", r.MemoryMb, be.Name(), least)
+	}
+	return nil
 }
 
 // admit reserves capacity for rec and registers its sandbox.

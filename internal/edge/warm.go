@@ -24,12 +24,9 @@ func (e *Edge) WarmImage(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
 		return false, "", err
 	}
-	be, err := e.backends.get(spec.Backend)
+	be, err := e.backendFor(spec)
 	if err != nil {
 		return false, "", err
-	}
-	if least := be.Capabilities().MinMemoryMB; spec.Resources.MemoryMb < least {
-		return false, "", errdefs.InvalidArgument("resources.memory_mb %d: backend %q needs at least %d (its guest kernel and agent)", spec.Resources.MemoryMb, be.Name(), least)
 	}
 	w, ok := be.(backend.Warmer)
 	if !ok {
