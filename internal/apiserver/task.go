@@ -80,28 +80,37 @@ func (s *Server) eachEdge(ctx context.Context, call func(context.Context, edgev1
 	var (
 		mu  sync.Mutex
 		out []*sandboxv1.TaskSandboxResult
-		wg  sync.WaitGroup
 	)
+	s.onEveryEdge(func(node string, edge edgev1connect.EdgeServiceClient) {
+		rs, err := call(ctx, edge)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			code, msg := errdefs.ItemError(errdefs.OnNode(node, err))
+			out = append(out, &sandboxv1.TaskSandboxResult{NodeId: node, ErrorCode: code, ErrorMessage: msg})
+			return
+		}
+		out = append(out, rs...)
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].NodeId+"/"+out[i].SandboxId < out[j].NodeId+"/"+out[j].SandboxId })
+	return out
+}
+
+// onEveryEdge calls call for every edge the watcher knows, healthy or
+// not, all at once, and returns when each call has. node names the edge:
+// its node id, or its address while it has not said its id.
+func (s *Server) onEveryEdge(call func(node string, edge edgev1connect.EdgeServiceClient)) {
+	var wg sync.WaitGroup
 	for _, n := range s.watcher.View().Nodes {
+		node := n.ID
+		if node == "" {
+			node = n.Addr
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rs, err := call(ctx, s.edges.Get(n.Addr).Edge)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				node := n.ID
-				if node == "" {
-					node = n.Addr
-				}
-				code, msg := errdefs.ItemError(errdefs.OnNode(node, err))
-				out = append(out, &sandboxv1.TaskSandboxResult{NodeId: node, ErrorCode: code, ErrorMessage: msg})
-				return
-			}
-			out = append(out, rs...)
+			call(node, s.edges.Get(n.Addr).Edge)
 		}()
 	}
 	wg.Wait()
-	sort.Slice(out, func(i, j int) bool { return out[i].NodeId+"/"+out[i].SandboxId < out[j].NodeId+"/"+out[j].SandboxId })
-	return out
 }

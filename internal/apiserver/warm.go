@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
+	"github.com/opendsec/opendsec/api/gen/opendsec/edge/v1/edgev1connect"
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -41,29 +42,20 @@ func (h *imageService) WarmImage(ctx context.Context, req *connect.Request[image
 	var (
 		mu  sync.Mutex
 		out = &imagev1.WarmImageResponse{}
-		wg  sync.WaitGroup
 	)
-	for _, n := range h.s.watcher.View().Nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			began := time.Now()
-			resp, err := h.s.edges.Get(n.Addr).Edge.WarmImage(ctx, connect.NewRequest(&edgev1.WarmImageRequest{Spec: proto.Clone(spec).(*sandboxv1.SandboxSpec), Project: p.Project}))
-			w := &imagev1.NodeWarmth{Node: n.ID, TookMs: time.Since(began).Milliseconds()}
-			if w.Node == "" {
-				w.Node = n.Addr
-			}
-			if err != nil {
-				w.Error = errdefs.Clip(err.Error(), 300)
-			} else {
-				w.Prepared, w.Note = resp.Msg.Prepared, resp.Msg.Note
-			}
-			mu.Lock()
-			out.Nodes = append(out.Nodes, w)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	h.s.onEveryEdge(func(node string, edge edgev1connect.EdgeServiceClient) {
+		began := time.Now()
+		resp, err := edge.WarmImage(ctx, connect.NewRequest(&edgev1.WarmImageRequest{Spec: proto.Clone(spec).(*sandboxv1.SandboxSpec), Project: p.Project}))
+		w := &imagev1.NodeWarmth{Node: node, TookMs: time.Since(began).Milliseconds()}
+		if err != nil {
+			w.Error = errdefs.Clip(err.Error(), 300)
+		} else {
+			w.Prepared, w.Note = resp.Msg.Prepared, resp.Msg.Note
+		}
+		mu.Lock()
+		out.Nodes = append(out.Nodes, w)
+		mu.Unlock()
+	})
 	sort.Slice(out.Nodes, func(i, j int) bool { return out.Nodes[i].Node < out.Nodes[j].Node })
 	h.s.log.Info("image warmed", "image", spec.Image, "backend", spec.Backend, "nodes", len(out.Nodes))
 	return connect.NewResponse(out), nil
