@@ -381,17 +381,6 @@ func guestConfig(spec *backend.Spec, nic *GuestNet) []byte {
 	return data
 }
 
-// writeInitrd writes a booting guest's initramfs to dst: the init, the
-// kernel modules, the agent and config.
-func (b *Backend) writeInitrd(dst, agentPath string, modules []string, config []byte) error {
-	agent, err := os.ReadFile(agentPath)
-	if err != nil {
-		return err
-	}
-	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: config}}
-	return writeGuestInitramfs(dst, b.qemu.Init, b.qemu.Modules, modules, extra)
-}
-
 // Create implements backend.Backend: the root disk (shared), the
 // sandbox's writable disk and its initramfs with its settings.
 func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Handle, error) {
@@ -438,7 +427,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if guest.Template != "" {
 		err = bootInitrdLater(ctx, &guest, bx.Dir, filepath.Join(guest.Template, "initrd.cpio"), config)
 	} else {
-		err = b.writeInitrd(guest.Initrd, spec.AgentPath, v.modules(nic != nil), config)
+		err = b.qemu.writeSandboxInitrd(guest.Initrd, spec.AgentPath, v.modules(nic != nil), config)
 	}
 	if err != nil {
 		return nil, err
@@ -457,6 +446,16 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	return h, nil
 }
 
+// guestOf is the box of sandbox id and the description of its guest.
+func (b *Backend) guestOf(id sandboxid.ID) (*box, Guest, error) {
+	bx, err := b.get(id)
+	if err != nil {
+		return nil, Guest{}, err
+	}
+	g, err := bx.loadGuest()
+	return bx, g, err
+}
+
 func (b *Backend) get(id sandboxid.ID) (*box, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -471,11 +470,7 @@ func (b *Backend) get(id sandboxid.ID) (*box, error) {
 // the edge; it dials the edge's socket for the agent's port and dials
 // again after an edge restart.
 func (b *Backend) Start(ctx context.Context, id sandboxid.ID) error {
-	bx, err := b.get(id)
-	if err != nil {
-		return err
-	}
-	g, err := bx.loadGuest()
+	bx, g, err := b.guestOf(id)
 	if err != nil {
 		return err
 	}
@@ -726,11 +721,7 @@ func (b *Backend) Recover(ctx context.Context, h *backend.Handle, spec *backend.
 // ConsoleTail implements backend.ConsoleReader: the end of the guest's
 // console, as its VMM keeps it.
 func (b *Backend) ConsoleTail(ctx context.Context, id sandboxid.ID) string {
-	bx, err := b.get(id)
-	if err != nil {
-		return ""
-	}
-	g, err := bx.loadGuest()
+	bx, g, err := b.guestOf(id)
 	if err != nil {
 		return ""
 	}

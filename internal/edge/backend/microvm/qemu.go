@@ -72,6 +72,18 @@ func (q *QEMU) WriteInitramfs(dst string, extra []InitFile) error {
 	return writeGuestInitramfs(dst, q.Init, q.Modules, ModuleOrder, extra)
 }
 
+// writeSandboxInitrd writes a booting sandbox guest's initramfs to dst:
+// the init, the kernel modules, the agent at agentPath and config, its
+// /dsec/config.json.
+func (q *QEMU) writeSandboxInitrd(dst, agentPath string, modules []string, config []byte) error {
+	agent, err := os.ReadFile(agentPath)
+	if err != nil {
+		return err
+	}
+	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: config}}
+	return writeGuestInitramfs(dst, q.Init, q.Modules, modules, extra)
+}
+
 // writeGuestInitramfs packs the init, those of modules (in their load
 // order) that modulesDir has (the others are built into the kernel) and
 // extra.

@@ -31,11 +31,7 @@ import (
 
 // Snapshot implements backend.Snapshotter. The source keeps running.
 func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.SnapshotRef) (*backend.SnapshotInfo, error) {
-	bx, err := b.get(id)
-	if err != nil {
-		return nil, err
-	}
-	g, err := bx.loadGuest()
+	bx, g, err := b.guestOf(id)
 	if err != nil {
 		return nil, err
 	}
@@ -309,11 +305,7 @@ func (b *Backend) restoreOwnRAM(ctx context.Context, bx *box, g Guest, ref backe
 // guest's VMM ends and its RAM file goes, which gives the node its memory
 // back; the guest's directory stays for the Restore in place.
 func (b *Backend) Release(ctx context.Context, id sandboxid.ID) error {
-	bx, err := b.get(id)
-	if err != nil {
-		return err
-	}
-	g, err := bx.loadGuest()
+	bx, g, err := b.guestOf(id)
 	if err != nil {
 		return err
 	}

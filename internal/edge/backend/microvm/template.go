@@ -159,23 +159,17 @@ func (t *templates) lock(key string) *sync.Mutex {
 	return l
 }
 
-// get returns the directory of shape's template, built first if there is
-// none (creates of one key wait for one build, whose guest has wait to
-// answer). "": no template now (its build failed lately); the caller
-// boots.
-func (t *templates) get(ctx context.Context, s templateShape, agentPath string, wait time.Duration) string {
-	dir, _ := t.getOrBuild(ctx, s, agentPath, wait)
-	return dir
-}
-
 // ready says whether shape's template is there, whole.
 func (t *templates) ready(s templateShape) bool {
 	_, err := os.Stat(filepath.Join(t.dir, s.key(), "ready"))
 	return err == nil
 }
 
-// getOrBuild is get, with why there is no template.
-func (t *templates) getOrBuild(ctx context.Context, s templateShape, agentPath string, wait time.Duration) (string, error) {
+// get returns the directory of shape's template, built first if there is
+// none (creates of one key wait for one build, whose guest has wait to
+// answer), or why there is none now (its build failed, now or lately):
+// the caller boots.
+func (t *templates) get(ctx context.Context, s templateShape, agentPath string, wait time.Duration) (string, error) {
 	key := s.key()
 	l := t.lock(key)
 	l.Lock()
@@ -265,7 +259,7 @@ func templatesOption(v string) (bool, error) {
 // else an empty file system of diskMB.
 func (b *Backend) writableDisk(ctx context.Context, spec *backend.Spec, g *Guest, diskMB int64) error {
 	if shape, ok := b.templateShapeOf(spec, g.Root, *g, diskMB); ok {
-		if dir := b.tpl.get(ctx, shape, spec.AgentPath, b.templateWait()); dir != "" {
+		if dir, _ := b.tpl.get(ctx, shape, spec.AgentPath, b.templateWait()); dir != "" {
 			err := sparsefile.Copy(ctx, filepath.Join(dir, "rw.ext4"), g.WritableDisk, 1)
 			if err == nil {
 				g.Template = dir
@@ -294,7 +288,7 @@ func (b *Backend) Warm(ctx context.Context, spec *backend.Spec, network bool) (b
 	}
 	shape.Net = network
 	had := b.tpl.ready(shape)
-	if _, err := b.tpl.getOrBuild(ctx, shape, spec.AgentPath, b.templateWait()); err != nil {
+	if _, err := b.tpl.get(ctx, shape, spec.AgentPath, b.templateWait()); err != nil {
 		return false, errdefs.Wrap(errdefs.ErrUnavailable, err, "microvm: the template snapshot of this image and shape")
 	}
 	return !had, nil

@@ -144,10 +144,6 @@ func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, bui
 	if err := NewWritableDisk(ctx, rw, s.DiskMB); err != nil {
 		return Guest{}, err
 	}
-	agent, err := os.ReadFile(agentPath)
-	if err != nil {
-		return Guest{}, err
-	}
 	gc := GuestConfig{Hostname: "dsec-template", Pids: s.Pids, NoFile: s.NoFile}
 	if s.Net {
 		n := templateNet
@@ -155,8 +151,7 @@ func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, bui
 	}
 	cfg, _ := json.Marshal(gc)
 	initrd := filepath.Join(boot, "initrd.cpio")
-	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: cfg}}
-	if err := writeGuestInitramfs(initrd, t.q.Init, t.q.Modules, t.q.modules(s.Net), extra); err != nil {
+	if err := t.q.writeSandboxInitrd(initrd, agentPath, t.q.modules(s.Net), cfg); err != nil {
 		return Guest{}, err
 	}
 	rootDisk := filepath.Join(boot, "root.ext4")
