@@ -261,12 +261,40 @@ func (b *Backend) launch(ctx context.Context, rt runtime, logFile string, bx box
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	dbg, _ := os.OpenFile(logFile+".console", os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	var consoleAt int64
+	if dbg != nil {
+		defer dbg.Close()
+		if fi, err := dbg.Stat(); err == nil {
+			consoleAt = fi.Size()
+		}
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, dbg, dbg
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLogError(logFile))
+		why := lastLogError(logFile)
+		if why == "" {
+			// Not every failure reaches runsc's log (a wrapper's, or one
+			// before runsc opened it): then what the call printed says.
+			why = lastConsoleLine(logFile+".console", consoleAt)
+		}
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, why)
 	}
 	return nil
+}
+
+// lastConsoleLine is the last non-empty line written to a console file
+// from offset on, cut to 2 KiB.
+func lastConsoleLine(path string, offset int64) string {
+	data, err := os.ReadFile(path)
+	if err != nil || int64(len(data)) <= offset {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(data[offset:])), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	if len(last) > 2048 {
+		last = last[:2048] + "..."
+	}
+	return last
 }
 
 // lastLogError returns the message of runsc's last error log line.

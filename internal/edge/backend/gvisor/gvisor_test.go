@@ -248,3 +248,47 @@ func TestNewBoxRelease(t *testing.T) {
 		t.Fatalf("a bad runsc-newer-for: %v", err)
 	}
 }
+
+// TestFailedCallCarriesRunscsReason: a runsc call that fails says why in
+// its error, from runsc's own log, on both releases.
+func TestFailedCallCarriesRunscsReason(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc")
+	for _, r := range releases {
+		t.Run(r.name, func(t *testing.T) {
+			b := r.factory(t, t.TempDir()).(*Backend)
+			dir := t.TempDir()
+			bx := box{runscID: "reason-test", dir: dir}
+			rt := b.legacy()
+			if r.name == "newer" {
+				rt, _ = b.newer()
+			}
+			err := b.launch(context.Background(), rt, b.logFile(dir), bx, "restore", "--detach", "--bundle", filepath.Join(dir, "missing"), "--image-path", dir, bx.runscID)
+			if err == nil || !strings.Contains(err.Error(), "config.json") {
+				t.Fatalf("a restore from a bundle that does not exist: %v, want runsc's reason naming config.json", err)
+			}
+		})
+	}
+}
+
+func TestLastConsoleLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runsc.log.console")
+	if err := os.WriteFile(path, []byte("an earlier call's line\nsecond call: starting\nsecond call: it failed\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		offset int64
+		want   string
+	}{
+		{0, "second call: it failed"},
+		{int64(len("an earlier call's line\n")), "second call: it failed"},
+		{1 << 20, ""},
+	} {
+		if got := lastConsoleLine(path, c.offset); got != c.want {
+			t.Errorf("from %d: %q, want %q", c.offset, got, c.want)
+		}
+	}
+	if got := lastConsoleLine(filepath.Join(t.TempDir(), "none"), 0); got != "" {
+		t.Errorf("no console file: %q", got)
+	}
+}
