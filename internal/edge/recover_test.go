@@ -466,3 +466,29 @@ func TestExpireKeepsAMovedDeadline(t *testing.T) {
 	}
 	waitGone(t, f.edge, made.Id, 5*time.Second)
 }
+
+// A source that its snapshot stopped and whose first restore fails (as a
+// starved host's runsc did once) is restored on a second try, not failed.
+func TestSourceBackAfterOneFailedRestore(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.SnapshotStops = true
+	ctx := context.Background()
+	created, err := f.edge.Create(ctx, spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Knobs.FailNextRestores = 1
+	if _, err := f.edge.Snapshot(ctx, created.Id, "root", "once"); err != nil {
+		t.Fatalf("snapshot with one failed restore of the source: %v", err)
+	}
+	if f.fake.Knobs.FailNextRestores != 0 {
+		t.Fatal("the source was not restored at all")
+	}
+	got, err := f.edge.Get(created.Id, "root")
+	if err != nil || got.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("the source after its snapshot: %v, %v; want running", got, err)
+	}
+	if out, err := echo(t, agentClient(t, f.edge, created.Id, "root")); err != nil || out != "yes "+created.Id {
+		t.Fatalf("exec in the source: %q %v", out, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/logging"
 )
 
 // restoreInPlace brings sb back from a checkpoint of its own (an offload's,
@@ -28,6 +29,14 @@ func (sb *Sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) 
 		}
 	}
 	h, err := sn.Restore(ctx, ref, bspec)
+	if err != nil && ctx.Err() == nil {
+		// The checkpoint is intact and a backend's failed restore leaves
+		// nothing behind, so one more try before the sandbox is failed: a
+		// starved host's runsc once exited 128 on a source's restore after
+		// its fork, and the source was lost with it.
+		sb.log.Warn("restore in place failed; trying once more", logging.Error, err)
+		h, err = sn.Restore(ctx, ref, bspec)
+	}
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,9 @@ type Knobs struct {
 	FailStart   error
 	// FailRestoreAfter makes Restore fail after this many successes (0: never).
 	FailRestoreAfter int
+	// FailNextRestores makes the next this many Restores fail, as a
+	// starved host's runtime can, and the ones after succeed.
+	FailNextRestores int
 	// FailRecover makes Recover fail, as for a sandbox that died while the
 	// edge was down.
 	FailRecover error
@@ -472,7 +475,14 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	b.mu.Lock()
 	b.restores++
 	n := b.restores
+	transient := b.Knobs.FailNextRestores > 0
+	if transient {
+		b.Knobs.FailNextRestores--
+	}
 	b.mu.Unlock()
+	if transient {
+		return nil, errdefs.Unavailable("fake restore: injected transient failure")
+	}
 	if b.Knobs.FailRestoreAfter > 0 && n > b.Knobs.FailRestoreAfter {
 		return nil, errdefs.ResourceExhausted("fake restore: injected failure after %d restores", b.Knobs.FailRestoreAfter)
 	}
