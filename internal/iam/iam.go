@@ -66,6 +66,7 @@ type Service struct {
 	fsm         *fsm.FSM
 	store       *boltstore.Store
 	trans       *raft.NetworkTransport
+	layer       *tlsLayer
 	clientTLS   *tls.Config
 	log         *slog.Logger
 	stats       *raftStats
@@ -144,7 +145,7 @@ func Open(cfg Config, log *slog.Logger) (*Service, error) {
 		store.Close()
 		return nil, err
 	}
-	s := &Service{id: cfg.NodeID, incarnation: randomHex(6), raft: r, fsm: f, store: store, trans: trans, clientTLS: cfg.ClientTLS, log: log, stats: watchRaft(r)}
+	s := &Service{id: cfg.NodeID, incarnation: randomHex(6), raft: r, fsm: f, store: store, trans: trans, layer: layer, clientTLS: cfg.ClientTLS, log: log, stats: watchRaft(r)}
 	layer.serve = s.serveRequest
 	go layer.run()
 	if cfg.Bootstrap {
@@ -174,6 +175,9 @@ func (s *Service) Close() error {
 	s.stats.stop(s.raft)
 	err := s.raft.Shutdown().Error()
 	s.trans.Close()
+	if n := s.layer.drain(5 * time.Second); n > 0 {
+		s.log.Warn("raft connections still open at close", "connections", n)
+	}
 	return errors.Join(err, s.store.Close())
 }
 

@@ -30,12 +30,15 @@ type tlsLayer struct {
 	raftIn    chan net.Conn
 	closed    chan struct{}
 	closeMu   sync.Once
+
+	mu   sync.Mutex
+	live map[*peekedConn]struct{} // Raft's accepted connections not yet closed
 }
 
 var _ raft.StreamLayer = (*tlsLayer)(nil)
 
 func newTLSLayer(ln net.Listener, server, client *tls.Config) *tlsLayer {
-	return &tlsLayer{ln: tls.NewListener(ln, server), client: client, raftIn: make(chan net.Conn), closed: make(chan struct{})}
+	return &tlsLayer{ln: tls.NewListener(ln, server), client: client, raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}}
 }
 
 // run accepts connections until the listener closes; serve must be set.
@@ -80,7 +83,7 @@ func (l *tlsLayer) sort(c net.Conn) {
 		return
 	}
 	select {
-	case l.raftIn <- &peekedConn{Conn: c, r: br}:
+	case l.raftIn <- &peekedConn{Conn: c, r: br, layer: l}:
 	case <-l.closed:
 		c.Close()
 	}
@@ -89,9 +92,38 @@ func (l *tlsLayer) sort(c net.Conn) {
 func (l *tlsLayer) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.raftIn:
+		l.mu.Lock()
+		l.live[c.(*peekedConn)] = struct{}{}
+		l.mu.Unlock()
 		return c, nil
 	case <-l.closed:
 		return nil, net.ErrClosed
+	}
+}
+
+// drain ends Raft's accepted connections and waits, up to timeout, for
+// the transport to let go of each: Raft's transport answers a heartbeat on
+// the connection's own goroutine, which writes the term to the log store,
+// and its Close does not wait for those goroutines. Closing the store
+// under one panicked a replica ("database not open"). It returns how many
+// connections were still held at the timeout.
+func (l *tlsLayer) drain(timeout time.Duration) int {
+	l.mu.Lock()
+	for c := range l.live {
+		// The socket, not the wrapper: a handler blocked in a read fails,
+		// returns, and closes the wrapper, which is what is waited for.
+		c.Conn.Close()
+	}
+	l.mu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for {
+		l.mu.Lock()
+		n := len(l.live)
+		l.mu.Unlock()
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -121,10 +153,18 @@ func dialTLS(addr string, client *tls.Config, timeout time.Duration) (net.Conn, 
 	return tls.DialWithDialer(d, "tcp", addr, cfg)
 }
 
-// peekedConn is a connection whose first bytes were read into r.
+// peekedConn is a Raft connection whose first bytes were read into r.
 type peekedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r     *bufio.Reader
+	layer *tlsLayer
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *peekedConn) Close() error {
+	c.layer.mu.Lock()
+	delete(c.layer.live, c)
+	c.layer.mu.Unlock()
+	return c.Conn.Close()
+}
