@@ -204,3 +204,31 @@ func waitFailed(e *Edge, id string) *sandboxv1.Sandbox {
 	}
 	return got
 }
+
+// A backend whose guests may be starved rather than hung (AgentWait, a
+// microVM under TCG) has its sandbox failed only once its agent has also
+// been silent that long, not at the third unanswered check.
+func TestSilenceAllowedBeforeAHungAgentIsFailed(t *testing.T) {
+	fastHeartbeats(t)
+	f := newFixture(t, smallCapacity())
+	f.fake.Knobs.StuckForGood = true
+	f.fake.Knobs.AgentWait = 3 * time.Second
+	sb, err := f.edge.Create(context.Background(), spec(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := time.Now()
+	f.fake.Hang(sandboxIDOf(sb))
+	for time.Since(hung) < 20*time.Second {
+		got, _ := f.edge.Get(sb.Id, "root")
+		if got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			// Its last answer came at most a heartbeat before the hang.
+			if took := time.Since(hung); took < 3*time.Second-400*time.Millisecond || !strings.Contains(got.Message, "stopped answering") {
+				t.Fatalf("failed %v after the hang (allowed 3s of silence): %q", took, got.Message)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("an agent that never answers was not failed")
+}

@@ -51,6 +51,10 @@ type Sandbox struct {
 	// agentTimeout is how long its agent has to connect (or, re-attached,
 	// answer).
 	agentTimeout time.Duration
+	// silenceAllowed is how long its agent may go unanswered before its
+	// heartbeat fails it, beyond the strikes: its backend's AgentWait (a
+	// guest under emulation is starved, not hung, on a busy node).
+	silenceAllowed time.Duration
 	// pausedLifetime is how long it is kept paused.
 	pausedLifetime time.Duration
 	be             backend.Backend
@@ -177,7 +181,7 @@ type Poker interface{ Poke() }
 // New is the sandbox of rec on backend be in env.
 func New(rec *records.Record, be backend.Backend, env Env) *Sandbox {
 	caps := be.Capabilities()
-	sb := &Sandbox{id: rec.ID, node: env.Node, dir: env.Dir, runDir: env.RunDir, agentTimeout: max(env.AgentTimeout, caps.AgentWait), pausedLifetime: env.PausedLifetime, nodeNet: env.Net, nodeNetOff: env.NetOff, disk: env.Disk, be: be, proj: rec.Project, rec: rec, records: env.Records, expiry: env.Expiry, host: env.Host, parts: env.Parts,
+	sb := &Sandbox{id: rec.ID, node: env.Node, dir: env.Dir, runDir: env.RunDir, agentTimeout: max(env.AgentTimeout, caps.AgentWait), silenceAllowed: caps.AgentWait, pausedLifetime: env.PausedLifetime, nodeNet: env.Net, nodeNetOff: env.NetOff, disk: env.Disk, be: be, proj: rec.Project, rec: rec, records: env.Records, expiry: env.Expiry, host: env.Host, parts: env.Parts,
 		log: env.Log.With(logging.SandboxID, rec.ID), slots: callSlots(caps.ConcurrentCalls, rec.Spec.GetResources().GetOpenFiles())}
 	sb.ended, sb.end = context.WithCancel(context.Background())
 	sb.view.Store(rec.Proto(env.Node))
