@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,19 @@ import (
 // creates and commands with no failed call.
 func TestRolloutOverClusterScript(t *testing.T) {
 	testutil.RequireBinary(t, "runsc")
+	// The cluster's logs follow a failure and hid its reason in CI's cut
+	// of the output: the reason is said again after them.
+	var failure string
+	t.Cleanup(func() {
+		if failure != "" {
+			t.Logf("this test failed: %s", failure)
+		}
+	})
+	fatalf := func(format string, args ...any) {
+		t.Helper()
+		failure = fmt.Sprintf(format, args...)
+		t.Fatal(failure)
+	}
 	cs := startClusterScript(t, "container,gvisor") // the load makes gVisor sandboxes too
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
@@ -33,10 +47,10 @@ func TestRolloutOverClusterScript(t *testing.T) {
 	planFile := filepath.Join(cs.state, "rollout.json")
 	plan, err := rollout.LoadPlan(planFile)
 	if err != nil {
-		t.Fatal(err)
+		fatalf("%v", err)
 	}
 	if len(plan.Components) != 9 {
-		t.Fatalf("the plan names %d components, want 9", len(plan.Components))
+		fatalf("the plan names %d components, want 9", len(plan.Components))
 	}
 	before := strings.TrimSpace(string(mustOutput(t, filepath.Join(cs.state, "bin", "dsec"), "version")))
 	versions := func() map[string]string {
@@ -58,21 +72,21 @@ func TestRolloutOverClusterScript(t *testing.T) {
 		t.Helper()
 		for name, got := range versions() {
 			if got != v {
-				t.Fatalf("%s: %s answers as %q, want %q", what, name, got, v)
+				fatalf("%s: %s answers as %q, want %q", what, name, got, v)
 			}
 		}
 	}
 	allAt("before the rollouts", before)
 	cl, err := client.New(cs.url, cs.key)
 	if err != nil {
-		t.Fatal(err)
+		fatalf("%v", err)
 	}
 	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}
 	var made []*client.Sandbox
 	for range 3 {
 		sb, err := cl.Create(ctx, spec)
 		if err != nil {
-			t.Fatal(err)
+			fatalf("%v", err)
 		}
 		made = append(made, sb)
 	}
@@ -98,20 +112,20 @@ func TestRolloutOverClusterScript(t *testing.T) {
 	stopTraffic()
 	t.Logf("the bad build's rollout:\n%s", out)
 	if err == nil || !strings.Contains(out, "gate error rate failed") || !strings.Contains(out, "rolled back 5 components") {
-		t.Fatalf("a build that answers errors: %v, want the error-rate gate to fail at api-1 and 5 components rolled back", err)
+		fatalf("a build that answers errors: %v, want the error-rate gate to fail at api-1 and 5 components rolled back", err)
 	}
 	allAt("after the rollback", before)
 	if got := strings.TrimSpace(string(mustOutput(t, filepath.Join(cs.state, "bin", "dsec"), "version"))); got != before {
-		t.Fatalf("the cluster's dsec says %q after the rollback, want %q", got, before)
+		fatalf("the cluster's dsec says %q after the rollback, want %q", got, before)
 	}
 	var st rollout.State
 	data, _ := os.ReadFile(planFile + ".state")
 	if err := json.Unmarshal(data, &st); err != nil || st.Phase != rollout.PhaseRolledBack || !strings.Contains(st.Failure, "error rate") {
-		t.Fatalf("the rollout's state: %s (%v)", data, err)
+		fatalf("the rollout's state: %s (%v)", data, err)
 	}
 	for _, sb := range made {
 		if r, err := sb.Shell(ctx, "echo alive"); err != nil || strings.TrimSpace(string(r.GetStdout())) != "alive" {
-			t.Fatalf("after the rollback: exec in %s: %v, %v", sb.ID, r, err)
+			fatalf("after the rollback: exec in %s: %v, %v", sb.ID, r, err)
 		}
 	}
 
@@ -123,18 +137,18 @@ func TestRolloutOverClusterScript(t *testing.T) {
 	res := l.stop()
 	t.Logf("the good build's rollout in %v, under a load of %d creates and %d execs:\n%s", time.Since(began).Round(time.Second), res.creates, res.execs, out)
 	if err != nil {
-		t.Fatalf("a good build: %v", err)
+		fatalf("a good build: %v", err)
 	}
 	if len(res.errs) > 0 {
-		t.Fatalf("calls failed during the rollout: %v", res.errs)
+		fatalf("calls failed during the rollout: %v", res.errs)
 	}
 	allAt("after the rollout", "e2e-rollout-good")
 	fresh, err := cl.Create(ctx, spec)
 	if err != nil {
-		t.Fatal(err)
+		fatalf("%v", err)
 	}
 	got, err := cl.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: fresh.ID}))
 	if err != nil || got.Msg.Sandbox.AgentVersion != "e2e-rollout-good" {
-		t.Fatalf("a sandbox made after the rollout: %v, %v", got, err)
+		fatalf("a sandbox made after the rollout: %v, %v", got, err)
 	}
 }
