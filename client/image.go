@@ -93,3 +93,30 @@ func (c *Client) WarmImage(ctx context.Context, image, backend string, resources
 	}
 	return resp.Msg.Nodes, nil
 }
+
+// SetPool sets a warm pool on every node: size sandboxes of image on
+// backend with resources (nil: a create's defaults) kept started, for
+// creates of that image and shape without a network to claim; size 0
+// removes it. It returns each node's pools after the change; a node's
+// failure is in its Error. Root admin keys only.
+func (c *Client) SetPool(ctx context.Context, image, backend string, resources *sandboxv1.Resources, size int) ([]*imagev1.NodePools, error) {
+	req := &imagev1.SetPoolRequest{Name: image, Backend: backend, Size: int32(size)}
+	if r := resources; r != nil {
+		req.CpuCores, req.MemoryMb, req.DiskMb, req.Pids, req.OpenFiles = r.CpuCores, r.MemoryMb, r.DiskMb, r.Pids, r.OpenFiles
+	}
+	resp, err := c.Images.SetPool(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Nodes, nil
+}
+
+// ListPools is every node's warm pools, with how many are ready. Root
+// admin keys only.
+func (c *Client) ListPools(ctx context.Context) ([]*imagev1.NodePools, error) {
+	resp, err := c.Images.ListPools(ctx, connect.NewRequest(&imagev1.ListPoolsRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Nodes, nil
+}

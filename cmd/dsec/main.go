@@ -41,6 +41,8 @@ Sandboxes (DSEC_API_URL and DSEC_API_KEY from client.env):
   port-forward  forward a local port to a port inside a sandbox
   network   show or change a sandbox's network policy (--add, --remove, --replace, --internet)
   image     ls | import | rm | build | export
+  pool      set | ls: warm pools, sandboxes of an image kept started on
+            every node for creates to claim (root admin)
   whoami    show the API key's project and role
   key       create | ls | revoke API keys (--format e2b for E2B's SDKs)
   project   create | ls | quota | rm projects; ls shows usage against quota
@@ -83,6 +85,8 @@ func main() {
 		err = cmdPortForward(ctx, args)
 	case "image":
 		err = cmdImage(ctx, args)
+	case "pool":
+		err = cmdPool(ctx, args)
 	case "whoami":
 		err = cmdWhoami(ctx, args)
 	case "key":

@@ -65,9 +65,8 @@ func poolKey(spec *sandboxv1.SandboxSpec, digest string) string {
 
 // pools are the node's warm pools.
 type pools struct {
-	e     *Edge
-	wants []poolWant
-	kick  chan struct{}
+	e    *Edge
+	kick chan struct{}
 	// yieldKick asks the pools' loop to yield to the node's own; gone
 	// takes sandboxes a claim gave up to that loop for removal.
 	yieldKick chan struct{}
@@ -78,6 +77,13 @@ type pools struct {
 	mu    sync.Mutex
 	ready map[string][]*sandbox.Sandbox // guarded by mu; by key, oldest first
 	held  map[*sandbox.Sandbox]heldBy   // guarded by mu; every pool sandbox, ready or starting
+	// The pools wanted (guarded by mu): the flags' (Config.Pools), each
+	// replaced or removed by a SetPool of the same image and shape, which
+	// the node keeps in its state (poolset.go). wants is the result; an
+	// entry is replaced, never changed, so the loop may hold one.
+	flags     []*poolWant
+	overrides map[string]*poolWant // by identity; size 0 removes
+	wants     []*poolWant
 }
 
 // heldBy is a pool sandbox's key and what it holds of the node.
@@ -89,11 +95,14 @@ type heldBy struct {
 // poolWant is a configured pool, its spec normalized.
 type poolWant struct {
 	Pool
-	// failedAt is when its last start failed: it is tried again after
-	// poolRetry, and the other pools fill meanwhile.
+	// source is where it was set: "flag" or "api".
+	source string
+	// failedAt is when its last start failed (the loop's alone): it is
+	// tried again after poolRetry, and the other pools fill meanwhile.
 	failedAt time.Time
-	// skipped says why it is not filled at all ("": it is).
-	skipped string
+	// skipped says why it is not filled at all ("": it is); lastErr is
+	// its last start's error. Guarded by pools.mu.
+	skipped, lastErr string
 }
 
 // resolve is the image w's name names now and w's key with it.
@@ -111,23 +120,49 @@ const poolRetry = 10 * time.Second
 func newPools(e *Edge, cfg []Pool) (*pools, error) {
 	p := &pools{e: e, kick: make(chan struct{}, 1), yieldKick: make(chan struct{}, 1), gone: make(chan *sandbox.Sandbox, 64), ready: map[string][]*sandbox.Sandbox{}, held: map[*sandbox.Sandbox]heldBy{}}
 	for i, c := range cfg {
-		spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
-		spec.Network, spec.Env, spec.Metadata, spec.Task = nil, nil, nil, ""
-		spec.TimeoutSeconds = e.cfg.Limits.MaxTimeout
-		if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
+		if c.Size < 1 {
+			return nil, errdefs.InvalidArgument("pool %d: size %d: want 1 or more", i+1, c.Size)
+		}
+		w, err := p.normalize(c, "flag")
+		if err != nil {
 			return nil, fmt.Errorf("pool %d: %w", i+1, err)
 		}
-		if c.Size < 1 || c.Project == "" {
-			return nil, errdefs.InvalidArgument("pool %d: size %d and project %q: want a size of 1 or more and a project", i+1, c.Size, c.Project)
-		}
-		if be, err := e.backends.get(spec.Backend); err == nil { // one not usable here never fills
-			if err := checkMinMemory(be, spec.Resources); err != nil {
-				return nil, fmt.Errorf("pool %d: %w", i+1, err)
-			}
-		}
-		p.wants = append(p.wants, poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size}})
+		p.flags = append(p.flags, w)
 	}
+	var err error
+	if p.overrides, err = p.loadOverrides(); err != nil {
+		return nil, err
+	}
+	p.rebuildLocked()
 	return p, nil
+}
+
+// normalize checks c and gives it a create's defaults; a pool's sandboxes
+// have no network, environment or time to live of their own.
+func (p *pools) normalize(c Pool, source string) (*poolWant, error) {
+	e := p.e
+	if c.Spec == nil || c.Project == "" {
+		return nil, errdefs.InvalidArgument("a pool needs a spec and a project")
+	}
+	spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
+	spec.Network, spec.Env, spec.Metadata, spec.Task = nil, nil, nil, ""
+	spec.TimeoutSeconds = e.cfg.Limits.MaxTimeout
+	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
+		return nil, err
+	}
+	if be, err := e.backends.get(spec.Backend); err == nil { // one not usable here never fills
+		if err := checkMinMemory(be, spec.Resources); err != nil {
+			return nil, err
+		}
+	}
+	return &poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size}, source: source}, nil
+}
+
+// wantsNow is the pools wanted now.
+func (p *pools) wantsNow() []*poolWant {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.wants
 }
 
 // poolHost is what a pool's sandbox reaches of the edge: its removal
@@ -174,9 +209,9 @@ func (p *pools) has(id sandboxid.ID) bool {
 // first.
 func (p *pools) trim(ctx context.Context) {
 	want := map[string]int{}
-	for i := range p.wants {
-		if _, key, err := p.wants[i].resolve(p.e); err == nil && p.wants[i].skipped == "" {
-			want[key] += p.wants[i].Size
+	for _, w := range p.wantsNow() {
+		if _, key, err := w.resolve(p.e); err == nil && p.skipped(w) == "" {
+			want[key] += w.Size
 		}
 	}
 	var extra []*sandbox.Sandbox
@@ -367,13 +402,12 @@ func (p *pools) fillOne(ctx context.Context) bool {
 	if p.draining.Load() {
 		return false
 	}
-	for i := range p.wants {
-		w := &p.wants[i]
+	for _, w := range p.wantsNow() {
 		be, err := p.e.backends.get(w.Spec.Backend)
 		if err != nil {
 			continue
 		}
-		if w.skipped != "" || time.Since(w.failedAt) < poolRetry {
+		if p.skipped(w) != "" || time.Since(w.failedAt) < poolRetry {
 			continue
 		}
 		im, key, err := w.resolve(p.e)
@@ -383,7 +417,9 @@ func (p *pools) fillOne(ctx context.Context) bool {
 		if sandbox.HasService(im.Config.Config.Labels) {
 			// Its service starts with the pool's environment, which a
 			// claim does not change.
+			p.mu.Lock()
 			w.skipped = "the image starts a service"
+			p.mu.Unlock()
 			p.e.log.Warn("pool not filled: its image starts a service, which would keep the pool's environment", logging.Image, w.Spec.Image)
 			continue
 		}
@@ -401,8 +437,14 @@ func (p *pools) fillOne(ctx context.Context) bool {
 		if err := p.start(ctx, w.Spec, key, im, be); err != nil {
 			p.e.log.Warn("pool sandbox not started; the pool tries again later", logging.Image, w.Spec.Image, logging.Error, err, "after", poolRetry)
 			w.failedAt = time.Now()
+			p.mu.Lock()
+			w.lastErr = err.Error()
+			p.mu.Unlock()
 			continue
 		}
+		p.mu.Lock()
+		w.lastErr = ""
+		p.mu.Unlock()
 		return true
 	}
 	return false
@@ -466,8 +508,8 @@ func (p *pools) adopt(ctx context.Context, rec *records.Record, be backend.Backe
 	p.held[sb] = heldBy{key: key, res: rec.Spec.Resources}
 	p.mu.Unlock()
 	wanted := false
-	for i := range p.wants {
-		if _, k, err := p.wants[i].resolve(p.e); err == nil && k == key {
+	for _, w := range p.wantsNow() {
+		if _, k, err := w.resolve(p.e); err == nil && k == key {
 			wanted = true
 		}
 	}

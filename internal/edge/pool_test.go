@@ -252,3 +252,62 @@ func TestPoolTrimsWhatNoPoolWants(t *testing.T) {
 		t.Fatalf("%d sandbox directories left of a pool no longer configured", len(ents))
 	}
 }
+
+// A pool set through the API overrides the flag's pool of the same image
+// and shape, adds pools of its own, removes one with size 0, and stays so
+// across a restart of the edge; bad settings are refused by field.
+func TestSetPoolOverridesFlagsAndIsKept(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 1}}
+	e := f.open(t, smallCapacity())
+	waitPoolReady(t, e, 1)
+	bigger := spec()
+	bigger.Resources.MemoryMb *= 2
+	if _, err := e.SetPool(spec(), "root", 3); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := e.SetPool(bigger, "root", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pools) != 2 || pools[0].Size != 3 || pools[0].Source != "api" || pools[1].Size != 1 {
+		t.Fatalf("pools after two settings: %v", pools)
+	}
+	waitPoolReady(t, e, 4)
+	e.Close()
+	e = f.open(t, smallCapacity())
+	ids := waitPoolReady(t, e, 4)
+	if len(e.ListPools()) != 2 {
+		t.Fatalf("after a restart: %v", e.ListPools())
+	}
+	// Size 0 removes even a flag's pool, also after a restart.
+	if _, err := e.SetPool(spec(), "root", 0); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolReady(t, e, 1)
+	e.Close()
+	e = f.open(t, smallCapacity())
+	left := waitPoolReady(t, e, 1)
+	if got := e.ListPools(); len(got) != 1 || got[0].MemoryMb != bigger.Resources.MemoryMb || !slices.Contains(ids, left[0]) {
+		t.Fatalf("after removing the flag's pool and a restart: %v (ready %v of %v)", got, left, ids)
+	}
+	for _, c := range []struct {
+		spec    *sandboxv1.SandboxSpec
+		size    int
+		wantErr string
+	}{
+		{spec(), -1, "size -1"},
+		{spec(), maxPoolSize + 1, "size 1025"},
+		{&sandboxv1.SandboxSpec{Image: "root/none:1", Backend: "fake"}, 1, "root/none:1"},
+		{&sandboxv1.SandboxSpec{Image: spec().Image, Backend: "fake", Network: &sandboxv1.NetworkPolicy{}}, 1, "spec.network"},
+		{nil, 1, "spec: missing"},
+	} {
+		if _, err := e.SetPool(c.spec, "root", c.size); err == nil || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("SetPool(%v, %d): %v, want an error naming %q", c.spec, c.size, err, c.wantErr)
+		}
+	}
+	if got := e.ListPools(); len(got) != 1 {
+		t.Fatalf("refused settings changed the pools: %v", got)
+	}
+}

@@ -97,6 +97,18 @@ func (s *server) WarmImage(ctx context.Context, req *connect.Request[edgev1.Warm
 	return connect.NewResponse(&edgev1.WarmImageResponse{Prepared: prepared, Note: note}), nil
 }
 
+func (s *server) SetPool(ctx context.Context, req *connect.Request[edgev1.SetPoolRequest]) (*connect.Response[edgev1.SetPoolResponse], error) {
+	pools, err := s.e.SetPool(req.Msg.Spec, req.Msg.Project, int(req.Msg.Size))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&edgev1.SetPoolResponse{Pools: pools}), nil
+}
+
+func (s *server) ListPools(ctx context.Context, _ *connect.Request[edgev1.ListPoolsRequest]) (*connect.Response[edgev1.ListPoolsResponse], error) {
+	return connect.NewResponse(&edgev1.ListPoolsResponse{Pools: s.e.ListPools()}), nil
+}
+
 func (s *server) CommitSandbox(ctx context.Context, req *connect.Request[edgev1.CommitSandboxRequest]) (*connect.Response[edgev1.CommitSandboxResponse], error) {
 	im, err := s.e.Commit(ctx, req.Msg.SandboxId, req.Msg.Scope, req.Msg.Name, req.Msg.Exclude, req.Msg.Config)
 	if err != nil {

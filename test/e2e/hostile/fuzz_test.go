@@ -44,6 +44,8 @@ func FuzzAPIRequests(f *testing.F) {
 		"/opendsec.sandbox.v1.SandboxService/CommitSandbox",
 		"/opendsec.image.v1.ImageService/CollectGarbage",
 		"/opendsec.image.v1.ImageService/WarmImage",
+		"/opendsec.image.v1.ImageService/SetPool",
+		"/opendsec.image.v1.ImageService/ListPools",
 	}
 	f.Add(uint8(0), []byte(`{"spec":{"backend":"fake","image":"root/busybox:latest","resources":{"cpuCores":0.1,"memoryMb":"16"}}}`))
 	f.Add(uint8(1), []byte(`{"pageSize":-1,"pageToken":"%%%"}`))
@@ -71,6 +73,10 @@ func FuzzAPIRequests(f *testing.F) {
 	f.Add(uint8(20), []byte(`{}`))
 	f.Add(uint8(21), []byte(`{"name":"root/busybox:latest","backend":"fake","cpuCores":-1,"memoryMb":"99999999999"}`))
 	f.Add(uint8(21), []byte(`{"name":"root/../x:1","backend":"microvm","network":true}`))
+	f.Add(uint8(22), []byte(`{"name":"root/busybox:latest","backend":"fake","size":2000000000,"memoryMb":"-1"}`))
+	f.Add(uint8(22), []byte(`{"name":"root/busybox:latest","backend":"fake","size":1}`))
+	f.Add(uint8(22), []byte(`{"name":"root/busybox:latest","backend":"fake","size":0}`))
+	f.Add(uint8(23), []byte(`{}`))
 	c := e2e.StartCluster(f, "fake")
 	sb, err := c.Client.Create(e2e.CtxTB(f), e2e.FakeSpec())
 	if err != nil {
@@ -99,6 +105,18 @@ func FuzzAPIRequests(f *testing.F) {
 		resp, out := e2e.RawPost(t, c.APIURL+m, auth, string(body))
 		if resp.StatusCode >= 500 {
 			t.Fatalf("%s with %q: %d %s", m, body, resp.StatusCode, out)
+		}
+		if strings.HasSuffix(m, "/SetPool") && resp.StatusCode == 200 {
+			// A pool set keeps fake sandboxes (host processes) started:
+			// the same pool at size 0 removes it.
+			var set map[string]any
+			if json.Unmarshal(body, &set) == nil {
+				set["size"] = 0
+				undo, _ := json.Marshal(set)
+				if r, out := e2e.RawPost(t, c.APIURL+m, auth, string(undo)); r.StatusCode != 200 {
+					t.Fatalf("removing the pool %s set: %d %s", body, r.StatusCode, out)
+				}
+			}
 		}
 		if strings.HasSuffix(m, "CreateSandbox") && resp.StatusCode == 200 {
 			var created struct{ Sandbox struct{ Id string } }

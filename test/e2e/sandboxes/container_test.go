@@ -180,6 +180,51 @@ func TestWarmPoolOnCrun(t *testing.T) {
 	if sb, err := c.Client.Create(ctx, other); err != nil || slices.Contains(refilled, sb.ID) {
 		t.Fatalf("a create of another shape: %v, or it claimed a pool sandbox (pool %v)", err, refilled)
 	}
+
+	// A pool of that shape set through the API (dsec pool set): it fills,
+	// is listed beside the flag's, and serves its shape's creates; size 0
+	// removes both.
+	nodes, err := c.Client.SetPool(ctx, other.Image, other.Backend, other.Resources, 1)
+	if err != nil || len(nodes) != 1 || nodes[0].Error != "" || len(nodes[0].Pools) != 2 {
+		t.Fatalf("pool set: %v, %v", nodes, err)
+	}
+	waitPool(3)
+	nodes, err = c.Client.ListPools(ctx)
+	if err != nil || len(nodes) != 1 || len(nodes[0].Pools) != 2 {
+		t.Fatalf("pool ls: %v, %v", nodes, err)
+	}
+	for _, pl := range nodes[0].Pools {
+		if want := map[int64]string{200: "flag", 256: "api"}[pl.MemoryMb]; pl.Source != want || pl.Ready != pl.Size {
+			t.Fatalf("pool ls: %v", pl)
+		}
+	}
+	before := c.Edge.PoolSandboxes()
+	if sb, err := c.Client.Create(ctx, other); err != nil || !slices.Contains(before, sb.ID) {
+		t.Fatalf("a create of the API pool's shape: %v, or it did not claim one of %v", err, before)
+	}
+	team := c.Project(t, "root", "poolers", nil)
+	if _, err := team.SetPool(ctx, other.Image, other.Backend, other.Resources, 4); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("a sub-project's admin set a pool: %v", err)
+	}
+	// The same through the CLI.
+	bin := e2e.DsecBinary(t)
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		return e2e.RunCLI(t, bin, []string{"DSEC_API_URL=" + c.APIURL, "DSEC_API_KEY=" + c.Key}, "", args...)
+	}
+	for _, spec := range []*sandboxv1.SandboxSpec{pool, other} {
+		r := spec.Resources
+		if out, errOut, code := run("pool", "set", spec.Image, "--size", "0", "--backend", spec.Backend, "--cpu", fmt.Sprint(r.CpuCores), "--memory", fmt.Sprint(r.MemoryMb), "--pids", fmt.Sprint(r.Pids)); code != 0 {
+			t.Fatalf("dsec pool set --size 0: %q %q exit %d", out, errOut, code)
+		}
+	}
+	waitPool(0)
+	if out, errOut, code := run("pool", "ls"); code != 0 || !strings.Contains(out, "(no pools)") {
+		t.Fatalf("dsec pool ls after removing both: %q %q exit %d", out, errOut, code)
+	}
+	if _, errOut, code := run("pool", "set", "root/no-such:1", "--size", "1"); code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("dsec pool set of a missing image: %q exit %d", errOut, code)
+	}
 	for _, e := range c.Edges {
 		e.DestroyAll(context.Background(), "root")
 		e.DrainPools(context.Background())

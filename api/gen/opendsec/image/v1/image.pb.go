@@ -27,6 +27,435 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SetPoolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "project/name:tag", an image the caller's project may read.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Its sandboxes' backend and shape (0 takes a create's default): a
+	// create claims from the pool only with the same.
+	Backend  string  `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	CpuCores float64 `protobuf:"fixed64,3,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb int64   `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	DiskMb   int64   `protobuf:"varint,5,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// How many sandboxes each node keeps started: 0 to 1024, 0 removes it.
+	Size int32 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	// The rest of its shape (0 takes a create's default).
+	Pids          int64 `protobuf:"varint,7,opt,name=pids,proto3" json:"pids,omitempty"`
+	OpenFiles     int64 `protobuf:"varint,8,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPoolRequest) Reset() {
+	*x = SetPoolRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPoolRequest) ProtoMessage() {}
+
+func (x *SetPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPoolRequest.ProtoReflect.Descriptor instead.
+func (*SetPoolRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SetPoolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetPoolRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *SetPoolRequest) GetCpuCores() float64 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *SetPoolRequest) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *SetPoolRequest) GetDiskMb() int64 {
+	if x != nil {
+		return x.DiskMb
+	}
+	return 0
+}
+
+func (x *SetPoolRequest) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SetPoolRequest) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *SetPoolRequest) GetOpenFiles() int64 {
+	if x != nil {
+		return x.OpenFiles
+	}
+	return 0
+}
+
+type SetPoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodePools           `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPoolResponse) Reset() {
+	*x = SetPoolResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPoolResponse) ProtoMessage() {}
+
+func (x *SetPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPoolResponse.ProtoReflect.Descriptor instead.
+func (*SetPoolResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetPoolResponse) GetNodes() []*NodePools {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type ListPoolsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoolsRequest) Reset() {
+	*x = ListPoolsRequest{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoolsRequest) ProtoMessage() {}
+
+func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
+func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{2}
+}
+
+type ListPoolsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodePools           `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoolsResponse) Reset() {
+	*x = ListPoolsResponse{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoolsResponse) ProtoMessage() {}
+
+func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
+func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListPoolsResponse) GetNodes() []*NodePools {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodePools is one node's warm pools, or why it did not answer.
+type NodePools struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Pools         []*Pool                `protobuf:"bytes,2,rep,name=pools,proto3" json:"pools,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodePools) Reset() {
+	*x = NodePools{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodePools) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodePools) ProtoMessage() {}
+
+func (x *NodePools) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodePools.ProtoReflect.Descriptor instead.
+func (*NodePools) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NodePools) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodePools) GetPools() []*Pool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+func (x *NodePools) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// Pool is one warm pool of a node.
+type Pool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "project/name:tag" as it was set, and the project whose view of
+	// images resolves it.
+	Image    string  `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Project  string  `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Backend  string  `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	CpuCores float64 `protobuf:"fixed64,4,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMb int64   `protobuf:"varint,5,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	DiskMb   int64   `protobuf:"varint,6,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
+	// How many it keeps started, and how many are ready to be claimed now.
+	Size  int32 `protobuf:"varint,7,opt,name=size,proto3" json:"size,omitempty"`
+	Ready int32 `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Where its setting comes from: "flag" (the node's --pool) or "api"
+	// (SetPool, which overrides a flag's pool of the same image and shape).
+	Source string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
+	// Why it does not fill, if it does not ("": it fills).
+	Note          string `protobuf:"bytes,10,opt,name=note,proto3" json:"note,omitempty"`
+	Pids          int64  `protobuf:"varint,11,opt,name=pids,proto3" json:"pids,omitempty"`
+	OpenFiles     int64  `protobuf:"varint,12,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pool) Reset() {
+	*x = Pool{}
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pool) ProtoMessage() {}
+
+func (x *Pool) ProtoReflect() protoreflect.Message {
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pool.ProtoReflect.Descriptor instead.
+func (*Pool) Descriptor() ([]byte, []int) {
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Pool) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *Pool) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *Pool) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *Pool) GetCpuCores() float64 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *Pool) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *Pool) GetDiskMb() int64 {
+	if x != nil {
+		return x.DiskMb
+	}
+	return 0
+}
+
+func (x *Pool) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Pool) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *Pool) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Pool) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *Pool) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *Pool) GetOpenFiles() int64 {
+	if x != nil {
+		return x.OpenFiles
+	}
+	return 0
+}
+
 type WarmImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "project/name:tag", an image the caller's project may read.
@@ -48,7 +477,7 @@ type WarmImageRequest struct {
 
 func (x *WarmImageRequest) Reset() {
 	*x = WarmImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -60,7 +489,7 @@ func (x *WarmImageRequest) String() string {
 func (*WarmImageRequest) ProtoMessage() {}
 
 func (x *WarmImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[0]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -73,7 +502,7 @@ func (x *WarmImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmImageRequest.ProtoReflect.Descriptor instead.
 func (*WarmImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{0}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WarmImageRequest) GetName() string {
@@ -127,7 +556,7 @@ type WarmImageResponse struct {
 
 func (x *WarmImageResponse) Reset() {
 	*x = WarmImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -139,7 +568,7 @@ func (x *WarmImageResponse) String() string {
 func (*WarmImageResponse) ProtoMessage() {}
 
 func (x *WarmImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[1]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -152,7 +581,7 @@ func (x *WarmImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmImageResponse.ProtoReflect.Descriptor instead.
 func (*WarmImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{1}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WarmImageResponse) GetNodes() []*NodeWarmth {
@@ -179,7 +608,7 @@ type NodeWarmth struct {
 
 func (x *NodeWarmth) Reset() {
 	*x = NodeWarmth{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -191,7 +620,7 @@ func (x *NodeWarmth) String() string {
 func (*NodeWarmth) ProtoMessage() {}
 
 func (x *NodeWarmth) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[2]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -204,7 +633,7 @@ func (x *NodeWarmth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeWarmth.ProtoReflect.Descriptor instead.
 func (*NodeWarmth) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{2}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeWarmth) GetNode() string {
@@ -260,7 +689,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +701,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[3]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +714,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{3}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Image) GetName() string {
@@ -348,7 +777,7 @@ type ImageConfig struct {
 
 func (x *ImageConfig) Reset() {
 	*x = ImageConfig{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -360,7 +789,7 @@ func (x *ImageConfig) String() string {
 func (*ImageConfig) ProtoMessage() {}
 
 func (x *ImageConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[4]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -373,7 +802,7 @@ func (x *ImageConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageConfig.ProtoReflect.Descriptor instead.
 func (*ImageConfig) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{4}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ImageConfig) GetEnv() []string {
@@ -428,7 +857,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +869,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[5]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +882,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{5}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListImagesRequest) GetProject() string {
@@ -472,7 +901,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +913,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[6]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +926,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -516,7 +945,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +957,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[7]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +970,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -560,7 +989,7 @@ type GetImageResponse struct {
 
 func (x *GetImageResponse) Reset() {
 	*x = GetImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +1001,7 @@ func (x *GetImageResponse) String() string {
 func (*GetImageResponse) ProtoMessage() {}
 
 func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[8]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +1014,7 @@ func (x *GetImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageResponse.ProtoReflect.Descriptor instead.
 func (*GetImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetImageResponse) GetImage() *Image {
@@ -603,7 +1032,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +1044,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[9]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +1057,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
 }
 
 type CollectGarbageResponse struct {
@@ -642,7 +1071,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +1083,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[10]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +1096,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CollectGarbageResponse) GetStoreFreedBytes() int64 {
@@ -699,7 +1128,7 @@ type NodeGarbage struct {
 
 func (x *NodeGarbage) Reset() {
 	*x = NodeGarbage{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +1140,7 @@ func (x *NodeGarbage) String() string {
 func (*NodeGarbage) ProtoMessage() {}
 
 func (x *NodeGarbage) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[11]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +1153,7 @@ func (x *NodeGarbage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeGarbage.ProtoReflect.Descriptor instead.
 func (*NodeGarbage) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{11}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeGarbage) GetNode() string {
@@ -767,7 +1196,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +1208,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[12]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +1221,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{12}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -818,7 +1247,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +1259,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[13]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +1272,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{13}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TagImageResponse) GetImage() *Image {
@@ -862,7 +1291,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1303,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[14]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1316,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{14}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteImageRequest) GetName() string {
@@ -909,7 +1338,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1350,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[15]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1363,7 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{15}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteImageResponse) GetFreedBytes() int64 {
@@ -959,7 +1388,7 @@ type RegistryCredentials struct {
 
 func (x *RegistryCredentials) Reset() {
 	*x = RegistryCredentials{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1400,7 @@ func (x *RegistryCredentials) String() string {
 func (*RegistryCredentials) ProtoMessage() {}
 
 func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[16]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1413,7 @@ func (x *RegistryCredentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryCredentials.ProtoReflect.Descriptor instead.
 func (*RegistryCredentials) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{16}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegistryCredentials) GetUsername() string {
@@ -1021,7 +1450,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1462,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[17]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1475,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{17}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Progress) GetStage() string {
@@ -1085,7 +1514,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1526,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[18]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1539,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{18}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PullImageRequest) GetSource() string {
@@ -1145,7 +1574,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[19]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1586,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[19]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1599,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{19}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PullImageResponse) GetProgress() *Progress {
@@ -1200,7 +1629,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[20]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1641,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[20]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1654,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{20}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PushImageRequest) GetName() string {
@@ -1260,7 +1689,7 @@ type PushImageResponse struct {
 
 func (x *PushImageResponse) Reset() {
 	*x = PushImageResponse{}
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[21]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1701,7 @@ func (x *PushImageResponse) String() string {
 func (*PushImageResponse) ProtoMessage() {}
 
 func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opendsec_image_v1_image_proto_msgTypes[21]
+	mi := &file_opendsec_image_v1_image_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1714,7 @@ func (x *PushImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageResponse.ProtoReflect.Descriptor instead.
 func (*PushImageResponse) Descriptor() ([]byte, []int) {
-	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{21}
+	return file_opendsec_image_v1_image_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PushImageResponse) GetProgress() *Progress {
@@ -1306,7 +1735,41 @@ var File_opendsec_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xad\x01\n" +
+	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x01\n" +
+	"\x0eSetPoolRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
+	"\tcpu_cores\x18\x03 \x01(\x01R\bcpuCores\x12\x1b\n" +
+	"\tmemory_mb\x18\x04 \x01(\x03R\bmemoryMb\x12\x17\n" +
+	"\adisk_mb\x18\x05 \x01(\x03R\x06diskMb\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x05R\x04size\x12\x12\n" +
+	"\x04pids\x18\a \x01(\x03R\x04pids\x12\x1d\n" +
+	"\n" +
+	"open_files\x18\b \x01(\x03R\topenFiles\"E\n" +
+	"\x0fSetPoolResponse\x122\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1c.opendsec.image.v1.NodePoolsR\x05nodes\"\x12\n" +
+	"\x10ListPoolsRequest\"G\n" +
+	"\x11ListPoolsResponse\x122\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1c.opendsec.image.v1.NodePoolsR\x05nodes\"d\n" +
+	"\tNodePools\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12-\n" +
+	"\x05pools\x18\x02 \x03(\v2\x17.opendsec.image.v1.PoolR\x05pools\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xac\x02\n" +
+	"\x04Pool\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x18\n" +
+	"\abackend\x18\x03 \x01(\tR\abackend\x12\x1b\n" +
+	"\tcpu_cores\x18\x04 \x01(\x01R\bcpuCores\x12\x1b\n" +
+	"\tmemory_mb\x18\x05 \x01(\x03R\bmemoryMb\x12\x17\n" +
+	"\adisk_mb\x18\x06 \x01(\x03R\x06diskMb\x12\x12\n" +
+	"\x04size\x18\a \x01(\x05R\x04size\x12\x14\n" +
+	"\x05ready\x18\b \x01(\x05R\x05ready\x12\x16\n" +
+	"\x06source\x18\t \x01(\tR\x06source\x12\x12\n" +
+	"\x04note\x18\n" +
+	" \x01(\tR\x04note\x12\x12\n" +
+	"\x04pids\x18\v \x01(\x03R\x04pids\x12\x1d\n" +
+	"\n" +
+	"open_files\x18\f \x01(\x03R\topenFiles\"\xad\x01\n" +
 	"\x10WarmImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
@@ -1394,7 +1857,7 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\vcredentials\x18\x03 \x01(\v2&.opendsec.image.v1.RegistryCredentialsR\vcredentials\"d\n" +
 	"\x11PushImageResponse\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.opendsec.image.v1.ProgressR\bprogress\x12\x16\n" +
-	"\x06digest\x18\x02 \x01(\tR\x06digest2\xe4\x05\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest2\x8e\a\n" +
 	"\fImageService\x12Y\n" +
 	"\n" +
 	"ListImages\x12$.opendsec.image.v1.ListImagesRequest\x1a%.opendsec.image.v1.ListImagesResponse\x12S\n" +
@@ -1404,7 +1867,9 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\x0eCollectGarbage\x12(.opendsec.image.v1.CollectGarbageRequest\x1a).opendsec.image.v1.CollectGarbageResponse\x12X\n" +
 	"\tPullImage\x12#.opendsec.image.v1.PullImageRequest\x1a$.opendsec.image.v1.PullImageResponse0\x01\x12X\n" +
 	"\tPushImage\x12#.opendsec.image.v1.PushImageRequest\x1a$.opendsec.image.v1.PushImageResponse0\x01\x12V\n" +
-	"\tWarmImage\x12#.opendsec.image.v1.WarmImageRequest\x1a$.opendsec.image.v1.WarmImageResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
+	"\tWarmImage\x12#.opendsec.image.v1.WarmImageRequest\x1a$.opendsec.image.v1.WarmImageResponse\x12P\n" +
+	"\aSetPool\x12!.opendsec.image.v1.SetPoolRequest\x1a\".opendsec.image.v1.SetPoolResponse\x12V\n" +
+	"\tListPools\x12#.opendsec.image.v1.ListPoolsRequest\x1a$.opendsec.image.v1.ListPoolsResponseB@Z>github.com/opendsec/opendsec/api/gen/opendsec/image/v1;imagev1b\x06proto3"
 
 var (
 	file_opendsec_image_v1_image_proto_rawDescOnce sync.Once
@@ -1418,68 +1883,81 @@ func file_opendsec_image_v1_image_proto_rawDescGZIP() []byte {
 	return file_opendsec_image_v1_image_proto_rawDescData
 }
 
-var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_opendsec_image_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_opendsec_image_v1_image_proto_goTypes = []any{
-	(*WarmImageRequest)(nil),       // 0: opendsec.image.v1.WarmImageRequest
-	(*WarmImageResponse)(nil),      // 1: opendsec.image.v1.WarmImageResponse
-	(*NodeWarmth)(nil),             // 2: opendsec.image.v1.NodeWarmth
-	(*Image)(nil),                  // 3: opendsec.image.v1.Image
-	(*ImageConfig)(nil),            // 4: opendsec.image.v1.ImageConfig
-	(*ListImagesRequest)(nil),      // 5: opendsec.image.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),     // 6: opendsec.image.v1.ListImagesResponse
-	(*GetImageRequest)(nil),        // 7: opendsec.image.v1.GetImageRequest
-	(*GetImageResponse)(nil),       // 8: opendsec.image.v1.GetImageResponse
-	(*CollectGarbageRequest)(nil),  // 9: opendsec.image.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 10: opendsec.image.v1.CollectGarbageResponse
-	(*NodeGarbage)(nil),            // 11: opendsec.image.v1.NodeGarbage
-	(*TagImageRequest)(nil),        // 12: opendsec.image.v1.TagImageRequest
-	(*TagImageResponse)(nil),       // 13: opendsec.image.v1.TagImageResponse
-	(*DeleteImageRequest)(nil),     // 14: opendsec.image.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),    // 15: opendsec.image.v1.DeleteImageResponse
-	(*RegistryCredentials)(nil),    // 16: opendsec.image.v1.RegistryCredentials
-	(*Progress)(nil),               // 17: opendsec.image.v1.Progress
-	(*PullImageRequest)(nil),       // 18: opendsec.image.v1.PullImageRequest
-	(*PullImageResponse)(nil),      // 19: opendsec.image.v1.PullImageResponse
-	(*PushImageRequest)(nil),       // 20: opendsec.image.v1.PushImageRequest
-	(*PushImageResponse)(nil),      // 21: opendsec.image.v1.PushImageResponse
-	nil,                            // 22: opendsec.image.v1.ImageConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 23: google.protobuf.Timestamp
+	(*SetPoolRequest)(nil),         // 0: opendsec.image.v1.SetPoolRequest
+	(*SetPoolResponse)(nil),        // 1: opendsec.image.v1.SetPoolResponse
+	(*ListPoolsRequest)(nil),       // 2: opendsec.image.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),      // 3: opendsec.image.v1.ListPoolsResponse
+	(*NodePools)(nil),              // 4: opendsec.image.v1.NodePools
+	(*Pool)(nil),                   // 5: opendsec.image.v1.Pool
+	(*WarmImageRequest)(nil),       // 6: opendsec.image.v1.WarmImageRequest
+	(*WarmImageResponse)(nil),      // 7: opendsec.image.v1.WarmImageResponse
+	(*NodeWarmth)(nil),             // 8: opendsec.image.v1.NodeWarmth
+	(*Image)(nil),                  // 9: opendsec.image.v1.Image
+	(*ImageConfig)(nil),            // 10: opendsec.image.v1.ImageConfig
+	(*ListImagesRequest)(nil),      // 11: opendsec.image.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),     // 12: opendsec.image.v1.ListImagesResponse
+	(*GetImageRequest)(nil),        // 13: opendsec.image.v1.GetImageRequest
+	(*GetImageResponse)(nil),       // 14: opendsec.image.v1.GetImageResponse
+	(*CollectGarbageRequest)(nil),  // 15: opendsec.image.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 16: opendsec.image.v1.CollectGarbageResponse
+	(*NodeGarbage)(nil),            // 17: opendsec.image.v1.NodeGarbage
+	(*TagImageRequest)(nil),        // 18: opendsec.image.v1.TagImageRequest
+	(*TagImageResponse)(nil),       // 19: opendsec.image.v1.TagImageResponse
+	(*DeleteImageRequest)(nil),     // 20: opendsec.image.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),    // 21: opendsec.image.v1.DeleteImageResponse
+	(*RegistryCredentials)(nil),    // 22: opendsec.image.v1.RegistryCredentials
+	(*Progress)(nil),               // 23: opendsec.image.v1.Progress
+	(*PullImageRequest)(nil),       // 24: opendsec.image.v1.PullImageRequest
+	(*PullImageResponse)(nil),      // 25: opendsec.image.v1.PullImageResponse
+	(*PushImageRequest)(nil),       // 26: opendsec.image.v1.PushImageRequest
+	(*PushImageResponse)(nil),      // 27: opendsec.image.v1.PushImageResponse
+	nil,                            // 28: opendsec.image.v1.ImageConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
 }
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
-	2,  // 0: opendsec.image.v1.WarmImageResponse.nodes:type_name -> opendsec.image.v1.NodeWarmth
-	23, // 1: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	4,  // 2: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
-	22, // 3: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
-	3,  // 4: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
-	3,  // 5: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	11, // 6: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
-	3,  // 7: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
-	16, // 8: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	17, // 9: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	3,  // 10: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
-	16, // 11: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	17, // 12: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	5,  // 13: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	7,  // 14: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	14, // 15: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	12, // 16: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
-	9,  // 17: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
-	18, // 18: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
-	20, // 19: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
-	0,  // 20: opendsec.image.v1.ImageService.WarmImage:input_type -> opendsec.image.v1.WarmImageRequest
-	6,  // 21: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	8,  // 22: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	15, // 23: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	13, // 24: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
-	10, // 25: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
-	19, // 26: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
-	21, // 27: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
-	1,  // 28: opendsec.image.v1.ImageService.WarmImage:output_type -> opendsec.image.v1.WarmImageResponse
-	21, // [21:29] is the sub-list for method output_type
-	13, // [13:21] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	4,  // 0: opendsec.image.v1.SetPoolResponse.nodes:type_name -> opendsec.image.v1.NodePools
+	4,  // 1: opendsec.image.v1.ListPoolsResponse.nodes:type_name -> opendsec.image.v1.NodePools
+	5,  // 2: opendsec.image.v1.NodePools.pools:type_name -> opendsec.image.v1.Pool
+	8,  // 3: opendsec.image.v1.WarmImageResponse.nodes:type_name -> opendsec.image.v1.NodeWarmth
+	29, // 4: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	10, // 5: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
+	28, // 6: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
+	9,  // 7: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
+	9,  // 8: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
+	17, // 9: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
+	9,  // 10: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
+	22, // 11: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	23, // 12: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	9,  // 13: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	22, // 14: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	23, // 15: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	11, // 16: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	13, // 17: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	20, // 18: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	18, // 19: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
+	15, // 20: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
+	24, // 21: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	26, // 22: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	6,  // 23: opendsec.image.v1.ImageService.WarmImage:input_type -> opendsec.image.v1.WarmImageRequest
+	0,  // 24: opendsec.image.v1.ImageService.SetPool:input_type -> opendsec.image.v1.SetPoolRequest
+	2,  // 25: opendsec.image.v1.ImageService.ListPools:input_type -> opendsec.image.v1.ListPoolsRequest
+	12, // 26: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	14, // 27: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	21, // 28: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	19, // 29: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
+	16, // 30: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
+	25, // 31: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	27, // 32: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	7,  // 33: opendsec.image.v1.ImageService.WarmImage:output_type -> opendsec.image.v1.WarmImageResponse
+	1,  // 34: opendsec.image.v1.ImageService.SetPool:output_type -> opendsec.image.v1.SetPoolResponse
+	3,  // 35: opendsec.image.v1.ImageService.ListPools:output_type -> opendsec.image.v1.ListPoolsResponse
+	26, // [26:36] is the sub-list for method output_type
+	16, // [16:26] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
@@ -1493,7 +1971,7 @@ func file_opendsec_image_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opendsec_image_v1_image_proto_rawDesc), len(file_opendsec_image_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

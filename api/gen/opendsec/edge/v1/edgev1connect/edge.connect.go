@@ -77,6 +77,10 @@ const (
 	EdgeServiceCollectGarbageProcedure = "/opendsec.edge.v1.EdgeService/CollectGarbage"
 	// EdgeServiceWarmImageProcedure is the fully-qualified name of the EdgeService's WarmImage RPC.
 	EdgeServiceWarmImageProcedure = "/opendsec.edge.v1.EdgeService/WarmImage"
+	// EdgeServiceSetPoolProcedure is the fully-qualified name of the EdgeService's SetPool RPC.
+	EdgeServiceSetPoolProcedure = "/opendsec.edge.v1.EdgeService/SetPool"
+	// EdgeServiceListPoolsProcedure is the fully-qualified name of the EdgeService's ListPools RPC.
+	EdgeServiceListPoolsProcedure = "/opendsec.edge.v1.EdgeService/ListPools"
 	// EdgeServiceRestoreSnapshotProcedure is the fully-qualified name of the EdgeService's
 	// RestoreSnapshot RPC.
 	EdgeServiceRestoreSnapshotProcedure = "/opendsec.edge.v1.EdgeService/RestoreSnapshot"
@@ -127,6 +131,10 @@ type EdgeServiceClient interface {
 	// WarmImage prepares the node for the first sandbox of an image and
 	// shape (ImageService.WarmImage).
 	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
+	// SetPool sets one of the node's warm pools (ImageService.SetPool) and
+	// keeps the setting in the node's state; ListPools lists them.
+	SetPool(context.Context, *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error)
+	ListPools(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -245,6 +253,18 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("WarmImage")),
 			connect.WithClientOptions(opts...),
 		),
+		setPool: connect.NewClient[v1.SetPoolRequest, v1.SetPoolResponse](
+			httpClient,
+			baseURL+EdgeServiceSetPoolProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("SetPool")),
+			connect.WithClientOptions(opts...),
+		),
+		listPools: connect.NewClient[v1.ListPoolsRequest, v1.ListPoolsResponse](
+			httpClient,
+			baseURL+EdgeServiceListPoolsProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("ListPools")),
+			connect.WithClientOptions(opts...),
+		),
 		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
 			httpClient,
 			baseURL+EdgeServiceRestoreSnapshotProcedure,
@@ -313,6 +333,8 @@ type edgeServiceClient struct {
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
 	collectGarbage    *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	warmImage         *connect.Client[v1.WarmImageRequest, v1.WarmImageResponse]
+	setPool           *connect.Client[v1.SetPoolRequest, v1.SetPoolResponse]
+	listPools         *connect.Client[v1.ListPoolsRequest, v1.ListPoolsResponse]
 	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
 	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
 	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
@@ -398,6 +420,16 @@ func (c *edgeServiceClient) WarmImage(ctx context.Context, req *connect.Request[
 	return c.warmImage.CallUnary(ctx, req)
 }
 
+// SetPool calls opendsec.edge.v1.EdgeService.SetPool.
+func (c *edgeServiceClient) SetPool(ctx context.Context, req *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error) {
+	return c.setPool.CallUnary(ctx, req)
+}
+
+// ListPools calls opendsec.edge.v1.EdgeService.ListPools.
+func (c *edgeServiceClient) ListPools(ctx context.Context, req *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error) {
+	return c.listPools.CallUnary(ctx, req)
+}
+
 // RestoreSnapshot calls opendsec.edge.v1.EdgeService.RestoreSnapshot.
 func (c *edgeServiceClient) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
 	return c.restoreSnapshot.CallUnary(ctx, req)
@@ -463,6 +495,10 @@ type EdgeServiceHandler interface {
 	// WarmImage prepares the node for the first sandbox of an image and
 	// shape (ImageService.WarmImage).
 	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
+	// SetPool sets one of the node's warm pools (ImageService.SetPool) and
+	// keeps the setting in the node's state; ListPools lists them.
+	SetPool(context.Context, *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error)
+	ListPools(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error)
 	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
 	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
@@ -577,6 +613,18 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("WarmImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceSetPoolHandler := connect.NewUnaryHandler(
+		EdgeServiceSetPoolProcedure,
+		svc.SetPool,
+		connect.WithSchema(edgeServiceMethods.ByName("SetPool")),
+		connect.WithHandlerOptions(opts...),
+	)
+	edgeServiceListPoolsHandler := connect.NewUnaryHandler(
+		EdgeServiceListPoolsProcedure,
+		svc.ListPools,
+		connect.WithSchema(edgeServiceMethods.ByName("ListPools")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceRestoreSnapshotHandler := connect.NewUnaryHandler(
 		EdgeServiceRestoreSnapshotProcedure,
 		svc.RestoreSnapshot,
@@ -657,6 +705,10 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceCollectGarbageHandler.ServeHTTP(w, r)
 		case EdgeServiceWarmImageProcedure:
 			edgeServiceWarmImageHandler.ServeHTTP(w, r)
+		case EdgeServiceSetPoolProcedure:
+			edgeServiceSetPoolHandler.ServeHTTP(w, r)
+		case EdgeServiceListPoolsProcedure:
+			edgeServiceListPoolsHandler.ServeHTTP(w, r)
 		case EdgeServiceRestoreSnapshotProcedure:
 			edgeServiceRestoreSnapshotHandler.ServeHTTP(w, r)
 		case EdgeServiceForkSandboxProcedure:
@@ -740,6 +792,14 @@ func (UnimplementedEdgeServiceHandler) CollectGarbage(context.Context, *connect.
 
 func (UnimplementedEdgeServiceHandler) WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.WarmImage is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) SetPool(context.Context, *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.SetPool is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) ListPools(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.edge.v1.EdgeService.ListPools is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {

@@ -55,6 +55,10 @@ const (
 	ImageServicePushImageProcedure = "/opendsec.image.v1.ImageService/PushImage"
 	// ImageServiceWarmImageProcedure is the fully-qualified name of the ImageService's WarmImage RPC.
 	ImageServiceWarmImageProcedure = "/opendsec.image.v1.ImageService/WarmImage"
+	// ImageServiceSetPoolProcedure is the fully-qualified name of the ImageService's SetPool RPC.
+	ImageServiceSetPoolProcedure = "/opendsec.image.v1.ImageService/SetPool"
+	// ImageServiceListPoolsProcedure is the fully-qualified name of the ImageService's ListPools RPC.
+	ImageServiceListPoolsProcedure = "/opendsec.image.v1.ImageService/ListPools"
 )
 
 // ImageServiceClient is a client for the opendsec.image.v1.ImageService service.
@@ -85,6 +89,16 @@ type ImageServiceClient interface {
 	// that there was nothing to prepare. Root admin keys only: each shape
 	// warmed costs every node a guest's boot and a snapshot on its disk.
 	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
+	// SetPool sets a warm pool on every node: how many sandboxes of an image
+	// and shape each node keeps started, for creates of that image and shape
+	// (without a network) to claim instead of starting one. Size 0 removes
+	// it. Each node keeps the setting across its restarts; a node that
+	// joins later has only its own flags' pools until it is set again. Root
+	// admin keys only: a pool's sandboxes run, and no quota counts them (they
+	// only fill room the node's own sandboxes leave).
+	SetPool(context.Context, *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error)
+	// ListPools is every node's warm pools, with how many are ready.
+	ListPools(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the opendsec.image.v1.ImageService service. By
@@ -146,6 +160,18 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("WarmImage")),
 			connect.WithClientOptions(opts...),
 		),
+		setPool: connect.NewClient[v1.SetPoolRequest, v1.SetPoolResponse](
+			httpClient,
+			baseURL+ImageServiceSetPoolProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("SetPool")),
+			connect.WithClientOptions(opts...),
+		),
+		listPools: connect.NewClient[v1.ListPoolsRequest, v1.ListPoolsResponse](
+			httpClient,
+			baseURL+ImageServiceListPoolsProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("ListPools")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -159,6 +185,8 @@ type imageServiceClient struct {
 	pullImage      *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
 	pushImage      *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
 	warmImage      *connect.Client[v1.WarmImageRequest, v1.WarmImageResponse]
+	setPool        *connect.Client[v1.SetPoolRequest, v1.SetPoolResponse]
+	listPools      *connect.Client[v1.ListPoolsRequest, v1.ListPoolsResponse]
 }
 
 // ListImages calls opendsec.image.v1.ImageService.ListImages.
@@ -201,6 +229,16 @@ func (c *imageServiceClient) WarmImage(ctx context.Context, req *connect.Request
 	return c.warmImage.CallUnary(ctx, req)
 }
 
+// SetPool calls opendsec.image.v1.ImageService.SetPool.
+func (c *imageServiceClient) SetPool(ctx context.Context, req *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error) {
+	return c.setPool.CallUnary(ctx, req)
+}
+
+// ListPools calls opendsec.image.v1.ImageService.ListPools.
+func (c *imageServiceClient) ListPools(ctx context.Context, req *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error) {
+	return c.listPools.CallUnary(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the opendsec.image.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ListImages lists the images of the caller's project and its ancestors.
@@ -229,6 +267,16 @@ type ImageServiceHandler interface {
 	// that there was nothing to prepare. Root admin keys only: each shape
 	// warmed costs every node a guest's boot and a snapshot on its disk.
 	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
+	// SetPool sets a warm pool on every node: how many sandboxes of an image
+	// and shape each node keeps started, for creates of that image and shape
+	// (without a network) to claim instead of starting one. Size 0 removes
+	// it. Each node keeps the setting across its restarts; a node that
+	// joins later has only its own flags' pools until it is set again. Root
+	// admin keys only: a pool's sandboxes run, and no quota counts them (they
+	// only fill room the node's own sandboxes leave).
+	SetPool(context.Context, *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error)
+	// ListPools is every node's warm pools, with how many are ready.
+	ListPools(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error)
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -286,6 +334,18 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("WarmImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceSetPoolHandler := connect.NewUnaryHandler(
+		ImageServiceSetPoolProcedure,
+		svc.SetPool,
+		connect.WithSchema(imageServiceMethods.ByName("SetPool")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceListPoolsHandler := connect.NewUnaryHandler(
+		ImageServiceListPoolsProcedure,
+		svc.ListPools,
+		connect.WithSchema(imageServiceMethods.ByName("ListPools")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/opendsec.image.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -304,6 +364,10 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServicePushImageHandler.ServeHTTP(w, r)
 		case ImageServiceWarmImageProcedure:
 			imageServiceWarmImageHandler.ServeHTTP(w, r)
+		case ImageServiceSetPoolProcedure:
+			imageServiceSetPoolHandler.ServeHTTP(w, r)
+		case ImageServiceListPoolsProcedure:
+			imageServiceListPoolsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -343,4 +407,12 @@ func (UnimplementedImageServiceHandler) PushImage(context.Context, *connect.Requ
 
 func (UnimplementedImageServiceHandler) WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.WarmImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) SetPool(context.Context, *connect.Request[v1.SetPoolRequest]) (*connect.Response[v1.SetPoolResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.SetPool is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) ListPools(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("opendsec.image.v1.ImageService.ListPools is not implemented"))
 }
