@@ -292,6 +292,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 		for _, sb := range e.reg.all() {
 			sb.CheckHealth(now, &e.wg, e.snaps)
 		}
+		e.pools.checkHealth(now, &e.wg)
 	})
 	every(e.stop, &e.wg, transferEvery, e.snaps.Sweep)
 	every(e.stop, &e.wg, sandbox.MetricsEvery, e.sample)

@@ -339,6 +339,28 @@ func (p *pools) removeLater(ctx context.Context, sb *sandbox.Sandbox) {
 	}
 }
 
+// checkHealth looks at the ready sandboxes as the node's own are looked
+// at (an agent gone, a heartbeat unanswered); one found failed is removed,
+// and the pool starts another, so a claim does not meet a dead one.
+func (p *pools) checkHealth(now time.Time, wg *sync.WaitGroup) {
+	p.mu.Lock()
+	var ready []*sandbox.Sandbox
+	for _, list := range p.ready {
+		ready = append(ready, list...)
+	}
+	p.mu.Unlock()
+	for _, sb := range ready {
+		sb.CheckHealth(now, wg, p.e.snaps)
+		if sb.View().State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+			continue
+		}
+		p.drop(sb)
+		p.e.log.Warn("pool sandbox failed while it waited; removed", logging.SandboxID, sb.ID(), "reason", sb.View().Message)
+		p.removeLater(context.Background(), sb)
+		p.poke()
+	}
+}
+
 // takeAny takes the newest ready sandbox of any pool.
 func (p *pools) takeAny() *sandbox.Sandbox {
 	p.mu.Lock()

@@ -311,3 +311,38 @@ func TestSetPoolOverridesFlagsAndIsKept(t *testing.T) {
 		t.Fatalf("refused settings changed the pools: %v", got)
 	}
 }
+
+// A pool sandbox that dies while it waits is found by the node's health
+// checks, removed, and replaced: a claim never meets a dead one.
+func TestPoolReplacesADeadSandbox(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 1}}
+	e := f.open(t, smallCapacity())
+	dead := waitPoolReady(t, e, 1)[0]
+	f.fake.Crash(dead)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ids := waitPoolReady(t, e, 1)
+		if ids[0] != dead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dead pool sandbox is still the pool's")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		if _, err := os.Stat(e.dirs.sandbox(dead)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dead pool sandbox's directory is left")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sb, err := e.Create(context.Background(), spec(), "root")
+	if err != nil || sandboxid.ID(sb.Id) == dead {
+		t.Fatalf("a create after the death: %v, %v", sb, err)
+	}
+}
