@@ -95,12 +95,13 @@ func (c *Client) WarmImage(ctx context.Context, image, backend string, resources
 }
 
 // SetPool sets a warm pool on every node: size sandboxes of image on
-// backend with resources (nil: a create's defaults) kept started, for
-// creates of that image and shape without a network to claim; size 0
+// backend with resources (nil: a create's defaults), with a network
+// interface if network, kept started for creates of that image and shape
+// to claim (a networked one gets the create's policy then); size 0
 // removes it. It returns each node's pools after the change; a node's
 // failure is in its Error. Root admin keys only.
-func (c *Client) SetPool(ctx context.Context, image, backend string, resources *sandboxv1.Resources, size int) ([]*imagev1.NodePools, error) {
-	req := &imagev1.SetPoolRequest{Name: image, Backend: backend, Size: int32(size)}
+func (c *Client) SetPool(ctx context.Context, image, backend string, resources *sandboxv1.Resources, network bool, size int) ([]*imagev1.NodePools, error) {
+	req := &imagev1.SetPoolRequest{Name: image, Backend: backend, Network: network, Size: int32(size)}
 	if r := resources; r != nil {
 		req.CpuCores, req.MemoryMb, req.DiskMb, req.Pids, req.OpenFiles = r.CpuCores, r.MemoryMb, r.DiskMb, r.Pids, r.OpenFiles
 	}

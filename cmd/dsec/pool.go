@@ -14,9 +14,10 @@ import (
 	"github.com/opendsec/opendsec/client"
 )
 
-const poolUsage = `usage: dsec pool <set IMAGE --size N [--backend B] [--cpu N] [--memory MB] [--disk MB] [--pids N] [--open-files N] | ls>
+const poolUsage = `usage: dsec pool <set IMAGE --size N [--backend B] [--cpu N] [--memory MB] [--disk MB] [--pids N] [--open-files N] [--network] | ls>
   set  keep N sandboxes of IMAGE and shape started on every node, for
-       creates of that image and shape (without a network) to claim;
+       creates of that image and shape to claim (--network: sandboxes
+       with a network, for creates with one, which get their policy);
        --size 0 removes the pool. Each node keeps the setting.
   ls   every node's pools: size, ready, and where the setting came from`
 
@@ -55,18 +56,19 @@ func poolSet(ctx context.Context, args []string) error {
 	disk := fs.Int64("disk", 0, "their disk in MiB (0: a create's default)")
 	pids := fs.Int64("pids", 0, "their process and thread bound (0: a create's default)")
 	openFiles := fs.Int64("open-files", 0, "their open files per process (0: a create's default)")
+	network := fs.Bool("network", false, "they have a network interface (nothing out until a create claims one with its policy)")
 	pos, err := parseAnywhere(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 || *size < 0 {
-		return errors.New("pool set: usage: dsec pool set IMAGE --size N [--backend B] [--cpu N] [--memory MB] [--disk MB] [--pids N] [--open-files N]")
+		return errors.New("pool set: usage: dsec pool set IMAGE --size N [--backend B] [--cpu N] [--memory MB] [--disk MB] [--pids N] [--open-files N] [--network]")
 	}
 	c, err := client.FromEnv()
 	if err != nil {
 		return err
 	}
-	nodes, err := c.SetPool(ctx, pos[0], *backend, &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *memory, DiskMb: *disk, Pids: *pids, OpenFiles: *openFiles}, *size)
+	nodes, err := c.SetPool(ctx, pos[0], *backend, &sandboxv1.Resources{CpuCores: *cpu, MemoryMb: *memory, DiskMb: *disk, Pids: *pids, OpenFiles: *openFiles}, *network, *size)
 	if err != nil {
 		return err
 	}
@@ -76,19 +78,19 @@ func poolSet(ctx context.Context, args []string) error {
 // printPools prints each node's pools, and fails if a node did not answer.
 func printPools(nodes []*imagev1.NodePools) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tIMAGE\tBACKEND\tCPU\tMEMORY\tDISK\tSIZE\tREADY\tSET BY\tNOTE")
+	fmt.Fprintln(w, "NODE\tIMAGE\tBACKEND\tCPU\tMEMORY\tDISK\tNETWORK\tSIZE\tREADY\tSET BY\tNOTE")
 	failed := 0
 	for _, n := range nodes {
 		if n.Error != "" {
 			failed++
-			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t-\t-\tfailed: %s\n", n.Node, n.Error)
+			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\tfailed: %s\n", n.Node, n.Error)
 			continue
 		}
 		if len(n.Pools) == 0 {
-			fmt.Fprintf(w, "%s\t(no pools)\t\t\t\t\t\t\t\t\n", n.Node)
+			fmt.Fprintf(w, "%s\t(no pools)\t\t\t\t\t\t\t\t\t\n", n.Node)
 		}
 		for _, p := range n.Pools {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%dM\t%dM\t%d\t%d\t%s\t%s\n", n.Node, p.Image, p.Backend, strconv.FormatFloat(p.CpuCores, 'f', -1, 64), p.MemoryMb, p.DiskMb, p.Size, p.Ready, p.Source, p.Note)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%dM\t%dM\t%v\t%d\t%d\t%s\t%s\n", n.Node, p.Image, p.Backend, strconv.FormatFloat(p.CpuCores, 'f', -1, 64), p.MemoryMb, p.DiskMb, p.Network, p.Size, p.Ready, p.Source, p.Note)
 		}
 	}
 	if err := w.Flush(); err != nil {

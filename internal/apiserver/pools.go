@@ -32,6 +32,9 @@ func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1
 		return nil, errdefs.InvalidArgument("size %d: want 0 (remove the pool) to %d sandboxes per node", m.Size, maxPoolSize)
 	}
 	spec := &sandboxv1.SandboxSpec{Backend: m.Backend, Image: m.Name, Resources: &sandboxv1.Resources{CpuCores: m.CpuCores, MemoryMb: m.MemoryMb, DiskMb: m.DiskMb, Pids: m.Pids, OpenFiles: m.OpenFiles}}
+	if m.Network {
+		spec.Network = &sandboxv1.NetworkPolicy{} // nothing out until a claim
+	}
 	lim, backends := h.s.limits()
 	if err := sandboxspec.Normalize(spec, lim, backends); err != nil {
 		return nil, err

@@ -53,14 +53,16 @@ type Pool struct {
 const poolProject = ".pool"
 
 // poolKey is the image and shape a pool's sandbox has, which a create's
-// spec must have to claim it ("" for a spec no pool serves: one with a
-// network).
+// spec must have to claim it: its backend, image digest, resources, and
+// whether it has a network (a pool's networked sandbox takes the
+// create's policy when it is claimed).
 func poolKey(spec *sandboxv1.SandboxSpec, digest string) string {
-	if spec.Network != nil {
-		return ""
-	}
 	shape, _ := proto.MarshalOptions{Deterministic: true}.Marshal(spec.Resources)
-	return spec.Backend + "|" + digest + "|" + hex.EncodeToString(shape)
+	key := spec.Backend + "|" + digest + "|" + hex.EncodeToString(shape)
+	if spec.Network != nil {
+		key += "|net"
+	}
+	return key
 }
 
 // pools are the node's warm pools.
@@ -145,7 +147,12 @@ func (p *pools) normalize(c Pool, source string) (*poolWant, error) {
 		return nil, errdefs.InvalidArgument("a pool needs a spec and a project")
 	}
 	spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
+	networked := spec.Network != nil
 	spec.Network, spec.Env, spec.Metadata, spec.Task = nil, nil, nil, ""
+	if networked {
+		// Nothing out until a claim gives it the create's policy.
+		spec.Network = &sandboxv1.NetworkPolicy{}
+	}
 	spec.TimeoutSeconds = e.cfg.Limits.MaxTimeout
 	if err := sandboxspec.Normalize(spec, e.cfg.Limits, e.backends.known()); err != nil {
 		return nil, err
@@ -436,6 +443,12 @@ func (p *pools) fillOne(ctx context.Context) bool {
 		if err != nil {
 			continue
 		}
+		if w.Spec.Network != nil && p.e.net == nil {
+			p.mu.Lock()
+			w.skipped = "its sandboxes have a network and the node runs without sandbox networking (" + p.e.netOff + ")"
+			p.mu.Unlock()
+			continue
+		}
 		if sandbox.HasService(im.Config.Config.Labels) {
 			// Its service starts with the pool's environment, which a
 			// claim does not change.
@@ -568,14 +581,14 @@ func (p *pools) claim(ctx context.Context, sb *sandbox.Sandbox, spec *sandboxv1.
 }
 
 // ParsePool reads a pool from its flag form,
-// "IMAGE=SIZE[,backend=B][,cpu=CORES][,memory=MIB][,disk=MIB][,project=P]"
-// (backend container and project root unless named; resources a create's
-// defaults unless named).
+// "IMAGE=SIZE[,backend=B][,cpu=CORES][,memory=MIB][,disk=MIB][,project=P][,network=true]"
+// (backend container, project root and no network unless named; resources
+// a create's defaults unless named).
 func ParsePool(s string) (Pool, error) {
 	fields := strings.Split(s, ",")
 	name, size, ok := strings.Cut(fields[0], "=")
 	if !ok || name == "" {
-		return Pool{}, errdefs.InvalidArgument("pool %q: want IMAGE=SIZE first, then backend=, cpu=, memory=, disk= or project=", errdefs.Clip(s, 80))
+		return Pool{}, errdefs.InvalidArgument("pool %q: want IMAGE=SIZE first, then backend=, cpu=, memory=, disk=, project= or network=", errdefs.Clip(s, 80))
 	}
 	n, err := strconv.Atoi(size)
 	if err != nil || n < 1 || n > maxPoolSize {
@@ -600,8 +613,13 @@ func ParsePool(s string) (Pool, error) {
 			r.MemoryMb, err = strconv.ParseInt(v, 10, 64)
 		case "disk":
 			r.DiskMb, err = strconv.ParseInt(v, 10, 64)
+		case "network":
+			var on bool
+			if on, err = strconv.ParseBool(v); on {
+				p.Spec.Network = &sandboxv1.NetworkPolicy{}
+			}
 		default:
-			return Pool{}, errdefs.InvalidArgument("pool %q: %q: want backend=, cpu=, memory=, disk= or project=", errdefs.Clip(s, 80), errdefs.Clip(f, 40))
+			return Pool{}, errdefs.InvalidArgument("pool %q: %q: want backend=, cpu=, memory=, disk=, project= or network=", errdefs.Clip(s, 80), errdefs.Clip(f, 40))
 		}
 		if err != nil || v == "" {
 			return Pool{}, errdefs.InvalidArgument("pool %q: %s %q: %v", errdefs.Clip(s, 80), k, errdefs.Clip(v, 20), cmp.Or(err, errors.New("empty")))

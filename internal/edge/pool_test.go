@@ -131,7 +131,8 @@ func sameIDs(a, b []sandboxid.ID) bool {
 	return slices.Equal(a, b)
 }
 
-// A spec with a network has no pool; every resource names another.
+// A spec with a network has a pool key of its own (networked pools serve
+// it); every resource names another.
 func TestPoolKey(t *testing.T) {
 	base := spec()
 	base.Resources.DiskMb, base.Resources.Pids, base.Resources.OpenFiles = 64, 100, 1024
@@ -141,8 +142,12 @@ func TestPoolKey(t *testing.T) {
 	}
 	networked := proto.Clone(base).(*sandboxv1.SandboxSpec)
 	networked.Network = &sandboxv1.NetworkPolicy{}
-	if k := poolKey(networked, "sha256:a"); k != "" {
-		t.Fatalf("a spec with a network has pool key %q", k)
+	if k := poolKey(networked, "sha256:a"); k == "" || k == key {
+		t.Fatalf("a spec with a network has pool key %q (without one %q)", k, key)
+	}
+	networked.Network = &sandboxv1.NetworkPolicy{Internet: true, Rules: []*sandboxv1.NetworkRule{{Cidr: "192.0.2.0/24"}}}
+	if k := poolKey(networked, "sha256:a"); k != key+"|net" {
+		t.Fatalf("the policy changed the pool key: %q", k)
 	}
 	for name, change := range map[string]func(*sandboxv1.Resources){
 		"cpu": func(r *sandboxv1.Resources) { r.CpuCores++ }, "memory": func(r *sandboxv1.Resources) { r.MemoryMb++ },
@@ -171,19 +176,24 @@ func TestParsePool(t *testing.T) {
 	if p.Spec.Image != "root/busybox:latest" || p.Size != 8 || p.Spec.Backend != "gvisor" || p.Project != "root/team" || r.CpuCores != 0.25 || r.MemoryMb != 64 || r.DiskMb != 128 {
 		t.Fatalf("parsed %+v %+v", p, r)
 	}
-	if p, err := ParsePool("root/x:1=1"); err != nil || p.Spec.Backend != "container" || p.Project != "root" {
+	if p, err := ParsePool("root/x:1=1"); err != nil || p.Spec.Backend != "container" || p.Project != "root" || p.Spec.Network != nil {
 		t.Fatalf("defaults: %+v %v", p, err)
 	}
+	if p, err := ParsePool("root/x:1=1,network=true"); err != nil || p.Spec.Network == nil || len(p.Spec.Network.Rules) != 0 || p.Spec.Network.Internet {
+		t.Fatalf("network=true: %+v %v", p, err)
+	}
 	for in, want := range map[string]string{
-		"root/x:1":            "want IMAGE=SIZE",
-		"=3":                  "want IMAGE=SIZE",
-		"root/x:1=0":          "size",
-		"root/x:1=2000":       "size",
-		"root/x:1=2,cpu=-1":   "cpu",
-		"root/x:1=2,cpu=NaN":  "cpu",
-		"root/x:1=2,memory=":  "memory",
-		"root/x:1=2,disk=big": "disk",
-		"root/x:1=2,net=on":   `"net=on"`,
+		"root/x:1":                 "want IMAGE=SIZE",
+		"=3":                       "want IMAGE=SIZE",
+		"root/x:1=0":               "size",
+		"root/x:1=2000":            "size",
+		"root/x:1=2,cpu=-1":        "cpu",
+		"root/x:1=2,cpu=NaN":       "cpu",
+		"root/x:1=2,memory=":       "memory",
+		"root/x:1=2,disk=big":      "disk",
+		"root/x:1=2,net=on":        `"net=on"`,
+		"root/x:1=2,network=":      "network",
+		"root/x:1=2,network=maybe": "network",
 	} {
 		if _, err := ParsePool(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParsePool(%q) = %v, want an error naming %s", in, err, want)
@@ -300,7 +310,7 @@ func TestSetPoolOverridesFlagsAndIsKept(t *testing.T) {
 		{spec(), -1, "size -1"},
 		{spec(), maxPoolSize + 1, "size 1025"},
 		{&sandboxv1.SandboxSpec{Image: "root/none:1", Backend: "fake"}, 1, "root/none:1"},
-		{&sandboxv1.SandboxSpec{Image: spec().Image, Backend: "fake", Network: &sandboxv1.NetworkPolicy{}}, 1, "spec.network"},
+		{&sandboxv1.SandboxSpec{Image: spec().Image, Backend: "fake", Network: &sandboxv1.NetworkPolicy{}}, 1, "without sandbox networking"},
 		{nil, 1, "spec: missing"},
 	} {
 		if _, err := e.SetPool(c.spec, "root", c.size); err == nil || !strings.Contains(err.Error(), c.wantErr) {

@@ -41,7 +41,7 @@ type savedPool struct {
 // identity is what makes two settings the same pool.
 func (w *poolWant) identity() string {
 	shape, _ := proto.MarshalOptions{Deterministic: true}.Marshal(w.Spec.Resources)
-	return w.Project + "|" + w.Spec.Image + "|" + w.Spec.Backend + "|" + hex.EncodeToString(shape)
+	return fmt.Sprintf("%s|%s|%s|%s|net=%v", w.Project, w.Spec.Image, w.Spec.Backend, hex.EncodeToString(shape), w.Spec.Network != nil)
 }
 
 // rebuildLocked makes wants from the flags' pools and the overrides,
@@ -148,7 +148,7 @@ func (p *pools) list() []*imagev1.Pool {
 		if note == "" && w.lastErr != "" {
 			note = "its last start failed: " + errdefs.Clip(w.lastErr, 300)
 		}
-		out = append(out, &imagev1.Pool{Image: w.Spec.Image, Project: w.Project, Backend: w.Spec.Backend, CpuCores: r.CpuCores, MemoryMb: r.MemoryMb, DiskMb: r.DiskMb, Pids: r.Pids, OpenFiles: r.OpenFiles,
+		out = append(out, &imagev1.Pool{Image: w.Spec.Image, Project: w.Project, Backend: w.Spec.Backend, CpuCores: r.CpuCores, MemoryMb: r.MemoryMb, DiskMb: r.DiskMb, Pids: r.Pids, OpenFiles: r.OpenFiles, Network: w.Spec.Network != nil,
 			Size: int32(w.Size), Ready: int32(len(p.ready[keys[i]])), Source: w.source, Note: note})
 	}
 	return out
@@ -215,8 +215,8 @@ func (e *Edge) SetPool(spec *sandboxv1.SandboxSpec, project string, size int) ([
 	if spec == nil {
 		return nil, errdefs.InvalidArgument("spec: missing")
 	}
-	if spec.Network != nil {
-		return nil, errdefs.InvalidArgument("spec.network: a pool's sandboxes have none (a create with a network never claims one)")
+	if spec.Network != nil && e.net == nil {
+		return nil, errdefs.FailedPrecondition("spec.network: node %s runs without sandbox networking (%s); set the pool without a network", e.node, e.netOff)
 	}
 	if err := e.pools.set(Pool{Spec: spec, Project: project, Size: size}); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
 // A warm pool's sandbox [ours; issue 28] is started ahead of any create,
@@ -19,11 +20,14 @@ import (
 // is not its image and shape is either the record's (project, spec,
 // metadata, time to live, task) or its agent's defaults for the processes
 // it starts (environment, directory), which the claim's one request
-// sets. Its hostname and machine id were its own from its start.
+// sets. Its hostname and machine id were its own from its start. A
+// pool's sandbox with a network waits with a policy that lets nothing
+// out; the claim gives it the create's before the create sees it.
 
 // claimWait bounds a claim's one request: a pool's sandbox whose agent
-// does not answer within it is taken for dead (the pool's sandboxes have
-// no health checks), and the create starts one of its own.
+// does not answer within it is taken for dead (the health checks find a
+// dead one within seconds, not at once), and the create starts one of its
+// own.
 const claimWait = 3 * time.Second
 
 // Claim makes sb, a pool's sandbox that runs and is registered nowhere,
@@ -56,6 +60,11 @@ func (sb *Sandbox) Claim(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		}
 		return fmt.Errorf("claim pooled sandbox %s: %w", sb.id, errdefs.FromConnect(err))
 	}
+	if spec.Network != nil {
+		if err := sb.claimNetwork(ctx, spec.Network); err != nil {
+			return fmt.Errorf("claim pooled sandbox %s: %w", sb.id, err)
+		}
+	}
 	now := time.Now()
 	claimed.CreatedAt = now
 	claimed.ExpiresAt = now.Add(time.Duration(spec.TimeoutSeconds) * time.Second)
@@ -77,4 +86,17 @@ func (sb *Sandbox) Claim(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 	sb.expiry.Poke()
 	sb.publish()
 	return nil
+}
+
+// claimNetwork gives a pool's networked sandbox the policy a create asked
+// for (checked by the create). Callers hold sb.mu.
+func (sb *Sandbox) claimNetwork(ctx context.Context, policy *sandboxv1.NetworkPolicy) error {
+	if sb.net == nil {
+		return errdefs.FailedPrecondition("it has no network attachment")
+	}
+	p, err := sandboxspec.NetworkPolicy(policy)
+	if err != nil {
+		return err
+	}
+	return sb.nodeNet.Update(ctx, sb.net, p)
 }

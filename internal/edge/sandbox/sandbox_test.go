@@ -38,7 +38,10 @@ func (h *fakeHost) Reserve(string, int64, string) (func(), error) {
 func (n *fakeNetwork) Reset(context.Context, *sandboxnet.Link) error { return nil }
 
 // fakeNetwork is a node's sandbox network that counts what it is asked.
-type fakeNetwork struct{ attached, detached, forgotten int }
+type fakeNetwork struct {
+	attached, detached, forgotten int
+	updated                       []netpolicy.Policy
+}
 
 func (n *fakeNetwork) Attach(_ context.Context, name string, _ netip.Addr, _ netpolicy.Policy) (*sandboxnet.Link, error) {
 	n.attached++
@@ -50,7 +53,8 @@ func (n *fakeNetwork) Adopt(ctx context.Context, name string, _ netip.Addr, p ne
 func (n *fakeNetwork) Policy(*sandboxnet.Link) (netpolicy.Policy, error) {
 	return netpolicy.Policy{}, nil
 }
-func (n *fakeNetwork) Update(context.Context, *sandboxnet.Link, netpolicy.Policy) error {
+func (n *fakeNetwork) Update(_ context.Context, _ *sandboxnet.Link, p netpolicy.Policy) error {
+	n.updated = append(n.updated, p)
 	return nil
 }
 func (n *fakeNetwork) Detach(context.Context, *sandboxnet.Link) error { n.detached++; return nil }
@@ -249,5 +253,24 @@ func TestEndedOnceRemovedOrFailed(t *testing.T) {
 		default:
 			t.Errorf("the %s sandbox's ended context is not done", name)
 		}
+	}
+}
+
+// A pool's networked sandbox takes the claiming create's policy; one
+// without an attachment is refused.
+func TestClaimNetworkAppliesTheCreatesPolicy(t *testing.T) {
+	sb, h, _, _ := hostedSandbox(t)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	want := &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{{Cidr: "192.0.2.0/24", Protocol: "tcp", Ports: []string{"443"}}}}
+	if err := sb.claimNetwork(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.net.updated) != 1 || len(h.net.updated[0].Rules) != 1 || h.net.updated[0].Internet {
+		t.Fatalf("policies applied: %+v", h.net.updated)
+	}
+	sb.net = nil
+	if err := sb.claimNetwork(context.Background(), want); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a claim of a sandbox without an attachment: %v", err)
 	}
 }

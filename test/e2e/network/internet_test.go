@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,7 @@ func TestSandboxNetwork(t *testing.T) {
 		t.Run(backend+"-fork", func(t *testing.T) { testForkWithNetwork(t, c, in, backend) })
 	}
 	t.Run("gvisor-offload", func(t *testing.T) { testOffloadWithNetwork(t, c, in) })
+	t.Run("container-pool", func(t *testing.T) { testPoolWithNetwork(t, c, in) })
 	t.Run("e2b", func(t *testing.T) { testE2BNetwork(t, c, in) })
 	t.Run("no-internet-project", func(t *testing.T) { testNoInternetProject(t, c) })
 	t.Run("cli", func(t *testing.T) { testNetworkCLI(t, c, in) })
@@ -731,4 +733,52 @@ func testForkWithNetwork(t *testing.T, c *e2e.Cluster, in *internet, backend str
 	if got := body(rs); got != value {
 		t.Fatalf("the restored sandbox serves %q, the source %q", got, value)
 	}
+}
+
+// testPoolWithNetwork: a warm pool of sandboxes with a network (dsec pool
+// set --network) waits with a policy that lets nothing out; a create with
+// a policy claims one and gets exactly that policy; a create without a
+// network does not claim it.
+func testPoolWithNetwork(t *testing.T, c *e2e.Cluster, in *internet) {
+	ctx := e2e.Ctx(t)
+	res := &sandboxv1.Resources{CpuCores: 0.5, MemoryMb: 256}
+	if _, err := c.Client.SetPool(ctx, "root/py:3.11", "container", res, true, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Client.SetPool(context.Background(), "root/py:3.11", "container", res, true, 0) }) //nolint:errcheck // best effort
+	waitReady := func() []string {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); c.Edge.PoolReady() != 1; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the networked pool holds %d ready, want 1", c.Edge.PoolReady())
+			}
+		}
+		return c.Edge.PoolSandboxes()
+	}
+	pooled := waitReady()
+	plain, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Resources: res})
+	if err != nil || slices.Contains(pooled, plain.ID) {
+		t.Fatalf("a create without a network: %v, or it claimed the networked pool's %v", err, pooled)
+	}
+	plain.Stop(ctx) //nolint:errcheck // best effort
+	sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Resources: res,
+		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.web, "tcp", "8080")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Stop(context.Background()) }) //nolint:errcheck // best effort
+	if !slices.Contains(pooled, sb.ID) {
+		t.Fatalf("a create with a network made %s, not the pool's %v", sb.ID, pooled)
+	}
+	expectProbe(t, "a claimed networked pool sandbox", sb, [][2]string{{in.web + ":8080", "open"}, {in.web + ":8081", "refused"}, {in.alt + ":8080", "refused"}})
+	// The pool's next one gets its own claim's policy, nothing of the
+	// first's.
+	next := waitReady()
+	sb2, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Resources: res,
+		Network: &sandboxv1.NetworkPolicy{Rules: []*sandboxv1.NetworkRule{rule("", in.alt, "tcp", "8080")}}})
+	if err != nil || !slices.Contains(next, sb2.ID) {
+		t.Fatalf("the second networked claim: %v (pool %v)", err, next)
+	}
+	t.Cleanup(func() { sb2.Stop(context.Background()) }) //nolint:errcheck // best effort
+	expectProbe(t, "the second claim", sb2, [][2]string{{in.alt + ":8080", "open"}, {in.web + ":8080", "refused"}})
 }

@@ -184,7 +184,7 @@ func TestWarmPoolOnCrun(t *testing.T) {
 	// A pool of that shape set through the API (dsec pool set): it fills,
 	// is listed beside the flag's, and serves its shape's creates; size 0
 	// removes both.
-	nodes, err := c.Client.SetPool(ctx, other.Image, other.Backend, other.Resources, 1)
+	nodes, err := c.Client.SetPool(ctx, other.Image, other.Backend, other.Resources, false, 1)
 	if err != nil || len(nodes) != 1 || nodes[0].Error != "" || len(nodes[0].Pools) != 2 {
 		t.Fatalf("pool set: %v, %v", nodes, err)
 	}
@@ -203,7 +203,7 @@ func TestWarmPoolOnCrun(t *testing.T) {
 		t.Fatalf("a create of the API pool's shape: %v, or it did not claim one of %v", err, before)
 	}
 	team := c.Project(t, "root", "poolers", nil)
-	if _, err := team.SetPool(ctx, other.Image, other.Backend, other.Resources, 4); connect.CodeOf(err) != connect.CodePermissionDenied {
+	if _, err := team.SetPool(ctx, other.Image, other.Backend, other.Resources, false, 4); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("a sub-project's admin set a pool: %v", err)
 	}
 	// The same through the CLI.

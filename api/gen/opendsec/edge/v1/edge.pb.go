@@ -1312,7 +1312,7 @@ func (x *WarmImageResponse) GetNote() string {
 type SetPoolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A sandbox's spec of the pool's image and shape: only its image,
-	// backend and resources are read.
+	// backend, resources and whether it has a network are read.
 	Spec *v1.SandboxSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	// The project whose view of images resolves spec.image.
 	Project string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`

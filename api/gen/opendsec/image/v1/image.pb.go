@@ -40,8 +40,13 @@ type SetPoolRequest struct {
 	// How many sandboxes each node keeps started: 0 to 1024, 0 removes it.
 	Size int32 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
 	// The rest of its shape (0 takes a create's default).
-	Pids          int64 `protobuf:"varint,7,opt,name=pids,proto3" json:"pids,omitempty"`
-	OpenFiles     int64 `protobuf:"varint,8,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
+	Pids      int64 `protobuf:"varint,7,opt,name=pids,proto3" json:"pids,omitempty"`
+	OpenFiles int64 `protobuf:"varint,8,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
+	// Its sandboxes have a network interface, with a policy that lets
+	// nothing out until a create claims one: the claim applies the create's
+	// policy. Creates with a network claim only from such a pool, creates
+	// without one only from a pool without.
+	Network       bool `protobuf:"varint,9,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -130,6 +135,13 @@ func (x *SetPoolRequest) GetOpenFiles() int64 {
 		return x.OpenFiles
 	}
 	return 0
+}
+
+func (x *SetPoolRequest) GetNetwork() bool {
+	if x != nil {
+		return x.Network
+	}
+	return false
 }
 
 type SetPoolResponse struct {
@@ -338,6 +350,7 @@ type Pool struct {
 	Note          string `protobuf:"bytes,10,opt,name=note,proto3" json:"note,omitempty"`
 	Pids          int64  `protobuf:"varint,11,opt,name=pids,proto3" json:"pids,omitempty"`
 	OpenFiles     int64  `protobuf:"varint,12,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
+	Network       bool   `protobuf:"varint,13,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -454,6 +467,13 @@ func (x *Pool) GetOpenFiles() int64 {
 		return x.OpenFiles
 	}
 	return 0
+}
+
+func (x *Pool) GetNetwork() bool {
+	if x != nil {
+		return x.Network
+	}
+	return false
 }
 
 type WarmImageRequest struct {
@@ -1735,7 +1755,7 @@ var File_opendsec_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x01\n" +
+	"\x1dopendsec/image/v1/image.proto\x12\x11opendsec.image.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x01\n" +
 	"\x0eSetPoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
@@ -1745,7 +1765,8 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\x04size\x18\x06 \x01(\x05R\x04size\x12\x12\n" +
 	"\x04pids\x18\a \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"open_files\x18\b \x01(\x03R\topenFiles\"E\n" +
+	"open_files\x18\b \x01(\x03R\topenFiles\x12\x18\n" +
+	"\anetwork\x18\t \x01(\bR\anetwork\"E\n" +
 	"\x0fSetPoolResponse\x122\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1c.opendsec.image.v1.NodePoolsR\x05nodes\"\x12\n" +
 	"\x10ListPoolsRequest\"G\n" +
@@ -1754,7 +1775,7 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\tNodePools\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12-\n" +
 	"\x05pools\x18\x02 \x03(\v2\x17.opendsec.image.v1.PoolR\x05pools\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xac\x02\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xc6\x02\n" +
 	"\x04Pool\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x18\n" +
@@ -1769,7 +1790,8 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	" \x01(\tR\x04note\x12\x12\n" +
 	"\x04pids\x18\v \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"open_files\x18\f \x01(\x03R\topenFiles\"\xad\x01\n" +
+	"open_files\x18\f \x01(\x03R\topenFiles\x12\x18\n" +
+	"\anetwork\x18\r \x01(\bR\anetwork\"\xad\x01\n" +
 	"\x10WarmImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +

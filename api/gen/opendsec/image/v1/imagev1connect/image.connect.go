@@ -91,7 +91,7 @@ type ImageServiceClient interface {
 	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
 	// SetPool sets a warm pool on every node: how many sandboxes of an image
 	// and shape each node keeps started, for creates of that image and shape
-	// (without a network) to claim instead of starting one. Size 0 removes
+	// to claim instead of starting one. Size 0 removes
 	// it. Each node keeps the setting across its restarts; a node that
 	// joins later has only its own flags' pools until it is set again. Root
 	// admin keys only: a pool's sandboxes run, and no quota counts them (they
@@ -269,7 +269,7 @@ type ImageServiceHandler interface {
 	WarmImage(context.Context, *connect.Request[v1.WarmImageRequest]) (*connect.Response[v1.WarmImageResponse], error)
 	// SetPool sets a warm pool on every node: how many sandboxes of an image
 	// and shape each node keeps started, for creates of that image and shape
-	// (without a network) to claim instead of starting one. Size 0 removes
+	// to claim instead of starting one. Size 0 removes
 	// it. Each node keeps the setting across its restarts; a node that
 	// joins later has only its own flags' pools until it is set again. Root
 	// admin keys only: a pool's sandboxes run, and no quota counts them (they
