@@ -20,10 +20,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
+	dto "github.com/prometheus/client_model/go"
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -64,7 +66,7 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	}
 	// Our create claiming a started sandbox from a warm pool (issue 28),
 	// the pool full again before each.
-	poolCreate, err := poolTimes(ctx, storeDir, agent, be, imgName, n)
+	poolCreate, poolParts, err := poolTimes(ctx, storeDir, agent, be, imgName, n)
 	if err != nil {
 		return err
 	}
@@ -208,6 +210,7 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 	fmt.Printf("\nfrom a warm pool (ours: a create that claims a started sandbox, against bare crun's create)\n\n")
 	fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", "measurement", "pool p50", "pool p99", "crun p50", "crun p99", "ratio (p50)")
 	row("create -> first exec", poolCreate, bareCreate, fmt.Sprintf("pool/crun = %.2fx (goal: under 10 ms)", float64(benchstat.Pct(poolCreate, 50))/float64(benchstat.Pct(bareCreate, 50))))
+	fmt.Printf("\nwhere a claim's time goes (means per create, from the components' metrics):\n%s", poolParts)
 
 	fmt.Printf("\nwhat the warm writable layers save (ours, create -> first exec)\n\n")
 	fmt.Printf("%-26s %10s %10s %10s %10s   %s\n", "measurement", "warm p50", "warm p99", "cold p50", "cold p99", "ratio (p50)")
@@ -218,39 +221,63 @@ func run(ctx context.Context, storeDir, imgName string, n int, agent string) err
 // poolTimes times create -> first exec on a cluster whose edge keeps a
 // warm pool of two sandboxes of the image and shape, waiting before each
 // create until the pool is full again.
-func poolTimes(ctx context.Context, storeDir, agent string, be benchcluster.Backend, imgName string, n int) ([]time.Duration, error) {
+func poolTimes(ctx context.Context, storeDir, agent string, be benchcluster.Backend, imgName string, n int) ([]time.Duration, string, error) {
 	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 512}}
 	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
 		cfg.Pools = []edge.Pool{{Spec: spec, Project: "root", Size: 2}}
 	})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer c.Close()
 	defer c.Edge.DrainPools(ctx)
 	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	var out []time.Duration
+	var out, created []time.Duration
+	before, err := c.Metrics.Gather()
+	if err != nil {
+		return nil, "", err
+	}
 	for range n {
 		for deadline := time.Now().Add(time.Minute); c.Edge.PoolReady() < 2; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("the warm pool did not fill in a minute (%d ready)", c.Edge.PoolReady())
+				return nil, "", fmt.Errorf("the warm pool did not fill in a minute (%d ready)", c.Edge.PoolReady())
 			}
 		}
 		t0 := time.Now()
 		sb, err := cl.Create(ctx, spec)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
+		created = append(created, time.Since(t0))
 		if r, err := sb.Run(ctx, &agentv1.ProcessConfig{Args: []string{"true"}}); err != nil || r.ExitCode != 0 {
-			return nil, fmt.Errorf("first exec: %v %v", r, err)
+			return nil, "", fmt.Errorf("first exec: %v %v", r, err)
 		}
 		out = append(out, time.Since(t0))
 		sb.Stop(ctx)
 	}
-	return out, nil
+	after, err := c.Metrics.Gather()
+	if err != nil {
+		return nil, "", err
+	}
+	var parts strings.Builder
+	fmt.Fprintf(&parts, "  %-44s %6.2f ms  (p50, the client's)\n", "Create answered", float64(benchstat.Pct(created, 50))/1e6)
+	fmt.Fprintf(&parts, "  %-44s %6.2f ms  (p50, the client's)\n", "then the first exec answered", float64(benchstat.Pct(out, 50)-benchstat.Pct(created, 50))/1e6)
+	for _, p := range []struct{ what, name, method string }{
+		{"apiserver CreateSandbox, whole", "opendsec_apiserver_request_duration_seconds", "CreateSandbox"},
+		{"  edge CreateSandbox (the claim)", "opendsec_edge_request_duration_seconds", "CreateSandbox"},
+		{"  IAM Raft applies (reserve, bind; each)", "opendsec_iam_raft_apply_duration_seconds", ""},
+		{"first exec (apiserver's proxy to the agent)", "opendsec_apiserver_request_duration_seconds", "Run"},
+	} {
+		sum, count := histDelta(before, after, p.name, p.method)
+		if count == 0 {
+			continue
+		}
+		fmt.Fprintf(&parts, "  %-44s %6.2f ms  (%d calls)\n", p.what, sum/float64(count)*1000, count)
+	}
+	return out, parts.String(), nil
 }
 
 // createTimes times create -> first exec on a cluster.
@@ -381,3 +408,33 @@ func bareBundle(dir string, layers []string, template []byte) error {
 }
 
 func msf(d time.Duration) string { return benchstat.Ms(d, 1) }
+
+// histDelta is how much a histogram's sum and count grew between two
+// gatherings, over its series whose method label is method ("": all).
+func histDelta(before, after []*dto.MetricFamily, name, method string) (float64, uint64) {
+	total := func(fams []*dto.MetricFamily) (float64, uint64) {
+		var sum float64
+		var count uint64
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.Metric {
+				ok := method == ""
+				for _, l := range m.Label {
+					if l.GetName() == "method" && l.GetValue() == method {
+						ok = true
+					}
+				}
+				if ok {
+					sum += m.GetHistogram().GetSampleSum()
+					count += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+		return sum, count
+	}
+	s0, c0 := total(before)
+	s1, c1 := total(after)
+	return s1 - s0, c1 - c0
+}

@@ -356,3 +356,24 @@ func TestPoolReplacesADeadSandbox(t *testing.T) {
 		t.Fatalf("a create after the death: %v, %v", sb, err)
 	}
 }
+
+// After a claim the pools start nothing for refillPause, so the claimed
+// sandbox's first commands do not share the node with a start; then they
+// refill.
+func TestPoolRefillWaitsAfterAClaim(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 1}}
+	e := f.open(t, smallCapacity())
+	waitPoolReady(t, e, 1)
+	e.pools.pause.Store(int64(time.Hour))
+	if _, err := e.Create(context.Background(), spec(), "root"); err != nil {
+		t.Fatal(err)
+	}
+	if e.pools.fillOne(context.Background()) {
+		t.Fatal("a pool started a sandbox right after a claim")
+	}
+	e.pools.claimedAt.Store(0) // the pause is over
+	e.pools.poke()
+	waitPoolReady(t, e, 1)
+}
