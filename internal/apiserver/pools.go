@@ -39,8 +39,10 @@ func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1
 	if err := sandboxspec.Normalize(spec, lim, backends); err != nil {
 		return nil, err
 	}
-	if err := h.s.checkImage(spec.Image, p.Project); err != nil {
-		return nil, err
+	if m.Size > 0 { // a pool is removed also when its image is gone
+		if err := h.s.checkImage(spec.Image, p.Project); err != nil {
+			return nil, err
+		}
 	}
 	nodes := h.s.poolsOnEveryEdge(func(edge edgev1connect.EdgeServiceClient) ([]*imagev1.Pool, error) {
 		resp, err := edge.SetPool(ctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: proto.Clone(spec).(*sandboxv1.SandboxSpec), Project: p.Project, Size: m.Size}))

@@ -29,8 +29,9 @@ import (
 )
 
 // Warm pools [ours; issue 28]: a node keeps sandboxes of an image and
-// shape started ahead of any create (Config.Pools); a create of that
-// image and shape, without a network, claims one (sandbox/claim.go)
+// shape started ahead of any create (Config.Pools, or SetPool:
+// poolset.go); a create of that image and shape, with a network if the
+// pool's have one, claims one (sandbox/claim.go)
 // instead of starting one, and the pool starts another in the
 // background. A pool's sandboxes are not the registry's: no call finds
 // them, and the node's admission does not count them; the pool fills only
@@ -88,8 +89,11 @@ type pools struct {
 	// the node keeps in its state (poolset.go). wants is the result; an
 	// entry is replaced, never changed, so the loop may hold one.
 	flags     []*poolWant
-	overrides map[string]*poolWant // by identity; size 0 removes
+	overrides map[string]*poolWant // by identity; size 0 removes a flag's
 	wants     []*poolWant
+	// unloadable are settings of pools.json this start could not apply
+	// (a backend or limit changed): written back with the others.
+	unloadable []savedPool
 }
 
 // heldBy is a pool sandbox's key and what it holds of the node.
@@ -371,7 +375,9 @@ func (p *pools) checkHealth(now time.Time, wg *sync.WaitGroup) {
 	p.mu.Unlock()
 	for _, sb := range ready {
 		sb.CheckHealth(now, wg, p.e.snaps)
-		if sb.View().State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
+		// A create may have claimed it since the list was made: then it
+		// is the node's, whose health loop has it, failed or not.
+		if v := sb.View(); v.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || v.Project != poolProject {
 			continue
 		}
 		p.drop(sb)

@@ -2,7 +2,9 @@ package edge
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -319,6 +321,23 @@ func TestSetPoolOverridesFlagsAndIsKept(t *testing.T) {
 	}
 	if got := e.ListPools(); len(got) != 1 {
 		t.Fatalf("refused settings changed the pools: %v", got)
+	}
+	// Removing a pool only the API set leaves no entry behind (a flag's
+	// pool of it added later is not hidden), also when its image is gone.
+	gone := &sandboxv1.SandboxSpec{Image: "root/gone:1", Backend: "fake", Resources: spec().Resources}
+	if _, err := e.SetPool(gone, "root", 0); err != nil {
+		t.Fatalf("removing a pool of an image that is gone: %v", err)
+	}
+	if _, err := e.SetPool(bigger, "root", 0); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(f.edge.cfg.StateDir, poolsFile))
+	var saved []savedPool
+	if err == nil {
+		err = json.Unmarshal(data, &saved)
+	}
+	if err != nil || len(saved) != 1 || saved[0].Size != 0 {
+		t.Fatalf("%s after removing the API's own pool: %s (%v); want only the flag pool's removal", poolsFile, data, err)
 	}
 }
 

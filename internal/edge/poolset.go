@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -101,20 +102,28 @@ func (p *pools) set(c Pool) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := w.resolve(p.e); err != nil {
-		return err
+	if w.Size > 0 { // a pool is removed also when its image is gone
+		if _, _, err := w.resolve(p.e); err != nil {
+			return err
+		}
 	}
 	if p.draining.Load() {
 		return errdefs.Unavailable("the node's pools are being drained")
 	}
 	p.mu.Lock()
-	prev, had := p.overrides[w.identity()]
-	p.overrides[w.identity()] = w
+	id := w.identity()
+	prev, had := p.overrides[id]
+	p.overrides[id] = w
+	if w.Size == 0 && !p.hasFlagLocked(id) {
+		// Nothing to hide: no entry, so a flag's pool added later is not
+		// hidden by this removal.
+		delete(p.overrides, id)
+	}
 	if err := p.saveOverridesLocked(); err != nil {
 		if had {
-			p.overrides[w.identity()] = prev
+			p.overrides[id] = prev
 		} else {
-			delete(p.overrides, w.identity())
+			delete(p.overrides, id)
 		}
 		p.mu.Unlock()
 		return fmt.Errorf("keep the pool's setting: %w", err)
@@ -126,17 +135,27 @@ func (p *pools) set(c Pool) error {
 	return nil
 }
 
+// hasFlagLocked reports whether a flag's pool has identity id. Callers
+// hold p.mu.
+func (p *pools) hasFlagLocked(id string) bool {
+	for _, f := range p.flags {
+		if f.identity() == id {
+			return true
+		}
+	}
+	return false
+}
+
 // list is the pools wanted now, with how many of each are ready.
 func (p *pools) list() []*imagev1.Pool {
 	wants := p.wantsNow()
 	keys := make([]string, len(wants))
+	unresolved := make([]string, len(wants))
 	for i, w := range wants {
 		if _, key, err := w.resolve(p.e); err == nil {
 			keys[i] = key
 		} else {
-			p.mu.Lock()
-			w.lastErr = err.Error()
-			p.mu.Unlock()
+			unresolved[i] = "its image does not resolve: " + errdefs.Clip(err.Error(), 300)
 		}
 	}
 	p.mu.Lock()
@@ -144,7 +163,7 @@ func (p *pools) list() []*imagev1.Pool {
 	out := make([]*imagev1.Pool, 0, len(wants))
 	for i, w := range wants {
 		r := w.Spec.Resources
-		note := w.skipped
+		note := cmp.Or(unresolved[i], w.skipped)
 		if note == "" && w.lastErr != "" {
 			note = "its last start failed: " + errdefs.Clip(w.lastErr, 300)
 		}
@@ -173,11 +192,16 @@ func (p *pools) loadOverrides() (map[string]*poolWant, error) {
 		if err := protojson.Unmarshal(s.Spec, spec); err != nil {
 			return nil, fmt.Errorf("pools: %s, setting %d: %w", poolsFile, i+1, err)
 		}
+		if s.Size < 0 || s.Size > maxPoolSize {
+			return nil, fmt.Errorf("pools: %s, setting %d: size %d: want 0 to %d", poolsFile, i+1, s.Size, maxPoolSize)
+		}
 		w, err := p.normalize(Pool{Spec: spec, Project: s.Project, Size: s.Size}, "api")
 		if err != nil {
 			// A backend or limit of the node changed since: the setting
-			// stays in the file and is said, not applied.
+			// stays in the file (written back with the others) and is
+			// said, not applied.
 			p.e.log.Warn("a pool set through the API is not applied", logging.Image, spec.Image, logging.Error, err)
+			p.unloadable = append(p.unloadable, s)
 			continue
 		}
 		out[w.identity()] = w
@@ -192,7 +216,8 @@ func (p *pools) saveOverridesLocked() error {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	saved := make([]savedPool, 0, len(ids))
+	saved := make([]savedPool, 0, len(ids)+len(p.unloadable))
+	saved = append(saved, p.unloadable...)
 	for _, id := range ids {
 		w := p.overrides[id]
 		spec, err := protojson.Marshal(w.Spec)
@@ -215,7 +240,7 @@ func (e *Edge) SetPool(spec *sandboxv1.SandboxSpec, project string, size int) ([
 	if spec == nil {
 		return nil, errdefs.InvalidArgument("spec: missing")
 	}
-	if spec.Network != nil && e.net == nil {
+	if spec.Network != nil && e.net == nil && size > 0 {
 		return nil, errdefs.FailedPrecondition("spec.network: node %s runs without sandbox networking (%s); set the pool without a network", e.node, e.netOff)
 	}
 	if err := e.pools.set(Pool{Spec: spec, Project: project, Size: size}); err != nil {

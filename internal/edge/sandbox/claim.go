@@ -10,6 +10,8 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/records"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/image"
+	"github.com/opendsec/opendsec/internal/logging"
+	"github.com/opendsec/opendsec/internal/netpolicy"
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
@@ -75,8 +77,19 @@ func (sb *Sandbox) Claim(ctx context.Context, spec *sandboxv1.SandboxSpec, proje
 		err = admit()
 	}
 	if err != nil {
+		saved := err
 		*sb.rec, sb.proj = pooled, pooledProj
-		return err
+		if err := sb.save(); err != nil { // the pool's again, on disk too
+			sb.log.Warn("record a pooled sandbox's failed claim", logging.Error, err)
+		}
+		if spec.Network != nil && sb.net != nil {
+			// Still the pool's, to be removed: with nothing let out
+			// until then, not its claimer's policy.
+			if err := sb.nodeNet.Update(context.WithoutCancel(ctx), sb.net, netpolicy.Policy{}); err != nil {
+				sb.log.Warn("put a pooled sandbox's deny-all policy back after a failed claim", logging.Error, err)
+			}
+		}
+		return saved
 	}
 	sb.host = host
 	// What it used and did while it waited in the pool is nobody's.
