@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 )
 
@@ -22,20 +24,24 @@ func (sb *Sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) 
 	if err != nil {
 		return err
 	}
-	if sb.net != nil {
-		bspec.NetNS = sb.net.NetNS
-		if err := sb.nodeNet.Reset(ctx, sb.net); err != nil {
-			return err
+	restore := func() (*backend.Handle, error) {
+		if sb.net != nil {
+			bspec.NetNS = sb.net.NetNS
+			if err := sb.nodeNet.Reset(ctx, sb.net); err != nil {
+				return nil, err
+			}
 		}
+		return sn.Restore(ctx, ref, bspec)
 	}
-	h, err := sn.Restore(ctx, ref, bspec)
-	if err != nil && ctx.Err() == nil {
+	h, err := restore()
+	if err != nil && ctx.Err() == nil && mayPassOnRetry(err) {
 		// The checkpoint is intact and a backend's failed restore leaves
-		// nothing behind, so one more try before the sandbox is failed: a
-		// starved host's runsc once exited 128 on a source's restore after
-		// its fork, and the source was lost with it.
+		// nothing behind, so one more try (its network set up again, as a
+		// runtime may have taken the address over) before the sandbox is
+		// failed: a starved host's runsc once exited 128 on a source's
+		// restore after its fork, and the source was lost with it.
 		sb.log.Warn("restore in place failed; trying once more", logging.Error, err)
-		h, err = sn.Restore(ctx, ref, bspec)
+		h, err = restore()
 	}
 	if err != nil {
 		return err
@@ -47,4 +53,15 @@ func (sb *Sandbox) restoreInPlace(ctx context.Context, ref backend.SnapshotRef) 
 	wait, cancel := context.WithTimeout(ctx, sb.agentTimeout)
 	defer cancel()
 	return agentReady(sb)(wait)
+}
+
+// mayPassOnRetry is false for the errors a second try would meet again
+// (a snapshot or bundle that is not there, one this node cannot restore).
+func mayPassOnRetry(err error) bool {
+	for _, class := range []error{errdefs.ErrNotFound, errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument, errdefs.ErrUnsupported, errdefs.ErrPermissionDenied} {
+		if errors.Is(err, class) {
+			return false
+		}
+	}
+	return true
 }

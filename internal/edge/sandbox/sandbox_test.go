@@ -274,3 +274,18 @@ func TestClaimNetworkAppliesTheCreatesPolicy(t *testing.T) {
 		t.Fatalf("a claim of a sandbox without an attachment: %v", err)
 	}
 }
+
+func TestMayPassOnRetry(t *testing.T) {
+	for err, want := range map[error]bool{
+		errors.New("runsc restore: exit status 128"):       true,
+		errdefs.Unavailable("agent did not come back"):     true,
+		errdefs.ResourceExhausted("no memory now"):         true,
+		errdefs.NotFound("snapshot gone"):                  false,
+		errdefs.FailedPrecondition("another runtime"):      false,
+		errdefs.Unsupported("a network this runsc cannot"): false,
+	} {
+		if got := mayPassOnRetry(err); got != want {
+			t.Errorf("mayPassOnRetry(%v) = %v, want %v", err, got, want)
+		}
+	}
+}
