@@ -31,8 +31,9 @@ type tlsLayer struct {
 	closed    chan struct{}
 	closeMu   sync.Once
 
-	mu   sync.Mutex
-	live map[*peekedConn]struct{} // Raft's accepted connections not yet closed
+	mu       sync.Mutex
+	live     map[*peekedConn]struct{} // Raft's accepted connections not yet closed
+	draining bool                     // drain began: Accept hands Raft no more
 }
 
 var _ raft.StreamLayer = (*tlsLayer)(nil)
@@ -92,8 +93,15 @@ func (l *tlsLayer) sort(c net.Conn) {
 func (l *tlsLayer) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.raftIn:
+		pc := c.(*peekedConn)
 		l.mu.Lock()
-		l.live[c.(*peekedConn)] = struct{}{}
+		if l.draining {
+			l.mu.Unlock()
+			// Taken after drain began: not Raft's to handle.
+			pc.Conn.Close()
+			return nil, net.ErrClosed
+		}
+		l.live[pc] = struct{}{}
 		l.mu.Unlock()
 		return c, nil
 	case <-l.closed:
@@ -109,12 +117,18 @@ func (l *tlsLayer) Accept() (net.Conn, error) {
 // connections were still held at the timeout.
 func (l *tlsLayer) drain(timeout time.Duration) int {
 	l.mu.Lock()
+	l.draining = true
+	live := make([]*peekedConn, 0, len(l.live))
 	for c := range l.live {
-		// The socket, not the wrapper: a handler blocked in a read fails,
-		// returns, and closes the wrapper, which is what is waited for.
-		c.Conn.Close()
+		live = append(live, c)
 	}
 	l.mu.Unlock()
+	for _, c := range live {
+		// The socket, not the wrapper: a handler blocked in a read fails,
+		// returns, and closes the wrapper, which is what is waited for.
+		// (Outside the lock: a TLS close may wait on its write.)
+		c.Conn.Close()
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		l.mu.Lock()

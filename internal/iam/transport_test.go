@@ -50,3 +50,21 @@ func TestDrainGivesUpAtItsTimeout(t *testing.T) {
 		t.Fatalf("drain reported %d held connections, want 1", n)
 	}
 }
+
+// A connection Accept takes after drain began is closed, not handed to
+// Raft: drain would otherwise wait its whole timeout for it.
+func TestAcceptAfterDrainHandsRaftNothing(t *testing.T) {
+	l := &tlsLayer{raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}}
+	if n := l.drain(time.Second); n != 0 {
+		t.Fatalf("drain of nothing: %d", n)
+	}
+	a, b := net.Pipe()
+	defer b.Close()
+	go func() { l.raftIn <- &peekedConn{Conn: a, r: bufio.NewReader(a), layer: l} }()
+	if c, err := l.Accept(); err == nil {
+		t.Fatalf("Accept after drain handed Raft %v", c)
+	}
+	if len(l.live) != 0 {
+		t.Fatalf("%d connections tracked after drain", len(l.live))
+	}
+}
