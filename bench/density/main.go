@@ -1,5 +1,6 @@
 // Command density bursts many small container sandboxes (0.1 core, 64 MiB
-// each) onto one edge of this machine, with the CPU overcommit a dense
+// each) onto one edge of this machine (or -edges of them, as `dsec up
+// --edges` runs them), with the CPU overcommit a dense
 // node needs, and reports failures, creates per second and host memory per
 // sandbox (MemAvailable before and after, over the count), side by side
 // with the same burst of bare `crun run` containers (busybox sleeping, no
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
@@ -22,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -49,11 +52,17 @@ func main() {
 	mutexProfile := flag.String("mutexprofile", "", "write a profile of lock contention during the burst to this file")
 	network := flag.Bool("network", false, "give every sandbox a network interface (default deny), as the issue's second goal measures")
 	pool := flag.Int("pool", 0, "keep a warm pool of this many sandboxes of the burst's image and shape on the edge, full before the burst (0: none)")
+	disk := flag.Int64("disk", 64, "each sandbox's disk_mb, 16 or more (the node admits against its disk: 64 MiB each fits some 850 on this machine's 55 GiB free)")
+	edgeCount := flag.Int("edges", 1, "edges of the cluster, on this machine (the seed's burst went to two)")
 	plot := flag.String("plot", "density.png", "write a plot of creates over time, ours and bare crun's, to this PNG (\"\": none)")
 	flag.Parse()
-	withNetwork, plotPath, poolSize = *network, *plot, *pool
+	withNetwork, plotPath, poolSize, edges, diskMB = *network, *plot, *pool, max(*edgeCount, 1), *disk
 	profile, lockProfile = *cpuProfile, *mutexProfile
-	if err := run(context.Background(), *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
+	// Interrupted, the burst stops and what it made is still removed:
+	// a killed run leaves its sandboxes' agents, mounts and cgroups.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *store, *img, *n, *raw, *par, *over, *memOver, *agent); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -64,8 +73,9 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	c, err := benchcluster.Start(ctx, storeDir, agent, be, func(cfg *embed.Config) {
 		cfg.Capacity = capacity.Host(over, memOver)
 		cfg.Capacity.MaxSandboxes = int64(n+poolSize) + 16
+		cfg.Edges = edges
 		if poolSize > 0 {
-			cfg.Pools = []edge.Pool{{Spec: &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}, Project: "root", Size: poolSize}}
+			cfg.Pools = []edge.Pool{{Spec: &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: diskMB}}, Project: "root", Size: poolSize}}
 		}
 		if withNetwork {
 			cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{"127.0.0.1:53"}}
@@ -75,13 +85,15 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		return err
 	}
 	defer c.Close()
-	defer c.Edge.DrainPools(ctx)
+	for _, e := range c.Edges {
+		defer e.DrainPools(ctx)
+	}
 	cl, err := client.New(c.APIURL, benchstat.EnvValue(c.ClientEnv, "DSEC_API_KEY"))
 	if err != nil {
 		return err
 	}
 	spec := func() *sandboxv1.SandboxSpec {
-		s := &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: 64}}
+		s := &sandboxv1.SandboxSpec{Backend: "container", Image: imgName, Resources: &sandboxv1.Resources{CpuCores: 0.1, MemoryMb: 64, DiskMb: diskMB}}
 		if withNetwork {
 			s.Network = &sandboxv1.NetworkPolicy{}
 		}
@@ -92,9 +104,11 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		return err
 	}
 	warm.Stop(ctx) //nolint:errcheck // a warm-up
-	for deadline := time.Now().Add(10 * time.Minute); c.Edge.PoolReady() < poolSize; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the warm pool did not fill (%d of %d)", c.Edge.PoolReady(), poolSize)
+	for _, e := range c.Edges {
+		for deadline := time.Now().Add(10 * time.Minute); e.PoolReady() < poolSize; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the warm pool did not fill (%d of %d)", e.PoolReady(), poolSize)
+			}
 		}
 	}
 	before := memAvailableMB()
@@ -144,7 +158,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	for _, sb := range made {
 		stopWG.Add(1)
 		sem <- struct{}{}
-		go func() { defer stopWG.Done(); defer func() { <-sem }(); sb.Stop(ctx) }() //nolint:errcheck // cleanup
+		go func() { defer stopWG.Done(); defer func() { <-sem }(); sb.Stop(context.WithoutCancel(ctx)) }() //nolint:errcheck // cleanup
 	}
 	stopWG.Wait()
 
@@ -157,7 +171,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		}
 	}
 	host, _ := os.Hostname()
-	fmt.Printf("density: %d container sandboxes (0.1 core, 64 MiB, 64 MiB disk) onto one edge, %d at a time, overcommit cpu %g, memory %g (machine %s)\n", n, par, over, memOver, host)
+	fmt.Printf("density: %d container sandboxes (0.1 core, 64 MiB, %d MiB disk) onto %d edge(s), %d at a time, overcommit cpu %g, memory %g (machine %s)\n", n, diskMB, edges, par, over, memOver, host)
 	fmt.Printf("%-40s %10s %12s %16s\n", "", "made", "creates/s", "host MiB/sandbox")
 	label := "ours (crun + agent, full path)"
 	switch {
@@ -174,6 +188,14 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		}
 		fmt.Printf("%-40s %10d %12.1f %s\n", "bare crun run (busybox sleep)", raw, rawRate, mem)
 		fmt.Printf("ratio ours/bare: creates/s %.2fx\n", float64(ours)/took.Seconds()/rawRate)
+	}
+	if edges > 1 {
+		perEdge := map[string]int{}
+		for _, sb := range made {
+			node, _, _ := strings.Cut(sb.ID, "-")
+			perEdge[node]++
+		}
+		fmt.Printf("per edge: %v; the burst took %s\n", perEdge, took.Round(100*time.Millisecond))
 	}
 	fmt.Printf("failures: %d", failed.Load())
 	if firstErr != nil {
@@ -313,6 +335,12 @@ var plotPath string
 
 // poolSize is the -pool flag: a warm pool of the burst's spec (0: none).
 var poolSize int
+
+// edges is the -edges flag: the cluster's edges, all on this machine.
+var edges int
+
+// diskMB is the -disk flag: each sandbox's disk_mb.
+var diskMB int64
 
 // profile and lockProfile are where -cpuprofile and -mutexprofile
 // write; "" for none.
