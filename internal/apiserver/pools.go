@@ -17,9 +17,6 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
-// maxPoolSize bounds one pool on one node (internal/edge's bound too).
-const maxPoolSize = 1024
-
 // SetPool sets a warm pool on every node. An operator's call (root admin
 // keys): a pool's sandboxes run on every node and no quota counts them.
 func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1.SetPoolRequest]) (*connect.Response[imagev1.SetPoolResponse], error) {
@@ -28,8 +25,8 @@ func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1
 		return nil, err
 	}
 	m := req.Msg
-	if m.Size < 0 || m.Size > maxPoolSize {
-		return nil, errdefs.InvalidArgument("size %d: want 0 (remove the pool) to %d sandboxes per node", m.Size, maxPoolSize)
+	if m.Size < 0 || m.Size > sandboxspec.MaxPoolSize {
+		return nil, errdefs.InvalidArgument("size %d: want 0 (remove the pool) to %d sandboxes per node", m.Size, sandboxspec.MaxPoolSize)
 	}
 	spec := &sandboxv1.SandboxSpec{Backend: m.Backend, Image: m.Name, Resources: &sandboxv1.Resources{CpuCores: m.CpuCores, MemoryMb: m.MemoryMb, DiskMb: m.DiskMb, Pids: m.Pids, OpenFiles: m.OpenFiles}}
 	if m.Network {

@@ -269,9 +269,6 @@ func (p *pools) all() []*sandbox.Sandbox {
 // take gives a ready sandbox of key out of its pool (the oldest), or nil,
 // for claim.
 func (p *pools) take(key string) *sandbox.Sandbox {
-	if key == "" {
-		return nil
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	list := p.ready[key]
@@ -377,11 +374,12 @@ func (p *pools) checkHealth(now time.Time, wg *sync.WaitGroup) {
 		sb.CheckHealth(now, wg, p.e.snaps)
 		// A create may have claimed it since the list was made: then it
 		// is the node's, whose health loop has it, failed or not.
-		if v := sb.View(); v.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || v.Project != poolProject {
+		v := sb.View()
+		if v.State != sandboxv1.SandboxState_SANDBOX_STATE_FAILED || v.Project != poolProject {
 			continue
 		}
 		p.drop(sb)
-		p.e.log.Warn("pool sandbox failed while it waited; removed", logging.SandboxID, sb.ID(), "reason", sb.View().Message)
+		p.e.log.Warn("pool sandbox failed while it waited; removed", logging.SandboxID, sb.ID(), "reason", v.Message)
 		p.removeLater(context.Background(), sb)
 		p.poke()
 	}
@@ -649,7 +647,7 @@ func ParsePool(s string) (Pool, error) {
 }
 
 // maxPoolSize bounds one pool (each of its sandboxes runs).
-const maxPoolSize = 1024
+const maxPoolSize = sandboxspec.MaxPoolSize
 
 // DrainPools stops the node's warm pools and removes their sandboxes,
 // for good (the next start of the edge fills its pools again).

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"cmp"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"sort"
 
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
@@ -39,10 +37,11 @@ type savedPool struct {
 	Spec    json.RawMessage `json:"spec"` // a SandboxSpec, protojson
 }
 
-// identity is what makes two settings the same pool.
+// identity is what makes two settings the same pool: its project, and
+// its pool key with the image's name as written in place of the digest
+// the name resolves to.
 func (w *poolWant) identity() string {
-	shape, _ := proto.MarshalOptions{Deterministic: true}.Marshal(w.Spec.Resources)
-	return fmt.Sprintf("%s|%s|%s|%s|net=%v", w.Project, w.Spec.Image, w.Spec.Backend, hex.EncodeToString(shape), w.Spec.Network != nil)
+	return w.Project + "|" + poolKey(w.Spec, w.Spec.Image)
 }
 
 // rebuildLocked makes wants from the flags' pools and the overrides,

@@ -45,6 +45,10 @@ func DefaultLimits() Limits {
 // (the API, an edge, the E2B gateway).
 const MaxForkCount = 100
 
+// MaxPoolSize bounds one warm pool on one node (each of its sandboxes
+// runs), wherever it is set (the API, an edge's flag or state).
+const MaxPoolSize = 1024
+
 // Bounds of the small fields.
 const (
 	MinCPUCores   = 0.1

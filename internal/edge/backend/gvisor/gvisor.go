@@ -290,11 +290,7 @@ func lastConsoleLine(path string, offset int64) string {
 		return ""
 	}
 	lines := strings.Split(strings.TrimSpace(string(data[offset:])), "\n")
-	last := strings.TrimSpace(lines[len(lines)-1])
-	if len(last) > 2048 {
-		last = last[:2048] + "..."
-	}
-	return last
+	return errdefs.Clip(strings.TrimSpace(lines[len(lines)-1]), 2048)
 }
 
 // lastLogError returns the message of runsc's last error log line.
@@ -312,10 +308,7 @@ func lastLogError(path string) string {
 			last = rec.Msg
 		}
 	}
-	if len(last) > 2048 {
-		last = last[:2048] + "..."
-	}
-	return last
+	return errdefs.Clip(last, 2048)
 }
 
 func (b *Backend) logFile(dir string) string { return filepath.Join(dir, "runsc.log") }
