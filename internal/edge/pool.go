@@ -232,12 +232,7 @@ func (p *pools) has(id sandboxid.ID) bool {
 // tag moved to another digest, or a pool was made smaller), the oldest
 // first.
 func (p *pools) trim(ctx context.Context) {
-	want := map[string]int{}
-	for _, w := range p.wantsNow() {
-		if _, key, err := w.resolve(p.e); err == nil && p.skipped(w) == "" {
-			want[key] += w.Size
-		}
-	}
+	want := p.sizeByKey()
 	var extra []*sandbox.Sandbox
 	p.mu.Lock()
 	for key, list := range p.ready {
@@ -253,6 +248,20 @@ func (p *pools) trim(ctx context.Context) {
 		p.e.log.Info("pool sandbox removed: no pool wants it any more", logging.SandboxID, sb.ID())
 		p.remove(ctx, sb)
 	}
+}
+
+// sizeByKey is how many sandboxes the node keeps of each pool key. Two
+// pools whose images resolve to one digest, of one shape (py:3.11 and
+// py:latest), share their sandboxes: a create of either claims them, so
+// the node keeps the sum of their sizes.
+func (p *pools) sizeByKey() map[string]int {
+	want := map[string]int{}
+	for _, w := range p.wantsNow() {
+		if _, key, err := w.resolve(p.e); err == nil && p.skipped(w) == "" {
+			want[key] += w.Size
+		}
+	}
+	return want
 }
 
 // all is every pool sandbox, ready or starting.
@@ -448,6 +457,7 @@ func (p *pools) fillOne(ctx context.Context) bool {
 	if p.draining.Load() || time.Since(time.Unix(0, p.claimedAt.Load())) < time.Duration(p.pause.Load()) {
 		return false
 	}
+	sizes := p.sizeByKey()
 	for _, w := range p.wantsNow() {
 		be, err := p.e.backends.get(w.Spec.Backend)
 		if err != nil {
@@ -483,7 +493,7 @@ func (p *pools) fillOne(ctx context.Context) bool {
 			}
 		}
 		p.mu.Unlock()
-		if have >= w.Size || !p.room(w.Spec.Resources) {
+		if have >= sizes[key] || !p.room(w.Spec.Resources) {
 			continue
 		}
 		if err := p.start(ctx, w.Spec, key, im, be); err != nil {

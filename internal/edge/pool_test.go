@@ -15,6 +15,7 @@ import (
 
 	agentv1 "github.com/opendsec/opendsec/api/gen/opendsec/agent/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
+	"github.com/opendsec/opendsec/internal/image"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -395,4 +396,46 @@ func TestPoolRefillWaitsAfterAClaim(t *testing.T) {
 	e.pools.claimedAt.Store(0) // the pause is over
 	e.pools.poke()
 	waitPoolReady(t, e, 1)
+}
+
+// Two pools whose tags name one digest, of one shape, share their
+// sandboxes: the node keeps the sum of their sizes, a create of either
+// claims from them, and each pool says it shares.
+func TestPoolsOfOneDigestShareTheirSandboxes(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	f.edge.Close()
+	tiny, err := f.store.Resolve(mustRef(t, "root/tiny:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.Tag(mustRef(t, "root/tiny:latest"), tiny.Digest); err != nil {
+		t.Fatal(err)
+	}
+	latest := spec()
+	latest.Image = "root/tiny:latest"
+	f.pools = []Pool{{Spec: spec(), Project: "root", Size: 1}, {Spec: latest, Project: "root", Size: 2}}
+	e := f.open(t, smallCapacity())
+	waitPoolReady(t, e, 3)
+	time.Sleep(300 * time.Millisecond) // a fill past the sum would show now
+	if n := e.pools.heldUsage().Sandboxes; n != 3 {
+		t.Fatalf("two pools of sizes 1 and 2 over one digest hold %d sandboxes, want 3", n)
+	}
+	for _, p := range e.ListPools() {
+		if p.Ready != 3 || !strings.Contains(p.Note, "shares its sandboxes with the pools of") {
+			t.Errorf("pool %s: ready %d, note %q; want the 3 shared and a note saying so", p.Image, p.Ready, p.Note)
+		}
+	}
+	if _, err := e.Create(context.Background(), latest, "root"); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolReady(t, e, 3)
+}
+
+func mustRef(t *testing.T, s string) image.Ref {
+	t.Helper()
+	r, err := image.ParseRef(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

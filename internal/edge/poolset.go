@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -157,6 +158,12 @@ func (p *pools) list() []*imagev1.Pool {
 			unresolved[i] = "its image does not resolve: " + errdefs.Clip(err.Error(), 300)
 		}
 	}
+	sharers := map[string][]string{} // pool key → the images of the pools of it
+	for i, w := range wants {
+		if keys[i] != "" {
+			sharers[keys[i]] = append(sharers[keys[i]], w.Spec.Image)
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]*imagev1.Pool, 0, len(wants))
@@ -165,6 +172,10 @@ func (p *pools) list() []*imagev1.Pool {
 		note := cmp.Or(unresolved[i], w.skipped)
 		if note == "" && w.lastErr != "" {
 			note = "its last start failed: " + errdefs.Clip(w.lastErr, 300)
+		}
+		if s := sharers[keys[i]]; note == "" && len(s) > 1 {
+			// READY counts the sandboxes they share, not its own.
+			note = "shares its sandboxes with the pools of " + strings.Join(others(s, w.Spec.Image), ", ") + " (one digest, one shape)"
 		}
 		out = append(out, &imagev1.Pool{Image: w.Spec.Image, Project: w.Project, Backend: w.Spec.Backend, CpuCores: r.CpuCores, MemoryMb: r.MemoryMb, DiskMb: r.DiskMb, Pids: r.Pids, OpenFiles: r.OpenFiles, Network: w.Spec.Network != nil,
 			Size: int32(w.Size), Ready: int32(len(p.ready[keys[i]])), Source: w.source, Note: note})
@@ -252,3 +263,17 @@ func (e *Edge) SetPool(spec *sandboxv1.SandboxSpec, project string, size int) ([
 
 // ListPools is the node's warm pools and how many of each are ready.
 func (e *Edge) ListPools() []*imagev1.Pool { return e.pools.list() }
+
+// others is list without one occurrence of self.
+func others(list []string, self string) []string {
+	out := make([]string, 0, len(list))
+	skipped := false
+	for _, s := range list {
+		if s == self && !skipped {
+			skipped = true
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
