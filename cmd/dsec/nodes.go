@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -42,10 +44,16 @@ func cmdNodes(ctx context.Context, _ []string) error {
 		}
 		sort.Strings(bs)
 		a, cp := n.GetAllocated(), n.GetCapacity()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%g/%g\t%d/%d\t%s\n", n.Id, n.Address, health, orDash(n.Version), orDash(n.Cgroup),
-			a.GetSandboxes(), cp.GetSandboxes(), a.GetCpuCores(), cp.GetCpuCores(), a.GetMemoryMb(), cp.GetMemoryMb(), strings.Join(bs, ", "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s/%s\t%d/%d\t%s\n", n.Id, n.Address, health, orDash(n.Version), orDash(n.Cgroup),
+			a.GetSandboxes(), cp.GetSandboxes(), cores(a.GetCpuCores()), cores(cp.GetCpuCores()), a.GetMemoryMb(), cp.GetMemoryMb(), strings.Join(bs, ", "))
 	}
 	return tw.Flush()
+}
+
+// cores prints a CPU figure to the hundredth of a core: sums of
+// fractional allocations carry float noise (127.999999999997).
+func cores(v float64) string {
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
 }
 
 // orDash is s, or "-" when it is empty (a column with nothing to say).

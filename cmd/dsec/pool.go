@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"text/tabwriter"
 
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
@@ -90,7 +89,7 @@ func printPools(nodes []*imagev1.NodePools) error {
 			fmt.Fprintf(w, "%s\t(no pools)\t\t\t\t\t\t\t\t\t\n", n.Node)
 		}
 		for _, p := range n.Pools {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%dM\t%dM\t%v\t%d\t%d\t%s\t%s\n", n.Node, p.Image, p.Backend, strconv.FormatFloat(p.CpuCores, 'f', -1, 64), p.MemoryMb, p.DiskMb, p.Network, p.Size, p.Ready, p.Source, p.Note)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%dM\t%dM\t%v\t%d\t%d\t%s\t%s\n", n.Node, p.Image, p.Backend, cores(p.CpuCores), p.MemoryMb, p.DiskMb, p.Network, p.Size, p.Ready, p.Source, p.Note)
 		}
 	}
 	if err := w.Flush(); err != nil {
