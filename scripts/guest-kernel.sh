@@ -10,7 +10,7 @@ set -eu
 dir=${1:-.cache/guest}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-mods="virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport failover net_failover virtio_net libcrc32c erofs"
+mods="virtio_ring virtio virtio_mmio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console virtio_blk overlay vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport failover net_failover virtio_net libcrc32c erofs"
 if [ -s "$dir/vmlinux" ] && [ -s "$dir/release" ] && [ "$(cat "$dir/modules.list" 2>/dev/null)" = "$mods" ]; then
 	exit 0
 fi

@@ -23,7 +23,8 @@ import (
 
 // Capabilities are what a backend can do, fixed per backend.
 type Capabilities struct {
-	// Isolation names the boundary: "container", "gvisor" or "microvm".
+	// Isolation names the boundary: "container", "gvisor", "microvm" or
+	// "vm".
 	Isolation string
 	Pause     bool
 	// Snapshot means memory snapshots (and so fork) work on this node.

@@ -280,7 +280,7 @@ func testPause(t *testing.T, newBackend Factory, env Env) {
 	}
 	// A VM's whole kernel stops with it, its clocks too: from inside, a
 	// pause leaves no gap; its uptime falls behind the node's instead.
-	vm := b.Capabilities().Isolation == "microvm"
+	vm := b.Capabilities().Isolation == "microvm" || b.Capabilities().Isolation == "vm"
 	var upBefore float64
 	var readBefore time.Time
 	if vm {

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -31,15 +32,24 @@ import (
 // Name is the backend's name.
 const Name = "microvm"
 
+// VMName is the vm backend's name (internal/edge/backend/vm), which runs
+// this backend's machinery on the q35 machine.
+const VMName = "vm"
+
 // MinMemoryMB is the least guest memory a microVM sandbox runs in: the
 // guest kernel, dsec-vminit and the agent take about 60 MiB of it.
 const MinMemoryMB = 128
+
+// VMMinMemoryMB is the least guest memory of a vm sandbox: an image's
+// systemd and its services boot in it beside the agent.
+const VMMinMemoryMB = 256
 
 // Backend runs each sandbox in a QEMU microvm guest.
 //
 // Lock order: mu guards boxes and roots; it is never held over QEMU, mkfs
 // or QMP calls.
 type Backend struct {
+	name string // Name, or the vm backend's (NewOnMachine)
 	cfg  backend.Config
 	log  *slog.Logger
 	qemu *QEMU
@@ -115,18 +125,28 @@ type Options struct {
 
 // New makes the backend.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	return NewOnMachine(ctx, cfg, Name, MachineMicrovm)
+}
+
+// NewOnMachine makes a backend called name whose QEMU guests run on
+// machine (MachineQ35: the vm backend, whose guests run the image's own
+// init where it has one; internal/edge/backend/vm).
+func NewOnMachine(ctx context.Context, cfg backend.Config, name, machine string) (backend.Backend, error) {
 	var o Options
-	if err := backend.DecodeOptions(Name, cfg.Options, &o); err != nil {
+	if err := backend.DecodeOptions(name, cfg.Options, &o); err != nil {
 		return nil, err
 	}
-	q := &QEMU{Binary: o.QEMU, Kernel: filepath.Join(o.Guest, "vmlinux"), Modules: filepath.Join(o.Guest, "modules"), Init: o.Init}
+	q := &QEMU{Binary: o.QEMU, Kernel: filepath.Join(o.Guest, "vmlinux"), Modules: filepath.Join(o.Guest, "modules"), Init: o.Init, Machine: machine}
 	if q.Binary == "" {
 		q.Binary = "qemu-system-x86_64"
+	}
+	if o.Firecracker != "" && q.pci() {
+		return nil, errdefs.InvalidArgument("%s backend: option firecracker: Firecracker has no %s machine; the %s backend runs on QEMU only", name, machine, name)
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "roots"), 0o700); err != nil {
 		return nil, err
 	}
-	b := &Backend{cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, Name), qemu: q,
+	b := &Backend{name: name, cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, name), qemu: q,
 		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}
 	cg, err := oci.Cgroups(o.CgroupParent)
 	if err == nil {
@@ -155,7 +175,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 }
 
 // Name implements backend.Backend.
-func (b *Backend) Name() string { return Name }
+func (b *Backend) Name() string { return b.name }
 
 // Capabilities implements backend.Backend.
 func (b *Backend) Capabilities() backend.Capabilities {
@@ -170,7 +190,11 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	// A copy of a guest with a network takes its own address (Restore);
 	// on QEMU only: Firecracker's copies are unverified.
 	snapNet := b.booting() == vmm(b.qemu)
-	return backend.Capabilities{Isolation: "microvm", Pause: true, LinkBeforeAgent: true, Snapshot: true, SnapshotNetwork: snapNet, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: MinMemoryMB, AgentWait: wait}
+	isolation, minMemory := "microvm", int64(MinMemoryMB)
+	if b.qemu.pci() {
+		isolation, minMemory = "vm", VMMinMemoryMB
+	}
+	return backend.Capabilities{Isolation: isolation, Pause: true, LinkBeforeAgent: true, Snapshot: true, SnapshotNetwork: snapNet, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: minMemory, AgentWait: wait}
 }
 
 // tcgAgentWait is how long a guest under TCG is given to boot and answer:
@@ -204,7 +228,7 @@ func (b *Backend) Probe(ctx context.Context) error {
 		if keyErr == nil {
 			if res := b.cachedProbe(key); res != nil {
 				b.probe = res
-				b.log.Info("microvm probe boot: the answer of an earlier start of this boot, with the same parts", "driver", res.Driver, "accel", res.Accel, "boot", res.Boot.Round(time.Millisecond))
+				b.log.Info("probe boot: the answer of an earlier start of this boot, with the same parts", "driver", res.Driver, "accel", res.Accel, "boot", res.Boot.Round(time.Millisecond))
 				return
 			}
 		}
@@ -216,7 +240,7 @@ func (b *Backend) Probe(ctx context.Context) error {
 		defer os.RemoveAll(dir)
 		b.probe, b.probeErr = b.probeDrivers(ctx, dir)
 		if b.probeErr == nil {
-			b.log.Info("microvm probe boot", "driver", b.probe.Driver, "accel", b.probe.Accel, "boot", b.probe.Boot.Round(time.Millisecond), "not_used", b.probe.Skipped)
+			b.log.Info("probe boot", "machine", cmp.Or(b.qemu.Machine, MachineMicrovm), "driver", b.probe.Driver, "accel", b.probe.Accel, "boot", b.probe.Boot.Round(time.Millisecond), "not_used", b.probe.Skipped)
 			if keyErr == nil {
 				b.saveProbe(key, b.probe)
 			}
@@ -251,7 +275,7 @@ func (b *Backend) Describe() string {
 	if b.probe == nil {
 		return ""
 	}
-	d := fmt.Sprintf("%s microvm, %s (probe boot %s)", b.probe.Driver, b.probe.Accel, b.probe.Boot.Round(time.Millisecond))
+	d := fmt.Sprintf("%s %s, %s (probe boot %s)", b.probe.Driver, cmp.Or(b.qemu.Machine, MachineMicrovm), b.probe.Accel, b.probe.Boot.Round(time.Millisecond))
 	for _, s := range b.probe.Skipped {
 		if line, _, _ := strings.Cut(s, "\n"); line != "" {
 			d += "; not " + line
@@ -439,7 +463,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	b.mu.Lock()
 	b.boxes[spec.ID] = bx
 	b.mu.Unlock()
-	h := &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Restored: guest.Template != ""}
+	h := &backend.Handle{ID: spec.ID, Backend: b.name, Version: 1, State: state, Restored: guest.Template != ""}
 	if h.Restored {
 		h.Network = nic
 	}

@@ -99,15 +99,22 @@ func TestInitramfsHasFilesParentsAndConsole(t *testing.T) {
 // QEMU's microvm machine, the init loading the virtio modules and writing
 // its marker to the agent's virtio-serial port. On this machine KVM opens
 // but does not boot a stock kernel: the probe says so and uses TCG.
+// The q35 machine (the vm backend's) boots the same kernel through its
+// firmware, its virtio devices on PCI.
 func TestQEMUProbeBoot(t *testing.T) {
-	q := testQEMU(t)
-	res, err := q.Probe(context.Background(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("probe: %s with %s in %v; not used: %v", res.Driver, res.Accel, res.Boot, res.Skipped)
-	if res.Accel != "tcg" && res.Accel != "kvm" || res.Boot <= 0 {
-		t.Fatalf("probe result %+v", res)
+	for _, machine := range []string{MachineMicrovm, MachineQ35} {
+		t.Run(machine, func(t *testing.T) {
+			q := testQEMU(t)
+			q.Machine = machine
+			res, err := q.Probe(context.Background(), t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("probe: %s with %s in %v; not used: %v", res.Driver, res.Accel, res.Boot, res.Skipped)
+			if res.Accel != "tcg" && res.Accel != "kvm" || res.Boot <= 0 {
+				t.Fatalf("probe result %+v", res)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -32,7 +33,7 @@ func (b *Backend) probeKey() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	parts := []string{strings.TrimSpace(string(boot))}
+	parts := []string{strings.TrimSpace(string(boot)), "machine:" + cmp.Or(b.qemu.Machine, MachineMicrovm)}
 	bins := []string{b.qemu.Binary, b.qemu.Kernel, b.qemu.Init, b.qemu.Modules}
 	if b.fc != nil {
 		bins = append(bins, b.fc.Binary)

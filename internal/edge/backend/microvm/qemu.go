@@ -21,12 +21,56 @@ const VMInitMarker = "DSEC-VMINIT-UP"
 // erofs for roots shared through the image store (libcrc32c first).
 var ModuleOrder = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "overlay", "libcrc32c", "erofs"}
 
-// QEMU runs guests on QEMU's microvm machine.
+// PCIModules are the modules a guest on a PCI machine (q35) loads before
+// its virtio devices' drivers, in their load order after virtio.
+var PCIModules = []string{"virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci"}
+
+// Machines QEMU emulates for a guest.
+const (
+	// MachineMicrovm is QEMU's microvm: no PCI, no ACPI, no firmware;
+	// virtio devices on MMIO. The microvm backend's.
+	MachineMicrovm = "microvm"
+	// MachineQ35 is a full PC: firmware (SeaBIOS), ACPI, virtio devices
+	// on PCI (and so room for a host's PCI device). The vm backend's.
+	MachineQ35 = "q35"
+)
+
+// QEMU runs guests on one of QEMU's machines.
 type QEMU struct {
 	Binary  string // qemu-system-x86_64
 	Kernel  string // an uncompressed PVH vmlinux
 	Init    string // the static dsec-vminit
 	Modules string // directory of the guest kernel's .ko files
+	// Machine is MachineMicrovm ("" too) or MachineQ35.
+	Machine string
+}
+
+// pci says the guest's devices are on PCI.
+func (q *QEMU) pci() bool { return q.Machine == MachineQ35 }
+
+// moduleOrder is the order the guest loads its modules: the microvm's,
+// with the PCI transport after virtio on a PCI machine.
+func (q *QEMU) moduleOrder() []string {
+	if !q.pci() {
+		return ModuleOrder
+	}
+	out := make([]string, 0, len(ModuleOrder)+len(PCIModules))
+	for _, m := range ModuleOrder {
+		out = append(out, m)
+		if m == "virtio" {
+			out = append(out, PCIModules...)
+		}
+	}
+	return out
+}
+
+// device is QEMU's name of a virtio device of kind ("blk", "serial",
+// "net") on the guest's bus.
+func (q *QEMU) device(kind string) string {
+	if q.pci() {
+		return "virtio-" + kind + "-pci"
+	}
+	return "virtio-" + kind + "-device"
 }
 
 // Name implements Driver.
@@ -69,7 +113,7 @@ func (q *QEMU) writeInitramfs(dst string) error { return q.WriteInitramfs(dst, n
 
 // WriteInitramfs packs the init, the modules the kernel needs and extra.
 func (q *QEMU) WriteInitramfs(dst string, extra []InitFile) error {
-	return writeGuestInitramfs(dst, q.Init, q.Modules, ModuleOrder, extra)
+	return writeGuestInitramfs(dst, q.Init, q.Modules, q.moduleOrder(), extra)
 }
 
 // writeSandboxInitrd writes a booting sandbox guest's initramfs to dst:
@@ -170,6 +214,10 @@ func (q *QEMU) Args(g Guest) []string {
 		g.CPU = "max"
 	}
 	machine := "microvm,pit=on,pic=on,rtc=on"
+	if q.pci() {
+		// SeaBIOS, QEMU's default firmware, starts the kernel (PVH).
+		machine = "q35"
+	}
 	var mem []string
 	if g.MemFile != "" {
 		share := "off"
@@ -182,7 +230,7 @@ func (q *QEMU) Args(g Guest) []string {
 	args := []string{
 		"-M", machine, "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", fmt.Sprint(max(g.SMP, 1)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", KernelArgs(),
+		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", q.kernelArgs(),
 	}
 	if g.Console != "" {
 		args = append(args, "-serial", "file:"+g.Console)
@@ -190,19 +238,19 @@ func (q *QEMU) Args(g Guest) []string {
 		args = append(args, "-chardev", fmt.Sprintf("ringbuf,id=%s,size=%d", consoleChardev, consoleRingBytes), "-serial", "chardev:"+consoleChardev)
 	}
 	args = append(args,
-		"-device", "virtio-serial-device", "-chardev", g.AgentChardev,
+		"-device", q.device("serial"), "-chardev", g.AgentChardev,
 		"-device", "virtserialport,chardev=agent,name="+AgentPort,
 	)
 	if g.RootDisk != "" && g.WritableDisk != "" {
 		args = append(args,
 			"-drive", "id=root,file="+g.RootDisk+",format=raw,if=none,readonly=on",
-			"-device", "virtio-blk-device,drive=root,serial="+RootSerial,
+			"-device", q.device("blk")+",drive=root,serial="+RootSerial,
 			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
-			"-device", "virtio-blk-device,drive=rw,serial="+WritableSerial)
+			"-device", q.device("blk")+",drive=rw,serial="+WritableSerial)
 	}
 	if g.NetNS != "" {
 		args = append(args, "-netdev", "tap,id=net0,ifname="+guestTap+",script=no,downscript=no",
-			"-device", "virtio-net-device,netdev=net0,mac="+g.MAC)
+			"-device", q.device("net")+",netdev=net0,mac="+g.MAC)
 	}
 	args = append(args, mem...)
 	if g.Incoming {
@@ -270,6 +318,19 @@ func KernelArgs() string {
 		args += fmt.Sprintf(" tsc_early_khz=%d", khz)
 	}
 	return args
+}
+
+// ImageInitArg on a guest's kernel command line has its init hand the
+// guest over to the image's own init (systemd) where the image has one,
+// with the agent as a service of it (cmd/dsec-vminit).
+const ImageInitArg = "dsec.init=image"
+
+// kernelArgs is KernelArgs, and on a full machine ImageInitArg.
+func (q *QEMU) kernelArgs() string {
+	if q.pci() {
+		return KernelArgs() + " " + ImageInitArg
+	}
+	return KernelArgs()
 }
 
 // hostTSCkHz reads the host's clock rate from /proc/cpuinfo (0 if absent).

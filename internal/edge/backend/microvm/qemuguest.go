@@ -27,9 +27,9 @@ func (q *QEMU) id() string { return "" }
 
 func (q *QEMU) modules(net bool) []string {
 	if net {
-		return append(append([]string{}, ModuleOrder...), NetModules...)
+		return append(append([]string{}, q.moduleOrder()...), NetModules...)
 	}
-	return ModuleOrder
+	return q.moduleOrder()
 }
 
 func (q *QEMU) sharesMemory() bool { return true }

@@ -114,22 +114,25 @@ func flockContext(ctx context.Context, f *os.File) error {
 }
 
 // WithRootStore returns backend options (name → options) in which the
-// microvm backend, if named, keeps its shared roots in dir unless it
-// names a root store of its own; opts is not changed.
+// microvm and vm backends, where named, keep their shared roots in dir
+// unless they name a root store of their own (both make the same root of
+// an image); opts is not changed.
 func WithRootStore(opts map[string]map[string]string, dir string) map[string]map[string]string {
-	o, ok := opts[Name]
-	if !ok || o["root-store"] != "" {
-		return opts
-	}
 	out := make(map[string]map[string]string, len(opts))
 	for k, v := range opts {
 		out[k] = v
 	}
-	mo := make(map[string]string, len(o)+1)
-	for k, v := range o {
-		mo[k] = v
+	for _, name := range []string{Name, VMName} {
+		o, ok := opts[name]
+		if !ok || o["root-store"] != "" {
+			continue
+		}
+		mo := make(map[string]string, len(o)+1)
+		for k, v := range o {
+			mo[k] = v
+		}
+		mo["root-store"] = dir
+		out[name] = mo
 	}
-	mo["root-store"] = dir
-	out[Name] = mo
 	return out
 }

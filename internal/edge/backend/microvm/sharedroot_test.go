@@ -23,10 +23,13 @@ func TestSharedRootKeyIsTheImagesLayers(t *testing.T) {
 }
 
 func TestWithRootStoreLeavesTheCallersOptions(t *testing.T) {
-	opts := map[string]map[string]string{"microvm": {"guest": "/g"}, "container": {}}
+	opts := map[string]map[string]string{"microvm": {"guest": "/g"}, "vm": {"guest": "/v"}, "container": {}}
 	got := WithRootStore(opts, "/store/blobs/vm-root")
 	if got["microvm"]["root-store"] != "/store/blobs/vm-root" || got["microvm"]["guest"] != "/g" || opts["microvm"]["root-store"] != "" {
 		t.Fatalf("got %v; the caller's is now %v", got, opts)
+	}
+	if got["vm"]["root-store"] != "/store/blobs/vm-root" || got["vm"]["guest"] != "/v" || opts["vm"]["root-store"] != "" || len(got["container"]) != 0 {
+		t.Fatalf("the vm backend's: got %v; the caller's is now %v", got, opts)
 	}
 	own := map[string]map[string]string{"microvm": {"root-store": "/mine"}}
 	if WithRootStore(own, "/x")["microvm"]["root-store"] != "/mine" {

@@ -242,7 +242,7 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	b.boxes[spec.ID] = bx
 	b.mu.Unlock()
 	state, _ := json.Marshal(bx)
-	return &backend.Handle{ID: spec.ID, Backend: Name, Version: 1, State: state, Network: nic}, nil
+	return &backend.Handle{ID: spec.ID, Backend: b.name, Version: 1, State: state, Network: nic}, nil
 }
 
 // sameFile says whether paths a and b name one file.
