@@ -46,12 +46,14 @@ func main() {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "dsec-vminit:", err)
 		}
-		agent := agentBinary
+		agent, init := agentBinary, ""
 		if root, rw := findDisk(rootSerial), findDisk(writableSerial); root != "" && rw != "" {
 			if err := switchRoot(root, rw); err != nil {
 				fmt.Fprintln(os.Stderr, "dsec-vminit: the image's root:", err)
 			} else {
 				agent = "/.dsec/aether"
+				cmdline, _ := os.ReadFile("/proc/cmdline")
+				init = systemdInit(string(cmdline))
 			}
 		}
 		if err := cfg.apply(); err != nil {
@@ -68,6 +70,11 @@ func main() {
 		}
 		if cfg.MachineID != "" {
 			args = append(args, "-machine-id", cfg.MachineID)
+		}
+		if init != "" {
+			fmt.Printf("handing the guest to the image's init, %s, with the agent as its unit %s\n", init, agentUnit)
+			err := handOver(init, args, cfg.environ(), cfg.WorkDir, cfg)
+			fmt.Fprintln(os.Stderr, "dsec-vminit: the image's init:", err, "; the agent runs as init instead")
 		}
 		cfg.enterWorkDir()
 		err = unix.Exec(agent, args, cfg.environ())
