@@ -61,13 +61,18 @@ build:
 # images in .cache/images (the image store dsec up uses).
 PY_IMAGE := $(CACHE)/images/refs/root/py/3.11
 CI_IMAGE := $(CACHE)/images/refs/root/code-interpreter/latest
+SYSTEMD_IMAGE := $(CACHE)/images/refs/root/debian-systemd/13
 CI_SOURCES := $(wildcard internal/image/baseimage/codeinterpreter/*)
 
-images: build $(PY_IMAGE) $(CI_IMAGE)
+images: build $(PY_IMAGE) $(CI_IMAGE) $(SYSTEMD_IMAGE)
 	@test -e $(CACHE)/images/refs/root/busybox/latest || ./bin/dsec image build busybox --store $(CACHE)/images
 
 $(PY_IMAGE): | build
 	./bin/dsec image build py --store $(CACHE)/images --cache-dir $(CACHE)
+
+# The vm backend's image with systemd (Debian 13; about 2 min the first time).
+$(SYSTEMD_IMAGE): | build
+	./bin/dsec image build debian-systemd --store $(CACHE)/images --cache-dir $(CACHE)
 
 # Rebuilt when its server or its pinned wheels change (about 25 s).
 $(CI_IMAGE): $(PY_IMAGE) $(CI_SOURCES) | build

@@ -1,7 +1,8 @@
 // Package baseimage builds the project's own base images without a
-// registry [ours]: root/busybox:latest from the host's static busybox, and
+// registry [ours]: root/busybox:latest from the host's static busybox,
 // root/py:3.11 (Debian bookworm with python3, pip, git, curl, bash, sudo and
-// an unprivileged user "user") with debootstrap. Downloaded packages are kept
+// an unprivileged user "user") and root/debian-systemd:13 (Debian 13 with
+// systemd, for the vm backend) with debootstrap. Downloaded packages are kept
 // in a tarball under the cache directory, so later builds run offline.
 package baseimage
 
@@ -58,6 +59,12 @@ var Recipes = map[string]Recipe{
 		Name:        "root/py:3.11",
 		Description: "Debian bookworm minbase + python3 3.11, pip, venv, git, curl, bash, sudo; user \"user\" (uid 1000, passwordless sudo)",
 		build:       buildDebianPython,
+		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
+	},
+	"debian-systemd": {
+		Name:        "root/debian-systemd:13",
+		Description: "Debian 13 (trixie) minbase + systemd as init, dbus, iproute2, procps, bash, python3; user \"user\" (uid 1000, passwordless sudo): the vm backend boots its systemd",
+		build:       buildDebianSystemd,
 		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
 	},
 	"code-interpreter": {

@@ -51,10 +51,24 @@ func HostMirror() string {
 // its name carries a hash of the set, so a package added to it is
 // downloaded, not silently left out of the image by an older tarball.
 func packageTarball(cacheDir string, packages []string) string {
-	return filepath.Join(cacheDir, "debootstrap", suite+"-py-"+digestOf([]byte(strings.Join(packages, ",")))+".tgz")
+	return suiteTarball(cacheDir, suite, "py", packages)
+}
+
+// suiteTarball is packageTarball for a suite and a kind of image.
+func suiteTarball(cacheDir, suite, kind string, packages []string) string {
+	return filepath.Join(cacheDir, "debootstrap", suite+"-"+kind+"-"+digestOf([]byte(strings.Join(packages, ",")))+".tgz")
 }
 
 func buildDebianPython(ctx context.Context, o Options, root string) error {
+	if err := installDebian(ctx, o, root, suite, "py", debianPackages); err != nil {
+		return err
+	}
+	return finishDebian(ctx, root)
+}
+
+// installDebian installs suite's minbase and packages into root with
+// debootstrap, downloading them once into a tarball of the cache.
+func installDebian(ctx context.Context, o Options, root, suite, kind string, packages []string) error {
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return errdefs.FailedPrecondition("debootstrap not found: install Debian's debootstrap package")
 	}
@@ -65,8 +79,8 @@ func buildDebianPython(ctx context.Context, o Options, root string) error {
 	if mirror == "" {
 		mirror = HostMirror()
 	}
-	tarball := packageTarball(o.CacheDir, debianPackages)
-	include := "--include=" + strings.Join(debianPackages, ",")
+	tarball := suiteTarball(o.CacheDir, suite, kind, packages)
+	include := "--include=" + strings.Join(packages, ",")
 	if _, err := os.Stat(tarball); err != nil {
 		if err := os.MkdirAll(filepath.Dir(tarball), 0o755); err != nil {
 			return err
@@ -86,10 +100,7 @@ func buildDebianPython(ctx context.Context, o Options, root string) error {
 			return err
 		}
 	}
-	if err := debootstrap(ctx, o, "installing Debian packages", "--variant=minbase", include, "--unpack-tarball="+tarball, suite, root, mirror); err != nil {
-		return err
-	}
-	return finishDebian(ctx, root)
+	return debootstrap(ctx, o, "installing Debian packages", "--variant=minbase", include, "--unpack-tarball="+tarball, suite, root, mirror)
 }
 
 // debootstrap runs it, turning its "I: ..." lines into progress.

@@ -1,0 +1,41 @@
+package baseimage
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+)
+
+// The vm backend's own kind of image: Debian 13 (trixie) with systemd as
+// its init, which a vm sandbox boots as PID 1 with the agent as one of its
+// units (cmd/dsec-vminit). The packages are those of the host test's
+// Debian 13 machine (scripts/test-hosts.sh) that a guest of the node's
+// kernel uses: no kernel of its own, no runtimes.
+const systemdSuite = "trixie"
+
+// systemdPackages are installed on top of trixie's minbase.
+var systemdPackages = []string{"systemd", "systemd-sysv", "dbus", "kmod", "iproute2", "procps", "ca-certificates", "bash", "sudo", "python3"}
+
+func buildDebianSystemd(ctx context.Context, o Options, root string) error {
+	if err := installDebian(ctx, o, root, systemdSuite, "systemd", systemdPackages); err != nil {
+		return err
+	}
+	if err := finishDebian(ctx, root); err != nil {
+		return err
+	}
+	// Its identity is the sandbox's: the guest's init writes both at boot.
+	for _, p := range []string{"etc/machine-id", "etc/hostname"} {
+		if err := os.WriteFile(filepath.Join(root, p), nil, 0o444); err != nil {
+			return err
+		}
+	}
+	// No console login: the agent is how a sandbox is reached.
+	for _, unit := range []string{"getty.target", "serial-getty@.service", "console-getty.service"} {
+		link := filepath.Join(root, "etc/systemd/system", unit)
+		os.Remove(link)
+		if err := os.Symlink("/dev/null", link); err != nil {
+			return err
+		}
+	}
+	return nil
+}
