@@ -15,7 +15,8 @@
 #   --images DIR       copy the image store from DIR (default: build busybox;
 #                      the repository's .cache/images when it has one)
 #   --backends LIST    backends to enable (default container,gvisor,microvm;
-#                      microvm is dropped, with the reason, where no VMM boots)
+#                      vm too when named; microvm and vm are dropped, with the
+#                      reason, where no VMM boots)
 #   --state DIR        state directory (default /var/lib/opendsec)
 #   --prefix DIR       where binaries go (default /usr/local/lib/opendsec; only
 #                      the default is linked into /usr/local/bin)
@@ -252,13 +253,15 @@ for tool in ip:iproute2 nft:nftables conntrack:conntrack; do
 done
 case ",$backends," in *,container,*) command -v crun >/dev/null || bundled crun || need "crun (container backend): not found; apt-get install crun" ;; esac
 case ",$backends," in *,gvisor,*) command -v runsc >/dev/null || bundled runsc || need "runsc (gvisor backend): not found; apt-get install runsc (Debian 12 and later)" ;; esac
-case ",$backends," in *,microvm,*)
-	if ! command -v qemu-system-x86_64 >/dev/null && ! bundled qemu-system-x86; then
-		echo
-		echo "  note: microvm off: qemu-system-x86_64 not found (apt-get install qemu-system-x86)" >&2
-		backends=$(echo ",$backends," | sed 's/,microvm,/,/; s/^,//; s/,$//')
-	fi ;;
-esac
+for qemu_backend in microvm vm; do
+	case ",$backends," in *,$qemu_backend,*)
+		if ! command -v qemu-system-x86_64 >/dev/null && ! bundled qemu-system-x86; then
+			echo
+			echo "  note: $qemu_backend off: qemu-system-x86_64 not found (apt-get install qemu-system-x86)" >&2
+			backends=$(echo ",$backends," | sed "s/,$qemu_backend,/,/; s/^,//; s/,\$//")
+		fi ;;
+	esac
+done
 mkdir_probe=$state
 while [ ! -d "$mkdir_probe" ]; do mkdir_probe=$(dirname "$mkdir_probe"); done
 free_mb=$(df -Pm "$mkdir_probe" | awk 'NR==2 {print $4}')

@@ -9,6 +9,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/edge/backend/vm"
 )
 
 // registry lists the backends built into this binary; this is the one
@@ -18,6 +19,7 @@ func registry() *backend.Registry {
 	r.Register(container.Name, container.New)
 	r.Register(gvisor.Name, gvisor.New)
 	r.Register(microvm.Name, microvm.New)
+	r.Register(vm.Name, vm.New)
 	return r
 }
 
@@ -58,8 +60,11 @@ func (f *backendFlags) options(name string) map[string]string {
 		o["runtime"] = *f.runtime
 	case gvisor.Name:
 		o["platform"], o["runsc-network"], o[gvisor.NewerForOption] = *f.platform, findRunscNet(*f.runscNet), *f.newerFor
-	case microvm.Name:
+	case microvm.Name, vm.Name:
 		guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
+		if name == vm.Name {
+			fc = "" // QEMU's q35 only
+		}
 		if self, err := os.Executable(); err == nil {
 			bin := filepath.Dir(self)
 			if init == "" {

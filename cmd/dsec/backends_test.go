@@ -9,6 +9,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/container"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/edge/backend/vm"
 )
 
 // Every backend built in takes every option the flags give it: each
@@ -20,7 +21,7 @@ func TestEveryBackendTakesItsFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--cgroup-parent", "/opendsec.slice", "--microvm-firecracker", "/usr/bin/firecracker", "--gvisor-runsc-network", "none", "--microvm-templates", "off"}); err != nil {
 		t.Fatal(err)
 	}
-	into := map[string]any{container.Name: &container.Options{}, gvisor.Name: &gvisor.Options{}, microvm.Name: &microvm.Options{}}
+	into := map[string]any{container.Name: &container.Options{}, gvisor.Name: &gvisor.Options{}, microvm.Name: &microvm.Options{}, vm.Name: &microvm.Options{}}
 	var names []string
 	for name := range into {
 		names = append(names, name)
@@ -36,6 +37,9 @@ func TestEveryBackendTakesItsFlags(t *testing.T) {
 		}
 		if err := backend.DecodeOptions(name, opts, dst); err != nil {
 			t.Errorf("%s: %v", name, err)
+		}
+		if name == vm.Name && opts["firecracker"] != "" {
+			t.Errorf("vm: handed --microvm-firecracker, which it refuses: %v", opts)
 		}
 	}
 	if o := into[microvm.Name].(*microvm.Options); o.Firecracker != "/usr/bin/firecracker" || o.Init == "" || o.Templates != "off" {

@@ -21,7 +21,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	stateDir := fs.String("state-dir", "", "the node's state directory (required)")
 	listen := fs.String("listen", "127.0.0.1:7080", "address the apiservers and watchers reach")
 	images := fs.String("image-store", "", "the shared image store directory (required)")
-	backends := fs.String("backends", "container,gvisor,microvm", "comma-separated backends to enable (one that cannot run here is reported with the reason)")
+	backends := fs.String("backends", "container,gvisor,microvm,vm", "comma-separated backends to enable (one that cannot run here is reported with the reason)")
 	bf := addBackendFlags(fs)
 	cpuOver := fs.Float64("cpu-overcommit", capacity.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")
 	memOver := fs.Float64("memory-overcommit", capacity.DefaultMemoryOvercommit, "the sum of their memory limits this many times the memory")

@@ -19,7 +19,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	stateDir := fs.String("state-dir", "", "directory for all state (required)")
 	listen := fs.String("listen", embed.DefaultListen, "client API address")
-	backends := fs.String("backends", "container,gvisor,microvm", "comma-separated backends to enable (container, gvisor, microvm); one that cannot run on this node (microvm where no VMM boots) is listed with the reason by dsec nodes")
+	backends := fs.String("backends", "container,gvisor,microvm,vm", "comma-separated backends to enable (container, gvisor, microvm, vm); one that cannot run on this node (microvm or vm where no VMM boots) is listed with the reason by dsec nodes")
 	edges := fs.Int("edges", 1, "how many edges to run, each its own node (a one-machine cluster)")
 	bf := addBackendFlags(fs)
 	cpuOver := fs.Float64("cpu-overcommit", capacity.DefaultCPUOvercommit, "the sum of the sandboxes' CPU limits may be this many times the cores")

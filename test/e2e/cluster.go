@@ -44,6 +44,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/fake"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/edge/backend/vm"
 	"github.com/opendsec/opendsec/internal/edge/capacity"
 	"github.com/opendsec/opendsec/internal/embed"
 	"github.com/opendsec/opendsec/internal/image"
@@ -66,6 +67,7 @@ func registry() *backend.Registry {
 	r.Register(container.Name, container.New)
 	r.Register(gvisor.Name, gvisor.New)
 	r.Register(microvm.Name, microvm.New)
+	r.Register(vm.Name, vm.New)
 	return r
 }
 
