@@ -27,8 +27,8 @@ import (
 	"github.com/opendsec/opendsec/test/e2e"
 )
 
-// TestSandboxNetwork: egress as the policy says and nothing more, on both
-// backends, against the test's own internet.
+// TestSandboxNetwork: egress as the policy says and nothing more, on every
+// backend, against the test's own internet.
 func TestSandboxNetwork(t *testing.T) {
 	if !inOwnNode(t) {
 		return
@@ -40,10 +40,11 @@ func TestSandboxNetwork(t *testing.T) {
 	c := e2e.StartClusterWith(t, store, func(cfg *embed.Config) {
 		cfg.Backends["gvisor"] = map[string]string{"runsc-network": runscNet}
 		cfg.Backends["microvm"] = vm
+		cfg.Backends["vm"] = vm
 		cfg.Network = &sandboxnet.NodeConfig{Upstream: []string{in.web + ":53"}}
 		cfg.GatewayListen = "127.0.0.1:0"
 		cfg.Gateway = e2b.Config{Backend: "container", DefaultUser: "root"}
-	}, "container", "gvisor", "microvm")
+	}, "container", "gvisor", "microvm", "vm")
 	// A service of the node's own, on every address (as a control plane's).
 	nodeLn, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
@@ -60,10 +61,10 @@ func TestSandboxNetwork(t *testing.T) {
 		}
 	}()
 	nodePort := nodeLn.Addr().(*net.TCPAddr).Port
-	for _, backend := range []string{"container", "gvisor", "microvm"} {
+	for _, backend := range []string{"container", "gvisor", "microvm", "vm"} {
 		t.Run(backend, func(t *testing.T) { testNetworkOn(t, c, in, backend, nodePort) })
 	}
-	for _, backend := range []string{"gvisor", "microvm"} {
+	for _, backend := range []string{"gvisor", "microvm", "vm"} {
 		t.Run(backend+"-fork", func(t *testing.T) { testForkWithNetwork(t, c, in, backend) })
 	}
 	t.Run("gvisor-offload", func(t *testing.T) { testOffloadWithNetwork(t, c, in) })
