@@ -2,7 +2,7 @@
 # Installs what OpenDsec needs from Debian's packages (idempotent; installs
 # only what is missing). Needs root.
 set -eu
-pkgs="crun runc runsc criu nftables conntrack iproute2 debootstrap busybox-static file ca-certificates python3-venv procps gcc libc6-dev qemu-system-x86 lz4 docker-registry skopeo umoci erofs-utils prometheus"
+pkgs="crun runc runsc criu nftables conntrack iproute2 debootstrap busybox-static file ca-certificates python3-venv procps gcc libc6-dev qemu-system-x86 lz4 kmod docker-registry skopeo umoci erofs-utils prometheus"
 missing=""
 for p in $pkgs; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -141,6 +141,7 @@ func vsockPort(cmdline string) (string, bool) {
 const (
 	rootSerial     = "dsec-root"
 	writableSerial = "dsec-rw"
+	modulesSerial  = "dsec-modules"
 )
 
 // findDisk is the block device whose virtio serial is name (QEMU sets
@@ -237,6 +238,9 @@ func switchRoot(rootDev, rwDev string) error {
 	if err := unix.Mount("overlay", "/newroot", "overlay", 0, "lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work"); err != nil {
 		return fmt.Errorf("mount the overlay: %w", err)
 	}
+	if err := mountModules(findDisk(modulesSerial), "/newroot"); err != nil {
+		fmt.Fprintln(os.Stderr, "dsec-vminit: the kernel's modules:", err)
+	}
 	os.MkdirAll("/newroot/.dsec", 0o755)
 	if err := unix.Mount("tmpfs", "/newroot/.dsec", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return err
@@ -277,6 +281,26 @@ func switchRoot(rootDev, rwDev string) error {
 		return err
 	}
 	return unix.Chdir("/")
+}
+
+// mountModules mounts the kernel's modules disk dev (read-only; none
+// when dev is "") at root's /lib/modules/RELEASE, where modprobe looks.
+func mountModules(dev, root string) error {
+	if dev == "" {
+		return nil
+	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return err
+	}
+	dst := filepath.Join(root, "lib/modules", unix.ByteSliceToString(u.Release[:]))
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(dev, dst, "ext4", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", dev, dst, err)
+	}
+	return nil
 }
 
 // loadModules loads DIR's modules in the order DIR/order names them,

@@ -140,6 +140,11 @@ func NewOnMachine(ctx context.Context, cfg backend.Config, name, machine string)
 	if q.Binary == "" {
 		q.Binary = "qemu-system-x86_64"
 	}
+	if mods := filepath.Join(o.Guest, "modules.img"); q.pci() {
+		if _, err := os.Stat(mods); err == nil {
+			q.ModulesDisk = mods
+		}
+	}
 	if o.Firecracker != "" && q.pci() {
 		return nil, errdefs.InvalidArgument("%s backend: option firecracker: Firecracker has no %s machine; the %s backend runs on QEMU only", name, machine, name)
 	}

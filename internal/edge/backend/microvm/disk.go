@@ -13,6 +13,8 @@ import (
 const (
 	RootSerial     = "dsec-root"
 	WritableSerial = "dsec-rw"
+	// ModulesSerial is the kernel's modules disk (QEMU.ModulesDisk).
+	ModulesSerial = "dsec-modules"
 )
 
 // BuildRootImage writes an ext4 image of the tree at dir (an image's

@@ -43,6 +43,11 @@ type QEMU struct {
 	Modules string // directory of the guest kernel's .ko files
 	// Machine is MachineMicrovm ("" too) or MachineQ35.
 	Machine string
+	// ModulesDisk, if set, is a read-only ext4 disk of every module of
+	// the kernel, indexed (scripts/guest-kernel.sh's modules.img), which a
+	// guest mounts at /lib/modules/RELEASE; given to q35 guests only, so
+	// microVMs keep the devices their snapshots were taken with.
+	ModulesDisk string
 }
 
 // pci says the guest's devices are on PCI.
@@ -247,6 +252,11 @@ func (q *QEMU) Args(g Guest) []string {
 			"-device", q.device("blk")+",drive=root,serial="+RootSerial,
 			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
 			"-device", q.device("blk")+",drive=rw,serial="+WritableSerial)
+	}
+	if q.ModulesDisk != "" && q.pci() {
+		args = append(args,
+			"-drive", "id=mods,file="+q.ModulesDisk+",format=raw,if=none,readonly=on",
+			"-device", q.device("blk")+",drive=mods,serial="+ModulesSerial)
 	}
 	if g.NetNS != "" {
 		args = append(args, "-netdev", "tap,id=net0,ifname="+guestTap+",script=no,downscript=no",

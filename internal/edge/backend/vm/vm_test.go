@@ -55,8 +55,9 @@ func TestSnapshotAndCopies(t *testing.T) {
 
 // An image with systemd boots it as PID 1, the agent a unit of it; the
 // guest has the sandbox's hostname and machine id, the sandbox's
-// processes get their own cgroup outside the agent's unit, and systemd
-// itself runs its services (a transient one started through it).
+// processes get their own cgroup outside the agent's unit, the kernel's
+// modules load, and systemd itself runs its services (a transient one
+// started through it).
 func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
 	f := factory(t)
 	layers := backendtest.StoreImageLayers(t, "root/debian-systemd:13", "make images")
@@ -93,6 +94,11 @@ func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
 	}
 	if got := run("cat /proc/self/cgroup"); !strings.Contains(got, "/sandbox") {
 		t.Fatalf("a sandbox process's cgroup is %q, want the sandbox's own", got)
+	}
+	// The kernel's modules are there for modprobe (the node's modules
+	// disk, at /lib/modules/RELEASE).
+	if got := run("modprobe veth && grep -c '^veth ' /proc/modules"); got != "1" {
+		t.Fatalf("modprobe veth: %q", got)
 	}
 	// systemd runs what it is asked to: wait for the boot, then a
 	// transient service.
