@@ -67,6 +67,12 @@ var Recipes = map[string]Recipe{
 		build:       buildDebianSystemd,
 		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
 	},
+	"debian-docker": {
+		Name:        "root/debian-docker:13",
+		Description: "root/debian-systemd:13's packages + Debian's docker.io (dockerd, containerd, runc): a vm sandbox that runs containers",
+		build:       buildDebianDocker,
+		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
+	},
 	"code-interpreter": {
 		Name:        "root/code-interpreter:latest",
 		Description: "root/py:3.11 + Jupyter (Python, bash and JavaScript/Node.js kernels, numpy, matplotlib) and the server of E2B's Code Interpreter protocol on port 49999",

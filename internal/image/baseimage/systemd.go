@@ -16,8 +16,20 @@ const systemdSuite = "trixie"
 // systemdPackages are installed on top of trixie's minbase.
 var systemdPackages = []string{"systemd", "systemd-sysv", "dbus", "kmod", "iproute2", "procps", "ca-certificates", "bash", "sudo", "python3"}
 
+// dockerPackages add Debian's Docker to systemdPackages: a vm sandbox
+// runs containers of its own.
+var dockerPackages = append(append([]string{}, systemdPackages...), "docker.io", "docker-cli")
+
 func buildDebianSystemd(ctx context.Context, o Options, root string) error {
-	if err := installDebian(ctx, o, root, systemdSuite, "systemd", systemdPackages); err != nil {
+	return buildSystemdImage(ctx, o, root, "systemd", systemdPackages)
+}
+
+func buildDebianDocker(ctx context.Context, o Options, root string) error {
+	return buildSystemdImage(ctx, o, root, "docker", dockerPackages)
+}
+
+func buildSystemdImage(ctx context.Context, o Options, root, kind string, packages []string) error {
+	if err := installDebian(ctx, o, root, systemdSuite, kind, packages); err != nil {
 		return err
 	}
 	if err := finishDebian(ctx, root); err != nil {

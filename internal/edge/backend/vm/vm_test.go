@@ -1,7 +1,13 @@
 package vm
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -107,4 +113,86 @@ func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
 		t.Fatalf("systemd-run: %q", got)
 	}
 	t.Logf("systemd's boot: %s", run("systemctl is-system-running || true; systemd-analyze 2>/dev/null | head -1 || true"))
+}
+
+// Docker inside: root/debian-docker:13 boots its systemd, which starts
+// Debian's dockerd; an image loaded from a tarball (docker save's format,
+// made here of the node's static busybox) runs as a container on Docker's
+// own bridge, its modules loaded from the node's modules disk.
+func TestDockerRunsInsideAVM(t *testing.T) {
+	f := factory(t)
+	layers := backendtest.StoreImageLayers(t, "root/debian-docker:13", "make images")
+	archive := dockerArchive(t, testutil.RequireBinary(t, "busybox"), "dsec/busybox:1")
+	b := f(t, t.TempDir())
+	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
+	spec.MemoryMB, spec.CPUCores, spec.DiskMB = 1024, 2, 2048
+	sb := backendtest.StartSpec(t, b, spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	run := func(script string) string {
+		t.Helper()
+		r, err := sb.Proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", script}, TimeoutMs: 330_000}}))
+		if err != nil {
+			t.Fatalf("%s: %v", script, err)
+		}
+		if r.Msg.ExitCode != 0 {
+			t.Fatalf("%s: exit %d: %s%s", script, r.Msg.ExitCode, r.Msg.Stdout, r.Msg.Stderr)
+		}
+		return strings.TrimSpace(string(r.Msg.Stdout))
+	}
+	if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/busybox.tar", Data: archive})); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	run("timeout 300 sh -c 'until docker info >/dev/null 2>&1; do sleep 1; done' || { systemctl status docker --no-pager; journalctl -u docker --no-pager | tail -30; exit 1; }")
+	t.Logf("dockerd answered %v after the sandbox's agent", time.Since(began).Round(time.Second))
+	if got := run("docker load -i /root/busybox.tar"); !strings.Contains(got, "dsec/busybox:1") {
+		t.Fatalf("docker load: %q", got)
+	}
+	if got := run("docker run --rm dsec/busybox:1 sh -c 'echo hi from a container; ip -o -4 addr show eth0 | grep -c inet'"); got != "hi from a container\n1" {
+		t.Fatalf("docker run: %q", got)
+	}
+}
+
+// dockerArchive is a tarball in docker save's format of one image, tag,
+// whose one layer is the static busybox at bin with sh and ip linked to it.
+func dockerArchive(t *testing.T, busybox, tag string) []byte {
+	t.Helper()
+	bin, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))})
+	tw.Write(bin)
+	for _, applet := range []string{"sh", "ip", "echo", "grep"} {
+		tw.WriteHeader(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	diffID := sha256.Sum256(layer.Bytes())
+	config, _ := json.Marshal(map[string]any{
+		"architecture": "amd64", "os": "linux",
+		"config": map[string]any{"Cmd": []string{"/bin/sh"}, "Env": []string{"PATH=/bin"}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
+	})
+	configSum := sha256.Sum256(config)
+	configName := hex.EncodeToString(configSum[:]) + ".json"
+	manifest, _ := json.Marshal([]map[string]any{{"Config": configName, "RepoTags": []string{tag}, "Layers": []string{"layer.tar"}}})
+	var out bytes.Buffer
+	ow := tar.NewWriter(&out)
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{"layer.tar", layer.Bytes()}, {configName, config}, {"manifest.json", manifest}} {
+		ow.WriteHeader(&tar.Header{Name: f.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(f.data))})
+		ow.Write(f.data)
+	}
+	if err := ow.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }
