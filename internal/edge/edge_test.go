@@ -392,6 +392,22 @@ func TestABackendsMinimumMemoryIsRefusedBelow(t *testing.T) {
 	}
 }
 
+// Host devices go only to a backend that passes them through; elsewhere
+// the create is refused naming the backend that does, with nothing
+// admitted.
+func TestDevicesAreRefusedToABackendWithoutPassthrough(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	withDevice := spec()
+	withDevice.Devices = []string{"0000:01:00.0"}
+	_, err := f.edge.Create(context.Background(), withDevice, "root/a")
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `devices 0000:01:00.0: backend "fake" passes no host PCI device through; the vm backend does`) {
+		t.Fatalf("a device on the fake backend: %v", err)
+	}
+	if n := len(f.edge.reg.all()); n != 0 {
+		t.Fatalf("a refused create left %d sandboxes", n)
+	}
+}
+
 // freeze pauses a sandbox at the freeze depth, as the API's default pause.
 func freeze(ctx context.Context, e *Edge, id, scope string) (*sandboxv1.Sandbox, error) {
 	out, err := e.PauseAt(ctx, id, scope, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE)

@@ -63,6 +63,9 @@ func poolKey(spec *sandboxv1.SandboxSpec, digest string) string {
 	if spec.Network != nil {
 		key += "|net"
 	}
+	if len(spec.Devices) > 0 {
+		key += "|dev=" + strings.Join(spec.Devices, ",") // never a pool's
+	}
 	return key
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"time"
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
@@ -111,7 +112,19 @@ func (e *Edge) backendFor(spec *sandboxv1.SandboxSpec) (backend.Backend, error) 
 	if err != nil {
 		return nil, err
 	}
-	return be, checkMinMemory(be, spec.Resources)
+	if err := checkMinMemory(be, spec.Resources); err != nil {
+		return nil, err
+	}
+	return be, checkDevices(be, spec.Devices)
+}
+
+// checkDevices refuses host devices to a backend that passes none
+// through.
+func checkDevices(be backend.Backend, devices []string) error {
+	if len(devices) > 0 && !be.Capabilities().PCIDevices {
+		return errdefs.InvalidArgument("devices %s: backend %q passes no host PCI device through; the vm backend does", strings.Join(devices, ", "), be.Name())
+	}
+	return nil
 }
 
 // checkMinMemory refuses resources with less memory than be's sandboxes

@@ -65,6 +65,37 @@ const (
 	maxBackendLen = 32
 )
 
+// MaxDevices bounds the host PCI devices of one sandbox.
+const MaxDevices = 8
+
+// pciAddrRE is a PCI device's address as sysfs names it (domain, bus,
+// device, function), in lower case.
+var pciAddrRE = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$`)
+
+// normalizeDevices checks spec.Devices, lower-casing each address and
+// giving a bare "BB:DD.F" domain 0000, as lspci prints them.
+func normalizeDevices(spec *sandboxv1.SandboxSpec) error {
+	if len(spec.Devices) > MaxDevices {
+		return errdefs.InvalidArgument("devices: %d given, at most %d", len(spec.Devices), MaxDevices)
+	}
+	seen := map[string]bool{}
+	for i, d := range spec.Devices {
+		a := strings.ToLower(strings.TrimSpace(d))
+		if strings.Count(a, ":") == 1 {
+			a = "0000:" + a
+		}
+		if !pciAddrRE.MatchString(a) {
+			return errdefs.InvalidArgument("devices[%d] %q: not a PCI address; want DDDD:BB:DD.F as lspci -D prints it (e.g. 0000:01:00.0)", i, errdefs.Clip(d, 40))
+		}
+		if seen[a] {
+			return errdefs.InvalidArgument("devices[%d] %s: named twice", i, a)
+		}
+		seen[a] = true
+		spec.Devices[i] = a
+	}
+	return nil
+}
+
 var (
 	taskRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]*$`)
 	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -133,6 +164,9 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 		return err
 	}
 	if err := CheckTask(spec.Task); err != nil {
+		return err
+	}
+	if err := normalizeDevices(spec); err != nil {
 		return err
 	}
 	if _, ok := sandboxv1.OnTimeout_name[int32(spec.OnTimeout)]; !ok {

@@ -48,6 +48,11 @@ func TestNormalizeNamesTheField(t *testing.T) {
 		"task":                        {func(s *sandboxv1.SandboxSpec) { s.Task = "a b" }, `task "a b"`},
 		"metadata":                    {func(s *sandboxv1.SandboxSpec) { s.Metadata = map[string]string{"": "x"} }, "metadata key"},
 		"pause depth without a pause": {func(s *sandboxv1.SandboxSpec) { s.OnTimeoutDepth = sandboxv1.PauseDepth_PAUSE_DEPTH_FILESYSTEM }, "on_timeout_depth PAUSE_DEPTH_FILESYSTEM: only with on_timeout PAUSE"},
+		"device address":              {func(s *sandboxv1.SandboxSpec) { s.Devices = []string{"0000:01:00.0", "eth0"} }, `devices[1] "eth0": not a PCI address`},
+		"device twice":                {func(s *sandboxv1.SandboxSpec) { s.Devices = []string{"01:00.0", "0000:01:00.0"} }, "devices[1] 0000:01:00.0: named twice"},
+		"too many devices": {func(s *sandboxv1.SandboxSpec) {
+			s.Devices = []string{"1", "2", "3", "4", "5", "6", "7", "8", "9"}
+		}, "devices: 9 given, at most 8"},
 		"freeze at the timeout": {func(s *sandboxv1.SandboxSpec) {
 			s.OnTimeout, s.OnTimeoutDepth = sandboxv1.OnTimeout_ON_TIMEOUT_PAUSE, sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE
 		}, "on_timeout_depth PAUSE_DEPTH_FREEZE: want OFFLOAD (the default) or FILESYSTEM"},
@@ -59,6 +64,18 @@ func TestNormalizeNamesTheField(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want invalid argument containing %q", name, err, c.want)
 		}
+	}
+}
+
+// Devices are taken as lspci prints them, with or without the domain, in
+// either case, and kept in sysfs's form.
+func TestNormalizeDevices(t *testing.T) {
+	s := &sandboxv1.SandboxSpec{Backend: "container", Image: "root/py:3.11", Devices: []string{"01:00.0", "0000:3B:00.1"}}
+	if err := Normalize(s, DefaultLimits(), backends); err != nil {
+		t.Fatal(err)
+	}
+	if s.Devices[0] != "0000:01:00.0" || s.Devices[1] != "0000:3b:00.1" {
+		t.Fatalf("devices %v", s.Devices)
 	}
 }
 
@@ -79,6 +96,11 @@ func FuzzNormalize(f *testing.F) {
 		r := s.Resources
 		if r.CpuCores < MinCPUCores || r.MemoryMb < MinMemoryMB || r.Pids < MinPids || s.TimeoutSeconds < 1 {
 			t.Fatalf("accepted out-of-range spec %+v", &s)
+		}
+		for _, d := range s.Devices {
+			if !pciAddrRE.MatchString(d) {
+				t.Fatalf("accepted device %q", d)
+			}
 		}
 	})
 }

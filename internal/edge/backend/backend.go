@@ -60,6 +60,9 @@ type Capabilities struct {
 	// in (a VM's kernel and agent); the edge refuses less (0: no minimum
 	// beyond the API's).
 	MinMemoryMB int64
+	// PCIDevices means the backend hands host PCI devices (Spec.Devices)
+	// to its sandboxes; the edge refuses them to other backends.
+	PCIDevices bool
 	// AgentWait is the least time a new or restored sandbox's agent is
 	// given to connect and answer, when a start here takes more than a
 	// process's (a guest kernel's boot under emulation); the edge waits
@@ -108,6 +111,9 @@ type Spec struct {
 	// ResolvConf, if set, is mounted at /etc/resolv.conf (images carry
 	// their build host's resolver there).
 	ResolvConf string
+	// Devices are host PCI devices by address (sysfs's form) the sandbox
+	// gets, for backends with Capabilities.PCIDevices.
+	Devices []string
 	// NetNS, if set, is the network namespace (a path) the sandbox runs
 	// in: the edge made it, with the sandbox's veth and address. Empty:
 	// the sandbox gets a namespace of its own with loopback only.

@@ -138,7 +138,7 @@ func (p *Parts) backendSpec(rec *records.Record, dir, runDir string, layers []st
 		Resources: backend.Resources{CPUCores: r.CpuCores, MemoryMB: r.MemoryMb, Pids: r.Pids, DiskMB: r.DiskMb, NoFile: r.OpenFiles},
 		AgentPath: p.Agent, RunDir: runDir,
 		HostsFile: filepath.Join(runDir, "hosts"), ResolvConf: filepath.Join(runDir, "resolv.conf"),
-		LayerDir: rec.LayerDir,
+		LayerDir: rec.LayerDir, Devices: rec.Spec.Devices,
 	}
 }
 

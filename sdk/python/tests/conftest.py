@@ -68,7 +68,7 @@ def dsec_env(request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
     state = Path(tempfile.mkdtemp(prefix="dsec-sdk-test-"))
     log = open(state / "dsec.log", "w")
     proc = subprocess.Popen(
-        [str(dsec), "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{_free_port()}", "--e2b-listen", "", "--image-store", str(images), "--backends", "container,gvisor,microvm"],
+        [str(dsec), "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{_free_port()}", "--e2b-listen", "", "--image-store", str(images), "--backends", "container,gvisor,microvm,vm"],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -109,6 +109,14 @@ def py_image(images: set) -> str:
     if "root/py:3.11" not in images:
         missing("root/py:3.11 not built (make images)")
     return "root/py:3.11"
+
+
+@pytest.fixture(scope="session")
+def systemd_image(images: set) -> str:
+    """root/debian-systemd:13, the vm backend's image, which make images builds."""
+    if "root/debian-systemd:13" not in images:
+        missing("root/debian-systemd:13 not built (make images)")
+    return "root/debian-systemd:13"
 
 
 class _OverSync:

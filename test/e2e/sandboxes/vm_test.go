@@ -38,6 +38,13 @@ func TestVMThroughTheAPI(t *testing.T) {
 	if detail := nodes.Msg.Nodes[0].BackendDetails["vm"]; !strings.HasPrefix(detail, "qemu q35, ") {
 		t.Fatalf("the node's vm detail: %q", detail)
 	}
+	// A host PCI device: this node has no IOMMU (or the device is not
+	// bound to vfio-pci), and the refusal says which.
+	_, err = c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "vm", Image: "root/debian-systemd:13", Devices: []string{"00:00.0"}, Resources: &sandboxv1.Resources{MemoryMb: 512}})
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "devices: 0000:00:00.0: ") {
+		t.Fatalf("a create with a host device on a node without passthrough: %v", err)
+	}
+	t.Logf("passthrough refused here: %v", err)
 	a, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: "vm", Image: "root/debian-systemd:13", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 512, DiskMb: 512}})
 	if err != nil {
 		t.Fatal(err)

@@ -199,7 +199,7 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	if b.qemu.pci() {
 		isolation, minMemory = "vm", VMMinMemoryMB
 	}
-	return backend.Capabilities{Isolation: isolation, Pause: true, LinkBeforeAgent: true, Snapshot: true, SnapshotNetwork: snapNet, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: minMemory, AgentWait: wait}
+	return backend.Capabilities{Isolation: isolation, PCIDevices: b.qemu.pci(), Pause: true, LinkBeforeAgent: true, Snapshot: true, SnapshotNetwork: snapNet, ConcurrentCalls: calls, DiskFile: true, MinMemoryMB: minMemory, AgentWait: wait}
 }
 
 // tcgAgentWait is how long a guest under TCG is given to boot and answer:
@@ -441,6 +441,15 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		return nil, err
 	}
 	guest := b.shapeOf(spec, bx.VMM)
+	if len(spec.Devices) > 0 {
+		if !b.qemu.pci() {
+			return nil, errdefs.InvalidArgument("devices: the %s backend passes no host PCI device through; the vm backend does", b.name)
+		}
+		if err := checkPassthrough("/", spec.Devices); err != nil {
+			return nil, err
+		}
+		guest.Devices = spec.Devices
+	}
 	guest.Root, guest.Initrd = root, filepath.Join(bx.Dir, "initrd.cpio")
 	guest.RootDisk, guest.WritableDisk = rootDisk, filepath.Join(bx.Dir, "rw.ext4")
 	guest.AgentChardev, guest.AgentSocket = agentChardev(spec), agentSocket(spec)

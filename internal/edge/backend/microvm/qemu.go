@@ -204,6 +204,9 @@ type Guest struct {
 	// Template, if set, is the template snapshot the guest's first start
 	// restores (template.go) instead of booting.
 	Template string `json:",omitempty"`
+	// Devices are host PCI devices (sysfs addresses) passed through with
+	// VFIO (vfio.go); q35 guests only.
+	Devices []string `json:",omitempty"`
 	// BootInitrd, if set, is what the guest's own initramfs is made of,
 	// joined at its first boot (bootinitrd.go); until then Initrd is the
 	// one it runs from, its template's or snapshot's.
@@ -257,6 +260,9 @@ func (q *QEMU) Args(g Guest) []string {
 		args = append(args,
 			"-drive", "id=mods,file="+q.ModulesDisk+",format=raw,if=none,readonly=on",
 			"-device", q.device("blk")+",drive=mods,serial="+ModulesSerial)
+	}
+	for _, d := range g.Devices {
+		args = append(args, "-device", "vfio-pci,host="+d)
 	}
 	if g.NetNS != "" {
 		args = append(args, "-netdev", "tap,id=net0,ifname="+guestTap+",script=no,downscript=no",

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,9 @@ func (b *Backend) Snapshot(ctx context.Context, id sandboxid.ID, ref backend.Sna
 	bx, g, err := b.guestOf(id)
 	if err != nil {
 		return nil, err
+	}
+	if len(g.Devices) > 0 {
+		return nil, errdefs.FailedPrecondition("%s: sandbox %s has host PCI devices (%s), whose state does not migrate: it cannot be snapshotted or forked", b.name, id, strings.Join(g.Devices, ", "))
 	}
 	v, err := b.vmmOf(bx)
 	if err != nil {

@@ -85,7 +85,9 @@ func (s templateShape) key() string {
 // templateShapeOf is the shape of a guest of spec on root disk root, and
 // whether a template serves it.
 func (b *Backend) templateShapeOf(spec *backend.Spec, root string, g Guest, diskMB int64) (templateShape, bool) {
-	if !b.templatesOn || g.VMM != b.qemu.id() {
+	if !b.templatesOn || g.VMM != b.qemu.id() || len(spec.Devices) > 0 {
+		// A guest with a host device boots: a template's copy would lack
+		// it, and a device's state does not migrate.
 		return templateShape{}, false
 	}
 	s := templateShape{Format: templateFormat, Root: root, MemoryMB: g.MemoryMB, SMP: max(g.SMP, 1), DiskMB: diskMB,
@@ -96,7 +98,11 @@ func (b *Backend) templateShapeOf(spec *backend.Spec, root string, g Guest, disk
 	}
 	// The root disk is named by its image's layers; its time is its last
 	// use (PruneCache), which is no change.
-	for _, p := range []string{qemu, b.qemu.Kernel, b.qemu.Modules, b.qemu.Init, spec.AgentPath} {
+	files := []string{qemu, b.qemu.Kernel, b.qemu.Modules, b.qemu.Init, spec.AgentPath}
+	if b.qemu.ModulesDisk != "" {
+		files = append(files, b.qemu.ModulesDisk)
+	}
+	for _, p := range files {
 		st, err := stampOf(p)
 		if err != nil {
 			return s, false

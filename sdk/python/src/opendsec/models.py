@@ -89,7 +89,9 @@ class DSecRunArgs:
     """
 
     backend: str = "container"
-    """Isolation backend: "container" (crun/runc) or "gvisor"."""
+    """Isolation backend: "container" (crun/runc), "gvisor", "microvm" (a
+    QEMU microVM) or "vm" (a full QEMU machine that boots the image's
+    systemd)."""
     image: str = "root/py:3.11"
     """Image name "project/name:tag"."""
     cpu_cores_limit: float = 0
@@ -118,6 +120,10 @@ class DSecRunArgs:
     """Project to create in; empty means the API key's project."""
     network: Optional[Network] = None
     """The sandbox's network; None: loopback only."""
+    devices: List[str] = field(default_factory=list)
+    """Host PCI devices by address ("0000:01:00.0"), passed through to a
+    ``backend="vm"`` sandbox with VFIO where the node has an IOMMU and the
+    device is bound to vfio-pci; refused elsewhere, naming what is missing."""
 
     def to_spec(self) -> Dict[str, Any]:
         spec = {
@@ -139,6 +145,8 @@ class DSecRunArgs:
         }
         if self.network is not None:
             spec["network"] = self.network.to_json()
+        if self.devices:
+            spec["devices"] = list(self.devices)
         return spec
 
 

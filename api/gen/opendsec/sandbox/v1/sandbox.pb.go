@@ -636,8 +636,15 @@ type SandboxSpec struct {
 	ExplicitResume bool `protobuf:"varint,10,opt,name=explicit_resume,json=explicitResume,proto3" json:"explicit_resume,omitempty"`
 	// How deep on_timeout PAUSE pauses: OFFLOAD (unset) or FILESYSTEM.
 	OnTimeoutDepth PauseDepth `protobuf:"varint,11,opt,name=on_timeout_depth,json=onTimeoutDepth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"on_timeout_depth,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Host PCI devices handed to the sandbox, by address ("0000:01:00.0"):
+	// the vm backend passes each through with VFIO, where the node has an
+	// IOMMU and the device is bound to vfio-pci; elsewhere, and on other
+	// backends, the create is refused naming what is missing. A sandbox with
+	// a device cannot be snapshotted or forked (a device's state does not
+	// migrate). At most 8.
+	Devices       []string `protobuf:"bytes,12,rep,name=devices,proto3" json:"devices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
@@ -745,6 +752,13 @@ func (x *SandboxSpec) GetOnTimeoutDepth() PauseDepth {
 		return x.OnTimeoutDepth
 	}
 	return PauseDepth_PAUSE_DEPTH_UNSPECIFIED
+}
+
+func (x *SandboxSpec) GetDevices() []string {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
 }
 
 // NetworkPolicy is what a sandbox may reach; everything else is refused.
@@ -3369,7 +3383,7 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x17\n" +
 	"\adisk_mb\x18\x04 \x01(\x03R\x06diskMb\x12\x1d\n" +
 	"\n" +
-	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xa7\x05\n" +
+	"open_files\x18\x05 \x01(\x03R\topenFiles\"\xc1\x05\n" +
 	"\vSandboxSpec\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12<\n" +
@@ -3383,7 +3397,8 @@ const file_opendsec_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"on_timeout\x18\t \x01(\x0e2\x1e.opendsec.sandbox.v1.OnTimeoutR\tonTimeout\x12'\n" +
 	"\x0fexplicit_resume\x18\n" +
 	" \x01(\bR\x0eexplicitResume\x12I\n" +
-	"\x10on_timeout_depth\x18\v \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\x0eonTimeoutDepth\x1a6\n" +
+	"\x10on_timeout_depth\x18\v \x01(\x0e2\x1f.opendsec.sandbox.v1.PauseDepthR\x0eonTimeoutDepth\x12\x18\n" +
+	"\adevices\x18\f \x03(\tR\adevices\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
