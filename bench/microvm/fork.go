@@ -210,7 +210,7 @@ func medianRow(rows []forkRow) forkRow {
 
 func printForkTable(rows []forkRow) {
 	fmt.Printf("\nfork until every copy answers (the bare row: until every copy runs), ms; median run of each count by ours\n")
-	fmt.Printf("%5s %9s %7s | %9s %7s | %9s %7s | %9s | %7s %7s %7s\n", "count", "microvm", "paused", "bare QEMU", "stopped", "gvisor", "paused", "cold+prep", "/bare", "/gvisor", "/cold")
+	fmt.Printf("%5s %9s %7s | %9s %7s | %9s %7s | %9s | %7s %7s %7s\n", "count", target.name, "paused", "bare QEMU", "stopped", "gvisor", "paused", "cold+prep", "/bare", "/gvisor", "/cold")
 	for _, r := range rows {
 		fmt.Printf("%5d %9s %7s | %9s %7s | %9s %7s | %9s | %6.2fx %6.2fx %6.2fx\n", r.count,
 			benchstat.Ms(r.ours, 0), benchstat.Ms(r.oursPause, 0), benchstat.Ms(r.bare, 0), benchstat.Ms(r.barePause, 0),

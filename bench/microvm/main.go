@@ -11,6 +11,10 @@
 // each prepare; and the memory of the copies against cold guests. Needs
 // root, QEMU, runsc, the guest kernel (make deps), bin/dsec-vminit and
 // bin/aether (make build) and root/busybox:latest (make images).
+//
+// With -backend vm the same is measured of the vm backend (QEMU's q35
+// machine with its firmware) against bare q35 steps; -image
+// root/debian-systemd:13 has its guests boot systemd.
 package main
 
 import (
@@ -28,8 +32,10 @@ import (
 	"github.com/opendsec/opendsec/bench/internal/benchcluster"
 	"github.com/opendsec/opendsec/bench/internal/benchstat"
 	"github.com/opendsec/opendsec/client"
+	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/edge/backend/gvisor"
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
+	"github.com/opendsec/opendsec/internal/edge/backend/vm"
 	"github.com/opendsec/opendsec/internal/embed"
 )
 
@@ -42,7 +48,18 @@ func main() {
 	countList := flag.String("counts", "1,4,8", "fork counts")
 	reps := flag.Int("reps", 3, "runs per fork count; the table shows the median by ours")
 	concurrent := flag.Int("concurrent", 0, "also fork this many copies at once against as many bare restores (0: not)")
+	flag.StringVar(&target.name, "backend", microvm.Name, "the backend measured: microvm, or vm (q35)")
+	flag.StringVar(&target.image, "image", "root/busybox:latest", "the image its sandboxes run")
 	flag.Parse()
+	switch target.name {
+	case microvm.Name:
+		target.machine, target.factory = microvm.MachineMicrovm, microvm.New
+	case vm.Name:
+		target.machine, target.factory = microvm.MachineQ35, vm.New
+	default:
+		fmt.Fprintf(os.Stderr, "bench: -backend %q: want microvm or vm\n", target.name)
+		os.Exit(2)
+	}
 	var counts []int
 	for _, f := range strings.Split(*countList, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(f))
@@ -58,6 +75,12 @@ func main() {
 	}
 }
 
+// target is the backend measured (-backend) and its image (-image).
+var target struct {
+	name, image, machine string
+	factory              backend.Factory
+}
+
 func median(d []time.Duration) time.Duration {
 	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 	return d[len(d)/2]
@@ -71,7 +94,10 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 		}
 		*p = abs
 	}
-	q := &microvm.QEMU{Binary: "qemu-system-x86_64", Kernel: filepath.Join(guest, "vmlinux"), Init: init, Modules: filepath.Join(guest, "modules")}
+	q := &microvm.QEMU{Binary: "qemu-system-x86_64", Kernel: filepath.Join(guest, "vmlinux"), Init: init, Modules: filepath.Join(guest, "modules"), Machine: target.machine}
+	if mods := filepath.Join(guest, "modules.img"); target.machine == microvm.MachineQ35 {
+		q.ModulesDisk = mods // as the vm backend's guests have it
+	}
 	var bare []time.Duration
 	accel := ""
 	for range n {
@@ -86,14 +112,18 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 		}
 		bare, accel = append(bare, res.Boot), res.Accel
 	}
-	spec := &sandboxv1.SandboxSpec{Backend: "microvm", Image: "root/busybox:latest", Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: 256, DiskMb: 256}}
+	memory := int64(256)
+	if target.machine == microvm.MachineQ35 {
+		memory = 512 // an image's systemd beside the agent
+	}
+	spec := &sandboxv1.SandboxSpec{Backend: target.name, Image: target.image, Resources: &sandboxv1.Resources{CpuCores: 1, MemoryMb: memory, DiskMb: 256}}
 	cold, err := coldCreates(ctx, store, agent, guest, init, spec, n)
 	if err != nil {
 		return err
 	}
 	// Room for the concurrent fork's copies (1 core each) beside its source.
 	roomy := func(cfg *embed.Config) { cfg.CPUOvercommit = float64(max(8, concurrent)) }
-	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: microvm.Name, Factory: microvm.New, Config: map[string]string{"guest": guest, "init": init}}, roomy)
+	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: target.name, Factory: target.factory, Config: map[string]string{"guest": guest, "init": init}}, roomy)
 	if err != nil {
 		return err
 	}
@@ -135,7 +165,7 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 func concurrentRestores(ctx context.Context, cl *client.Client, q *microvm.QEMU, spec *sandboxv1.SandboxSpec, agent string, n int) error {
 	ours, paused, ids, err := forkOnce(ctx, cl, spec, n)
 	if err != nil {
-		return fmt.Errorf("microvm fork(%d): %w", n, err)
+		return fmt.Errorf("%s fork(%d): %w", target.name, n, err)
 	}
 	mem := pss(ids)
 	for _, id := range ids {
@@ -145,8 +175,8 @@ func concurrentRestores(ctx context.Context, cl *client.Client, q *microvm.QEMU,
 	if err != nil {
 		return fmt.Errorf("bare fork(%d): %w", n, err)
 	}
-	fmt.Printf("\n%d copies of one snapshot at once: microvm fork %s until every copy answers (source paused %s; copies' QEMU PSS %d MiB); bare QEMU %s until every copy runs (stopped %s); %.2fx\n",
-		n, benchstat.Ms(ours, 0), benchstat.Ms(paused, 0), mem>>20, benchstat.Ms(bare, 0), benchstat.Ms(stopped, 0), float64(ours)/float64(bare))
+	fmt.Printf("\n%d copies of one snapshot at once: %s fork %s until every copy answers (source paused %s; copies' QEMU PSS %d MiB); bare QEMU %s until every copy runs (stopped %s); %.2fx\n",
+		n, target.name, benchstat.Ms(ours, 0), benchstat.Ms(paused, 0), mem>>20, benchstat.Ms(bare, 0), benchstat.Ms(stopped, 0), float64(ours)/float64(bare))
 	return nil
 }
 
@@ -178,7 +208,7 @@ func forks(ctx context.Context, cl *client.Client, q *microvm.QEMU, spec *sandbo
 			r := forkRow{count: count}
 			var ids []string
 			if r.ours, r.oursPause, ids, err = forkOnce(ctx, cl, spec, count); err != nil {
-				return fmt.Errorf("microvm fork(%d): %w", count, err)
+				return fmt.Errorf("%s fork(%d): %w", target.name, count, err)
 			}
 			last := rep == reps-1 && count == counts[len(counts)-1]
 			if last {

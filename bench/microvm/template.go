@@ -45,7 +45,7 @@ func createToAnswer(ctx context.Context, cl *client.Client, spec *sandboxv1.Sand
 // coldCreates is createToAnswer on a cluster whose microvm backend boots
 // every guest (templates off).
 func coldCreates(ctx context.Context, store, agent, guest, init string, spec *sandboxv1.SandboxSpec, n int) ([]time.Duration, error) {
-	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: microvm.Name, Factory: microvm.New,
+	c, err := benchcluster.Start(ctx, store, agent, benchcluster.Backend{Name: target.name, Factory: target.factory,
 		Config: map[string]string{"guest": guest, "init": init, "templates": "off"}}, nil)
 	if err != nil {
 		return nil, err
@@ -127,7 +127,7 @@ func bareRestore(ctx context.Context, q *microvm.QEMU, tpl string) (running, ans
 
 // printCreateTable prints the create figures of one run.
 func printCreateTable(host, accel string, n int, bootBare, restoreRunning, restoreAnswered, templated, templatedCreate, cold []time.Duration) {
-	fmt.Printf("microvm create, median of %d (machine %s, accelerator %s)\n", n, host, accel)
+	fmt.Printf("%s create (%s), median of %d (machine %s, accelerator %s)\n", target.name, target.image, n, host, accel)
 	row := func(name string, d time.Duration) { fmt.Printf("%-62s %8s\n", name, benchstat.Ms(d, 0)) }
 	row("bare QEMU restore of the template to a running guest", median(restoreRunning))
 	row("bare QEMU restore of the template to the agent's answer", median(restoreAnswered))
