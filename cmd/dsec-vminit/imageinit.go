@@ -103,7 +103,7 @@ Type=simple
 	for _, kv := range env {
 		fmt.Fprintf(&b, "Environment=%s\n", specifiers(strconv.Quote(kv)))
 	}
-	if dir != "" && !strings.ContainsAny(dir, "\n") {
+	if strings.HasPrefix(dir, "/") && !strings.ContainsAny(dir, "\n") { // as the image's WORKDIR is taken
 		fmt.Fprintf(&b, "WorkingDirectory=%s\n", specifiers(dir))
 	}
 	// The sandbox's processes run in their own cgroup (-spawn-cgroup), not

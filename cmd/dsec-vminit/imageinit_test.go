@@ -36,3 +36,33 @@ func TestSystemdInitOnlyWhenAsked(t *testing.T) {
 		t.Fatal("hasWord matches words, not substrings")
 	}
 }
+
+// Whatever a sandbox's environment or directory holds (its values are
+// the caller's), the unit keeps one line per setting: nothing a value
+// carries becomes a directive of its own.
+func FuzzUnitFileKeepsValuesInTheirLines(f *testing.F) {
+	f.Add("/.dsec/aether", "A=1", "/home/user")
+	f.Add("x", "B=line\n[Service]\nExecStartPre=/bin/evil", "/a\nUser=nobody")
+	f.Fuzz(func(t *testing.T, arg, kv, dir string) {
+		u := unitFile([]string{arg}, []string{kv}, dir)
+		keys := map[string]bool{"Description": true, "DefaultDependencies": true, "After": true, "Before": true, "Type": true,
+			"ExecStart": true, "Environment": true, "WorkingDirectory": true, "Restart": true, "RestartSec": true,
+			"OOMScoreAdjust": true, "KillMode": true, "StandardOutput": true, "StandardError": true}
+		envLines := 0
+		for _, line := range strings.Split(strings.TrimSuffix(u, "\n"), "\n") {
+			if line == "" || line == "[Unit]" || line == "[Service]" {
+				continue
+			}
+			k, _, ok := strings.Cut(line, "=")
+			if !ok || !keys[k] {
+				t.Fatalf("line %q is no setting of the unit:\n%s", line, u)
+			}
+			if k == "Environment" {
+				envLines++
+			}
+		}
+		if envLines != 1 {
+			t.Fatalf("%d Environment lines for one variable:\n%s", envLines, u)
+		}
+	})
+}
