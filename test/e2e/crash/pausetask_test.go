@@ -22,8 +22,8 @@ import (
 )
 
 // TestPauseTaskOffloadsAndResumesTransparently: a task of gvisor,
-// microvm and container sandboxes is paused at the offload depth in one
-// call. The gvisor and microvm ones give their memory back (measured by
+// microvm, vm and container sandboxes is paused at the offload depth in one
+// call. The gvisor, microvm and vm ones give their memory back (measured by
 // their node) and are offloaded; the container ones are frozen, and the
 // answer says why.
 // Another task is not touched. Across a restart of every component,
@@ -33,7 +33,7 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 	testutil.RequireBinary(t, "runsc")
 	testutil.RequireBinary(t, "busybox")
 	vm := e2e.MicrovmOptions(t)
-	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.Backends["microvm"] = vm }, "gvisor", "container", "microvm")
+	c := e2e.StartClusterWith(t, "", func(cfg *embed.Config) { cfg.Backends["microvm"], cfg.Backends["vm"] = vm, vm }, "gvisor", "container", "microvm", "vm")
 	ctx := e2e.Ctx(t)
 	type member struct {
 		sb      *client.Sandbox
@@ -42,7 +42,7 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 		secret  string
 	}
 	var members []*member
-	for i, backend := range []string{"gvisor", "container", "microvm", "gvisor", "container"} {
+	for i, backend := range []string{"gvisor", "container", "microvm", "vm", "gvisor", "container"} {
 		sb, err := c.Client.Create(ctx, &sandboxv1.SandboxSpec{Backend: backend, Image: "root/busybox:latest", Task: "rollout-7"})
 		if err != nil {
 			t.Fatal(err)
@@ -85,7 +85,7 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 			t.Fatalf("%s (%s): %v", m.sb.ID, m.backend, r)
 		}
 		switch m.backend {
-		case "gvisor", "microvm":
+		case "gvisor", "microvm", "vm":
 			if r.Sandbox.PauseDepth != sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD || r.MemoryReleasedBytes < 1<<20 || r.Note != "" {
 				t.Fatalf("%s %s: depth %v, released %d, note %q", m.backend, m.sb.ID, r.Sandbox.PauseDepth, r.MemoryReleasedBytes, r.Note)
 			}
@@ -99,7 +99,7 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 	if out.MemoryReleasedBytes != released {
 		t.Fatalf("total released %d, the results add up to %d", out.MemoryReleasedBytes, released)
 	}
-	t.Logf("pause_task(offload) of 2 gvisor, 1 microvm and 2 container sandboxes gave back %d MiB", released>>20)
+	t.Logf("pause_task(offload) of 2 gvisor, 1 microvm, 1 vm and 2 container sandboxes gave back %d MiB", released>>20)
 	got, err := c.Client.Sandboxes.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: other.ID}))
 	if err != nil || got.Msg.Sandbox.State != sandboxv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("the other task's sandbox: %v %v", got, err)
@@ -149,7 +149,7 @@ func TestPauseTaskOffloadsAndResumesTransparently(t *testing.T) {
 	}
 	for _, r := range again.Results {
 		want := sandboxv1.PauseDepth_PAUSE_DEPTH_FREEZE
-		if b := r.Sandbox.GetSpec().GetBackend(); b == "gvisor" || b == "microvm" {
+		if b := r.Sandbox.GetSpec().GetBackend(); b == "gvisor" || b == "microvm" || b == "vm" {
 			want = sandboxv1.PauseDepth_PAUSE_DEPTH_OFFLOAD
 		}
 		if r.ErrorCode != "" || r.Sandbox.GetState() != sandboxv1.SandboxState_SANDBOX_STATE_PAUSED || r.Sandbox.PauseDepth != want {
