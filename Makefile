@@ -63,21 +63,25 @@ PY_IMAGE := $(CACHE)/images/refs/root/py/3.11
 CI_IMAGE := $(CACHE)/images/refs/root/code-interpreter/latest
 SYSTEMD_IMAGE := $(CACHE)/images/refs/root/debian-systemd/13
 DOCKER_IMAGE := $(CACHE)/images/refs/root/debian-docker/13
+KERNEL_IMAGE := $(CACHE)/images/refs/root/debian-kernel/13
 CI_SOURCES := $(wildcard internal/image/baseimage/codeinterpreter/*)
 
-images: build $(PY_IMAGE) $(CI_IMAGE) $(SYSTEMD_IMAGE) $(DOCKER_IMAGE)
+images: build $(PY_IMAGE) $(CI_IMAGE) $(SYSTEMD_IMAGE) $(DOCKER_IMAGE) $(KERNEL_IMAGE)
 	@test -e $(CACHE)/images/refs/root/busybox/latest || ./bin/dsec image build busybox --store $(CACHE)/images
 
 $(PY_IMAGE): | build
 	./bin/dsec image build py --store $(CACHE)/images --cache-dir $(CACHE)
 
-# The vm backend's images with systemd, and with Docker too (Debian 13;
-# about 2 min each the first time).
+# The vm backend's images with systemd, with Docker too, and with Debian's
+# own kernel (Debian 13; about 2 min each the first time).
 $(SYSTEMD_IMAGE): | build
 	./bin/dsec image build debian-systemd --store $(CACHE)/images --cache-dir $(CACHE)
 
 $(DOCKER_IMAGE): | build
 	./bin/dsec image build debian-docker --store $(CACHE)/images --cache-dir $(CACHE)
+
+$(KERNEL_IMAGE): | build
+	./bin/dsec image build debian-kernel --store $(CACHE)/images --cache-dir $(CACHE)
 
 # Rebuilt when its server or its pinned wheels change (about 25 s).
 $(CI_IMAGE): $(PY_IMAGE) $(CI_SOURCES) | build

@@ -49,7 +49,12 @@ func main() {
 		agent, init := agentBinary, ""
 		if root, rw := findDisk(rootSerial), findDisk(writableSerial); root != "" && rw != "" {
 			if err := switchRoot(root, rw); err != nil {
+				// An agent on the initramfs alone would serve a sandbox
+				// without its image: the guest ends instead, and its
+				// create fails with this line of its console.
 				fmt.Fprintln(os.Stderr, "dsec-vminit: the image's root:", err)
+				unix.Sync()
+				unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF) //nolint:errcheck // the guest ends either way
 			} else {
 				agent = "/.dsec/aether"
 				cmdline, _ := os.ReadFile("/proc/cmdline")

@@ -73,6 +73,12 @@ var Recipes = map[string]Recipe{
 		build:       buildDebianDocker,
 		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
 	},
+	"debian-kernel": {
+		Name:        "root/debian-kernel:13",
+		Description: "root/debian-systemd:13's packages + Debian 13's own kernel (linux-image-amd64): a vm sandbox boots the image's kernel",
+		build:       buildDebianKernel,
+		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
+	},
 	"code-interpreter": {
 		Name:        "root/code-interpreter:latest",
 		Description: "root/py:3.11 + Jupyter (Python, bash and JavaScript/Node.js kernels, numpy, matplotlib) and the server of E2B's Code Interpreter protocol on port 49999",

@@ -28,6 +28,15 @@ func buildDebianDocker(ctx context.Context, o Options, root string) error {
 	return buildSystemdImage(ctx, o, root, "docker", dockerPackages)
 }
 
+// kernelPackages add Debian 13's own kernel to systemdPackages: a vm
+// sandbox of this image boots it (its /boot and /lib/modules) instead of
+// the node's guest kernel.
+var kernelPackages = append(append([]string{}, systemdPackages...), "linux-image-amd64")
+
+func buildDebianKernel(ctx context.Context, o Options, root string) error {
+	return buildSystemdImage(ctx, o, root, "kernel", kernelPackages)
+}
+
 func buildSystemdImage(ctx context.Context, o Options, root, kind string, packages []string) error {
 	if err := installDebian(ctx, o, root, systemdSuite, kind, packages); err != nil {
 		return err

@@ -450,6 +450,13 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		}
 		guest.Devices = spec.Devices
 	}
+	kernel, err := b.kernelFor(ctx, spec.Layers)
+	if err != nil {
+		return nil, err
+	}
+	if kernel.Image {
+		guest.Kernel = kernel.Path
+	}
 	guest.Root, guest.Initrd = root, filepath.Join(bx.Dir, "initrd.cpio")
 	guest.RootDisk, guest.WritableDisk = rootDisk, filepath.Join(bx.Dir, "rw.ext4")
 	guest.AgentChardev, guest.AgentSocket = agentChardev(spec), agentSocket(spec)
@@ -465,7 +472,11 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if guest.Template != "" {
 		err = bootInitrdLater(ctx, &guest, bx.Dir, filepath.Join(guest.Template, "initrd.cpio"), config)
 	} else {
-		err = b.qemu.writeSandboxInitrd(guest.Initrd, spec.AgentPath, v.modules(nic != nil), config)
+		modulesDir, modules := b.qemu.Modules, v.modules(nic != nil)
+		if kernel.Image {
+			modulesDir, modules = kernel.ModulesDir, kernel.modules(nic != nil)
+		}
+		err = b.qemu.writeSandboxInitrd(guest.Initrd, spec.AgentPath, modulesDir, modules, config)
 	}
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -124,13 +125,13 @@ func (q *QEMU) WriteInitramfs(dst string, extra []InitFile) error {
 // writeSandboxInitrd writes a booting sandbox guest's initramfs to dst:
 // the init, the kernel modules, the agent at agentPath and config, its
 // /dsec/config.json.
-func (q *QEMU) writeSandboxInitrd(dst, agentPath string, modules []string, config []byte) error {
+func (q *QEMU) writeSandboxInitrd(dst, agentPath, modulesDir string, modules []string, config []byte) error {
 	agent, err := os.ReadFile(agentPath)
 	if err != nil {
 		return err
 	}
 	extra := []InitFile{{Path: "/aether", Mode: 0o755, Data: agent}, {Path: "/dsec/config.json", Mode: 0o600, Data: config}}
-	return writeGuestInitramfs(dst, q.Init, q.Modules, modules, extra)
+	return writeGuestInitramfs(dst, q.Init, modulesDir, modules, extra)
 }
 
 // writeGuestInitramfs packs the init, those of modules (in their load
@@ -204,6 +205,9 @@ type Guest struct {
 	// Template, if set, is the template snapshot the guest's first start
 	// restores (template.go) instead of booting.
 	Template string `json:",omitempty"`
+	// Kernel, if set, is the image's own kernel the guest boots
+	// (imagekernel.go); "" is the node's.
+	Kernel string `json:",omitempty"`
 	// Devices are host PCI devices (sysfs addresses) passed through with
 	// VFIO (vfio.go); q35 guests only.
 	Devices []string `json:",omitempty"`
@@ -238,7 +242,7 @@ func (q *QEMU) Args(g Guest) []string {
 	args := []string{
 		"-M", machine, "-accel", g.Accel, "-cpu", g.CPU, "-m", fmt.Sprint(g.MemoryMB), "-smp", fmt.Sprint(max(g.SMP, 1)),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-kernel", q.Kernel, "-initrd", g.Initrd, "-append", q.kernelArgs(),
+		"-kernel", cmp.Or(g.Kernel, q.Kernel), "-initrd", g.Initrd, "-append", q.kernelArgs(),
 	}
 	if g.Console != "" {
 		args = append(args, "-serial", "file:"+g.Console)
@@ -256,7 +260,7 @@ func (q *QEMU) Args(g Guest) []string {
 			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
 			"-device", q.device("blk")+",drive=rw,serial="+WritableSerial)
 	}
-	if q.ModulesDisk != "" && q.pci() {
+	if q.ModulesDisk != "" && q.pci() && g.Kernel == "" { // an image's kernel has its own
 		args = append(args,
 			"-drive", "id=mods,file="+q.ModulesDisk+",format=raw,if=none,readonly=on",
 			"-device", q.device("blk")+",drive=mods,serial="+ModulesSerial)

@@ -56,8 +56,10 @@ type templateShape struct {
 	CPU      string `json:"cpu,omitempty"`
 	// Net: the guest has a NIC (its copies take their own address in
 	// their first request, as a fork's copies do).
-	Net   bool    `json:"net,omitempty"`
-	Files []stamp `json:"files"` // QEMU, the kernel, modules, init and agent as they were
+	Net bool `json:"net,omitempty"`
+	// Kernel is the image's own kernel its guests boot ("": the node's).
+	Kernel string  `json:"kernel,omitempty"`
+	Files  []stamp `json:"files"` // QEMU, the kernel, modules, init and agent as they were
 }
 
 // stamp is a file's identity as far as a template cares.
@@ -91,7 +93,7 @@ func (b *Backend) templateShapeOf(spec *backend.Spec, root string, g Guest, disk
 		return templateShape{}, false
 	}
 	s := templateShape{Format: templateFormat, Root: root, MemoryMB: g.MemoryMB, SMP: max(g.SMP, 1), DiskMB: diskMB,
-		Pids: spec.Pids, NoFile: spec.NoFile, Accel: g.Accel, CPU: g.CPU, Net: spec.NetNS != ""}
+		Pids: spec.Pids, NoFile: spec.NoFile, Accel: g.Accel, CPU: g.CPU, Net: spec.NetNS != "", Kernel: g.Kernel}
 	qemu, err := exec.LookPath(b.qemu.Binary)
 	if err != nil {
 		return s, false
@@ -101,6 +103,9 @@ func (b *Backend) templateShapeOf(spec *backend.Spec, root string, g Guest, disk
 	files := []string{qemu, b.qemu.Kernel, b.qemu.Modules, b.qemu.Init, spec.AgentPath}
 	if b.qemu.ModulesDisk != "" {
 		files = append(files, b.qemu.ModulesDisk)
+	}
+	if g.Kernel != "" {
+		files = append(files, g.Kernel)
 	}
 	for _, p := range files {
 		st, err := stampOf(p)
@@ -288,6 +293,13 @@ func (b *Backend) Warm(ctx context.Context, spec *backend.Spec, network bool) (b
 		return false, err
 	}
 	g := b.shapeOf(spec, b.booting().id())
+	kernel, err := b.kernelFor(ctx, spec.Layers)
+	if err != nil {
+		return false, err
+	}
+	if kernel.Image {
+		g.Kernel = kernel.Path
+	}
 	shape, ok := b.templateShapeOf(spec, root, g, diskOf(spec))
 	if !ok {
 		return false, errdefs.FailedPrecondition("microvm: this node makes no template snapshots (option templates=off, or its guests run on Firecracker): every create boots")

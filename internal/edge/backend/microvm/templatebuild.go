@@ -151,14 +151,22 @@ func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, bui
 	}
 	cfg, _ := json.Marshal(gc)
 	initrd := filepath.Join(boot, "initrd.cpio")
-	if err := t.q.writeSandboxInitrd(initrd, agentPath, t.q.modules(s.Net), cfg); err != nil {
+	kernel := t.q.nodeKernel()
+	if s.Kernel != "" {
+		k, err := loadBootKernel(filepath.Dir(s.Kernel))
+		if err != nil {
+			return Guest{}, fmt.Errorf("the image's kernel: %w", err)
+		}
+		kernel = k
+	}
+	if err := t.q.writeSandboxInitrd(initrd, agentPath, kernel.ModulesDir, kernel.modules(s.Net), cfg); err != nil {
 		return Guest{}, err
 	}
 	rootDisk := filepath.Join(boot, "root.ext4")
 	if err := shareRoot(s.Root, s.Root, rootDisk); err != nil {
 		return Guest{}, err
 	}
-	return Guest{Root: s.Root, Accel: s.Accel, CPU: s.CPU, MemoryMB: s.MemoryMB, SMP: s.SMP,
+	return Guest{Root: s.Root, Kernel: s.Kernel, Accel: s.Accel, CPU: s.CPU, MemoryMB: s.MemoryMB, SMP: s.SMP,
 		Initrd: initrd, RootDisk: rootDisk, WritableDisk: rw,
 		MemFile: buildMemFile(build), MemShared: true}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,29 @@ func dockerArchive(t *testing.T, busybox, tag string) []byte {
 		t.Fatal(err)
 	}
 	return out.Bytes()
+}
+
+// An image with a kernel of its own (root/debian-kernel:13: Debian 13's)
+// boots it, not the node's, with its own modules for modprobe, and its
+// systemd as PID 1.
+func TestTheImagesOwnKernelBoots(t *testing.T) {
+	f := factory(t)
+	layers := backendtest.StoreImageLayers(t, "root/debian-kernel:13", "make images")
+	b := f(t, t.TempDir())
+	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
+	spec.MemoryMB = 512
+	sb := backendtest.StartSpec(t, b, spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r, err := sb.Proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c",
+		"uname -r; ls /boot | grep vmlinuz; cat /proc/1/comm; modprobe veth && grep -c '^veth ' /proc/modules"}}}))
+	if err != nil || r.Msg.ExitCode != 0 {
+		t.Fatalf("%v: %s%s", err, r.Msg.GetStdout(), r.Msg.GetStderr())
+	}
+	lines := strings.Fields(string(r.Msg.Stdout))
+	node, _ := os.ReadFile(filepath.Join(testutil.GuestKernelDir(t), "release"))
+	if len(lines) != 4 || "vmlinuz-"+lines[0] != lines[1] || lines[0] == strings.TrimSpace(string(node)) || lines[2] != "systemd" || lines[3] != "1" {
+		t.Fatalf("kernel, the image's, PID 1, veth loaded: %q (the node's kernel is %s)", lines, node)
+	}
+	t.Logf("the guest runs the image's kernel %s", lines[0])
 }
