@@ -150,6 +150,9 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 	}
 	host, _ := os.Hostname()
 	printCreateTable(host, accel, n, bare, restoreRunning, restoreAnswered, ours, creates, cold)
+	if err := pauseResume(ctx, cl, q, spec, tpl, n); err != nil {
+		return fmt.Errorf("pause and resume: %w", err)
+	}
 	if err := forks(ctx, cl, q, spec, store, agent, counts, reps); err != nil {
 		return err
 	}

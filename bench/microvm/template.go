@@ -77,52 +77,69 @@ func findTemplate(work string) (string, error) {
 	return found, nil
 }
 
-// bareRestore is the raw QEMU steps of a create from template tpl: a QEMU
-// started waiting for the stream, mapping the template's RAM privately,
-// taking the device state in and running (running), and until the
-// guest's agent answers on a link of our own (answered). The writable
-// disk's copy is made before the clock starts.
+// bareCopy is a bare QEMU restore of a template: its guest, its agent's
+// link, and what ends both.
+type bareCopy struct {
+	guest *microvm.BareGuest
+	link  *agentlink.Link
+	end   func()
+}
+
+// bareRestore restores the template tpl with bare QEMU steps and returns
+// how long until the guest runs and until its agent answers.
 func bareRestore(ctx context.Context, q *microvm.QEMU, tpl string) (running, answered time.Duration, err error) {
+	c, running, answered, err := startBareCopy(ctx, q, tpl)
+	if err == nil {
+		c.end()
+	}
+	return running, answered, err
+}
+
+// startBareCopy restores tpl with bare QEMU steps, until its agent
+// answers.
+func startBareCopy(ctx context.Context, q *microvm.QEMU, tpl string) (c *bareCopy, running, answered time.Duration, err error) {
 	dir, err := os.MkdirTemp("", "dsec-bench-restore-")
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, 0, err
 	}
-	defer os.RemoveAll(dir)
+	c = &bareCopy{end: func() { os.RemoveAll(dir) }}
+	fail := func(err error) (*bareCopy, time.Duration, time.Duration, error) {
+		c.end()
+		return nil, 0, 0, err
+	}
 	var g microvm.Guest
 	data, err := os.ReadFile(filepath.Join(tpl, "guest.json"))
 	if err == nil {
 		err = json.Unmarshal(data, &g)
 	}
 	if err != nil {
-		return 0, 0, err
+		return fail(err)
 	}
 	g.RootDisk, g.Initrd, g.WritableDisk = filepath.Join(tpl, "root.ext4"), filepath.Join(tpl, "initrd.cpio"), filepath.Join(dir, "rw.ext4")
 	if err := sparsefile.Copy(ctx, filepath.Join(tpl, "rw.ext4"), g.WritableDisk, 1); err != nil {
-		return 0, 0, err
+		return fail(err)
 	}
-	link, err := agentlink.Listen(filepath.Join(dir, "a.sock"), nil)
-	if err != nil {
-		return 0, 0, err
+	if c.link, err = agentlink.Listen(filepath.Join(dir, "a.sock"), nil); err != nil {
+		return fail(err)
 	}
-	defer link.Close()
-	g.AgentChardev = "socket,id=agent,path=" + link.Path() + ",server=off,reconnect=1"
+	c.end = func() { c.link.Close(); os.RemoveAll(dir) }
+	g.AgentChardev = "socket,id=agent,path=" + c.link.Path() + ",server=off,reconnect=1"
 	g.MemFile, g.MemShared, g.Incoming, g.Console = filepath.Join(tpl, "mem"), false, true, filepath.Join(dir, "console.log")
 	t0 := time.Now()
-	bg, err := q.StartBare(ctx, dir, g)
-	if err != nil {
-		return 0, 0, err
+	if c.guest, err = q.StartBare(ctx, dir, g); err != nil {
+		return fail(err)
 	}
-	defer bg.Kill()
-	if err := bg.Incoming(ctx, filepath.Join(tpl, "state")); err != nil {
-		return 0, 0, err
+	c.end = func() { c.guest.Kill(); c.link.Close(); os.RemoveAll(dir) }
+	if err := c.guest.Incoming(ctx, filepath.Join(tpl, "state")); err != nil {
+		return fail(err)
 	}
 	running = time.Since(t0)
 	wait, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := link.WaitServing(wait); err != nil {
-		return 0, 0, fmt.Errorf("bare restore: the agent did not answer: %w", err)
+	if err := c.link.WaitServing(wait); err != nil {
+		return fail(fmt.Errorf("bare restore: the agent did not answer: %w", err))
 	}
-	return running, time.Since(t0), nil
+	return c, running, time.Since(t0), nil
 }
 
 // printCreateTable prints the create figures of one run.

@@ -85,6 +85,19 @@ func (bg *BareGuest) Incoming(ctx context.Context, state string) error {
 	return err
 }
 
+// Monitor runs one QMP command without arguments ("stop", "cont") and
+// returns how long QEMU took to answer it.
+func (bg *BareGuest) Monitor(ctx context.Context, command string) (time.Duration, error) {
+	q, err := dialQMP(ctx, bg.sock())
+	if err != nil {
+		return 0, err
+	}
+	defer q.Close()
+	began := time.Now()
+	_, err = q.call(command, nil)
+	return time.Since(began), err
+}
+
 // Kill ends the guest.
 func (bg *BareGuest) Kill() {
 	if bg.pid > 0 {
