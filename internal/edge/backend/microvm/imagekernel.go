@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/opendsec/opendsec/internal/atomicfile"
+	"github.com/opendsec/opendsec/internal/sparsefile"
 )
 
 // The image's own kernel [ours; the vm backend]. An image that carries a
@@ -192,7 +193,7 @@ func takeImageKernel(ctx context.Context, tree, kernel, release, dir string, wan
 			return nil, fmt.Errorf("module %s: %w", m, err)
 		}
 	}
-	if err := copyRegular(kernel, k.Path); err != nil {
+	if err := copyRegular(ctx, kernel, k.Path); err != nil {
 		return nil, err
 	}
 	data, _ := json.Marshal(k)
@@ -267,7 +268,7 @@ func decompressModule(ctx context.Context, src, dst string) error {
 	var tool string
 	switch filepath.Ext(src) {
 	case ".ko":
-		return copyRegular(src, dst)
+		return copyRegular(ctx, src, dst)
 	case ".xz":
 		tool = "xz"
 	case ".zst":
@@ -306,8 +307,9 @@ func decompressModule(ctx context.Context, src, dst string) error {
 	return err
 }
 
-// copyRegular copies src, which must be a regular file, to dst.
-func copyRegular(src, dst string) error {
+// copyRegular copies src, which must be a regular file, to dst (made
+// anew).
+func copyRegular(ctx context.Context, src, dst string) error {
 	fi, err := os.Lstat(src)
 	if err != nil {
 		return err
@@ -315,18 +317,8 @@ func copyRegular(src, dst string) error {
 	if !fi.Mode().IsRegular() {
 		return errors.New(src + ": not a regular file")
 	}
-	in, err := os.Open(src)
-	if err != nil {
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return sparsefile.Copy(ctx, src, dst, 1)
 }

@@ -72,19 +72,7 @@ func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
 	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
 	spec.MemoryMB = 512
 	sb := backendtest.StartSpec(t, b, spec)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	run := func(script string) string {
-		t.Helper()
-		r, err := sb.Proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", script}}}))
-		if err != nil {
-			t.Fatalf("%s: %v", script, err)
-		}
-		if r.Msg.ExitCode != 0 {
-			t.Fatalf("%s: exit %d: %s%s", script, r.Msg.ExitCode, r.Msg.Stdout, r.Msg.Stderr)
-		}
-		return strings.TrimSpace(string(r.Msg.Stdout))
-	}
+	run := func(script string) string { t.Helper(); return shell(t, sb, script, time.Minute) }
 	if got := run("cat /proc/1/comm"); got != "systemd" {
 		t.Fatalf("PID 1 is %q, want systemd", got)
 	}
@@ -130,17 +118,7 @@ func TestDockerRunsInsideAVM(t *testing.T) {
 	sb := backendtest.StartSpec(t, b, spec)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	run := func(script string) string {
-		t.Helper()
-		r, err := sb.Proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", script}, TimeoutMs: 330_000}}))
-		if err != nil {
-			t.Fatalf("%s: %v", script, err)
-		}
-		if r.Msg.ExitCode != 0 {
-			t.Fatalf("%s: exit %d: %s%s", script, r.Msg.ExitCode, r.Msg.Stdout, r.Msg.Stderr)
-		}
-		return strings.TrimSpace(string(r.Msg.Stdout))
-	}
+	run := func(script string) string { t.Helper(); return shell(t, sb, script, 330*time.Second) }
 	if _, err := sb.Files.WriteFile(ctx, connect.NewRequest(&agentv1.WriteFileRequest{Path: "/root/busybox.tar", Data: archive})); err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +131,22 @@ func TestDockerRunsInsideAVM(t *testing.T) {
 	if got := run("docker run --rm dsec/busybox:1 sh -c 'echo hi from a container; ip -o -4 addr show eth0 | grep -c inet'"); got != "hi from a container\n1" {
 		t.Fatalf("docker run: %q", got)
 	}
+}
+
+// shell runs script in sb with sh and returns its output, trimmed; the
+// process may take up to limit. Any failure ends the test.
+func shell(t *testing.T, sb *backendtest.Sandbox, script string, limit time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit+30*time.Second)
+	defer cancel()
+	r, err := sb.Proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c", script}, TimeoutMs: uint32(limit.Milliseconds())}}))
+	if err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	if r.Msg.ExitCode != 0 {
+		t.Fatalf("%s: exit %d: %s%s", script, r.Msg.ExitCode, r.Msg.Stdout, r.Msg.Stderr)
+	}
+	return strings.TrimSpace(string(r.Msg.Stdout))
 }
 
 // dockerArchive is a tarball in docker save's format of one image, tag,
@@ -208,14 +202,7 @@ func TestTheImagesOwnKernelBoots(t *testing.T) {
 	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
 	spec.MemoryMB = 512
 	sb := backendtest.StartSpec(t, b, spec)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	r, err := sb.Proc.Run(ctx, connect.NewRequest(&agentv1.RunRequest{Process: &agentv1.ProcessConfig{Args: []string{"sh", "-c",
-		"uname -r; ls /boot | grep vmlinuz; cat /proc/1/comm; modprobe veth && grep -c '^veth ' /proc/modules"}}}))
-	if err != nil || r.Msg.ExitCode != 0 {
-		t.Fatalf("%v: %s%s", err, r.Msg.GetStdout(), r.Msg.GetStderr())
-	}
-	lines := strings.Fields(string(r.Msg.Stdout))
+	lines := strings.Fields(shell(t, sb, "uname -r; ls /boot | grep vmlinuz; cat /proc/1/comm; modprobe veth && grep -c '^veth ' /proc/modules", time.Minute))
 	node, _ := os.ReadFile(filepath.Join(testutil.GuestKernelDir(t), "release"))
 	if len(lines) != 4 || "vmlinuz-"+lines[0] != lines[1] || lines[0] == strings.TrimSpace(string(node)) || lines[2] != "systemd" || lines[3] != "1" {
 		t.Fatalf("kernel, the image's, PID 1, veth loaded: %q (the node's kernel is %s)", lines, node)
