@@ -66,12 +66,7 @@ func TestSnapshotAndCopies(t *testing.T) {
 // modules load, and systemd itself runs its services (a transient one
 // started through it).
 func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
-	f := factory(t)
-	layers := backendtest.StoreImageLayers(t, "root/debian-systemd:13", "make images")
-	b := f(t, t.TempDir())
-	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
-	spec.MemoryMB = 512
-	sb := backendtest.StartSpec(t, b, spec)
+	sb, spec := startImage(t, "root/debian-systemd:13", 1, 512)
 	run := func(script string) string { t.Helper(); return shell(t, sb, script, time.Minute) }
 	if got := run("cat /proc/1/comm"); got != "systemd" {
 		t.Fatalf("PID 1 is %q, want systemd", got)
@@ -109,13 +104,8 @@ func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
 // made here of the node's static busybox) runs as a container on Docker's
 // own bridge, its modules loaded from the node's modules disk.
 func TestDockerRunsInsideAVM(t *testing.T) {
-	f := factory(t)
-	layers := backendtest.StoreImageLayers(t, "root/debian-docker:13", "make images")
 	archive := dockerArchive(t, testutil.RequireBinary(t, "busybox"), "dsec/busybox:1")
-	b := f(t, t.TempDir())
-	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
-	spec.MemoryMB, spec.CPUCores, spec.DiskMB = 1024, 2, 2048
-	sb := backendtest.StartSpec(t, b, spec)
+	sb, _ := startImage(t, "root/debian-docker:13", 2, 1024)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	run := func(script string) string { t.Helper(); return shell(t, sb, script, 330*time.Second) }
@@ -131,6 +121,17 @@ func TestDockerRunsInsideAVM(t *testing.T) {
 	if got := run("docker run --rm dsec/busybox:1 sh -c 'echo hi from a container; ip -o -4 addr show eth0 | grep -c inet'"); got != "hi from a container\n1" {
 		t.Fatalf("docker run: %q", got)
 	}
+}
+
+// startImage starts a sandbox of image (from the repository's store) on
+// a new vm backend, with cpus vCPUs and memoryMB of memory.
+func startImage(t *testing.T, image string, cpus float64, memoryMB int64) (*backendtest.Sandbox, *backend.Spec) {
+	t.Helper()
+	f := factory(t)
+	layers := backendtest.StoreImageLayers(t, image, "make images")
+	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
+	spec.CPUCores, spec.MemoryMB = cpus, memoryMB
+	return backendtest.StartSpec(t, f(t, t.TempDir()), spec), spec
 }
 
 // shell runs script in sb with sh and returns its output, trimmed; the
@@ -196,12 +197,7 @@ func dockerArchive(t *testing.T, busybox, tag string) []byte {
 // boots it, not the node's, with its own modules for modprobe, and its
 // systemd as PID 1.
 func TestTheImagesOwnKernelBoots(t *testing.T) {
-	f := factory(t)
-	layers := backendtest.StoreImageLayers(t, "root/debian-kernel:13", "make images")
-	b := f(t, t.TempDir())
-	spec := backendtest.NewSpec(t, backendtest.Env{Layers: layers, Agent: testutil.AgentBinary(t), Isolated: true}, sandboxid.NewNodeID())
-	spec.MemoryMB = 512
-	sb := backendtest.StartSpec(t, b, spec)
+	sb, _ := startImage(t, "root/debian-kernel:13", 1, 512)
 	lines := strings.Fields(shell(t, sb, "uname -r; ls /boot | grep vmlinuz; cat /proc/1/comm; modprobe veth && grep -c '^veth ' /proc/modules", time.Minute))
 	node, _ := os.ReadFile(filepath.Join(testutil.GuestKernelDir(t), "release"))
 	if len(lines) != 4 || "vmlinuz-"+lines[0] != lines[1] || lines[0] == strings.TrimSpace(string(node)) || lines[2] != "systemd" || lines[3] != "1" {
