@@ -19,12 +19,16 @@ import (
 const symlinkedSuffix = ".linked"
 
 // PruneCache implements backend.CachePruner: it removes the template
-// snapshots and then the root disks that no guest or snapshot links to and
-// that no create used within grace.
+// snapshots, what was taken of images' kernels that no guest boots, and
+// then the root disks that no guest or snapshot links to, each unused by
+// any create within grace.
 func (b *Backend) PruneCache(grace time.Duration) (int64, error) {
 	// Templates first: each links its root disk.
 	freed, err := b.tpl.prune(grace)
 	errs := []error{err}
+	n, err := b.pruneKernels(grace)
+	freed += n
+	errs = append(errs, err)
 	dir := filepath.Join(b.cfg.StateDir, "roots")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
