@@ -65,14 +65,14 @@ func handOver(init string, argv, env []string, dir string, c *config) error {
 	if err := os.MkdirAll(filepath.Join(units, "sysinit.target.wants"), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(units, agentUnit), []byte(unitFile(argv, env, dir)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(units, agentUnit), []byte(unitFile(argv, env, dir, c.NoFile)), 0o644); err != nil {
 		return err
 	}
 	if err := os.Symlink("../"+agentUnit, filepath.Join(units, "sysinit.target.wants", agentUnit)); err != nil {
 		return err
 	}
 	var errs []error
-	if dir != "" {
+	if plainDir(dir) {
 		errs = append(errs, os.MkdirAll(dir, 0o755)) // as docker makes a missing WORKDIR
 	}
 	if c.Hostname != "" {
@@ -87,8 +87,10 @@ func handOver(init string, argv, env []string, dir string, c *config) error {
 	return unix.Exec(init, []string{init}, nil)
 }
 
-// unitFile is the agent's systemd unit.
-func unitFile(argv, env []string, dir string) string {
+// unitFile is the agent's systemd unit; nofile, if set, is its open files
+// limit, which the sandbox's processes inherit (systemd gives a service
+// its own otherwise, not its PID 1's).
+func unitFile(argv, env []string, dir string, nofile int64) string {
 	var b strings.Builder
 	b.WriteString(`[Unit]
 Description=OpenDsec sandbox agent
@@ -103,8 +105,11 @@ Type=simple
 	for _, kv := range env {
 		fmt.Fprintf(&b, "Environment=%s\n", specifiers(strconv.Quote(kv)))
 	}
-	if strings.HasPrefix(dir, "/") && !strings.ContainsAny(dir, "\n") { // as the image's WORKDIR is taken
+	if plainDir(dir) {
 		fmt.Fprintf(&b, "WorkingDirectory=%s\n", specifiers(dir))
+	}
+	if nofile > 0 {
+		fmt.Fprintf(&b, "LimitNOFILE=%d\n", nofile)
 	}
 	// The sandbox's processes run in their own cgroup (-spawn-cgroup), not
 	// the unit's; the agent keeps serving when the guest's memory runs out.
@@ -127,6 +132,14 @@ func quoteArgs(argv []string) string {
 		out[i] = strings.ReplaceAll(specifiers(strconv.Quote(a)), "$", "$$")
 	}
 	return strings.Join(out, " ")
+}
+
+// plainDir says dir can be a WorkingDirectory= as it is: absolute (as
+// the image's WORKDIR is taken), and without a control character or a
+// backslash, which systemd's line reading would end or join a line at.
+// Another directory leaves the agent in /.
+func plainDir(dir string) bool {
+	return strings.HasPrefix(dir, "/") && !strings.ContainsFunc(dir, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' })
 }
 
 // specifiers has systemd read every "%" of s as itself.

@@ -9,7 +9,7 @@ import (
 // systemd reads them: quoted words, "%" and "$" taken literally.
 func TestUnitFileQuotesWhatSystemdWouldExpand(t *testing.T) {
 	u := unitFile([]string{"/.dsec/aether", "-edge-socket", "virtio-port:dsec.agent", "-x", `50% of $HOME "q"`},
-		[]string{"PATH=/usr/bin:/bin", `GREETING=hi "you" 100%`}, "/home/user")
+		[]string{"PATH=/usr/bin:/bin", `GREETING=hi "you" 100%`}, "/home/user", 2048)
 	for _, want := range []string{
 		`ExecStart="/.dsec/aether" "-edge-socket" "virtio-port:dsec.agent" "-x" "50%% of $$HOME \"q\""`,
 		`Environment="PATH=/usr/bin:/bin"`,
@@ -17,13 +17,16 @@ func TestUnitFileQuotesWhatSystemdWouldExpand(t *testing.T) {
 		"WorkingDirectory=/home/user\n",
 		"DefaultDependencies=no\n",
 		"Restart=always\n",
+		"LimitNOFILE=2048\n",
 	} {
 		if !strings.Contains(u, want) {
 			t.Errorf("unit lacks %q:\n%s", want, u)
 		}
 	}
-	if u := unitFile([]string{"/a"}, nil, "/bad\ndir"); strings.Contains(u, "WorkingDirectory") {
-		t.Errorf("a directory with a newline made it into the unit:\n%s", u)
+	for _, dir := range []string{"/bad\ndir", "/x\rExecStartPre=/bin/evil", "/ends\\", "relative", "/nul\x00"} {
+		if u := unitFile([]string{"/a"}, nil, dir, 0); strings.Contains(u, "WorkingDirectory") {
+			t.Errorf("directory %q made it into the unit:\n%s", dir, u)
+		}
 	}
 }
 
@@ -44,13 +47,19 @@ func FuzzUnitFileKeepsValuesInTheirLines(f *testing.F) {
 	f.Add("/.dsec/aether", "A=1", "/home/user")
 	f.Add("x", "B=line\n[Service]\nExecStartPre=/bin/evil", "/a\nUser=nobody")
 	f.Fuzz(func(t *testing.T, arg, kv, dir string) {
-		u := unitFile([]string{arg}, []string{kv}, dir)
-		keys := map[string]bool{"Description": true, "DefaultDependencies": true, "After": true, "Before": true, "Type": true,
+		u := unitFile([]string{arg}, []string{kv}, dir, 0)
+		keys := map[string]bool{"LimitNOFILE": true, "Description": true, "DefaultDependencies": true, "After": true, "Before": true, "Type": true,
 			"ExecStart": true, "Environment": true, "WorkingDirectory": true, "Restart": true, "RestartSec": true,
 			"OOMScoreAdjust": true, "KillMode": true, "StandardOutput": true, "StandardError": true}
 		envLines := 0
-		for _, line := range strings.Split(strings.TrimSuffix(u, "\n"), "\n") {
-			if line == "" || line == "[Unit]" || line == "[Service]" {
+		// systemd ends a line at \n, \r or NUL, and joins one that ends
+		// in a backslash to the next.
+		lines := strings.FieldsFunc(u, func(r rune) bool { return r == '\n' || r == '\r' || r == 0 })
+		for _, line := range lines {
+			if strings.HasSuffix(line, "\\") {
+				t.Fatalf("line %q would be joined to the next:\n%s", line, u)
+			}
+			if line == "[Unit]" || line == "[Service]" {
 				continue
 			}
 			k, _, ok := strings.Cut(line, "=")

@@ -298,7 +298,13 @@ func mountModules(dev, root string) error {
 	if err := unix.Uname(&u); err != nil {
 		return err
 	}
-	dst := filepath.Join(root, "lib/modules", unix.ByteSliceToString(u.Release[:]))
+	// Merged /usr makes /lib a link, which is followed here in the
+	// initramfs, not the image: /usr/lib then.
+	lib := filepath.Join(root, "lib")
+	if fi, err := os.Lstat(lib); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		lib = filepath.Join(root, "usr/lib")
+	}
+	dst := filepath.Join(lib, "modules", unix.ByteSliceToString(u.Release[:]))
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
 	}
