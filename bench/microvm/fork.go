@@ -147,7 +147,7 @@ func bareFork(ctx context.Context, q *microvm.QEMU, agent string, memMB, count i
 	}
 	mem := filepath.Join("/dev/shm", filepath.Base(dir)+".mem")
 	defer os.Remove(mem)
-	g := microvm.Guest{MemoryMB: memMB, Initrd: initrd, Console: filepath.Join(dir, "console.log"), AgentChardev: "null,id=agent", MemFile: mem, MemShared: true}
+	g := microvm.Guest{MemoryMB: memMB, Initrd: initrd, Console: filepath.Join(dir, "console.log"), AgentChardev: "null,id=agent", MemFile: mem, MemShared: true, ModulesDisk: q.ModulesDisk}
 	srcDir := filepath.Join(dir, "src")
 	os.MkdirAll(srcDir, 0o700)
 	src, err := q.StartBare(ctx, srcDir, g)

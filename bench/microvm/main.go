@@ -96,7 +96,9 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 	}
 	q := &microvm.QEMU{Binary: "qemu-system-x86_64", Kernel: filepath.Join(guest, "vmlinux"), Init: init, Modules: filepath.Join(guest, "modules"), Machine: target.machine}
 	if mods := filepath.Join(guest, "modules.img"); target.machine == microvm.MachineQ35 {
-		q.ModulesDisk = mods // as the vm backend's guests have it
+		if _, err := os.Stat(mods); err == nil {
+			q.ModulesDisk = mods // as the vm backend's guests have it
+		}
 	}
 	var bare []time.Duration
 	accel := ""

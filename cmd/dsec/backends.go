@@ -31,6 +31,7 @@ type backendFlags struct {
 	guest, vmInit, firecracker  *string
 	templates                   *string
 	cgroupParent                *string
+	vmDevices                   *string
 }
 
 func addBackendFlags(fs *flag.FlagSet) *backendFlags {
@@ -43,6 +44,7 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 		vmInit:       fs.String("microvm-init", "", "the microvm guest's init, dsec-vminit (default: next to dsec, built by make)"),
 		cgroupParent: fs.String("cgroup-parent", "", "the sandboxes' parent cgroup, a path from the cgroup root (default /opendsec; under systemd the edge unit's delegated subtree, as deploy/quickstart.sh sets it)"),
 		templates:    fs.String("microvm-templates", "on", "\"on\": a node boots the first microVM of an image and shape once, snapshots it and creates every later one by restoring that snapshot (a fifth of a boot's time under TCG); \"off\": every microVM boots"),
+		vmDevices:    fs.String("vm-devices", "", "host PCI devices (comma-separated addresses, lspci -D's form) this node passes through to vm sandboxes that ask for them, each bound to vfio-pci on a host with its IOMMU on; no other is handed out"),
 		firecracker:  fs.String("microvm-firecracker", "", "a Firecracker binary the microvm backend tries before QEMU: its probe boot decides (make deps fetches one into .cache/firecracker; default: none)"),
 	}
 }
@@ -64,6 +66,9 @@ func (f *backendFlags) options(name string) map[string]string {
 		guest, init, fc := *f.guest, *f.vmInit, *f.firecracker
 		if name == vm.Name {
 			fc = "" // QEMU's q35 only
+			if *f.vmDevices != "" {
+				o["devices"] = *f.vmDevices
+			}
 		}
 		if self, err := os.Executable(); err == nil {
 			bin := filepath.Dir(self)

@@ -18,7 +18,7 @@ import (
 func TestEveryBackendTakesItsFlags(t *testing.T) {
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	bf := addBackendFlags(fs)
-	if err := fs.Parse([]string{"--cgroup-parent", "/opendsec.slice", "--microvm-firecracker", "/usr/bin/firecracker", "--gvisor-runsc-network", "none", "--microvm-templates", "off"}); err != nil {
+	if err := fs.Parse([]string{"--cgroup-parent", "/opendsec.slice", "--microvm-firecracker", "/usr/bin/firecracker", "--gvisor-runsc-network", "none", "--microvm-templates", "off", "--vm-devices", "0000:01:00.0"}); err != nil {
 		t.Fatal(err)
 	}
 	into := map[string]any{container.Name: &container.Options{}, gvisor.Name: &gvisor.Options{}, microvm.Name: &microvm.Options{}, vm.Name: &microvm.Options{}}
@@ -38,8 +38,11 @@ func TestEveryBackendTakesItsFlags(t *testing.T) {
 		if err := backend.DecodeOptions(name, opts, dst); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
-		if name == vm.Name && opts["firecracker"] != "" {
-			t.Errorf("vm: handed --microvm-firecracker, which it refuses: %v", opts)
+		if name == vm.Name && (opts["firecracker"] != "" || opts["devices"] != "0000:01:00.0") {
+			t.Errorf("vm: handed --microvm-firecracker, which it refuses, or not --vm-devices: %v", opts)
+		}
+		if name != vm.Name && opts["devices"] != "" {
+			t.Errorf("%s: handed --vm-devices: %v", name, opts)
 		}
 	}
 	if o := into[microvm.Name].(*microvm.Options); o.Firecracker != "/usr/bin/firecracker" || o.Init == "" || o.Templates != "off" {

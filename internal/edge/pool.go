@@ -64,7 +64,7 @@ func poolKey(spec *sandboxv1.SandboxSpec, digest string) string {
 		key += "|net"
 	}
 	if len(spec.Devices) > 0 {
-		key += "|dev=" + strings.Join(spec.Devices, ",") // never a pool's
+		key += "|dev=" + strings.Join(spec.Devices, ",") // a pool's never has one (normalize)
 	}
 	return key
 }
@@ -165,6 +165,10 @@ func (p *pools) normalize(c Pool, source string) (*poolWant, error) {
 	e := p.e
 	if c.Spec == nil || c.Project == "" {
 		return nil, errdefs.InvalidArgument("a pool needs a spec and a project")
+	}
+	if len(c.Spec.Devices) > 0 {
+		// A host device is one sandbox's at a time, and a pool's are no one's.
+		return nil, errdefs.InvalidArgument("devices: a pool's sandboxes take no host device; create such a sandbox when it is needed")
 	}
 	spec := proto.Clone(c.Spec).(*sandboxv1.SandboxSpec)
 	networked := spec.Network != nil

@@ -315,6 +315,7 @@ func TestSetPoolOverridesFlagsAndIsKept(t *testing.T) {
 		{&sandboxv1.SandboxSpec{Image: "root/none:1", Backend: "fake"}, 1, "root/none:1"},
 		{&sandboxv1.SandboxSpec{Image: spec().Image, Backend: "fake", Network: &sandboxv1.NetworkPolicy{}}, 1, "without sandbox networking"},
 		{nil, 1, "spec: missing"},
+		{&sandboxv1.SandboxSpec{Image: spec().Image, Backend: "fake", Devices: []string{"0000:01:00.0"}}, 1, "devices: a pool's sandboxes take no host device"},
 	} {
 		if _, err := e.SetPool(c.spec, "root", c.size); err == nil || !strings.Contains(err.Error(), c.wantErr) {
 			t.Errorf("SetPool(%v, %d): %v, want an error naming %q", c.spec, c.size, err, c.wantErr)

@@ -70,11 +70,12 @@ const MaxDevices = 8
 
 // pciAddrRE is a PCI device's address as sysfs names it (domain, bus,
 // device, function), in lower case.
-var pciAddrRE = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$`)
+// Domains past ffff (Intel VMD's 10000) have more digits.
+var pciAddrRE = regexp.MustCompile(`^[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$`)
 
-// normalizeDevices checks spec.Devices, lower-casing each address and
+// NormalizeDevices checks spec.Devices, lower-casing each address and
 // giving a bare "BB:DD.F" domain 0000, as lspci prints them.
-func normalizeDevices(spec *sandboxv1.SandboxSpec) error {
+func NormalizeDevices(spec *sandboxv1.SandboxSpec) error {
 	if len(spec.Devices) > MaxDevices {
 		return errdefs.InvalidArgument("devices: %d given, at most %d", len(spec.Devices), MaxDevices)
 	}
@@ -166,7 +167,7 @@ func Normalize(spec *sandboxv1.SandboxSpec, lim Limits, backends []string) error
 	if err := CheckTask(spec.Task); err != nil {
 		return err
 	}
-	if err := normalizeDevices(spec); err != nil {
+	if err := NormalizeDevices(spec); err != nil {
 		return err
 	}
 	if _, ok := sandboxv1.OnTimeout_name[int32(spec.OnTimeout)]; !ok {

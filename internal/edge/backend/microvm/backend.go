@@ -64,6 +64,7 @@ type Backend struct {
 	boxes map[sandboxid.ID]*box  // guarded by mu
 	roots map[string]*sync.Mutex // guarded by mu: a lock per root image being made
 
+	devices     []string   // Options.Devices, in sysfs's form
 	templatesOn bool       // Options.Templates
 	tpl         *templates // the node's template snapshots
 	rootStore   string     // Options.RootStore
@@ -121,6 +122,10 @@ type Options struct {
 	// (sharedroot.go; the image store's blobs/vm-root). Empty: each node
 	// makes its own.
 	RootStore string `option:"root-store"`
+	// Devices are the host PCI devices (comma-separated addresses) this
+	// node passes through to the vm backend's sandboxes that ask for
+	// them; no other is handed to a guest (vfio.go).
+	Devices string `option:"devices"`
 }
 
 // New makes the backend.
@@ -145,6 +150,10 @@ func NewOnMachine(ctx context.Context, cfg backend.Config, name, machine string)
 			q.ModulesDisk = mods
 		}
 	}
+	devices, err := passthroughDevices(o.Devices, q.pci(), name)
+	if err != nil {
+		return nil, err
+	}
 	if o.Firecracker != "" && q.pci() {
 		return nil, errdefs.InvalidArgument("%s backend: option firecracker: Firecracker has no %s machine; the %s backend runs on QEMU only", name, machine, name)
 	}
@@ -152,7 +161,7 @@ func NewOnMachine(ctx context.Context, cfg backend.Config, name, machine string)
 		return nil, err
 	}
 	b := &Backend{name: name, cfg: cfg, log: logging.OrDiscard(cfg.Log).With(logging.Backend, name), qemu: q,
-		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}}
+		boxes: map[sandboxid.ID]*box{}, roots: map[string]*sync.Mutex{}, devices: devices}
 	cg, err := oci.Cgroups(o.CgroupParent)
 	if err == nil {
 		b.cg = cg
@@ -445,7 +454,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 		if !b.qemu.pci() {
 			return nil, errdefs.InvalidArgument("devices: the %s backend passes no host PCI device through; the vm backend does", b.name)
 		}
-		if err := checkPassthrough("/", spec.Devices); err != nil {
+		if err := checkPassthrough("/", b.devices, spec.Devices); err != nil {
 			return nil, err
 		}
 		guest.Devices = spec.Devices
@@ -457,6 +466,7 @@ func (b *Backend) Create(ctx context.Context, spec *backend.Spec) (*backend.Hand
 	if kernel.Image {
 		guest.Kernel = kernel.Path
 	}
+	guest.ModulesDisk = b.qemu.modulesDiskFor(kernel)
 	guest.Root, guest.Initrd = root, filepath.Join(bx.Dir, "initrd.cpio")
 	guest.RootDisk, guest.WritableDisk = rootDisk, filepath.Join(bx.Dir, "rw.ext4")
 	guest.AgentChardev, guest.AgentSocket = agentChardev(spec), agentSocket(spec)

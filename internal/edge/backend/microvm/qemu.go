@@ -44,10 +44,11 @@ type QEMU struct {
 	Modules string // directory of the guest kernel's .ko files
 	// Machine is MachineMicrovm ("" too) or MachineQ35.
 	Machine string
-	// ModulesDisk, if set, is a read-only ext4 disk of every module of
-	// the kernel, indexed (scripts/guest-kernel.sh's modules.img), which a
-	// guest mounts at /lib/modules/RELEASE; given to q35 guests only, so
-	// microVMs keep the devices their snapshots were taken with.
+	// ModulesDisk, if set, is the node's read-only ext4 disk of every
+	// module of its guest kernel, indexed (scripts/guest-kernel.sh's
+	// modules.img), which new q35 guests of that kernel get (Guest.
+	// ModulesDisk); microVMs do not, so they keep the devices their
+	// snapshots were taken with.
 	ModulesDisk string
 }
 
@@ -208,6 +209,11 @@ type Guest struct {
 	// Kernel, if set, is the image's own kernel the guest boots
 	// (imagekernel.go); "" is the node's.
 	Kernel string `json:",omitempty"`
+	// ModulesDisk, if set, is the kernel modules disk the guest has
+	// (QEMU.ModulesDisk when it started), which it mounts at
+	// /lib/modules/RELEASE; recorded, so that a restore has the devices
+	// its snapshot was taken with.
+	ModulesDisk string `json:",omitempty"`
 	// Devices are host PCI devices (sysfs addresses) passed through with
 	// VFIO (vfio.go); q35 guests only.
 	Devices []string `json:",omitempty"`
@@ -260,9 +266,9 @@ func (q *QEMU) Args(g Guest) []string {
 			"-drive", "id=rw,file="+g.WritableDisk+",format=raw,if=none",
 			"-device", q.device("blk")+",drive=rw,serial="+WritableSerial)
 	}
-	if q.ModulesDisk != "" && q.pci() && g.Kernel == "" { // an image's kernel has its own
+	if g.ModulesDisk != "" {
 		args = append(args,
-			"-drive", "id=mods,file="+q.ModulesDisk+",format=raw,if=none,readonly=on",
+			"-drive", "id=mods,file="+g.ModulesDisk+",format=raw,if=none,readonly=on",
 			"-device", q.device("blk")+",drive=mods,serial="+ModulesSerial)
 	}
 	for _, d := range g.Devices {
@@ -338,6 +344,16 @@ func KernelArgs() string {
 		args += fmt.Sprintf(" tsc_early_khz=%d", khz)
 	}
 	return args
+}
+
+// modulesDiskFor is the modules disk a new guest booting kernel gets: the
+// node's, on q35, unless the kernel is an image's own (which has its own
+// modules).
+func (q *QEMU) modulesDiskFor(kernel *bootKernel) string {
+	if !q.pci() || kernel.Image {
+		return ""
+	}
+	return q.ModulesDisk
 }
 
 // ImageInitArg on a guest's kernel command line has its init hand the

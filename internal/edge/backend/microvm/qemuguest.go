@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/backend"
+	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
@@ -127,6 +128,9 @@ func (q *QEMU) snapshot(ctx context.Context, bx *box, g Guest, ref backend.Snaps
 // A guest whose RAM is already a shared file of its own holding the
 // snapshot's (a template copy: the caller copied it) keeps that file.
 func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.SnapshotRef, started func() error) error {
+	if err := g.hostFilesPresent(); err != nil {
+		return err
+	}
 	// RAM is in the snapshot's stream unless the snapshot has a RAM file;
 	// a guest without a RAM file of its own maps that one privately.
 	ownRAM, ramFile := g.MemShared && g.MemFile != "", filepath.Join(ref.Dir, "mem")
@@ -182,6 +186,22 @@ func (q *QEMU) restore(ctx context.Context, bx *box, g Guest, ref backend.Snapsh
 	}
 	if err := bx.saveGuest(g); err != nil {
 		return fail(err)
+	}
+	return nil
+}
+
+// hostFilesPresent says which of the node's files the guest's devices
+// need is missing here (an image's kernel this node has not taken, a
+// modules disk it lacks): QEMU would fail a restore on it with less to go
+// on.
+func (g Guest) hostFilesPresent() error {
+	for _, f := range [][2]string{{"the image's own kernel", g.Kernel}, {"the kernel modules disk", g.ModulesDisk}} {
+		if f[1] == "" {
+			continue
+		}
+		if _, err := os.Stat(f[1]); err != nil {
+			return errdefs.FailedPrecondition("microvm: the snapshot's guest runs with %s %s, which this node lacks (%v): restore it on a node that ran its image's guests", f[0], f[1], err)
+		}
 	}
 	return nil
 }

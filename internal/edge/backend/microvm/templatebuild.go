@@ -166,7 +166,7 @@ func (t *templates) prepare(ctx context.Context, s templateShape, agentPath, bui
 	if err := shareRoot(s.Root, s.Root, rootDisk); err != nil {
 		return Guest{}, err
 	}
-	return Guest{Root: s.Root, Kernel: s.Kernel, Accel: s.Accel, CPU: s.CPU, MemoryMB: s.MemoryMB, SMP: s.SMP,
+	return Guest{Root: s.Root, Kernel: s.Kernel, ModulesDisk: t.q.modulesDiskFor(kernel), Accel: s.Accel, CPU: s.CPU, MemoryMB: s.MemoryMB, SMP: s.SMP,
 		Initrd: initrd, RootDisk: rootDisk, WritableDisk: rw,
 		MemFile: buildMemFile(build), MemShared: true}, nil
 }

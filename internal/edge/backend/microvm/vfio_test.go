@@ -1,11 +1,14 @@
 package microvm
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/opendsec/opendsec/internal/errdefs"
 )
 
 // fakeHost is a sysfs and /dev of one PCI device, 0000:01:00.0, in IOMMU
@@ -45,10 +48,30 @@ func TestCheckPassthroughNamesWhatIsMissing(t *testing.T) {
 		{"unbound", "", true, true, "0000:01:00.0", "bound to no driver"},
 		{"no group node", "vfio-pci", true, false, "0000:01:00.0", "/dev/vfio/7 is missing"},
 	} {
-		err := checkPassthrough(fakeHost(t, c.iommu, c.driver, c.node), []string{c.device})
+		offered := []string{"0000:01:00.0", "0000:02:00.0"}
+		err := checkPassthrough(fakeHost(t, c.iommu, c.driver, c.node), offered, []string{c.device})
 		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 		}
+	}
+}
+
+// Only the devices the operator offers are handed out, whatever the host
+// has; the option takes lspci's forms and only on a PCI machine.
+func TestOnlyOfferedDevicesPassThrough(t *testing.T) {
+	err := checkPassthrough(fakeHost(t, true, "vfio-pci", true), nil, []string{"0000:01:00.0"})
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "not one this node passes through") {
+		t.Fatalf("a ready device nobody offered: %v", err)
+	}
+	got, err := passthroughDevices(" 01:00.0,0000:3B:00.1", true, "vm")
+	if err != nil || !slices.Equal(got, []string{"0000:01:00.0", "0000:3b:00.1"}) {
+		t.Fatalf("option devices: %v, %v", got, err)
+	}
+	if _, err := passthroughDevices("01:00.0", false, "microvm"); err == nil || !strings.Contains(err.Error(), "no PCI bus") {
+		t.Fatalf("devices on microvm: %v", err)
+	}
+	if _, err := passthroughDevices("eth0", true, "vm"); err == nil || !strings.Contains(err.Error(), "option devices[0]") {
+		t.Fatalf("a bad address: %v", err)
 	}
 }
 
@@ -62,5 +85,20 @@ func TestDevicesOnTheCommandLine(t *testing.T) {
 	}
 	if !slices.Contains(args, "virtio-serial-pci") || !slices.Contains(args, "q35") {
 		t.Fatalf("q35 args: %v", args)
+	}
+}
+
+// A guest recorded with a kernel or modules disk this node lacks is
+// refused a restore by name, before QEMU is asked.
+func TestRestoreNamesAMissingHostFile(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinuz")
+	os.WriteFile(kernel, nil, 0o600)
+	if err := (Guest{Kernel: kernel}).hostFilesPresent(); err != nil {
+		t.Fatal(err)
+	}
+	err := (Guest{Kernel: kernel, ModulesDisk: filepath.Join(dir, "modules.img")}).hostFilesPresent()
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "the kernel modules disk "+filepath.Join(dir, "modules.img")) {
+		t.Fatalf("a missing modules disk: %v", err)
 	}
 }

@@ -637,9 +637,10 @@ type SandboxSpec struct {
 	// How deep on_timeout PAUSE pauses: OFFLOAD (unset) or FILESYSTEM.
 	OnTimeoutDepth PauseDepth `protobuf:"varint,11,opt,name=on_timeout_depth,json=onTimeoutDepth,proto3,enum=opendsec.sandbox.v1.PauseDepth" json:"on_timeout_depth,omitempty"`
 	// Host PCI devices handed to the sandbox, by address ("0000:01:00.0"):
-	// the vm backend passes each through with VFIO, where the node has an
-	// IOMMU and the device is bound to vfio-pci; elsewhere, and on other
-	// backends, the create is refused naming what is missing. A sandbox with
+	// the vm backend passes each through with VFIO, if the node's operator
+	// offers it (dsec edge --vm-devices), the node has an IOMMU and the
+	// device is bound to vfio-pci; elsewhere, on other backends and in
+	// pools, the create is refused naming what is missing. A sandbox with
 	// a device cannot be snapshotted or forked (a device's state does not
 	// migrate). At most 8.
 	Devices       []string `protobuf:"bytes,12,rep,name=devices,proto3" json:"devices,omitempty"`
