@@ -1,9 +1,11 @@
 package cgroups
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -227,5 +229,30 @@ func TestParseKeyed(t *testing.T) {
 	got := ParseKeyed("low 0\nhigh 3\nmax 12\noom 2\noom_kill 1\nbroken\n\nx y\nneg -1\n")
 	if got["oom_kill"] != 1 || got["max"] != 12 || got["high"] != 3 || len(got) != 5 {
 		t.Fatalf("parsed %v", got)
+	}
+}
+
+// A write a signal interrupts is made again, a bounded number of times;
+// another error ends it at once.
+func TestAgainOnEINTR(t *testing.T) {
+	calls := 0
+	err := againOnEINTR(10, func() error {
+		calls++
+		if calls < 3 {
+			return &os.PathError{Op: "write", Path: "memory.force_empty", Err: syscall.EINTR}
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("%d calls, %v; want 3 and nil", calls, err)
+	}
+	calls = 0
+	err = againOnEINTR(4, func() error { calls++; return syscall.EINTR })
+	if !errors.Is(err, syscall.EINTR) || calls != 4 {
+		t.Fatalf("always interrupted: %d calls, %v", calls, err)
+	}
+	calls = 0
+	if err := againOnEINTR(4, func() error { calls++; return syscall.EBUSY }); !errors.Is(err, syscall.EBUSY) || calls != 1 {
+		t.Fatalf("another error: %d calls, %v", calls, err)
 	}
 }

@@ -324,25 +324,41 @@ func (g Group) WaitEmpty(d time.Duration) bool {
 // memory.reclaim (Linux 5.19), asked for more than the cgroup holds (the
 // kernel answers EAGAIN when it could not reclaim all it was asked, which
 // is the usual answer here). A cgroup that is gone has nothing to give.
+// Both stop with EINTR when a signal comes for the writing thread (Go's
+// own preemption signal does, on a busy node), keeping what they freed:
+// the write is made again.
 func (g Group) Reclaim() error {
-	var err error
-	if g.h.Version == V2 {
-		cur, rerr := readUint(g.file("memory", "memory.current"))
-		if rerr != nil {
-			if notExist(rerr) {
-				return nil
+	err := againOnEINTR(reclaimTries, func() error {
+		if g.h.Version == V2 {
+			cur, err := readUint(g.file("memory", "memory.current"))
+			if err != nil {
+				return err
 			}
-			return rerr
+			err = writeOnce(g.file("memory", "memory.reclaim"), strconv.FormatUint(cur+1<<20, 10))
+			if errors.Is(err, syscall.EAGAIN) {
+				err = nil
+			}
+			return err
 		}
-		err = writeOnce(g.file("memory", "memory.reclaim"), strconv.FormatUint(cur+1<<20, 10))
-		if errors.Is(err, syscall.EAGAIN) {
-			err = nil
-		}
-	} else {
-		err = writeOnce(g.file("memory", "memory.force_empty"), "0")
-	}
+		return writeOnce(g.file("memory", "memory.force_empty"), "0")
+	})
 	if notExist(err) {
 		return nil
+	}
+	return err
+}
+
+// reclaimTries bounds Reclaim's writes interrupted by a signal.
+const reclaimTries = 10
+
+// againOnEINTR calls f until it ends other than with EINTR, at most tries
+// times.
+func againOnEINTR(tries int, f func() error) error {
+	var err error
+	for range tries {
+		if err = f(); !errors.Is(err, syscall.EINTR) {
+			return err
+		}
 	}
 	return err
 }
