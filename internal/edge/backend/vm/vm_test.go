@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +85,11 @@ func TestSystemdIsPID1WithTheAgentAsItsUnit(t *testing.T) {
 	}
 	if got := run("cat /proc/self/cgroup"); !strings.Contains(got, "/sandbox") {
 		t.Fatalf("a sandbox process's cgroup is %q, want the sandbox's own", got)
+	}
+	// Its limits hold under systemd too: open files (the unit's
+	// LimitNOFILE) and processes (the sandbox cgroup's pids.max).
+	if got, want := run("ulimit -n; cat /sys/fs/cgroup/sandbox/pids.max"), fmt.Sprintf("%d\n%d", spec.NoFile, spec.Pids); got != want {
+		t.Fatalf("open files and pids limits %q, want %q", got, want)
 	}
 	// The kernel's modules are there for modprobe (the node's modules
 	// disk, at /lib/modules/RELEASE).
