@@ -34,17 +34,38 @@ func HostMirror() string {
 		if err != nil {
 			continue
 		}
-		for _, line := range strings.Split(string(data), "\n") {
-			f := strings.Fields(line)
-			switch {
-			case len(f) >= 2 && f[0] == "URIs:" && !strings.Contains(f[1], "security"):
-				return f[1]
-			case len(f) >= 3 && f[0] == "deb" && strings.Contains(f[1], "debian") && !strings.Contains(f[1], "security"):
-				return f[1]
-			}
+		if m := mirrorIn(string(data)); m != "" {
+			return m
 		}
 	}
 	return "http://deb.debian.org/debian"
+}
+
+// mirrorIn is the first Debian mirror (not the security archive) an apt
+// sources file names: a deb822 "URIs:" field or a one-line "deb" entry,
+// whose options in brackets ("deb [signed-by=...] URL suite") it passes.
+func mirrorIn(sources string) string {
+	for _, line := range strings.Split(sources, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && f[0] == "URIs:" && !strings.Contains(f[1], "security"):
+			return f[1]
+		case len(f) >= 3 && f[0] == "deb":
+			rest := f[1:]
+			if strings.HasPrefix(rest[0], "[") {
+				for len(rest) > 0 && !strings.HasSuffix(rest[0], "]") {
+					rest = rest[1:]
+				}
+				if len(rest) > 0 {
+					rest = rest[1:]
+				}
+			}
+			if len(rest) >= 2 && strings.Contains(rest[0], "debian") && !strings.Contains(rest[0], "security") {
+				return rest[0]
+			}
+		}
+	}
+	return ""
 }
 
 // packageTarball is the debootstrap download cache for this package set:

@@ -20,3 +20,22 @@ func TestPackageTarballIsPerPackageSet(t *testing.T) {
 		t.Fatalf("tarball %s", a)
 	}
 }
+
+// The mirror is read from either form of apt's sources, past a one-line
+// entry's options and the security archive.
+func TestMirrorIn(t *testing.T) {
+	for _, c := range []struct{ sources, want string }{
+		{"Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n", "http://mirror.example/debian"},
+		{"URIs: http://security.debian.org/debian-security\n\nURIs: http://deb.debian.org/debian\n", "http://deb.debian.org/debian"},
+		{"deb http://deb.debian.org/debian bookworm main\n", "http://deb.debian.org/debian"},
+		{"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://m.example/debian bookworm main\n", "http://m.example/debian"},
+		{"deb [arch=amd64 signed-by=/k.gpg] http://m.example/debian bookworm main\n", "http://m.example/debian"},
+		{"deb http://security.debian.org/debian-security bookworm-security main\n", ""},
+		{"deb [unclosed http://m.example/debian bookworm\n", ""},
+		{"# deb http://m.example/debian bookworm main\n", ""},
+	} {
+		if got := mirrorIn(c.sources); got != c.want {
+			t.Errorf("mirrorIn(%q) = %q, want %q", c.sources, got, c.want)
+		}
+	}
+}
