@@ -16,7 +16,8 @@
 #             package they depend on, and debs/CODENAME, the Debian release
 #             they are for. By default downloaded for this machine's
 #             release (apt-get download); --debs-from takes them from a
-#             debootstrap tarball instead (make test-hosts' trixie.tgz),
+#             debootstrap tarball instead (make test-hosts' download of
+#             the debian-host recipe's packages),
 #             for another release.
 #   VERSION   what dsec version says
 #   MANIFEST.sha256   sha256sum of every other file; the installer refuses

@@ -8,19 +8,19 @@
 #
 #   scripts/test-hosts.sh [CACHE]    (default .cache/hostvm)
 #
-# The packages are kept in CACHE/trixie.tgz and the booted-once disk in
-# CACHE/base.img, so a rerun is offline; each run boots a copy of it.
+# The packages are kept in CACHE/debootstrap (the download of the image
+# recipe debian-host) and the disk in CACHE/base.img, so a rerun is
+# offline; each run boots a copy of it.
 # Needs root, debootstrap, qemu-system-x86_64, mkfs.ext4; KVM is used where its probe boots, else TCG.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${1:-$repo/.cache/hostvm}
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
-packages=systemd,systemd-sysv,udev,kmod,linux-image-amd64,crun,runsc,nftables,iproute2,conntrack,e2fsprogs,procps,ca-certificates,dbus
-# The disk lacks the runtimes: the offline bundle (make bundle) installs
-# them from the packages it carries, as on a machine without a mirror.
+# The runtimes are not on the disk: the offline bundle (make bundle)
+# installs them from the packages it carries, as on a machine without a
+# mirror.
 bundled_packages="crun runsc"
-disk_packages=$(echo ",$packages," | sed 's/,crun,/,/; s/,runsc,/,/; s/^,//; s/,$//')
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 timeout_s=${HOST_TEST_TIMEOUT:-1800}
 
@@ -31,34 +31,36 @@ log() { printf '%s %s\n' "$(date +%T)" "$*"; }
 exec 9>"$cache/lock"
 flock -n 9 || { log "another host test runs in $cache (lock $cache/lock)"; exit 1; }
 
-# 1. Packages (downloaded once).
-tarball=$cache/trixie.tgz
-if [ ! -s "$tarball" ] || [ "$(cat "$cache/packages" 2>/dev/null)" != "$packages" ]; then
-	log "downloading Debian 13 packages"
-	rm -rf "$cache/dl" && mkdir -p "$cache/dl"
-	debootstrap --variant=minbase --include="$packages" --make-tarball="$tarball.partial" trixie "$cache/dl" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
-		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
-	mv "$tarball.partial" "$tarball"
-	echo "$packages" >"$cache/packages"
-	rm -f "$cache/base.img"
-	rm -rf "$cache/dl"
-fi
-
-# 2. The base disk: the packages installed, a test unit that runs
-# /host/inside.sh from the shared directory and powers off.
-# disk_recipe names this recipe: change it when the disk's making changes.
-disk_recipe="4 $disk_packages"
+# 1. The machine's root: the image recipe debian-host (the vm backend's
+# Debian 13 with systemd, Debian's kernel and a node's packages;
+# internal/image/baseimage), written into a directory. Its packages are
+# downloaded once into CACHE/debootstrap. disk_recipe names what makes
+# the disk: the recipes' code and this script's own steps below.
+recipes=$({
+	cat "$repo"/internal/image/baseimage/{baseimage,debian,systemd,codeinterpreter}.go
+	sed -n '/^if \[ ! -s "\$base"/,/^fi$/p' "$0"
+} | sha256sum | cut -c1-16)
+disk_recipe="5 $recipes"
 base=$cache/base.img
 if [ ! -s "$base" ] || [ "$(cat "$cache/base.recipe" 2>/dev/null)" != "$disk_recipe" ]; then
-	log "building the Debian 13 disk"
+	log "building the Debian 13 disk (dsec image build debian-host)"
 	root=$cache/root
-	rm -rf "$root" && mkdir -p "$root"
-	debootstrap --variant=minbase --include="$disk_packages" --unpack-tarball="$tarball" trixie "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+	rm -rf "$root"
+	"$repo/bin/dsec" image build debian-host --rootfs "$root" --cache-dir "$cache" --mirror "$mirror" >"$cache/debootstrap.log" 2>&1 ||
 		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
-	# debootstrap installs every package of the tarball: take the bundled
-	# ones out again.
+	# One download stays: this build's (a changed package list made a new
+	# one). trixie.tgz and packages were this script's own, before.
+	ls -t "$cache"/debootstrap/trixie-host-*.tgz | tail -n +2 | xargs -r rm -f
+	rm -f "$cache/trixie.tgz" "$cache/packages"
+	# 2. The test's own: the runtimes out again, an identity, a test unit
+	# that runs /host/inside.sh from the shared directory and powers off.
 	chroot "$root" dpkg --purge $bundled_packages >>"$cache/debootstrap.log" 2>&1 ||
 		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
+	# The image leaves identity and console logins to a sandbox's init;
+	# this machine has its own, and a root login on its console.
+	rm -f "$root"/etc/systemd/system/{getty.target,serial-getty@.service,console-getty.service}
+	od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$root/etc/machine-id"
+	echo >>"$root/etc/machine-id"
 	echo dsec-host >"$root/etc/hostname"
 	printf '127.0.0.1 localhost dsec-host\n' >"$root/etc/hosts"
 	cat >"$root/etc/fstab" <<'EOF'
@@ -90,6 +92,13 @@ EOF
 	echo "$disk_recipe" >"$cache/base.recipe"
 	rm -rf "$root"
 fi
+
+# The download debian-host's build kept: the bundle takes Debian 13's
+# crun and runsc from it.
+downloads=("$cache"/debootstrap/trixie-host-*.tgz)
+[ ${#downloads[@]} = 1 ] && [ -e "${downloads[0]}" ] ||
+	{ log "want one debian-host download in $cache/debootstrap, found: ${downloads[*]}; delete $base and run again"; exit 1; }
+tarball=${downloads[0]}
 
 # 3. What the run takes in: the offline bundle of the binaries just built
 # (with a busybox image store and Debian 13's crun and runsc), the host

@@ -22,7 +22,7 @@ import (
 	"github.com/opendsec/opendsec/internal/progress"
 )
 
-const imageUsage = `usage: dsec image <ls [--all] | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE | copy --from DIR --to DIR NAME... | warm NAME [--backend B] [--cpu N] [--memory MB] [--disk MB] [--network]>
+const imageUsage = `usage: dsec image <ls [--all] | pull REFERENCE [--as NAME] | push NAME REFERENCE | commit SANDBOX NAME [--exclude PATTERN]... | tag SOURCE NAME | gc | import NAME FILE | rm NAME | build RECIPE [--store DIR | -o FILE | --rootfs DIR] [flags] | build -t NAME [-f Dockerfile] DIR | export NAME FILE | copy --from DIR --to DIR NAME... | warm NAME [--backend B] [--cpu N] [--memory MB] [--disk MB] [--network]>
 
 build recipes:
 `
@@ -182,6 +182,7 @@ func imageBuild(ctx context.Context, args []string) error {
 	output := fs.String("o", "", "write an OCI archive here instead (import it with dsec image import)")
 	cacheDir := fs.String("cache-dir", ".cache", "where downloads are kept for offline rebuilds")
 	mirror := fs.String("mirror", "", "Debian mirror (default: the host's apt source)")
+	rootfs := fs.String("rootfs", "", "write the recipe's root file system into this new or empty directory instead of an image (a machine's disk is made from it)")
 	fs.Parse(args[1:])
 	r, ok := baseimage.Recipes[recipe]
 	if !ok {
@@ -194,8 +195,28 @@ func imageBuild(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if (*storeDir == "") == (*output == "") {
-		return fmt.Errorf("image build: give exactly one of --store DIR or -o FILE")
+	given := 0
+	for _, v := range []string{*storeDir, *output, *rootfs} {
+		if v != "" {
+			given++
+		}
+	}
+	if given != 1 {
+		return fmt.Errorf("image build: give exactly one of --store DIR, -o FILE or --rootfs DIR")
+	}
+	abs, _ := filepath.Abs(*cacheDir)
+	if *rootfs != "" {
+		if *name != r.Name {
+			return fmt.Errorf("image build: --name with --rootfs: a root file system has no image name")
+		}
+		bar := progress.New(os.Stderr)
+		err := baseimage.BuildRoot(ctx, recipe, *rootfs, baseimage.Options{CacheDir: abs, Mirror: *mirror, Progress: bar.Update})
+		bar.Done("")
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: the root of %s\n", *rootfs, recipe)
+		return nil
 	}
 	dir := *storeDir
 	if dir == "" {
@@ -210,7 +231,6 @@ func imageBuild(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	abs, _ := filepath.Abs(*cacheDir)
 	bar := progress.New(os.Stderr)
 	im, err := baseimage.Build(ctx, store, recipe, ref, baseimage.Options{CacheDir: abs, Mirror: *mirror, Progress: bar.Update})
 	bar.Done("")

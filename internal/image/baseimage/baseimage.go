@@ -1,8 +1,9 @@
 // Package baseimage builds the project's own base images without a
 // registry [ours]: root/busybox:latest from the host's static busybox,
 // root/py:3.11 (Debian bookworm with python3, pip, git, curl, bash, sudo and
-// an unprivileged user "user") and root/debian-systemd:13 (Debian 13 with
-// systemd, for the vm backend) with debootstrap. Downloaded packages are kept
+// an unprivileged user "user") and the Debian 13 images with systemd (for
+// the vm backend, and root/debian-host:13, the host test's machine) with
+// debootstrap. Downloaded packages are kept
 // in a tarball under the cache directory, so later builds run offline.
 package baseimage
 
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -79,6 +81,12 @@ var Recipes = map[string]Recipe{
 		build:       buildDebianKernel,
 		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
 	},
+	"debian-host": {
+		Name:        "root/debian-host:13",
+		Description: "root/debian-kernel:13's packages + what an OpenDsec node needs (udev, nftables, conntrack, e2fsprogs, crun, runsc): the host test's Debian 13 machine (make test-hosts, with --rootfs)",
+		build:       buildDebianHost,
+		config:      ocispec.ImageConfig{Env: []string{defaultPath, "LANG=C.UTF-8"}, Cmd: []string{"/bin/bash"}},
+	},
 	"code-interpreter": {
 		Name:        "root/code-interpreter:latest",
 		Description: "root/py:3.11 + Jupyter (Python, bash and JavaScript/Node.js kernels, numpy, matplotlib) and the server of E2B's Code Interpreter protocol on port 49999",
@@ -90,13 +98,9 @@ var Recipes = map[string]Recipe{
 
 // Build runs recipe and stores the result as ref.
 func Build(ctx context.Context, store *image.Store, recipe string, ref image.Ref, o Options) (*image.Image, error) {
-	r, ok := Recipes[recipe]
-	if !ok {
-		names := make([]string, 0, len(Recipes))
-		for n := range Recipes {
-			names = append(names, n)
-		}
-		return nil, errdefs.InvalidArgument("recipe %q: unknown; known: %s", recipe, strings.Join(names, ", "))
+	r, err := lookup(recipe)
+	if err != nil {
+		return nil, err
 	}
 	work, err := os.MkdirTemp(filepath.Join(store.Dir(), "tmp"), "build-")
 	if err != nil {
@@ -118,6 +122,53 @@ func Build(ctx context.Context, store *image.Store, recipe string, ref image.Ref
 		return nil, err
 	}
 	return store.Commit(ref, nil, []image.Layer{layer}, r.config)
+}
+
+// BuildRoot runs recipe into root, a directory that does not exist yet or
+// is empty, instead of into a store: a machine's disk is made from it (the
+// host test's Debian 13 machine, scripts/test-hosts.sh, is the recipe
+// debian-host). A recipe that adds a layer to another's image has no root
+// of its own and is refused.
+func BuildRoot(ctx context.Context, recipe, root string, o Options) error {
+	r, err := lookup(recipe)
+	if err != nil {
+		return err
+	}
+	if r.base != "" {
+		return errdefs.InvalidArgument("recipe %q: adds a layer to %s, so it has no root of its own: build it into a store", recipe, Recipes[r.base].Name)
+	}
+	root, err = filepath.Abs(root)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	if len(ents) > 0 {
+		return errdefs.InvalidArgument("root %s: not empty (%d entries, the first %q): give a new or empty directory", root, len(ents), ents[0].Name())
+	}
+	if err := r.build(ctx, o, root); err != nil {
+		return fmt.Errorf("build %s into %s (remove what it left there before another try): %w", recipe, root, err)
+	}
+	return nil
+}
+
+// lookup returns the recipe of that name, or an error listing the known ones.
+func lookup(recipe string) (Recipe, error) {
+	r, ok := Recipes[recipe]
+	if !ok {
+		names := make([]string, 0, len(Recipes))
+		for n := range Recipes {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return Recipe{}, errdefs.InvalidArgument("recipe %q: unknown; known: %s", recipe, strings.Join(names, ", "))
+	}
+	return r, nil
 }
 
 func buildOnBase(ctx context.Context, store *image.Store, r Recipe, ref image.Ref, o Options, work string) (*image.Image, error) {

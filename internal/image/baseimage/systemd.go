@@ -8,9 +8,9 @@ import (
 
 // The vm backend's own kind of image: Debian 13 (trixie) with systemd as
 // its init, which a vm sandbox boots as PID 1 with the agent as one of its
-// units (cmd/dsec-vminit). The packages are those of the host test's
-// Debian 13 machine (scripts/test-hosts.sh) that a guest of the node's
-// kernel uses: no kernel of its own, no runtimes.
+// units (cmd/dsec-vminit). The host test's Debian 13 machine
+// (scripts/test-hosts.sh) is the same image with a kernel and a node's
+// packages on top (debian-host).
 const systemdSuite = "trixie"
 
 // systemdPackages are installed on top of trixie's minbase.
@@ -35,6 +35,17 @@ var kernelPackages = append(append([]string{}, systemdPackages...), "linux-image
 
 func buildDebianKernel(ctx context.Context, o Options, root string) error {
 	return buildSystemdImage(ctx, o, root, "kernel", kernelPackages)
+}
+
+// hostPackages add what an OpenDsec node runs on to kernelPackages: the
+// host test boots this root as its machine, with the Debian kernel and
+// initramfs of its /boot.
+// Its download is also where that test's offline bundle takes crun and
+// runsc from (the test takes them out of the disk again).
+var hostPackages = append(append([]string{}, kernelPackages...), "udev", "nftables", "conntrack", "e2fsprogs", "crun", "runsc")
+
+func buildDebianHost(ctx context.Context, o Options, root string) error {
+	return buildSystemdImage(ctx, o, root, "host", hostPackages)
 }
 
 func buildSystemdImage(ctx context.Context, o Options, root, kind string, packages []string) error {

@@ -1,6 +1,8 @@
 package images
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,5 +53,30 @@ func TestCLIPushPull(t *testing.T) {
 	}
 	if _, errOut, code = run("", "image", "ls", "--everything"); code == 0 || !strings.Contains(errOut, "usage") {
 		t.Fatalf("dsec image ls with a bad flag: %q exit %d", errOut, code)
+	}
+}
+
+// TestCLIBuildRootfs: dsec image build RECIPE --rootfs DIR writes the
+// recipe's root into a new directory (as make test-hosts makes its
+// machine's disk), and refuses a second destination or a directory that
+// holds something.
+func TestCLIBuildRootfs(t *testing.T) {
+	bin := e2e.DsecBinary(t)
+	root := filepath.Join(t.TempDir(), "root")
+	out, errOut, code := e2e.RunCLI(t, bin, nil, "", "image", "build", "busybox", "--rootfs", root)
+	if code != 0 || !strings.Contains(out, root) {
+		t.Fatalf("build --rootfs: %q %q exit %d", out, errOut, code)
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin", "busybox")); err != nil {
+		t.Fatalf("the root lacks its shell: %v", err)
+	}
+	if _, errOut, code = e2e.RunCLI(t, bin, nil, "", "image", "build", "busybox", "--rootfs", root); code == 0 || !strings.Contains(errOut, "not empty") {
+		t.Fatalf("a second build into the same root: %q exit %d", errOut, code)
+	}
+	if _, errOut, code = e2e.RunCLI(t, bin, nil, "", "image", "build", "busybox", "--rootfs", t.TempDir(), "--store", t.TempDir()); code == 0 || !strings.Contains(errOut, "exactly one of") {
+		t.Fatalf("--rootfs with --store: %q exit %d", errOut, code)
+	}
+	if _, errOut, code = e2e.RunCLI(t, bin, nil, "", "image", "build", "code-interpreter", "--rootfs", t.TempDir()); code == 0 || !strings.Contains(errOut, "no root of its own") {
+		t.Fatalf("--rootfs of a recipe on a base: %q exit %d", errOut, code)
 	}
 }
