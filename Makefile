@@ -184,12 +184,15 @@ test-hosts: build
 bench-hosts: build
 	HOST_BENCH=1 ./scripts/test-hosts.sh $(CACHE)/hostvm
 
-# The offline bundle: binaries, images (root/busybox:latest, root/py:3.11),
-# the guest kernel, runsc-net, Firecracker and the Debian packages the
+# The offline bundle: binaries, images (BUNDLE_IMAGES), the guest kernel
+# and modules, runsc-net, Firecracker and the Debian packages the
 # installer needs, with a SHA-256 manifest (scripts/bundle.sh).
 # deploy/quickstart.sh --bundle FILE installs from it without a network.
+# make bundle BUNDLE_IMAGES="root/busybox:latest root/debian-systemd:13"
+# ships the vm backend's image with systemd instead of root/py:3.11.
+BUNDLE_IMAGES ?= root/busybox:latest root/py:3.11
 bundle: build images
-	./scripts/bundle.sh dist/opendsec-$(VERSION)-linux-amd64.tar.gz
+	./scripts/bundle.sh dist/opendsec-$(VERSION)-linux-amd64.tar.gz $(foreach i,$(BUNDLE_IMAGES),--image $(i))
 
 tools:
 	@test -x $(GOBIN_DIR)/buf || GOBIN=$(GOBIN_DIR) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
