@@ -34,6 +34,11 @@ type tlsLayer struct {
 	mu       sync.Mutex
 	live     map[*peekedConn]struct{} // Raft's accepted connections not yet closed
 	draining bool                     // drain began: Accept hands Raft no more
+	// sorting counts accepted connections not yet handed to Raft or, for
+	// a request, not yet answered: drain waits for them, so a replica
+	// that stops answers (if only "not the leader") every request whose
+	// TLS handshake it made, instead of ending its process under it.
+	sorting int
 }
 
 var _ raft.StreamLayer = (*tlsLayer)(nil)
@@ -63,7 +68,17 @@ func (l *tlsLayer) run() {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		go l.sort(c)
+		l.mu.Lock()
+		l.sorting++
+		l.mu.Unlock()
+		go func() {
+			defer func() {
+				l.mu.Lock()
+				l.sorting--
+				l.mu.Unlock()
+			}()
+			l.sort(c)
+		}()
 	}
 }
 
@@ -113,8 +128,10 @@ func (l *tlsLayer) Accept() (net.Conn, error) {
 // the transport to let go of each: Raft's transport answers a heartbeat on
 // the connection's own goroutine, which writes the term to the log store,
 // and its Close does not wait for those goroutines. Closing the store
-// under one panicked a replica ("database not open"). It returns how many
-// connections were still held at the timeout.
+// under one panicked a replica ("database not open"). It also waits for
+// the connections still being sorted or answered (sorting): called after
+// Close, when no new ones come. It returns how many connections were
+// still held at the timeout.
 func (l *tlsLayer) drain(timeout time.Duration) int {
 	l.mu.Lock()
 	l.draining = true
@@ -132,7 +149,7 @@ func (l *tlsLayer) drain(timeout time.Duration) int {
 	deadline := time.Now().Add(timeout)
 	for {
 		l.mu.Lock()
-		n := len(l.live)
+		n := len(l.live) + l.sorting
 		l.mu.Unlock()
 		if n == 0 || time.Now().After(deadline) {
 			return n

@@ -68,3 +68,55 @@ func TestAcceptAfterDrainHandsRaftNothing(t *testing.T) {
 		t.Fatalf("%d connections tracked after drain", len(l.live))
 	}
 }
+
+// A stopping replica answers a request whose connection it accepted
+// before its listener closed: drain waits for it. A create was lost so
+// when the IAM leader was upgraded ("its answer was lost ... connection
+// reset by peer"): the process ended between the TLS handshake and the
+// answer.
+func TestDrainWaitsForARequestAcceptedBeforeClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, answered := make(chan struct{}), make(chan struct{})
+	l := &tlsLayer{ln: ln, raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}}
+	l.serve = func(c net.Conn, br *bufio.Reader) {
+		defer c.Close()
+		op, _, err := readFrame(br)
+		if err != nil {
+			t.Errorf("read the request: %v", err)
+			return
+		}
+		close(entered)
+		time.Sleep(200 * time.Millisecond)        // the request's work
+		writeFrame(c, byte(op), []byte("answer")) //nolint:errcheck // read below
+		close(answered)
+	}
+	go l.run()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{requestMagic}); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrame(c, codeOK, []byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	l.Close()
+	if n := l.drain(5 * time.Second); n != 0 {
+		t.Fatalf("drain left %d connections", n)
+	}
+	select {
+	case <-answered:
+	default:
+		t.Fatal("drain returned before the request it accepted was answered")
+	}
+	_, out, err := readFrame(bufio.NewReader(c))
+	if err != nil || string(out) != "answer" {
+		t.Fatalf("the request's answer: %q %v", out, err)
+	}
+}
