@@ -14,7 +14,11 @@
 //
 // With -backend vm the same is measured of the vm backend (QEMU's q35
 // machine with its firmware) against bare q35 steps; -image
-// root/debian-systemd:13 has its guests boot systemd.
+// root/debian-systemd:13 has its guests boot systemd, and an image with a
+// kernel of its own (root/debian-kernel:13) is also booted bare: q35, its
+// kernel and initramfs, its root as one disk, to systemd's local-fs.target
+// (where a vm sandbox's systemd starts the agent) and to its default
+// target, against the create that boots it (templates off).
 package main
 
 import (
@@ -152,6 +156,17 @@ func run(ctx context.Context, store, agent, init, guest string, n int, counts []
 	}
 	host, _ := os.Hostname()
 	printCreateTable(host, accel, n, bare, restoreRunning, restoreAnswered, ours, creates, cold)
+	if target.machine == microvm.MachineQ35 {
+		localFS, booted, err := bareImageBoot(ctx, store, target.image, accel, memory, n)
+		if err != nil {
+			return err
+		}
+		if localFS != nil {
+			fmt.Printf("%-62s %8s\n", "bare q35 boot of the image, its kernel, to local-fs.target", benchstat.Ms(median(localFS), 0))
+			fmt.Printf("%-62s %8s\n", "  ... and to its default target (the whole boot)", benchstat.Ms(median(booted), 0))
+			fmt.Printf("ratio cold create (a boot) to the first answer / bare boot to local-fs.target (where ours starts its agent): %.2fx\n", float64(median(cold))/float64(median(localFS)))
+		}
+	}
 	if err := pauseResume(ctx, cl, q, spec, tpl, n); err != nil {
 		return fmt.Errorf("pause and resume: %w", err)
 	}
