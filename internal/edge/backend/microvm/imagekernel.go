@@ -36,8 +36,8 @@ import (
 // and number. A kernel that lacks what the init needs (checked against
 // its modules.builtin and modules.dep), or whose files cannot be taken,
 // is not booted: the image's guests boot the node's kernel and the node
-// logs why once. Cross-node restores of such guests need the image's
-// kernel taken on that node too: they are not done yet.
+// logs why once. A snapshot of such a guest keeps the kernel it boots, so
+// that a node which never ran the image's guests restores it.
 
 // bootKernel is the kernel a guest boots and the modules its initramfs
 // carries for it.

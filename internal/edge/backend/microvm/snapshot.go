@@ -55,6 +55,13 @@ func keepGuestFiles(ctx context.Context, g Guest, ref backend.SnapshotRef) (*bac
 	if err := sparsefile.LinkOrCopy(ctx, g.Initrd, filepath.Join(ref.Dir, "initrd.cpio")); err != nil {
 		return nil, err
 	}
+	// The image's own kernel it boots goes with the snapshot: a node that
+	// never ran the image's guests restores it from there (imageKernelHere).
+	if g.Kernel != "" {
+		if err := sparsefile.LinkOrCopy(ctx, g.Kernel, filepath.Join(ref.Dir, snapshotKernel)); err != nil {
+			return nil, err
+		}
+	}
 	copies := [][2]string{{g.WritableDisk, filepath.Join(ref.Dir, "rw.ext4")}}
 	if g.MemFile != "" {
 		copies = append([][2]string{{g.MemFile, filepath.Join(ref.Dir, "mem")}}, copies...)
@@ -227,6 +234,9 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 		return nil, err
 	}
 	g.RootDisk = filepath.Join(bx.Dir, "root.ext4")
+	if err := imageKernelHere(ctx, &g, ref.Dir, bx.Dir); err != nil {
+		return nil, err
+	}
 	g.Console, g.AgentChardev, g.AgentSocket = "", agentChardev(spec), agentSocket(spec)
 	g.CPUCores = spec.CPUCores
 	v, err := b.vmmOf(bx)
@@ -247,6 +257,35 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 	b.mu.Unlock()
 	state, _ := json.Marshal(bx)
 	return &backend.Handle{ID: spec.ID, Backend: b.name, Version: 1, State: state, Network: nic}, nil
+}
+
+// snapshotKernel is the image's own kernel in a snapshot of a guest that
+// boots one.
+const snapshotKernel = "vmlinuz"
+
+// imageKernelHere makes the image's own kernel of a snapshot's guest one
+// this node has: where the path the guest recorded is missing (a snapshot
+// pulled from another node, or one whose kernel the cache's pruning
+// took), the guest gets the snapshot's copy, linked into its own
+// directory dir. A guest of the node's kernel, or an older snapshot
+// without the copy, is left to hostFilesPresent.
+func imageKernelHere(ctx context.Context, g *Guest, snapDir, dir string) error {
+	if g.Kernel == "" {
+		return nil
+	}
+	if _, err := os.Stat(g.Kernel); err == nil {
+		return nil
+	}
+	kept := filepath.Join(snapDir, snapshotKernel)
+	if _, err := os.Stat(kept); err != nil {
+		return nil
+	}
+	own := filepath.Join(dir, snapshotKernel)
+	if err := sparsefile.LinkOrCopy(ctx, kept, own); err != nil {
+		return err
+	}
+	g.Kernel = own
+	return nil
 }
 
 // sameFile says whether paths a and b name one file.

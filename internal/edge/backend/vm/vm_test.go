@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -203,11 +204,55 @@ func dockerArchive(t *testing.T, busybox, tag string) []byte {
 // boots it, not the node's, with its own modules for modprobe, and its
 // systemd as PID 1.
 func TestTheImagesOwnKernelBoots(t *testing.T) {
-	sb, _ := startImage(t, "root/debian-kernel:13", 1, 512)
+	f := factory(t)
+	env := backendtest.Env{Layers: backendtest.StoreImageLayers(t, "root/debian-kernel:13", "make images"), Agent: testutil.AgentBinary(t), Isolated: true}
+	spec := backendtest.NewSpec(t, env, sandboxid.NewNodeID())
+	spec.CPUCores, spec.MemoryMB = 1, 512
+	stateA := t.TempDir()
+	a := f(t, stateA)
+	sb := backendtest.StartSpec(t, a, spec)
 	lines := strings.Fields(shell(t, sb, "uname -r; ls /boot | grep vmlinuz; cat /proc/1/comm; modprobe veth && grep -c '^veth ' /proc/modules", time.Minute))
 	node, _ := os.ReadFile(filepath.Join(testutil.GuestKernelDir(t), "release"))
 	if len(lines) != 4 || "vmlinuz-"+lines[0] != lines[1] || lines[0] == strings.TrimSpace(string(node)) || lines[2] != "systemd" || lines[3] != "1" {
 		t.Fatalf("kernel, the image's, PID 1, veth loaded: %q (the node's kernel is %s)", lines, node)
 	}
 	t.Logf("the guest runs the image's kernel %s", lines[0])
+
+	// Its snapshot restores on a node that never ran the image's guests:
+	// the snapshot carries the kernel.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	shell(t, sb, "echo kept > /root/file; sync", time.Minute)
+	taken := backend.SnapshotRef{ID: sandboxid.NewSnapshot(sb.ID.Node()), Dir: filepath.Join(stateA, "snapshots", "s1")}
+	if err := os.MkdirAll(taken.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Link.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.(backend.Snapshotter).Snapshot(ctx, sb.ID, taken); err != nil {
+		t.Fatal(err)
+	}
+	pulled := backend.SnapshotRef{ID: taken.ID, Dir: filepath.Join(t.TempDir(), "pulled")}
+	if out, err := exec.Command("cp", "-r", "--sparse=always", taken.Dir, pulled.Dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the snapshot as a pull does: %v: %s", err, out)
+	}
+	if err := os.RemoveAll(filepath.Join(stateA, "kernels")); err != nil { // what the first node took of the image
+		t.Fatal(err)
+	}
+	b := f(t, t.TempDir())
+	other := backendtest.NewSpec(t, env, sandboxid.NewNodeID())
+	other.CPUCores, other.MemoryMB = 1, 512
+	cp := backendtest.Attach(t, b, other)
+	t.Cleanup(func() { b.Destroy(context.Background(), other.ID) })
+	h, err := b.(backend.Snapshotter).Restore(ctx, pulled, other)
+	if err != nil {
+		t.Fatalf("restore on a node without the image's kernel: %v", err)
+	}
+	if err := backendtest.WaitCopy(ctx, cp.Link, other, h); err != nil {
+		t.Fatalf("the copy on another node: %v", err)
+	}
+	if got := strings.Fields(cp.Sh(t, "uname -r; cat /root/file")); len(got) != 2 || got[0] != lines[0] || got[1] != "kept" {
+		t.Fatalf("the copy on another node: its kernel and its disk's file = %q, want %s kept", got, lines[0])
+	}
 }
