@@ -263,17 +263,16 @@ func (b *Backend) Restore(ctx context.Context, ref backend.SnapshotRef, spec *ba
 // boots one.
 const snapshotKernel = "vmlinuz"
 
-// imageKernelHere makes the image's own kernel of a snapshot's guest one
-// this node has: where the path the guest recorded is missing (a snapshot
-// pulled from another node, or one whose kernel the cache's pruning
-// took), the guest gets the snapshot's copy, linked into its own
-// directory dir. A guest of the node's kernel, or an older snapshot
-// without the copy, is left to hostFilesPresent.
+// imageKernelHere gives the guest of a snapshot that keeps its image's
+// own kernel a link of that copy in its own directory dir, and boots it
+// from there: on a node that never ran the image's guests (or whose
+// cache's pruning took the kernel) the path the guest recorded is
+// missing, and a copy of a copy must not depend on its source's directory,
+// which goes when its source does. A guest of the node's kernel, or an
+// older snapshot without the copy, keeps its path (hostFilesPresent
+// checks it).
 func imageKernelHere(ctx context.Context, g *Guest, snapDir, dir string) error {
 	if g.Kernel == "" {
-		return nil
-	}
-	if _, err := os.Stat(g.Kernel); err == nil {
 		return nil
 	}
 	kept := filepath.Join(snapDir, snapshotKernel)
@@ -281,6 +280,11 @@ func imageKernelHere(ctx context.Context, g *Guest, snapDir, dir string) error {
 		return nil
 	}
 	own := filepath.Join(dir, snapshotKernel)
+	// A released guest restored in place had one: linked anew, never
+	// written through.
+	if err := os.Remove(own); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	if err := sparsefile.LinkOrCopy(ctx, kept, own); err != nil {
 		return err
 	}

@@ -255,4 +255,14 @@ func TestTheImagesOwnKernelBoots(t *testing.T) {
 	if got := strings.Fields(cp.Sh(t, "uname -r; cat /root/file")); len(got) != 2 || got[0] != lines[0] || got[1] != "kept" {
 		t.Fatalf("the copy on another node: its kernel and its disk's file = %q, want %s kept", got, lines[0])
 	}
+	// Its kernel file is the snapshot's, linked into its own directory.
+	var g struct{ Kernel string }
+	if data, err := os.ReadFile(filepath.Join(other.Dir, "vm", "guest.json")); err != nil || json.Unmarshal(data, &g) != nil {
+		t.Fatalf("the copy's guest record: %v", err)
+	}
+	mine, err1 := os.Stat(g.Kernel)
+	kept, err2 := os.Stat(filepath.Join(pulled.Dir, "vmlinuz"))
+	if err1 != nil || err2 != nil || filepath.Dir(g.Kernel) != filepath.Join(other.Dir, "vm") || !os.SameFile(mine, kept) {
+		t.Fatalf("the copy boots %s (%v, %v), want a link of the snapshot's vmlinuz in its own directory", g.Kernel, err1, err2)
+	}
 }
