@@ -411,3 +411,22 @@ func TestStoppingReplicaAnswersWhatItTook(t *testing.T) {
 		t.Fatal("the drain did not end once the request was answered")
 	}
 }
+
+// A request taken before a replica stopped, still looking for the leader
+// when Raft shut down, is answered at once: "not the leader" to a replica
+// that sent it (which asks the leader itself), Unavailable here; it used
+// to look for a leader until its deadline, outliving the stop's drains.
+func TestForwardingEndsWhenRaftShutsDown(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.LoadOrCreateCA(filepath.Join(dir, "pki"))
+	s := open(t, ca, dir, "iam-1", true, true)
+	defer s.Close()
+	if err := s.raft.Shutdown().Error(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	_, err := s.toLeader(ctx(t), opApply, nil)
+	if !errors.Is(err, errNotLeader) || !errors.Is(err, errdefs.ErrUnavailable) || time.Since(began) > time.Second {
+		t.Fatalf("forwarding on a shut-down replica: %v after %s", err, time.Since(began))
+	}
+}

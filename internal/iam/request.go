@@ -199,6 +199,11 @@ func (s *Service) handle(ctx context.Context, op requestOp, payload []byte) ([]b
 func (s *Service) toLeader(ctx context.Context, op requestOp, payload []byte) ([]byte, error) {
 	var last error
 	for {
+		if s.raft.State() == raft.Shutdown {
+			// This replica stops: a replica that sent the request is
+			// answered "not the leader" and asks the leader itself.
+			return nil, errdefs.Wrap(errdefs.ErrUnavailable, errNotLeader, "iam: this replica is stopping")
+		}
 		if s.raft.State() == raft.Leader {
 			out, err := s.handle(ctx, op|opNoForward, payload)
 			if !errors.Is(err, errNotLeader) {

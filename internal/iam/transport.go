@@ -39,18 +39,24 @@ type tlsLayer struct {
 	// that stops answers (if only "not the leader") every request whose
 	// TLS handshake it made, instead of ending its process under it.
 	sorting int
+	// accepting is closed when run returns: every connection it took is
+	// counted in sorting by then.
+	accepting chan struct{}
 }
 
 var _ raft.StreamLayer = (*tlsLayer)(nil)
 
 func newTLSLayer(ln net.Listener, server, client *tls.Config) *tlsLayer {
-	return &tlsLayer{ln: tls.NewListener(ln, server), client: client, raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}}
+	return &tlsLayer{ln: tls.NewListener(ln, server), client: client, raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}, accepting: make(chan struct{})}
 }
 
 // run accepts connections until the listener closes; serve must be set.
 // Other errors (out of file descriptors) are waited out, as Raft's own
 // accept loop does.
 func (l *tlsLayer) run() {
+	if l.accepting != nil {
+		defer close(l.accepting)
+	}
 	backoff := 5 * time.Millisecond
 	for {
 		c, err := l.ln.Accept()
@@ -147,6 +153,12 @@ func (l *tlsLayer) drain(timeout time.Duration) int {
 		c.Conn.Close()
 	}
 	deadline := time.Now().Add(timeout)
+	if l.accepting != nil { // a connection Accept just gave is counted
+		select {
+		case <-l.accepting:
+		case <-time.After(timeout):
+		}
+	}
 	for {
 		l.mu.Lock()
 		n := len(l.live) + l.sorting

@@ -80,7 +80,7 @@ func TestDrainWaitsForARequestAcceptedBeforeClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	entered, answered := make(chan struct{}), make(chan struct{})
-	l := &tlsLayer{ln: ln, raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}}
+	l := &tlsLayer{ln: ln, raftIn: make(chan net.Conn), closed: make(chan struct{}), live: map[*peekedConn]struct{}{}, accepting: make(chan struct{})}
 	l.serve = func(c net.Conn, br *bufio.Reader) {
 		defer c.Close()
 		op, _, err := readFrame(br)
