@@ -156,7 +156,7 @@ func (l *tlsLayer) drain(timeout time.Duration) int {
 	if l.accepting != nil { // a connection Accept just gave is counted
 		select {
 		case <-l.accepting:
-		case <-time.After(timeout):
+		case <-time.After(time.Until(deadline)):
 		}
 	}
 	for {
