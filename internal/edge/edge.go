@@ -266,7 +266,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Edge, error) {
 	}
 	e.netOff = "not configured"
 	if cfg.Network != nil {
-		if e.net, e.stopDNS, err = sandboxnet.OpenNode(ctx, string(node), *cfg.Network, networkedRecords(e.records), &e.wg, e.log); err != nil {
+		nc := *cfg.Network
+		nc.StateFile = filepath.Join(cfg.StateDir, "network.json")
+		if e.net, e.stopDNS, err = sandboxnet.OpenNode(ctx, string(node), nc, networkedRecords(e.records), &e.wg, e.log); err != nil {
 			e.netOff = err.Error()
 			e.log.Warn("sandbox networking unavailable on this node: sandboxes get loopback only", logging.Error, err)
 		}

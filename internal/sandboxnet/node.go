@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -18,7 +16,8 @@ import (
 // NodeConfig is a node's sandbox networking, as its operator sets it.
 type NodeConfig struct {
 	// Subnet holds the node's sandbox addresses; default: a /20 in
-	// 10.64.0.0/10 chosen by the node id.
+	// 10.64.0.0/10 chosen by the node id (the next free one if another
+	// interface of the node has an address in it).
 	Subnet netip.Prefix
 	// Upstream are the DNS servers (host:port) the proxy asks; default:
 	// the node's /etc/resolv.conf.
@@ -30,23 +29,21 @@ type NodeConfig struct {
 	// own, link-local (cloud metadata), Closed (an operator's setting,
 	// sandboxnet.AllowClosedFlag). Off, such rules are refused.
 	AllowClosed bool
+	// StateFile keeps the subnet and veth prefix the node chose, so its
+	// sandboxes keep them across restarts (empty: kept nowhere).
+	StateFile string
 	// DNSPort is the proxy's port on the gateway; default 53 (resolv.conf
 	// cannot name another).
 	DNSPort uint16
 }
 
-// OpenNode opens the sandbox network of the node named node: its table,
-// interface prefix and default subnet derive from the name, so several
+// OpenNode opens the sandbox network of the node named node: its table
+// derives from the name, its interface prefix and subnet from the name
+// too unless another node on the machine has them (choose), so several
 // nodes on one machine do not meet. It loads the table and starts the DNS
 // proxy (wg counts it, stopDNS ends it). own names the sandboxes whose
 // veths are kept: those the node is about to re-attach.
 func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg *sync.WaitGroup, log *slog.Logger) (n *Network, stopDNS context.CancelFunc, err error) {
-	if len(node) < 2 {
-		return nil, nil, errdefs.InvalidArgument("node name %q: want a node id (at least 2 characters)", node)
-	}
-	if !cfg.Subnet.IsValid() {
-		cfg.Subnet = defaultSubnet(node)
-	}
 	if cfg.DNSPort == 0 {
 		cfg.DNSPort = 53
 	}
@@ -57,17 +54,30 @@ func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg
 		}
 		cfg.Upstream = up
 	}
-	prefix := "s" + node[:2]
-	addrs, err := nodeAddrs(prefix, cfg.Subnet)
+	ifs, err := hostIfs()
 	if err != nil {
 		return nil, nil, err
 	}
+	kept, err := readChoice(cfg.StateFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := choose(node, cfg.Subnet, kept, own, ifs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if kept.IfPrefix != "" && c != kept {
+		log.Warn("sandbox network chosen anew: no sandbox of the node used the one it kept, and another interface took it", "kept_subnet", kept.Subnet, "kept_prefix", kept.IfPrefix, "subnet", c.Subnet, "prefix", c.IfPrefix)
+	}
 	n, err = Open(ctx, Config{
-		Table: "dsec_" + node, Subnet: cfg.Subnet, IfPrefix: prefix, DNSPort: cfg.DNSPort,
-		Addrs: addrs, Closed: cfg.Closed, AllowClosed: cfg.AllowClosed, Own: own,
+		Table: "dsec_" + node, Subnet: c.Subnet, IfPrefix: c.IfPrefix, DNSPort: cfg.DNSPort,
+		Addrs: nodeAddrs(c.IfPrefix, ifs), Closed: cfg.Closed, AllowClosed: cfg.AllowClosed, Own: own,
 	}, log)
 	if err != nil {
 		return nil, nil, err
+	}
+	if err := keepChoice(cfg.StateFile, c); err != nil {
+		return nil, nil, fmt.Errorf("sandbox network: keep its subnet and prefix: %w", err)
 	}
 	udp, tcp, err := n.ListenDNS(ctx)
 	if err != nil {
@@ -81,44 +91,24 @@ func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg
 		p.counts = &n.dnsCounts
 		p.Serve(dctx, udp, tcp)
 	}()
-	log.Info("sandbox network ready", "subnet", cfg.Subnet, "dns", n.Node().DNS, "upstream", cfg.Upstream)
+	log.Info("sandbox network ready", "subnet", c.Subnet, "veth_prefix", c.IfPrefix, "dns", n.Node().DNS, "upstream", cfg.Upstream)
 	return n, cancel, nil
 }
 
-// defaultSubnet is the node's /20 of 10.64.0.0/10, chosen by its name.
-func defaultSubnet(node string) netip.Prefix {
-	h := fnv.New32a()
-	h.Write([]byte(node))
-	i := h.Sum32() % 1024
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(64 + i>>4), byte(i&15) << 4, 0}), 20)
-}
-
 // nodeAddrs are the node's IPv4 addresses (closed to sandboxes), from
-// every interface but the sandboxes' veths. One inside subnet is an
-// error: its traffic and the sandboxes' would mix.
-func nodeAddrs(prefix string, subnet netip.Prefix) ([]netip.Addr, error) {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, err
-	}
+// every interface but the sandboxes' veths (choose has refused a subnet
+// holding one of them).
+func nodeAddrs(prefix string, ifs []hostIf) []netip.Addr {
 	var out []netip.Addr
 	for _, i := range ifs {
 		if strings.HasPrefix(i.Name, prefix) {
 			continue
 		}
-		as, _ := i.Addrs()
-		for _, a := range as {
-			p, err := netip.ParsePrefix(a.String())
-			if err != nil || !p.Addr().Is4() {
-				continue
-			}
-			if p.Overlaps(subnet) {
-				return nil, errdefs.FailedPrecondition("sandbox subnet %s overlaps %s on the node's interface %s; choose another subnet", subnet, p, i.Name)
-			}
+		for _, p := range i.Addrs {
 			out = append(out, p.Addr())
 		}
 	}
-	return out, nil
+	return out
 }
 
 // resolvConfServers reads the name servers of a resolv.conf as host:53.

@@ -50,3 +50,91 @@ func TestResolvConfServersTakesIPv4NameServers(t *testing.T) {
 		t.Errorf("a missing file: %v, want an error saying no upstream was given", err)
 	}
 }
+
+func TestChooseTakesTheNextFreeSubnetAndPrefix(t *testing.T) {
+	node := "yc6vww42"
+	first := Choice{Subnet: defaultSubnet(node), IfPrefix: "syc"}
+	eth := hostIf{Name: "eth0", Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.10/24")}}
+	got, err := choose(node, netip.Prefix{}, Choice{}, nil, []hostIf{eth})
+	if err != nil || got != first {
+		t.Fatalf("alone on the machine: %+v, %v; want the id's own %+v", got, err, first)
+	}
+	// Another node's veths hold the gateway of the same /20 and start
+	// with the same prefix (the CI failure: 10.64.208.1/32 on syndf…).
+	other := hostIf{Name: "syc0123456789ab", Addrs: []netip.Prefix{netip.PrefixFrom(first.Subnet.Addr().Next(), 32)}}
+	got, err = choose(node, netip.Prefix{}, Choice{}, nil, []hostIf{eth, other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Subnet != subnetSlot(node, 1) || got.IfPrefix == "syc" || len(got.IfPrefix) != 3 || got.IfPrefix[0] != 's' {
+		t.Errorf("beside another node on its defaults: %+v, want the next /20 %s and another s?? prefix", got, subnetSlot(node, 1))
+	}
+	if err := check(got, nil, []hostIf{eth, other}); err != nil {
+		t.Errorf("the choice fails its own check: %v", err)
+	}
+}
+
+func TestChooseKeepsWhatItsSandboxesUse(t *testing.T) {
+	node := "yc6vww42"
+	kept := Choice{Subnet: subnetSlot(node, 3), IfPrefix: "sq7"}
+	veth := hostIf{Name: ifNameFor("sq7", "yc6vww42-sb1"), Addrs: []netip.Prefix{netip.PrefixFrom(kept.Subnet.Addr().Next(), 32)}}
+	got, err := choose(node, netip.Prefix{}, kept, []string{"yc6vww42-sb1"}, []hostIf{veth})
+	if err != nil || got != kept {
+		t.Errorf("restart with its sandbox's veth: %+v, %v; want what it kept %+v", got, err, kept)
+	}
+	// A node of a release that kept nothing has its sandboxes on the id's defaults.
+	legacy := Choice{Subnet: defaultSubnet(node), IfPrefix: "syc"}
+	old := hostIf{Name: ifNameFor("syc", "yc6vww42-sb1"), Addrs: []netip.Prefix{netip.PrefixFrom(legacy.Subnet.Addr().Next(), 32)}}
+	if got, err := choose(node, netip.Prefix{}, Choice{}, []string{"yc6vww42-sb1"}, []hostIf{old}); err != nil || got != legacy {
+		t.Errorf("upgrade of a node with sandboxes and nothing kept: %+v, %v; want the defaults %+v", got, err, legacy)
+	}
+	// Nothing of its own uses what it kept and another took it: anew.
+	taker := hostIf{Name: "br0", Addrs: []netip.Prefix{netip.PrefixFrom(kept.Subnet.Addr(), 24)}}
+	got, err = choose(node, netip.Prefix{}, kept, nil, []hostIf{taker})
+	if err != nil || got.Subnet == kept.Subnet || got.Subnet.Overlaps(taker.Addrs[0]) {
+		t.Errorf("kept subnet taken, no sandbox: %+v, %v; want another subnet", got, err)
+	}
+	// Its sandboxes use it and another took it: a clear error, nothing moved.
+	_, err = choose(node, netip.Prefix{}, kept, []string{"yc6vww42-sb1"}, []hostIf{veth, taker})
+	if err == nil || !strings.Contains(err.Error(), "overlaps "+taker.Addrs[0].String()+" on the node's interface br0") {
+		t.Errorf("kept subnet taken under running sandboxes: %v, want the overlap named", err)
+	}
+}
+
+func TestChooseHonoursTheOperatorsSubnet(t *testing.T) {
+	node := "n1"
+	want := netip.MustParsePrefix("10.200.0.0/16")
+	got, err := choose(node, netip.MustParsePrefix("10.200.3.4/16"), Choice{Subnet: subnetSlot(node, 2), IfPrefix: "sn1"}, nil, nil)
+	if err != nil || got.Subnet != want || got.IfPrefix != "sn1" {
+		t.Errorf("operator's subnet over a kept one: %+v, %v; want %s with the kept prefix", got, err, want)
+	}
+	eth := hostIf{Name: "eth0", Addrs: []netip.Prefix{netip.MustParsePrefix("10.200.9.1/24")}}
+	if _, err := choose(node, want, Choice{}, nil, []hostIf{eth}); err == nil || !strings.Contains(err.Error(), "overlaps 10.200.9.1/24 on the node's interface eth0") {
+		t.Errorf("operator's subnet over the node's address: %v, want the overlap named", err)
+	}
+	if _, err := choose("n", netip.Prefix{}, Choice{}, nil, nil); err == nil || !strings.Contains(err.Error(), "at least 2 characters") {
+		t.Errorf("a one-character node id: %v", err)
+	}
+}
+
+func TestTheChoiceIsKeptAndReadBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "network.json")
+	if c, err := readChoice(path); err != nil || c != (Choice{}) {
+		t.Fatalf("no file: %+v, %v; want nothing kept", c, err)
+	}
+	want := Choice{Subnet: netip.MustParsePrefix("10.77.16.0/20"), IfPrefix: "s4x"}
+	if err := keepChoice(path, want); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readChoice(path); err != nil || got != want {
+		t.Errorf("read back %+v, %v; want %+v", got, err, want)
+	}
+	for _, bad := range []string{`{`, `{"subnet":"10.0.0.0/20","if_prefix":"s-x"}`, `{"subnet":"::/64","if_prefix":"sx"}`, `{"if_prefix":"sx"}`} {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readChoice(path); err == nil || !strings.Contains(err.Error(), "remove it to choose anew") {
+			t.Errorf("%s: %v, want an error saying how to recover", bad, err)
+		}
+	}
+}

@@ -1,0 +1,79 @@
+package sandboxnet
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/opendsec/opendsec/internal/netpolicy"
+	"github.com/opendsec/opendsec/internal/testutil"
+)
+
+// A node whose id derives the subnet and prefix of another node's
+// running sandboxes (the CI failure of 2026-12-07: 10.64.208.1/32 on a
+// veth syndf…) opens its network on the next free ones, keeps them, and
+// opens on them again after a restart.
+func TestOpenNodeStepsAroundAnotherNodesNetwork(t *testing.T) {
+	tn := newTestNet(t)
+	nodeNS := tn.ns("choice")
+	const node = "yc6vww42"
+	taken := defaultSubnet(node)
+	// The other node's veth (this host has no dummy interfaces).
+	tn.link(nodeNS, "syc00000000000a", netip.PrefixFrom(taken.Addr().Next(), 32).String(), tn.ns("other"), "eth0", netip.PrefixFrom(taken.Addr().Next().Next(), 32).String())
+	state := filepath.Join(t.TempDir(), "network.json")
+	ctx := testutil.Context(t)
+	cfg := NodeConfig{StateFile: state, Upstream: []string{"127.0.0.1:53"}}
+
+	open := func() (*Network, func()) {
+		t.Helper()
+		var wg sync.WaitGroup
+		var n *Network
+		var stop context.CancelFunc
+		var err error
+		inNS(t, nodeNS, func() { n, stop, err = OpenNode(ctx, node, cfg, nil, &wg, testutil.Logger(t)) })
+		if err != nil {
+			t.Fatalf("open beside another node's network: %v", err)
+		}
+		return n, func() {
+			stop()
+			wg.Wait()
+			inNS(t, nodeNS, func() { _, err = n.Close(context.Background()) })
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	n, closeN := open()
+	got := n.Node()
+	if got.Subnet != subnetSlot(node, 1) || got.IfPrefix == "syc" {
+		t.Fatalf("opened on %s with prefix %s; want the next /20 %s and another prefix than syc", got.Subnet, got.IfPrefix, subnetSlot(node, 1))
+	}
+	var l *Link
+	var err error
+	inNS(t, nodeNS, func() {
+		l, err = n.Attach(ctx, fmt.Sprintf("t%d-choice", os.Getpid()%100000), netip.Addr{}, policy(t, false, netpolicy.RuleSpec{CIDR: "192.0.2.1", Protocol: "tcp", Ports: []string{"80"}}))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Subnet.Contains(l.Addr) || l.HostIf[:3] != got.IfPrefix {
+		t.Errorf("sandbox on %s via %s; want an address in %s and a veth starting %s", l.Addr, l.HostIf, got.Subnet, got.IfPrefix)
+	}
+	inNS(t, nodeNS, func() { err = n.Detach(ctx, l) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeN()
+	if kept, err := readChoice(state); err != nil || kept != (Choice{Subnet: got.Subnet, IfPrefix: got.IfPrefix}) {
+		t.Fatalf("kept %+v, %v; want what it opened on", kept, err)
+	}
+	again, closeAgain := open()
+	defer closeAgain()
+	if again.Node().Subnet != got.Subnet || again.Node().IfPrefix != got.IfPrefix {
+		t.Errorf("after a restart: %s %s, want %s %s", again.Node().Subnet, again.Node().IfPrefix, got.Subnet, got.IfPrefix)
+	}
+}
