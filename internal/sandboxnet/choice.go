@@ -1,6 +1,7 @@
 package sandboxnet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/opendsec/opendsec/internal/atomicfile"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -22,6 +26,12 @@ import (
 // node therefore takes the first free one from where its id points, and
 // keeps what it took in its state directory, so that its sandboxes keep
 // their addresses and veth names across restarts and upgrades.
+//
+// Free means: no interface of the machine starts with the prefix or has
+// an address in the subnet, and no other node's table claims either (a
+// node with no sandbox has no veth yet, but has loaded its table, whose
+// masquerade rule names both). Nodes starting together choose one at a
+// time (chooseLock).
 
 // Choice is the subnet and veth prefix a node uses.
 type Choice struct {
@@ -44,7 +54,7 @@ type hostIf struct {
 // id's own defaults. Otherwise the node takes the first prefix no
 // interface starts with and the first /20 no interface's address is in,
 // counting from where its id points.
-func choose(node string, subnet netip.Prefix, kept Choice, own []string, ifs []hostIf) (Choice, error) {
+func choose(node string, subnet netip.Prefix, kept Choice, own []string, ifs []hostIf, claimed []Choice) (Choice, error) {
 	if len(node) < 2 {
 		return Choice{}, errdefs.InvalidArgument("node name %q: want a node id (at least 2 characters)", node)
 	}
@@ -56,7 +66,7 @@ func choose(node string, subnet netip.Prefix, kept Choice, own []string, ifs []h
 		c.Subnet = subnet.Masked()
 	}
 	if c.IfPrefix != "" {
-		err := check(c, own, ifs)
+		err := check(c, own, ifs, claimed)
 		if err == nil || len(own) > 0 {
 			return c, err
 		}
@@ -65,7 +75,7 @@ func choose(node string, subnet netip.Prefix, kept Choice, own []string, ifs []h
 	// kept, and something else took it.
 	c.IfPrefix = ""
 	for i := range prefixCandidates {
-		if p := prefixCandidate(node, i); !prefixUsed(p, ifs) {
+		if p := prefixCandidate(node, i); !prefixUsed(p, ifs, claimed) {
 			c.IfPrefix = p
 			break
 		}
@@ -76,7 +86,7 @@ func choose(node string, subnet netip.Prefix, kept Choice, own []string, ifs []h
 	if !subnet.IsValid() {
 		c.Subnet = netip.Prefix{}
 		for i := range subnetSlots {
-			if p := subnetSlot(node, i); overlapping(p, nil, ifs) == "" {
+			if p := subnetSlot(node, i); overlapping(p, nil, ifs, claimed) == "" {
 				c.Subnet = p
 				break
 			}
@@ -85,12 +95,13 @@ func choose(node string, subnet netip.Prefix, kept Choice, own []string, ifs []h
 			return Choice{}, errdefs.ResourceExhausted("sandbox network: every /20 of 10.64.0.0/10 overlaps one of the node's interfaces; set --sandbox-subnet")
 		}
 	}
-	return c, check(c, nil, ifs)
+	return c, check(c, nil, ifs, claimed)
 }
 
 // check refuses a choice whose prefix starts an interface that is not one
-// of own's veths, or whose subnet holds an address of such an interface.
-func check(c Choice, own []string, ifs []hostIf) error {
+// of own's veths or is another node's claim, or whose subnet holds an
+// address of such an interface or overlaps a claimed subnet.
+func check(c Choice, own []string, ifs []hostIf, claimed []Choice) error {
 	mine := map[string]bool{}
 	for _, name := range own {
 		mine[ifNameFor(c.IfPrefix, name)] = true
@@ -100,15 +111,20 @@ func check(c Choice, own []string, ifs []hostIf) error {
 			return errdefs.FailedPrecondition("interface prefix %q: the node's interface %s has it; choose one no interface of the node starts with", c.IfPrefix, i.Name)
 		}
 	}
-	if msg := overlapping(c.Subnet, mine, ifs); msg != "" {
+	for _, o := range claimed {
+		if o.IfPrefix == c.IfPrefix {
+			return errdefs.FailedPrecondition("interface prefix %q: another node's nftables table claims it", c.IfPrefix)
+		}
+	}
+	if msg := overlapping(c.Subnet, mine, ifs, claimed); msg != "" {
 		return errdefs.FailedPrecondition("sandbox subnet %s overlaps %s; choose another subnet", c.Subnet, msg)
 	}
 	return nil
 }
 
 // overlapping names the first address of an interface (not one of mine)
-// inside subnet, or is "".
-func overlapping(subnet netip.Prefix, mine map[string]bool, ifs []hostIf) string {
+// inside subnet, or the first claimed subnet overlapping it, or is "".
+func overlapping(subnet netip.Prefix, mine map[string]bool, ifs []hostIf, claimed []Choice) string {
 	for _, i := range ifs {
 		if mine[i.Name] {
 			continue
@@ -119,16 +135,90 @@ func overlapping(subnet netip.Prefix, mine map[string]bool, ifs []hostIf) string
 			}
 		}
 	}
+	for _, o := range claimed {
+		if o.Subnet.Overlaps(subnet) {
+			return fmt.Sprintf("%s, another node's sandbox subnet (its veths start with %s)", o.Subnet, o.IfPrefix)
+		}
+	}
 	return ""
 }
 
-func prefixUsed(p string, ifs []hostIf) bool {
+func prefixUsed(p string, ifs []hostIf, claimed []Choice) bool {
 	for _, i := range ifs {
 		if strings.HasPrefix(i.Name, p) {
 			return true
 		}
 	}
+	for _, o := range claimed {
+		if o.IfPrefix == p {
+			return true
+		}
+	}
 	return false
+}
+
+// claims are the subnets and veth prefixes of the other nodes' tables on
+// the machine (dsec_*, all but ownTable), read from their masquerade rule.
+func claims(ctx context.Context, ownTable string) ([]Choice, error) {
+	tables, err := output(ctx, nil, "nft", "list", "tables", "inet")
+	if err != nil {
+		return nil, err
+	}
+	var out []Choice
+	for _, line := range strings.Split(tables, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "table" || !strings.HasPrefix(f[2], "dsec_") || f[2] == ownTable {
+			continue
+		}
+		chain, err := output(ctx, nil, "nft", "-t", "list", "chain", "inet", f[2], "postrouting")
+		if err != nil {
+			continue // gone meanwhile, or not a node's table
+		}
+		if c, ok := parseClaim(chain); ok {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// parseClaim reads a node table's postrouting chain (NodeScript's
+// `ip saddr SUBNET oifname != "PREFIX*" masquerade`).
+func parseClaim(chain string) (Choice, bool) {
+	for _, line := range strings.Split(chain, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 7 || f[0] != "ip" || f[1] != "saddr" || f[3] != "oifname" || f[4] != "!=" || f[6] != "masquerade" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f[2])
+		q := f[5]
+		if len(q) < 4 || q[0] != '"' || !strings.HasSuffix(q, `*"`) {
+			continue
+		}
+		prefix := q[1 : len(q)-2]
+		if err != nil || !p.Addr().Is4() || prefix == "" || ident(prefix) != prefix {
+			continue
+		}
+		return Choice{Subnet: p, IfPrefix: prefix}, true
+	}
+	return Choice{}, false
+}
+
+// chooseLock serialises the nodes of one machine from choosing to loading
+// their table; unlock releases it.
+func chooseLock() (unlock func(), err error) {
+	const dir = "/run/lock"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox network: lock %s: %w", dir, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "opendsec-sandboxnet.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox network: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sandbox network: lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil
 }
 
 const (

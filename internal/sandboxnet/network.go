@@ -453,14 +453,22 @@ func nft(ctx context.Context, script string) error {
 }
 
 func run(ctx context.Context, stdin *strings.Reader, name string, args ...string) error {
+	_, err := output(ctx, stdin, name, args...)
+	return err
+}
+
+// output runs a command and returns what it printed.
+func output(ctx context.Context, stdin *strings.Reader, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stdin = stdin
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		return "", fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
-	return nil
+	return out.String(), nil
 }
 
 // ListenDNS opens the DNS proxy's sockets on the gateway address. The

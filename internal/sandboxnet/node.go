@@ -54,15 +54,24 @@ func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg
 		}
 		cfg.Upstream = up
 	}
-	ifs, err := hostIfs()
-	if err != nil {
-		return nil, nil, err
-	}
 	kept, err := readChoice(cfg.StateFile)
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := choose(node, cfg.Subnet, kept, own, ifs)
+	unlock, err := chooseLock()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	ifs, err := hostIfs()
+	if err != nil {
+		return nil, nil, err
+	}
+	claimed, err := claims(ctx, "dsec_"+node)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox network: read the other nodes' tables: %w", err)
+	}
+	c, err := choose(node, cfg.Subnet, kept, own, ifs, claimed)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -15,8 +15,9 @@ import (
 
 // A node whose id derives the subnet and prefix of another node's
 // running sandboxes (the CI failure of 2026-12-07: 10.64.208.1/32 on a
-// veth syndf…) opens its network on the next free ones, keeps them, and
-// opens on them again after a restart.
+// veth syndf…), beside a third node whose table claims the next ones,
+// opens its network on the first free ones, keeps them, and opens on them
+// again after a restart.
 func TestOpenNodeStepsAroundAnotherNodesNetwork(t *testing.T) {
 	tn := newTestNet(t)
 	nodeNS := tn.ns("choice")
@@ -24,6 +25,14 @@ func TestOpenNodeStepsAroundAnotherNodesNetwork(t *testing.T) {
 	taken := defaultSubnet(node)
 	// The other node's veth (this host has no dummy interfaces).
 	tn.link(nodeNS, "syc00000000000a", netip.PrefixFrom(taken.Addr().Next(), 32).String(), tn.ns("other"), "eth0", netip.PrefixFrom(taken.Addr().Next().Next(), 32).String())
+	// A node with no sandbox yet: only its table claims its network.
+	claim := Choice{Subnet: subnetSlot(node, 1), IfPrefix: prefixCandidate(node, 1)}
+	inNS(t, nodeNS, func() {
+		_, err := Open(testutil.Context(t), Config{Table: "dsec_othernode", Subnet: claim.Subnet, IfPrefix: claim.IfPrefix, DNSPort: 53}, testutil.Logger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 	state := filepath.Join(t.TempDir(), "network.json")
 	ctx := testutil.Context(t)
 	cfg := NodeConfig{StateFile: state, Upstream: []string{"127.0.0.1:53"}}
@@ -49,8 +58,8 @@ func TestOpenNodeStepsAroundAnotherNodesNetwork(t *testing.T) {
 	}
 	n, closeN := open()
 	got := n.Node()
-	if got.Subnet != subnetSlot(node, 1) || got.IfPrefix == "syc" {
-		t.Fatalf("opened on %s with prefix %s; want the next /20 %s and another prefix than syc", got.Subnet, got.IfPrefix, subnetSlot(node, 1))
+	if got.Subnet != subnetSlot(node, 2) || got.IfPrefix == "syc" || got.IfPrefix == claim.IfPrefix {
+		t.Fatalf("opened on %s with prefix %s; want the /20 after both others' %s and a prefix neither syc nor %s", got.Subnet, got.IfPrefix, subnetSlot(node, 2), claim.IfPrefix)
 	}
 	var l *Link
 	var err error
