@@ -151,7 +151,7 @@ uninstall() {
 		find "$cg" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
 		rmdir "$cg" 2>/dev/null || left+=("cgroup $cg")
 	done
-	rm -rf /run/opendsec
+	rm -rf /run/opendsec /run/lock/opendsec-sandboxnet.lock
 	step "removing binaries and settings"
 	rm -rf "$prefix"
 	rm -f "$etc/client.env" "$etc/rollout.json" "$etc/rollout.json.state"

@@ -96,7 +96,7 @@ check "mounts" grep -E '/var/lib/opendsec|/run/opendsec' /proc/self/mounts
 check "cgroups" sh -c "ls -d /sys/fs/cgroup/opendsec /sys/fs/cgroup/system.slice/dsec-edge.service 2>/dev/null"
 check "nftables tables" sh -c "nft list tables | grep dsec"
 check "network namespaces" sh -c "ip netns list | grep dsec"
-check "files" ls -d /usr/local/lib/opendsec /var/lib/opendsec /etc/opendsec /run/opendsec /usr/local/bin/dsec
+check "files" ls -d /usr/local/lib/opendsec /var/lib/opendsec /etc/opendsec /run/opendsec /run/lock/opendsec-sandboxnet.lock /usr/local/bin/dsec
 [ "$left" = 0 ] || rc=1
 [ "$left" = 1 ] || echo "nothing left"
 section "done: exit $rc"
