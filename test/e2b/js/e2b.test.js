@@ -469,10 +469,13 @@ describe('E2B JavaScript SDK through the OpenDsec gateway', () => {
 // ownInternet makes a network namespace of the test's own, joined to the
 // node by a veth, with a web server: the only host these tests reach.
 function ownInternet() {
+  // The Python suite runs beside this one (make test-sdks) with the same
+  // fixture: it takes 10.253.1-127 and the names dsectp*, this one
+  // 10.253.128-254 and dsectj*, so the two never meet.
   const tag = randomBytes(2).toString('hex')
-  const ns = `dsecte-${tag}`
-  const veth = `dsecte${tag}`
-  const octet = 1 + (randomBytes(1)[0] % 250)
+  const ns = `dsectj-${tag}`
+  const veth = `dsectj${tag}`
+  const octet = 128 + (randomBytes(1)[0] % 127)
   const node = `10.253.${octet}.1`
   const web = `10.253.${octet}.2`
   const dir = mkdtempSync(join(tmpdir(), 'dsec-inet-'))

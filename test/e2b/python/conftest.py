@@ -144,9 +144,12 @@ def own_internet(tmp_path: Path) -> Iterator[Dict[str, str]]:
     with a web server: the only host the network tests send traffic to."""
     import secrets
 
+    # The JS suite runs beside this one (make test-sdks) with the same
+    # fixture: it takes 10.253.128-254 and the names dsectj*, this one
+    # 10.253.1-127 and dsectp*, so the two never meet.
     tag = secrets.token_hex(2)
-    ns, veth = f"dsecte-{tag}", f"dsecte{tag}"
-    octet = 1 + secrets.randbelow(250)
+    ns, veth = f"dsectp-{tag}", f"dsectp{tag}"
+    octet = 1 + secrets.randbelow(127)
     node, web = f"10.253.{octet}.1", f"10.253.{octet}.2"
 
     def ip(*args: str) -> None:
