@@ -217,17 +217,15 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p ne
 	}
 	undo = append(undo, func() { n.release(addr, name) })
 	l := n.link(name, addr)
-	if err := ip(ctx, "", "netns add "+nsName(name)); err != nil {
+	if err := makeNetNS(nsName(name)); err != nil {
 		return nil, fmt.Errorf("attach %s: make its network namespace: %w", name, err)
 	}
 	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "netns del "+nsName(name)) }) //nolint:errcheck // undoing
-	host := fmt.Sprintf("link add %[1]s type veth peer name eth0 netns %[2]s\naddr add %[3]s/32 dev %[1]s\nlink set %[1]s up\nroute add %[4]s/32 dev %[1]s\n",
-		l.HostIf, nsName(name), n.gw, addr)
-	if err := ip(ctx, "", host); err != nil {
+	if err := makeVeth(l.HostIf, nsName(name), n.gw, addr); err != nil {
 		return nil, fmt.Errorf("attach %s: make its veth %s: %w", name, l.HostIf, err)
 	}
 	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "link del "+l.HostIf) }) //nolint:errcheck // undoing
-	if err := ip(ctx, nsName(name), n.inside(addr)); err != nil {
+	if err := setInside(nsName(name), n.gw, addr); err != nil {
 		return nil, fmt.Errorf("attach %s: set its address and routes: %w", name, err)
 	}
 	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
@@ -237,12 +235,6 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p ne
 	return l, nil
 }
 
-// inside is the ip batch that gives a namespace's eth0 the sandbox's
-// address and routes; "replace" makes it idempotent.
-func (n *Network) inside(addr netip.Addr) string {
-	return fmt.Sprintf("link set lo up\naddr replace %[1]s/32 dev eth0\nlink set eth0 up\nroute replace %[2]s/32 dev eth0\nroute replace default via %[2]s\n", addr, n.gw)
-}
-
 // Reset gives l's namespace its address and routes again, as Attach set
 // them. A runtime that takes the interface over removes them (gVisor's
 // netstack takes eth0's address and routes from the host's view when it
@@ -250,7 +242,7 @@ func (n *Network) inside(addr netip.Addr) string {
 // brought back in place) would find an interface without either and come
 // back with loopback only.
 func (n *Network) Reset(ctx context.Context, l *Link) error {
-	if err := ip(ctx, nsName(l.Name), n.inside(l.Addr)); err != nil {
+	if err := setInside(nsName(l.Name), n.gw, l.Addr); err != nil {
 		return fmt.Errorf("reset the network of %s: %w", l.Name, err)
 	}
 	return nil

@@ -1,0 +1,166 @@
+package sandboxnet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// A sandbox's namespace and veth are made in the edge's process, over
+// netlink, where they were three runs of iproute2 (`ip netns add`, a batch
+// for the host side, `ip -n` for the inside, which also mounts a sysfs of
+// the namespace): each run was a process start on the create path.
+// Namespaces stay where and as `ip netns` makes them (a bind mount in
+// /var/run/netns, itself a shared mount), so `ip netns exec` reaches them
+// and the removal, still iproute2's, finds them.
+
+// netnsDir is where named network namespaces live (iproute2's NETNS_RUN_DIR).
+const netnsDir = "/var/run/netns"
+
+var netnsDirOnce struct {
+	sync.Mutex
+	done bool
+}
+
+// prepareNetnsDir makes netnsDir a shared mount of its own, as `ip netns
+// add` does, so that a namespace mounted there later shows in every mount
+// namespace that sees the directory.
+func prepareNetnsDir() error {
+	netnsDirOnce.Lock()
+	defer netnsDirOnce.Unlock()
+	if netnsDirOnce.done {
+		return nil
+	}
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point yet
+		if err = unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err == nil {
+			err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("make %s a shared mount: %w", netnsDir, err)
+	}
+	netnsDirOnce.done = true
+	return nil
+}
+
+// makeNetNS makes the named network namespace: a new namespace, entered by
+// a thread of its own that exits after binding it to its file.
+func makeNetNS(name string) error {
+	if err := prepareNetnsDir(); err != nil {
+		return err
+	}
+	path := filepath.Join(netnsDir, name)
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	done := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, left in the new namespace, ends
+		// with this goroutine instead of running others.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		self := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+			done <- fmt.Errorf("bind %s to %s: %w", self, path, err)
+			return
+		}
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// makeVeth joins the node (the calling thread's network namespace) to the
+// namespace ns: a veth whose host side hostIf has the gateway's address
+// and a route to the sandbox's addr, and whose other side is eth0 in ns.
+func makeVeth(hostIf, ns string, gw, addr netip.Addr) error {
+	h, err := netns.GetFromPath(filepath.Join(netnsDir, ns))
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(h))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add the veth: %w", err)
+	}
+	host, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: hostPrefix(gw)}); err != nil {
+		return fmt.Errorf("give it %s: %w", gw, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("set it up: %w", err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: hostPrefix(addr), Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("route %s to it: %w", addr, err)
+	}
+	return nil
+}
+
+// setInside gives ns's eth0 the sandbox's address and routes through the
+// gateway, and sets its loopback up; it replaces what is there, so it may
+// run again (Reset).
+func setInside(ns string, gw, addr netip.Addr) error {
+	nsh, err := netns.GetFromPath(filepath.Join(netnsDir, ns))
+	if err != nil {
+		return err
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", ns, err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: hostPrefix(addr)}); err != nil {
+		return fmt.Errorf("give eth0 %s: %w", addr, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("set eth0 up: %w", err)
+	}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Dst: hostPrefix(gw), Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("route the gateway %s: %w", gw, err)
+	}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice())}); err != nil {
+		return fmt.Errorf("route by default through %s: %w", gw, err)
+	}
+	return nil
+}
+
+// hostPrefix is a's /32.
+func hostPrefix(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}
