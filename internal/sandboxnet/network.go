@@ -59,6 +59,8 @@ type Network struct {
 	node Node
 	gw   netip.Addr
 	log  *slog.Logger
+	// nft runs the sandboxes' nftables updates, batched (nftbatch.go).
+	nft *nftBatch
 	// dnsCounts counts the DNS proxy's answers (DNSQueries).
 	dnsCounts DNSCounts
 
@@ -107,7 +109,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 	gw := cfg.Subnet.Masked().Addr().Next()
 	n := &Network{
 		node: Node{Table: cfg.Table, Subnet: cfg.Subnet.Masked(), IfPrefix: cfg.IfPrefix, DNS: netip.AddrPortFrom(gw, cfg.DNSPort), Addrs: cfg.Addrs, Closed: cfg.Closed, AllowClosed: cfg.AllowClosed, Flows: cfg.Flows},
-		gw:   gw, log: log, used: map[netip.Addr]string{gw: "\x00gateway"}, attached: map[netip.Addr]attached{},
+		gw:   gw, log: log, nft: newNFTBatch(nft), used: map[netip.Addr]string{gw: "\x00gateway"}, attached: map[netip.Addr]attached{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("turn on IPv4 forwarding: %w", err)
@@ -228,7 +230,7 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p ne
 	if err := setInside(nsName(name), n.gw, addr); err != nil {
 		return nil, fmt.Errorf("attach %s: set its address and routes: %w", name, err)
 	}
-	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
+	if err := n.nft.do(SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
 		return nil, fmt.Errorf("install the network policy of %s: %w", name, err)
 	}
 	n.setAttached(l.Sandbox, p)
@@ -263,7 +265,7 @@ func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p net
 		n.release(addr, name)
 		return nil, errdefs.FailedPrecondition("re-attach %s: its veth %s is gone: %v", name, l.HostIf, err)
 	}
-	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
+	if err := n.nft.do(SandboxScript(n.node, l.Sandbox, nil, p)); err != nil {
 		n.release(addr, name)
 		return nil, fmt.Errorf("re-install the network policy of %s: %w", name, err)
 	}
@@ -318,7 +320,7 @@ func (n *Network) Update(ctx context.Context, l *Link, p netpolicy.Policy) error
 	if err != nil {
 		return err
 	}
-	if err := nft(ctx, SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
+	if err := n.nft.do(SandboxScript(n.node, l.Sandbox, &old, p)); err != nil {
 		return err
 	}
 	n.setAttached(l.Sandbox, p)
@@ -380,7 +382,7 @@ func (n *Network) Sandbox(addr netip.Addr) (Sandbox, netpolicy.Policy, bool) {
 // Learn opens addrs, which the DNS proxy answered for a name that rules
 // (indexes into p.Rules) allow, for ttl.
 func (n *Network) Learn(ctx context.Context, sb Sandbox, p netpolicy.Policy, rules []int, addrs []netip.Addr, ttl time.Duration) error {
-	return nft(ctx, LearnScript(n.node, sb, p, rules, addrs, ttl))
+	return n.nft.do(LearnScript(n.node, sb, p, rules, addrs, ttl))
 }
 
 // Detach removes what Attach made, under the policy the link has now (as
@@ -401,7 +403,7 @@ func (n *Network) Detach(ctx context.Context, l *Link) error {
 		p = a.pol
 	}
 	var errs []error
-	if err := nft(ctx, RemoveScript(n.node, l.Sandbox, p)); err != nil && !isGone(err) {
+	if err := n.nft.do(RemoveScript(n.node, l.Sandbox, p)); err != nil && !isGone(err) {
 		errs = append(errs, fmt.Errorf("remove the network policy of %s: %w", l.Name, err))
 	}
 	if err := n.Forget(ctx, l.Name); err != nil {
