@@ -3,6 +3,7 @@ package sandboxnet
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -19,9 +20,9 @@ import (
 // netlink, where they were three runs of iproute2 (`ip netns add`, a batch
 // for the host side, `ip -n` for the inside, which also mounts a sysfs of
 // the namespace): each run was a process start on the create path.
-// Namespaces stay where and as `ip netns` makes them (a bind mount in
-// /var/run/netns, itself a shared mount), so `ip netns exec` reaches them
-// and the removal, still iproute2's, finds them.
+// Their removal likewise. Namespaces stay where and as `ip netns` makes
+// them (a bind mount in /var/run/netns, itself a shared mount), so `ip
+// netns exec` reaches them.
 
 // netnsDir is where named network namespaces live (iproute2's NETNS_RUN_DIR).
 const netnsDir = "/var/run/netns"
@@ -163,4 +164,35 @@ func setInside(ns string, gw, addr netip.Addr) error {
 // hostPrefix is a's /32.
 func hostPrefix(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}
+
+// removeVeth deletes the host side of a veth (its other side goes with
+// it); one that is not there is no error.
+func removeVeth(hostIf string) error {
+	l, err := netlink.LinkByName(hostIf)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return err
+	}
+	return nil
+}
+
+// removeNetNS unmounts and removes the named namespace's file, as `ip
+// netns del` does (the namespace ends with its last process); one that is
+// not there is no error.
+func removeNetNS(name string) error {
+	path := filepath.Join(netnsDir, name)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }

@@ -222,11 +222,11 @@ func (n *Network) Attach(ctx context.Context, name string, addr netip.Addr, p ne
 	if err := makeNetNS(nsName(name)); err != nil {
 		return nil, fmt.Errorf("attach %s: make its network namespace: %w", name, err)
 	}
-	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "netns del "+nsName(name)) }) //nolint:errcheck // undoing
+	undo = append(undo, func() { removeNetNS(nsName(name)) }) //nolint:errcheck // undoing
 	if err := makeVeth(l.HostIf, nsName(name), n.gw, addr); err != nil {
 		return nil, fmt.Errorf("attach %s: make its veth %s: %w", name, l.HostIf, err)
 	}
-	undo = append(undo, func() { ip(context.WithoutCancel(ctx), "", "link del "+l.HostIf) }) //nolint:errcheck // undoing
+	undo = append(undo, func() { removeVeth(l.HostIf) }) //nolint:errcheck // undoing
 	if err := setInside(nsName(name), n.gw, addr); err != nil {
 		return nil, fmt.Errorf("attach %s: set its address and routes: %w", name, err)
 	}
@@ -280,11 +280,11 @@ func (n *Network) Adopt(ctx context.Context, name string, addr netip.Addr, p net
 // nothing.
 func (n *Network) Forget(ctx context.Context, name string) error {
 	var errs []error
-	if err := ip(ctx, "", "link del "+n.ifName(name)); err != nil && !isGone(err) {
-		errs = append(errs, err)
+	if err := removeVeth(n.ifName(name)); err != nil {
+		errs = append(errs, fmt.Errorf("remove the veth of %s: %w", name, err))
 	}
-	if err := ip(ctx, "", "netns del "+nsName(name)); err != nil && !isGone(err) {
-		errs = append(errs, err)
+	if err := removeNetNS(nsName(name)); err != nil {
+		errs = append(errs, fmt.Errorf("remove the network namespace of %s: %w", name, err))
 	}
 	return errors.Join(errs...)
 }
@@ -430,15 +430,6 @@ func (n *Network) Detach(ctx context.Context, l *Link) error {
 func isGone(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "No such file or directory") || strings.Contains(s, "Cannot find device") || strings.Contains(s, "does not exist")
-}
-
-// ip runs iproute2 commands in one batch, in namespace ns if not empty.
-func ip(ctx context.Context, ns, batch string) error {
-	args := []string{"-batch", "-"}
-	if ns != "" {
-		args = append([]string{"-n", ns}, args...)
-	}
-	return run(ctx, strings.NewReader(batch), "ip", args...)
 }
 
 // nft runs an nftables script as one transaction.
