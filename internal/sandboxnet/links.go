@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -109,6 +110,7 @@ func makeVeth(hostIf, ns string, gw, addr netip.Addr) error {
 	if err != nil {
 		return err
 	}
+	noIPv6LinkLocal(netlink.LinkSetIP6AddrGenMode, host)
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: hostPrefix(gw)}); err != nil {
 		return fmt.Errorf("give it %s: %w", gw, err)
 	}
@@ -146,6 +148,7 @@ func setInside(ns string, gw, addr netip.Addr) error {
 	if err != nil {
 		return err
 	}
+	noIPv6LinkLocal(h.LinkSetIP6AddrGenMode, eth)
 	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: hostPrefix(addr)}); err != nil {
 		return fmt.Errorf("give eth0 %s: %w", addr, err)
 	}
@@ -159,6 +162,16 @@ func setInside(ns string, gw, addr netip.Addr) error {
 		return fmt.Errorf("route by default through %s: %w", gw, err)
 	}
 	return nil
+}
+
+// noIPv6LinkLocal keeps the kernel from giving a veth end an IPv6
+// link-local address when it comes up: sandboxes have no IPv6 (their
+// chains drop it), and each address cost duplicate address detection,
+// multicast listener reports and router solicitations, timers and packets
+// for nothing (the mld workers showed in a burst's profile). Best effort:
+// a node without IPv6 refuses the setting and has none to give.
+func noIPv6LinkLocal(set func(netlink.Link, int) error, l netlink.Link) {
+	_ = set(l, nl.IN6_ADDR_GEN_MODE_NONE)
 }
 
 // hostPrefix is a's /32.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -84,5 +85,34 @@ func TestOpenNodeStepsAroundAnotherNodesNetwork(t *testing.T) {
 	defer closeAgain()
 	if again.Node().Subnet != got.Subnet || again.Node().IfPrefix != got.IfPrefix {
 		t.Errorf("after a restart: %s %s, want %s %s", again.Node().Subnet, again.Node().IfPrefix, got.Subnet, got.IfPrefix)
+	}
+}
+
+// A sandbox's veth ends carry no IPv6 address: the kernel makes no
+// link-local one when they come up (noIPv6LinkLocal).
+func TestAttachedVethsHaveNoIPv6LinkLocal(t *testing.T) {
+	tn := newTestNet(t)
+	nodeNS := tn.ns("v6")
+	ctx := testutil.Context(t)
+	var n *Network
+	var l *Link
+	var err error
+	inNS(t, nodeNS, func() {
+		if n, err = Open(ctx, Config{Table: "dsec_v6", Subnet: netip.MustParsePrefix("10.91.0.0/16"), IfPrefix: "dsx", DNSPort: 53}, testutil.Logger(t)); err == nil {
+			l, err = n.Attach(ctx, fmt.Sprintf("t%d-v6", os.Getpid()%100000), netip.Addr{}, policy(t, false))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inNS(t, nodeNS, func() { n.Detach(context.Background(), l) }) })
+	if out := tn.in(nodeNS, "ip", "-6", "addr", "show", "dev", l.HostIf); strings.Contains(out, "inet6") {
+		t.Errorf("the node's end has IPv6 addresses:\n%s", out)
+	}
+	if out := tn.in(nsName(l.Name), "ip", "-6", "addr", "show", "dev", "eth0"); strings.Contains(out, "inet6") {
+		t.Errorf("the sandbox's end has IPv6 addresses:\n%s", out)
+	}
+	if out := tn.in(nsName(l.Name), "ip", "-4", "addr", "show", "dev", "eth0"); !strings.Contains(out, l.Addr.String()+"/32") {
+		t.Errorf("the sandbox's end lacks its address %s:\n%s", l.Addr, out)
 	}
 }
