@@ -106,6 +106,19 @@ func makeVeth(hostIf, ns string, gw, addr netip.Addr) error {
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add the veth: %w", err)
 	}
+	// What fails from here removes the veth: the namespace's end would
+	// go with the namespace, but only once the kernel gets to it, and a
+	// retry would meet the node's end.
+	err = setHostEnd(hostIf, gw, addr)
+	if err != nil {
+		removeVeth(hostIf) //nolint:errcheck // undoing
+	}
+	return err
+}
+
+// setHostEnd gives the node's end of a veth the gateway's address, sets
+// it up and routes the sandbox's addr to it.
+func setHostEnd(hostIf string, gw, addr netip.Addr) error {
 	host, err := netlink.LinkByName(hostIf)
 	if err != nil {
 		return err
@@ -132,7 +145,9 @@ func setInside(ns string, gw, addr netip.Addr) error {
 		return err
 	}
 	defer nsh.Close()
-	h, err := netlink.NewHandleAt(nsh)
+	// Route sockets only: a handle opens every family it is not told
+	// otherwise, and a kernel without xfrm_user refuses that one.
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netlink in %s: %w", ns, err)
 	}

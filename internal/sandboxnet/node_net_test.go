@@ -116,3 +116,27 @@ func TestAttachedVethsHaveNoIPv6LinkLocal(t *testing.T) {
 		t.Errorf("the sandbox's end lacks its address %s:\n%s", l.Addr, out)
 	}
 }
+
+// A veth whose node end cannot be set up (here: its route to the sandbox
+// exists already) is removed, not left for a retry to meet.
+func TestMakeVethRemovesAHalfMadeVeth(t *testing.T) {
+	tn := newTestNet(t)
+	nodeNS := tn.ns("halfveth")
+	tn.link(nodeNS, "dsyother", "10.93.0.1/32", tn.ns("halfpeer"), "eth0", "10.93.0.9/32")
+	tn.in(nodeNS, "ip", "route", "add", "10.93.0.5/32", "dev", "dsyother")
+	sbNS := fmt.Sprintf("dsec-t%d-halfveth", os.Getpid()%100000)
+	if err := makeNetNS(sbNS); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeNetNS(sbNS) }) //nolint:errcheck // cleaning up
+	var err error
+	inNS(t, nodeNS, func() {
+		err = makeVeth("dsyhalf", sbNS, netip.MustParseAddr("10.93.0.1"), netip.MustParseAddr("10.93.0.5"))
+	})
+	if err == nil || !strings.Contains(err.Error(), "route 10.93.0.5 to it") {
+		t.Fatalf("makeVeth over an existing route: %v, want its route step's error", err)
+	}
+	if out := tn.in(nodeNS, "ip", "-br", "link"); strings.Contains(out, "dsyhalf") {
+		t.Errorf("the half-made veth is still there:\n%s", out)
+	}
+}
