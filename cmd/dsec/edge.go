@@ -32,7 +32,7 @@ func cmdEdge(ctx context.Context, args []string) error {
 	agent := fs.String("agent", "", "path of the aether binary (default: next to dsec)")
 	runBase := fs.String("run-base", "", "directory of the agents' sockets (default /run/opendsec)")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
-	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: chosen by the node id)")
+	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: the one the node used last, else a /20 chosen by the node id)")
 	allowClosed := fs.Bool("sandbox-allow-closed-rules", false, "let a sandbox's policy name a closed address (the node's own, link-local and cloud metadata, the control plane's); off, such rules are refused")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers the sandboxes' DNS proxy asks")
 	tf := addTLSFlags(fs, "this edge's certificate (dsec ca issue --role edge)")

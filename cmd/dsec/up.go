@@ -39,7 +39,7 @@ func cmdUp(ctx context.Context, args []string) error {
 	e2bImage := fs.String("e2b-base-image", "root/py:3.11", "the image E2B's template \"base\" names")
 	e2bCIImage := fs.String("e2b-code-interpreter-image", "root/code-interpreter:latest", "the image E2B's template \"code-interpreter-v1\" names")
 	sandboxNet := fs.Bool("sandbox-network", true, "give sandboxes that ask for it a network (needs iproute2 and nftables)")
-	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: a /20 in 10.64.0.0/10 chosen by the node id, the next free one if another interface has it)")
+	subnet := fs.String("sandbox-subnet", "", "IPv4 prefix of the sandboxes' addresses (default: the one the node used last, else a /20 in 10.64.0.0/10 chosen by the node id, the next free one if another interface or node has it)")
 	allowClosed := fs.Bool("sandbox-allow-closed-rules", false, "let a sandbox's policy name a closed address (the node's own, link-local and cloud metadata, the control plane's); off, such rules are refused")
 	dnsUpstream := fs.String("sandbox-dns", "", "comma-separated DNS servers (host:port) the sandboxes' DNS proxy asks (default: /etc/resolv.conf's)")
 	var pools poolFlag

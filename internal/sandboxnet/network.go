@@ -101,10 +101,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 			return nil, errdefs.InvalidArgument("interface prefix %q: the node's interface %s has it; choose one no interface of the node starts with", cfg.IfPrefix, i.Name)
 		}
 	}
-	for _, tool := range []string{"ip", "nft", "conntrack"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, errdefs.FailedPrecondition("sandbox networking needs %s (Debian packages iproute2, nftables and conntrack): %v", tool, err)
-		}
+	if err := checkTools(); err != nil {
+		return nil, err
 	}
 	gw := cfg.Subnet.Masked().Addr().Next()
 	n := &Network{
@@ -118,6 +116,18 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Network, error) {
 		return nil, fmt.Errorf("load the node's nftables table %s: %w", cfg.Table, err)
 	}
 	return n, nil
+}
+
+// checkTools finds the programs sandbox networking runs: nft, conntrack,
+// and ip, which the VM backends run to make their taps in a sandbox's
+// namespace.
+func checkTools() error {
+	for _, tool := range []string{"ip", "nft", "conntrack"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return errdefs.FailedPrecondition("sandbox networking needs %s (Debian packages iproute2, nftables and conntrack): %v", tool, err)
+		}
+	}
+	return nil
 }
 
 // Close removes the node's table when no sandbox is attached (the

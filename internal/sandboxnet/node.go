@@ -29,8 +29,10 @@ type NodeConfig struct {
 	// own, link-local (cloud metadata), Closed (an operator's setting,
 	// sandboxnet.AllowClosedFlag). Off, such rules are refused.
 	AllowClosed bool
-	// StateFile keeps the subnet and veth prefix the node chose, so its
-	// sandboxes keep them across restarts (empty: kept nowhere).
+	// StateFile keeps the subnet and veth prefix the node uses, so its
+	// sandboxes keep them across restarts (empty: kept nowhere). A subnet
+	// the operator set is kept too: without the flag, the node stays on
+	// it; a flag naming another moves it.
 	StateFile string
 	// DNSPort is the proxy's port on the gateway; default 53 (resolv.conf
 	// cannot name another).
@@ -54,6 +56,9 @@ func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg
 		}
 		cfg.Upstream = up
 	}
+	if err := checkTools(); err != nil {
+		return nil, nil, err
+	}
 	kept, err := readChoice(cfg.StateFile)
 	if err != nil {
 		return nil, nil, err
@@ -75,8 +80,8 @@ func OpenNode(ctx context.Context, node string, cfg NodeConfig, own []string, wg
 	if err != nil {
 		return nil, nil, err
 	}
-	if kept.IfPrefix != "" && c != kept {
-		log.Warn("sandbox network chosen anew: no sandbox of the node used the one it kept, and another interface took it", "kept_subnet", kept.Subnet, "kept_prefix", kept.IfPrefix, "subnet", c.Subnet, "prefix", c.IfPrefix)
+	if kept.IfPrefix != "" && (c.IfPrefix != kept.IfPrefix || !cfg.Subnet.IsValid() && c.Subnet != kept.Subnet) {
+		log.Warn("sandbox network chosen anew: no sandbox of the node used the one it kept, and another interface or node took it", "kept_subnet", kept.Subnet, "kept_prefix", kept.IfPrefix, "subnet", c.Subnet, "prefix", c.IfPrefix)
 	}
 	n, err = Open(ctx, Config{
 		Table: "dsec_" + node, Subnet: c.Subnet, IfPrefix: c.IfPrefix, DNSPort: cfg.DNSPort,
