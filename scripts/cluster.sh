@@ -59,6 +59,7 @@ start() { # name, args...: also kept in DIR/run/NAME.cmd, one per line, for rest
 	printf '%s\n' "$@" >"$dir/run/$name.cmd"
 	"$@" >>"$dir/log/$name.log" 2>&1 &
 	echo $! >"$(pidfile "$name")"
+	echo "cluster: $(date -u +%T) started $name (pid $!), from pid $$" >>"$dir/log/$name.log"
 }
 
 restart() { # name: stop it and run its command again (from its binary as it now is)
@@ -75,10 +76,15 @@ stop() { # name
 	f=$(pidfile "$1")
 	[ -f "$f" ] || return 0
 	pid=$(cat "$f")
+	# The component's log says who stopped it and how (a stop nobody
+	# asked for is then told apart from one this script made).
 	if kill -TERM "$pid" 2>/dev/null; then
+		echo "cluster: $(date -u +%T) SIGTERM to $1 (pid $pid), from pid $$" >>"$dir/log/$1.log"
 		waited=0
 		while kill -0 "$pid" 2>/dev/null && [ $waited -lt 100 ]; do sleep 0.2; waited=$((waited + 1)); done
-		kill -KILL "$pid" 2>/dev/null || true
+		if kill -KILL "$pid" 2>/dev/null; then
+			echo "cluster: $(date -u +%T) SIGKILL to $1 (pid $pid): still running 20 s after SIGTERM" >>"$dir/log/$1.log"
+		fi
 	fi
 	rm -f "$f"
 }

@@ -119,6 +119,10 @@ func main() {
 		fmt.Fprintf(os.Stderr, "dsec: unknown command %q\n\n%s", cmd, usage)
 		os.Exit(2)
 	}
+	if ctx.Err() != nil && daemons[cmd] {
+		// A daemon's log says why it stopped: a signal, and which one.
+		fmt.Fprintf(os.Stderr, "dsec %s: stopping: %v\n", cmd, context.Cause(ctx))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dsec:", describe(err))
 		if code == 0 {
@@ -127,6 +131,9 @@ func main() {
 	}
 	os.Exit(code)
 }
+
+// daemons are the commands that run until they are stopped.
+var daemons = map[string]bool{"up": true, "iam": true, "edge": true, "apiserver": true, "watcher": true, "gateway": true}
 
 // describe prints an RPC error as "code: message".
 func describe(err error) string {
