@@ -94,7 +94,8 @@ func (c *Client) WarmImage(ctx context.Context, image, backend string, resources
 	return resp.Msg.Nodes, nil
 }
 
-// SetPool sets a warm pool on every node: size sandboxes of image on
+// SetPool sets a warm pool on every node, one that joins later too (the
+// cluster keeps the setting): size sandboxes of image on
 // backend with resources (nil: a create's defaults), with a network
 // interface if network, kept started for creates of that image and shape
 // to claim (a networked one gets the create's policy then); size 0
@@ -120,4 +121,14 @@ func (c *Client) ListPools(ctx context.Context) ([]*imagev1.NodePools, error) {
 		return nil, err
 	}
 	return resp.Msg.Nodes, nil
+}
+
+// ClusterPools are the pools the cluster keeps (set through SetPool), as
+// every node takes them, beside what ListPools says of each node.
+func (c *Client) ClusterPools(ctx context.Context) ([]*imagev1.Pool, error) {
+	resp, err := c.Images.ListPools(ctx, connect.NewRequest(&imagev1.ListPoolsRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Cluster, nil
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"text/tabwriter"
 
+	"connectrpc.com/connect"
+
 	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/client"
@@ -17,8 +19,11 @@ const poolUsage = `usage: dsec pool <set IMAGE --size N [--backend B] [--cpu N] 
   set  keep N sandboxes of IMAGE and shape started on every node, for
        creates of that image and shape to claim (--network: sandboxes
        with a network, for creates with one, which get their policy);
-       --size 0 removes the pool. Each node keeps the setting.
-  ls   every node's pools: size, ready, and where the setting came from`
+       --size 0 removes the pool. The cluster keeps the setting: a node
+       that joins later, or was away, takes it within a minute.
+  ls   every node's pools (size, ready, and where the setting came from:
+       "api" for the cluster's, "flag" for the node's --pool), then the
+       cluster's settings`
 
 // cmdPool sets and lists the nodes' warm pools (root admin keys).
 func cmdPool(ctx context.Context, args []string) error {
@@ -36,11 +41,11 @@ func cmdPool(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		nodes, err := c.ListPools(ctx)
+		resp, err := c.Images.ListPools(ctx, connect.NewRequest(&imagev1.ListPoolsRequest{}))
 		if err != nil {
 			return err
 		}
-		return printPools(nodes)
+		return printPools(resp.Msg.Nodes, resp.Msg.Cluster)
 	default:
 		return fmt.Errorf("pool: unknown verb %q\n%s", args[0], poolUsage)
 	}
@@ -71,11 +76,12 @@ func poolSet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printPools(nodes)
+	return printPools(nodes, nil)
 }
 
-// printPools prints each node's pools, and fails if a node did not answer.
-func printPools(nodes []*imagev1.NodePools) error {
+// printPools prints each node's pools and the cluster's settings, and
+// fails if a node did not answer.
+func printPools(nodes []*imagev1.NodePools, cluster []*imagev1.Pool) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tIMAGE\tBACKEND\tCPU\tMEMORY\tDISK\tNETWORK\tSIZE\tREADY\tSET BY\tNOTE")
 	failed := 0
@@ -91,6 +97,9 @@ func printPools(nodes []*imagev1.NodePools) error {
 		for _, p := range n.Pools {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%dM\t%dM\t%v\t%d\t%d\t%s\t%s\n", n.Node, p.Image, p.Backend, cores(p.CpuCores), p.MemoryMb, p.DiskMb, p.Network, p.Size, p.Ready, p.Source, p.Note)
 		}
+	}
+	for _, p := range cluster {
+		fmt.Fprintf(w, "(cluster)\t%s\t%s\t%s\t%dM\t%dM\t%v\t%d\t-\tcluster\tevery node keeps it\n", p.Image, p.Backend, cores(p.CpuCores), p.MemoryMb, p.DiskMb, p.Network, p.Size)
 	}
 	if err := w.Flush(); err != nil {
 		return err

@@ -17,7 +17,8 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxspec"
 )
 
-// SetPool sets a warm pool on every node. An operator's call (root admin
+// SetPool sets a warm pool on every node, and keeps it in IAM for nodes
+// that do not answer now or join later. An operator's call (root admin
 // keys): a pool's sandboxes run on every node and no quota counts them.
 func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1.SetPoolRequest]) (*connect.Response[imagev1.SetPoolResponse], error) {
 	p := principalFrom(ctx)
@@ -40,6 +41,11 @@ func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1
 		if err := h.s.checkImage(spec.Image, p.Project); err != nil {
 			return nil, err
 		}
+	}
+	// Kept first, then pushed: a node that misses the push (away, or
+	// joining later) takes it from the reconciler (poolsync.go).
+	if err := h.s.keepPool(ctx, p.Project, spec, m.Size); err != nil {
+		return nil, err
 	}
 	nodes := h.s.poolsOnEveryEdge(func(edge edgev1connect.EdgeServiceClient) ([]*imagev1.Pool, error) {
 		resp, err := edge.SetPool(ctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: proto.Clone(spec).(*sandboxv1.SandboxSpec), Project: p.Project, Size: m.Size}))
@@ -64,7 +70,7 @@ func (h *imageService) ListPools(ctx context.Context, _ *connect.Request[imagev1
 		}
 		return resp.Msg.Pools, nil
 	})
-	return connect.NewResponse(&imagev1.ListPoolsResponse{Nodes: nodes}), nil
+	return connect.NewResponse(&imagev1.ListPoolsResponse{Nodes: nodes, Cluster: h.s.clusterPools()}), nil
 }
 
 // poolsOnEveryEdge makes call on every node at once and answers each

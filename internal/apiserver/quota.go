@@ -213,16 +213,20 @@ func (s *Server) lost(view *watcher.View, node string, now time.Time) bool {
 	return now.Sub(since) > lostAfter
 }
 
-// Run reconciles the quota ledger until ctx ends.
+// Run reconciles the quota ledger and the nodes' pools until ctx ends.
 func (s *Server) Run(ctx context.Context) {
 	t := time.NewTicker(ReconcileEvery)
 	defer t.Stop()
+	pools := time.NewTicker(s.cfg.PoolSyncEvery)
+	defer pools.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			s.reconcileQuota(ctx)
+		case now := <-pools.C:
+			s.syncPools(ctx, now)
 		}
 	}
 }

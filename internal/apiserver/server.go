@@ -40,6 +40,9 @@ type Config struct {
 	MaxTries int
 	// Registries is how image pulls and pushes reach registries.
 	Registries RegistryConfig
+	// PoolSyncEvery is how often the nodes' pools are brought to the
+	// cluster's settings (0: DefaultPoolSyncEvery; poolsync.go).
+	PoolSyncEvery time.Duration
 }
 
 // EdgeDialer hands out the connection to an edge by its address
@@ -78,6 +81,8 @@ type Server struct {
 	// missingSince is when each node of the view was first seen
 	// unreachable; only the reconciler (Run) touches it.
 	missingSince map[string]time.Time
+	// pools is the pool reconciler's memory (poolsync.go).
+	pools poolSync
 
 	rngMu sync.Mutex
 	rng   *rand.Rand // guarded by rngMu
@@ -91,9 +96,13 @@ func New(cfg Config, deps Deps) *Server {
 	if cfg.MaxTries == 0 {
 		cfg.MaxTries = 3
 	}
+	if cfg.PoolSyncEvery <= 0 {
+		cfg.PoolSyncEvery = DefaultPoolSyncEvery
+	}
 	return &Server{
 		cfg: cfg, iam: deps.IAM, watcher: deps.Watcher, edges: deps.Edges, images: deps.Images,
 		log: logging.OrDiscard(deps.Log).With(logging.Component, "apiserver"), inflight: newInflight(), storageHolds: newStorageHolds(), missingSince: map[string]time.Time{},
+		pools:      poolSync{refused: map[string]string{}, unmatched: map[string]time.Time{}},
 		rng:        rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		rpcStats:   metrics.NewRPC(deps.Metrics, "apiserver"),
 		placeStats: newPlaceStats(deps.Metrics),

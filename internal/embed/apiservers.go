@@ -44,7 +44,7 @@ func (c *Cluster) startAPIServer(ctx, runCtx context.Context, i int, cfg Config,
 	if err != nil {
 		return err
 	}
-	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id), Metrics: metrics.Instance(c.reg, fmt.Sprintf("apiserver-%d", i))})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries, PoolSyncEvery: cfg.PoolSyncEvery}, apiserver.Deps{IAM: rep, Watcher: w, Edges: pool, Images: store, Log: c.log.With("apiserver", id), Metrics: metrics.Instance(c.reg, fmt.Sprintf("apiserver-%d", i))})
 	go api.Run(runCtx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -102,6 +102,9 @@ type Config struct {
 	EdgeCapacity func(i int) capacity.Node
 	// WatchInterval is the watcher's poll interval (default 1 s).
 	WatchInterval time.Duration
+	// PoolSyncEvery is how often the apiservers bring the nodes' pools to
+	// the cluster's settings (default apiserver.DefaultPoolSyncEvery).
+	PoolSyncEvery time.Duration
 	// PlacementK is the apiservers' power-of-k sample (default the
 	// apiserver's).
 	PlacementK int
@@ -240,7 +243,7 @@ func Start(ctx context.Context, cfg Config, reg *backend.Registry, log *slog.Log
 		metrics.Instance(c.reg, "iam-1").MustRegister(iam.Collector(c.IAM))
 	}
 
-	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log, Metrics: metrics.Instance(c.reg, "apiserver-1")})
+	api := apiserver.New(apiserver.Config{K: cfg.PlacementK, Registries: cfg.Registries, PoolSyncEvery: cfg.PoolSyncEvery}, apiserver.Deps{IAM: c.IAM, Watcher: w, Edges: pool, Images: store, Log: log, Metrics: metrics.Instance(c.reg, "apiserver-1")})
 	go api.Run(runCtx)
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

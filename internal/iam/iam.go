@@ -400,6 +400,15 @@ func (s *Service) DeleteProject(ctx context.Context, path string) error {
 	return s.apply(ctx, fsm.CmdDeleteProject, fsm.DeleteProject{Path: path})
 }
 
+// SetPool keeps a warm pool's setting (size 0: its removal) for every
+// node to take.
+func (s *Service) SetPool(ctx context.Context, p fsm.PoolSetting) error {
+	if p.At.IsZero() {
+		p.At = time.Now().UTC()
+	}
+	return s.apply(ctx, fsm.CmdSetPool, fsm.SetPool{Pool: p})
+}
+
 // State gives read access to the local replica.
 func (s *Service) State() *fsm.FSM { return s.fsm }
 

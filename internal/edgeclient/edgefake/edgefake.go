@@ -17,6 +17,7 @@ import (
 
 	edgev1 "github.com/opendsec/opendsec/api/gen/opendsec/edge/v1"
 	"github.com/opendsec/opendsec/api/gen/opendsec/edge/v1/edgev1connect"
+	imagev1 "github.com/opendsec/opendsec/api/gen/opendsec/image/v1"
 	sandboxv1 "github.com/opendsec/opendsec/api/gen/opendsec/sandbox/v1"
 	"github.com/opendsec/opendsec/internal/edgeclient"
 	"github.com/opendsec/opendsec/internal/errdefs"
@@ -47,6 +48,10 @@ type Edge struct {
 	exports map[string]bool
 	// pulls are the sources restores pulled from ("addr token").
 	pulls []string
+	// pools are the pools set through SetPool, by identity (pools.go).
+	pools       map[string]*imagev1.Pool
+	poolRefusal error
+	poolSets    int
 }
 
 var _ edgev1connect.EdgeServiceClient = (*Edge)(nil)

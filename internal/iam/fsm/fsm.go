@@ -142,6 +142,8 @@ func Check(data []byte) error {
 		v = &Release{}
 	case CmdAdopt &^ IgnoreUnknown:
 		v = &Adopt{}
+	case CmdSetPool &^ IgnoreUnknown:
+		v = &SetPool{}
 	default:
 		return errdefs.InvalidArgument("iam: unknown command type %d", t)
 	}
@@ -159,19 +161,20 @@ type FSM struct {
 	applied atomic.Uint64
 
 	mu       sync.RWMutex
-	projects map[string]*Project // guarded by mu
-	keys     map[string]*Key     // guarded by mu
-	byHash   map[string]string   // guarded by mu: hash -> key id
-	entries  map[string]*Entry   // guarded by mu: the quota ledger by id
-	usage    map[string]sum      // guarded by mu: the ledger's sum per subtree
-	byKey    map[string]string   // guarded by mu: project+idempotency key -> entry id
+	projects map[string]*Project     // guarded by mu
+	keys     map[string]*Key         // guarded by mu
+	byHash   map[string]string       // guarded by mu: hash -> key id
+	entries  map[string]*Entry       // guarded by mu: the quota ledger by id
+	usage    map[string]sum          // guarded by mu: the ledger's sum per subtree
+	byKey    map[string]string       // guarded by mu: project+idempotency key -> entry id
+	pools    map[string]*PoolSetting // guarded by mu: warm pools set through the API, by key
 }
 
 var _ raft.FSM = (*FSM)(nil)
 
 // New returns an empty state.
 func New() *FSM {
-	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]sum{}, byKey: map[string]string{}}
+	return &FSM{projects: map[string]*Project{}, keys: map[string]*Key{}, byHash: map[string]string{}, entries: map[string]*Entry{}, usage: map[string]sum{}, byKey: map[string]string{}, pools: map[string]*PoolSetting{}}
 }
 
 // Apply applies one committed entry. It returns nil or an error value (the
@@ -199,6 +202,12 @@ func (f *FSM) ApplyCommand(data []byte) error {
 	switch t &^ IgnoreUnknown {
 	case CmdReserve &^ IgnoreUnknown, CmdBind &^ IgnoreUnknown, CmdRelease &^ IgnoreUnknown, CmdAdopt &^ IgnoreUnknown:
 		return f.applyLedger(t|IgnoreUnknown, body)
+	case CmdSetPool &^ IgnoreUnknown:
+		var c SetPool
+		if err := json.Unmarshal(body, &c); err != nil {
+			return err
+		}
+		return f.setPool(c)
 	case CmdCreateProject:
 		var c CreateProject
 		if err := json.Unmarshal(body, &c); err != nil {
@@ -458,6 +467,8 @@ type snapshotData struct {
 	Projects []*Project `json:"projects"`
 	Keys     []*Key     `json:"keys"`
 	Ledger   []*Entry   `json:"ledger,omitempty"`
+	// Pools: a replica from before them reads a snapshot without them.
+	Pools []PoolSetting `json:"pools,omitempty"`
 }
 
 // Snapshot captures the state.
@@ -477,6 +488,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		ee := *e
 		d.Ledger = append(d.Ledger, &ee)
 	}
+	d.Pools = f.poolsLocked()
 	sort.Slice(d.Ledger, func(i, j int) bool { return d.Ledger[i].ID < d.Ledger[j].ID })
 	sort.Slice(d.Projects, func(i, j int) bool { return d.Projects[i].Path < d.Projects[j].Path })
 	sort.Slice(d.Keys, func(i, j int) bool { return d.Keys[i].ID < d.Keys[j].ID })
@@ -494,6 +506,10 @@ func (f *FSM) Restore(r io.ReadCloser) error {
 	defer f.mu.Unlock()
 	f.projects, f.keys, f.byHash = map[string]*Project{}, map[string]*Key{}, map[string]string{}
 	f.entries, f.usage, f.byKey = map[string]*Entry{}, map[string]sum{}, map[string]string{}
+	f.pools = map[string]*PoolSetting{}
+	for _, p := range d.Pools {
+		f.pools[p.Key] = &p
+	}
 	for _, e := range d.Ledger {
 		f.addEntry(*e)
 	}

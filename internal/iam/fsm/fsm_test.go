@@ -123,6 +123,8 @@ func FuzzApplyCommand(f *testing.F) {
 	f.Add(root)
 	key, _ := Encode(CmdCreateKey, CreateKey{Key: Key{ID: "a", Project: "root", Role: 1, Hash: "x"}})
 	f.Add(key)
+	pool, _ := Encode(CmdSetPool, SetPool{Pool: PoolSetting{Key: "root|root/a:1", Project: "root", Spec: []byte(`{"image":"root/a:1"}`), Size: 2}})
+	f.Add(pool)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := New()
 		s.ApplyCommand(root) //nolint:errcheck

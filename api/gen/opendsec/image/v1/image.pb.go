@@ -225,8 +225,11 @@ func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListPoolsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Nodes         []*NodePools           `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodePools           `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The pools the cluster keeps (set through SetPool), which every node
+	// takes, one that joins later too; source "cluster", ready 0.
+	Cluster       []*Pool `protobuf:"bytes,2,rep,name=cluster,proto3" json:"cluster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -264,6 +267,13 @@ func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
 func (x *ListPoolsResponse) GetNodes() []*NodePools {
 	if x != nil {
 		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListPoolsResponse) GetCluster() []*Pool {
+	if x != nil {
+		return x.Cluster
 	}
 	return nil
 }
@@ -1769,9 +1779,10 @@ const file_opendsec_image_v1_image_proto_rawDesc = "" +
 	"\anetwork\x18\t \x01(\bR\anetwork\"E\n" +
 	"\x0fSetPoolResponse\x122\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1c.opendsec.image.v1.NodePoolsR\x05nodes\"\x12\n" +
-	"\x10ListPoolsRequest\"G\n" +
+	"\x10ListPoolsRequest\"z\n" +
 	"\x11ListPoolsResponse\x122\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1c.opendsec.image.v1.NodePoolsR\x05nodes\"d\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1c.opendsec.image.v1.NodePoolsR\x05nodes\x121\n" +
+	"\acluster\x18\x02 \x03(\v2\x17.opendsec.image.v1.PoolR\acluster\"d\n" +
 	"\tNodePools\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12-\n" +
 	"\x05pools\x18\x02 \x03(\v2\x17.opendsec.image.v1.PoolR\x05pools\x12\x14\n" +
@@ -1941,45 +1952,46 @@ var file_opendsec_image_v1_image_proto_goTypes = []any{
 var file_opendsec_image_v1_image_proto_depIdxs = []int32{
 	4,  // 0: opendsec.image.v1.SetPoolResponse.nodes:type_name -> opendsec.image.v1.NodePools
 	4,  // 1: opendsec.image.v1.ListPoolsResponse.nodes:type_name -> opendsec.image.v1.NodePools
-	5,  // 2: opendsec.image.v1.NodePools.pools:type_name -> opendsec.image.v1.Pool
-	8,  // 3: opendsec.image.v1.WarmImageResponse.nodes:type_name -> opendsec.image.v1.NodeWarmth
-	29, // 4: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	10, // 5: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
-	28, // 6: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
-	9,  // 7: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
-	9,  // 8: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
-	17, // 9: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
-	9,  // 10: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
-	22, // 11: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	23, // 12: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	9,  // 13: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
-	22, // 14: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
-	23, // 15: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
-	11, // 16: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
-	13, // 17: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
-	20, // 18: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
-	18, // 19: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
-	15, // 20: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
-	24, // 21: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
-	26, // 22: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
-	6,  // 23: opendsec.image.v1.ImageService.WarmImage:input_type -> opendsec.image.v1.WarmImageRequest
-	0,  // 24: opendsec.image.v1.ImageService.SetPool:input_type -> opendsec.image.v1.SetPoolRequest
-	2,  // 25: opendsec.image.v1.ImageService.ListPools:input_type -> opendsec.image.v1.ListPoolsRequest
-	12, // 26: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
-	14, // 27: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
-	21, // 28: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
-	19, // 29: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
-	16, // 30: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
-	25, // 31: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
-	27, // 32: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
-	7,  // 33: opendsec.image.v1.ImageService.WarmImage:output_type -> opendsec.image.v1.WarmImageResponse
-	1,  // 34: opendsec.image.v1.ImageService.SetPool:output_type -> opendsec.image.v1.SetPoolResponse
-	3,  // 35: opendsec.image.v1.ImageService.ListPools:output_type -> opendsec.image.v1.ListPoolsResponse
-	26, // [26:36] is the sub-list for method output_type
-	16, // [16:26] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	5,  // 2: opendsec.image.v1.ListPoolsResponse.cluster:type_name -> opendsec.image.v1.Pool
+	5,  // 3: opendsec.image.v1.NodePools.pools:type_name -> opendsec.image.v1.Pool
+	8,  // 4: opendsec.image.v1.WarmImageResponse.nodes:type_name -> opendsec.image.v1.NodeWarmth
+	29, // 5: opendsec.image.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	10, // 6: opendsec.image.v1.Image.config:type_name -> opendsec.image.v1.ImageConfig
+	28, // 7: opendsec.image.v1.ImageConfig.labels:type_name -> opendsec.image.v1.ImageConfig.LabelsEntry
+	9,  // 8: opendsec.image.v1.ListImagesResponse.images:type_name -> opendsec.image.v1.Image
+	9,  // 9: opendsec.image.v1.GetImageResponse.image:type_name -> opendsec.image.v1.Image
+	17, // 10: opendsec.image.v1.CollectGarbageResponse.nodes:type_name -> opendsec.image.v1.NodeGarbage
+	9,  // 11: opendsec.image.v1.TagImageResponse.image:type_name -> opendsec.image.v1.Image
+	22, // 12: opendsec.image.v1.PullImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	23, // 13: opendsec.image.v1.PullImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	9,  // 14: opendsec.image.v1.PullImageResponse.image:type_name -> opendsec.image.v1.Image
+	22, // 15: opendsec.image.v1.PushImageRequest.credentials:type_name -> opendsec.image.v1.RegistryCredentials
+	23, // 16: opendsec.image.v1.PushImageResponse.progress:type_name -> opendsec.image.v1.Progress
+	11, // 17: opendsec.image.v1.ImageService.ListImages:input_type -> opendsec.image.v1.ListImagesRequest
+	13, // 18: opendsec.image.v1.ImageService.GetImage:input_type -> opendsec.image.v1.GetImageRequest
+	20, // 19: opendsec.image.v1.ImageService.DeleteImage:input_type -> opendsec.image.v1.DeleteImageRequest
+	18, // 20: opendsec.image.v1.ImageService.TagImage:input_type -> opendsec.image.v1.TagImageRequest
+	15, // 21: opendsec.image.v1.ImageService.CollectGarbage:input_type -> opendsec.image.v1.CollectGarbageRequest
+	24, // 22: opendsec.image.v1.ImageService.PullImage:input_type -> opendsec.image.v1.PullImageRequest
+	26, // 23: opendsec.image.v1.ImageService.PushImage:input_type -> opendsec.image.v1.PushImageRequest
+	6,  // 24: opendsec.image.v1.ImageService.WarmImage:input_type -> opendsec.image.v1.WarmImageRequest
+	0,  // 25: opendsec.image.v1.ImageService.SetPool:input_type -> opendsec.image.v1.SetPoolRequest
+	2,  // 26: opendsec.image.v1.ImageService.ListPools:input_type -> opendsec.image.v1.ListPoolsRequest
+	12, // 27: opendsec.image.v1.ImageService.ListImages:output_type -> opendsec.image.v1.ListImagesResponse
+	14, // 28: opendsec.image.v1.ImageService.GetImage:output_type -> opendsec.image.v1.GetImageResponse
+	21, // 29: opendsec.image.v1.ImageService.DeleteImage:output_type -> opendsec.image.v1.DeleteImageResponse
+	19, // 30: opendsec.image.v1.ImageService.TagImage:output_type -> opendsec.image.v1.TagImageResponse
+	16, // 31: opendsec.image.v1.ImageService.CollectGarbage:output_type -> opendsec.image.v1.CollectGarbageResponse
+	25, // 32: opendsec.image.v1.ImageService.PullImage:output_type -> opendsec.image.v1.PullImageResponse
+	27, // 33: opendsec.image.v1.ImageService.PushImage:output_type -> opendsec.image.v1.PushImageResponse
+	7,  // 34: opendsec.image.v1.ImageService.WarmImage:output_type -> opendsec.image.v1.WarmImageResponse
+	1,  // 35: opendsec.image.v1.ImageService.SetPool:output_type -> opendsec.image.v1.SetPoolResponse
+	3,  // 36: opendsec.image.v1.ImageService.ListPools:output_type -> opendsec.image.v1.ListPoolsResponse
+	27, // [27:37] is the sub-list for method output_type
+	17, // [17:27] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_opendsec_image_v1_image_proto_init() }
