@@ -54,9 +54,10 @@ func main() {
 	pool := flag.Int("pool", 0, "keep a warm pool of this many sandboxes of the burst's image and shape on the edge, full before the burst (0: none)")
 	disk := flag.Int64("disk", 64, "each sandbox's disk_mb, 16 or more (the node admits against its disk: 64 MiB each fits some 850 on this machine's 55 GiB free)")
 	edgeCount := flag.Int("edges", 1, "edges of the cluster, on this machine (the seed's burst went to two)")
+	hold := flag.Duration("hold", 0, "keep the burst's sandboxes this long after it before removing them (to look at them)")
 	plot := flag.String("plot", "density.png", "write a plot of creates over time, ours and bare crun's, to this PNG (\"\": none)")
 	flag.Parse()
-	withNetwork, plotPath, poolSize, edges, diskMB = *network, *plot, *pool, max(*edgeCount, 1), *disk
+	withNetwork, plotPath, poolSize, edges, diskMB, holdFor = *network, *plot, *pool, max(*edgeCount, 1), *disk, *hold
 	profile, lockProfile = *cpuProfile, *mutexProfile
 	// Interrupted, the burst stops and what it made is still removed:
 	// a killed run leaves its sandboxes' agents, mounts and cgroups.
@@ -112,6 +113,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		}
 	}
 	before := memAvailableMB()
+	countersBefore := meminfo()
 	var failed atomic.Int64
 	var mu sync.Mutex
 	var made []*client.Sandbox
@@ -152,7 +154,13 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	stopProfile()
 	time.Sleep(2 * time.Second) // let the agents settle
 	after := memAvailableMB()
+	countersAfter := meminfo()
+	agentPSS, agents := processPSS("aether")
 	fmt.Fprintln(os.Stderr)
+	if holdFor > 0 {
+		fmt.Fprintf(os.Stderr, "holding the %d sandboxes for %v\n", len(made), holdFor)
+		time.Sleep(holdFor)
+	}
 	ours := len(made)
 	var stopWG sync.WaitGroup
 	for _, sb := range made {
@@ -181,6 +189,7 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		label = fmt.Sprintf("ours, a warm pool of %d first", poolSize)
 	}
 	fmt.Printf("%-40s %10d %12.1f %16.1f\n", label, ours, float64(ours)/took.Seconds(), float64(before-after)/float64(max(ours, 1)))
+	printMemoryBreakdown(countersBefore, countersAfter, ours, agentPSS, agents)
 	if raw > 0 {
 		mem := fmt.Sprintf("%16.1f", rawMem)
 		if rawMem < 0.5 {
@@ -341,6 +350,9 @@ var edges int
 
 // diskMB is the -disk flag: each sandbox's disk_mb.
 var diskMB int64
+
+// holdFor is the -hold flag: how long the burst's sandboxes are kept.
+var holdFor time.Duration
 
 // profile and lockProfile are where -cpuprofile and -mutexprofile
 // write; "" for none.

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Where an idle sandbox's host memory goes (issue 28): the kernel's
+// counters from /proc/meminfo before and after a burst, and the agents'
+// proportional set size (their shared text counts in parts), each over the
+// sandboxes made.
+
+// memFields are the /proc/meminfo counters the breakdown prints.
+var memFields = []string{"AnonPages", "Shmem", "Slab", "KernelStack", "PageTables", "Percpu", "Cached"}
+
+// meminfo reads /proc/meminfo in KiB by field.
+func meminfo() map[string]int64 {
+	out := map[string]int64{}
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+		out[name] = kb
+	}
+	return out
+}
+
+// processPSS sums the Pss of every process whose command name is comm, in
+// KiB, and counts them.
+func processPSS(comm string) (int64, int) {
+	var total int64
+	n := 0
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		c, err := os.ReadFile(filepath.Join(d, "comm"))
+		if err != nil || strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(d, "smaps_rollup"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				total += kb
+				n++
+			}
+		}
+	}
+	return total, n
+}
+
+// printMemoryBreakdown prints each counter's growth and the agents' PSS
+// per sandbox, in MiB.
+func printMemoryBreakdown(before, after map[string]int64, n int, agentPSS int64, agents int) {
+	if n == 0 {
+		return
+	}
+	per := func(kb int64) string { return fmt.Sprintf("%.2f", float64(kb)/1024/float64(n)) }
+	var parts []string
+	for _, f := range memFields {
+		parts = append(parts, f+" "+per(after[f]-before[f]))
+	}
+	fmt.Printf("memory per sandbox, MiB (growth of /proc/meminfo over the burst): %s; the %d agents' PSS %s\n", strings.Join(parts, ", "), agents, per(agentPSS))
+}
