@@ -9,7 +9,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -321,19 +320,7 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 func memAvailableMB() int64 {
 	exec.Command("sync").Run()                                     //nolint:errcheck // best effort
 	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o644) //nolint:errcheck // best effort
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb >> 10
-		}
-	}
-	return 0
+	return meminfo()["MemAvailable"] >> 10
 }
 
 // withNetwork gives every sandbox of the burst a network interface.
