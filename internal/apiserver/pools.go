@@ -34,8 +34,18 @@ func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1
 		spec.Network = &sandboxv1.NetworkPolicy{} // nothing out until a claim
 	}
 	lim, backends := h.s.limits()
-	if err := sandboxspec.Normalize(spec, lim, backends); err != nil {
-		return nil, err
+	nerr := sandboxspec.Normalize(spec, lim, backends)
+	if m.Size == 0 {
+		// A removal names a kept pool by what it gives: its shape's
+		// defaults, or a backend and node gone since, must not keep it.
+		if kept, err := h.s.keptPoolNamed(p.Project, m, spec, nerr); err != nil {
+			return nil, err
+		} else if kept != nil {
+			spec, nerr = kept, nil
+		}
+	}
+	if nerr != nil {
+		return nil, nerr
 	}
 	if m.Size > 0 { // a pool is removed also when its image is gone
 		if err := h.s.checkImage(spec.Image, p.Project); err != nil {
@@ -44,11 +54,12 @@ func (h *imageService) SetPool(ctx context.Context, req *connect.Request[imagev1
 	}
 	// Kept first, then pushed: a node that misses the push (away, or
 	// joining later) takes it from the reconciler (poolsync.go).
-	if err := h.s.keepPool(ctx, p.Project, spec, m.Size); err != nil {
+	generation, err := h.s.keepPool(ctx, p.Project, spec, m.Size)
+	if err != nil {
 		return nil, err
 	}
 	nodes := h.s.poolsOnEveryEdge(func(edge edgev1connect.EdgeServiceClient) ([]*imagev1.Pool, error) {
-		resp, err := edge.SetPool(ctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: proto.Clone(spec).(*sandboxv1.SandboxSpec), Project: p.Project, Size: m.Size}))
+		resp, err := edge.SetPool(ctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: proto.Clone(spec).(*sandboxv1.SandboxSpec), Project: p.Project, Size: m.Size, Generation: generation}))
 		if err != nil {
 			return nil, err
 		}

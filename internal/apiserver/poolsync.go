@@ -60,13 +60,62 @@ func listedKey(p *imagev1.Pool) string {
 	return poolIdentity(p.Project, p.Image, p.Backend, &sandboxv1.Resources{CpuCores: p.CpuCores, MemoryMb: p.MemoryMb, DiskMb: p.DiskMb, Pids: p.Pids, OpenFiles: p.OpenFiles}, p.Network)
 }
 
-// keepPool keeps a normalised pool setting (size 0: its removal) in IAM.
-func (s *Server) keepPool(ctx context.Context, project string, spec *sandboxv1.SandboxSpec, size int32) error {
+// keepPool keeps a normalised pool setting (size 0: its removal) in IAM,
+// and answers its generation: when it was set, which nodes keep with it
+// so that an older setting pushed late does not undo it.
+func (s *Server) keepPool(ctx context.Context, project string, spec *sandboxv1.SandboxSpec, size int32) (int64, error) {
 	data, err := protojson.Marshal(spec)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return s.iam.SetPool(ctx, fsm.PoolSetting{Key: settingKey(project, spec), Project: project, Spec: data, Size: size})
+	at := time.Now().UTC()
+	key := settingKey(project, spec)
+	for _, st := range s.iam.State().Pools() {
+		if st.Key == key && !at.After(st.At) {
+			// Another apiserver's clock ran ahead: this setting is the
+			// newer one all the same.
+			at = st.At.Add(time.Microsecond)
+		}
+	}
+	return at.UnixNano(), s.iam.SetPool(ctx, fsm.PoolSetting{Key: key, Project: project, Spec: data, Size: size, At: at})
+}
+
+// keptPoolNamed finds the kept pool a removal names, when its spec did
+// not normalise (nerr) or normalised to no kept pool: the one of the
+// project, image, backend and network whose shape has every field the
+// call gave. It answers nil when none is kept, and an error when several
+// are and the call does not say which.
+func (s *Server) keptPoolNamed(project string, m *imagev1.SetPoolRequest, normalised *sandboxv1.SandboxSpec, nerr error) (*sandboxv1.SandboxSpec, error) {
+	settings := s.iam.State().Pools()
+	if nerr == nil {
+		key := settingKey(project, normalised)
+		for _, st := range settings {
+			if st.Key == key {
+				return nil, nil // the normalised spec names it
+			}
+		}
+	}
+	var found []*sandboxv1.SandboxSpec
+	for _, st := range settings {
+		spec := &sandboxv1.SandboxSpec{}
+		if st.Size == 0 || st.Project != project || protojson.Unmarshal(st.Spec, spec) != nil {
+			continue
+		}
+		r := spec.GetResources()
+		given := func(want, have float64) bool { return want == 0 || want == have }
+		if spec.Image == m.Name && (m.Backend == "" || m.Backend == spec.Backend) && m.Network == (spec.Network != nil) &&
+			given(m.CpuCores, r.GetCpuCores()) && given(float64(m.MemoryMb), float64(r.GetMemoryMb())) && given(float64(m.DiskMb), float64(r.GetDiskMb())) &&
+			given(float64(m.Pids), float64(r.GetPids())) && given(float64(m.OpenFiles), float64(r.GetOpenFiles())) {
+			found = append(found, spec)
+		}
+	}
+	switch {
+	case len(found) == 1:
+		return found[0], nil
+	case len(found) > 1:
+		return nil, errdefs.InvalidArgument("the cluster keeps %d pools of %s that match: give the shape of the one to remove (--backend, --cpu, --memory, --disk, --pids, --open-files)", len(found), m.Name)
+	}
+	return nil, nil
 }
 
 // clusterPools are the kept settings that are not removals, as listed.
@@ -132,7 +181,7 @@ func (s *Server) syncPoolsOn(ctx context.Context, n *watcher.NodeView, settings 
 			s.noteRefusal(k, st, fmt.Errorf("its kept spec does not parse: %w", err))
 			continue
 		}
-		r, err := edge.SetPool(lctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: spec, Project: st.Project, Size: st.Size}))
+		r, err := edge.SetPool(lctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: spec, Project: st.Project, Size: st.Size, Generation: st.At.UnixNano()}))
 		if err != nil {
 			s.noteRefusal(k, st, err)
 			continue
@@ -143,7 +192,9 @@ func (s *Server) syncPoolsOn(ctx context.Context, n *watcher.NodeView, settings 
 			s.pools.mu.Lock()
 			s.pools.unmatched[k] = st.At
 			s.pools.mu.Unlock()
-			s.log.Warn("a node took a pool but lists it with another shape: not pushed again until the setting changes", "node", n.ID, "pool", st.Key)
+			// Its normalisation gave another shape, or it holds a newer
+			// setting than this replica does yet.
+			s.log.Warn("a node took a pool setting but lists the pool otherwise: not pushed again until the setting changes", "node", n.ID, "pool", st.Key)
 		}
 	}
 }

@@ -85,10 +85,11 @@ func TestPoolsReachNodesThatJoinLaterOrMissedTheCall(t *testing.T) {
 	f.setPool(t, ctx, 512, 1)
 	f.view.v.Store(edgefake.View(a, b))
 	later := time.Now().Add(f.s.poolSettle() + time.Second)
+	asked := b.PoolSets()
 	f.s.syncPools(ctx, later)
 	f.s.syncPools(ctx, later)
-	if n := b.PoolSets(); len(sizes(b)) != 0 || n < 2 {
-		t.Fatalf("a refusing node: pools %v after %d calls", sizes(b), n)
+	if n := b.PoolSets() - asked; len(sizes(b)) != 0 || n != 2 {
+		t.Fatalf("a refusing node: pools %v after %d calls in two passes, want 2", sizes(b), n)
 	}
 	b.RefusePools(nil)
 	f.s.syncPools(ctx, later)
@@ -157,5 +158,72 @@ func TestPoolSettingsOnlyFromRootAdmins(t *testing.T) {
 	}
 	if len(f.iam.State().Pools()) != 0 || a.PoolSets() != 0 {
 		t.Fatalf("refused calls kept %v or reached the node (%d calls)", f.iam.State().Pools(), a.PoolSets())
+	}
+}
+
+// An apiserver whose replica lags pushes the setting it holds; the node,
+// which holds a newer one, ignores it, and the apiserver does not push it
+// again until its setting changes.
+func TestAnOlderPoolSizeIsNotPushedOverANewerOne(t *testing.T) {
+	a := edgefake.New("10.0.0.1:7000", usage(16))
+	f := newFixture(t, a)
+	ctx := ctxFor(t)
+	f.setPool(t, ctx, 256, 2)
+	stale := f.iam.State().Pools()[0]
+	f.setPool(t, ctx, 256, 5)
+	if got := sizes(a); got[256] != 5 {
+		t.Fatalf("after the second call: %v", got)
+	}
+	now := time.Now().Add(f.s.poolSettle() + time.Second)
+	node := f.view.View().Nodes[0]
+	f.s.syncPoolsOn(ctx, node, []fsm.PoolSetting{stale}, now)
+	if got := sizes(a); got[256] != 5 {
+		t.Fatalf("a lagging view's older size reached the node: %v", got)
+	}
+	asked := a.PoolSets()
+	f.s.syncPoolsOn(ctx, node, []fsm.PoolSetting{stale}, now)
+	if a.PoolSets() != asked {
+		t.Fatal("the setting the node ignored was pushed again")
+	}
+	// The replica's own state, now current, agrees with the node.
+	f.s.syncPools(ctx, now)
+	if a.PoolSets() != asked || sizes(a)[256] != 5 {
+		t.Fatalf("a pass in step: %d calls, pools %v", a.PoolSets()-asked, sizes(a))
+	}
+}
+
+// A removal names a kept pool by what it gives: without the shape's
+// fields, or with the pool's backend gone from every node, it still
+// removes the one pool that matches, and asks for the shape when several
+// do.
+func TestARemovalFindsTheKeptPoolByWhatItGives(t *testing.T) {
+	a := edgefake.New("10.0.0.1:7000", usage(16))
+	other := edgefake.New("10.0.0.2:7000", usage(16), "other")
+	f := newFixture(t, a, other)
+	f.view.v.Store(edgefake.View(a))
+	ctx := ctxFor(t)
+	// Shapes other than a create's default, which a removal without a
+	// shape normalises to.
+	f.setPool(t, ctx, 300, 2)
+	f.setPool(t, ctx, 400, 1)
+	remove := func(req *imagev1.SetPoolRequest) error {
+		_, err := (&imageService{f.s}).SetPool(asRoot(ctx), connect.NewRequest(req))
+		return err
+	}
+	if err := remove(&imagev1.SetPoolRequest{Name: "root/tiny:1", Backend: "fake"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a removal that matches two kept pools: %v, want a request for the shape", err)
+	}
+	if err := remove(&imagev1.SetPoolRequest{Name: "root/tiny:1", Backend: "fake", MemoryMb: 400}); err != nil {
+		t.Fatal(err)
+	}
+	// Only a node without the pool's backend is left in the view.
+	f.view.v.Store(edgefake.View(other))
+	if err := remove(&imagev1.SetPoolRequest{Name: "root/tiny:1", Backend: "fake"}); err != nil {
+		t.Fatalf("removing the last pool of a backend no node has now: %v", err)
+	}
+	for _, st := range f.iam.State().Pools() {
+		if st.Size != 0 {
+			t.Fatalf("a pool is still kept after both removals: %+v", st)
+		}
 	}
 }

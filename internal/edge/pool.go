@@ -47,6 +47,10 @@ type Pool struct {
 	Project string
 	// Size is how many it keeps started.
 	Size int
+	// Generation is the cluster's version of an API setting (unix ns; 0:
+	// none): a setting older than the one the node holds for the same
+	// pool is ignored.
+	Generation int64
 }
 
 // poolProject owns a pool's sandboxes until a create claims one: it is
@@ -186,7 +190,7 @@ func (p *pools) normalize(c Pool, source string) (*poolWant, error) {
 			return nil, err
 		}
 	}
-	return &poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size}, source: source}, nil
+	return &poolWant{Pool: Pool{Spec: spec, Project: c.Project, Size: c.Size, Generation: c.Generation}, source: source}, nil
 }
 
 // wantsNow is the pools wanted now.

@@ -440,3 +440,46 @@ func mustRef(t *testing.T, s string) image.Ref {
 	}
 	return r
 }
+
+// The cluster's settings carry their generation: one older than the node
+// holds for the same pool (a late push, an apiserver whose state lags) is
+// ignored, a versioned removal is kept so that an older setting does not
+// bring the pool back, and both hold across a restart.
+func TestClusterPoolSettingsOlderThanTheNodesAreIgnored(t *testing.T) {
+	f := newFixture(t, smallCapacity())
+	e := f.edge
+	size := func() int32 {
+		t.Helper()
+		for _, p := range e.ListPools() {
+			if p.Source == "api" {
+				return p.Size
+			}
+		}
+		return 0
+	}
+	if _, err := e.SetClusterPool(spec(), "root", 2, 200); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := e.SetClusterPool(spec(), "root", 5, 100)
+	if err != nil || size() != 2 || len(pools) != 1 || pools[0].Size != 2 {
+		t.Fatalf("an older setting: %v, %v; the pool has size %d, want 2", pools, err, size())
+	}
+	if _, err := e.SetClusterPool(spec(), "root", 0, 300); err != nil || size() != 0 {
+		t.Fatalf("a newer removal: %v; size %d", err, size())
+	}
+	if _, err := e.SetClusterPool(spec(), "root", 3, 250); err != nil || size() != 0 {
+		t.Fatalf("a setting older than the removal brought the pool back: %v; size %d", err, size())
+	}
+	e.Close()
+	e = f.open(t, smallCapacity())
+	if _, err := e.SetClusterPool(spec(), "root", 3, 250); err != nil || size() != 0 {
+		t.Fatalf("after a restart, a setting older than the removal: %v; size %d", err, size())
+	}
+	if _, err := e.SetClusterPool(spec(), "root", 1, 400); err != nil || size() != 1 {
+		t.Fatalf("a newer setting: %v; size %d", err, size())
+	}
+	// A setting without a generation (a node's own caller) always applies.
+	if _, err := e.SetPool(spec(), "root", 4); err != nil || size() != 4 {
+		t.Fatalf("an unversioned setting: %v; size %d", err, size())
+	}
+}

@@ -33,9 +33,10 @@ const poolsFile = "pools.json"
 
 // savedPool is one API setting in poolsFile.
 type savedPool struct {
-	Project string          `json:"project"`
-	Size    int             `json:"size"`
-	Spec    json.RawMessage `json:"spec"` // a SandboxSpec, protojson
+	Project    string          `json:"project"`
+	Size       int             `json:"size"`
+	Spec       json.RawMessage `json:"spec"` // a SandboxSpec, protojson
+	Generation int64           `json:"generation,omitempty"`
 }
 
 // identity is what makes two settings the same pool: its project, and
@@ -113,10 +114,17 @@ func (p *pools) set(c Pool) error {
 	p.mu.Lock()
 	id := w.identity()
 	prev, had := p.overrides[id]
+	if had && w.Generation != 0 && prev.Generation > w.Generation {
+		// The cluster set this pool again since: a late or stale push.
+		p.mu.Unlock()
+		p.e.log.Info("pool setting older than the node's ignored", logging.Image, w.Spec.Image, "size", w.Size, "generation", w.Generation, "holds", prev.Generation)
+		return nil
+	}
 	p.overrides[id] = w
-	if w.Size == 0 && !p.hasFlagLocked(id) {
+	if w.Size == 0 && !p.hasFlagLocked(id) && w.Generation == 0 {
 		// Nothing to hide: no entry, so a flag's pool added later is not
-		// hidden by this removal.
+		// hidden by this removal. (A versioned removal stays, size 0, so
+		// that an older setting pushed late does not bring the pool back.)
 		delete(p.overrides, id)
 	}
 	if err := p.saveOverridesLocked(); err != nil {
@@ -205,7 +213,7 @@ func (p *pools) loadOverrides() (map[string]*poolWant, error) {
 		if s.Size < 0 || s.Size > maxPoolSize {
 			return nil, fmt.Errorf("pools: %s, setting %d: size %d: want 0 to %d", poolsFile, i+1, s.Size, maxPoolSize)
 		}
-		w, err := p.normalize(Pool{Spec: spec, Project: s.Project, Size: s.Size}, "api")
+		w, err := p.normalize(Pool{Spec: spec, Project: s.Project, Size: s.Size, Generation: s.Generation}, "api")
 		if err != nil {
 			// A backend or limit of the node changed since: the setting
 			// stays in the file (written back with the others) and is
@@ -234,7 +242,7 @@ func (p *pools) saveOverridesLocked() error {
 		if err != nil {
 			return err
 		}
-		saved = append(saved, savedPool{Project: w.Project, Size: w.Size, Spec: spec})
+		saved = append(saved, savedPool{Project: w.Project, Size: w.Size, Spec: spec, Generation: w.Generation})
 	}
 	data, err := json.MarshalIndent(saved, "", "  ")
 	if err != nil {
@@ -247,13 +255,20 @@ func (p *pools) saveOverridesLocked() error {
 // sandboxes (0 removes it), resolving the image in project's view, and
 // keeps the setting; it answers the node's pools after the change.
 func (e *Edge) SetPool(spec *sandboxv1.SandboxSpec, project string, size int) ([]*imagev1.Pool, error) {
+	return e.SetClusterPool(spec, project, size, 0)
+}
+
+// SetClusterPool is SetPool of the cluster's setting of that generation
+// (poolset.go's Pool.Generation): one older than the node holds for the
+// same pool is ignored, and the node's pools are answered as they are.
+func (e *Edge) SetClusterPool(spec *sandboxv1.SandboxSpec, project string, size int, generation int64) ([]*imagev1.Pool, error) {
 	if spec == nil {
 		return nil, errdefs.InvalidArgument("spec: missing")
 	}
 	if spec.Network != nil && e.net == nil && size > 0 {
 		return nil, errdefs.FailedPrecondition("spec.network: node %s runs without sandbox networking (%s); set the pool without a network", e.node, e.netOff)
 	}
-	if err := e.pools.set(Pool{Spec: spec, Project: project, Size: size}); err != nil {
+	if err := e.pools.set(Pool{Spec: spec, Project: project, Size: size, Generation: generation}); err != nil {
 		return nil, err
 	}
 	// The loop's next pass starts or removes sandboxes: the answer has

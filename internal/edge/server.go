@@ -98,7 +98,7 @@ func (s *server) WarmImage(ctx context.Context, req *connect.Request[edgev1.Warm
 }
 
 func (s *server) SetPool(ctx context.Context, req *connect.Request[edgev1.SetPoolRequest]) (*connect.Response[edgev1.SetPoolResponse], error) {
-	pools, err := s.e.SetPool(req.Msg.Spec, req.Msg.Project, int(req.Msg.Size))
+	pools, err := s.e.SetClusterPool(req.Msg.Spec, req.Msg.Project, int(req.Msg.Size), req.Msg.Generation)
 	if err != nil {
 		return nil, err
 	}

@@ -401,7 +401,7 @@ func (s *Service) DeleteProject(ctx context.Context, path string) error {
 }
 
 // SetPool keeps a warm pool's setting (size 0: its removal) for every
-// node to take.
+// node to take; p.At is when it was set (zero: now).
 func (s *Service) SetPool(ctx context.Context, p fsm.PoolSetting) error {
 	if p.At.IsZero() {
 		p.At = time.Now().UTC()

@@ -50,6 +50,7 @@ type Edge struct {
 	pulls []string
 	// pools are the pools set through SetPool, by identity (pools.go).
 	pools       map[string]*imagev1.Pool
+	poolGen     map[string]int64 // the generation of each pool's setting
 	poolRefusal error
 	poolSets    int
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // SetPool keeps (size 0: removes) a pool set through the API, as a real
-// edge lists it: source "api", every sandbox ready.
+// edge lists it: source "api", every sandbox ready; a setting older than
+// the one held (SetPoolRequest.Generation) is ignored.
 func (e *Edge) SetPool(ctx context.Context, req *connect.Request[edgev1.SetPoolRequest]) (*connect.Response[edgev1.SetPoolResponse], error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -25,8 +26,13 @@ func (e *Edge) SetPool(ctx context.Context, req *connect.Request[edgev1.SetPoolR
 		Pids: r.GetPids(), OpenFiles: r.GetOpenFiles(), Network: spec.GetNetwork() != nil, Size: req.Msg.Size, Ready: req.Msg.Size, Source: "api"}
 	id := fmt.Sprint(p.Project, p.Image, p.Backend, p.CpuCores, p.MemoryMb, p.DiskMb, p.Pids, p.OpenFiles, p.Network)
 	if e.pools == nil {
-		e.pools = map[string]*imagev1.Pool{}
+		e.pools, e.poolGen = map[string]*imagev1.Pool{}, map[string]int64{}
 	}
+	if g := req.Msg.Generation; g != 0 && e.poolGen[id] > g {
+		// Older than the setting held, as a real edge ignores it.
+		return connect.NewResponse(&edgev1.SetPoolResponse{Pools: e.poolsLocked()}), nil
+	}
+	e.poolGen[id] = req.Msg.Generation
 	if p.Size == 0 {
 		delete(e.pools, id)
 	} else {
@@ -67,7 +73,7 @@ func (e *Edge) RefusePools(err error) {
 func (e *Edge) LosePools() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.pools = nil
+	e.pools, e.poolGen = nil, nil
 }
 
 func (e *Edge) poolsLocked() []*imagev1.Pool {

@@ -61,8 +61,8 @@ func TestPoolsFollowTheClusterSetting(t *testing.T) {
 	k := kept[0] // the shape as the apiserver normalised it
 	spec := &sandboxv1.SandboxSpec{Backend: "container", Image: k.Image,
 		Resources: &sandboxv1.Resources{CpuCores: k.CpuCores, MemoryMb: k.MemoryMb, DiskMb: k.DiskMb, Pids: k.Pids, OpenFiles: k.OpenFiles}}
-	if _, err := away.SetPool(spec, project.Root, 0); err != nil {
-		t.Fatal(err)
+	if _, err := away.SetPool(spec, project.Root, 0); err != nil || apiPool(away) != 0 {
+		t.Fatalf("taking the pool from the node behind the cluster's back: %v; it holds %d", err, apiPool(away))
 	}
 	began := time.Now()
 	waitSize(away, 1, "a node that lost the pool")
@@ -75,8 +75,8 @@ func TestPoolsFollowTheClusterSetting(t *testing.T) {
 	if _, err := c.Client.SetPool(ctx, "root/busybox:latest", "container", res, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := away.SetPool(spec, project.Root, 1); err != nil {
-		t.Fatal(err)
+	if _, err := away.SetPool(spec, project.Root, 1); err != nil || apiPool(away) != 1 {
+		t.Fatalf("giving the node the pool behind the cluster's back: %v; it holds %d", err, apiPool(away))
 	}
 	waitSize(away, 0, "a node that missed the removal")
 	if kept, err := c.Client.ClusterPools(ctx); err != nil || len(kept) != 0 {

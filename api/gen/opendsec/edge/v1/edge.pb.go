@@ -1317,7 +1317,12 @@ type SetPoolRequest struct {
 	// The project whose view of images resolves spec.image.
 	Project string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
 	// 0 removes the pool.
-	Size          int32 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Size int32 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// The cluster's version of this setting (when it was set, in unix
+	// nanoseconds; 0: none): a node ignores a setting older than the one it
+	// holds for the same pool, so a late or stale push never undoes a newer
+	// one.
+	Generation    int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1369,6 +1374,13 @@ func (x *SetPoolRequest) GetProject() string {
 func (x *SetPoolRequest) GetSize() int32 {
 	if x != nil {
 		return x.Size
+	}
+	return 0
+}
+
+func (x *SetPoolRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
 	}
 	return 0
 }
@@ -3240,11 +3252,14 @@ const file_opendsec_edge_v1_edge_proto_rawDesc = "" +
 	"\aproject\x18\x02 \x01(\tR\aproject\"C\n" +
 	"\x11WarmImageResponse\x12\x1a\n" +
 	"\bprepared\x18\x01 \x01(\bR\bprepared\x12\x12\n" +
-	"\x04note\x18\x02 \x01(\tR\x04note\"t\n" +
+	"\x04note\x18\x02 \x01(\tR\x04note\"\x94\x01\n" +
 	"\x0eSetPoolRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .opendsec.sandbox.v1.SandboxSpecR\x04spec\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x05R\x04size\"@\n" +
+	"\x04size\x18\x03 \x01(\x05R\x04size\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x03R\n" +
+	"generation\"@\n" +
 	"\x0fSetPoolResponse\x12-\n" +
 	"\x05pools\x18\x01 \x03(\v2\x17.opendsec.image.v1.PoolR\x05pools\"\x12\n" +
 	"\x10ListPoolsRequest\"B\n" +
