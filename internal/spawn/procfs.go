@@ -17,6 +17,9 @@ type ProcStat struct {
 	// CPUTicks is its user and system time (utime + stime), in clock ticks
 	// (USER_HZ).
 	CPUTicks uint64
+	// StartTime is when it started, in clock ticks after boot: it tells a
+	// process from a later one of the same pid.
+	StartTime uint64
 }
 
 // ReadStat parses /proc/PID/stat. The command name may contain spaces and
@@ -49,7 +52,8 @@ func parseStat(pid int, data []byte) (ProcStat, bool) {
 	if err != nil {
 		return ProcStat{}, false
 	}
-	return ProcStat{PID: pid, PPID: ppid, PGID: pgid, State: f[0], RSS: rss, CPUTicks: utime + stime}, true
+	start, _ := strconv.ParseUint(f[19], 10, 64)
+	return ProcStat{PID: pid, PPID: ppid, PGID: pgid, State: f[0], RSS: rss, CPUTicks: utime + stime, StartTime: start}, true
 }
 
 // Pids lists the numeric entries of /proc.

@@ -5,20 +5,18 @@
 package backend
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/edge/rootfs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/spawn"
 )
 
 // Capabilities are what a backend can do, fixed per backend.
@@ -200,16 +198,8 @@ func ProcessStopped(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...; comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 || i+2 >= len(data) {
-		return false
-	}
-	return data[i+2] == 'T'
+	st, ok := spawn.ReadStat(pid)
+	return ok && st.State == "T"
 }
 
 // WaitStopped polls b's status of id until it is stopped (true), the

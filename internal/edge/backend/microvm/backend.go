@@ -27,6 +27,7 @@ import (
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/logging"
 	"github.com/opendsec/opendsec/internal/sandboxid"
+	"github.com/opendsec/opendsec/internal/spawn"
 )
 
 // Name is the backend's name.
@@ -709,72 +710,39 @@ func (bx *box) kill(grace time.Duration) error {
 	if !ok {
 		return nil
 	}
-	start := processStart(pid)
+	was, _ := spawn.ReadStat(pid)
 	syscall.Kill(pid, syscall.SIGTERM) //nolint:errcheck // may be gone
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		if _, ok := bx.pid(); !ok {
-			return waitExited(pid, start)
+			return waitExited(pid, was)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // may be gone
 	for range 500 {
 		if _, ok := bx.pid(); !ok {
-			return waitExited(pid, start)
+			return waitExited(pid, was)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return fmt.Errorf("microvm: QEMU %d did not end", pid)
 }
 
-// waitExited waits until process pid (started at start, processStart's)
-// has exited: gone, a zombie, or the pid another process's. bx.pid stops
+// waitExited waits until process pid, as it was (spawn.ReadStat's), has
+// exited: gone, a zombie, or the pid another process's. bx.pid stops
 // naming an exiting QEMU as soon as its memory is gone (its cmdline reads
 // empty), before it has closed its files: a QEMU started on the same pid
 // file then found it still locked ("Cannot lock pid file", seen once in a
 // fresh make test's restore in place after a release).
-func waitExited(pid int, start string) error {
+func waitExited(pid int, was spawn.ProcStat) error {
 	for range 500 {
-		if st := processStart(pid); st == "" || st != start || processState(pid) == 'Z' {
+		if st, ok := spawn.ReadStat(pid); !ok || st.StartTime != was.StartTime || st.State == "Z" {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return fmt.Errorf("microvm: QEMU %d was still exiting 5 s after it ended", pid)
-}
-
-// processStart is a process's start time (/proc/PID/stat's 22nd field),
-// which tells it from a later process of the same pid; "" when it is gone.
-func processStart(pid int) string {
-	f := procStatFields(pid)
-	if len(f) < 20 {
-		return ""
-	}
-	return f[19] // fields after "pid (comm)": state is the 3rd field, starttime the 22nd
-}
-
-// processState is a process's state letter ('Z' a zombie), 0 when gone.
-func processState(pid int) byte {
-	f := procStatFields(pid)
-	if len(f) == 0 || f[0] == "" {
-		return 0
-	}
-	return f[0][0]
-}
-
-// procStatFields are /proc/PID/stat's fields after "pid (comm)", whose
-// comm may hold spaces and parentheses.
-func procStatFields(pid int) []string {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return nil
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(data[i+1:]))
 }
 
 // Destroy implements backend.Backend: the guest ends and its files go

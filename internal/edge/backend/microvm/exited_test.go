@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/opendsec/opendsec/internal/spawn"
 )
 
 // waitExited waits for a process to have exited, counting a zombie as
@@ -16,12 +18,12 @@ func TestWaitExitedCountsAZombieAndNotARunningProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := cmd.Process.Pid
-	start := processStart(pid)
-	if start == "" || processState(pid) == 'Z' {
-		t.Fatalf("a running sleep: start %q, state %c", start, processState(pid))
+	was, ok := spawn.ReadStat(pid)
+	if !ok || was.StartTime == 0 || was.State == "Z" {
+		t.Fatalf("a running sleep: %+v, %v", was, ok)
 	}
 	done := make(chan error, 1)
-	go func() { done <- waitExited(pid, start) }()
+	go func() { done <- waitExited(pid, was) }()
 	select {
 	case err := <-done:
 		t.Fatalf("waitExited returned while the process ran: %v", err)
@@ -32,14 +34,14 @@ func TestWaitExitedCountsAZombieAndNotARunningProcess(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := processState(pid); got != 'Z' {
-		t.Fatalf("the killed, unreaped sleep's state is %c, want Z", got)
+	if st, _ := spawn.ReadStat(pid); st.State != "Z" {
+		t.Fatalf("the killed, unreaped sleep's state is %q, want Z", st.State)
 	}
 	cmd.Wait() //nolint:errcheck // killed
-	if processStart(pid) != "" && processStart(pid) == start {
-		t.Fatal("a reaped process still has its start time")
+	if st, ok := spawn.ReadStat(pid); ok && st.StartTime == was.StartTime {
+		t.Fatal("a reaped process is still there")
 	}
-	if err := waitExited(pid, start); err != nil {
+	if err := waitExited(pid, was); err != nil {
 		t.Fatal(err)
 	}
 }
