@@ -60,6 +60,12 @@ func listedKey(p *imagev1.Pool) string {
 	return poolIdentity(p.Project, p.Image, p.Backend, &sandboxv1.Resources{CpuCores: p.CpuCores, MemoryMb: p.MemoryMb, DiskMb: p.DiskMb, Pids: p.Pids, OpenFiles: p.OpenFiles}, p.Network)
 }
 
+// settingSpec is a kept setting's sandbox spec.
+func settingSpec(st fsm.PoolSetting) (*sandboxv1.SandboxSpec, error) {
+	spec := &sandboxv1.SandboxSpec{}
+	return spec, protojson.Unmarshal(st.Spec, spec)
+}
+
 // keepPool keeps a normalised pool setting (size 0: its removal) in IAM,
 // and answers its generation: when it was set, which nodes keep with it
 // so that an older setting pushed late does not undo it.
@@ -97,8 +103,11 @@ func (s *Server) keptPoolNamed(project string, m *imagev1.SetPoolRequest, normal
 	}
 	var found []*sandboxv1.SandboxSpec
 	for _, st := range settings {
-		spec := &sandboxv1.SandboxSpec{}
-		if st.Size == 0 || st.Project != project || protojson.Unmarshal(st.Spec, spec) != nil {
+		if st.Size == 0 || st.Project != project {
+			continue
+		}
+		spec, err := settingSpec(st)
+		if err != nil {
 			continue
 		}
 		r := spec.GetResources()
@@ -122,8 +131,11 @@ func (s *Server) keptPoolNamed(project string, m *imagev1.SetPoolRequest, normal
 func (s *Server) clusterPools() []*imagev1.Pool {
 	var out []*imagev1.Pool
 	for _, st := range s.iam.State().Pools() {
-		spec := &sandboxv1.SandboxSpec{}
-		if st.Size == 0 || protojson.Unmarshal(st.Spec, spec) != nil {
+		if st.Size == 0 {
+			continue
+		}
+		spec, err := settingSpec(st)
+		if err != nil {
 			continue
 		}
 		r := spec.GetResources()
@@ -176,17 +188,17 @@ func (s *Server) syncPoolsOn(ctx context.Context, n *watcher.NodeView, settings 
 		if skip {
 			continue
 		}
-		spec := &sandboxv1.SandboxSpec{}
-		if err := protojson.Unmarshal(st.Spec, spec); err != nil {
-			s.noteRefusal(k, st, fmt.Errorf("its kept spec does not parse: %w", err))
+		spec, err := settingSpec(st)
+		if err != nil {
+			s.noteRefusal(n.ID, st, fmt.Errorf("its kept spec does not parse: %w", err))
 			continue
 		}
 		r, err := edge.SetPool(lctx, connect.NewRequest(&edgev1.SetPoolRequest{Spec: spec, Project: st.Project, Size: st.Size, Generation: st.At.UnixNano()}))
 		if err != nil {
-			s.noteRefusal(k, st, err)
+			s.noteRefusal(n.ID, st, err)
 			continue
 		}
-		s.noteRefusal(k, st, nil)
+		s.noteRefusal(n.ID, st, nil)
 		s.log.Info("pool brought to the cluster's setting", "node", n.ID, "image", spec.Image, "backend", spec.Backend, "size", st.Size, "had", size)
 		if st.Size > 0 && !listsPool(r.Msg.Pools, st) {
 			s.pools.mu.Lock()
@@ -211,7 +223,8 @@ func listsPool(pools []*imagev1.Pool, st fsm.PoolSetting) bool {
 
 // noteRefusal logs a node's refusal of a setting when it is new, and
 // forgets it (err nil) once the node takes the setting.
-func (s *Server) noteRefusal(k string, st fsm.PoolSetting, err error) {
+func (s *Server) noteRefusal(node string, st fsm.PoolSetting, err error) {
+	k := node + " " + st.Key
 	s.pools.mu.Lock()
 	defer s.pools.mu.Unlock()
 	if err == nil {
@@ -221,6 +234,6 @@ func (s *Server) noteRefusal(k string, st fsm.PoolSetting, err error) {
 	msg := errdefs.Clip(err.Error(), 300)
 	if s.pools.refused[k] != msg {
 		s.pools.refused[k] = msg
-		s.log.Warn("a node refused the cluster's pool setting; trying again each pass", "pool", st.Key, "size", st.Size, "node", k[:len(k)-len(st.Key)-1], "err", msg)
+		s.log.Warn("a node refused the cluster's pool setting; trying again each pass", "pool", st.Key, "size", st.Size, "node", node, "err", msg)
 	}
 }
