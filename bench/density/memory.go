@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/opendsec/opendsec/internal/spawn"
 )
 
 // Where an idle sandbox's host memory goes (issue 28): the kernel's
@@ -37,27 +39,19 @@ func meminfo() map[string]int64 {
 	return out
 }
 
-// processPSS sums the Pss of every process whose command name is comm, in
-// KiB, and counts them.
+// processPSS sums the PSS of every process whose command name is comm,
+// in KiB, and counts them.
 func processPSS(comm string) (int64, int) {
 	var total int64
 	n := 0
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		c, err := os.ReadFile(filepath.Join(d, "comm"))
+	for _, pid := range spawn.Pids() {
+		c, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
 		if err != nil || strings.TrimSpace(string(c)) != comm {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(d, "smaps_rollup"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if v, ok := strings.CutPrefix(line, "Pss:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-				total += kb
-				n++
-			}
+		if pss, err := spawn.ReadPSS(pid); err == nil {
+			total += pss >> 10
+			n++
 		}
 	}
 	return total, n

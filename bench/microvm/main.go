@@ -41,6 +41,7 @@ import (
 	"github.com/opendsec/opendsec/internal/edge/backend/microvm"
 	"github.com/opendsec/opendsec/internal/edge/backend/vm"
 	"github.com/opendsec/opendsec/internal/embed"
+	"github.com/opendsec/opendsec/internal/spawn"
 )
 
 func main() {
@@ -273,13 +274,9 @@ func pss(ids []string) int64 {
 			if !strings.Contains(string(cmdline), id) {
 				continue
 			}
-			data, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "smaps_rollup"))
-			for _, line := range strings.Split(string(data), "\n") {
-				if v, ok := strings.CutPrefix(line, "Pss:"); ok {
-					var kb int64
-					fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb) //nolint:errcheck // 0 when unreadable
-					total += kb << 10
-				}
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			if b, err := spawn.ReadPSS(pid); err == nil { // 0 when unreadable
+				total += b
 			}
 		}
 	}

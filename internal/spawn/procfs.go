@@ -1,7 +1,11 @@
 package spawn
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -54,6 +58,35 @@ func parseStat(pid int, data []byte) (ProcStat, bool) {
 	}
 	start, _ := strconv.ParseUint(f[19], 10, 64)
 	return ProcStat{PID: pid, PPID: ppid, PGID: pgid, State: f[0], RSS: rss, CPUTicks: utime + stime, StartTime: start}, true
+}
+
+// ReadPSS is a process's proportional set size in bytes (the Pss line
+// of /proc/PID/smaps_rollup): pages it shares count in parts.
+func ReadPSS(pid int) (int64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return parsePSS(f)
+}
+
+func parsePSS(r io.Reader) (int64, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 3 && fields[0] == "Pss:" && fields[2] == "kB" {
+			kb, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("smaps_rollup Pss %q: %w", fields[1], err)
+			}
+			return kb << 10, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("smaps_rollup has no Pss line")
 }
 
 // Pids lists the numeric entries of /proc.

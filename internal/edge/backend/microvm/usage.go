@@ -1,12 +1,6 @@
 package microvm
 
 import (
-	"bufio"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-
 	"github.com/opendsec/opendsec/internal/edge/backend"
 	"github.com/opendsec/opendsec/internal/errdefs"
 	"github.com/opendsec/opendsec/internal/sandboxid"
@@ -34,7 +28,7 @@ func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
 	if !ok {
 		return backend.Usage{}, errdefs.Unavailable("microvm: sandbox %s: its VMM's /proc stat cannot be read", id)
 	}
-	mem, err := processPSS(pid)
+	mem, err := spawn.ReadPSS(pid)
 	if err != nil {
 		return backend.Usage{}, err
 	}
@@ -43,35 +37,6 @@ func (b *Backend) Usage(id sandboxid.ID) (backend.Usage, error) {
 		u.LimitBytes = int64(g.MemoryMB) << 20
 	}
 	return u, nil
-}
-
-// processPSS is a process's proportional set size in bytes
-// (/proc/PID/smaps_rollup).
-func processPSS(pid int) (int64, error) {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	return parsePSS(f)
-}
-
-func parsePSS(f interface{ Read([]byte) (int, error) }) (int64, error) {
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) == 3 && fields[0] == "Pss:" && fields[2] == "kB" {
-			kb, err := strconv.ParseInt(fields[1], 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("microvm: smaps_rollup Pss %q: %w", fields[1], err)
-			}
-			return kb << 10, nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, fmt.Errorf("microvm: smaps_rollup has no Pss line")
 }
 
 var _ backend.UsageReader = (*Backend)(nil)

@@ -1,4 +1,4 @@
-package microvm
+package spawn
 
 import (
 	"os"
@@ -15,7 +15,7 @@ func TestParsePSS(t *testing.T) {
 		t.Fatal("no Pss line: no error")
 	}
 	// This process's own, as the backend reads a VMM's.
-	if pss, err := processPSS(os.Getpid()); err != nil || pss <= 0 {
-		t.Fatalf("processPSS(self) = %d, %v", pss, err)
+	if pss, err := ReadPSS(os.Getpid()); err != nil || pss <= 0 {
+		t.Fatalf("ReadPSS(self) = %d, %v", pss, err)
 	}
 }
