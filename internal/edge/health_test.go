@@ -130,11 +130,13 @@ func TestStoppedAgentIsContinued(t *testing.T) {
 	}
 }
 
-// One that SIGCONT does not wake is failed, with the reason.
+// One that SIGCONT does not wake is failed, with the reason and what a
+// VM's hypervisor reports of its guest.
 func TestAgentThatNeverAnswersIsFailed(t *testing.T) {
 	fastHeartbeats(t)
 	f := newFixture(t, smallCapacity())
 	f.fake.Knobs.StuckForGood = true
+	f.fake.Knobs.GuestReport = "QEMU reports the guest running"
 	sb, err := f.edge.Create(context.Background(), spec(), "root")
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +146,7 @@ func TestAgentThatNeverAnswersIsFailed(t *testing.T) {
 	for time.Now().Before(deadline) {
 		got, _ := f.edge.Get(sb.Id, "root")
 		if got.State == sandboxv1.SandboxState_SANDBOX_STATE_FAILED {
-			if !strings.Contains(got.Message, "stopped answering") {
+			if !strings.Contains(got.Message, "stopped answering") || !strings.HasSuffix(got.Message, "; QEMU reports the guest running") {
 				t.Fatalf("reason %q", got.Message)
 			}
 			return

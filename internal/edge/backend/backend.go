@@ -286,6 +286,14 @@ type Diagnoser interface {
 	Diagnose(ctx context.Context, id sandboxid.ID) string
 }
 
+// GuestReporter is implemented by VM backends: what the hypervisor
+// reports of a guest whose agent went silent (its run state, the ends of
+// the agent's channel, the console's last line), which the edge adds to
+// the sandbox's failure reason; "" when it does not answer.
+type GuestReporter interface {
+	GuestReport(ctx context.Context, id sandboxid.ID) string
+}
+
 // ConsoleReader is implemented by backends that keep a sandbox's console
 // themselves, bounded (a VM's: in QEMU's memory, or a ring file the edge
 // drains Firecracker's output into): the edge quotes its end when the

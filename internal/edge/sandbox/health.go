@@ -110,9 +110,25 @@ func (sb *Sandbox) whyDead(ctx context.Context, backendAlive bool) string {
 		}
 	}
 	if backendAlive {
-		return fmt.Sprintf("its agent has not been connected for %s", agentAbsence)
+		return fmt.Sprintf("its agent has not been connected for %s", agentAbsence) + sb.guestReport(ctx)
 	}
 	return "it ended: its agent and every process in it are gone"
+}
+
+// guestReport is what a VM backend's hypervisor says of the sandbox's
+// guest, as "; " and the report, for a failure's reason; "" from other
+// backends or when it does not answer.
+func (sb *Sandbox) guestReport(ctx context.Context) string {
+	r, ok := sb.be.(backend.GuestReporter)
+	if !ok {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if report := r.GuestReport(ctx, sb.id); report != "" {
+		return "; " + report
+	}
+	return ""
 }
 
 // fail marks a sandbox failed with reason, removes what it holds on
@@ -163,7 +179,8 @@ func (sb *Sandbox) heartbeat(now time.Time) bool {
 		// checks and was well (a fork's copy beside three test suites on 2
 		// cores): its backend's AgentWait bounds the silence too.
 		if silent := now.Sub(time.Unix(0, last)); strikes >= heartbeatStrikes && silent >= sb.silenceAllowed {
-			sb.fail(context.Background(), fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered over %s, and SIGCONT did not help)", strikes, heartbeatTimeout, silent.Round(time.Second)))
+			ctx := context.Background()
+			sb.fail(ctx, fmt.Sprintf("its agent stopped answering (%d health checks of %s went unanswered over %s, and SIGCONT did not help)", strikes, heartbeatTimeout, silent.Round(time.Second))+sb.guestReport(ctx))
 			return true
 		}
 		if !hb.continued.Load() {

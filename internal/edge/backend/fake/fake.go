@@ -64,6 +64,9 @@ type Knobs struct {
 	// DestroyGate, if set, is received from at the start of each Destroy,
 	// so a test holds a removal under way until it sends or closes.
 	DestroyGate chan struct{}
+	// GuestReport is what GuestReport says of every sandbox, as a VM
+	// backend's hypervisor reports its guest.
+	GuestReport string
 }
 
 // waitGate waits for the PauseGate knob, if set.
@@ -172,11 +175,12 @@ func (g *gate) wrap(h http.Handler) http.Handler {
 }
 
 var (
-	_ backend.Backend     = (*Backend)(nil)
-	_ backend.Pauser      = (*Backend)(nil)
-	_ backend.Snapshotter = (*Backend)(nil)
-	_ backend.Continuer   = (*Backend)(nil)
-	_ backend.Releaser    = (*Backend)(nil)
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.Pauser        = (*Backend)(nil)
+	_ backend.Snapshotter   = (*Backend)(nil)
+	_ backend.Continuer     = (*Backend)(nil)
+	_ backend.GuestReporter = (*Backend)(nil)
+	_ backend.Releaser      = (*Backend)(nil)
 )
 
 // Options are the fake backend's options.
@@ -519,6 +523,12 @@ func (b *Backend) Hang(id sandboxid.ID) {
 		}
 		bx.gate.mu.Unlock()
 	}
+}
+
+// GuestReport implements backend.GuestReporter with the knob of that
+// name.
+func (b *Backend) GuestReport(ctx context.Context, id sandboxid.ID) string {
+	return b.Knobs.GuestReport
 }
 
 // Continue lifts a Hang, as SIGCONT wakes a stopped agent.

@@ -44,6 +44,9 @@ type vmm interface {
 	consoleTail(ctx context.Context, bx *box, g Guest) string
 	// reattach takes a running guest back after an edge restart.
 	reattach(bx *box, log *slog.Logger)
+	// diagnose says what the VMM reports of a guest whose agent went
+	// silent (diagnose.go).
+	diagnose(ctx context.Context, bx *box) string
 }
 
 var (
