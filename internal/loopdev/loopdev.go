@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,24 +33,14 @@ func Mount(img, mnt, fstype string, flags uintptr, data string) error {
 	}
 	defer ctl.Close()
 	for attempt := 0; attempt < 16; attempt++ {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return os.NewSyscallError("ioctl(LOOP_CTL_GET_FREE)", err)
-		}
-		dev := fmt.Sprintf("/dev/loop%d", n)
-		lf, err := os.OpenFile(dev, mode, 0)
-		if err != nil {
-			return err
-		}
-		cfg := unix.LoopConfig{Fd: uint32(file.Fd()), Info: unix.LoopInfo64{Flags: loFlags}}
-		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
+		dev, lf, err := takeFree(ctl, file, mode, loFlags)
 		if errors.Is(err, unix.EBUSY) {
-			lf.Close() // another process took this device first
+			// Another process took this device first.
+			time.Sleep(time.Duration(attempt+1) * time.Millisecond)
 			continue
 		}
 		if err != nil {
-			lf.Close()
-			return os.NewSyscallError("ioctl(LOOP_CONFIGURE)", err)
+			return err
 		}
 		err = unix.Mount(dev, mnt, fstype, flags, data)
 		lf.Close() // with AUTOCLEAR, the device goes away with the mount
@@ -58,4 +50,46 @@ func Mount(img, mnt, fstype string, flags uintptr, data string) error {
 		return nil
 	}
 	return errdefs.Unavailable("no free loop device after 16 tries")
+}
+
+// taking serialises this process's takeFree calls: the kernel hands every
+// caller that asks at once the same free device, and all but one then
+// lose it. In a burst (16 creates in flight on a busy node, each likely
+// to be preempted between asking and configuring) a caller could lose 16
+// times in a row; within one process none loses now, and other processes
+// are left to the retries.
+var taking sync.Mutex
+
+// beforeConfigure, if set, runs between asking for a free device and
+// configuring it (tests widen the race with it).
+var beforeConfigure func()
+
+// takeFree binds file to a free loop device and returns its path and an
+// open descriptor of it (the caller closes it once mounted: with
+// AUTOCLEAR the device then goes with the mount). EBUSY: another process
+// took the device first.
+func takeFree(ctl, file *os.File, mode int, loFlags uint32) (string, *os.File, error) {
+	taking.Lock()
+	defer taking.Unlock()
+	n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		return "", nil, os.NewSyscallError("ioctl(LOOP_CTL_GET_FREE)", err)
+	}
+	dev := fmt.Sprintf("/dev/loop%d", n)
+	lf, err := os.OpenFile(dev, mode, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	if beforeConfigure != nil {
+		beforeConfigure()
+	}
+	cfg := unix.LoopConfig{Fd: uint32(file.Fd()), Info: unix.LoopInfo64{Flags: loFlags}}
+	if err := unix.IoctlLoopConfigure(int(lf.Fd()), &cfg); err != nil {
+		lf.Close()
+		if errors.Is(err, unix.EBUSY) {
+			return "", nil, err
+		}
+		return "", nil, os.NewSyscallError("ioctl(LOOP_CONFIGURE)", err)
+	}
+	return dev, lf, nil
 }
