@@ -4,7 +4,10 @@
 // node needs, and reports failures, creates per second and host memory per
 // sandbox (MemAvailable before and after, over the count), side by side
 // with the same burst of bare `crun run` containers (busybox sleeping, no
-// agent) for the raw runtime's rate and memory. Needs root, crun and
+// agent) for the raw runtime's rate and memory. With -raw-spec it also
+// bursts bare crun with the platform's own OCI spec, then over a root made
+// as a sandbox's, then with the agent in it (ourspec.go): what each part
+// of a create costs against the bare runtime. Needs root, crun and
 // `make images`.
 package main
 
@@ -54,6 +57,7 @@ func main() {
 	disk := flag.Int64("disk", 64, "each sandbox's disk_mb, 16 or more (the node admits against its disk: 64 MiB each fits some 850 on this machine's 55 GiB free)")
 	edgeCount := flag.Int("edges", 1, "edges of the cluster, on this machine (the seed's burst went to two)")
 	hold := flag.Duration("hold", 0, "keep the burst's sandboxes this long after it before removing them (to look at them)")
+	flag.BoolVar(&rawSpec, "raw-spec", false, "also burst bare crun with the platform's OCI spec (limits, seccomp, binds; sleep for the agent), then with that spec over a root made as a sandbox's (writable layer and overlay): what crun spends on our spec and what our root adds")
 	plot := flag.String("plot", "density.png", "write a plot of creates over time, ours and bare crun's, to this PNG (\"\": none)")
 	flag.Parse()
 	withNetwork, plotPath, poolSize, edges, diskMB, holdFor = *network, *plot, *pool, max(*edgeCount, 1), *disk, *hold
@@ -172,9 +176,33 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 	var rawRate, rawMem float64
 	var rawAt []time.Duration
 	if raw > 0 {
-		rawRate, rawMem, rawAt, err = bareBurst(ctx, c.Work, raw, par)
+		settle(3 * time.Minute)
+		rawRate, rawMem, rawAt, err = bareBurst(ctx, c.Work, raw, par, rawDefaultSpec, agent)
 		if err != nil {
 			return err
+		}
+	}
+	type specRow struct {
+		label     string
+		rate, mem float64
+	}
+	var specRows []specRow
+	if raw > 0 && rawSpec {
+		for _, r := range []struct {
+			kind  rawKind
+			label string
+		}{
+			{rawOurSpec, "bare crun run of our OCI spec (sleep)"},
+			{rawOurRoot, "the same, each on a layer and overlay"},
+			{rawOurRootOwnNS, "those mounts in a namespace of its own"},
+			{rawOurAgent, "our spec and root, and the agent dialling"},
+		} {
+			settle(3 * time.Minute)
+			rate, mem, _, err := bareBurst(ctx, c.Work, raw, par, r.kind, agent)
+			if err != nil {
+				return err
+			}
+			specRows = append(specRows, specRow{r.label, rate, mem})
 		}
 	}
 	host, _ := os.Hostname()
@@ -195,7 +223,13 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 			mem = fmt.Sprintf("%16s", "<0.5 (noise)")
 		}
 		fmt.Printf("%-40s %10d %12.1f %s\n", "bare crun run (busybox sleep)", raw, rawRate, mem)
+		for _, r := range specRows {
+			fmt.Printf("%-40s %10d %12.1f %16.1f\n", r.label, raw, r.rate, r.mem)
+		}
 		fmt.Printf("ratio ours/bare: creates/s %.2fx\n", float64(ours)/took.Seconds()/rawRate)
+		for _, r := range specRows {
+			fmt.Printf("ratio %q/bare: creates/s %.2fx\n", r.label, r.rate/rawRate)
+		}
 	}
 	if edges > 1 {
 		perEdge := map[string]int{}
@@ -235,10 +269,21 @@ func cumulative(times []time.Duration) []benchplot.Point {
 	return out
 }
 
+// rawKind is what a bare burst runs.
+type rawKind int
+
+const (
+	rawDefaultSpec  rawKind = iota // crun's default spec over one busybox tree
+	rawOurSpec                     // the platform's spec over that tree (ourspec.go)
+	rawOurRoot                     // the platform's spec over a root made as a sandbox's
+	rawOurRootOwnNS                // that root in a mount namespace of its own, which crun joins
+	rawOurAgent                    // the platform's root and spec with the agent instead of sleep, until it has dialled too
+)
+
 // bareBurst runs n busybox containers with crun, par at a time, and
 // returns containers per second, host MiB per container and when each
-// run returned, from the start.
-func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, []time.Duration, error) {
+// run returned (or its agent dialled), from the start.
+func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent string) (float64, float64, []time.Duration, error) {
 	root := filepath.Join(work, "raw")
 	bundle := filepath.Join(root, "bundle")
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs", "bin"), 0o755); err != nil {
@@ -252,7 +297,12 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 		return 0, 0, nil, fmt.Errorf("%v: %s", err, out)
 	}
 	os.Symlink("busybox", filepath.Join(bundle, "rootfs", "bin", "sleep")) //nolint:errcheck // exists on a rerun
-	os.Remove(filepath.Join(bundle, "config.json"))                        //nolint:errcheck // a rerun's
+	// The containers that run on this tree itself would each make their
+	// mount points in it, racing ("cannot mkdir `proc`: File exists").
+	if err := makeMountPoints(filepath.Join(bundle, "rootfs")); err != nil {
+		return 0, 0, nil, err
+	}
+	os.Remove(filepath.Join(bundle, "config.json")) //nolint:errcheck // a rerun's
 	if out, err := exec.Command("crun", "spec", "-b", bundle).CombinedOutput(); err != nil {
 		return 0, 0, nil, fmt.Errorf("crun spec: %v: %s", err, out)
 	}
@@ -263,6 +313,46 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 	conf = strings.Replace(conf, `"readonly": true`, `"readonly": false`, 1)
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
 		return 0, 0, nil, err
+	}
+	bundleOf := func(int) string { return bundle }
+	var roots *ourRoot
+	if kind != rawDefaultSpec {
+		ours := filepath.Join(root, "ours")
+		os.RemoveAll(ours) //nolint:errcheck // a rerun's
+		bound := filepath.Join(bundle, "rootfs", "bin", "busybox")
+		if kind == rawOurAgent {
+			if bound, err = filepath.Abs(agent); err != nil {
+				return 0, 0, nil, err
+			}
+		}
+		if err := writeOurSpecBundles(ours, filepath.Join(bundle, "rootfs"), bound, n, kind); err != nil {
+			return 0, 0, nil, err
+		}
+		defer os.RemoveAll(ours)
+		bundleOf = func(i int) string { return filepath.Join(ours, strconv.Itoa(i)) }
+	}
+	var dialled *agentDials
+	if kind == rawOurAgent {
+		if dialled, err = listenForAgents(filepath.Join(root, "ours", "run", "edge.sock")); err != nil {
+			return 0, 0, nil, err
+		}
+		defer dialled.Close()
+	}
+	layerOf, nsOf := make([]string, n), make([]*os.File, n)
+	if kind >= rawOurRoot {
+		if roots, err = openOurRoot(ctx, filepath.Join(root, "layers"), filepath.Join(bundle, "rootfs"), diskMB); err != nil {
+			return 0, 0, nil, err
+		}
+		defer func() {
+			for i, layer := range layerOf {
+				if nsOf[i] != nil {
+					nsOf[i].Close()            // the namespace, its mounts and loop device go
+					roots.layers.Remove(layer) //nolint:errcheck // scratch, removed with the work directory
+				} else if layer != "" {
+					roots.remove(bundleOf(i), layer) //nolint:errcheck // as above
+				}
+			}
+		}()
 	}
 	state := filepath.Join(root, "state")
 	before := memAvailableMB()
@@ -284,13 +374,23 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 			// errors go to a file of its own, kept for the report.
 			errFile := filepath.Join(root, id+".err")
 			stderr, err := os.Create(errFile)
+			switch {
+			case err != nil:
+			case kind == rawOurRootOwnNS:
+				var nsPath string
+				if nsPath, nsOf[i], layerOf[i], err = roots.mountInOwnNS(ctx, bundleOf(i)); err == nil {
+					err = os.Symlink(nsPath, filepath.Join(bundleOf(i), "mntns"))
+				}
+			case roots != nil:
+				layerOf[i], err = roots.mount(ctx, bundleOf(i))
+			}
 			if err == nil {
-				cmd := exec.CommandContext(ctx, "crun", "--root", state, "run", "-d", "-b", bundle, id)
+				cmd := exec.CommandContext(ctx, "crun", "--root", state, "run", "-d", "-b", bundleOf(i), id)
 				cmd.Stderr = stderr
 				err = cmd.Run()
 				stderr.Close()
 			}
-			if err == nil {
+			if err == nil && dialled == nil {
 				atMu.Lock()
 				at = append(at, time.Since(start))
 				atMu.Unlock()
@@ -304,6 +404,15 @@ func bareBurst(ctx context.Context, work string, n, par int) (float64, float64, 
 	}
 	wg.Wait()
 	took := time.Since(start)
+	if dialled != nil && runErr == nil {
+		// Done once every run returned and every agent dialled (an agent
+		// can dial before its crun has returned).
+		if at, err = dialled.wait(n, start, time.Minute); err != nil {
+			runErr = err
+		} else {
+			took = max(took, at[len(at)-1])
+		}
+	}
 	time.Sleep(2 * time.Second)
 	after := memAvailableMB()
 	for i := range n {
@@ -340,6 +449,9 @@ var diskMB int64
 
 // holdFor is the -hold flag: how long the burst's sandboxes are kept.
 var holdFor time.Duration
+
+// rawSpec is the -raw-spec flag (ourspec.go).
+var rawSpec bool
 
 // profile and lockProfile are where -cpuprofile and -mutexprofile
 // write; "" for none.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/opendsec/opendsec/internal/spawn"
 )
@@ -69,4 +70,58 @@ func printMemoryBreakdown(before, after map[string]int64, n int, agentPSS int64,
 		parts = append(parts, f+" "+per(after[f]-before[f]))
 	}
 	fmt.Printf("memory per sandbox, MiB (growth of /proc/meminfo over the burst): %s; the %d agents' PSS %s\n", strings.Join(parts, ", "), agents, per(agentPSS))
+}
+
+// settle waits, at most limit, until the host's CPUs are mostly idle
+// again (80 % over a second) and the kernel holds no more cgroups than
+// before the bench began (cgroupBaseline): it removes a burst's cgroups,
+// mounts and loop devices well after the runtime returned, and a burst
+// measured meanwhile pays for the last one's (measured: each bare burst
+// of 1,000 ran faster than the one before it).
+func settle(limit time.Duration) {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); {
+		idle0, total0 := cpuTimes()
+		time.Sleep(time.Second)
+		idle1, total1 := cpuTimes()
+		if total1 > total0 && float64(idle1-idle0)/float64(total1-total0) >= 0.8 && cgroupCount() <= cgroupBaseline+16 {
+			return
+		}
+	}
+}
+
+// cgroupBaseline is cgroupCount when the bench began.
+var cgroupBaseline = cgroupCount()
+
+// cgroupCount is the number of cgroups the kernel holds in all
+// hierarchies, dying ones included (/proc/cgroups).
+func cgroupCount() int {
+	data, err := os.ReadFile("/proc/cgroups")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 4 && !strings.HasPrefix(line, "#") {
+			c, _ := strconv.Atoi(f[2])
+			n += c
+		}
+	}
+	return n
+}
+
+// cpuTimes are the idle and total jiffies of all CPUs (/proc/stat).
+func cpuTimes() (idle, total uint64) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseUint(f, 10, 64)
+		total += v
+		if i == 3 || i == 4 { // idle, iowait
+			idle += v
+		}
+	}
+	return idle, total
 }
