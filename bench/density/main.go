@@ -175,16 +175,18 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 
 	var rawRate, rawMem float64
 	var rawAt []time.Duration
+	var rawCrunCPU time.Duration
 	if raw > 0 {
 		settle(3 * time.Minute)
-		rawRate, rawMem, rawAt, err = bareBurst(ctx, c.Work, raw, par, rawDefaultSpec, agent)
+		b, err := bareBurst(ctx, c.Work, raw, par, rawDefaultSpec, agent)
 		if err != nil {
 			return err
 		}
+		rawRate, rawMem, rawAt, rawCrunCPU = b.rate, b.memMB, b.at, b.crunCPU
 	}
 	type specRow struct {
-		label     string
-		rate, mem float64
+		label string
+		burst
 	}
 	var specRows []specRow
 	if raw > 0 && rawSpec {
@@ -198,11 +200,11 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 			{rawOurAgent, "our spec and root, and the agent dialling"},
 		} {
 			settle(3 * time.Minute)
-			rate, mem, _, err := bareBurst(ctx, c.Work, raw, par, r.kind, agent)
+			b, err := bareBurst(ctx, c.Work, raw, par, r.kind, agent)
 			if err != nil {
 				return err
 			}
-			specRows = append(specRows, specRow{r.label, rate, mem})
+			specRows = append(specRows, specRow{r.label, b})
 		}
 	}
 	host, _ := os.Hostname()
@@ -224,7 +226,17 @@ func run(ctx context.Context, storeDir, imgName string, n, raw, par int, over, m
 		}
 		fmt.Printf("%-40s %10d %12.1f %s\n", "bare crun run (busybox sleep)", raw, rawRate, mem)
 		for _, r := range specRows {
-			fmt.Printf("%-40s %10d %12.1f %16.1f\n", r.label, raw, r.rate, r.mem)
+			fmt.Printf("%-40s %10d %12.1f %16.1f\n", r.label, raw, r.rate, r.memMB)
+		}
+		if len(specRows) > 0 {
+			fmt.Printf("crun's CPU per container, ms: default spec %.1f", ms(rawCrunCPU))
+			for _, r := range specRows {
+				fmt.Printf("; %s %.1f", r.label, ms(r.crunCPU))
+				if r.agentCPU > 0 {
+					fmt.Printf(" (the agent's own %.1f)", ms(r.agentCPU))
+				}
+			}
+			fmt.Println()
 		}
 		fmt.Printf("ratio ours/bare: creates/s %.2fx\n", float64(ours)/took.Seconds()/rawRate)
 		for _, r := range specRows {
@@ -280,31 +292,40 @@ const (
 	rawOurAgent                    // the platform's root and spec with the agent instead of sleep, until it has dialled too
 )
 
-// bareBurst runs n busybox containers with crun, par at a time, and
-// returns containers per second, host MiB per container and when each
-// run returned (or its agent dialled), from the start.
-func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent string) (float64, float64, []time.Duration, error) {
+// burst is what a bare burst measured.
+type burst struct {
+	rate  float64         // containers per second
+	memMB float64         // host MiB per container
+	at    []time.Duration // when each run returned (or agent dialled), from the start
+	// crunCPU is the CPU time crun took per container (its processes,
+	// which the bench waits for); agentCPU the agents' own by the end
+	// (rawOurAgent).
+	crunCPU, agentCPU time.Duration
+}
+
+// bareBurst runs n busybox containers with crun, par at a time.
+func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent string) (burst, error) {
 	root := filepath.Join(work, "raw")
 	bundle := filepath.Join(root, "bundle")
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs", "bin"), 0o755); err != nil {
-		return 0, 0, nil, err
+		return burst{}, err
 	}
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
-		return 0, 0, nil, err
+		return burst{}, err
 	}
 	if out, err := exec.Command("cp", bb, filepath.Join(bundle, "rootfs", "bin", "busybox")).CombinedOutput(); err != nil {
-		return 0, 0, nil, fmt.Errorf("%v: %s", err, out)
+		return burst{}, fmt.Errorf("%v: %s", err, out)
 	}
 	os.Symlink("busybox", filepath.Join(bundle, "rootfs", "bin", "sleep")) //nolint:errcheck // exists on a rerun
 	// The containers that run on this tree itself would each make their
 	// mount points in it, racing ("cannot mkdir `proc`: File exists").
 	if err := makeMountPoints(filepath.Join(bundle, "rootfs")); err != nil {
-		return 0, 0, nil, err
+		return burst{}, err
 	}
 	os.Remove(filepath.Join(bundle, "config.json")) //nolint:errcheck // a rerun's
 	if out, err := exec.Command("crun", "spec", "-b", bundle).CombinedOutput(); err != nil {
-		return 0, 0, nil, fmt.Errorf("crun spec: %v: %s", err, out)
+		return burst{}, fmt.Errorf("crun spec: %v: %s", err, out)
 	}
 	cfgPath := filepath.Join(bundle, "config.json")
 	data, _ := os.ReadFile(cfgPath)
@@ -312,7 +333,7 @@ func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent
 	conf = strings.Replace(conf, `"terminal": true`, `"terminal": false`, 1)
 	conf = strings.Replace(conf, `"readonly": true`, `"readonly": false`, 1)
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
-		return 0, 0, nil, err
+		return burst{}, err
 	}
 	bundleOf := func(int) string { return bundle }
 	var roots *ourRoot
@@ -322,11 +343,11 @@ func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent
 		bound := filepath.Join(bundle, "rootfs", "bin", "busybox")
 		if kind == rawOurAgent {
 			if bound, err = filepath.Abs(agent); err != nil {
-				return 0, 0, nil, err
+				return burst{}, err
 			}
 		}
 		if err := writeOurSpecBundles(ours, filepath.Join(bundle, "rootfs"), bound, n, kind); err != nil {
-			return 0, 0, nil, err
+			return burst{}, err
 		}
 		defer os.RemoveAll(ours)
 		bundleOf = func(i int) string { return filepath.Join(ours, strconv.Itoa(i)) }
@@ -334,14 +355,14 @@ func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent
 	var dialled *agentDials
 	if kind == rawOurAgent {
 		if dialled, err = listenForAgents(filepath.Join(root, "ours", "run", "edge.sock")); err != nil {
-			return 0, 0, nil, err
+			return burst{}, err
 		}
 		defer dialled.Close()
 	}
 	layerOf, nsOf := make([]string, n), make([]*os.File, n)
 	if kind >= rawOurRoot {
 		if roots, err = openOurRoot(ctx, filepath.Join(root, "layers"), filepath.Join(bundle, "rootfs"), diskMB); err != nil {
-			return 0, 0, nil, err
+			return burst{}, err
 		}
 		defer func() {
 			for i, layer := range layerOf {
@@ -356,6 +377,7 @@ func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent
 	}
 	state := filepath.Join(root, "state")
 	before := memAvailableMB()
+	cpu0 := childrenCPU()
 	start := time.Now()
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
@@ -413,15 +435,20 @@ func bareBurst(ctx context.Context, work string, n, par int, kind rawKind, agent
 			took = max(took, at[len(at)-1])
 		}
 	}
+	b := burst{rate: float64(n) / took.Seconds(), at: at, crunCPU: (childrenCPU() - cpu0) / time.Duration(n)}
+	if dialled != nil {
+		b.agentCPU = processCPU("aether") / time.Duration(n)
+	}
 	time.Sleep(2 * time.Second)
 	after := memAvailableMB()
+	b.memMB = float64(before-after) / float64(n)
 	for i := range n {
 		exec.Command("crun", "--root", state, "delete", "-f", "dsec-density-"+strconv.Itoa(i)).Run() //nolint:errcheck // cleanup
 	}
 	if runErr != nil {
-		return 0, 0, nil, runErr
+		return burst{}, runErr
 	}
-	return float64(n) / took.Seconds(), float64(before-after) / float64(n), at, nil
+	return b, nil
 }
 
 // memAvailableMB is the host's MemAvailable, with clean caches dropped

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/opendsec/opendsec/internal/spawn"
@@ -125,3 +126,31 @@ func cpuTimes() (idle, total uint64) {
 	}
 	return idle, total
 }
+
+// childrenCPU is the CPU time of this process's children it has waited
+// for (RUSAGE_CHILDREN).
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// processCPU is the CPU time of every process whose command name is
+// comm, all its threads, so far.
+func processCPU(comm string) time.Duration {
+	var ticks uint64
+	for _, pid := range spawn.Pids() {
+		c, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+		if err != nil || strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		if st, ok := spawn.ReadStat(pid); ok {
+			ticks += st.CPUTicks
+		}
+	}
+	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
