@@ -19,7 +19,7 @@ var _ backend.GuestReporter = (*Backend)(nil)
 // guest whose channel is connected points at the guest; a channel QEMU
 // has not reconnected points at the host.
 func (b *Backend) GuestReport(ctx context.Context, id sandboxid.ID) string {
-	bx, g, err := b.guestOf(id)
+	bx, err := b.get(id)
 	if err != nil {
 		return ""
 	}
@@ -32,7 +32,7 @@ func (b *Backend) GuestReport(ctx context.Context, id sandboxid.ID) string {
 		return ""
 	}
 	parts := []string{d}
-	if line := lastLine(v.consoleTail(ctx, bx, g)); line != "" {
+	if line := lastLine(b.ConsoleTail(ctx, id)); line != "" {
 		parts = append(parts, "the console's last line: "+line)
 	}
 	return strings.Join(parts, "; ")
