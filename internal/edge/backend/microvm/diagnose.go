@@ -47,13 +47,6 @@ func lastLine(text string) string {
 	return strings.TrimSpace(text)
 }
 
-// qemuChardev is one entry of QMP query-chardev.
-type qemuChardev struct {
-	Label        string `json:"label"`
-	Filename     string `json:"filename"`
-	FrontendOpen bool   `json:"frontend-open"`
-}
-
 func (q *QEMU) diagnose(ctx context.Context, bx *box) string {
 	m, err := dialQMP(ctx, bx.qmpSock())
 	if err != nil {
@@ -67,13 +60,8 @@ func (q *QEMU) diagnose(ctx context.Context, bx *box) string {
 	if out, err := m.call("query-status", nil); err == nil && json.Unmarshal(out, &st) == nil {
 		parts = append(parts, "QEMU reports the guest "+st.Status)
 	}
-	var devs []qemuChardev
-	if out, err := m.call("query-chardev", nil); err == nil && json.Unmarshal(out, &devs) == nil {
-		for _, d := range devs {
-			if d.Label == "agent" {
-				parts = append(parts, describeAgentChannel(d))
-			}
-		}
+	if ch, found, err := agentChannel(m); err == nil && found {
+		parts = append(parts, describeAgentChannel(ch))
 	}
 	return strings.Join(parts, "; ")
 }

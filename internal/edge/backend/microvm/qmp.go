@@ -100,3 +100,29 @@ var ignoreShared = ignoringShared(true)
 func ignoringShared(on bool) map[string]any {
 	return map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
 }
+
+// qemuChardev is one entry of QMP query-chardev.
+type qemuChardev struct {
+	Label    string `json:"label"`
+	Filename string `json:"filename"`
+	// FrontendOpen is the guest's side: whether it has the port open.
+	FrontendOpen bool `json:"frontend-open"`
+}
+
+// agentChannel is the agent's chardev as QMP query-chardev reports it;
+// found is false when QEMU lists none (or a reply it cannot parse, which
+// a poller asks again for).
+func agentChannel(q *qmpConn) (ch qemuChardev, found bool, err error) {
+	out, err := q.call("query-chardev", nil)
+	if err != nil {
+		return qemuChardev{}, false, err
+	}
+	var devs []qemuChardev
+	json.Unmarshal(out, &devs) //nolint:errcheck // not found: asked again
+	for _, d := range devs {
+		if d.Label == "agent" {
+			return d, true, nil
+		}
+	}
+	return qemuChardev{}, false, nil
+}

@@ -97,19 +97,12 @@ const agentLeftWait = 300 * time.Millisecond
 func agentLeft(ctx context.Context, q *qmpConn, wait time.Duration) bool {
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		out, err := q.call("query-chardev", nil)
+		ch, found, err := agentChannel(q)
 		if err != nil {
 			return false
 		}
-		var devs []struct {
-			Label        string `json:"label"`
-			FrontendOpen bool   `json:"frontend-open"`
-		}
-		json.Unmarshal(out, &devs) //nolint:errcheck // no match polls again
-		for _, d := range devs {
-			if d.Label == "agent" && !d.FrontendOpen {
-				return true
-			}
+		if found && !ch.FrontendOpen {
+			return true
 		}
 		time.Sleep(time.Millisecond)
 	}
