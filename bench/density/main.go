@@ -57,7 +57,7 @@ func main() {
 	disk := flag.Int64("disk", 64, "each sandbox's disk_mb, 16 or more (the node admits against its disk: 64 MiB each fits some 850 on this machine's 55 GiB free)")
 	edgeCount := flag.Int("edges", 1, "edges of the cluster, on this machine (the seed's burst went to two)")
 	hold := flag.Duration("hold", 0, "keep the burst's sandboxes this long after it before removing them (to look at them)")
-	flag.BoolVar(&rawSpec, "raw-spec", false, "also burst bare crun with the platform's OCI spec (limits, seccomp, binds; sleep for the agent), then with that spec over a root made as a sandbox's (writable layer and overlay): what crun spends on our spec and what our root adds")
+	flag.BoolVar(&rawSpec, "raw-spec", false, "also burst bare crun with the platform's OCI spec (limits, seccomp, binds; sleep for the agent), then over a root made as a sandbox's (writable layer and overlay), then with those mounts in a mount namespace of each container's own, then with the agent: what each part of a create costs (ourspec.go)")
 	plot := flag.String("plot", "density.png", "write a plot of creates over time, ours and bare crun's, to this PNG (\"\": none)")
 	flag.Parse()
 	withNetwork, plotPath, poolSize, edges, diskMB, holdFor = *network, *plot, *pool, max(*edgeCount, 1), *disk, *hold

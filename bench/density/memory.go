@@ -46,17 +46,25 @@ func meminfo() map[string]int64 {
 func processPSS(comm string) (int64, int) {
 	var total int64
 	n := 0
-	for _, pid := range spawn.Pids() {
-		c, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
-		if err != nil || strings.TrimSpace(string(c)) != comm {
-			continue
-		}
+	for _, pid := range pidsNamed(comm) {
 		if pss, err := spawn.ReadPSS(pid); err == nil {
 			total += pss >> 10
 			n++
 		}
 	}
 	return total, n
+}
+
+// pidsNamed are the processes whose command name is comm.
+func pidsNamed(comm string) []int {
+	var out []int
+	for _, pid := range spawn.Pids() {
+		c, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+		if err == nil && strings.TrimSpace(string(c)) == comm {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // printMemoryBreakdown prints each counter's growth and the agents' PSS
@@ -141,11 +149,7 @@ func childrenCPU() time.Duration {
 // comm, all its threads, so far.
 func processCPU(comm string) time.Duration {
 	var ticks uint64
-	for _, pid := range spawn.Pids() {
-		c, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
-		if err != nil || strings.TrimSpace(string(c)) != comm {
-			continue
-		}
+	for _, pid := range pidsNamed(comm) {
 		if st, ok := spawn.ReadStat(pid); ok {
 			ticks += st.CPUTicks
 		}

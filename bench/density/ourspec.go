@@ -25,21 +25,21 @@ import (
 	"github.com/opendsec/opendsec/internal/sandboxid"
 )
 
-// The bare burst of the platform's OCI spec (-raw-spec): crun runs, for
-// each container, the config.json the container backend writes (cgroup
-// limits of 0.1 core, 64 MiB and the API's default pids bound, the
-// open-files limit, the seccomp filter
-// compiled once, capabilities, masked paths, the agent's, run
-// directory's and hosts file's binds) over the same busybox rootfs, with
-// `sleep` where the agent would run. Beside crun's default spec and our
-// full path, it splits a create's cost into what crun spends on our spec
-// and what the rest (the writable layer and root mount, the agent, the
-// edge) adds. With -raw-root, a third burst also makes each container's
-// root as a sandbox's is made, in its time: a writable layer (layerfs, a
-// copy of a formatted ext4 image, loop-mounted) and the overlay over the
-// busybox tree (rootfs.Mount); a fourth runs the agent in each instead of
-// sleep and counts a container once its agent has dialled the socket it
-// dials the edge on (nothing answers there: the agent waits).
+// The bare bursts of -raw-spec, each adding one part of a create to bare
+// crun: the config.json the container backend writes (cgroup limits of
+// 0.1 core, 64 MiB and the API's default pids bound, the open-files
+// limit, the seccomp filter compiled once, capabilities, masked paths,
+// the agent's, run directory's and hosts file's binds) over the shared
+// busybox tree, with `sleep` where the agent would run (rawOurSpec); then
+// over a root made as a sandbox's, in its time: a writable layer
+// (layerfs, a copy of a formatted ext4 image, loop-mounted) and the
+// overlay over the busybox tree (rawOurRoot); then those two mounts in a
+// mount namespace of the container's own, which crun joins
+// (rawOurRootOwnNS); then the agent in place of sleep, a container
+// counted once its crun returned and its agent dialled the socket it
+// dials the edge on (rawOurAgent; nothing answers there: the agent
+// waits). Beside crun's default spec and our full path, they split a
+// create's cost into its parts.
 
 // ourSpecCgroupParent is where those containers' cgroups go (each
 // hierarchy's /opendsec-density-raw/ID); crun removes them on delete.
@@ -230,42 +230,43 @@ func (r *ourRoot) mountInOwnNS(ctx context.Context, bundle string) (string, *os.
 		// Never unlocked: the thread, in another namespace now, ends with
 		// the goroutine.
 		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			ch <- made{err: os.NewSyscallError("unshare(CLONE_NEWNS)", err)}
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-			ch <- made{err: err}
-			return
-		}
-		layer, err := r.layers.Create(ctx, r.diskMB)
-		if err != nil {
-			ch <- made{err: err}
-			return
-		}
-		upper, work, target := filepath.Join(layer, "upper"), filepath.Join(layer, "work"), filepath.Join(bundle, "rootfs")
-		for _, d := range []string{upper, work, target} {
-			if err := os.MkdirAll(d, 0o755); err == nil {
-				continue
-			} else {
-				ch <- made{err: err}
-				return
-			}
-		}
-		// rootfs.Mount mounts on a thread of its own, which would be the
-		// host's: the overlay is mounted here, with absolute paths.
-		if err := unix.Mount("overlay", target, "overlay", 0, "lowerdir="+r.lower+",upperdir="+upper+",workdir="+work); err != nil {
-			ch <- made{err: fmt.Errorf("overlay: %w", err)}
-			return
-		}
-		ns, err := os.Open("/proc/thread-self/ns/mnt")
-		ch <- made{ns: ns, layer: layer, err: err}
+		ns, layer, err := r.mountHere(ctx, bundle)
+		ch <- made{ns, layer, err}
 	}()
 	m := <-ch
 	if m.err != nil {
 		return "", nil, "", m.err
 	}
 	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), m.ns.Fd()), m.ns, m.layer, nil
+}
+
+// mountHere does mountInOwnNS's work on its locked thread: it unshares
+// the thread's mount namespace, mounts the layer and root in it and opens
+// the namespace.
+func (r *ourRoot) mountHere(ctx context.Context, bundle string) (*os.File, string, error) {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return nil, "", os.NewSyscallError("unshare(CLONE_NEWNS)", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return nil, "", err
+	}
+	layer, err := r.layers.Create(ctx, r.diskMB)
+	if err != nil {
+		return nil, "", err
+	}
+	upper, work, target := filepath.Join(layer, "upper"), filepath.Join(layer, "work"), filepath.Join(bundle, "rootfs")
+	for _, d := range []string{upper, work, target} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, "", err
+		}
+	}
+	// rootfs.Mount mounts on a thread of its own, which would be the
+	// host's: the overlay is mounted here, with absolute paths.
+	if err := unix.Mount("overlay", target, "overlay", 0, "lowerdir="+r.lower+",upperdir="+upper+",workdir="+work); err != nil {
+		return nil, "", fmt.Errorf("overlay: %w", err)
+	}
+	ns, err := os.Open("/proc/thread-self/ns/mnt")
+	return ns, layer, err
 }
 
 // makeMountPoints makes, in a root tree that several containers run on,
